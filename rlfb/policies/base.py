@@ -33,6 +33,7 @@ class Context:
     query_type: str = "default"
     query_embedding: np.ndarray | None = None
     session_id: str | None = None
+    ranks: np.ndarray | None = None  # 1-based rank of each candidate in each retriever's own ranking
 
 
 @dataclass(frozen=True)

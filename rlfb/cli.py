@@ -1,0 +1,51 @@
+"""The ``rlfb`` console script.
+
+Each sub-command lives in its own module under :mod:`rlfb.commands` and adds
+itself to the parser through a ``register(subparsers)`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+# module names under rlfb.commands, in the order `rlfb --help` lists them
+COMMANDS = ("demo", "evaluate", "simulate", "store", "weights")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlfb", description="Reinforcement learning from feedback for retrieval: fusion weights that learn."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"rlfb.commands.{name}")
+        except ModuleNotFoundError as exc:  # a command whose module is not part of this build
+            if exc.name != f"rlfb.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (2 for bad input, with the reason on stderr)."""
+    from rlfb.errors import RlfbError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RlfbError as exc:
+        print(f"rlfb: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

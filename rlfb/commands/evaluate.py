@@ -1,0 +1,64 @@
+"""``rlfb evaluate``: each retriever alone and their fusion, on a BEIR folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rlfb.errors import ValidationError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="nDCG@10, MRR@10, P@10 and Recall@100 of each retriever and the fusion")
+    p.add_argument("--dataset", required=True, help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated: bm25,dense,splade")
+    p.add_argument("--fusion", default="rrf", choices=["rrf", "minmax", "zscore"])
+    p.add_argument("--weights", default=None, help="comma-separated weights, one per retriever (default equal)")
+    p.add_argument("--k", type=int, default=10, help="cut-off shown for nDCG, MRR and P (Recall uses 100)")
+    p.add_argument("--candidate-k", type=int, default=100, help="each retriever's candidates for the fusion")
+    p.add_argument("--json", dest="json_out", default=None, help="write the metrics here, keyed by run name")
+    p.set_defaults(func=run)
+
+
+def parse_weights(text: str | None, names: list[str]) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValidationError(f"--weights must be comma-separated numbers, got {text!r}") from None
+    if len(values) != len(names):
+        raise ValidationError(f"--weights has {len(values)} values for {len(names)} retrievers {names}")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlfb.datasets import load_beir
+    from rlfb.ensemble import FeedbackEnsemble
+    from rlfb.offline import evaluate_ensemble
+    from rlfb.types import validate_k
+
+    k = validate_k(args.k)
+    names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
+    weights = parse_weights(args.weights, names)
+    data = load_beir(args.dataset)
+    qrels = data.split(args.split)
+    queries = data.split_queries(args.split)
+    ens = FeedbackEnsemble.from_chunks(
+        data.corpus, retrievers=names, fusion=args.fusion, weights=weights, show_progress=True,
+        candidate_k=args.candidate_k,
+    )
+    measures = (("ndcg", k), ("mrr", k), ("p", k), ("recall", 100))
+    results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=True)
+    cols = [f"{m}@{c}" for m, c in measures]
+    print(f"{data.name} / {args.split}: {len(queries)} queries, {len(data.corpus)} documents, "
+          f"fusion={args.fusion}, weights={ens.weights}")
+    print(f"{'run':<10}" + "".join(f"{c:>12}" for c in cols))
+    for name, metrics in results.items():
+        print(f"{name:<10}" + "".join(f"{metrics[c]:>12.4f}" for c in cols))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    return 0

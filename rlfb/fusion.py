@@ -1,0 +1,226 @@
+"""Score normalisation and weighted fusion, as small pure functions over arrays.
+
+Every function takes a ``(n_candidates, n_retrievers)`` matrix whose columns
+are retrievers, and returns a new array; inputs are never modified. Ranks are
+**1-based** throughout (rank 1 is the best), as in LangChain's
+``EnsembleRetriever`` and in the original RRF paper (Cormack et al., 2009):
+``rrf = sum_i w_i / (c + rank_i)``.
+
+>>> import numpy as np
+>>> raw = np.array([[10.0, 0.2], [5.0, 0.9], [0.0, 0.5]])
+>>> fuse(raw, [0.5, 0.5], method="minmax").round(3).tolist()
+[0.5, 0.75, 0.214]
+>>> int(fuse(raw, [1.0, 0.0], method="rrf").argmax())
+0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+from rlfb.errors import InvalidWeightsError, ValidationError
+
+__all__ = [
+    "FUSION_METHODS",
+    "minmax_normalize",
+    "zscore_normalize",
+    "rank_matrix",
+    "rrf_normalize",
+    "normalize",
+    "validate_weights",
+    "weighted_fusion",
+    "fuse",
+    "weighted_rrf",
+]
+
+
+def _as_matrix(scores: np.ndarray) -> np.ndarray:
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise ValidationError(f"scores must be a (n_candidates, n_retrievers) matrix, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValidationError("scores must be finite")
+    return arr
+
+
+def minmax_normalize(scores: np.ndarray) -> np.ndarray:
+    """Scale each column to [0, 1]; a constant column carries no information and becomes 0.
+
+    >>> minmax_normalize(np.array([[1.0], [3.0], [2.0]])).ravel().tolist()
+    [0.0, 1.0, 0.5]
+    """
+    arr = _as_matrix(scores)
+    lo = arr.min(axis=0)
+    span = arr.max(axis=0) - lo
+    out = np.zeros_like(arr)
+    ok = span > 0
+    out[:, ok] = (arr[:, ok] - lo[ok]) / span[ok]
+    return out
+
+
+def zscore_normalize(scores: np.ndarray) -> np.ndarray:
+    """Centre each column on its mean and divide by its standard deviation (constant column -> 0).
+
+    >>> zscore_normalize(np.array([[1.0], [3.0]])).ravel().tolist()
+    [-1.0, 1.0]
+    """
+    arr = _as_matrix(scores)
+    mean = arr.mean(axis=0)
+    std = arr.std(axis=0)
+    out = np.zeros_like(arr)
+    ok = std > 0
+    out[:, ok] = (arr[:, ok] - mean[ok]) / std[ok]
+    return out
+
+
+def rank_matrix(scores: np.ndarray) -> np.ndarray:
+    """1-based rank of each row within its column, best (highest) first; ties go to the lower row.
+
+    >>> rank_matrix(np.array([[0.1, 5.0], [0.9, 5.0], [0.5, 1.0]])).tolist()
+    [[3.0, 1.0], [1.0, 2.0], [2.0, 3.0]]
+    """
+    arr = _as_matrix(scores)
+    n = arr.shape[0]
+    ranks = np.empty_like(arr)
+    rows = np.arange(n)
+    for j in range(arr.shape[1]):  # one column per retriever: a handful of iterations
+        order = np.lexsort((rows, -arr[:, j]))
+        ranks[order, j] = np.arange(1, n + 1)
+    return ranks
+
+
+def rrf_normalize(ranks: np.ndarray, c: float = 60.0) -> np.ndarray:
+    """Reciprocal-rank scores ``1 / (c + rank)`` for 1-based ranks.
+
+    >>> rrf_normalize(np.array([[1.0], [2.0]]), c=60).ravel().round(5).tolist()
+    [0.01639, 0.01613]
+    """
+    if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
+        raise ValidationError(f"RRF constant c must be finite and >= 0, got {c!r}")
+    r = np.asarray(ranks, dtype=np.float64)
+    if r.size and r.min() < 1:
+        raise ValidationError("ranks are 1-based and must be >= 1")
+    return 1.0 / (c + r)
+
+
+def _rrf_from_scores(scores: np.ndarray, *, ranks: np.ndarray | None = None, c: float = 60.0) -> np.ndarray:
+    return rrf_normalize(rank_matrix(scores) if ranks is None else ranks, c=c)
+
+
+FUSION_METHODS: dict[str, Callable[..., np.ndarray]] = {
+    "minmax": lambda scores, **_: minmax_normalize(scores),
+    "zscore": lambda scores, **_: zscore_normalize(scores),
+    "rrf": _rrf_from_scores,
+}
+
+
+def normalize(
+    scores: np.ndarray, method: str = "minmax", *, ranks: np.ndarray | None = None, c: float = 60.0
+) -> np.ndarray:
+    """Normalise raw scores with ``method`` ("minmax", "zscore" or "rrf").
+
+    For "rrf", ``ranks`` may give each candidate's 1-based rank in the
+    retriever's full ranking (more faithful than its rank inside the pool).
+    """
+    try:
+        fn = FUSION_METHODS[method]
+    except KeyError:
+        raise ValidationError(f"unknown fusion method {method!r}; choose one of {sorted(FUSION_METHODS)}") from None
+    return fn(scores, ranks=ranks, c=c)
+
+
+def validate_weights(
+    weights: Mapping[str, float] | Sequence[float] | np.ndarray, names: Sequence[str] | None = None
+) -> np.ndarray:
+    """Return weights as a float array summing to 1, or raise :class:`InvalidWeightsError`.
+
+    Weights must be finite and non-negative, with a positive sum; they are then
+    normalised to sum to 1. A mapping must name exactly ``names``.
+
+    >>> validate_weights({"bm25": 1, "dense": 3}, ["bm25", "dense"]).tolist()
+    [0.25, 0.75]
+    >>> validate_weights([0.5, float("nan")])
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.InvalidWeightsError: weights must be finite numbers, got [0.5, nan]
+    """
+    if isinstance(weights, Mapping):
+        if names is None:
+            names = list(weights)
+        missing = set(names) - set(weights)
+        extra = set(weights) - set(names)
+        if missing or extra:
+            raise InvalidWeightsError(
+                f"weights must name exactly the retrievers {list(names)}; "
+                f"missing {sorted(missing)}, unknown {sorted(extra)}"
+            )
+        values = [weights[n] for n in names]
+    else:
+        values = list(weights)
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidWeightsError(f"weights must be numbers, got {values!r}") from None
+    if arr.ndim != 1 or arr.size == 0:
+        raise InvalidWeightsError(f"weights must be a non-empty flat list, got {values!r}")
+    if names is not None and arr.size != len(names):
+        raise InvalidWeightsError(f"got {arr.size} weights for {len(names)} retrievers {list(names)}")
+    if not np.all(np.isfinite(arr)):
+        raise InvalidWeightsError(f"weights must be finite numbers, got {arr.tolist()}")
+    if np.any(arr < 0):
+        raise InvalidWeightsError(f"weights must be non-negative, got {arr.tolist()}")
+    total = arr.sum()
+    if total <= 0:
+        raise InvalidWeightsError("weights must not all be zero")
+    return arr / total
+
+
+def weighted_fusion(normalized: np.ndarray, weights: np.ndarray | Sequence[float]) -> np.ndarray:
+    """Fused score of each candidate: the weighted sum of its normalised scores.
+
+    >>> weighted_fusion(np.array([[1.0, 0.0], [0.0, 1.0]]), [0.8, 0.2]).tolist()
+    [0.8, 0.2]
+    """
+    arr = _as_matrix(normalized)
+    w = validate_weights(weights)
+    if w.size != arr.shape[1]:
+        raise InvalidWeightsError(f"got {w.size} weights for {arr.shape[1]} score columns")
+    return arr @ w
+
+
+def fuse(
+    raw: np.ndarray,
+    weights: Mapping[str, float] | Sequence[float] | np.ndarray,
+    method: str = "minmax",
+    *,
+    ranks: np.ndarray | None = None,
+    c: float = 60.0,
+) -> np.ndarray:
+    """Normalise ``raw`` with ``method`` and return the weighted fused scores."""
+    return weighted_fusion(normalize(raw, method, ranks=ranks, c=c), weights)
+
+
+def weighted_rrf(
+    ranked_lists: Sequence[Sequence[Hashable]], weights: Sequence[float] | None = None, c: float = 60.0
+) -> dict[Hashable, float]:
+    """Weighted reciprocal rank fusion of ranked id lists (1-based ranks).
+
+    Used for members that return ids without scores. An id absent from a list
+    gets nothing from it. The result is ordered best first.
+
+    >>> weighted_rrf([["a", "b"], ["b", "c"]], [0.5, 0.5], c=1)
+    {'b': 0.5, 'a': 0.25, 'c': 0.16666666666666666}
+    """
+    w = validate_weights([1.0] * len(ranked_lists) if weights is None else weights)
+    if w.size != len(ranked_lists):
+        raise InvalidWeightsError(f"got {w.size} weights for {len(ranked_lists)} ranked lists")
+    fused: dict[Hashable, float] = {}
+    for weight, ids in zip(w, ranked_lists):
+        for rank, doc in enumerate(ids, start=1):
+            fused[doc] = fused.get(doc, 0.0) + float(weight) / (c + rank)
+    return dict(sorted(fused.items(), key=lambda kv: -kv[1]))

@@ -1,0 +1,110 @@
+"""Ranking metrics with trec_eval semantics: P@k, Recall@k, MRR@k and graded nDCG@k.
+
+Relevance grades come from qrels (``{doc_id: grade}``); a grade above 0 is
+relevant. nDCG uses linear gains and a ``log2(rank + 1)`` discount, as
+trec_eval's ``ndcg_cut`` does, so the figures equal ``pytrec_eval`` and
+``ir-measures`` on the same runs (``tests/test_metrics.py`` checks this).
+
+>>> qrel = {"d1": 2, "d3": 1}
+>>> round(ndcg_at_k(["d1", "d2", "d3"], qrel, 10), 4)
+0.9502
+>>> precision_at_k(["d1", "d2", "d3"], qrel, 2), recall_at_k(["d2", "d3"], qrel, 10), mrr_at_k(["d2", "d3"], qrel, 10)
+(0.5, 0.5, 0.5)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from rlfb.types import validate_k
+
+__all__ = [
+    "precision_at_k",
+    "recall_at_k",
+    "mrr_at_k",
+    "ndcg_at_k",
+    "METRICS",
+    "evaluate_run",
+    "run_to_ranking",
+]
+
+Qrel = Mapping[str, int]
+
+
+def precision_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
+    """Fraction of the top ``k`` slots holding a relevant document (the divisor is always ``k``)."""
+    validate_k(k)
+    return sum(1 for d in ranking[:k] if qrel.get(d, 0) > 0) / k
+
+
+def recall_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
+    """Fraction of the relevant documents found in the top ``k``."""
+    validate_k(k)
+    n_rel = sum(1 for g in qrel.values() if g > 0)
+    if n_rel == 0:
+        return 0.0
+    return sum(1 for d in ranking[:k] if qrel.get(d, 0) > 0) / n_rel
+
+
+def mrr_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
+    """Reciprocal rank of the first relevant document in the top ``k`` (0 if none)."""
+    validate_k(k)
+    for i, d in enumerate(ranking[:k], start=1):
+        if qrel.get(d, 0) > 0:
+            return 1.0 / i
+    return 0.0
+
+
+def _dcg(gains: Sequence[float]) -> float:
+    return sum(g / math.log2(i + 2) for i, g in enumerate(gains) if g > 0)
+
+
+def ndcg_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
+    """Graded nDCG at ``k`` with linear gains (trec_eval ``ndcg_cut``)."""
+    validate_k(k)
+    ideal = _dcg(sorted((g for g in qrel.values() if g > 0), reverse=True)[:k])
+    if ideal == 0:
+        return 0.0
+    return _dcg([max(qrel.get(d, 0), 0) for d in ranking[:k]]) / ideal
+
+
+METRICS: dict[str, Callable[[Sequence[str], Qrel, int], float]] = {
+    "ndcg": ndcg_at_k,
+    "mrr": mrr_at_k,
+    "p": precision_at_k,
+    "recall": recall_at_k,
+}
+
+
+def run_to_ranking(run: Mapping[str, float]) -> list[str]:
+    """Order a ``{doc_id: score}`` run as trec_eval does: score descending, then doc id descending."""
+    return [d for d, _ in sorted(run.items(), key=lambda kv: (-kv[1], _neg_key(kv[0])))]
+
+
+def _neg_key(doc_id: str) -> tuple[int, ...]:
+    # trec_eval breaks score ties by doc id in *descending* string order
+    return tuple(-ord(ch) for ch in doc_id) + (1,)
+
+
+def evaluate_run(
+    rankings: Mapping[str, Sequence[str]],
+    qrels: Mapping[str, Qrel],
+    measures: Sequence[tuple[str, int]] = (("ndcg", 10), ("mrr", 10), ("p", 10), ("recall", 100)),
+) -> dict[str, float]:
+    """Mean of each measure over the judged queries.
+
+    ``rankings`` maps query id to a ranked list of doc ids. Queries without
+    judgments are ignored; a judged query missing from ``rankings`` scores 0,
+    which is stricter than trec_eval (it skips such queries) and never flatters.
+
+    >>> evaluate_run({"q1": ["a", "b"]}, {"q1": {"b": 1}}, [("mrr", 10), ("p", 1)])
+    {'mrr@10': 0.5, 'p@1': 0.0}
+    """
+    out: dict[str, float] = {}
+    judged = [q for q, rel in qrels.items() if any(g > 0 for g in rel.values())]
+    for name, k in measures:
+        fn = METRICS[name]
+        vals = [fn(list(rankings.get(q, ())), qrels[q], k) for q in judged]
+        out[f"{name}@{k}"] = sum(vals) / len(vals) if vals else 0.0
+    return out

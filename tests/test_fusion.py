@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfb.errors import InvalidWeightsError, ValidationError
+from rlfb.fusion import (
+    FUSION_METHODS,
+    fuse,
+    minmax_normalize,
+    normalize,
+    rank_matrix,
+    rrf_normalize,
+    validate_weights,
+    weighted_rrf,
+    zscore_normalize,
+)
+
+# candidate 0 is bm25's favourite, candidate 2 is dense's favourite
+RAW = np.array([[12.0, 0.10], [6.0, 0.50], [1.0, 0.95], [3.0, 0.40]])
+
+
+@pytest.mark.parametrize("method", sorted(FUSION_METHODS))
+def test_weights_change_the_ranking_in_every_mode(method: str) -> None:
+    towards_bm25 = np.argsort(-fuse(RAW, [0.9, 0.1], method), kind="stable")
+    towards_dense = np.argsort(-fuse(RAW, [0.1, 0.9], method), kind="stable")
+    assert towards_bm25[0] == 0
+    assert towards_dense[0] == 2
+    assert towards_bm25.tolist() != towards_dense.tolist()
+
+
+def test_rrf_uses_the_weights_and_one_based_ranks() -> None:
+    ranks = rank_matrix(RAW)
+    assert ranks[:, 0].tolist() == [1, 2, 4, 3]
+    fused = fuse(RAW, [0.75, 0.25], "rrf", c=60)
+    expected = 0.75 / (60 + ranks[:, 0]) + 0.25 / (60 + ranks[:, 1])
+    np.testing.assert_allclose(fused, expected)
+
+
+def test_rrf_accepts_ranks_from_the_full_ranking() -> None:
+    ranks = np.array([[1.0, 200.0], [150.0, 1.0]])
+    out = normalize(np.zeros((2, 2)), "rrf", ranks=ranks, c=60)
+    np.testing.assert_allclose(out, 1 / (60 + ranks))
+
+
+def test_minmax_and_zscore() -> None:
+    mm = minmax_normalize(RAW)
+    assert mm.min(axis=0).tolist() == [0, 0] and mm.max(axis=0).tolist() == [1, 1]
+    z = zscore_normalize(RAW)
+    np.testing.assert_allclose(z.mean(axis=0), 0, atol=1e-12)
+    np.testing.assert_allclose(z.std(axis=0), 1)
+
+
+def test_constant_column_carries_no_information() -> None:
+    raw = np.array([[1.0, 0.3], [1.0, 0.7]])
+    assert minmax_normalize(raw)[:, 0].tolist() == [0, 0]
+    assert zscore_normalize(raw)[:, 0].tolist() == [0, 0]
+
+
+def test_inputs_are_not_modified() -> None:
+    raw = RAW.copy()
+    for method in FUSION_METHODS:
+        fuse(raw, [0.5, 0.5], method)
+    np.testing.assert_array_equal(raw, RAW)
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [[float("nan"), 1.0], [float("inf"), 1.0], [-0.1, 1.1], [0.0, 0.0], [], ["a", 1]],
+)
+def test_bad_weights_are_rejected(weights: list) -> None:
+    with pytest.raises(InvalidWeightsError):
+        validate_weights(weights)
+
+
+def test_weights_mapping_must_name_the_retrievers() -> None:
+    with pytest.raises(InvalidWeightsError, match="missing"):
+        validate_weights({"bm25": 1.0}, ["bm25", "dense"])
+    with pytest.raises(InvalidWeightsError, match="unknown"):
+        validate_weights({"bm25": 1.0, "dense": 1.0, "colbert": 1.0}, ["bm25", "dense"])
+    with pytest.raises(InvalidWeightsError):
+        fuse(RAW, [1.0, 0.0, 0.0])
+
+
+def test_weights_are_normalised() -> None:
+    assert validate_weights([2, 2]).tolist() == [0.5, 0.5]
+
+
+def test_bad_scores_and_methods() -> None:
+    with pytest.raises(ValidationError):
+        normalize(np.array([[np.nan]]), "minmax")
+    with pytest.raises(ValidationError, match="unknown fusion method"):
+        normalize(RAW, "borda")
+    with pytest.raises(ValidationError):
+        rrf_normalize(np.array([[0.0]]))
+
+
+def test_weighted_rrf_matches_langchain_formula() -> None:
+    fused = weighted_rrf([["a", "b", "c"], ["c", "a"]], [0.3, 0.7], c=60)
+    assert fused["a"] == pytest.approx(0.3 / 61 + 0.7 / 62)
+    assert fused["c"] == pytest.approx(0.3 / 63 + 0.7 / 61)
+    assert list(fused)[0] == "c"

@@ -1,0 +1,73 @@
+"""Parity of rlfb.metrics with trec_eval, through pytrec_eval and ir-measures, on the same runs."""
+
+from __future__ import annotations
+
+import random
+
+import ir_measures
+import pytest
+import pytrec_eval
+
+from rlfb.errors import ValidationError
+from rlfb.metrics import evaluate_run, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k, run_to_ranking
+
+
+def _random_runs(seed: int = 3, n_queries: int = 40, n_docs: int = 60):
+    rng = random.Random(seed)
+    qrels, runs = {}, {}
+    for q in range(n_queries):
+        qid = f"q{q}"
+        docs = [f"d{d}" for d in range(n_docs)]
+        judged = rng.sample(docs, 12)
+        qrels[qid] = {d: rng.choice([0, 1, 2, 3, 4]) for d in judged}
+        if all(g == 0 for g in qrels[qid].values()):
+            qrels[qid][judged[0]] = 2
+        # distinct scores: trec_eval's tie-breaking is exercised separately below
+        scores = rng.sample(range(10_000), n_docs)
+        runs[qid] = {d: float(s) for d, s in zip(docs, scores)}
+    return qrels, runs
+
+
+def test_parity_with_pytrec_eval() -> None:
+    qrels, runs = _random_runs()
+    evaluator = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "P.10", "recall.100", "recip_rank"})
+    ref = evaluator.evaluate(runs)
+    for q, run in runs.items():
+        ranking = run_to_ranking(run)
+        assert ndcg_at_k(ranking, qrels[q], 10) == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-9)
+        assert precision_at_k(ranking, qrels[q], 10) == pytest.approx(ref[q]["P_10"], abs=1e-9)
+        assert recall_at_k(ranking, qrels[q], 100) == pytest.approx(ref[q]["recall_100"], abs=1e-9)
+        # recip_rank has no cut-off; with 60 docs, MRR@100 equals it
+        assert mrr_at_k(ranking, qrels[q], 100) == pytest.approx(ref[q]["recip_rank"], abs=1e-9)
+
+
+def test_parity_with_ir_measures_aggregates() -> None:
+    qrels, runs = _random_runs(seed=11)
+    measures = [ir_measures.nDCG @ 10, ir_measures.RR @ 10, ir_measures.P @ 10, ir_measures.R @ 100]
+    ref = ir_measures.calc_aggregate(measures, qrels, runs)
+    ours = evaluate_run({q: run_to_ranking(r) for q, r in runs.items()}, qrels)
+    assert ours["ndcg@10"] == pytest.approx(ref[ir_measures.nDCG @ 10], abs=1e-9)
+    assert ours["mrr@10"] == pytest.approx(ref[ir_measures.RR @ 10], abs=1e-9)
+    assert ours["p@10"] == pytest.approx(ref[ir_measures.P @ 10], abs=1e-9)
+    assert ours["recall@100"] == pytest.approx(ref[ir_measures.R @ 100], abs=1e-9)
+
+
+def test_ties_are_broken_like_trec_eval() -> None:
+    qrels = {"q": {"d2": 1}}
+    run = {"q": {"d1": 1.0, "d2": 1.0, "d3": 1.0, "d10": 1.0}}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(run)["q"]["recip_rank"]
+    assert mrr_at_k(run_to_ranking(run["q"]), qrels["q"], 10) == pytest.approx(ref)
+
+
+def test_hand_computed_values() -> None:
+    qrel = {"a": 3, "b": 1}
+    # DCG = 1/log2(2) + 3/log2(3); ideal = 3 + 1/log2(3)
+    assert ndcg_at_k(["b", "a"], qrel, 10) == pytest.approx((1 + 3 / 1.5849625) / (3 + 1 / 1.5849625))
+    assert ndcg_at_k(["x"], {"x": 0}, 10) == 0.0
+    assert precision_at_k(["a", "x", "b"], qrel, 2) == 0.5
+    assert mrr_at_k(["x", "y", "b"], qrel, 2) == 0.0
+
+
+def test_bad_k() -> None:
+    with pytest.raises(ValidationError):
+        ndcg_at_k(["a"], {"a": 1}, 0)
