@@ -178,15 +178,18 @@ class FeedbackEnsemble:
         return len(self._table)
 
     # ------------------------------------------------------------------ retrieval
-    def context(self, query: str, *, session_id: str | None = None) -> Context:
-        """Score ``query`` with every retriever over the candidate pool; no decision yet."""
+    def context(self, query: str, *, session_id: str | None = None, k: int = 0) -> Context:
+        """Score ``query`` with every retriever over the candidate pool; no decision yet.
+
+        The pool is the union of each retriever's best ``max(candidate_k, k)`` chunks.
+        """
         if not isinstance(query, str):
             raise ValidationError(f"query must be a string, got {type(query).__name__}")
         from rlfb.features import query_features, query_type
 
         names = self.retriever_names
         full = [np.asarray(self._retrievers[n].score_all(query), dtype=np.float64) for n in names]
-        k = min(self.candidate_k, len(self._table))
+        k = min(max(self.candidate_k, k), len(self._table))
         tops = [top_k(s, k) for s in full]
         rows = np.unique(np.concatenate(tops))
         raw = np.stack([s[rows] for s in full], axis=1)
@@ -233,7 +236,7 @@ class FeedbackEnsemble:
         written and ``event_id`` is ``None``.
         """
         validate_k(k)
-        ctx = self.context(query, session_id=session_id)
+        ctx = self.context(query, session_id=session_id, k=k)
         with self._lock:
             self._refresh()
             ranking = self._learner.rank(ctx, k, explore=explore)

@@ -1,0 +1,121 @@
+"""FeedbackEnsemble: fused hits with every score, weights that change the ranking, persistence, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rlfb import (
+    CorruptStateError,
+    DuplicateIdError,
+    EmptyCorpusError,
+    FeedbackEnsemble,
+    InvalidWeightsError,
+    ValidationError,
+)
+from rlfb.fusion import FUSION_METHODS
+
+TEXTS = [
+    "The aurora borealis is caused by charged particles from the solar wind hitting the upper atmosphere.",
+    "Northern lights glow green when oxygen atoms are excited high above the poles.",
+    "Ocean tides rise and fall because of the gravitational pull of the moon.",
+    "Volcanoes erupt when molten magma rises through cracks in the crust.",
+    "Part number XK-4471 is a titanium bolt rated for 400 bar.",
+    "Photosynthesis converts sunlight, water and carbon dioxide into sugar in plant leaves.",
+    "The stock market fell sharply after the central bank raised interest rates.",
+    "A glacier is a slow river of ice that carves valleys over thousands of years.",
+]
+IDS = [f"doc{i}" for i in range(len(TEXTS))]
+
+
+@pytest.fixture(scope="module")
+def ens() -> FeedbackEnsemble:
+    return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), candidate_k=3)
+
+
+def test_hits_carry_every_score(ens: FeedbackEnsemble) -> None:
+    result = ens.retrieve("what causes aurora", k=3, log=False)
+    assert result.event_id is None
+    assert [h.rank for h in result.hits] == [1, 2, 3]
+    assert result.hits[0].chunk_id == "doc0"
+    scores = [h.score for h in result.hits]
+    assert scores == sorted(scores, reverse=True)
+    for hit in result.hits:
+        assert set(hit.scores) == {"bm25", "dense"} and set(hit.normalized) == {"bm25", "dense"}
+        assert hit.text == TEXTS[IDS.index(hit.chunk_id)]
+        assert hit.proposed_by and set(hit.proposed_by) <= {"bm25", "dense"}
+        assert all(math.isfinite(v) for v in hit.scores.values())
+
+
+def test_union_is_scored_by_every_retriever(ens: FeedbackEnsemble) -> None:
+    """A chunk that BM25 did not propose still gets BM25's real score, not zero."""
+    ctx = ens.context("northern lights glow")
+    bm25 = ens.retrievers["bm25"]
+    dense = ens.retrievers["dense"]
+    np.testing.assert_allclose(ctx.raw[:, 0], bm25.score("northern lights glow", list(ctx.candidate_ids)))
+    np.testing.assert_allclose(ctx.raw[:, 1], dense.score("northern lights glow", list(ctx.candidate_ids)))
+    assert len(ctx.candidate_ids) > ens.candidate_k  # the union of two top-3 lists that differ
+
+
+@pytest.mark.parametrize("fusion", sorted(FUSION_METHODS))
+def test_weights_change_the_ranking_in_every_fusion_mode(fusion: str) -> None:
+    query = "titanium bolt glow of the aurora"
+
+    def ranking(weights: list[float]) -> list[str]:
+        e = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), fusion=fusion,
+                                        weights=weights)
+        return e.retrieve(query, k=8, log=False).chunk_ids
+
+    lexical, semantic = ranking([0.95, 0.05]), ranking([0.05, 0.95])
+    bm25_top = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",)).retrieve(query, k=1, log=False)
+    assert lexical[0] == bm25_top.chunk_ids[0]
+    assert lexical != semantic
+
+
+def test_save_and_load_give_identical_results(ens: FeedbackEnsemble, tmp_path) -> None:
+    ens.save(tmp_path / "idx")
+    again = FeedbackEnsemble.load(tmp_path / "idx")
+    for q in ["aurora", "XK-4471", "why do tides happen", "ice valleys"]:
+        a, b = ens.retrieve(q, k=5, log=False), again.retrieve(q, k=5, log=False)
+        assert a.chunk_ids == b.chunk_ids
+        np.testing.assert_allclose([h.score for h in a.hits], [h.score for h in b.hits], rtol=1e-6)
+    assert again.weights == ens.weights
+
+
+def test_corrupt_saved_state_is_a_named_error(ens: FeedbackEnsemble, tmp_path) -> None:
+    ens.save(tmp_path / "idx")
+    (tmp_path / "idx" / "ensemble.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(CorruptStateError):
+        FeedbackEnsemble.load(tmp_path / "idx")
+
+
+def test_bad_input_is_rejected_clearly(ens: FeedbackEnsemble) -> None:
+    with pytest.raises(EmptyCorpusError):
+        FeedbackEnsemble.from_texts([], retrievers=("bm25",))
+    with pytest.raises(DuplicateIdError):
+        FeedbackEnsemble.from_texts(["a", "b"], ids=["x", "x"], retrievers=("bm25",))
+    for k in (0, -1, 1.5):
+        with pytest.raises(ValidationError):
+            ens.retrieve("aurora", k=k, log=False)
+    with pytest.raises(InvalidWeightsError):
+        FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), weights=[float("nan"), 1.0])
+    with pytest.raises(InvalidWeightsError):
+        FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), weights=[-1.0, 2.0])
+    with pytest.raises(ValidationError, match="unknown fusion"):
+        FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), fusion="borda")
+    with pytest.raises(ValidationError):
+        ens.retrieve(None, k=3)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="no feedback store"):
+        ens.feedback("e1", "explicit_positive")
+
+
+def test_k_larger_than_corpus_returns_everything(ens: FeedbackEnsemble) -> None:
+    assert len(ens.retrieve("aurora", k=50, log=False).hits) == len(TEXTS)
+
+
+def test_weights_mapping(ens: FeedbackEnsemble) -> None:
+    assert ens.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})
+    e = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), weights={"bm25": 3, "dense": 1})
+    assert e.weights == pytest.approx({"bm25": 0.75, "dense": 0.25})
