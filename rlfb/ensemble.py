@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, UnknownEventError, ValidationError
-from rlfb.fusion import FUSION_METHODS, normalize
+from rlfb.errors import CorruptStateError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.fusion import FUSION_METHODS, normalize, rank_matrix
+from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_k
@@ -45,6 +46,9 @@ class FeedbackEnsemble:
         sequence (each retriever's ``name`` is used). All must index the same ids.
     chunks
         The indexed chunks (texts and metadata for the hits).
+    members
+        Search-only members (:class:`rlfb.members.SearchMember`): any search
+        engine whose results join the candidate pool and get a weight of their own.
     fusion
         Score normalisation before the weighted sum: ``"minmax"``, ``"zscore"`` or ``"rrf"``.
     policy
@@ -64,8 +68,9 @@ class FeedbackEnsemble:
     def __init__(
         self,
         retrievers: Mapping[str, Retriever] | Sequence[Retriever],
-        chunks: Sequence[Chunk] | ChunkTable,
+        chunks: Sequence[Chunk] | ChunkTable | None = None,
         *,
+        members: Sequence[SearchMember] = (),
         fusion: str = "minmax",
         policy: str | Policy = "fixed",
         weights: Mapping[str, float] | Sequence[float] | None = None,
@@ -78,8 +83,22 @@ class FeedbackEnsemble:
     ) -> None:
         from rlfb.learner import Learner  # local: keeps `import rlfb` light
 
-        self._retrievers: dict[str, Retriever] = _as_retriever_map(retrievers)
-        self._table = chunks if isinstance(chunks, ChunkTable) else ChunkTable(chunks)
+        self._retrievers: dict[str, Retriever] = _as_retriever_map(retrievers, allow_empty=bool(members))
+        self._members: dict[str, SearchMember] = {}
+        for m in members:
+            if m.name in self._retrievers or m.name in self._members:
+                raise ValidationError(f"two retrievers or members are named {m.name!r}")
+            self._members[m.name] = m
+        if isinstance(chunks, ChunkTable):
+            self._table = chunks
+        elif chunks is None and not self._retrievers:
+            self._table = ChunkTable.empty()
+        elif chunks is None:
+            raise ValidationError("pass the indexed chunks together with the corpus retrievers")
+        else:
+            self._table = ChunkTable(chunks)
+        self._extra: OrderedDict[str, Chunk] = OrderedDict()  # chunks members found outside the index
+        self._extra_size = 100_000
         for name, r in self._retrievers.items():
             if list(r.ids) != self._table.ids:
                 raise ValidationError(f"retriever {name!r} does not index the ensemble's chunks in the same order")
@@ -143,7 +162,8 @@ class FeedbackEnsemble:
     # ------------------------------------------------------------------ properties
     @property
     def retriever_names(self) -> tuple[str, ...]:
-        return tuple(self._retrievers)
+        """Corpus retrievers, then members: the columns of the score matrices and the weights' keys."""
+        return tuple(self._retrievers) + tuple(self._members)
 
     @property
     def retrievers(self) -> Mapping[str, Retriever]:
@@ -181,18 +201,20 @@ class FeedbackEnsemble:
     def context(self, query: str, *, session_id: str | None = None, k: int = 0) -> Context:
         """Score ``query`` with every retriever over the candidate pool; no decision yet.
 
-        The pool is the union of each retriever's best ``max(candidate_k, k)`` chunks.
+        The pool is the union of each corpus retriever's best ``max(candidate_k, k)``
+        chunks and of each member's results. Every candidate is scored by every
+        corpus retriever (chunks a member found outside the index are scored
+        from their text); a member scores only what it returned.
         """
-        if not isinstance(query, str):
-            raise ValidationError(f"query must be a string, got {type(query).__name__}")
-        from rlfb.features import query_features, query_type
-
-        names = self.retriever_names
+        query = _check_query(query)
+        depth = max(self.candidate_k, k)
+        names = tuple(self._retrievers)
         full = [np.asarray(self._retrievers[n].score_all(query), dtype=np.float64) for n in names]
-        k = min(max(self.candidate_k, k), len(self._table))
-        tops = [top_k(s, k) for s in full]
-        rows = np.unique(np.concatenate(tops))
-        raw = np.stack([s[rows] for s in full], axis=1)
+        n_docs = len(self._table)
+        tops = [top_k(s, min(depth, n_docs)) for s in full]
+        rows = np.unique(np.concatenate(tops)) if tops else np.zeros(0, dtype=np.int64)
+        ids = [self._table.ids[int(r)] for r in rows]
+        raw = np.stack([s[rows] for s in full], axis=1) if full else np.zeros((len(rows), 0))
         ranks = np.zeros_like(raw)
         for j, (s, top) in enumerate(zip(full, tops)):
             # exact 1-based rank inside the retriever's own top list (rows is sorted, so searchsorted
@@ -202,14 +224,64 @@ class FeedbackEnsemble:
             if outside.size:
                 order = np.lexsort((outside, -s[rows[outside]]))
                 ranks[outside[order], j] = len(top) + 1 + np.arange(outside.size)
-        normalized = normalize(raw, self.fusion, ranks=ranks, c=self.rrf_c)
+        if self._members:
+            ids, raw, ranks = self._add_member_candidates(query, depth, ids, raw, ranks)
+        return self._make_context(query, ids, raw, ranks, session_id)
+
+    def _add_member_candidates(
+        self, query: str, depth: int, ids: list[str], raw: np.ndarray, ranks: np.ndarray
+    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        results = [m.search(query, depth, c=self.rrf_c) for m in self._members.values()]
+        known = set(ids)
+        new: list[Chunk] = []
+        for found in results:
+            for chunk, _ in found:
+                if chunk.id not in known:
+                    known.add(chunk.id)
+                    new.append(chunk)
+                    if chunk.id not in self._table.row:
+                        self._extra[chunk.id] = chunk
+        if len(self._extra) > self._extra_size:
+            for _ in range(len(self._extra) - self._extra_size):
+                self._extra.popitem(last=False)
+        if new:
+            corpus = self._score_chunks(query, new)
+            raw = np.vstack([raw, corpus])
+            # below every ranked candidate, in score order
+            tail = rank_matrix(corpus) + (ranks.max(axis=0) if ranks.size else 0)
+            ranks = np.vstack([ranks, tail])
+            ids = ids + [c.id for c in new]
+        position = {cid: i for i, cid in enumerate(ids)}
+        member_cols = np.full((len(ids), len(results)), np.nan)
+        for j, found in enumerate(results):
+            for chunk, score in found:
+                member_cols[position[chunk.id], j] = score
+        return ids, np.hstack([raw, member_cols]), np.hstack([ranks, rank_matrix(member_cols)])
+
+    def _score_chunks(self, query: str, chunks: Sequence[Chunk]) -> np.ndarray:
+        """Raw scores of ``chunks`` by each corpus retriever: indexed ids by id, others by their text."""
+        out = np.zeros((len(chunks), len(self._retrievers)))
+        inside = [i for i, c in enumerate(chunks) if c.id in self._table.row]
+        outside = [i for i, c in enumerate(chunks) if c.id not in self._table.row]
+        for j, r in enumerate(self._retrievers.values()):
+            if inside:
+                out[inside, j] = r.score(query, [chunks[i].id for i in inside])
+            if outside:
+                out[outside, j] = r.score_texts(query, [chunks[i].text for i in outside])
+        return out
+
+    def _make_context(
+        self, query: str, ids: Sequence[str], raw: np.ndarray, ranks: np.ndarray, session_id: str | None
+    ) -> Context:
+        from rlfb.features import query_features, query_type
+
         feats = query_features(query)
         return Context(
             query=query,
-            retrievers=names,
-            candidate_ids=tuple(self._table.ids[int(r)] for r in rows),
+            retrievers=self.retriever_names,
+            candidate_ids=tuple(ids),
             raw=raw,
-            normalized=normalized,
+            normalized=normalize(raw, self.fusion, ranks=ranks, c=self.rrf_c),
             features=feats,
             query_type=query_type(feats),
             query_embedding=self._query_embedding(query),
@@ -228,15 +300,75 @@ class FeedbackEnsemble:
         event_id: str | None = None,
         parent_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        timestamp: float | None = None,
     ) -> RetrievalResult:
         """Retrieve the ``k`` best chunks for ``query`` and log the event for later feedback.
 
         ``explore=False`` gives the greedy ranking (no exploration), which is
         what evaluation on held-out queries uses. With ``log=False`` nothing is
-        written and ``event_id`` is ``None``.
+        written and ``event_id`` is ``None``. ``timestamp`` (unix seconds)
+        overrides the clock, for replaying logs and simulations.
         """
         validate_k(k)
         ctx = self.context(query, session_id=session_id, k=k)
+        return self._decide(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
+                            metadata=metadata, timestamp=timestamp)
+
+    def rerank(
+        self,
+        query: str,
+        chunks: Sequence[Chunk],
+        k: int | None = None,
+        *,
+        session_id: str | None = None,
+        explore: bool = True,
+        log: bool = True,
+        event_id: str | None = None,
+        parent_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timestamp: float | None = None,
+    ) -> RetrievalResult:
+        """Re-rank chunks that another retriever found, with the learned weights, and log the event.
+
+        Each chunk is scored by every corpus retriever: by id when it is in the
+        index, otherwise from its text. An empty list gives an empty result
+        (nothing is logged). ``k`` defaults to all of them.
+        """
+        query = _check_query(query)
+        chunks = list(chunks)
+        if not chunks:
+            return RetrievalResult(query=query, hits=[], weights=self.weights)
+        if not self._retrievers:
+            raise ValidationError("rerank needs at least one corpus retriever to score the chunks")
+        unique: dict[str, Chunk] = {}
+        for c in chunks:
+            if not isinstance(c, Chunk):
+                raise ValidationError(f"rerank takes Chunk objects, got {type(c).__name__}")
+            unique.setdefault(c.id, c)
+        chunks = list(unique.values())
+        k = len(chunks) if k is None else min(validate_k(k), len(chunks))
+        for c in chunks:
+            if c.id not in self._table.row:
+                self._extra[c.id] = c
+        raw = self._score_chunks(query, chunks)
+        if self._members:  # members did not see these chunks: they contribute nothing
+            raw = np.hstack([raw, np.full((len(chunks), len(self._members)), np.nan)])
+        ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id)
+        return self._decide(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
+                            metadata=metadata, timestamp=timestamp)
+
+    def _decide(
+        self,
+        ctx: Context,
+        k: int,
+        *,
+        explore: bool,
+        log: bool,
+        event_id: str | None,
+        parent_id: str | None,
+        metadata: Mapping[str, Any] | None,
+        timestamp: float | None,
+    ) -> RetrievalResult:
         with self._lock:
             self._refresh()
             ranking = self._learner.rank(ctx, k, explore=explore)
@@ -245,19 +377,20 @@ class FeedbackEnsemble:
             logged_id = None
             if log and self._store is not None:
                 logged_id = self._store.log_event(
-                    query,
+                    ctx.query,
                     decision.to_dict(),
                     [_chunk_row(h) for h in hits],
-                    session_id=session_id,
+                    session_id=ctx.session_id,
                     features=dict(ctx.features),
                     query_type=ctx.query_type,
                     event_id=event_id,
                     parent_id=parent_id,
                     metadata=dict(metadata or {}),
+                    timestamp=timestamp,
                 )
                 self._remember(logged_id, ctx)
         return RetrievalResult(
-            query=query,
+            query=ctx.query,
             hits=hits,
             weights=dict(decision.weights),
             event_id=logged_id,
@@ -271,31 +404,37 @@ class FeedbackEnsemble:
         """:meth:`retrieve` for each query, in order."""
         return [self.retrieve(q, k, **kwargs) for q in queries]
 
+    def chunk(self, chunk_id: str) -> Chunk:
+        """The indexed (or member-found) chunk with this id."""
+        row = self._table.row.get(chunk_id)
+        if row is not None:
+            return self._table.chunk(row)
+        try:
+            return self._extra[chunk_id]
+        except KeyError:
+            raise UnknownChunkError(f"chunk id {chunk_id!r} is not known to this ensemble") from None
+
     def _hits(self, ctx: Context, ranking: Any) -> list[Hit]:
         names = ctx.retrievers
-        k = len(ranking.order)
-        top_lists = {n: set(np.flatnonzero(ctx.ranks[:, j] <= self.candidate_k)) for j, n in enumerate(names)}
+        proposed = ctx.ranks <= self.candidate_k  # NaN (not returned by a member) compares False
         hits = []
         for rank, idx in enumerate(ranking.order, start=1):
             idx = int(idx)
-            cid = ctx.candidate_ids[idx]
-            row = self._table.row[cid]
+            chunk = self.chunk(ctx.candidate_ids[idx])
             hits.append(
                 Hit(
-                    chunk_id=cid,
-                    text=self._table.texts[row],
+                    chunk_id=chunk.id,
+                    text=chunk.text,
                     score=float(ranking.fused[idx]),
                     rank=rank,
-                    scores={n: float(ctx.raw[idx, j]) for j, n in enumerate(names)},
+                    scores={n: _finite_or_none(ctx.raw[idx, j]) for j, n in enumerate(names)},
                     normalized={n: float(ctx.normalized[idx, j]) for j, n in enumerate(names)},
-                    metadata=dict(self._table.metadatas[row]),
-                    proposed_by=tuple(n for n in names if idx in top_lists[n]),
+                    metadata=dict(chunk.metadata),
+                    proposed_by=tuple(n for j, n in enumerate(names) if proposed[idx, j]),
                     confidence=float(ranking.confidence[idx]) if ranking.confidence is not None else None,
                     memory=float(ranking.memory[idx]) if ranking.memory is not None else None,
                 )
             )
-            if rank >= k:
-                break
         return hits
 
     def _query_embedding(self, query: str) -> np.ndarray | None:
@@ -480,7 +619,8 @@ class FeedbackEnsemble:
             r.save(root / "retrievers" / name)
         config = {
             "format": 1,
-            "retrievers": list(self.retriever_names),
+            "retrievers": list(self._retrievers),
+            "members": list(self._members),  # callables are not saved: pass members= to load()
             "fusion": self.fusion,
             "candidate_k": self.candidate_k,
             "rrf_c": self.rrf_c,
@@ -531,7 +671,9 @@ class FeedbackEnsemble:
         return f"FeedbackEnsemble({len(self)} chunks, fusion={self.fusion!r}, weights: {w})"
 
 
-def _as_retriever_map(retrievers: Mapping[str, Retriever] | Sequence[Retriever]) -> dict[str, Retriever]:
+def _as_retriever_map(
+    retrievers: Mapping[str, Retriever] | Sequence[Retriever], *, allow_empty: bool = False
+) -> dict[str, Retriever]:
     if isinstance(retrievers, Mapping):
         out = dict(retrievers)
     else:
@@ -540,8 +682,8 @@ def _as_retriever_map(retrievers: Mapping[str, Retriever] | Sequence[Retriever])
             if r.name in out:
                 raise ValidationError(f"two retrievers are named {r.name!r}")
             out[r.name] = r
-    if not out:
-        raise ValidationError("an ensemble needs at least one retriever")
+    if not out and not allow_empty:
+        raise ValidationError("an ensemble needs at least one retriever or member")
     return out
 
 
@@ -553,6 +695,16 @@ def _open_store(store: Any) -> Any:
 
         return FeedbackStore(store)
     return store
+
+
+def _check_query(query: object) -> str:
+    if not isinstance(query, str):
+        raise ValidationError(f"query must be a string, got {type(query).__name__}")
+    return query
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
 
 
 def _chunk_row(hit: Hit) -> dict[str, Any]:

@@ -12,6 +12,10 @@ are retrievers, and returns a new array; inputs are never modified. Ranks are
 [0.5, 0.75, 0.214]
 >>> int(fuse(raw, [1.0, 0.0], method="rrf").argmax())
 0
+
+A NaN marks a missing score: a candidate that a search-only member did not
+return. Normalisation maps it to 0, so it gets nothing from that member, and
+the member's other scores are normalised over the candidates it did return.
 """
 
 from __future__ import annotations
@@ -43,9 +47,15 @@ def _as_matrix(scores: np.ndarray) -> np.ndarray:
         arr = arr[:, None]
     if arr.ndim != 2:
         raise ValidationError(f"scores must be a (n_candidates, n_retrievers) matrix, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValidationError("scores must be finite")
+    if np.any(np.isinf(arr)):
+        raise ValidationError("scores must be finite (NaN marks a missing score)")
     return arr
+
+
+def _present(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mask of present scores, and ``arr`` with missing ones replaced by 0."""
+    mask = ~np.isnan(arr)
+    return mask, np.where(mask, arr, 0.0)
 
 
 def minmax_normalize(scores: np.ndarray) -> np.ndarray:
@@ -55,12 +65,14 @@ def minmax_normalize(scores: np.ndarray) -> np.ndarray:
     [0.0, 1.0, 0.5]
     """
     arr = _as_matrix(scores)
-    lo = arr.min(axis=0)
-    span = arr.max(axis=0) - lo
+    mask, filled = _present(arr)
+    lo = np.where(mask, filled, np.inf).min(axis=0)
+    hi = np.where(mask, filled, -np.inf).max(axis=0)
+    span = hi - lo
+    ok = np.isfinite(span) & (span > 0)
     out = np.zeros_like(arr)
-    ok = span > 0
-    out[:, ok] = (arr[:, ok] - lo[ok]) / span[ok]
-    return out
+    out[:, ok] = (filled[:, ok] - lo[ok]) / span[ok]
+    return np.where(mask, out, 0.0)
 
 
 def zscore_normalize(scores: np.ndarray) -> np.ndarray:
@@ -70,42 +82,50 @@ def zscore_normalize(scores: np.ndarray) -> np.ndarray:
     [-1.0, 1.0]
     """
     arr = _as_matrix(scores)
-    mean = arr.mean(axis=0)
-    std = arr.std(axis=0)
-    out = np.zeros_like(arr)
+    mask, filled = _present(arr)
+    count = mask.sum(axis=0)
+    safe = np.maximum(count, 1)
+    mean = filled.sum(axis=0) / safe
+    std = np.sqrt((np.where(mask, filled - mean, 0.0) ** 2).sum(axis=0) / safe)
     ok = std > 0
-    out[:, ok] = (arr[:, ok] - mean[ok]) / std[ok]
-    return out
+    out = np.zeros_like(arr)
+    out[:, ok] = (filled[:, ok] - mean[ok]) / std[ok]
+    return np.where(mask, out, 0.0)
 
 
 def rank_matrix(scores: np.ndarray) -> np.ndarray:
     """1-based rank of each row within its column, best (highest) first; ties go to the lower row.
 
-    >>> rank_matrix(np.array([[0.1, 5.0], [0.9, 5.0], [0.5, 1.0]])).tolist()
-    [[3.0, 1.0], [1.0, 2.0], [2.0, 3.0]]
+    A missing (NaN) score has no rank: it stays NaN.
+
+    >>> rank_matrix(np.array([[0.1, 5.0], [0.9, 5.0], [0.5, np.nan]])).tolist()
+    [[3.0, 1.0], [1.0, 2.0], [2.0, nan]]
     """
     arr = _as_matrix(scores)
+    mask, filled = _present(arr)
     n = arr.shape[0]
-    ranks = np.empty_like(arr)
+    ranks = np.full_like(arr, np.nan)
     rows = np.arange(n)
     for j in range(arr.shape[1]):  # one column per retriever: a handful of iterations
-        order = np.lexsort((rows, -arr[:, j]))
-        ranks[order, j] = np.arange(1, n + 1)
+        order = np.lexsort((rows, -filled[:, j], ~mask[:, j]))  # present first, then by score
+        order = order[: int(mask[:, j].sum())]
+        ranks[order, j] = np.arange(1, order.size + 1)
     return ranks
 
 
 def rrf_normalize(ranks: np.ndarray, c: float = 60.0) -> np.ndarray:
-    """Reciprocal-rank scores ``1 / (c + rank)`` for 1-based ranks.
+    """Reciprocal-rank scores ``1 / (c + rank)`` for 1-based ranks; a missing (NaN) rank scores 0.
 
-    >>> rrf_normalize(np.array([[1.0], [2.0]]), c=60).ravel().round(5).tolist()
-    [0.01639, 0.01613]
+    >>> rrf_normalize(np.array([[1.0], [2.0], [np.nan]]), c=60).ravel().round(5).tolist()
+    [0.01639, 0.01613, 0.0]
     """
     if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
         raise ValidationError(f"RRF constant c must be finite and >= 0, got {c!r}")
     r = np.asarray(ranks, dtype=np.float64)
-    if r.size and r.min() < 1:
+    mask = ~np.isnan(r)
+    if np.any(r[mask] < 1):
         raise ValidationError("ranks are 1-based and must be >= 1")
-    return 1.0 / (c + r)
+    return np.where(mask, 1.0 / (c + np.where(mask, r, 1.0)), 0.0)
 
 
 def _rrf_from_scores(scores: np.ndarray, *, ranks: np.ndarray | None = None, c: float = 60.0) -> np.ndarray:
@@ -186,7 +206,7 @@ def weighted_fusion(normalized: np.ndarray, weights: np.ndarray | Sequence[float
     >>> weighted_fusion(np.array([[1.0, 0.0], [0.0, 1.0]]), [0.8, 0.2]).tolist()
     [0.8, 0.2]
     """
-    arr = _as_matrix(normalized)
+    arr = np.nan_to_num(_as_matrix(normalized), nan=0.0)
     w = validate_weights(weights)
     if w.size != arr.shape[1]:
         raise InvalidWeightsError(f"got {w.size} weights for {arr.shape[1]} score columns")

@@ -88,7 +88,7 @@ def test_weights_are_normalised() -> None:
 
 def test_bad_scores_and_methods() -> None:
     with pytest.raises(ValidationError):
-        normalize(np.array([[np.nan]]), "minmax")
+        normalize(np.array([[np.inf]]), "minmax")
     with pytest.raises(ValidationError, match="unknown fusion method"):
         normalize(RAW, "borda")
     with pytest.raises(ValidationError):
@@ -100,3 +100,17 @@ def test_weighted_rrf_matches_langchain_formula() -> None:
     assert fused["a"] == pytest.approx(0.3 / 61 + 0.7 / 62)
     assert fused["c"] == pytest.approx(0.3 / 63 + 0.7 / 61)
     assert list(fused)[0] == "c"
+
+
+@pytest.mark.parametrize("method", sorted(FUSION_METHODS))
+def test_missing_scores_get_nothing_from_that_member(method: str) -> None:
+    """NaN marks a candidate a search-only member did not return."""
+    raw = np.array([[3.0, np.nan], [2.0, 0.9], [1.0, 0.1]])
+    out = normalize(raw, method)
+    assert not np.isnan(out).any()
+    assert out[0, 1] == 0.0
+    present = normalize(raw[1:, 1:], method)
+    if method == "rrf":  # ranks among the returned candidates: 1 and 2
+        np.testing.assert_allclose(out[1:, 1], present[:, 0])
+    else:
+        assert out[1, 1] > out[2, 1]

@@ -1,0 +1,57 @@
+"""Search-only ensemble members: any search engine that returns chunks, with or without scores.
+
+A member is how a user keeps the search engine they have (a vector store over
+Chroma, FAISS, Elasticsearch, Qdrant, ...) and still learns the fusion
+weights. The ensemble asks it for its best chunks; chunks it did not return
+get no score from it (NaN, which normalisation maps to 0). A member that
+returns no scores is fused by rank: its k-th result gets ``1 / (c + k)``.
+
+>>> from rlfb.types import Chunk
+>>> m = SearchMember("kb", lambda q, k: [(Chunk("a", "alpha"), None), (Chunk("b", "beta"), None)])
+>>> [(c.id, round(s, 4)) for c, s in m.search(query="x", k=2, c=60)]
+[('a', 0.0164), ('b', 0.0161)]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from rlfb.errors import ValidationError
+from rlfb.types import Chunk, validate_k
+
+__all__ = ["SearchMember", "SearchFn"]
+
+SearchFn = Callable[[str, int], Sequence[tuple[Chunk, "float | None"]]]
+
+
+class SearchMember:
+    """Wrap ``search(query, k) -> [(Chunk, score or None), ...]`` (best first) as an ensemble member."""
+
+    def __init__(self, name: str, search: SearchFn) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValidationError("a member needs a non-empty name")
+        if not callable(search):
+            raise ValidationError(f"member {name!r}: search must be callable")
+        self.name = name
+        self._search = search
+
+    def search(self, query: str, k: int, *, c: float = 60.0) -> list[tuple[Chunk, float]]:
+        """The member's chunks for ``query``, each with a finite score (rank-based where it gave none)."""
+        validate_k(k)
+        out: list[tuple[Chunk, float]] = []
+        seen: set[str] = set()
+        for rank, item in enumerate(self._search(query, k), start=1):
+            chunk, score = item
+            if not isinstance(chunk, Chunk):
+                raise ValidationError(f"member {self.name!r} returned {type(chunk).__name__}, not a Chunk")
+            if chunk.id in seen:  # a member listing one chunk twice keeps its best position
+                continue
+            seen.add(chunk.id)
+            if score is None or not math.isfinite(float(score)):
+                score = 1.0 / (c + rank)
+            out.append((chunk, float(score)))
+        return out
+
+    def __repr__(self) -> str:
+        return f"SearchMember({self.name!r})"

@@ -1,0 +1,172 @@
+"""Cascade click models with explicit thumbs, reformulations and delays.
+
+A cascade user scans the shown list top-down. At each position they click
+with the probability of the chunk's relevance grade, and after a click they
+stop with the stop probability of that grade. Grades are 0 to 4; binary
+judgments map to 0 and 4.
+
+>>> user = SimulatedUser("perfect", explicit_rate=0.0, seed=1)
+>>> inter = user.interact(["a", "b", "c"], {"b": 1})
+>>> inter.clicked_ids
+['b']
+>>> [(f.signal, f.chunk_id) for f in inter.feedback]
+[('implicit_positive', 'b')]
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rlfb.errors import ValidationError
+
+__all__ = ["ClickModel", "CLICK_MODELS", "SimulatedFeedback", "Interaction", "SimulatedUser", "to_grade"]
+
+
+@dataclass(frozen=True)
+class ClickModel:
+    """P(click) and P(stop after a click) for relevance grades 0 to 4."""
+
+    name: str
+    click: tuple[float, float, float, float, float]
+    stop: tuple[float, float, float, float, float]
+
+    def __post_init__(self) -> None:
+        for what, probs in (("click", self.click), ("stop", self.stop)):
+            if len(probs) != 5 or not all(0.0 <= p <= 1.0 for p in probs):
+                raise ValidationError(f"{self.name}: {what} needs 5 probabilities in [0, 1], got {probs}")
+
+
+CLICK_MODELS: dict[str, ClickModel] = {
+    "perfect": ClickModel("perfect", (0.0, 0.2, 0.4, 0.8, 1.0), (0.0, 0.0, 0.0, 0.0, 0.0)),
+    "navigational": ClickModel("navigational", (0.05, 0.3, 0.5, 0.7, 0.95), (0.2, 0.3, 0.5, 0.7, 0.9)),
+    "informational": ClickModel("informational", (0.4, 0.6, 0.7, 0.8, 0.9), (0.1, 0.2, 0.3, 0.4, 0.5)),
+}
+
+
+def to_grade(value: int, max_grade: int) -> int:
+    """Map a qrel value to a 0..4 grade: binary judgments to 0 or 4, graded ones scaled to 4.
+
+    >>> to_grade(1, 1), to_grade(0, 1), to_grade(2, 4), to_grade(3, 2)
+    (4, 0, 2, 4)
+    """
+    if value <= 0:
+        return 0
+    if max_grade <= 1:
+        return 4
+    return max(1, min(4, round(value * 4 / max_grade)))
+
+
+@dataclass(frozen=True)
+class SimulatedFeedback:
+    """One piece of feedback and how long after the retrieval it arrives."""
+
+    signal: str
+    chunk_id: str | None
+    delay: float
+
+
+@dataclass(frozen=True)
+class Interaction:
+    clicked_ids: list[str]
+    feedback: list[SimulatedFeedback] = field(default_factory=list)
+    explicit: str | None = None
+    reformulated: bool = False
+
+
+class SimulatedUser:
+    """A seeded cascade user who also gives thumbs and reformulates.
+
+    Parameters
+    ----------
+    model
+        ``"perfect"``, ``"navigational"``, ``"informational"`` or a :class:`ClickModel`.
+    explicit_rate
+        Probability of an explicit thumb on the answer: up when a relevant chunk
+        is in the answer's top ``answer_k``, down otherwise.
+    noise
+        Probability that a thumb is flipped.
+    reformulation_rate
+        When nothing relevant is in the top 3, the probability of a restated
+        follow-up question (an implicit negative on the whole answer).
+    mean_delay
+        Mean of the exponential delay, in seconds, before feedback arrives.
+    late_rate
+        Fraction of feedback that arrives after ``late_delay`` seconds (outside
+        a 24 h attribution window by default), to exercise the window.
+    max_grade
+        The collection's highest qrel value; 1 means binary.
+    """
+
+    def __init__(
+        self,
+        model: str | ClickModel = "navigational",
+        *,
+        explicit_rate: float = 0.1,
+        noise: float = 0.0,
+        reformulation_rate: float = 0.5,
+        answer_k: int = 3,
+        depth: int = 10,
+        mean_delay: float = 120.0,
+        late_rate: float = 0.02,
+        late_delay: float = 2 * 86400.0,
+        max_grade: int = 1,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(model, str):
+            try:
+                model = CLICK_MODELS[model]
+            except KeyError:
+                raise ValidationError(f"unknown user {model!r}; choose one of {sorted(CLICK_MODELS)}") from None
+        for name, p in (("explicit_rate", explicit_rate), ("noise", noise),
+                        ("reformulation_rate", reformulation_rate), ("late_rate", late_rate)):
+            if not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+                raise ValidationError(f"{name} must be a probability in [0, 1], got {p!r}")
+        if not (math.isfinite(mean_delay) and mean_delay >= 0):
+            raise ValidationError(f"mean_delay must be >= 0, got {mean_delay!r}")
+        self.model = model
+        self.explicit_rate = explicit_rate
+        self.noise = noise
+        self.reformulation_rate = reformulation_rate
+        self.answer_k = answer_k
+        self.depth = depth
+        self.mean_delay = mean_delay
+        self.late_rate = late_rate
+        self.late_delay = late_delay
+        self.max_grade = max_grade
+        self._rng = random.Random(seed)
+
+    def _delay(self) -> float:
+        if self._rng.random() < self.late_rate:
+            return self.late_delay
+        return self._rng.expovariate(1.0 / self.mean_delay) if self.mean_delay > 0 else 0.0
+
+    def clicks(self, ranking: Sequence[str], qrel: Mapping[str, int]) -> list[str]:
+        """The chunks a cascade user clicks on the top ``depth`` of ``ranking``."""
+        clicked = []
+        for chunk_id in ranking[: self.depth]:
+            grade = to_grade(qrel.get(chunk_id, 0), self.max_grade)
+            if self._rng.random() < self.model.click[grade]:
+                clicked.append(chunk_id)
+                if self._rng.random() < self.model.stop[grade]:
+                    break
+        return clicked
+
+    def interact(self, ranking: Sequence[str], qrel: Mapping[str, int]) -> Interaction:
+        """Simulate one user's reaction to a shown ranking."""
+        clicked = self.clicks(ranking, qrel)
+        feedback = [SimulatedFeedback("implicit_positive", c, self._delay()) for c in clicked]
+        explicit = None
+        if self._rng.random() < self.explicit_rate:
+            good = any(qrel.get(c, 0) > 0 for c in ranking[: self.answer_k])
+            if self._rng.random() < self.noise:
+                good = not good
+            explicit = "explicit_positive" if good else "explicit_negative"
+            feedback.append(SimulatedFeedback(explicit, None, self._delay()))
+        reformulated = False
+        if not any(qrel.get(c, 0) > 0 for c in ranking[:3]) and self._rng.random() < self.reformulation_rate:
+            reformulated = True
+            feedback.append(SimulatedFeedback("implicit_negative", None, self._delay()))
+        return Interaction(clicked, feedback, explicit, reformulated)
