@@ -112,7 +112,8 @@ def generate_demo_corpus(n_devices: int = 120, seed: int = 7) -> BeirDataset:
             Chunk(f"d{i}-other", distractor, {"device": other.code, "kind": "comparison"}),
         ]
         queries[f"q{i}-code"] = f"What is the {attr} of {d.code}?"
-        queries[f"q{i}-para"] = f"Which {d.material} machine made in {d.city} {d.function[1]}?"
+        # devices share functions and materials, so a paraphrase question fits several of them
+        queries[f"q{i}-para"] = f"Which {d.material} machine {d.function[1]}?"
         qrels[f"q{i}-code"] = {f"d{i}-full": 2, f"d{i}-note": 1}
         qrels[f"q{i}-para"] = {f"d{i}-full": 2}
     return BeirDataset("rlfb-demo", corpus, queries, {"test": qrels})

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -63,6 +64,10 @@ class FeedbackEnsemble:
         still gets that retriever's real score instead of zero.
     refresh_interval
         Seconds between checks for weights that another process wrote to the store.
+    persist_interval
+        Least seconds between two snapshots of the learner's state in the store;
+        0 (the default) writes one after every feedback. State not yet written is
+        flushed by :meth:`flush`, :meth:`save` and :meth:`close`.
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class FeedbackEnsemble:
         learner_config: Any = None,
         seed: int = 0,
         refresh_interval: float = 5.0,
+        persist_interval: float = 0.0,
     ) -> None:
         from rlfb.learner import Learner  # local: keeps `import rlfb` light
 
@@ -109,6 +115,9 @@ class FeedbackEnsemble:
         self.rrf_c = float(rrf_c)
         self.seed = seed
         self.refresh_interval = float(refresh_interval)
+        self.persist_interval = float(persist_interval)
+        self._last_persist = 0.0
+        self._dirty = False
         self._lock = threading.RLock()
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
@@ -311,7 +320,7 @@ class FeedbackEnsemble:
         """
         validate_k(k)
         ctx = self.context(query, session_id=session_id, k=k)
-        return self._decide(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
+        return self.rank_context(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
                             metadata=metadata, timestamp=timestamp)
 
     def rerank(
@@ -354,21 +363,27 @@ class FeedbackEnsemble:
         if self._members:  # members did not see these chunks: they contribute nothing
             raw = np.hstack([raw, np.full((len(chunks), len(self._members)), np.nan)])
         ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id)
-        return self._decide(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
+        return self.rank_context(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
                             metadata=metadata, timestamp=timestamp)
 
-    def _decide(
+    def rank_context(
         self,
         ctx: Context,
         k: int,
         *,
-        explore: bool,
-        log: bool,
-        event_id: str | None,
-        parent_id: str | None,
-        metadata: Mapping[str, Any] | None,
-        timestamp: float | None,
+        explore: bool = True,
+        log: bool = True,
+        event_id: str | None = None,
+        parent_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timestamp: float | None = None,
     ) -> RetrievalResult:
+        """Decide, rank and log for a context from :meth:`context`.
+
+        Retriever scores do not change while the policy learns, so simulations
+        compute each query's context once and call this for every interaction.
+        """
+        validate_k(k)
         with self._lock:
             self._refresh()
             ranking = self._learner.rank(ctx, k, explore=explore)
@@ -491,7 +506,8 @@ class FeedbackEnsemble:
             )
             if record.duplicate or not record.in_window:
                 return record
-            self._refresh()
+            # learn on top of the newest shared state: another process may have learned since
+            self._refresh(force=True)
             self._learner.learn(self.episode(event_id, record))
             self._persist()
         return record
@@ -528,7 +544,7 @@ class FeedbackEnsemble:
         for sig in self._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened):
             records.append(
                 self.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
-                              session_id=session_id)
+                              session_id=session_id, idempotency_key=sig.idempotency_key)
             )
         return records
 
@@ -542,9 +558,11 @@ class FeedbackEnsemble:
         chunks = event["chunks"]
         shown_ids = tuple(c["chunk_id"] for c in chunks)
         shown = np.array(
-            [[float(c["normalized"].get(n, 0.0)) for n in names] for c in chunks], dtype=np.float64
+            [[_as_float(c["normalized"].get(n)) for n in names] for c in chunks], dtype=np.float64
         ).reshape(len(chunks), len(names))
         chunk_rewards = np.array([float(record.chunk_rewards.get(c, 0.0)) for c in shown_ids])
+        _, cumulative = store.event_reward(event_id)  # includes this record
+        prior = np.array([float(cumulative.get(c, 0.0)) for c in shown_ids]) - chunk_rewards
         decision = event["decision"]
         ctx = self._contexts.get(event_id)
         embedding = ctx.query_embedding if ctx is not None else None
@@ -570,6 +588,7 @@ class FeedbackEnsemble:
             timestamp=float(event["timestamp"]),
             feedback_time=float(record.timestamp) if hasattr(record, "timestamp") else time.time(),
             query_embedding=embedding,
+            prior_rewards=prior,
         )
 
     def _require_store(self) -> Any:
@@ -578,12 +597,24 @@ class FeedbackEnsemble:
         return self._store
 
     # ------------------------------------------------------------------ weight config centre
-    def _persist(self) -> None:
+    def _persist(self, *, force: bool = False) -> None:
         if self._store is None:
+            return
+        now = time.monotonic()
+        self._dirty = True
+        if not force and now - self._last_persist < self.persist_interval:
             return
         self._state_version = self._store.save_policy_state(
             self._learner.state_dict(), self._learner.weights(), policy=self._learner.policy_name
         )
+        self._last_persist = now
+        self._dirty = False
+
+    def flush(self) -> None:
+        """Write the learner's state to the store now if feedback changed it since the last snapshot."""
+        with self._lock:
+            if self._dirty:
+                self._persist(force=True)
 
     def _refresh(self, *, force: bool = False) -> None:
         """Pick up weights and policy state another process wrote to the store."""
@@ -593,6 +624,12 @@ class FeedbackEnsemble:
         if not force and now - self._last_refresh < self.refresh_interval:
             return
         self._last_refresh = now
+        if self._dirty:
+            # never drop local learning that is not written yet: write it (when due) instead of reading
+            if now - self._last_persist >= self.persist_interval:
+                with self._lock:
+                    self._persist(force=True)
+            return
         if self._store.state_version() <= self._state_version:
             return
         saved = self._store.load_policy_state()
@@ -612,6 +649,7 @@ class FeedbackEnsemble:
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
         """Write the index, retrievers and learner state to a directory (JSON, ``.npy``; never pickle)."""
+        self.flush()
         root = Path(path)
         root.mkdir(parents=True, exist_ok=True)
         self._table.save(root)
@@ -657,7 +695,9 @@ class FeedbackEnsemble:
         return ens
 
     def close(self) -> None:
+        """Flush the learner's state and close the store."""
         if self._store is not None:
+            self.flush()
             self._store.close()
 
     def __enter__(self) -> FeedbackEnsemble:
@@ -701,6 +741,15 @@ def _check_query(query: object) -> str:
     if not isinstance(query, str):
         raise ValidationError(f"query must be a string, got {type(query).__name__}")
     return query
+
+
+def _as_float(value: Any) -> float:
+    """A logged score as a float; a missing one (None or NaN) counts as 0."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return out if math.isfinite(out) else 0.0
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -19,6 +19,12 @@ __all__ = [
     "InvalidWeightsError",
     "CorruptStateError",
     "ModelNotFoundError",
+    "NonFiniteValueError",
+    "RatingOutOfRangeError",
+    "FutureTimestampError",
+    "FeedbackBeforeEventError",
+    "DuplicateEventError",
+    "IdempotencyConflictError",
 ]
 
 
@@ -66,3 +72,27 @@ class CorruptStateError(RlfbError, ValueError):
 
 class ModelNotFoundError(RlfbError, FileNotFoundError):
     """A bundled model package is not installed."""
+
+
+class NonFiniteValueError(ValidationError):
+    """A number is NaN or infinite where a finite value is required."""
+
+
+class RatingOutOfRangeError(ValidationError):
+    """A rating lies outside the accepted scale (1 to 5 by default)."""
+
+
+class FutureTimestampError(ValidationError):
+    """A timestamp lies in the future by more than the clock-skew tolerance."""
+
+
+class FeedbackBeforeEventError(ValidationError):
+    """Feedback is timestamped before the retrieval it rates (beyond the clock-skew tolerance)."""
+
+
+class DuplicateEventError(DuplicateIdError):
+    """A retrieval event id was logged twice."""
+
+
+class IdempotencyConflictError(ValidationError):
+    """An idempotency key was reused for different feedback (another event, signal or chunk)."""

@@ -33,6 +33,12 @@ class Context:
     query_type: str = "default"
     query_embedding: np.ndarray | None = None
     session_id: str | None = None
+    # Set by the Learner before it asks the policy: how many chunks will be shown,
+    # and the per-candidate part of the fused score that does not depend on the
+    # weights (confidence and feedback memory), so that a policy sampling a whole
+    # ranking samples it over the same scores the learner ranks by.
+    k: int = 10
+    offsets: np.ndarray | None = None
     ranks: np.ndarray | None = None  # 1-based rank of each candidate in each retriever's own ranking
 
 
@@ -85,6 +91,12 @@ class Episode:
     timestamp: float = 0.0
     feedback_time: float = 0.0
     query_embedding: np.ndarray | None = None
+    # The fused scores of the shown chunks as logged (optional). A Plackett-Luce
+    # policy uses them to recompute the probability of the ranking it showed.
+    scores: np.ndarray | None = None
+    # rewards each shown chunk had from earlier feedback on the same event, so that a second click
+    # does not read the first clicked chunk as skipped
+    prior_rewards: np.ndarray | None = None
 
 
 @runtime_checkable

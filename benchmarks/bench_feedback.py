@@ -1,0 +1,179 @@
+"""Feedback-ingestion throughput of FeedbackStore, on a WAL file in a temporary directory.
+
+Measures, in one run:
+
+* single  : ``record_feedback`` calls, one transaction each (the per-request path);
+* batched : ``record_feedback_batch`` with ``--batch`` items per transaction.
+
+Each mode runs in ``--rounds`` rounds; the best and median wall-clock throughput
+are printed, and events per CPU-second of this process, which other processes
+sharing the machine do not distort.
+
+Each event logs ``--k`` chunks; response-level feedback writes one reward row per chunk.
+Events are logged up front (batched) and not timed; ``log_event`` throughput is reported too.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_feedback.py            # defaults: 5,000 single, 100,000 batched
+    .venv/bin/python benchmarks/bench_feedback.py --json
+    .venv/bin/python benchmarks/bench_feedback.py --synchronous FULL
+
+Targets on 2 cores: >= 2,000 single/s, >= 20,000 batched/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlfb.store import FeedbackStore  # noqa: E402
+
+SIGNALS = ("thumbs_up", "thumbs_down", "click", "reformulation", "dwell")
+
+
+def _event(i: int, k: int, t: float) -> dict:
+    return {
+        "query": f"benchmark query {i} about topic {i % 97}",
+        "decision": {
+            "weights": {"bm25": 0.4, "dense": 0.4, "splade": 0.2},
+            "arm": f"arm{i % 3}",
+            "propensity": 0.8,
+            "explored": i % 10 == 0,
+            "policy": "bench",
+        },
+        "chunks": [
+            {
+                "chunk_id": f"doc{(i * 7 + j) % 10_000}",
+                "rank": j + 1,
+                "score": 1.0 / (j + 1),
+                "scores": {"bm25": 12.5 - j, "dense": 0.8 - 0.05 * j, "splade": 20.0 - j},
+                "normalized": {"bm25": 1.0 - 0.1 * j, "dense": 1.0 - 0.1 * j, "splade": 1.0 - 0.1 * j},
+                "proposed_by": ["bm25", "dense"],
+            }
+            for j in range(k)
+        ],
+        "session_id": f"s{i % 500}",
+        "features": {"length": 8.0, "digits": 0.0},
+        "event_id": f"ev{i}",
+        "timestamp": t,
+    }
+
+
+def _feedback(i: int, t: float) -> dict:
+    return {"event_id": f"ev{i}", "signal": SIGNALS[i % len(SIGNALS)], "timestamp": t + 30.0}
+
+
+def _rate(n: int, wall: float, cpu: float) -> tuple[float, float]:
+    return n / wall, n / cpu if cpu > 0 else float("inf")
+
+
+def _summary(rounds: list[tuple[float, float]]) -> dict:
+    walls = sorted(w for w, _ in rounds)
+    return {
+        "best": round(walls[-1]),
+        "median": round(statistics.median(walls)),
+        "per_cpu_second": round(statistics.median(c for _, c in rounds)),
+    }
+
+
+def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rounds: int) -> dict:
+    """Ingest in ``rounds`` equal rounds per mode; report best and median wall throughput.
+
+    The machine may be shared: wall throughput then depends on what else runs.
+    ``per_cpu_second`` (events per second of this process's CPU time) does not.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bench.db")
+        t0 = time.time() - 3600
+        n_events = n_single + n_batched
+        with FeedbackStore(path, synchronous=synchronous) as store:
+            start, cpu = time.perf_counter(), time.process_time()
+            for lo in range(0, n_events, 1000):
+                store.log_events([_event(i, k, t0) for i in range(lo, min(lo + 1000, n_events))])
+            log_batched = _rate(n_events, time.perf_counter() - start, time.process_time() - cpu)
+
+            single_rounds = []
+            per_round = n_single // rounds
+            for r in range(rounds):
+                items = [_feedback(i, t0) for i in range(r * per_round, (r + 1) * per_round)]
+                start, cpu = time.perf_counter(), time.process_time()
+                for item in items:
+                    store.record_feedback(**item)
+                wall, used = time.perf_counter() - start, time.process_time() - cpu
+                single_rounds.append(_rate(len(items), wall, used))
+
+            batched_rounds = []
+            per_round = n_batched // rounds
+            for r in range(rounds):
+                lo_r = n_single + r * per_round
+                items = [_feedback(i, t0) for i in range(lo_r, lo_r + per_round)]
+                start, cpu = time.perf_counter(), time.process_time()
+                for lo in range(0, len(items), batch):
+                    store.record_feedback_batch(items[lo : lo + batch])
+                wall, used = time.perf_counter() - start, time.process_time() - cpu
+                batched_rounds.append(_rate(len(items), wall, used))
+
+            n_log = min(2000, n_single)
+            start, cpu = time.perf_counter(), time.process_time()
+            for i in range(n_events, n_events + n_log):
+                store.log_event(**_event(i, k, t0))
+            log_single = _rate(n_log, time.perf_counter() - start, time.process_time() - cpu)
+
+            counts = store.counts()
+            ok = store.integrity_check()
+    return {
+        "synchronous": synchronous,
+        "chunks_per_event": k,
+        "batch_size": batch,
+        "rounds": rounds,
+        "feedback_single_per_s": _summary(single_rounds),
+        "feedback_batched_per_s": _summary(batched_rounds),
+        "log_event_single_per_s": _summary([log_single]),
+        "log_events_batched_per_s": _summary([log_batched]),
+        "rows": counts,
+        "integrity": ok,
+        "cpus": os.cpu_count(),
+        "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--single", type=int, default=5_000, help="record_feedback calls (one transaction each)")
+    p.add_argument("--batched", type=int, default=100_000, help="feedback items ingested in batches")
+    p.add_argument("--batch", type=int, default=1_000, help="items per record_feedback_batch call")
+    p.add_argument("--k", type=int, default=5, help="chunks per event")
+    p.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
+    p.add_argument("--rounds", type=int, default=5, help="rounds per mode (best and median are reported)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = p.parse_args(argv)
+    res = run(args.single, args.batched, args.batch, args.k, args.synchronous, args.rounds)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"FeedbackStore ingestion (WAL, synchronous={res['synchronous']}, k={res['chunks_per_event']}, "
+          f"{res['cpus']} CPUs, load average {res['load_average']})")
+    print(f"{'':20}{'best/s':>10}{'median/s':>10}{'per CPU-s':>11}")
+    rows = [
+        ("feedback, single", res["feedback_single_per_s"], "target >= 2,000"),
+        ("feedback, batched", res["feedback_batched_per_s"],
+         f"batches of {res['batch_size']}; target >= 20,000"),
+        ("log_event, single", res["log_event_single_per_s"], ""),
+        ("log_events, batch", res["log_events_batched_per_s"], "batches of 1000"),
+    ]
+    for name, fig, note in rows:
+        print(f"  {name:<18}{fig['best']:>10,}{fig['median']:>10,}{fig['per_cpu_second']:>11,}   {note}")
+    print(f"  rows {res['rows']}, integrity {res['integrity']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""``rlfb simulate``: simulated users on a BEIR folder; learning curves against fixed-weight baselines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines")
+    p.add_argument("--dataset", required=True, help="a BEIR folder, or 'demo' for the generated collection")
+    p.add_argument("--policy", default="gradient", help="fixed, batch, thompson or gradient")
+    p.add_argument("--user", default="navigational", help="perfect, navigational or informational")
+    p.add_argument("--interactions", type=int, default=2000)
+    p.add_argument("--explicit-rate", type=float, default=0.1)
+    p.add_argument("--noise", type=float, default=0.0, help="probability that an explicit thumb is flipped")
+    p.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
+    p.add_argument("--checkpoints", type=int, default=10)
+    p.add_argument("--retrievers", default="bm25,dense,splade")
+    p.add_argument("--fusion", default="minmax", choices=["minmax", "rrf", "zscore"])
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="turn feedback memory off")
+    p.add_argument("--max-heldout", type=int, default=None, help="evaluate at most this many held-out queries")
+    p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--plot", default=None, help="write the learning curves as a PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def load_dataset(name: str):  # noqa: ANN201 - BeirDataset
+    from rlfb.datasets import load_beir
+    from rlfb.demo_corpus import generate_demo_corpus
+
+    return generate_demo_corpus() if name == "demo" else load_beir(name)
+
+
+def print_table(result: dict) -> None:
+    from rlfb.simulation.runner import iter_table
+
+    online = result["final"]["online_ndcg@10"]["mean"]
+    print(f"\n{result['dataset']}: nDCG@10, mean over {len(result['config']['seeds'])} seed(s)")
+    print(f"{'system':<24}{'held-out':>10}{'seen':>10}")
+    for name, held, seen in iter_table(result):
+        print(f"{name:<24}{held:>10.4f}{seen:>10.4f}")
+    print(f"{'online (shown, learned)':<24}{online:>10.4f}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
+
+    config = SimulationConfig(
+        policy=args.policy, user=args.user, interactions=args.interactions, explicit_rate=args.explicit_rate,
+        noise=args.noise, seeds=tuple(range(args.seeds)), checkpoints=args.checkpoints,
+        retrievers=tuple(n.strip() for n in args.retrievers.split(",") if n.strip()), fusion=args.fusion,
+        memory=args.memory, max_heldout=args.max_heldout,
+    )
+    result = simulate(load_dataset(args.dataset), config, show_progress=not args.quiet)
+    print_table(result)
+    t = result["timing"]
+    print(f"\nindexing {t['index_seconds']:.1f}s, contexts {t['context_seconds']:.1f}s, "
+          f"simulation {t['simulation_seconds']:.1f}s ({', '.join(f'{s:.1f}' for s in t['seconds_per_seed'])} s/seed)")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(result, indent=2), encoding="utf-8")
+        print(f"wrote {args.json_out}")
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        plot_curves(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

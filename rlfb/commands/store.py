@@ -1,0 +1,123 @@
+"""``rlfb store``: inspect and export a feedback store.
+
+``rlfb store stats FILE [--json] [--window-days N]``
+    Row counts (events, retrieved chunks, feedback, rewards, flagged feedback),
+    sliding-window statistics and the current weights.
+``rlfb store export FILE --jsonl OUT``
+    One JSON line per (event, retrieved chunk) with the event's fields, the
+    chunk's scores and its feedback (see ``FeedbackStore.export_rows``);
+    ``OUT`` may be ``-`` for standard output.
+
+:func:`register` adds the ``store`` command to the main ``rlfb`` parser; each
+leaf parser sets ``func`` (``args.func(args) -> int`` exit status). :func:`main`
+runs the command on its own: ``main(["store", "stats", "fb.db", "--json"])``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlfb.errors import RlfbError
+
+__all__ = ["register", "main", "cmd_stats", "cmd_export"]
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``store stats`` and ``store export`` to argparse ``subparsers``; return the ``store`` parser."""
+    store = subparsers.add_parser(
+        "store",
+        help="inspect and export a feedback store",
+        description="Inspect and export an rlfb feedback store (SQLite).",
+    )
+    sub = store.add_subparsers(dest="store_command", metavar="COMMAND")
+    sub.required = True
+
+    stats = sub.add_parser("stats", help="row counts, windowed statistics and current weights")
+    stats.add_argument("file", metavar="FILE", help="feedback store database")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.add_argument(
+        "--window-days", type=float, default=None, metavar="N", help="sliding window in days (default: 90)"
+    )
+    stats.set_defaults(func=cmd_stats)
+
+    export = sub.add_parser("export", help="write events joined with their chunks and feedback as JSONL")
+    export.add_argument("file", metavar="FILE", help="feedback store database")
+    export.add_argument("--jsonl", required=True, metavar="OUT", help="output file ('-' for standard output)")
+    export.set_defaults(func=cmd_export)
+    return store
+
+
+def _open(path: str) -> Any:
+    from rlfb.store import FeedbackStore
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no such store: {path}")
+    return FeedbackStore(path)
+
+
+def _fail(message: str) -> int:
+    print(f"rlfb store: error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``store stats``."""
+    try:
+        with _open(args.file) as store:
+            window = None if args.window_days is None else args.window_days * 86400.0
+            stats = store.stats(window)
+    except (FileNotFoundError, sqlite3.DatabaseError, RlfbError) as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(stats, indent=2, ensure_ascii=True))
+        return 0
+    win = stats["window"]
+    days = win["seconds"] / 86400.0
+    print(f"store            {stats['path']}")
+    for name in ("events", "chunks", "feedback", "rewards", "flagged"):
+        print(f"{name:<16} {stats[name]:>10,}   (last {days:g} days: {win[name]:,})")
+    mean = stats["mean_reward"]
+    shown = "-" if mean is None else f"{mean:+.3f}"
+    print(f"mean reward      {shown:>10}   over {win['rewarded_events']:,} rewarded events")
+    weights = stats["weights"]
+    if weights is None:
+        print("weights          (no policy snapshot)")
+    else:
+        print(f"weights          v{stats['policy_version']} {stats['policy'] or ''}".rstrip())
+        for name, w in weights.items():
+            print(f"  {name:<14} {w!r}" if isinstance(w, dict) else f"  {name:<14} {w:.4f}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``store export``."""
+    try:
+        with _open(args.file) as store:
+            if args.jsonl == "-":
+                n = store.export_jsonl(sys.stdout.buffer)
+                sys.stdout.buffer.flush()
+            else:
+                n = store.export_jsonl(args.jsonl)
+    except (FileNotFoundError, sqlite3.DatabaseError, RlfbError, OSError) as exc:
+        return _fail(str(exc))
+    print(f"wrote {n} rows to {args.jsonl}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``rlfb store ...`` on its own (for tests and ``python -m rlfb.commands.store``)."""
+    parser = argparse.ArgumentParser(prog="rlfb")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    register(subparsers)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

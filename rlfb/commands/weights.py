@@ -1,0 +1,68 @@
+"""``rlfb weights show|export|import``: the weight configuration centre on a feedback store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("weights", help="show, export or import the fusion weights kept in a feedback store")
+    wsub = p.add_subparsers(dest="weights_command", metavar="ACTION")
+    wsub.required = True
+    show = wsub.add_parser("show", help="print the current weights")
+    show.add_argument("store", help="the feedback store (SQLite file)")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=run_show)
+    exp = wsub.add_parser("export", help="write the current weights and learner state to a JSON file")
+    exp.add_argument("store")
+    exp.add_argument("file")
+    exp.add_argument("--weights-only", action="store_true", help="leave the learner state out")
+    exp.set_defaults(func=run_export)
+    imp = wsub.add_parser("import", help="validate a JSON weights file and make it the current weights")
+    imp.add_argument("store")
+    imp.add_argument("file")
+    imp.set_defaults(func=run_import)
+
+
+def _open(path: str):  # noqa: ANN202
+    from pathlib import Path
+
+    from rlfb.errors import ValidationError
+    from rlfb.store import FeedbackStore
+
+    if not Path(path).is_file():
+        raise ValidationError(f"no feedback store at {path}")
+    return FeedbackStore(path)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from rlfb.weight_config import current_weights
+
+    with _open(args.store) as store:
+        info = current_weights(store)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(f"policy {info['policy']}, version {info['version']}")
+        for name, w in info["weights"].items():
+            print(f"  {name:<12}{w:.4f}" if isinstance(w, float) else f"  {name:<12}{w}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from rlfb.weight_config import export_weights
+
+    with _open(args.store) as store:
+        out = export_weights(store, args.file, with_state=not args.weights_only)
+    print(f"wrote version {out['version']} to {args.file}")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from rlfb.weight_config import import_weights
+
+    with _open(args.store) as store:
+        out = import_weights(store, args.file)
+    print(f"imported as version {out['version']}: {out['weights']}")
+    return 0

@@ -1,0 +1,293 @@
+"""Implicit feedback: signals inferred from what the user did next.
+
+Rules (every threshold is a constructor argument):
+
+* **Dwell.** The user stayed on the answer longer than ``dwell_threshold``
+  seconds (60 by default) and asked nothing more: ``"dwell"`` (implicit positive).
+* **Reformulation.** The next query in the same session restates the previous
+  one: ``"reformulation"`` (implicit negative). Without an encoder, "restates"
+  means that more than ``overlap_threshold`` (0.4) of the previous query's
+  content words come back in the new one; with an ``encode`` function (a dense
+  model), that the cosine similarity of the two queries is at least
+  ``similarity_threshold`` (0.8).
+* **New topic.** A follow-up that is not a reformulation is neutral: no signal.
+* **Cited / opened.** A chunk the answer cited, or that the user opened, is
+  positive for that chunk: ``"cited"`` / ``"opened"`` (implicit positive).
+
+The signal names are aliases the :class:`rlfb.reward.RewardFunction` knows, so
+:meth:`InferredSignal.as_feedback` can go straight to
+:meth:`rlfb.store.FeedbackStore.record_feedback_batch`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from rlfb.errors import UnknownChunkError, ValidationError
+from rlfb.reward import finite_float
+
+__all__ = ["ImplicitSignals", "InferredSignal", "DEFAULT_STOPWORDS", "tokenize"]
+
+FollowUp = Literal["reformulation", "new_topic"]
+
+# Small function-word lists; content words decide whether a query restates another.
+DEFAULT_STOPWORDS: frozenset[str] = frozenset(
+    """a an the and or but if of to in on at by for with from as is are was were be been being am
+    do does did doing have has had i me my we our you your he she it its they them their this that
+    these those what which who whom whose when where why how can could should would will shall may
+    might must not no so than then there here about into over under again more most some any all
+    just also too very please tell show give explain describe get find know want need s t
+    的 了 吗 呢 吧 啊 是 在 和 与 及 我 你 他 她 它 们
+    这 那 么 什 怎 如 何 请 一 个 有 就 也 都 还 要""".split()
+)
+
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+# A CJK character is one token (no spaces between words); other letters/digits group into words.
+_TOKEN = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens; each CJK character is its own token.
+
+    >>> tokenize("What causes the Aurora?")
+    ['what', 'causes', 'the', 'aurora']
+    >>> tokenize("极光是什么")
+    ['极', '光', '是', '什', '么']
+    """
+    return _TOKEN.findall(text.lower())
+
+
+@dataclass(frozen=True)
+class InferredSignal:
+    """One signal inferred from behaviour, attached to a logged event (and optionally one chunk)."""
+
+    event_id: str
+    signal: str
+    chunk_id: str | None = None
+    reason: str = ""
+
+    @property
+    def idempotency_key(self) -> str:
+        """Stable key, so running inference twice over the same behaviour records the signal once."""
+        return f"implicit:{self.event_id}:{self.signal}:{self.chunk_id or ''}"
+
+    def as_feedback(self, **extra: Any) -> dict[str, Any]:
+        """Keyword arguments for ``FeedbackStore.record_feedback`` (``extra`` adds e.g. ``timestamp``).
+
+        >>> InferredSignal("e1", "cited", "c2").as_feedback()["idempotency_key"]
+        'implicit:e1:cited:c2'
+        """
+        return {
+            "event_id": self.event_id,
+            "signal": self.signal,
+            "chunk_id": self.chunk_id,
+            "idempotency_key": self.idempotency_key,
+            "comment": self.reason or None,
+            **extra,
+        }
+
+
+class ImplicitSignals:
+    """Infers feedback from dwell time, follow-up queries, citations and opened chunks.
+
+    Parameters
+    ----------
+    dwell_threshold
+        Seconds on the answer, with no follow-up, above which the answer counts as accepted.
+    overlap_threshold
+        Share of the previous query's content words that must reappear (strictly
+        more than this) for a follow-up to count as a reformulation.
+    similarity_threshold
+        Cosine similarity at or above which a follow-up is a reformulation, used
+        instead of word overlap when ``encode`` is given.
+    encode
+        Optional dense model: ``encode(list_of_texts) -> (n, d)`` array of unit vectors.
+    stopwords
+        Words ignored by the overlap rule.
+
+    >>> imp = ImplicitSignals()
+    >>> imp.classify_followup("what causes the aurora", "why does the aurora happen")
+    'reformulation'
+    >>> imp.classify_followup("what causes the aurora", "best pizza in naples")
+    'new_topic'
+    >>> imp.from_dwell(75.0, had_followup=False)
+    'dwell'
+    >>> imp.from_dwell(75.0, had_followup=True) is None
+    True
+    """
+
+    def __init__(
+        self,
+        dwell_threshold: float = 60.0,
+        overlap_threshold: float = 0.4,
+        similarity_threshold: float = 0.8,
+        encode: Callable[[list[str]], np.ndarray] | None = None,
+        stopwords: Iterable[str] | None = None,
+    ) -> None:
+        self.dwell_threshold = finite_float(dwell_threshold, "dwell_threshold")
+        if self.dwell_threshold < 0:
+            raise ValidationError(f"dwell_threshold must not be negative, got {dwell_threshold}")
+        self.overlap_threshold = finite_float(overlap_threshold, "overlap_threshold")
+        if not 0.0 <= self.overlap_threshold <= 1.0:
+            raise ValidationError(f"overlap_threshold must lie in [0, 1], got {overlap_threshold}")
+        self.similarity_threshold = finite_float(similarity_threshold, "similarity_threshold")
+        if not -1.0 <= self.similarity_threshold <= 1.0:
+            raise ValidationError(f"similarity_threshold must lie in [-1, 1], got {similarity_threshold}")
+        if encode is not None and not callable(encode):
+            raise ValidationError("encode must be callable: encode(list[str]) -> np.ndarray")
+        self.encode = encode
+        self.stopwords = frozenset(DEFAULT_STOPWORDS if stopwords is None else stopwords)
+
+    def __repr__(self) -> str:
+        return (
+            f"ImplicitSignals(dwell_threshold={self.dwell_threshold}, "
+            f"overlap_threshold={self.overlap_threshold}, "
+            f"similarity_threshold={self.similarity_threshold}, encode={'yes' if self.encode else None})"
+        )
+
+    # -- follow-ups ----------------------------------------------------------------
+    def _content(self, text: str) -> set[str]:
+        tokens = tokenize(text)
+        content = {t for t in tokens if t not in self.stopwords}
+        return content or set(tokens)
+
+    def overlap(self, previous_query: str, query: str) -> float:
+        """Share of the previous query's content words found in ``query`` (0 when it has none).
+
+        >>> ImplicitSignals().overlap("reset my password", "how to reset a password")
+        1.0
+        """
+        prev = self._content(_check_text(previous_query, "previous_query"))
+        if not prev:
+            return 0.0
+        return len(prev & self._content(_check_text(query, "query"))) / len(prev)
+
+    def similarity(self, previous_query: str, query: str) -> float:
+        """Cosine similarity of the two queries under ``encode`` (vectors re-normalised defensively)."""
+        if self.encode is None:
+            raise ValidationError("similarity needs an encode function")
+        vecs = np.asarray(
+            self.encode([_check_text(previous_query, "previous_query"), _check_text(query, "query")]),
+            dtype=np.float64,
+        )
+        if vecs.ndim != 2 or vecs.shape[0] != 2:
+            raise ValidationError(f"encode must return a (2, d) array for two texts, got shape {vecs.shape}")
+        if not np.all(np.isfinite(vecs)):
+            raise ValidationError("encode returned non-finite values")
+        norms = np.linalg.norm(vecs, axis=1)
+        if np.any(norms == 0):
+            return 0.0
+        return float(np.dot(vecs[0], vecs[1]) / (norms[0] * norms[1]))
+
+    def followup_score(self, previous_query: str, query: str) -> tuple[float, float, str]:
+        """``(score, threshold, measure)`` that :meth:`classify_followup` decides on."""
+        if self.encode is not None:
+            return self.similarity(previous_query, query), self.similarity_threshold, "similarity"
+        return self.overlap(previous_query, query), self.overlap_threshold, "overlap"
+
+    def classify_followup(self, previous_query: str, query: str) -> FollowUp:
+        """``"reformulation"`` if ``query`` restates ``previous_query``, else ``"new_topic"``. Pure."""
+        score, threshold, measure = self.followup_score(previous_query, query)
+        restated = score >= threshold if measure == "similarity" else score > threshold
+        return "reformulation" if restated else "new_topic"
+
+    # -- dwell ---------------------------------------------------------------------
+    def from_dwell(self, dwell_seconds: float, had_followup: bool) -> str | None:
+        """``"dwell"`` (implicit positive) when the user stayed over the threshold and asked nothing more."""
+        dwell = finite_float(dwell_seconds, "dwell_seconds")
+        if dwell < 0:
+            raise ValidationError(f"dwell_seconds must not be negative, got {dwell_seconds}")
+        if had_followup or dwell <= self.dwell_threshold:
+            return None
+        return "dwell"
+
+    # -- all together --------------------------------------------------------------
+    def infer(
+        self,
+        previous_event: Mapping[str, Any],
+        query: str | None,
+        dwell_seconds: float | None = None,
+        cited: Sequence[str] = (),
+        opened: Sequence[str] = (),
+    ) -> list[InferredSignal]:
+        """Signals for ``previous_event`` (a dict as ``FeedbackStore.event`` returns it).
+
+        ``query`` is the next query in the same session, or ``None`` if there was
+        none. When the store kept only a hash of the previous query
+        (``store_text=False``), only an exact repeat can be recognised. Chunk ids
+        in ``cited`` / ``opened`` must belong to the event when its ``chunks``
+        are given (:class:`UnknownChunkError` otherwise); a chunk both cited and
+        opened yields one signal.
+
+        >>> event = {"id": "e1", "query": "what causes the aurora", "chunks": [{"chunk_id": "c1"}]}
+        >>> [s.signal for s in ImplicitSignals().infer(event, "why does the aurora happen")]
+        ['reformulation']
+        >>> [(s.signal, s.chunk_id) for s in ImplicitSignals().infer(event, None, 90.0, cited=["c1"])]
+        [('dwell', None), ('cited', 'c1')]
+        """
+        event_id = previous_event.get("id", previous_event.get("event_id"))
+        if not isinstance(event_id, str):
+            raise ValidationError("previous_event needs an 'id'")
+        out: list[InferredSignal] = []
+        if query is not None:
+            _check_text(query, "query")
+            previous = previous_event.get("query")
+            if isinstance(previous, str):
+                score, threshold, measure = self.followup_score(previous, query)
+                if self.classify_followup(previous, query) == "reformulation":
+                    out.append(
+                        InferredSignal(
+                            event_id,
+                            "reformulation",
+                            reason=f"follow-up restates the query "
+                            f"({measure} {score:.2f}, threshold {threshold:g})",
+                        )
+                    )
+            elif previous_event.get("query_hash") == _sha256(query):
+                out.append(
+                    InferredSignal(event_id, "reformulation", reason="follow-up repeats the query (hash)")
+                )
+        if dwell_seconds is not None:
+            sig = self.from_dwell(dwell_seconds, had_followup=query is not None)
+            if sig is not None:
+                out.append(
+                    InferredSignal(
+                        event_id,
+                        sig,
+                        reason=f"dwell {float(dwell_seconds):g}s > {self.dwell_threshold:g}s, no follow-up",
+                    )
+                )
+        known = None
+        if previous_event.get("chunks") is not None:
+            known = {c["chunk_id"] for c in previous_event["chunks"]}
+        seen: dict[str, InferredSignal] = {}
+        for signal, ids in (("cited", cited), ("opened", opened)):
+            if isinstance(ids, str):
+                raise ValidationError(f"{signal} must be a sequence of chunk ids, not one string")
+            for cid in ids:
+                if known is not None and cid not in known:
+                    raise UnknownChunkError(f"chunk {cid!r} was not part of event {event_id!r}")
+                if cid in seen:
+                    prev = seen[cid]
+                    seen[cid] = InferredSignal(event_id, prev.signal, cid, f"{prev.reason} and {signal}")
+                else:
+                    seen[cid] = InferredSignal(event_id, signal, cid, f"chunk {signal}")
+        out.extend(seen.values())
+        return out
+
+
+def _check_text(text: Any, name: str) -> str:
+    if not isinstance(text, str):
+        raise ValidationError(f"{name} must be a str, got {type(text).__name__}")
+    return text
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+

@@ -1,0 +1,588 @@
+"""``Learner``: the online learner the ensemble calls.
+
+It joins a policy, chunk confidence, feedback memory, exploration, replay and a guardrail.
+
+For each query the ensemble builds a :class:`~rlfb.policies.base.Context` and
+calls :meth:`Learner.rank`::
+
+    fused = normalized @ w  +  scale * (confidence_weight * confidence  +  memory_weight * memory)
+
+``w`` comes from the policy's decision; ``confidence`` is each candidate's
+centred chunk confidence (:class:`~rlfb.confidence.ChunkConfidence`, 0 when
+unseen); ``memory`` the per-candidate score from feedback on this and similar
+queries (:class:`~rlfb.memory.FeedbackMemory`); ``scale`` the largest absolute
+normalised score, so the two extra features weigh the same under min-max,
+z-score and RRF scores. When the decision carries a Plackett-Luce ranking
+(``gradient``) it is shown as sampled; otherwise the top ``k`` of ``fused`` is
+shown, and with ``explore=True`` chunk exploration may swap one in.
+
+When feedback arrives, :meth:`Learner.learn` takes the episode as logged at
+decision time: the policy learns from it, chunk confidences and the feedback
+memory take in its per-chunk evidence, the replay buffer keeps it, every
+``replay_every`` episodes a prioritised batch is replayed through the policy
+(those whose update is a gradient step; see :class:`LearnerConfig`), and the
+guardrail compares the learned weights with the default weights and tunes the
+learning rate and exploration.
+
+>>> import numpy as np
+>>> from rlfb.policies.base import Context
+>>> learner = Learner(("bm25", "dense"), policy="gradient", seed=0)
+>>> ctx = Context("q", ("bm25", "dense"), ("a", "b", "c"), np.zeros((3, 2)),
+...               np.array([[1.0, 0.0], [0.6, 0.6], [0.0, 0.9]]))
+>>> learner.rank(ctx, 2, explore=False).order.tolist()
+[1, 0]
+>>> learner.weights()
+{'bm25': 0.5, 'dense': 0.5}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rlfb.confidence import ChunkConfidence
+from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
+from rlfb.exploration import EXPLORATIONS, EpsilonGreedyExploration, NoExploration, ThompsonChunkExploration
+from rlfb.guardrail import Guardrail
+from rlfb.memory import FeedbackMemory
+from rlfb.policies import make_policy
+from rlfb.policies._util import (
+    chunk_evidence,
+    check_float,
+    check_int,
+    episode_time,
+    logged_weights,
+    score_scale,
+    validate_retrievers,
+    weights_vector,
+)
+from rlfb.policies.base import Context, Decision, Episode, Policy
+from rlfb.replay import PrioritizedReplay
+from rlfb.types import validate_k
+
+__all__ = ["LearnerConfig", "Ranking", "Learner"]
+
+STATE_FORMAT = 1
+#: Policies whose update is a gradient step, so a replayed episode is just another (down-weighted) step.
+REPLAY_SAFE = frozenset({"gradient"})
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """Settings of a :class:`Learner` (validated on construction; every field has a default).
+
+    Fusion features
+        ``confidence_weight`` (0.05) and ``memory_weight`` (1.0) weigh the chunk
+        confidence and the feedback memory in the fused score, relative to the
+        score scale. ``memory_weight=0`` turns the memory off.
+    Chunk exploration
+        ``exploration``: ``"epsilon"`` (default), ``"thompson"`` or ``"none"``;
+        ``epsilon`` (0.1) decays by half every ``epsilon_half_life`` learned
+        episodes down to ``epsilon_min``; a swapped-in chunk comes from the
+        next ``explore_depth`` candidates into a slot from
+        ``explore_min_position * k`` on. ``thompson_weight`` sizes Thompson
+        perturbations.
+    Evidence
+        ``confidence_learning_rate`` (0.03, in [0.01, 0.05]); ``half_life_days``
+        (45) forgetting of confidences and memory; ``skip_weight`` (0.2) the
+        negative evidence for a chunk read and passed over (shown above a
+        rewarded one); ``abandon_weight`` (0.5) times the episode's reward for
+        every shown chunk when nothing was rewarded and the reward is negative
+        (-0.1 after a reformulation, -0.5 after a thumbs down).
+    Memory
+        ``similarity_threshold`` (0.8 cosine), ``memory_max_entries``,
+        ``memory_max_neighbors``, ``memory_value_scale``, ``transfer_weight``
+        and ``transfer_gate`` (``"adaptive"`` or a number in [0, 1]).
+    Replay
+        ``replay`` on/off, ``replay_capacity`` (10,000), ``replay_batch_size``
+        (32), ``replay_every`` (50 episodes), ``replay_weight`` (0.25 of a fresh
+        episode), ``replay_half_life``, ``replay_persist`` (episodes saved in
+        the state), ``replay_all`` (also replay into bandit and batch
+        policies, whose statistics would count a replay as new evidence; off).
+    Guardrail
+        ``guardrail`` on/off, ``guardrail_tolerance``, ``guardrail_min_episodes``.
+    Active learning
+        ``ask_threshold`` (0.5): :meth:`Learner.should_ask_for_feedback` is true
+        when the mean of the shown chunks' posterior uncertainty and the
+        policy's uncertainty reaches it.
+
+    >>> LearnerConfig(memory_weight=-1)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: memory_weight must be in [0, 10], got -1
+    """
+
+    confidence_weight: float = 0.05
+    memory_weight: float = 1.0
+    exploration: str = "epsilon"
+    epsilon: float = 0.1
+    epsilon_min: float = 0.02
+    epsilon_half_life: float = 1000.0
+    explore_depth: int = 50
+    explore_min_position: float = 0.5
+    thompson_weight: float = 0.1
+    confidence_learning_rate: float = 0.03
+    half_life_days: float | None = 45.0
+    skip_weight: float = 0.2
+    abandon_weight: float = 0.5
+    similarity_threshold: float = 0.8
+    memory_max_entries: int = 5000
+    memory_max_neighbors: int = 5
+    memory_value_scale: float = 0.3
+    transfer_weight: float = 1.0
+    transfer_gate: float | str = "adaptive"
+    replay: bool = True
+    replay_capacity: int = 10_000
+    replay_batch_size: int = 32
+    replay_every: int = 50
+    replay_weight: float = 0.25
+    replay_half_life: float = 2000.0
+    replay_persist: int = 200
+    replay_all: bool = False
+    guardrail: bool = True
+    guardrail_tolerance: float = 0.01
+    guardrail_min_episodes: int = 30
+    ask_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_float("confidence_weight", self.confidence_weight, 0.0, 10.0)
+        check_float("memory_weight", self.memory_weight, 0.0, 10.0)
+        if self.exploration not in EXPLORATIONS:
+            raise ValidationError(
+                f"exploration must be one of {sorted(EXPLORATIONS)}, got {self.exploration!r}"
+            )
+        check_float("skip_weight", self.skip_weight, 0.0, 1.0)
+        check_float("abandon_weight", self.abandon_weight, 0.0, 1.0)
+        check_int("replay_every", self.replay_every, 1)
+        check_float("replay_weight", self.replay_weight, 0.0, 1.0)
+        check_float("ask_threshold", self.ask_threshold, 0.0, 1.0)
+        for name in ("replay", "replay_all", "guardrail"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValidationError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        # the parts validate the rest
+        self._parts(0)
+
+    def _parts(self, seed: int | None) -> dict[str, Any]:
+        explorer: Any
+        if self.exploration == "epsilon":
+            explorer = EpsilonGreedyExploration(
+                self.epsilon, epsilon_min=self.epsilon_min, half_life=self.epsilon_half_life,
+                depth=self.explore_depth, min_position=self.explore_min_position, seed=seed,
+            )
+        elif self.exploration == "thompson":
+            explorer = ThompsonChunkExploration(self.thompson_weight, seed=seed)
+        else:
+            explorer = NoExploration()
+        return {
+            "confidence": ChunkConfidence(self.confidence_learning_rate, half_life_days=self.half_life_days),
+            "memory": FeedbackMemory(
+                self.similarity_threshold, self.memory_max_entries, max_neighbors=self.memory_max_neighbors,
+                value_scale=self.memory_value_scale, transfer_weight=self.transfer_weight,
+                transfer_gate=self.transfer_gate, half_life_days=self.half_life_days,
+            ),
+            "explorer": explorer,
+            "replay": PrioritizedReplay(
+                self.replay_capacity, self.replay_batch_size, half_life=self.replay_half_life,
+                persist=self.replay_persist, seed=None if seed is None else seed + 2,
+            ),
+            "guardrail": Guardrail(
+                tolerance=self.guardrail_tolerance, min_episodes=self.guardrail_min_episodes
+            ),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LearnerConfig:
+        """Build from a dict; unknown keys raise :class:`ValidationError`."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValidationError(f"unknown learner settings {unknown}")
+        return cls(**dict(d))
+
+
+@dataclass(frozen=True, eq=False)
+class Ranking:
+    """What :meth:`Learner.rank` returns.
+
+    ``order`` holds candidate indices best first (``min(k, n_candidates)`` of
+    them); ``fused``, ``confidence`` (chunk confidence, 1 to 10) and ``memory``
+    (in [-1, 1]) have one entry per candidate; ``decision`` is what to log,
+    its propensity including that of chunk exploration.
+    """
+
+    order: np.ndarray
+    fused: np.ndarray
+    decision: Decision
+    confidence: np.ndarray
+    memory: np.ndarray
+    ask_for_feedback: bool = False
+
+
+class Learner:
+    """A fusion-weight policy plus chunk confidence, feedback memory, exploration, replay and a guardrail.
+
+    Parameters
+    ----------
+    retrievers
+        Retriever names, in the column order of the score matrices.
+    policy
+        A policy name from :data:`rlfb.policies.POLICIES` or a policy instance.
+    config
+        A :class:`LearnerConfig`, a dict of its fields, or ``None`` for the defaults.
+    seed
+        Seeds the policy built by name and the learner's own parts.
+    weights
+        Default weights for the policy built by name (for ``fixed``, the weights).
+    **policy_options
+        Further constructor arguments of the policy built by name.
+    """
+
+    def __init__(
+        self,
+        retrievers: Sequence[str],
+        policy: str | Policy = "fixed",
+        config: LearnerConfig | Mapping[str, Any] | None = None,
+        seed: int = 0,
+        *,
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        **policy_options: Any,
+    ) -> None:
+        self.retrievers = validate_retrievers(retrievers)
+        check_int("seed", seed, 0)
+        self.seed = seed
+        if config is None:
+            config = LearnerConfig()
+        elif isinstance(config, Mapping):
+            config = LearnerConfig.from_dict(config)
+        elif not isinstance(config, LearnerConfig):
+            raise ValidationError(f"config must be a LearnerConfig or a dict, got {type(config).__name__}")
+        self.config = config
+        if isinstance(policy, str):
+            options = dict(policy_options)
+            options.setdefault("seed", seed)
+            if weights is not None:
+                options["weights"] = weights
+            self.policy: Any = make_policy(policy, self.retrievers, **options)
+        else:
+            if policy_options:
+                raise ValidationError(
+                    "policy options go to the policy's constructor, not to a given instance"
+                )
+            self.policy = make_policy(policy, self.retrievers)
+            if weights is not None:
+                setter = getattr(self.policy, "set_weights", None)
+                if setter is None:
+                    raise ValidationError("this policy instance cannot take weights")
+                setter(weights)
+        try:
+            self._weighted_learn = "weight" in inspect.signature(self.policy.learn).parameters
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            self._weighted_learn = False
+        parts = config._parts(seed + 1)
+        self._confidence: ChunkConfidence = parts["confidence"]
+        self._memory: FeedbackMemory = parts["memory"]
+        self._explorer: Any = parts["explorer"]
+        self._replay: PrioritizedReplay = parts["replay"]
+        self._guardrail: Guardrail = parts["guardrail"]
+        self._n_learned = 0
+        self._now = 0.0
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def policy_name(self) -> str:
+        return str(self.policy.name)
+
+    @property
+    def confidence(self) -> ChunkConfidence:
+        return self._confidence
+
+    @property
+    def memory(self) -> FeedbackMemory:
+        return self._memory
+
+    @property
+    def replay(self) -> PrioritizedReplay:
+        return self._replay
+
+    @property
+    def guardrail(self) -> Guardrail:
+        return self._guardrail
+
+    @property
+    def n_learned(self) -> int:
+        return self._n_learned
+
+    def _default_weights(self) -> np.ndarray:
+        d = getattr(self.policy, "default_weights", None)
+        if d is None:
+            return np.full(len(self.retrievers), 1.0 / len(self.retrievers))
+        return np.asarray(d, dtype=float)
+
+    # ------------------------------------------------------------------ checking inputs
+    def _matrix(self, retrievers: Sequence[str], matrix: Any, rows: int, what: str) -> np.ndarray:
+        names = tuple(retrievers)
+        M = np.asarray(matrix, dtype=float)
+        if M.ndim != 2 or M.shape[0] != rows or M.shape[1] != len(names):
+            raise ValidationError(f"{what} must have shape ({rows}, {len(names)}), got {M.shape}")
+        if names != self.retrievers:
+            if set(names) != set(self.retrievers):
+                raise ValidationError(
+                    f"{what} is for retrievers {list(names)}, the learner has {list(self.retrievers)}"
+                )
+            M = M[:, [names.index(r) for r in self.retrievers]]
+        if not np.all(np.isfinite(M)):
+            M = np.nan_to_num(M, nan=0.0, posinf=0.0, neginf=0.0)
+        return M
+
+    def _weights_of(self, decision: Decision) -> np.ndarray:
+        try:
+            return logged_weights(decision.weights, self.retrievers)
+        except InvalidWeightsError:
+            return weights_vector(self.policy.weights(), self.retrievers)
+
+    # ------------------------------------------------------------------ ranking
+    def _features(self, context: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+        ids = tuple(context.candidate_ids)
+        N = self._matrix(context.retrievers, context.normalized, len(ids), "context.normalized")
+        cfg = self.config
+        conf = self._confidence.confidence(ids)
+        conf_feat = self._confidence.as_feature(conf) if cfg.confidence_weight > 0 else np.zeros(len(ids))
+        if cfg.memory_weight > 0:
+            mem = self._memory.score(context.query, context.query_embedding, ids)
+        else:
+            mem = np.zeros(len(ids))
+        scale = score_scale(N)
+        offsets = scale * (cfg.confidence_weight * conf_feat + cfg.memory_weight * mem)
+        return N, conf, mem, offsets, scale
+
+    def rank(self, context: Context, k: int, *, explore: bool = True) -> Ranking:
+        """Decide the weights, fuse, and choose the ``k`` chunks to show (with exploration if asked)."""
+        validate_k(k)
+        N, conf, mem, offsets, scale = self._features(context)
+        n = N.shape[0]
+        ctx = dataclasses.replace(context, retrievers=self.retrievers, normalized=N, k=k, offsets=offsets)
+        decision = self.policy.decide(ctx, explore=explore)
+        w = self._weights_of(decision)
+        fused = N @ w + offsets
+        kk = min(k, n)
+        ranked = np.argsort(-fused, kind="stable")
+        ranking = decision.ranking
+        if explore and ranking is not None and _valid_ranking(ranking, n):
+            order = np.asarray(ranking[:kk], dtype=np.int64)
+            if order.shape[0] < kk:
+                rest = ranked[~np.isin(ranked, order)]
+                order = np.concatenate([order, rest[: kk - order.shape[0]]])
+        else:
+            order = ranked[:kk]
+            if explore and kk > 0 and not isinstance(self._explorer, NoExploration):
+                extra: dict[str, Any] = {}
+                if isinstance(self._explorer, ThompsonChunkExploration):
+                    a, b = self._confidence.posterior(context.candidate_ids)
+                    extra = {"fused": fused, "alpha": a, "beta": b, "score_scale": scale}
+                res = self._explorer.explore(ranked, kk, scale=self._guardrail.multipliers[1], **extra)
+                order = res.order
+                decision = dataclasses.replace(
+                    decision,
+                    propensity=float(decision.propensity) * float(res.propensity),
+                    explored=bool(decision.explored or res.explored),
+                )
+        ask = self._ask(context, order)
+        return Ranking(order=order, fused=fused, decision=decision, confidence=conf, memory=mem,
+                       ask_for_feedback=ask)
+
+    def _uncertainty(self, context: Context, order: np.ndarray) -> float:
+        ids = [context.candidate_ids[int(i)] for i in order]
+        chunk = float(np.mean(self._confidence.uncertainty(ids))) if ids else 1.0
+        unc = getattr(self.policy, "uncertainty", None)
+        pol = float(unc(context)) if unc is not None else 0.0
+        return 0.5 * chunk + 0.5 * min(1.0, max(0.0, pol))
+
+    def _ask(self, context: Context, order: np.ndarray) -> bool:
+        return self._uncertainty(context, order) >= self.config.ask_threshold
+
+    def should_ask_for_feedback(self, context: Context, k: int = 10) -> bool:
+        """Whether feedback on this retrieval would be informative (its posterior is uncertain).
+
+        Looks at the greedy top ``k``: the mean posterior uncertainty of its
+        chunks and the policy's uncertainty about its weights, averaged,
+        against ``config.ask_threshold``. Uses no randomness.
+        """
+        return bool(self.rank(context, k, explore=False).ask_for_feedback)
+
+    # ------------------------------------------------------------------ learning
+    def _episode(self, episode: Episode) -> tuple[np.ndarray, np.ndarray, float]:
+        ids = tuple(episode.shown_ids)
+        X = self._matrix(episode.retrievers, episode.shown, len(ids), "episode.shown")
+        r = np.asarray(episode.chunk_rewards, dtype=float)
+        if r.shape != (len(ids),):
+            raise ValidationError(f"episode has {len(ids)} shown chunks but {r.shape} chunk rewards")
+        if not np.all(np.isfinite(r)):
+            raise ValidationError("chunk rewards must be finite")
+        reward = float(episode.reward)
+        if not math.isfinite(reward):
+            raise ValidationError(f"episode reward must be finite, got {episode.reward!r}")
+        return X, np.clip(r, -1.0, 1.0), max(-1.0, min(1.0, reward))
+
+    def learn(self, episode: Episode) -> Learner:
+        """Learn from one logged episode; returns ``self``."""
+        X, r, reward = self._episode(episode)
+        if tuple(episode.retrievers) != self.retrievers or not np.array_equal(X, episode.shown):
+            episode = dataclasses.replace(episode, retrievers=self.retrievers, shown=X)
+        t = episode_time(episode)
+        self._now = max(self._now, t)
+        cfg = self.config
+        if cfg.guardrail:
+            greedy = weights_vector(self.policy.weights(episode.query_type), self.retrievers)
+            lr_m, ex_m = self._guardrail.observe(X, r, greedy, self._default_weights())
+            tune = getattr(self.policy, "tune", None)
+            if tune is not None:
+                tune(learning_rate=lr_m, exploration=ex_m)
+        self.policy.learn(episode, reward)
+        ids = tuple(episode.shown_ids)
+        prior = episode.prior_rewards
+        if prior is not None and np.shape(prior) != r.shape:
+            raise ValidationError(f"episode has {r.shape[0]} shown chunks but {np.shape(prior)} prior rewards")
+        ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior)
+        if ids and np.any(ev != 0):
+            w = self._weights_of(episode.decision)
+            rel = np.clip((X @ w) / score_scale(X), 0.0, 1.0)
+            self._confidence.update(ids, ev, rel, timestamp=t)
+            self._memory.update(episode.query, episode.query_embedding, ids, ev, timestamp=t)
+        self._n_learned += 1
+        self._explorer.step()
+        if cfg.replay:
+            self._replay.add(episode)
+            replays = self._weighted_learn and (cfg.replay_all or self.policy_name in REPLAY_SAFE)
+            if replays and self._n_learned % cfg.replay_every == 0:
+                for old in self._replay.sample():
+                    self.policy.learn(old, max(-1.0, min(1.0, float(old.reward))), weight=cfg.replay_weight)
+        return self
+
+    def partial_fit(self, episodes: Iterable[Episode]) -> Learner:
+        """Learn from logged episodes in order (replaying a log, as MABWiser's ``partial_fit``)."""
+        for ep in episodes:
+            self.learn(ep)
+        return self
+
+    # ------------------------------------------------------------------ weights
+    def weights(self, query_type: str | None = None) -> dict[str, float]:
+        """The policy's greedy weights, for a query type or globally."""
+        return dict(self.policy.weights(query_type))
+
+    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> Learner:
+        """Set the policy's (default) weights; validated, NaN and negative weights are rejected."""
+        weights_vector(weights, self.retrievers)
+        setter = getattr(self.policy, "set_weights", None)
+        if setter is None:
+            raise ValidationError(f"policy {self.policy_name!r} cannot take new weights")
+        setter(weights)
+        return self
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything learned, plus settings and generator states, as JSON-safe data."""
+        return {
+            "format": STATE_FORMAT,
+            "retrievers": list(self.retrievers),
+            "seed": self.seed,
+            "config": self.config.to_dict(),
+            "policy": self.policy.state_dict(),
+            "confidence": self._confidence.state_dict(),
+            "memory": self._memory.state_dict(),
+            "exploration": self._explorer.state_dict(),
+            "replay": self._replay.state_dict(),
+            "guardrail": self._guardrail.state_dict(),
+            "n_learned": self._n_learned,
+            "now": float(self._now),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> Learner:
+        """Restore :meth:`state_dict`'s output.
+
+        On any damage raise :class:`CorruptStateError` and change nothing.
+        """
+        if not isinstance(state, Mapping):
+            raise CorruptStateError(f"learner state must be a mapping, got {type(state).__name__}")
+        try:
+            if state.get("format") != STATE_FORMAT:
+                raise CorruptStateError(f"unknown learner state format {state.get('format')!r}")
+            if tuple(state["retrievers"]) != self.retrievers:
+                raise CorruptStateError(
+                    f"state is for retrievers {state['retrievers']!r}, not {list(self.retrievers)!r}"
+                )
+            pstate = state["policy"]
+            if not isinstance(pstate, Mapping) or pstate.get("name") != self.policy_name:
+                name = pstate.get("name") if isinstance(pstate, Mapping) else None
+                raise CorruptStateError(f"state is for policy {name!r}, not {self.policy_name!r}")
+            parts = self.config._parts(self.seed + 1)
+            parts["confidence"].load_state_dict(state["confidence"])
+            parts["memory"].load_state_dict(state["memory"])
+            parts["explorer"].load_state_dict(state["exploration"])
+            parts["replay"].load_state_dict(state["replay"])
+            parts["guardrail"].load_state_dict(state["guardrail"])
+            n_learned = int(state["n_learned"])
+            now = float(state["now"])
+            if n_learned < 0 or not math.isfinite(now):
+                raise CorruptStateError("learner counters are out of range")
+            backup = self.policy.state_dict()
+            try:
+                self.policy.load_state_dict(pstate)
+            except Exception:
+                self.policy.load_state_dict(backup)
+                raise
+        except CorruptStateError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            raise CorruptStateError(f"cannot read the learner state: {exc!r}") from exc
+        self._confidence = parts["confidence"]
+        self._memory = parts["memory"]
+        self._explorer = parts["explorer"]
+        self._replay = parts["replay"]
+        self._guardrail = parts["guardrail"]
+        self._n_learned = n_learned
+        self._now = now
+        return self
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> Learner:
+        """A new learner with the settings, policy and everything learned that ``state`` holds."""
+        try:
+            pstate = state["policy"]
+            params = dict(pstate["params"])
+            if "bounds" in params:
+                params["bounds"] = tuple(params["bounds"])
+            retrievers = tuple(state["retrievers"])
+            policy = make_policy(str(pstate["name"]), retrievers, **params, seed=pstate.get("seed"))
+            learner = cls(
+                retrievers,
+                policy=policy,
+                config=LearnerConfig.from_dict(state["config"]),
+                seed=int(state["seed"]),
+            )
+        except CorruptStateError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStateError(f"cannot rebuild a learner from this state: {exc!r}") from exc
+        return learner.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        w = ", ".join(f"{n}={v:.3f}" for n, v in self.weights().items())
+        return f"Learner(policy={self.policy_name!r}, learned={self._n_learned}, weights: {w})"
+
+
+def _valid_ranking(ranking: Sequence[int], n: int) -> bool:
+    seen = set()
+    for i in ranking:
+        if not 0 <= int(i) < n or int(i) in seen:
+            return False
+        seen.add(int(i))
+    return True

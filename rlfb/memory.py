@@ -1,0 +1,444 @@
+"""``FeedbackMemory``: chunk-level rewards remembered per query and carried to similar queries.
+
+Fixed fusion weights can never learn which chunks answer which questions. The
+memory can: it keeps, for every query that received feedback, the evidence
+per chunk (a click or thumbs up is positive; a chunk that was read and passed
+over, shown above a clicked one, is weakly negative; see
+:func:`rlfb.policies._util.chunk_evidence`). For a new query it returns a
+per-candidate score in [-1, 1]:
+
+* **exact repeats** (the same normalised text, or an embedding with cosine
+  similarity of at least ``exact_similarity``) contribute
+  ``tanh(evidence / value_scale)``: one click (an implicit reward of 0.4) gives
+  about +0.87, one skip about -0.6;
+* **similar queries** (cosine at least ``similarity_threshold``, at most
+  ``max_neighbors`` of them) contribute their own ``tanh`` scores weighted by
+  ``(sim - threshold) / (1 - threshold)``, averaged, times ``transfer_weight``
+  and times the transfer **gate**.
+
+The gate exists because transfer helps on some collections and hurts on
+others. With ``transfer_gate="adaptive"`` it is learned: each time feedback
+arrives, before the memory takes it in, the memory predicts the shown chunks
+from the *other* queries alone and checks the prediction against the
+preferences the feedback revealed (a clicked chunk over a skipped one). The gate
+opens, from 0, as the lower confidence bound of the share of correctly ordered
+pairs rises above one half, and is fully open at ``gate_full`` (0.75). Weak or
+misleading transfer therefore stays shut; a number in [0, 1] fixes the gate.
+
+Lookups are vectorised: one matrix product over the stored query embeddings,
+then a pass over the chunks of at most ``max_neighbors + 1`` entries.
+
+>>> mem = FeedbackMemory()
+>>> mem.update("What causes tides?", None, ["c1", "c2"], [-0.2, 0.4])
+>>> mem.score("what causes tides", None, ["c2", "c1", "c3"]).round(2).tolist()
+[0.87, -0.58, 0.0]
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.policies._util import check_float, check_int
+
+__all__ = ["MemoryParams", "FeedbackMemory", "normalize_query"]
+
+_SPACE = re.compile(r"\s+")
+_EDGE = re.compile(r"^[\W_]+|[\W_]+$", re.UNICODE)
+
+
+def normalize_query(query: str) -> str:
+    """The key of an exact repeat: lower case, single spaces, no punctuation at the ends.
+
+    >>> normalize_query("  What causes   TIDES? ")
+    'what causes tides'
+    """
+    return _EDGE.sub("", _SPACE.sub(" ", query.strip().lower()))
+
+
+@dataclass(frozen=True)
+class MemoryParams:
+    """Hyperparameters of :class:`FeedbackMemory` (validated).
+
+    >>> MemoryParams(similarity_threshold=1.5)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: similarity_threshold must be in [0, 1), got 1.5
+    """
+
+    similarity_threshold: float = 0.8
+    max_entries: int = 5000
+    max_neighbors: int = 5
+    value_scale: float = 0.3
+    transfer_weight: float = 1.0
+    transfer_gate: float | str = "adaptive"
+    gate_full: float = 0.75
+    gate_z: float = 1.0
+    exact_similarity: float = 0.995
+    max_value: float = 5.0
+    half_life_days: float | None = 45.0
+
+    def __post_init__(self) -> None:
+        check_float("similarity_threshold", self.similarity_threshold, 0.0, 1.0, hi_open=True)
+        check_int("max_entries", self.max_entries, 1, 10_000_000)
+        check_int("max_neighbors", self.max_neighbors, 0, 1000)
+        check_float("value_scale", self.value_scale, 0.0, None, lo_open=True)
+        check_float("transfer_weight", self.transfer_weight, 0.0, 10.0)
+        if isinstance(self.transfer_gate, str):
+            if self.transfer_gate != "adaptive":
+                raise ValidationError(
+                    f"transfer_gate must be 'adaptive' or a number in [0, 1], got {self.transfer_gate!r}"
+                )
+        else:
+            check_float("transfer_gate", self.transfer_gate, 0.0, 1.0)
+        check_float("gate_full", self.gate_full, 0.5, 1.0, lo_open=True)
+        check_float("gate_z", self.gate_z, 0.0, 10.0)
+        check_float("exact_similarity", self.exact_similarity, 0.0, 1.0)
+        if self.exact_similarity < self.similarity_threshold:
+            raise ValidationError("exact_similarity must not be below similarity_threshold")
+        check_float("max_value", self.max_value, 0.0, None, lo_open=True)
+        if self.half_life_days is not None:
+            check_float("half_life_days", self.half_life_days, 0.0, None, lo_open=True)
+
+
+class FeedbackMemory:
+    """Per-query chunk evidence, recalled for exact repeats and, gated, for similar queries.
+
+    Parameters
+    ----------
+    similarity_threshold
+        Cosine similarity of query embeddings above which evidence transfers.
+    max_entries
+        Queries remembered; the least recently used is forgotten first.
+    max_neighbors, value_scale, transfer_weight, transfer_gate, gate_full, gate_z, exact_similarity,
+    max_value, half_life_days
+        See :class:`MemoryParams` and the module docstring.
+    """
+
+    def __init__(
+        self,
+        similarity_threshold: float = 0.8,
+        max_entries: int = 5000,
+        *,
+        max_neighbors: int = 5,
+        value_scale: float = 0.3,
+        transfer_weight: float = 1.0,
+        transfer_gate: float | str = "adaptive",
+        gate_full: float = 0.75,
+        gate_z: float = 1.0,
+        exact_similarity: float = 0.995,
+        max_value: float = 5.0,
+        half_life_days: float | None = 45.0,
+    ) -> None:
+        self.hyper = MemoryParams(
+            similarity_threshold, max_entries, max_neighbors, value_scale, transfer_weight, transfer_gate,
+            gate_full, gate_z, exact_similarity, max_value, half_life_days,
+        )
+        self._keys: list[str] = []
+        self._key_index: dict[str, int] = {}
+        self._values: list[dict[str, float]] = []
+        self._dim: int | None = None
+        self._emb = np.zeros((0, 0), dtype=np.float32)
+        self._has_emb = np.zeros(0, dtype=bool)
+        self._time = np.zeros(0)
+        self._touch = np.zeros(0)
+        self._counter = 0
+        self._now = 0.0
+        self._conc = 0.0
+        self._disc = 0.0
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    # ------------------------------------------------------------------ helpers
+    def _embedding(self, embedding: Any) -> np.ndarray | None:
+        if embedding is None:
+            return None
+        e = np.asarray(embedding, dtype=np.float32).ravel()
+        if e.size == 0 or not np.all(np.isfinite(e)):
+            return None
+        if self._dim is not None and e.shape[0] != self._dim:
+            raise ValidationError(
+                f"query embedding has {e.shape[0]} dimensions, the memory holds {self._dim}"
+            )
+        norm = float(np.linalg.norm(e))
+        return e / norm if norm > 0 else None
+
+    def _decay(self, rows: np.ndarray) -> np.ndarray:
+        hl = self.hyper.half_life_days
+        if hl is None or self._now <= 0 or rows.size == 0:
+            return np.ones(rows.shape[0])
+        t = self._time[rows]
+        dt = np.where(t > 0, np.maximum(self._now - t, 0.0), 0.0)
+        return 0.5 ** (dt / (hl * 86_400.0))
+
+    def _neighbors(
+        self, key: str, e: np.ndarray | None, *, include_exact: bool = True
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """Exact-repeat rows, and similar rows with their transfer gains."""
+        p = self.hyper
+        exact_row = self._key_index.get(key)
+        exact = [exact_row] if (exact_row is not None and include_exact) else []
+        m = len(self._keys)
+        if e is None or self._dim is None or m == 0:
+            return exact, np.zeros(0, dtype=np.int64), np.zeros(0)
+        sims = self._emb[:m] @ e
+        sims = np.where(self._has_emb[:m], sims, -1.0)
+        if exact_row is not None:
+            sims[exact_row] = -1.0
+        if include_exact:
+            same = np.flatnonzero(sims >= p.exact_similarity)
+            exact.extend(int(i) for i in same)
+            sims[same] = -1.0
+        else:
+            sims[sims >= p.exact_similarity] = -1.0
+        cand = np.flatnonzero(sims >= p.similarity_threshold)
+        if cand.size > p.max_neighbors:
+            if p.max_neighbors == 0:
+                cand = cand[:0]
+            else:
+                cand = cand[np.argpartition(-sims[cand], p.max_neighbors - 1)[: p.max_neighbors]]
+        gains = (sims[cand] - p.similarity_threshold) / (1.0 - p.similarity_threshold)
+        return exact, cand.astype(np.int64), gains
+
+    def _accumulate(self, rows: Sequence[int], gains: Sequence[float], pos: Mapping[str, int], n: int,
+                    squash_each: bool) -> np.ndarray:
+        out = np.zeros(n)
+        if len(rows) == 0:
+            return out
+        rows_arr = np.asarray(rows, dtype=np.int64)
+        decay = self._decay(rows_arr)
+        scale = self.hyper.value_scale
+        for row, g, f in zip(rows_arr, gains, decay):
+            vals = self._values[int(row)]
+            if len(vals) <= n:
+                items = ((pos.get(c), v) for c, v in vals.items())
+            else:
+                items = ((i, vals.get(c)) for c, i in pos.items())
+            for i, v in items:
+                if i is None or v is None:
+                    continue
+                out[i] += g * (math.tanh(v * f / scale) if squash_each else v * f)
+        return out
+
+    # ------------------------------------------------------------------ reading
+    def gate(self) -> float:
+        """The current transfer gate in [0, 1]."""
+        p = self.hyper
+        if not isinstance(p.transfer_gate, str):
+            return float(p.transfer_gate)
+        n = self._conc + self._disc
+        phat = (self._conc + 1.0) / (n + 2.0)
+        lcb = phat - p.gate_z * math.sqrt(phat * (1.0 - phat) / (n + 2.0))
+        return float(min(1.0, max(0.0, (lcb - 0.5) / (p.gate_full - 0.5))))
+
+    def transfer(self, query: str, embedding: Any, candidate_ids: Sequence[str]) -> np.ndarray:
+        """The un-gated transfer score from similar queries only (exact repeats excluded), in [-1, 1]."""
+        e = self._embedding(embedding)
+        _, rows, gains = self._neighbors(normalize_query(query), e, include_exact=False)
+        pos = {c: i for i, c in enumerate(candidate_ids)}
+        acc = self._accumulate(rows, gains, pos, len(candidate_ids), squash_each=True)
+        return acc / max(1.0, float(np.sum(gains)))
+
+    def score(self, query: str, embedding: Any, candidate_ids: Sequence[str]) -> np.ndarray:
+        """Per-candidate memory score in [-1, 1] (0 where nothing is remembered)."""
+        n = len(candidate_ids)
+        if not self._keys or n == 0:
+            return np.zeros(n)
+        p = self.hyper
+        e = self._embedding(embedding)
+        key = normalize_query(query)
+        exact, rows, gains = self._neighbors(key, e)
+        pos = {c: i for i, c in enumerate(candidate_ids)}
+        out = np.tanh(self._accumulate(exact, [1.0] * len(exact), pos, n, squash_each=False) / p.value_scale)
+        g = self.gate() * p.transfer_weight
+        if rows.size and g > 0:
+            acc = self._accumulate(rows, gains, pos, n, squash_each=True)
+            out = out + g * acc / max(1.0, float(np.sum(gains)))
+        if exact:
+            self._touch[np.asarray(exact)] = self._counter
+        return np.clip(out, -1.0, 1.0)
+
+    def has_exact(self, query: str) -> bool:
+        """Whether feedback on this exact (normalised) query is remembered."""
+        return normalize_query(query) in self._key_index
+
+    # ------------------------------------------------------------------ updating
+    def _observe_transfer(
+        self, query: str, e: np.ndarray | None, shown_ids: Sequence[str], ev: np.ndarray
+    ) -> None:
+        pos = np.flatnonzero(ev > 0)
+        neg = np.flatnonzero(ev < 0)
+        if pos.size == 0 or neg.size == 0 or e is None:
+            return
+        t = self.transfer(query, e, shown_ids)
+        d = t[pos][:, None] - t[neg][None, :]
+        informative = np.abs(d) > 1e-9
+        k = int(informative.sum())
+        if k == 0:
+            return
+        self._conc = 0.999 * self._conc + float(np.sum(d > 1e-9)) / k
+        self._disc = 0.999 * self._disc + float(np.sum(d < -1e-9)) / k
+
+    def _new_row(self, key: str) -> int:
+        p = self.hyper
+        m = len(self._keys)
+        if m >= p.max_entries:
+            row = int(np.argmin(self._touch[:m]))
+            del self._key_index[self._keys[row]]
+            self._keys[row] = key
+            self._values[row] = {}
+            self._has_emb[row] = False
+            self._time[row] = 0.0
+        else:
+            row = m
+            self._keys.append(key)
+            self._values.append({})
+            if row >= self._time.shape[0]:
+                cap = min(p.max_entries, max(64, 2 * (row + 1)))
+                self._time = _grow1(self._time, cap)
+                self._touch = _grow1(self._touch, cap)
+                self._has_emb = _grow1(self._has_emb, cap)
+                if self._dim is not None:
+                    grown = np.zeros((cap, self._dim), dtype=np.float32)
+                    grown[: self._emb.shape[0]] = self._emb
+                    self._emb = grown
+        self._key_index[key] = row
+        return row
+
+    def update(
+        self,
+        query: str,
+        embedding: Any,
+        shown_ids: Sequence[str],
+        evidence: Sequence[float] | np.ndarray,
+        *,
+        timestamp: float = 0.0,
+    ) -> None:
+        """Remember the per-chunk evidence of one feedback on ``query``."""
+        ev = np.asarray(evidence, dtype=float)
+        if ev.shape != (len(shown_ids),) or not np.all(np.isfinite(ev)):
+            raise ValidationError(f"got {len(shown_ids)} shown chunks but evidence of shape {ev.shape}")
+        if not np.any(ev != 0):
+            return
+        e = self._embedding(embedding)
+        self._now = max(self._now, float(timestamp))
+        if isinstance(self.hyper.transfer_gate, str):
+            self._observe_transfer(query, e, shown_ids, ev)
+        key = normalize_query(query)
+        row = self._key_index.get(key)
+        if row is None:
+            row = self._new_row(key)
+        if e is not None:
+            if self._dim is None:
+                self._dim = int(e.shape[0])
+                self._emb = np.zeros((self._time.shape[0], self._dim), dtype=np.float32)
+            self._emb[row] = e
+            self._has_emb[row] = True
+        f = float(self._decay(np.asarray([row]))[0])
+        vals = self._values[row]
+        if f < 1.0:
+            for c in vals:
+                vals[c] *= f
+        cap = self.hyper.max_value
+        for c, v in zip(shown_ids, ev):
+            if v != 0:
+                vals[c] = max(-cap, min(cap, vals.get(c, 0.0) + float(v)))
+        if self._now > 0:
+            self._time[row] = self._now
+        self._counter += 1
+        self._touch[row] = self._counter
+
+    # ------------------------------------------------------------------ state
+    def params(self) -> dict[str, Any]:
+        return asdict(self.hyper)
+
+    def state_dict(self) -> dict[str, Any]:
+        m = len(self._keys)
+        entries = []
+        for i in range(m):
+            emb = None
+            if self._dim is not None and self._has_emb[i]:
+                emb = base64.b64encode(self._emb[i].astype("<f4").tobytes()).decode("ascii")
+            entries.append({
+                "q": self._keys[i],
+                "e": emb,
+                "v": {c: float(v) for c, v in self._values[i].items()},
+                "t": float(self._time[i]),
+                "u": float(self._touch[i]),
+            })
+        return {
+            "params": self.params(),
+            "dim": self._dim,
+            "counter": self._counter,
+            "now": float(self._now),
+            "gate_counts": [float(self._conc), float(self._disc)],
+            "entries": entries,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> FeedbackMemory:
+        try:
+            dim = state["dim"]
+            dim = None if dim is None else int(dim)
+            entries = list(state["entries"])
+            conc, disc = (float(x) for x in state["gate_counts"])
+            counter = int(state["counter"])
+            now = float(state["now"])
+            keys, values, embs, has, times, touch = [], [], [], [], [], []
+            for ent in entries:
+                keys.append(str(ent["q"]))
+                vals = {str(c): float(v) for c, v in dict(ent["v"]).items()}
+                if not all(math.isfinite(v) for v in vals.values()):
+                    raise CorruptStateError("memory values must be finite")
+                values.append(vals)
+                raw = ent["e"]
+                if raw is None:
+                    embs.append(None)
+                    has.append(False)
+                else:
+                    vec = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<f4")
+                    if dim is None or vec.shape[0] != dim or not np.all(np.isfinite(vec)):
+                        raise CorruptStateError("a stored query embedding has the wrong size")
+                    embs.append(vec.astype(np.float32))
+                    has.append(True)
+                times.append(float(ent["t"]))
+                touch.append(float(ent["u"]))
+        except CorruptStateError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStateError(f"cannot read the feedback memory: {exc!r}") from exc
+        if len(set(keys)) != len(keys):
+            raise CorruptStateError("the feedback memory holds a query twice")
+        if not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch)) or conc < 0 or disc < 0:
+            raise CorruptStateError("the feedback memory holds non-finite counters")
+        m = len(keys)
+        cap = max(m, 1)
+        self._keys = keys
+        self._key_index = {k: i for i, k in enumerate(keys)}
+        self._values = values
+        self._dim = dim
+        self._emb = np.zeros((cap, dim or 0), dtype=np.float32)
+        for i, v in enumerate(embs):
+            if v is not None:
+                self._emb[i] = v
+        self._has_emb = np.zeros(cap, dtype=bool)
+        self._has_emb[:m] = has
+        self._time = np.zeros(cap)
+        self._time[:m] = times
+        self._touch = np.zeros(cap)
+        self._touch[:m] = touch
+        self._counter, self._now, self._conc, self._disc = counter, now, conc, disc
+        return self
+
+
+def _grow1(arr: np.ndarray, cap: int) -> np.ndarray:
+    out = np.zeros(cap, dtype=arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out

@@ -1,0 +1,471 @@
+"""Shared helpers of the learner: weight vectors, the bounded simplex, validation, RNG state.
+
+Private to rlfb: the public names live in :mod:`rlfb.policies` and :mod:`rlfb.learner`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
+
+__all__ = [
+    "BasePolicy",
+    "check_bounds",
+    "check_float",
+    "check_int",
+    "chunk_evidence",
+    "decay_factor",
+    "episode_time",
+    "logged_weights",
+    "pdgd_pairs",
+    "project_simplex",
+    "rng_state",
+    "score_scale",
+    "set_rng_state",
+    "validate_retrievers",
+    "weights_dict",
+    "weights_vector",
+]
+
+DAY = 86_400.0
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_float(
+    name: str,
+    value: Any,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> float:
+    """Return ``value`` as a finite float inside the given range, or raise :class:`ValidationError`.
+
+    >>> check_float("lr", 0.03, 0.01, 0.05)
+    0.03
+    >>> check_float("lr", 0.5, 0.01, 0.05)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: lr must be in [0.01, 0.05], got 0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValidationError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValidationError(f"{name} must be finite, got {value!r}")
+    bad = (
+        (lo is not None and (v < lo or (lo_open and v == lo)))
+        or (hi is not None and (v > hi or (hi_open and v == hi)))
+    )
+    if bad:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        lo_s = "-inf" if lo is None else f"{lo:g}"
+        hi_s = "inf" if hi is None else f"{hi:g}"
+        raise ValidationError(f"{name} must be in {left}{lo_s}, {hi_s}{right}, got {value!r}")
+    return v
+
+
+def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """Return ``value`` as an int inside ``[lo, hi]``, or raise :class:`ValidationError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValidationError(f"{name} must be an integer, got {value!r}")
+    v = int(value)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise ValidationError(f"{name} must be in [{lo}, {hi}], got {value!r}")
+    return v
+
+
+def check_bounds(bounds: Any) -> tuple[float, float]:
+    """Validate ``(low, high)`` weight bounds with ``0 <= low < high <= 1``."""
+    try:
+        lo, hi = bounds
+    except (TypeError, ValueError):
+        raise ValidationError(f"bounds must be a (low, high) pair, got {bounds!r}") from None
+    lo = check_float("bounds[0]", lo, 0.0, 1.0)
+    hi = check_float("bounds[1]", hi, 0.0, 1.0)
+    if lo >= hi:
+        raise ValidationError(f"bounds must have low < high, got {bounds!r}")
+    return lo, hi
+
+
+def validate_retrievers(retrievers: Any) -> tuple[str, ...]:
+    """Return the retriever names as a tuple; they must be distinct non-empty strings.
+
+    >>> validate_retrievers(["bm25", "dense"])
+    ('bm25', 'dense')
+    """
+    if isinstance(retrievers, str):
+        raise ValidationError("retrievers must be a sequence of names, not one string")
+    try:
+        names = tuple(retrievers)
+    except TypeError:
+        raise ValidationError(f"retrievers must be a sequence of names, got {retrievers!r}") from None
+    if not names:
+        raise ValidationError("at least one retriever is needed")
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise ValidationError(f"retriever names must be non-empty strings, got {n!r}")
+    if len(set(names)) != len(names):
+        raise ValidationError(f"retriever names must be distinct, got {names!r}")
+    return names
+
+
+def weights_vector(
+    weights: Mapping[str, float] | Sequence[float] | np.ndarray | None,
+    retrievers: Sequence[str],
+) -> np.ndarray:
+    """Validate weights and return them as a normalised vector in retriever order.
+
+    ``None`` means equal weights. A mapping must name exactly the retrievers.
+    NaN, infinite or negative weights, and an all-zero vector, raise
+    :class:`InvalidWeightsError`.
+
+    >>> weights_vector({"a": 2, "b": 2}, ["a", "b"]).tolist()
+    [0.5, 0.5]
+    >>> weights_vector({"a": -1, "b": 2}, ["a", "b"])
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.InvalidWeightsError: weights must be non-negative, got {'a': -1, 'b': 2}
+    """
+    n = len(retrievers)
+    if weights is None:
+        return np.full(n, 1.0 / n)
+    if isinstance(weights, Mapping):
+        keys = set(weights)
+        if keys != set(retrievers):
+            missing = sorted(set(retrievers) - keys)
+            extra = sorted(keys - set(retrievers))
+            raise InvalidWeightsError(
+                f"weights must name exactly the retrievers {list(retrievers)}; "
+                f"missing {missing}, unknown {extra}"
+            )
+        raw = [weights[r] for r in retrievers]
+    else:
+        if isinstance(weights, (str, bytes)):
+            raise InvalidWeightsError(f"weights must be numbers, got {weights!r}")
+        if isinstance(weights, np.ndarray):
+            raw = list(np.asarray(weights, dtype=object).ravel())
+        else:
+            raw = list(weights)
+        if len(raw) != n:
+            raise InvalidWeightsError(f"expected {n} weights for {list(retrievers)}, got {len(raw)}")
+    vals = []
+    for x in raw:
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+            raise InvalidWeightsError(f"weights must be numbers, got {weights!r}")
+        vals.append(float(x))
+    vec = np.asarray(vals, dtype=float)
+    if not np.all(np.isfinite(vec)):
+        raise InvalidWeightsError(f"weights must be finite, got {weights!r}")
+    if np.any(vec < 0):
+        raise InvalidWeightsError(f"weights must be non-negative, got {weights!r}")
+    total = float(vec.sum())
+    if total <= 0:
+        raise InvalidWeightsError(f"weights must not all be zero, got {weights!r}")
+    return vec / total
+
+
+def weights_dict(vec: np.ndarray, retrievers: Sequence[str]) -> dict[str, float]:
+    """Return a ``{retriever: weight}`` dict of plain floats."""
+    return {r: float(w) for r, w in zip(retrievers, vec)}
+
+
+def logged_weights(weights: Mapping[str, float], retrievers: Sequence[str]) -> np.ndarray:
+    """The weights a logged decision used, as a vector; validated like user weights."""
+    return weights_vector(dict(weights), retrievers)
+
+
+def project_simplex(v: np.ndarray, lo: float = 0.0, hi: float = 1.0) -> np.ndarray:
+    """Euclidean projection of ``v`` onto ``{w : sum(w) = 1, lo <= w <= hi}``.
+
+    This is "clip to the bounds and renormalise" done exactly: the result is
+    ``clip(v - theta, lo, hi)`` for the shift ``theta`` that makes it sum to one.
+    When the bounds cannot hold for ``n`` weights they are widened to ``1/n``.
+
+    >>> project_simplex(np.array([1.0, 0.0, 0.0]), 0.05, 0.95).round(3).tolist()
+    [0.9, 0.05, 0.05]
+    """
+    v = np.asarray(v, dtype=float)
+    n = v.shape[0]
+    if n == 1:
+        return np.ones(1)
+    lo = min(lo, 1.0 / n)
+    hi = max(hi, 1.0 / n)
+    # g(theta) = sum(clip(v - theta, lo, hi)) is piecewise linear and non-increasing.
+    bps = np.sort(np.concatenate([v - lo, v - hi]))
+    g = np.clip(v[None, :] - bps[:, None], lo, hi).sum(axis=1)  # non-increasing in bps
+    # find consecutive breakpoints with g[i] >= 1 >= g[i+1]
+    idx = int(np.searchsorted(-g, -1.0, side="left"))
+    if idx <= 0:
+        theta = bps[0]
+    elif idx >= len(bps):
+        theta = bps[-1]
+    else:
+        g0, g1 = g[idx - 1], g[idx]
+        t0, t1 = bps[idx - 1], bps[idx]
+        theta = t0 if g0 == g1 else t0 + (g0 - 1.0) * (t1 - t0) / (g0 - g1)
+    w = np.clip(v - theta, lo, hi)
+    s = w.sum()
+    return w / s if s > 0 else np.full(n, 1.0 / n)
+
+
+def score_scale(matrix: np.ndarray) -> float:
+    """The scale of a normalised score matrix: its largest absolute value (1.0 when empty or zero).
+
+    Min-max scores have a scale near 1, RRF scores near ``1/61``; dividing by
+    the scale makes temperatures and feature weights mean the same under each.
+    """
+    if matrix.size == 0:
+        return 1.0
+    m = float(np.max(np.abs(matrix)))
+    return m if m > 1e-12 and math.isfinite(m) else 1.0
+
+
+def decay_factor(dt_seconds: float, half_life_days: float | None) -> float:
+    """``0.5 ** (dt / half_life)``; 1.0 when forgetting is off or no time passed."""
+    if half_life_days is None or dt_seconds <= 0:
+        return 1.0
+    return float(0.5 ** (dt_seconds / (half_life_days * DAY)))
+
+
+def episode_time(episode: Any) -> float:
+    """The time an episode describes: its decision time, else its feedback time (0 if neither)."""
+    t = float(getattr(episode, "timestamp", 0.0) or 0.0)
+    if t <= 0:
+        t = float(getattr(episode, "feedback_time", 0.0) or 0.0)
+    return t if math.isfinite(t) else 0.0
+
+
+# --------------------------------------------------------------------------- click inference
+
+
+def pdgd_pairs(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PDGD's inferred preferences over a shown list, best first.
+
+    A chunk with a positive reward (a click) is preferred over every
+    unrewarded chunk shown above the last positive one and over the first
+    unrewarded chunk right below it (Oosterhuis and de Rijke, 2018). Chunks
+    with a negative reward are always on the losing side. Returns the
+    positions of the preferred and the dispreferred chunks.
+
+    >>> pos, neg = pdgd_pairs(np.array([0.0, 1.0, 0.0, 0.0]))
+    >>> pos.tolist(), neg.tolist()
+    ([1], [0, 2])
+    """
+    r = np.asarray(rewards, dtype=float)
+    pos = np.flatnonzero(r > 0)
+    if pos.size == 0:
+        return pos, np.flatnonzero(r < 0)
+    last = int(pos[-1])
+    cutoff = min(last + 2, r.shape[0])
+    region = np.zeros(r.shape[0], dtype=bool)
+    region[:cutoff] = True
+    neg = np.flatnonzero((region & (r <= 0)) | (r < 0))
+    return pos, neg
+
+
+def chunk_evidence(
+    rewards: np.ndarray,
+    episode_reward: float,
+    skip_weight: float,
+    abandon_weight: float,
+    prior: np.ndarray | None = None,
+) -> np.ndarray:
+    """Per-shown-chunk evidence for confidences and memory, from one piece of feedback.
+
+    A rewarded chunk keeps its reward. An unrewarded chunk shown above a
+    positive one was read and passed over (a cascade user reads top-down):
+    it gets ``-skip_weight``. When nothing was rewarded and the episode's
+    reward is negative, every shown chunk gets ``abandon_weight * reward``
+    (a reformulation, -0.2, is weaker evidence than a thumbs down, -1).
+
+    Feedback on one event arrives one signal at a time. ``prior`` holds the
+    rewards earlier feedback on the same event gave each shown chunk: a chunk
+    rewarded before is never read as skipped, and chunks above an earlier
+    click were already counted as skipped then, so they are not counted twice.
+
+    >>> chunk_evidence(np.array([0.0, 0.4, 0.0]), 0.4, 0.2, 0.5).tolist()
+    [-0.2, 0.4, 0.0]
+    >>> chunk_evidence(np.array([0.0, 0.0]), -1.0, 0.2, 0.5).tolist()
+    [-0.5, -0.5]
+
+    A second click at rank 4, after a first at rank 2: only rank 3 is newly skipped.
+
+    >>> chunk_evidence(np.array([0.0, 0.0, 0.0, 0.4]), 0.4, 0.2, 0.5, prior=np.array([0.0, 0.4, 0.0, 0.0])).tolist()
+    [0.0, 0.0, -0.2, 0.4]
+    """
+    r = np.asarray(rewards, dtype=float).copy()
+    before = np.zeros_like(r) if prior is None else np.asarray(prior, dtype=float)
+    total = before + r
+    pos = np.flatnonzero(total > 0)
+    if pos.size:
+        earlier = np.flatnonzero(before > 0)
+        start = int(earlier[-1]) if earlier.size else 0
+        skipped = np.zeros(r.shape[0], dtype=bool)
+        skipped[start : int(pos[-1])] = True
+        r[skipped & (total == 0)] = -skip_weight
+    elif episode_reward < 0:
+        r[r == 0] = abandon_weight * max(-1.0, episode_reward)
+    return r
+
+
+# --------------------------------------------------------------------------- RNG state
+
+
+def rng_state(rng: np.random.Generator) -> dict[str, Any]:
+    """The generator's state as JSON-safe data (big integers become strings)."""
+
+    def enc(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: enc(v) for k, v in x.items()}
+        if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+            return str(int(x))
+        return x
+
+    return enc(rng.bit_generator.state)
+
+
+def set_rng_state(rng: np.random.Generator, state: Mapping[str, Any]) -> None:
+    """Restore a state produced by :func:`rng_state`."""
+
+    def dec(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return {k: dec(v) for k, v in x.items()}
+        if isinstance(x, str) and x.lstrip("-").isdigit():
+            return int(x)
+        return x
+
+    try:
+        rng.bit_generator.state = dec(state)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CorruptStateError(f"bad random generator state: {exc}") from exc
+
+
+def float_list(x: Iterable[float]) -> list[float]:
+    """Plain floats for JSON (NaN would not round-trip, so it is refused)."""
+    out = [float(v) for v in x]
+    if not all(math.isfinite(v) for v in out):
+        raise ValidationError("state contains a non-finite number")
+    return out
+
+
+def read_array(state: Mapping[str, Any], key: str, length: int | None = None) -> np.ndarray:
+    """Read a finite float list from a state dict, or raise :class:`CorruptStateError`."""
+    try:
+        arr = np.asarray(state[key], dtype=float)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStateError(f"policy state field {key!r} is missing or not numeric") from exc
+    if arr.ndim != 1 or (length is not None and arr.shape[0] != length):
+        raise CorruptStateError(f"policy state field {key!r} has the wrong shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise CorruptStateError(f"policy state field {key!r} holds non-finite numbers")
+    return arr
+
+
+# --------------------------------------------------------------------------- base policy
+
+
+class BasePolicy:
+    """What every policy shares: retrievers, a seeded generator, tuning multipliers, ``partial_fit``.
+
+    Subclasses set ``name`` and implement ``decide``, ``learn``, ``weights``
+    and ``_state``/``_load_state``.
+    """
+
+    name = "base"
+
+    def __init__(self, retrievers: Sequence[str], seed: int | None = 0) -> None:
+        self.retrievers = validate_retrievers(retrievers)
+        if seed is not None:
+            check_int("seed", seed, 0)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._n_updates = 0.0
+        self._lr_scale = 1.0
+        self._explore_scale = 1.0
+
+    # -- tuning by the guardrail
+    def tune(self, *, learning_rate: float = 1.0, exploration: float = 1.0) -> BasePolicy:
+        """Set the guardrail's multipliers on the learning rate and on exploration."""
+        self._lr_scale = check_float("learning_rate multiplier", learning_rate, 0.0, 10.0)
+        self._explore_scale = check_float("exploration multiplier", exploration, 0.0, 10.0)
+        return self
+
+    @property
+    def n_updates(self) -> float:
+        """The (replay-weighted) number of updates learned so far."""
+        return self._n_updates
+
+    def partial_fit(self, episodes: Iterable[Any]) -> BasePolicy:
+        """Replay logged episodes through :meth:`learn`, each with its own reward."""
+        for ep in episodes:
+            self.learn(ep, ep.reward)  # type: ignore[attr-defined]
+        return self
+
+    def uncertainty(self, context: Any) -> float:
+        """How unsure the policy is about its weights for this context, in [0, 1]."""
+        return 0.0
+
+    def params(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        return {}
+
+    def _state(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        return {}
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:  # pragma: no cover - overridden
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Hyperparameters, learned state and the generator's state, JSON-safe."""
+        return {
+            "name": self.name,
+            "retrievers": list(self.retrievers),
+            "params": self.params(),
+            "seed": self.seed,
+            "n_updates": float(self._n_updates),
+            "lr_scale": float(self._lr_scale),
+            "explore_scale": float(self._explore_scale),
+            "rng": rng_state(self._rng),
+            "state": self._state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> BasePolicy:
+        """Restore what :meth:`state_dict` saved; a mismatch or damage raises :class:`CorruptStateError`."""
+        if not isinstance(state, Mapping):
+            raise CorruptStateError(f"policy state must be a mapping, got {type(state).__name__}")
+        try:
+            if state.get("name") != self.name:
+                raise CorruptStateError(f"state is for policy {state.get('name')!r}, not {self.name!r}")
+            if tuple(state.get("retrievers", ())) != self.retrievers:
+                raise CorruptStateError(
+                    f"state is for retrievers {state.get('retrievers')!r}, not {list(self.retrievers)!r}"
+                )
+            n_updates = float(state["n_updates"])
+            lr_scale = float(state.get("lr_scale", 1.0))
+            explore_scale = float(state.get("explore_scale", 1.0))
+            for v in (n_updates, lr_scale, explore_scale):
+                if not math.isfinite(v) or v < 0:
+                    raise CorruptStateError("policy state counters must be finite and non-negative")
+            self._load_state(state["state"])
+            set_rng_state(self._rng, state["rng"])
+        except CorruptStateError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise CorruptStateError(f"cannot read {self.name} policy state: {exc!r}") from exc
+        self._n_updates = n_updates
+        self._lr_scale = lr_scale
+        self._explore_scale = explore_scale
+        return self
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({list(self.retrievers)!r}, {args})"

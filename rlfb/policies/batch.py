@@ -1,0 +1,259 @@
+"""``BatchPolicy``: the batch weight updater of the design we work from.
+
+It collects ``batch_size`` (50) feedback events. When their mean reward is
+above ``positive_threshold`` (0.5, a rating above 4 of 5) it moves the weights
+towards the weights that did well in those events; below ``negative_threshold``
+(-0.5, a rating below 2 of 5) away from the ones that did badly; in between it
+does nothing. The direction is computed from the weights that were logged with
+each event, never drawn at random:
+
+``d = sum_i (r_i - mean r) (w_i - w) / sum_i |r_i - mean r|``
+
+that is, the reward-weighted mean of the logged weights minus the current
+weights, with rewards centred on the batch mean, so that it points towards the
+weights that scored better within the batch. ``d`` is divided by the mean
+distance of the logged weights from ``w`` (so a batch whose rewards line up
+perfectly with one direction moves the weights by ``learning_rate``), the step
+is bounded by ``max_step``, and the result is clipped to ``bounds`` and
+renormalised.
+
+To have anything to compare, its decisions vary: with ``explore=True`` the
+weights are drawn from a Dirichlet distribution centred on the current weights
+(``concentration`` sets how tightly), and the decision's propensity is the
+density of that draw.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
+from rlfb.policies._util import (
+    BasePolicy,
+    check_bounds,
+    check_float,
+    check_int,
+    float_list,
+    logged_weights,
+    project_simplex,
+    read_array,
+    weights_dict,
+    weights_vector,
+)
+from rlfb.policies.base import Context, Decision, Episode
+
+__all__ = ["BatchParams", "BatchPolicy"]
+
+
+@dataclass(frozen=True)
+class BatchParams:
+    """Hyperparameters of :class:`BatchPolicy` (validated on construction).
+
+    >>> BatchParams(batch_size=0)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: batch_size must be in [1, 100000], got 0
+    """
+
+    batch_size: int = 50
+    learning_rate: float = 0.05
+    max_step: float = 0.1
+    positive_threshold: float = 0.5
+    negative_threshold: float = -0.5
+    concentration: float = 200.0
+    bounds: tuple[float, float] = (0.05, 0.95)
+
+    def __post_init__(self) -> None:
+        check_int("batch_size", self.batch_size, 1, 100_000)
+        check_float("learning_rate", self.learning_rate, 0.0, 1.0)
+        check_float("max_step", self.max_step, 0.0, 1.0, lo_open=True)
+        check_float("positive_threshold", self.positive_threshold, -1.0, 1.0)
+        check_float("negative_threshold", self.negative_threshold, -1.0, 1.0)
+        if self.negative_threshold > self.positive_threshold:
+            raise ValidationError("negative_threshold must not exceed positive_threshold")
+        check_float("concentration", self.concentration, 1.0, 1e6)
+        object.__setattr__(self, "bounds", check_bounds(self.bounds))
+
+
+class BatchPolicy(BasePolicy):
+    """The design's batch updater over fusion weights.
+
+    Parameters
+    ----------
+    retrievers
+        Retriever names.
+    weights
+        The starting (default) weights; ``None`` for equal weights.
+    batch_size, learning_rate, max_step, positive_threshold, negative_threshold, concentration, bounds
+        See :class:`BatchParams` and the module docstring.
+    seed
+        Seed of the policy's own generator.
+
+    Examples
+    --------
+    >>> p = BatchPolicy(["bm25", "dense"], seed=1)
+    >>> p.weights()
+    {'bm25': 0.5, 'dense': 0.5}
+    >>> p.decide(None, explore=False).explored
+    False
+    """
+
+    name = "batch"
+
+    def __init__(
+        self,
+        retrievers: Sequence[str],
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        *,
+        batch_size: int = 50,
+        learning_rate: float = 0.05,
+        max_step: float = 0.1,
+        positive_threshold: float = 0.5,
+        negative_threshold: float = -0.5,
+        concentration: float = 200.0,
+        bounds: tuple[float, float] = (0.05, 0.95),
+        seed: int | None = 0,
+    ) -> None:
+        super().__init__(retrievers, seed)
+        self.hyper = BatchParams(
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            max_step=max_step,
+            positive_threshold=positive_threshold,
+            negative_threshold=negative_threshold,
+            concentration=concentration,
+            bounds=bounds,
+        )
+        lo, hi = self.hyper.bounds
+        self._default = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
+        self._w = self._default.copy()
+        self._buffer: list[tuple[list[float], float, float]] = []
+        self._n_batches = 0
+        self._n_moves = 0
+        self._last_mean = 0.0
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, context: Context | None, *, explore: bool = True) -> Decision:
+        """The current weights, or with ``explore=True`` a Dirichlet draw around them."""
+        w = self._w
+        if not explore or len(self.retrievers) == 1 or self._explore_scale <= 0:
+            return Decision(weights_dict(w, self.retrievers), arm=None, propensity=1.0,
+                            explored=False, policy=self.name)
+        conc = self.hyper.concentration / self._explore_scale
+        alpha = np.maximum(w * conc, 1e-3)
+        x = self._rng.dirichlet(alpha)
+        x = np.clip(x, 1e-12, None)
+        x = x / x.sum()
+        logpdf = (
+            math.lgamma(float(alpha.sum()))
+            - sum(math.lgamma(float(a)) for a in alpha)
+            + float(np.sum((alpha - 1.0) * np.log(x)))
+        )
+        lo, hi = self.hyper.bounds
+        shown = project_simplex(x, lo, hi)
+        return Decision(
+            weights_dict(shown, self.retrievers),
+            arm=None,
+            propensity=float(math.exp(min(logpdf, 700.0))),
+            explored=True,
+            policy=self.name,
+        )
+
+    # ------------------------------------------------------------------ learning
+    def learn(self, episode: Episode, reward: float, *, weight: float = 1.0) -> BatchPolicy:
+        """Buffer the event's logged weights and reward; update once ``batch_size`` are buffered."""
+        r = check_float("reward", reward)
+        weight = check_float("weight", weight, 0.0)
+        if weight == 0.0:
+            return self
+        try:
+            w = logged_weights(episode.decision.weights, self.retrievers)
+        except InvalidWeightsError:
+            w = self._w.copy()  # nothing usable was logged: count the reward at the current weights
+        self._buffer.append(([float(x) for x in w], max(-1.0, min(1.0, r)), weight))
+        self._n_updates += weight
+        if len(self._buffer) >= self.hyper.batch_size:
+            self._update()
+        return self
+
+    def _update(self) -> None:
+        W = np.asarray([b[0] for b in self._buffer], dtype=float)
+        r = np.asarray([b[1] for b in self._buffer], dtype=float)
+        om = np.asarray([b[2] for b in self._buffer], dtype=float)
+        self._buffer.clear()
+        self._n_batches += 1
+        mean = float(np.sum(om * r) / np.sum(om))
+        self._last_mean = mean
+        p = self.hyper
+        if p.negative_threshold <= mean <= p.positive_threshold:
+            return
+        D = W - self._w[None, :]
+        rc = r - mean
+        den = float(np.sum(om * np.abs(rc)))
+        radius = float(np.sum(om * np.linalg.norm(D, axis=1)) / np.sum(om))
+        if den <= 1e-12 or radius <= 1e-9:
+            return  # every event scored the same, or used the same weights: no direction
+        d = (om * rc) @ D / den
+        step = p.learning_rate * self._lr_scale * d / radius
+        norm = float(np.linalg.norm(step))
+        if norm > p.max_step:
+            step *= p.max_step / norm
+        lo, hi = p.bounds
+        self._w = project_simplex(self._w + step, lo, hi)
+        self._n_moves += 1
+
+    # ------------------------------------------------------------------ reading
+    def weights(self, query_type: str | None = None) -> dict[str, float]:
+        return weights_dict(self._w, self.retrievers)
+
+    @property
+    def default_weights(self) -> np.ndarray:
+        return self._default.copy()
+
+    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> BatchPolicy:
+        """Replace the current weights (validated, then clipped to the bounds)."""
+        lo, hi = self.hyper.bounds
+        self._w = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
+        return self
+
+    def uncertainty(self, context: Context | None) -> float:
+        return float(1.0 / math.sqrt(1.0 + self._n_batches))
+
+    def params(self) -> dict[str, Any]:
+        d = asdict(self.hyper)
+        d["bounds"] = list(d["bounds"])
+        d["weights"] = weights_dict(self._default, self.retrievers)
+        return d
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "weights": float_list(self._w),
+            "default": float_list(self._default),
+            "buffer": [[b[0], b[1], b[2]] for b in self._buffer],
+            "n_batches": self._n_batches,
+            "n_moves": self._n_moves,
+            "last_mean": self._last_mean,
+        }
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        n = len(self.retrievers)
+        w = read_array(state, "weights", n)
+        default = read_array(state, "default", n)
+        if np.any(w < 0) or abs(w.sum() - 1.0) > 1e-6:
+            raise CorruptStateError("saved batch weights are not on the simplex")
+        buffer = []
+        for item in state["buffer"]:
+            bw, br, bo = item
+            bw = [float(x) for x in bw]
+            if len(bw) != n or not all(math.isfinite(x) for x in [*bw, float(br), float(bo)]):
+                raise CorruptStateError("a buffered batch event is malformed")
+            buffer.append((bw, float(br), float(bo)))
+        self._w, self._default, self._buffer = w, default, buffer
+        self._n_batches = int(state["n_batches"])
+        self._n_moves = int(state["n_moves"])
+        self._last_mean = float(state["last_mean"])

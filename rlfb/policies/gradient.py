@@ -1,0 +1,351 @@
+"""``GradientPolicy``: Pairwise Differentiable Gradient Descent over the fusion weights.
+
+PDGD (Oosterhuis and de Rijke, 2018) learns a linear ranker from clicks. Here
+the linear model is the fusion itself, ``f(d) = w . x_d / (temperature * scale)``
+over a candidate's normalised retriever scores ``x_d`` (plus the learner's
+confidence and memory offsets, which do not depend on ``w``); ``scale`` is the
+largest absolute normalised score, so the temperature means the same under
+min-max, z-score and RRF normalisation.
+
+Exploring. With ``explore=True`` a whole ranking is sampled from the
+Plackett-Luce model ``P(d | remaining) = exp f(d) / sum exp f`` (with the
+Gumbel trick) and returned in ``Decision.ranking``; its propensity is the
+probability of the shown top ``k``. ``explore=False`` ranks by ``f``.
+
+Learning. From chunk-level rewards PDGD infers preferences: a rewarded chunk
+beats every unrewarded chunk shown above the last rewarded one and the first
+one below it. Each pair ``(i, j)`` contributes the gradient of
+``P(i > j) = exp f_i / (exp f_i + exp f_j)`` weighted by
+``rho = P(R*) / (P(R) + P(R*))``, where ``R*`` is the shown ranking with ``i``
+and ``j`` swapped: PDGD's debiasing, which makes a pair that the sampling was
+as likely to show the other way round count fully and a pair that position
+alone explains count little. The probabilities use the logged weights (and the
+logged fused scores when the episode carries them), so a late reward updates
+the decision that was made. The mass of the candidates that were not shown is
+not logged and is taken as zero.
+
+Evidence before change. A plain pairwise perceptron on noisy clicks drifts to
+extreme weights, so the per-episode PDGD gradients are not applied one by one.
+The policy keeps exponentially weighted running sums of them (``window``
+episodes) and steps along their mean shrunk towards zero by ``evidence_z``
+standard errors (a coordinate moves only where the mean gradient is clearly
+non-zero), divided by the gradients' root mean square (as in Adam), so the
+direction is a signal-to-noise ratio in [-1, 1] and does not depend on the
+scale of scores or rewards.
+
+Safety. The learning rate decays (``learning_rate / sqrt(1 + t / lr_decay)``,
+never below ``min_learning_rate``); every step is pulled back towards the
+default weights with strength ``shrinkage`` (at equilibrium the weights sit
+``signal / shrinkage`` away from the default) and bounded by ``max_step``; the
+weights are projected back onto the simplex with ``bounds`` (0.05, 0.95).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, InvalidWeightsError
+from rlfb.policies._util import (
+    BasePolicy,
+    check_bounds,
+    check_float,
+    float_list,
+    logged_weights,
+    pdgd_pairs,
+    project_simplex,
+    read_array,
+    score_scale,
+    weights_dict,
+    weights_vector,
+)
+from rlfb.policies.base import Context, Decision, Episode
+
+__all__ = ["GradientParams", "GradientPolicy", "plackett_luce_log_prob", "pdgd_debias_weights"]
+
+
+def plackett_luce_log_prob(scores: np.ndarray, ranking: np.ndarray) -> float:
+    """Log-probability that Plackett-Luce over ``scores`` puts ``ranking`` first, in that order.
+
+    >>> round(math.exp(plackett_luce_log_prob(np.array([0.0, 0.0]), np.array([1]))), 3)
+    0.5
+    """
+    s = np.asarray(scores, dtype=float)
+    r = np.asarray(ranking, dtype=int)
+    if r.size == 0:
+        return 0.0
+    top = float(s.max())
+    e = np.exp(s - top)
+    total = float(e.sum())
+    er = e[r]
+    before = np.concatenate([[0.0], np.cumsum(er)[:-1]])
+    denom = np.maximum(total - before, er)  # the remaining mass includes the chosen item
+    er = np.maximum(er, 1e-300)
+    return float(min(0.0, np.sum(np.log(er) - np.log(np.maximum(denom, 1e-300)))))
+
+
+def pdgd_debias_weights(scores: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    """PDGD's ``rho`` for each (pos, neg) pair of positions in a shown ranking.
+
+    ``scores`` are the log-potentials of the shown chunks in shown order. For
+    positions ``lo < hi`` the swapped ranking changes only the Plackett-Luce
+    denominators of the positions after ``lo`` up to ``hi``, so
+    ``P(R*)/P(R) = prod_{p=lo+1..hi} D_p / (D_p - e_hi + e_lo)``.
+    Returns a ``(len(pos), len(neg))`` array.
+
+    >>> pdgd_debias_weights(np.array([0.0, 0.0]), np.array([1]), np.array([0])).round(3).tolist()
+    [[0.5]]
+    """
+    s = np.asarray(scores, dtype=float)
+    e = np.exp(s - s.max())
+    D = np.cumsum(e[::-1])[::-1]  # D_p = sum_{q >= p} e_q
+    P, N = np.meshgrid(pos, neg, indexing="ij")
+    lo = np.minimum(P, N).ravel()
+    hi = np.maximum(P, N).ravel()
+    p = np.arange(s.shape[0])
+    mask = (p[None, :] > lo[:, None]) & (p[None, :] <= hi[:, None])
+    swapped = D[None, :] - e[hi][:, None] + e[lo][:, None]
+    log_ratio = np.where(mask, np.log(D)[None, :] - np.log(np.maximum(swapped, 1e-300)), 0.0).sum(axis=1)
+    rho = 1.0 / (1.0 + np.exp(-log_ratio))  # ratio / (1 + ratio)
+    return rho.reshape(P.shape)
+
+
+@dataclass(frozen=True)
+class GradientParams:
+    """Hyperparameters of :class:`GradientPolicy` (validated on construction).
+
+    >>> GradientParams(temperature=0)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: temperature must be in (0, 10], got 0
+    """
+
+    learning_rate: float = 0.05
+    lr_decay: float = 200.0
+    min_learning_rate: float = 0.005
+    temperature: float = 0.02
+    shrinkage: float = 1.0
+    evidence_z: float = 3.0
+    window: float = 200.0
+    max_step: float = 0.05
+    bounds: tuple[float, float] = (0.05, 0.95)
+
+    def __post_init__(self) -> None:
+        check_float("learning_rate", self.learning_rate, 0.0, 10.0)
+        check_float("lr_decay", self.lr_decay, 0.0, None, lo_open=True)
+        check_float("min_learning_rate", self.min_learning_rate, 0.0, 10.0)
+        check_float("temperature", self.temperature, 0.0, 10.0, lo_open=True)
+        check_float("shrinkage", self.shrinkage, 0.0, 100.0)
+        check_float("evidence_z", self.evidence_z, 0.0, 10.0)
+        check_float("window", self.window, 1.0, 1e7)
+        check_float("max_step", self.max_step, 0.0, 1.0, lo_open=True)
+        object.__setattr__(self, "bounds", check_bounds(self.bounds))
+
+
+class GradientPolicy(BasePolicy):
+    """PDGD over the fusion weights, with Plackett-Luce exploration.
+
+    Parameters
+    ----------
+    retrievers
+        Retriever names.
+    weights
+        The default weights (start and shrinkage target); ``None`` for equal weights.
+    learning_rate, lr_decay, min_learning_rate, temperature, shrinkage, max_step, bounds
+        See :class:`GradientParams` and the module docstring.
+    seed
+        Seed of the policy's own generator.
+
+    Examples
+    --------
+    >>> p = GradientPolicy(["bm25", "dense"], seed=0)
+    >>> ctx = Context("q", ("bm25", "dense"), ("a", "b", "c"), np.zeros((3, 2)),
+    ...               np.array([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]]), k=2)
+    >>> len(p.decide(ctx).ranking)
+    2
+    >>> p.decide(ctx, explore=False).ranking is None
+    True
+    """
+
+    name = "gradient"
+
+    def __init__(
+        self,
+        retrievers: Sequence[str],
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        *,
+        learning_rate: float = 0.05,
+        lr_decay: float = 200.0,
+        min_learning_rate: float = 0.005,
+        temperature: float = 0.02,
+        shrinkage: float = 1.0,
+        evidence_z: float = 3.0,
+        window: float = 200.0,
+        max_step: float = 0.05,
+        bounds: tuple[float, float] = (0.05, 0.95),
+        seed: int | None = 0,
+    ) -> None:
+        super().__init__(retrievers, seed)
+        self.hyper = GradientParams(
+            learning_rate=learning_rate, lr_decay=lr_decay, min_learning_rate=min_learning_rate,
+            temperature=temperature, shrinkage=shrinkage, evidence_z=evidence_z, window=window,
+            max_step=max_step, bounds=bounds,
+        )
+        lo, hi = self.hyper.bounds
+        self._default = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
+        self._w = self._default.copy()
+        self._n_pairs = 0.0
+        n = len(self.retrievers)
+        self._s0 = 0.0  # running (discounted) count of gradients
+        self._s1 = np.zeros(n)  # running sum of gradients
+        self._s2 = np.zeros(n)  # running sum of squared gradients
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, context: Context, *, explore: bool = True) -> Decision:
+        """Current weights; with ``explore=True`` also a Plackett-Luce sampled ranking."""
+        wd = weights_dict(self._w, self.retrievers)
+        N = np.asarray(context.normalized, dtype=float)
+        n = N.shape[0]
+        if not explore or n == 0 or self._explore_scale <= 0:
+            return Decision(wd, arm=None, propensity=1.0, explored=False, policy=self.name)
+        s = N @ self._w
+        if context.offsets is not None:
+            s = s + np.asarray(context.offsets, dtype=float)
+        tau = self.hyper.temperature * score_scale(N) * self._explore_scale
+        u = s / tau
+        k = max(1, min(int(context.k), n))
+        keys = u + self._rng.gumbel(size=n)
+        if k < n:
+            top = np.argpartition(-keys, k - 1)[:k]
+            ranking = top[np.argsort(-keys[top], kind="stable")]
+        else:
+            ranking = np.argsort(-keys, kind="stable")
+        greedy = np.argsort(-s, kind="stable")[:k]
+        prop = math.exp(plackett_luce_log_prob(u, ranking))
+        return Decision(
+            wd,
+            arm=None,
+            propensity=float(prop),
+            explored=bool(not np.array_equal(ranking, greedy)),
+            policy=self.name,
+            ranking=tuple(int(i) for i in ranking),
+        )
+
+    # ------------------------------------------------------------------ learning
+    def _lr(self) -> float:
+        p = self.hyper
+        return max(p.min_learning_rate, p.learning_rate / math.sqrt(1.0 + self._n_updates / p.lr_decay))
+
+    def learn(self, episode: Episode, reward: float, *, weight: float = 1.0) -> GradientPolicy:
+        """One PDGD step from the episode's chunk rewards (episodes without a preference are counted only)."""
+        check_float("reward", reward)
+        weight = check_float("weight", weight, 0.0)
+        X = np.asarray(episode.shown, dtype=float)
+        r = np.asarray(episode.chunk_rewards, dtype=float)
+        if weight == 0.0 or X.ndim != 2 or X.shape[0] < 2 or X.shape[1] != len(self.retrievers):
+            return self
+        pos, neg = pdgd_pairs(r)
+        if pos.size == 0 or neg.size == 0:
+            self._n_updates += weight
+            return self
+        scale = score_scale(X)
+        tau = self.hyper.temperature * scale
+        try:
+            w_log = logged_weights(episode.decision.weights, self.retrievers)
+        except InvalidWeightsError:
+            w_log = self._w
+        base_log = X @ w_log
+        offsets = np.zeros(X.shape[0])
+        scores = getattr(episode, "scores", None)
+        if scores is not None:
+            sc = np.asarray(scores, dtype=float)
+            if sc.shape == (X.shape[0],) and np.all(np.isfinite(sc)):
+                offsets = sc - base_log
+        rho = pdgd_debias_weights((base_log + offsets) / tau, pos, neg)
+        f = (X @ self._w + offsets) / tau
+        fp = f[pos][:, None]
+        fn = f[neg][None, :]
+        d = fp - fn
+        pair_w = 0.25 / np.cosh(0.5 * d) ** 2  # = sigmoid(d) * sigmoid(-d), stable
+        strength = np.minimum(r[pos], 1.0)[:, None]
+        pw = rho * pair_w * strength
+        diff = X[pos][:, None, :] - X[neg][None, :, :]
+        grad = np.einsum("ij,ijk->k", pw, diff) / scale
+        step_dir = self._evidence(grad, weight)
+        eta = self._lr() * self._lr_scale * weight
+        step = eta * (step_dir - self.hyper.shrinkage * (self._w - self._default))
+        norm = float(np.linalg.norm(step))
+        if norm > self.hyper.max_step:
+            step *= self.hyper.max_step / norm
+        lo, hi = self.hyper.bounds
+        self._w = project_simplex(self._w + step, lo, hi)
+        self._n_updates += weight
+        self._n_pairs += float(pw.size) * weight
+        return self
+
+    def _evidence(self, grad: np.ndarray, weight: float) -> np.ndarray:
+        """Add a gradient to the running sums; return the soft-thresholded, RMS-normalised mean."""
+        beta = (1.0 - 1.0 / self.hyper.window) ** weight
+        self._s0 = beta * self._s0 + weight
+        self._s1 = beta * self._s1 + weight * grad
+        self._s2 = beta * self._s2 + weight * grad * grad
+        mean = self._s1 / self._s0
+        second = self._s2 / self._s0
+        var = np.maximum(second - mean * mean, 0.0)
+        se = np.sqrt(var / max(self._s0, 1.0))
+        shrunk = np.sign(mean) * np.maximum(np.abs(mean) - self.hyper.evidence_z * se, 0.0)
+        rms = np.sqrt(second)
+        return np.where(rms > 1e-12, shrunk / np.maximum(rms, 1e-12), 0.0)
+
+    # ------------------------------------------------------------------ reading
+    def weights(self, query_type: str | None = None) -> dict[str, float]:
+        return weights_dict(self._w, self.retrievers)
+
+    @property
+    def default_weights(self) -> np.ndarray:
+        return self._default.copy()
+
+    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> GradientPolicy:
+        """Replace the current weights (validated, clipped to the bounds)."""
+        lo, hi = self.hyper.bounds
+        self._w = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
+        return self
+
+    def uncertainty(self, context: Context | None) -> float:
+        return float(1.0 / math.sqrt(1.0 + self._n_updates / 50.0))
+
+    def params(self) -> dict[str, Any]:
+        d = asdict(self.hyper)
+        d["bounds"] = list(d["bounds"])
+        d["weights"] = weights_dict(self._default, self.retrievers)
+        return d
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "weights": float_list(self._w),
+            "default": float_list(self._default),
+            "n_pairs": self._n_pairs,
+            "grad_sums": [float(self._s0), float_list(self._s1), float_list(self._s2)],
+        }
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        n = len(self.retrievers)
+        w = read_array(state, "weights", n)
+        default = read_array(state, "default", n)
+        for v in (w, default):
+            if np.any(v < 0) or abs(v.sum() - 1.0) > 1e-6:
+                raise CorruptStateError("saved gradient weights are not on the simplex")
+        s0, s1, s2 = state["grad_sums"]
+        s0 = float(s0)
+        s1 = np.asarray(s1, dtype=float)
+        s2 = np.asarray(s2, dtype=float)
+        if (not math.isfinite(s0) or s0 < 0 or s1.shape != (n,) or s2.shape != (n,)
+                or not np.all(np.isfinite(s1)) or not np.all(np.isfinite(s2)) or np.any(s2 < 0)):
+            raise CorruptStateError("saved gradient statistics are malformed")
+        self._w, self._default = w, default
+        self._n_pairs = float(state["n_pairs"])
+        self._s0, self._s1, self._s2 = s0, s1, s2

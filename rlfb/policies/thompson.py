@@ -1,0 +1,508 @@
+"""``ThompsonPolicy``: a contextual bandit over a grid of weight vectors, behind an evidence gate.
+
+Arms. Arm 0, ``"default"``, is the default weights (equal unless given); the
+others are the points of a grid on the simplex with step ``step`` (0.1 gives 66
+arms for three retrievers, ``C(1/step + n - 1, n - 1)`` for ``n``), clipped to
+``bounds``.
+
+Posteriors. Each arm's mean reward has a Gaussian posterior. Neighbouring arms
+share evidence through a Gaussian kernel of width ``bandwidth`` over the weight
+vectors (rewards change smoothly with the weights), which makes 66 arms behave
+like a handful. Statistics are kept globally and per query type; a type's
+posterior is shrunk towards the global one with ``type_prior`` pseudo-samples,
+so a type falls back to global statistics while it has few samples. The
+statistics forget: ``forget`` per update and a ``half_life_days`` clock, so a
+drifting world is followed.
+
+Deciding. ``exploration="thompson"`` draws one sample per arm and plays the
+best; ``"epsilon"`` plays the greedy arm, or with probability ``epsilon``
+(decaying as ``epsilon / (1 + n / epsilon_decay)``) a uniformly random arm.
+With Thompson sampling the default arm is also played outright with
+probability ``baseline_share`` (0.1), so that the default keeps enough samples
+to be compared with (the gate below needs them, and so does the guardrail).
+The propensity is exact for epsilon-greedy and a Monte Carlo estimate over
+``propensity_draws`` posterior draws for Thompson sampling.
+
+Evidence gate. The greedy choice (``explore=False``, what evaluation uses, and
+what ``weights()`` shows) is the default arm unless another arm's lower
+confidence bound on its advantage over the default is positive:
+``mean_a - mean_0 - z * sqrt(var_a + var_0) > 0``, with ``z`` corrected for the
+number of arms (Bonferroni at 5 % unless ``gate_z`` is given). On real
+collections the best fixed weights are only 0.01 to 0.04 nDCG@10 above equal
+weights, so without strong evidence the policy keeps the default. After more
+than ``default_after`` (50) global samples, the default weights themselves move
+by ``default_step`` towards the globally best arm whenever that arm passes the
+gate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
+from rlfb.policies._util import (
+    BasePolicy,
+    check_bounds,
+    check_float,
+    check_int,
+    decay_factor,
+    episode_time,
+    float_list,
+    logged_weights,
+    project_simplex,
+    read_array,
+    weights_dict,
+    weights_vector,
+)
+from rlfb.policies.base import Context, Decision, Episode
+
+__all__ = ["ThompsonParams", "ThompsonPolicy", "EpsilonGreedyPolicy", "simplex_grid"]
+
+GLOBAL = "*"
+EXPLORATIONS = ("thompson", "epsilon")
+
+
+def simplex_grid(n: int, step: float) -> np.ndarray:
+    """All weight vectors with ``n`` entries that are multiples of ``step`` and sum to one.
+
+    >>> simplex_grid(3, 0.1).shape
+    (66, 3)
+    >>> simplex_grid(2, 0.5).tolist()
+    [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
+    """
+    m = int(round(1.0 / step))
+    rows = []
+    for bars in itertools.combinations(range(m + n - 1), n - 1):
+        prev = -1
+        parts = []
+        for b in bars:
+            parts.append(b - prev - 1)
+            prev = b
+        parts.append(m + n - 1 - prev - 1)
+        rows.append(parts)
+    return np.asarray(rows, dtype=float) / m
+
+
+@dataclass(frozen=True)
+class ThompsonParams:
+    """Hyperparameters of :class:`ThompsonPolicy` (validated on construction).
+
+    >>> ThompsonParams(step=0.3)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: step must divide 1 into a whole number of parts, got 0.3
+    """
+
+    step: float = 0.1
+    exploration: str = "thompson"
+    epsilon: float = 0.1
+    epsilon_min: float = 0.01
+    epsilon_decay: float = 500.0
+    baseline_share: float = 0.1
+    prior_strength: float = 2.0
+    type_prior: float = 20.0
+    bandwidth: float = 0.1
+    noise: float = 0.5
+    gate_z: float | None = None
+    min_samples: float = 10.0
+    default_after: int = 50
+    default_step: float = 0.05
+    forget: float = 0.999
+    half_life_days: float | None = 45.0
+    contextual: bool = True
+    propensity_draws: int = 32
+    bounds: tuple[float, float] = (0.05, 0.95)
+    max_arms: int = 5000
+
+    def __post_init__(self) -> None:
+        step = check_float("step", self.step, 0.0, 1.0, lo_open=True)
+        m = round(1.0 / step)
+        if abs(m * step - 1.0) > 1e-9:
+            raise ValidationError(f"step must divide 1 into a whole number of parts, got {self.step!r}")
+        if self.exploration not in EXPLORATIONS:
+            raise ValidationError(f"exploration must be one of {EXPLORATIONS}, got {self.exploration!r}")
+        check_float("epsilon", self.epsilon, 0.0, 1.0)
+        check_float("epsilon_min", self.epsilon_min, 0.0, 1.0)
+        if self.epsilon_min > self.epsilon:
+            raise ValidationError("epsilon_min must not exceed epsilon")
+        check_float("epsilon_decay", self.epsilon_decay, 0.0, None, lo_open=True)
+        check_float("baseline_share", self.baseline_share, 0.0, 1.0)
+        check_float("prior_strength", self.prior_strength, 0.0, None, lo_open=True)
+        check_float("type_prior", self.type_prior, 0.0, None)
+        check_float("bandwidth", self.bandwidth, 0.0, 1.0)
+        check_float("noise", self.noise, 0.0, 10.0, lo_open=True)
+        if self.gate_z is not None:
+            check_float("gate_z", self.gate_z, 0.0, 10.0)
+        check_float("min_samples", self.min_samples, 0.0, None)
+        check_int("default_after", self.default_after, 0)
+        check_float("default_step", self.default_step, 0.0, 1.0)
+        check_float("forget", self.forget, 0.5, 1.0)
+        if self.half_life_days is not None:
+            check_float("half_life_days", self.half_life_days, 0.0, None, lo_open=True)
+        if not isinstance(self.contextual, bool):
+            raise ValidationError(f"contextual must be a bool, got {self.contextual!r}")
+        check_int("propensity_draws", self.propensity_draws, 1, 100_000)
+        object.__setattr__(self, "bounds", check_bounds(self.bounds))
+        check_int("max_arms", self.max_arms, 2, 1_000_000)
+
+
+class ThompsonPolicy(BasePolicy):
+    """A contextual Thompson-sampling (or epsilon-greedy) bandit over simplex weight arms.
+
+    Parameters
+    ----------
+    retrievers
+        Retriever names.
+    weights
+        The default weights (arm 0, where the policy starts); ``None`` for equal weights.
+    step, exploration, epsilon, ..., bounds
+        See :class:`ThompsonParams` and the module docstring.
+    seed
+        Seed of the policy's own generator.
+
+    Examples
+    --------
+    >>> p = ThompsonPolicy(["bm25", "dense", "splade"], seed=0)
+    >>> len(p.arm_names)
+    67
+    >>> p.weights()  # no evidence yet: the default, equal weights
+    {'bm25': 0.333..., 'dense': 0.333..., 'splade': 0.333...}
+    """
+
+    name = "thompson"
+
+    def __init__(
+        self,
+        retrievers: Sequence[str],
+        weights: Mapping[str, float] | Sequence[float] | None = None,
+        *,
+        step: float = 0.1,
+        exploration: str = "thompson",
+        epsilon: float = 0.1,
+        epsilon_min: float = 0.01,
+        epsilon_decay: float = 500.0,
+        baseline_share: float = 0.1,
+        prior_strength: float = 2.0,
+        type_prior: float = 20.0,
+        bandwidth: float = 0.1,
+        noise: float = 0.5,
+        gate_z: float | None = None,
+        min_samples: float = 10.0,
+        default_after: int = 50,
+        default_step: float = 0.05,
+        forget: float = 0.999,
+        half_life_days: float | None = 45.0,
+        contextual: bool = True,
+        propensity_draws: int = 32,
+        bounds: tuple[float, float] = (0.05, 0.95),
+        max_arms: int = 5000,
+        seed: int | None = 0,
+    ) -> None:
+        super().__init__(retrievers, seed)
+        self.hyper = ThompsonParams(
+            step=step, exploration=exploration, epsilon=epsilon, epsilon_min=epsilon_min,
+            epsilon_decay=epsilon_decay, baseline_share=baseline_share, prior_strength=prior_strength,
+            type_prior=type_prior,
+            bandwidth=bandwidth, noise=noise, gate_z=gate_z, min_samples=min_samples,
+            default_after=default_after, default_step=default_step, forget=forget,
+            half_life_days=half_life_days, contextual=contextual, propensity_draws=propensity_draws,
+            bounds=bounds, max_arms=max_arms,
+        )
+        n = len(self.retrievers)
+        m = round(1.0 / self.hyper.step)
+        n_grid = math.comb(m + n - 1, n - 1)
+        if n_grid + 1 > self.hyper.max_arms:
+            raise ValidationError(
+                f"a step of {self.hyper.step} gives {n_grid} arms for {n} retrievers, more than "
+                f"max_arms={self.hyper.max_arms}; use a coarser step"
+            )
+        lo, hi = self.hyper.bounds
+        self._initial_default = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
+        grid = np.asarray([project_simplex(g, lo, hi) for g in simplex_grid(n, self.hyper.step)])
+        self._arms = np.vstack([self._initial_default[None, :], grid])
+        self.arm_names: tuple[str, ...] = ("default",) + tuple(
+            "/".join(f"{x:.3g}" for x in row) for row in grid
+        )
+        self._arm_index = {a: i for i, a in enumerate(self.arm_names)}
+        self._kernel()
+        self._stats: dict[str, np.ndarray] = {}
+        self._clock: dict[str, float] = {}
+        self._version = 0
+        self._cache: dict[str | None, tuple[int, Any]] = {}
+        zs = self.hyper.gate_z
+        bonferroni = NormalDist().inv_cdf(1.0 - 0.05 / max(1, len(self._arms) - 1))
+        self._z = float(zs) if zs is not None else bonferroni
+
+    # ------------------------------------------------------------------ arms and statistics
+    @property
+    def n_arms(self) -> int:
+        return int(self._arms.shape[0])
+
+    @property
+    def default_weights(self) -> np.ndarray:
+        return self._arms[0].copy()
+
+    def _kernel(self) -> None:
+        h = self.hyper.bandwidth
+        if h <= 0:
+            self._K = np.eye(self._arms.shape[0])
+        else:
+            d2 = np.sum((self._arms[:, None, :] - self._arms[None, :, :]) ** 2, axis=2)
+            self._K = np.exp(-d2 / (2.0 * h * h))
+        self._K2 = self._K**2
+
+    def _scope(self, key: str) -> np.ndarray:
+        st = self._stats.get(key)
+        if st is None:
+            st = np.zeros((3, self.n_arms))
+            self._stats[key] = st
+        return st
+
+    def _noise_var(self) -> float:
+        st = self._stats.get(GLOBAL)
+        prior_n = 5.0
+        prior = self.hyper.noise**2
+        if st is None:
+            return prior
+        n, s, ss = st
+        active = n > 1e-9
+        within = float(np.sum(ss[active] - s[active] ** 2 / n[active]))
+        dof = max(0.0, float(n.sum()) - float(active.sum()))
+        var = (max(within, 0.0) + prior * prior_n) / (dof + prior_n)
+        return max(var, 1e-3)
+
+    def _posterior(self, query_type: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Posterior mean and variance of every arm, and the global effective sample sizes (cached)."""
+        typed = query_type is not None and self.hyper.contextual and query_type in self._stats
+        key = query_type if typed else None
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == self._version:
+            return hit[1]
+        out = self._compute_posterior(key)
+        if len(self._cache) > 256:
+            self._cache.clear()
+        self._cache[key] = (self._version, out)
+        return out
+
+    def _compute_posterior(self, query_type: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        sigma2 = self._noise_var()
+        k0 = self.hyper.prior_strength
+        g = self._stats.get(GLOBAL)
+        if g is None:
+            z = np.zeros(self.n_arms)
+            return z, np.full(self.n_arms, sigma2 / k0), z
+        n, s, _ = g
+        mu0 = float(s.sum() / (n.sum() + 1.0))
+        nK = self._K @ n
+        sK = self._K @ s
+        n2K = self._K2 @ n
+        mean = (sK + k0 * mu0) / (nK + k0)
+        var = sigma2 * (n2K + k0) / (nK + k0) ** 2
+        if query_type is not None and self.hyper.contextual and query_type in self._stats:
+            nt, st, _ = self._stats[query_type]
+            kt = self.hyper.type_prior
+            ntK = self._K @ nt
+            stK = self._K @ st
+            n2tK = self._K2 @ nt
+            denom = ntK + kt
+            if kt > 0:
+                mean_t = (stK + kt * mean) / denom
+                var_t = sigma2 * n2tK / denom**2 + (kt / denom) ** 2 * var
+            else:
+                safe = np.maximum(ntK, 1e-9)
+                mean_t = np.where(ntK > 1e-9, stK / safe, mean)
+                var_t = np.where(ntK > 1e-9, sigma2 * n2tK / safe**2, var)
+            mean, var = mean_t, var_t
+        return mean, np.maximum(var, 1e-12), nK
+
+    def _gate(self, mean: np.ndarray, var: np.ndarray, nK: np.ndarray) -> int:
+        """The default arm, unless other arms' lower bounds on their advantage are positive.
+
+        Among the arms that pass, the one with the highest posterior mean.
+        """
+        adv = mean - mean[0]
+        lcb = adv - self._z * np.sqrt(var + var[0])
+        passed = (lcb > 0) & (nK >= self.hyper.min_samples)
+        passed[0] = False
+        if not np.any(passed):
+            return 0
+        return int(np.argmax(np.where(passed, mean, -np.inf)))
+
+    def _epsilon(self) -> float:
+        p = self.hyper
+        eps = max(p.epsilon_min, p.epsilon / (1.0 + self._n_updates / p.epsilon_decay))
+        return min(1.0, eps * self._explore_scale)
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, context: Context | None, *, explore: bool = True) -> Decision:
+        """Pick an arm for the context's query type; ``explore=False`` is the gated greedy arm."""
+        qtype = getattr(context, "query_type", None)
+        mean, var, nK = self._posterior(qtype)
+        greedy = self._gate(mean, var, nK)
+        if not explore:
+            arm, prop = greedy, 1.0
+        elif self.hyper.exploration == "epsilon":
+            eps = self._epsilon()
+            arm = int(self._rng.integers(self.n_arms)) if self._rng.random() < eps else greedy
+            prop = (1.0 - eps) * (arm == greedy) + eps / self.n_arms
+        else:
+            share = self.hyper.baseline_share
+            sd = np.sqrt(var) * self._explore_scale
+            if self._rng.random() < share:
+                arm = 0
+            else:
+                draw = mean + sd * self._rng.standard_normal(self.n_arms)
+                arm = int(np.argmax(draw))
+            m = self.hyper.propensity_draws
+            more = mean[None, :] + sd[None, :] * self._rng.standard_normal((m, self.n_arms))
+            hits = int(np.sum(np.argmax(more, axis=1) == arm))
+            prop = share * (arm == 0) + (1.0 - share) * (hits + 1.0) / (m + 1.0)
+        return Decision(
+            weights_dict(self._arms[arm], self.retrievers),
+            arm=self.arm_names[arm],
+            propensity=float(prop),
+            explored=bool(explore and arm != greedy),
+            policy=self.name,
+        )
+
+    # ------------------------------------------------------------------ learning
+    def _arm_of(self, episode: Episode) -> int | None:
+        arm = episode.decision.arm
+        if isinstance(arm, str) and arm in self._arm_index:
+            return self._arm_index[arm]
+        try:
+            w = logged_weights(episode.decision.weights, self.retrievers)
+        except InvalidWeightsError:
+            return None
+        return int(np.argmin(np.abs(self._arms - w[None, :]).sum(axis=1)))
+
+    def _add(self, key: str, arm: int, reward: float, weight: float, t: float) -> None:
+        st = self._scope(key)
+        last = self._clock.get(key, 0.0)
+        w = weight
+        if t > 0:
+            if t > last:
+                if last > 0:
+                    st *= decay_factor(t - last, self.hyper.half_life_days)
+                self._clock[key] = t
+            else:
+                w *= decay_factor(last - t, self.hyper.half_life_days)  # a late reward for an old decision
+        st *= self.hyper.forget**weight
+        self._version += 1
+        st[0, arm] += w
+        st[1, arm] += w * reward
+        st[2, arm] += w * reward * reward
+
+    def learn(self, episode: Episode, reward: float, *, weight: float = 1.0) -> ThompsonPolicy:
+        """Credit ``reward`` to the arm the logged decision played (by name, else nearest weights)."""
+        r = max(-1.0, min(1.0, check_float("reward", reward)))
+        weight = check_float("weight", weight, 0.0)
+        arm = self._arm_of(episode)
+        if arm is None or weight == 0.0:
+            return self
+        t = episode_time(episode)
+        self._add(GLOBAL, arm, r, weight, t)
+        if self.hyper.contextual and episode.query_type:
+            self._add(str(episode.query_type), arm, r, weight, t)
+        self._n_updates += weight
+        self._move_default()
+        return self
+
+    def _move_default(self) -> None:
+        p = self.hyper
+        g = self._stats.get(GLOBAL)
+        if g is None or float(g[0].sum()) <= p.default_after or p.default_step <= 0:
+            return
+        mean, var, nK = self._posterior(None)
+        best = self._gate(mean, var, nK)
+        if best == 0:
+            return
+        lo, hi = p.bounds
+        step = min(1.0, p.default_step * self._lr_scale)
+        new = project_simplex(self._arms[0] + step * (self._arms[best] - self._arms[0]), lo, hi)
+        self._set_default(new)
+
+    def _set_default(self, w: np.ndarray) -> None:
+        self._version += 1
+        self._arms[0] = w
+        h = self.hyper.bandwidth
+        if h > 0:
+            row = np.exp(-np.sum((self._arms - w[None, :]) ** 2, axis=1) / (2.0 * h * h))
+            self._K[0, :] = row
+            self._K[:, 0] = row
+            self._K2[0, :] = row**2
+            self._K2[:, 0] = row**2
+
+    # ------------------------------------------------------------------ reading
+    def weights(self, query_type: str | None = None) -> dict[str, float]:
+        """The gated greedy weights, for a query type or globally."""
+        mean, var, nK = self._posterior(query_type)
+        return weights_dict(self._arms[self._gate(mean, var, nK)], self.retrievers)
+
+    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> ThompsonPolicy:
+        """Replace the default weights (validated, clipped to the bounds)."""
+        lo, hi = self.hyper.bounds
+        self._set_default(project_simplex(weights_vector(weights, self.retrievers), lo, hi))
+        return self
+
+    def arm_stats(self, query_type: str | None = None) -> dict[str, dict[str, float]]:
+        """Posterior mean, standard deviation and effective samples of every arm."""
+        mean, var, nK = self._posterior(query_type)
+        return {
+            a: {"mean": float(m), "sd": float(math.sqrt(v)), "n": float(k)}
+            for a, m, v, k in zip(self.arm_names, mean, var, nK)
+        }
+
+    def uncertainty(self, context: Context | None) -> float:
+        mean, var, nK = self._posterior(getattr(context, "query_type", None))
+        arm = self._gate(mean, var, nK)
+        return float(min(1.0, math.sqrt(var[arm]) / self.hyper.noise))
+
+    def params(self) -> dict[str, Any]:
+        d = asdict(self.hyper)
+        d["bounds"] = list(d["bounds"])
+        d["weights"] = weights_dict(self._initial_default, self.retrievers)
+        return d
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "default": float_list(self._arms[0]),
+            "stats": {k: [float_list(row) for row in v] for k, v in self._stats.items()},
+            "clock": {k: float(v) for k, v in self._clock.items()},
+        }
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:
+        default = read_array(state, "default", len(self.retrievers))
+        if np.any(default < 0) or abs(default.sum() - 1.0) > 1e-6:
+            raise CorruptStateError("saved default weights are not on the simplex")
+        stats = {}
+        for key, rows in dict(state["stats"]).items():
+            arr = np.asarray(rows, dtype=float)
+            if arr.shape != (3, self.n_arms) or not np.all(np.isfinite(arr)) or np.any(arr[0] < 0):
+                raise CorruptStateError(f"arm statistics for {key!r} are malformed")
+            stats[str(key)] = arr
+        clock = {str(k): float(v) for k, v in dict(state["clock"]).items()}
+        self._stats, self._clock = stats, clock
+        self._cache.clear()
+        self._set_default(default)
+
+
+class EpsilonGreedyPolicy(ThompsonPolicy):
+    """:class:`ThompsonPolicy` with ``exploration="epsilon"``: epsilon-greedy over the same arms.
+
+    >>> EpsilonGreedyPolicy(["a", "b"], step=0.5).hyper.exploration
+    'epsilon'
+    """
+
+    name = "epsilon"
+
+    def __init__(self, retrievers: Sequence[str], weights: Any = None, **kwargs: Any) -> None:
+        kwargs.setdefault("exploration", "epsilon")
+        super().__init__(retrievers, weights, **kwargs)

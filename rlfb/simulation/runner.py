@@ -1,0 +1,463 @@
+"""The online-learning experiment: a stream of simulated users, learning curves, and honest baselines.
+
+For each seed, a fresh learner serves a stream of queries sampled with
+repetition from the stream split; a cascade user reacts; feedback arrives
+after a delay and is learned from through the real ensemble, store and
+learner. At regular checkpoints the run measures:
+
+* **held-out** nDCG@10 of the greedy policy (no exploration) on queries never
+  asked in the stream;
+* **seen** nDCG@10 of the greedy policy on stream queries asked before, which
+  shows what feedback memory gives to repeated questions;
+* **online** nDCG@10 of what users were actually shown, exploration included.
+
+Baselines come from the same contexts in the same run: each retriever alone,
+equal min-max weights, RRF, weights tuned by grid search on the stream queries
+with full judgments, the oracle best fixed weights (grid search on the held-out
+queries themselves) and the per-query oracle of fusion.
+
+Retriever scores do not change while the policy learns, so each query's
+:class:`~rlfb.policies.base.Context` is computed once and shared by every seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from rlfb.datasets import BeirDataset
+from rlfb.errors import ValidationError
+from rlfb.fusion import normalize
+from rlfb.metrics import ndcg_at_k
+from rlfb.policies.base import Context
+from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
+
+__all__ = ["SimulationConfig", "Prepared", "prepare", "simulate", "simplex_grid", "summarize", "plot_curves"]
+
+METRIC = "ndcg@10"
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Every setting of a simulation run; all of it is written to the JSON output."""
+
+    policy: str = "gradient"
+    user: str = "navigational"
+    interactions: int = 2000
+    explicit_rate: float = 0.1
+    noise: float = 0.0
+    reformulation_rate: float = 0.5
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    checkpoints: int = 10
+    k: int = 10
+    retrievers: tuple[str, ...] = ("bm25", "dense", "splade")
+    fusion: str = "minmax"
+    memory: bool = True
+    candidate_k: int = 100
+    split: str = "test"
+    stream_split: str = "train"
+    max_heldout: int | None = None
+    max_seen: int = 300
+    grid_step: float = 0.1
+    spacing: float = 60.0
+    mean_delay: float = 120.0
+    learner: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.user not in CLICK_MODELS:
+            raise ValidationError(f"unknown user {self.user!r}; choose one of {sorted(CLICK_MODELS)}")
+        if self.interactions <= 0 or self.checkpoints <= 0:
+            raise ValidationError("interactions and checkpoints must be positive")
+        if not self.seeds:
+            raise ValidationError("give at least one seed")
+        if not (0 < self.grid_step <= 0.5):
+            raise ValidationError(f"grid_step must be in (0, 0.5], got {self.grid_step}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["seeds"] = list(self.seeds)
+        d["retrievers"] = list(self.retrievers)
+        d["learner"] = dict(self.learner)
+        return d
+
+
+@dataclass
+class Prepared:
+    """A dataset indexed once: the ensemble's retrievers and every query's context."""
+
+    dataset: BeirDataset
+    retrievers: dict[str, Any]
+    chunks: Any
+    contexts: dict[str, Context]
+    qrels: dict[str, dict[str, int]]
+    stream_qrels: dict[str, dict[str, int]] | None
+    max_grade: int
+    fusion: str
+    candidate_k: int
+    index_seconds: float
+    context_seconds: float
+
+
+def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bool = True) -> Prepared:
+    """Index the corpus and compute the context of every judged query (cached embeddings make reruns fast)."""
+    from rlfb.ensemble import FeedbackEnsemble
+
+    t = time.perf_counter()
+    ens = FeedbackEnsemble.from_chunks(
+        dataset.corpus, retrievers=config.retrievers, fusion=config.fusion, candidate_k=config.candidate_k,
+        show_progress=show_progress,
+    )
+    index_seconds = time.perf_counter() - t
+    qrels = {q: dict(r) for q, r in dataset.split(config.split).items() if any(g > 0 for g in r.values())}
+    stream_qrels = None
+    if config.stream_split in dataset.qrels and config.stream_split != config.split:
+        stream_qrels = {
+            q: dict(r) for q, r in dataset.split(config.stream_split).items() if any(g > 0 for g in r.values())
+        }
+    wanted = [q for q in itertools.chain(qrels, stream_qrels or {}) if q in dataset.queries]
+    t = time.perf_counter()
+    contexts = {}
+    for q in tqdm(wanted, desc="contexts", disable=not show_progress):
+        contexts[q] = ens.context(dataset.queries[q], k=config.k)
+    context_seconds = time.perf_counter() - t
+    grades = [g for r in itertools.chain(qrels.values(), (stream_qrels or {}).values()) for g in r.values()]
+    return Prepared(
+        dataset, dict(ens.retrievers), ens.chunks, contexts, qrels, stream_qrels, max(grades, default=1),
+        config.fusion, config.candidate_k, index_seconds, context_seconds,
+    )
+
+
+def simplex_grid(n: int, step: float = 0.1) -> np.ndarray:
+    """Every weight vector on the simplex with the given step (66 points for n=3, step 0.1).
+
+    >>> simplex_grid(2, 0.5).tolist()
+    [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
+    """
+    m = round(1 / step)
+    points = [c for c in itertools.product(range(m + 1), repeat=n) if sum(c) == m]
+    return np.array(points, dtype=np.float64) / m
+
+
+class _Judge:
+    """nDCG@k of many rankings of one query's candidates at once (vectorised over weight vectors)."""
+
+    def __init__(self, ctx: Context, qrel: Mapping[str, int], k: int) -> None:
+        self.k = k
+        self.gains = np.array([max(qrel.get(c, 0), 0) for c in ctx.candidate_ids], dtype=np.float64)
+        ideal = sorted((g for g in qrel.values() if g > 0), reverse=True)[:k]
+        self.disc = 1.0 / np.log2(np.arange(2, k + 2))
+        self.ideal = float(np.dot(ideal, self.disc[: len(ideal)]))
+
+    def ndcg(self, scores: np.ndarray) -> np.ndarray:
+        """nDCG of ranking by each column of ``scores`` (n_candidates, m) -> (m,)."""
+        if self.ideal == 0:
+            return np.zeros(scores.shape[1])
+        kk = min(self.k, scores.shape[0])
+        order = np.argsort(-scores, axis=0, kind="stable")[:kk]
+        return (self.gains[order] * self.disc[:kk, None]).sum(axis=0) / self.ideal
+
+    def ndcg_order(self, order: np.ndarray) -> float:
+        if self.ideal == 0:
+            return 0.0
+        kk = min(self.k, len(order))
+        return float(np.dot(self.gains[np.asarray(order[:kk], dtype=np.int64)], self.disc[:kk]) / self.ideal)
+
+
+def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[str], list[str], dict[str, dict]]:
+    """Stream and held-out query ids: the stream split where one exists, else seeded halves."""
+    if prep.stream_qrels is not None:
+        stream = sorted(q for q in prep.stream_qrels if q in prep.contexts)
+        heldout = sorted(q for q in prep.qrels if q in prep.contexts)
+        judgments = {**prep.qrels, **prep.stream_qrels}
+    else:
+        ids = sorted(q for q in prep.qrels if q in prep.contexts)
+        random.Random(1_000_003 + seed).shuffle(ids)
+        half = len(ids) // 2
+        stream, heldout = sorted(ids[:half]), sorted(ids[half:])
+        judgments = dict(prep.qrels)
+    if config.max_heldout is not None:
+        heldout = heldout[: config.max_heldout]
+    return stream, heldout, judgments
+
+
+def _baselines(
+    prep: Prepared, config: SimulationConfig, stream: Sequence[str], heldout: Sequence[str], judges: Mapping[str, _Judge]
+) -> dict[str, dict[str, float]]:
+    names = list(prep.contexts[heldout[0]].retrievers)
+    grid = simplex_grid(len(names), config.grid_step)
+    equal = np.full(len(names), 1.0 / len(names))
+
+    def per_query(qids: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, list] = {n: [] for n in names}
+        out.update(equal=[], rrf=[], grid_minmax=[], grid_rrf=[])
+        for q in qids:
+            ctx, judge = prep.contexts[q], judges[q]
+            for j, n in enumerate(names):
+                out[n].append(judge.ndcg(ctx.raw[:, [j]])[0])
+            mm = normalize(ctx.raw, "minmax")
+            rr = normalize(ctx.raw, "rrf", ranks=ctx.ranks)
+            out["equal"].append(judge.ndcg((mm @ equal)[:, None])[0])
+            out["rrf"].append(judge.ndcg((rr @ equal)[:, None])[0])
+            out["grid_minmax"].append(judge.ndcg(mm @ grid.T))
+            out["grid_rrf"].append(judge.ndcg(rr @ grid.T))
+        return {key: np.array(v) for key, v in out.items()}
+
+    held = per_query(heldout)
+    seen = per_query(stream)
+    result: dict[str, dict[str, float]] = {}
+    for key in [*names, "equal", "rrf"]:
+        result[key] = {f"heldout_{METRIC}": float(held[key].mean()), f"seen_{METRIC}": float(seen[key].mean())}
+    # tuned on the stream queries with full judgments: what offline tuning would give
+    mode, best = max(
+        ((m, int(seen[f"grid_{m}"].mean(axis=0).argmax())) for m in ("minmax", "rrf")),
+        key=lambda mb: seen[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
+    )
+    result["tuned_fixed"] = {
+        f"heldout_{METRIC}": float(held[f"grid_{mode}"][:, best].mean()),
+        f"seen_{METRIC}": float(seen[f"grid_{mode}"][:, best].mean()),
+        "weights": dict(zip(names, grid[best].tolist())),
+        "fusion": mode,
+    }
+    # the oracle: the best fixed weights chosen on the held-out queries themselves
+    mode, best = max(
+        ((m, int(held[f"grid_{m}"].mean(axis=0).argmax())) for m in ("minmax", "rrf")),
+        key=lambda mb: held[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
+    )
+    result["oracle_fixed"] = {
+        f"heldout_{METRIC}": float(held[f"grid_{mode}"][:, best].mean()),
+        f"seen_{METRIC}": float(seen[f"grid_{mode}"][:, best].mean()),
+        "weights": dict(zip(names, grid[best].tolist())),
+        "fusion": mode,
+    }
+    result["per_query_oracle"] = {
+        f"heldout_{METRIC}": float(np.maximum(held["grid_minmax"].max(axis=1), held["grid_rrf"].max(axis=1)).mean()),
+        f"seen_{METRIC}": float(np.maximum(seen["grid_minmax"].max(axis=1), seen["grid_rrf"].max(axis=1)).mean()),
+    }
+    return result
+
+
+def run_seed(
+    prep: Prepared, config: SimulationConfig, seed: int, *, show_progress: bool = True
+) -> dict[str, Any]:
+    """One seed: the learning curve, the final figures and the baselines, as plain numbers."""
+    from rlfb.ensemble import FeedbackEnsemble
+    from rlfb.store import FeedbackStore
+
+    stream, heldout, judgments = _split(prep, config, seed)
+    if not stream or not heldout:
+        raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
+    judges = {q: _Judge(prep.contexts[q], judgments[q], config.k) for q in set(stream) | set(heldout)}
+    baselines = _baselines(prep, config, stream, heldout, judges)
+
+    learner_cfg = dict(config.learner)
+    if not config.memory:
+        learner_cfg["memory_weight"] = 0.0
+    store = FeedbackStore(":memory:")
+    ens = FeedbackEnsemble(
+        prep.retrievers, prep.chunks, fusion=config.fusion, policy=config.policy, store=store,
+        candidate_k=config.candidate_k, seed=seed, learner_config=learner_cfg or None,
+        persist_interval=math.inf,  # one writer: snapshot at the end, not after every feedback
+    )
+    user = SimulatedUser(
+        config.user, explicit_rate=config.explicit_rate, noise=config.noise,
+        reformulation_rate=config.reformulation_rate, depth=config.k, mean_delay=config.mean_delay,
+        max_grade=prep.max_grade, seed=seed,
+    )
+    rng = random.Random(seed)
+    # the simulated clock runs in the past, so that no feedback has a timestamp in the future
+    t0 = time.time() - config.interactions * config.spacing - 5 * 86400
+    pending: list[tuple[float, int, str, str, str | None]] = []
+    counter = itertools.count()
+    marks = sorted({round(config.interactions * (i + 1) / config.checkpoints) for i in range(config.checkpoints)})
+    asked: dict[str, int] = {}
+    online: list[float] = []
+    curve: list[dict[str, float]] = []
+    n_feedback = n_flagged = 0
+
+    def deliver(until: float) -> None:
+        nonlocal n_feedback, n_flagged
+        while pending and pending[0][0] <= until:
+            arrival, _, event_id, signal, chunk_id = heapq.heappop(pending)
+            record = ens.feedback(event_id, signal, chunk_id=chunk_id, timestamp=arrival)
+            n_feedback += 1
+            n_flagged += not record.in_window
+
+    def greedy(qids: Sequence[str]) -> float:
+        if not qids:
+            return float("nan")
+        vals = [judges[q].ndcg_order(ens.learner.rank(prep.contexts[q], config.k, explore=False).order)
+                for q in qids]
+        return float(np.mean(vals))
+
+    def checkpoint(n: int) -> None:
+        seen = [q for q in asked]
+        if len(seen) > config.max_seen:
+            seen = random.Random(seed + n).sample(seen, config.max_seen)
+        curve.append({
+            "interactions": n,
+            f"heldout_{METRIC}": greedy(heldout),
+            f"seen_{METRIC}": greedy(seen),
+            f"online_{METRIC}": float(np.mean(online)) if online else float("nan"),
+        })
+
+    checkpoint(0)
+    started = time.perf_counter()
+    bar = tqdm(range(config.interactions), desc=f"{config.policy} seed {seed}", disable=not show_progress,
+               leave=False)
+    for i in bar:
+        now = t0 + i * config.spacing
+        deliver(now)
+        q = rng.choice(stream)
+        ctx = prep.contexts[q]
+        result = ens.rank_context(ctx, config.k, explore=True, log=True, timestamp=now)
+        order = [ctx.candidate_ids.index(c) for c in result.chunk_ids] if result.hits else []
+        online.append(judges[q].ndcg_order(np.asarray(order)))
+        asked[q] = asked.get(q, 0) + 1
+        for fb in user.interact(result.chunk_ids, judgments[q]).feedback:
+            heapq.heappush(pending, (now + fb.delay, next(counter), result.event_id, fb.signal, fb.chunk_id))
+        if i + 1 in marks:
+            checkpoint(i + 1)
+    learn_seconds = time.perf_counter() - started
+    deliver(time.time())  # what arrives after the stream ends: mostly outside the attribution window
+    ens.flush()
+    stats = store.counts() if hasattr(store, "counts") else {}
+    ens.close()
+    final = dict(curve[-1])
+    final.pop("interactions")
+    return {
+        "seed": seed,
+        "final": final,
+        "baselines": baselines,
+        "curve": curve,
+        "weights": ens.learner.weights(),
+        "stream_queries": len(stream),
+        "heldout_queries": len(heldout),
+        "distinct_asked": len(asked),
+        "mean_times_asked": float(np.mean(list(asked.values()))),
+        "feedback": n_feedback,
+        "flagged_feedback": n_flagged,
+        "store": stats,
+        "seconds": learn_seconds,
+    }
+
+
+def _interval(values: Sequence[float]) -> dict[str, Any]:
+    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
+    if arr.size == 0:
+        return {"mean": None, "ci95": [None, None], "n": 0}
+    mean = float(arr.mean())
+    if arr.size < 2:
+        return {"mean": mean, "ci95": [mean, mean], "n": int(arr.size)}
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
+    return {"mean": mean, "ci95": [mean - half, mean + half], "n": int(arr.size)}
+
+
+def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra: Mapping[str, Any]) -> dict:
+    """Mean and 95% interval over seeds, in the JSON shape scripts read."""
+    keys = [f"heldout_{METRIC}", f"seen_{METRIC}", f"online_{METRIC}"]
+    final = {k: _interval([r["final"][k] for r in runs]) for k in keys}
+    baselines: dict[str, dict[str, Any]] = {}
+    for name in runs[0]["baselines"]:
+        entry = {k: _interval([r["baselines"][name][k] for r in runs]) for k in keys[:2]}
+        if "weights" in runs[0]["baselines"][name]:
+            entry["weights"] = [r["baselines"][name]["weights"] for r in runs]
+        baselines[name] = entry
+    curve = []
+    for i, point in enumerate(runs[0]["curve"]):
+        row: dict[str, Any] = {"interactions": point["interactions"]}
+        for k in keys:
+            row[k] = _interval([r["curve"][i][k] for r in runs])
+        curve.append(row)
+    return {
+        "final": final,
+        "baselines": baselines,
+        "curve": curve,
+        "config": config.to_dict(),
+        "weights": [r["weights"] for r in runs],
+        "runs": [{k: v for k, v in r.items() if k not in ("curve", "baselines")} for r in runs],
+        **dict(extra),
+    }
+
+
+def simulate(
+    dataset: BeirDataset,
+    config: SimulationConfig,
+    *,
+    show_progress: bool = True,
+    prepared: Prepared | None = None,
+    on_seed: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run every seed and summarise; ``prepared`` reuses an index and contexts across calls."""
+    prep = prepared or prepare(dataset, config, show_progress=show_progress)
+    runs = []
+    t = time.perf_counter()
+    for seed in tqdm(config.seeds, desc="seeds", disable=not show_progress):
+        run = run_seed(prep, config, seed, show_progress=show_progress)
+        runs.append(run)
+        if on_seed is not None:
+            on_seed(run)
+    return summarize(runs, config, {
+        "dataset": dataset.name,
+        "timing": {
+            "index_seconds": prep.index_seconds,
+            "context_seconds": prep.context_seconds,
+            "simulation_seconds": time.perf_counter() - t,
+            "seconds_per_seed": [r["seconds"] for r in runs],
+        },
+    })
+
+
+def iter_table(result: Mapping[str, Any]) -> Iterator[tuple[str, float | None, float | None]]:
+    """Rows of (name, held-out, seen) for printing: the learned policy first, then the baselines."""
+    f = result["final"]
+    yield ("learned (" + result["config"]["policy"] + ")", f[f"heldout_{METRIC}"]["mean"], f[f"seen_{METRIC}"]["mean"])
+    for name, b in result["baselines"].items():
+        yield (name, b[f"heldout_{METRIC}"]["mean"], b[f"seen_{METRIC}"]["mean"])
+
+
+def plot_curves(result: Mapping[str, Any], path: str) -> None:
+    """Learning curves (mean and 95% band over seeds) against the baselines' lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [p["interactions"] for p in result["curve"]]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
+    for ax, key, title in ((axes[0], f"heldout_{METRIC}", "held-out queries"),
+                           (axes[1], f"seen_{METRIC}", "seen (repeated) queries")):
+        for metric, label, style in ((key, "learned (greedy)", "-"), (f"online_{METRIC}", "online (shown)", ":")):
+            if metric.startswith("online") and key.startswith("heldout"):
+                continue
+            # a missing value (nothing seen before the first query) is a gap in the curve
+            mean = [_num(p[metric]["mean"]) for p in result["curve"]]
+            lo = [_num(p[metric]["ci95"][0]) for p in result["curve"]]
+            hi = [_num(p[metric]["ci95"][1]) for p in result["curve"]]
+            ax.plot(x, mean, style, lw=2, label=label)
+            ax.fill_between(x, lo, hi, alpha=0.2)
+        for name, colour in (("rrf", "tab:red"), ("equal", "tab:orange"), ("tuned_fixed", "tab:green"),
+                             ("oracle_fixed", "tab:purple")):
+            if name in result["baselines"]:
+                ax.axhline(result["baselines"][name][key]["mean"], ls="--", color=colour, lw=1, label=name)
+        ax.set_title(f"{result.get('dataset', '')}: {title}")
+        ax.set_xlabel("interactions")
+        ax.set_ylabel("nDCG@10")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _num(value: float | None) -> float:
+    return float("nan") if value is None else float(value)

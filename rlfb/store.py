@@ -1,0 +1,1784 @@
+"""FeedbackStore: the feedback memory, on SQLite through sqlite-utils.
+
+What it keeps (one table each):
+
+``events``
+    One row per retrieval: time, the query text (or only its sha256 with
+    ``store_text=False``), session, parent run, query features and type, and
+    the policy's decision (weights, arm, exploration flag, propensity).
+``event_chunks``
+    The chunks each event returned: rank, fused score, every retriever's raw
+    and normalised score, which retrievers proposed it, and whether it was used.
+``feedback``
+    Every feedback signal: the event (and optionally the chunk) it rates, the
+    signal type and value, its arrival time and delay, user / session, an
+    optional idempotency key, the reward it produced, and ``in_window`` (0 for
+    feedback that arrived after the attribution window: stored, flagged, not
+    learned from).
+``rewards``
+    The computed reward of each in-window feedback, one row per chunk it was
+    attributed to (a single row with no chunk when the event returned none).
+``policy_snapshots``
+    The policy state and weights over time; the newest row is the current one.
+
+Schema changes are named migration functions in :data:`MIGRATIONS`, recorded
+in ``_migrations`` and applied under an exclusive write lock, so opening a file
+again, or from several processes at once, is safe.
+
+Concurrency and durability. Files run in WAL mode with a busy timeout (30 s by
+default); every write transaction starts with ``BEGIN IMMEDIATE``, so writers
+queue on the busy handler instead of failing with "database is locked" when a
+read transaction would have to be upgraded. ``synchronous=NORMAL`` is the
+default: in WAL mode a committed transaction is in the WAL file before
+``COMMIT`` returns, so a killed process (SIGKILL, a crash) loses nothing that was
+committed; only an OS crash or power loss can roll back the last few
+transactions (never corrupting the file). Pass ``synchronous="FULL"`` to fsync
+the WAL on every commit and survive power loss too, at several times the cost
+per single write.
+
+Strings are stored verbatim through parameterised SQL. A string that UTF-8
+cannot encode (one with a lone surrogate such as ``"\\ud800"``) is stored as a
+BLOB of its ``surrogatepass`` encoding and decoded back on read, so every
+``str`` round-trips exactly and equality lookups still work. JSON columns do
+the same with their JSON text, whose surrogates stay raw characters rather than
+``\\uXXXX`` escapes (JSON would merge an escaped high+low pair into one
+character). The JSONL export cannot avoid that: it is UTF-8 JSON, so lone
+surrogates are escaped there, and a high+low pair of lone surrogates reads back
+as the one character they encode in UTF-16.
+
+Timestamps are unix seconds (floats); ``datetime`` objects and ISO-8601 strings
+are accepted wherever a timestamp is.
+
+>>> store = FeedbackStore()
+>>> eid = store.log_event(
+...     "what causes the aurora",
+...     {"weights": {"bm25": 0.5, "dense": 0.5}, "arm": "balanced", "propensity": 0.8, "explored": False},
+...     [{"chunk_id": "c1", "rank": 1, "score": 0.9}, {"chunk_id": "c2", "rank": 2, "score": 0.4}],
+...     timestamp=1000.0,
+... )
+>>> rec = store.record_feedback(eid, "thumbs_up", timestamp=1000.0 + 1800)
+>>> rec.reward, rec.chunk_rewards
+(0.5, {'c1': 0.5, 'c2': 0.5})
+>>> store.record_feedback(eid, "opened", chunk_id="c2", timestamp=1060.0).chunk_rewards
+{'c2': 0.3933...}
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from sqlite_utils import Database
+from sqlite_utils.db import ForeignKey
+
+from rlfb.errors import (
+    DuplicateEventError,
+    DuplicateIdError,
+    FeedbackBeforeEventError,
+    FutureTimestampError,
+    IdempotencyConflictError,
+    InvalidWeightsError,
+    NonFiniteValueError,
+    RlfbError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
+from rlfb.reward import RewardFunction, as_timestamp, finite_float
+
+__all__ = ["FeedbackStore", "FeedbackRecord", "Migrations", "MIGRATIONS", "query_hash"]
+
+_IN_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+# ----------------------------------------------------------------------------------
+# Lossless text and JSON
+# ----------------------------------------------------------------------------------
+def _enc(s: str | None) -> str | bytes | None:
+    """A str as SQLite can store it: itself, or the BLOB of its surrogatepass UTF-8 bytes."""
+    if s is None or s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogatepass")
+    return s
+
+
+def _dec(v: Any) -> Any:
+    return v.decode("utf-8", "surrogatepass") if isinstance(v, bytes) else v
+
+
+def _decode_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _dec(v) for k, v in row.items()}
+
+
+def query_hash(text: str) -> str:
+    """sha256 hex digest of a query (surrogate-safe); what ``store_text=False`` keeps.
+
+    >>> query_hash("aurora")[:12]
+    '9b89025ce7a6'
+    """
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
+
+
+# Built once: json.dumps with non-default arguments builds a new encoder on every call.
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default)
+
+
+def _dumps(obj: Any, name: str) -> str | bytes:
+    """JSON text for a column: a str, or (with lone surrogates) the BLOB of its surrogatepass bytes.
+
+    Lone surrogates are kept as raw characters, not ``\\uXXXX`` escapes: JSON
+    would merge an escaped high+low pair into one character on the way back.
+    """
+    try:
+        s = _JSON.encode(obj)
+    except ValueError as exc:
+        if "Circular" in str(exc):
+            raise ValidationError(f"{name} contains a circular reference") from exc
+        raise NonFiniteValueError(f"{name} contains NaN or infinity") from exc
+    except TypeError as exc:
+        raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
+    return _enc(s)  # type: ignore[return-value]
+
+
+def _loads(s: Any) -> Any:
+    return None if s is None else json.loads(_dec(s))
+
+
+def _jsonl(obj: Any) -> bytes:
+    s = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+    try:
+        return s.encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        s = json.dumps(obj, ensure_ascii=True, allow_nan=False, default=_json_default)
+        return s.encode("ascii") + b"\n"
+
+
+# ----------------------------------------------------------------------------------
+# Validation helpers
+# ----------------------------------------------------------------------------------
+def _opt_str(x: Any, name: str) -> str | None:
+    if x is None:
+        return None
+    if not isinstance(x, str):
+        raise ValidationError(f"{name} must be a str or None, got {type(x).__name__} {x!r}")
+    return x
+
+
+def _req_str(x: Any, name: str) -> str:
+    if not isinstance(x, str) or not x:
+        raise ValidationError(f"{name} must be a non-empty str, got {x!r}")
+    return x
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if type(obj) is dict or isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _number_map(m: Any, name: str) -> dict[str, float | None]:
+    """A mapping of retriever name -> finite float (or None for "not scored")."""
+    if m is None:
+        return {}
+    if type(m) is not dict and not isinstance(m, Mapping):
+        raise ValidationError(f"{name} must be a mapping of retriever name to number, got {type(m).__name__}")
+    out: dict[str, float | None] = {}
+    for k, v in m.items():
+        if type(k) is not str:
+            raise ValidationError(f"{name} keys must be str, got {k!r}")
+        if v is None or (type(v) is float and math.isfinite(v)):
+            out[k] = v
+        else:
+            out[k] = finite_float(v, f"{name}[{k!r}]")
+    return out
+
+
+def _check_weights(w: Any, name: str = "weights") -> dict[str, Any]:
+    """Flat (``{retriever: w}``) or one level nested (``{query_type: {retriever: w}}``), finite, >= 0."""
+    if not isinstance(w, Mapping):
+        raise InvalidWeightsError(
+            f"{name} must be a mapping of retriever name to weight, got {type(w).__name__}"
+        )
+    out: dict[str, Any] = {}
+    for k, v in w.items():
+        if not isinstance(k, str):
+            raise InvalidWeightsError(f"{name} keys must be str, got {k!r}")
+        if isinstance(v, Mapping) and name == "weights":
+            out[k] = _check_weights(v, f"weights[{k!r}]")
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise InvalidWeightsError(f"{name}[{k!r}] must be a number, got {v!r}")
+        f = float(v)
+        if not math.isfinite(f):
+            raise InvalidWeightsError(f"{name}[{k!r}] must be finite, got {f!r}")
+        if f < 0:
+            raise InvalidWeightsError(f"{name}[{k!r}] must not be negative, got {f!r}")
+        out[k] = f
+    return out
+
+
+def _positive(x: Any, name: str, allow_none: bool = False) -> float | None:
+    if x is None and allow_none:
+        return None
+    f = finite_float(x, name)
+    if f <= 0:
+        raise ValidationError(f"{name} must be positive, got {f}")
+    return f
+
+
+def _batches(seq: Sequence[Any], n: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+# ----------------------------------------------------------------------------------
+# Migrations
+# ----------------------------------------------------------------------------------
+_Step = Callable[[Database], None]
+
+
+class Migrations:
+    """A named, ordered set of schema changes, each applied once and recorded in ``_migrations``.
+
+    Like ``sqlite_utils.migrations.Migrations``, but :meth:`apply` takes the
+    write lock (``BEGIN IMMEDIATE``) before it looks at what is pending, so two
+    processes opening one new file cannot both create the tables; and all
+    pending steps commit together or not at all.
+
+    >>> m = Migrations("demo")
+    >>> @m()
+    ... def create_things(db):
+    ...     db["things"].create({"id": int}, pk="id")
+    >>> db = Database(memory=True)
+    >>> m.apply(db), m.apply(db), m.applied(db)
+    (['create_things'], [], ['create_things'])
+    """
+
+    table = "_migrations"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._steps: list[tuple[str, _Step]] = []
+
+    def __call__(self, *, name: str | None = None) -> Callable[[_Step], _Step]:
+        def register(fn: _Step) -> _Step:
+            step = name or fn.__name__
+            if any(step == s for s, _ in self._steps):
+                raise ValueError(f"migration {step!r} is already registered in {self.name!r}")
+            self._steps.append((step, fn))
+            return fn
+
+        return register
+
+    @property
+    def names(self) -> list[str]:
+        return [s for s, _ in self._steps]
+
+    def applied(self, db: Database) -> list[str]:
+        """Names already applied, in order. Read-only."""
+        if not db[self.table].exists():
+            return []
+        rows = db.execute(
+            f"SELECT name FROM {self.table} WHERE migration_set = ? ORDER BY rowid", [self.name]
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def pending(self, db: Database) -> list[str]:
+        """Names not yet applied. Read-only."""
+        done = set(self.applied(db))
+        return [s for s, _ in self._steps if s not in done]
+
+    def apply(self, db: Database) -> list[str]:
+        """Apply what is pending, in one write transaction; return the names applied."""
+        if not self.pending(db):
+            return []
+        conn = db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            db[self.table].create(
+                {"migration_set": str, "name": str, "applied_at": float},
+                pk=("migration_set", "name"),
+                if_not_exists=True,
+            )
+            done = set(self.applied(db))
+            ran = []
+            for step, fn in self._steps:
+                if step in done:
+                    continue
+                fn(db)
+                conn.execute(
+                    f"INSERT INTO {self.table} (migration_set, name, applied_at) VALUES (?, ?, ?)",
+                    (self.name, step, time.time()),
+                )
+                ran.append(step)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return ran
+
+
+MIGRATIONS = Migrations("rlfb.store")
+
+
+@MIGRATIONS()
+def m001_events(db: Database) -> None:
+    db["events"].create(
+        {
+            "id": str,
+            "ts": float,
+            "query": str,
+            "query_hash": str,
+            "session_id": str,
+            "parent_id": str,
+            "query_type": str,
+            "features": str,
+            "weights": str,
+            "arm": str,
+            "policy": str,
+            "explored": int,
+            "propensity": float,
+            "metadata": str,
+            "n_chunks": int,
+            "chunk_ids": str,
+            "unused_ids": str,
+            "created_at": float,
+        },
+        pk="id",
+        not_null=["ts", "query_hash", "weights", "explored", "propensity", "n_chunks", "created_at"],
+    )
+    db["events"].create_index(["ts"])
+    db["events"].create_index(["session_id", "ts"])
+    db["events"].create_index(["parent_id"])
+
+
+@MIGRATIONS()
+def m002_event_chunks(db: Database) -> None:
+    db["event_chunks"].create(
+        {
+            "event_id": str,
+            "chunk_id": str,
+            "rank": int,
+            "score": float,
+            "scores": str,
+            "normalized": str,
+            "proposed_by": str,
+            "used": int,
+        },
+        pk=("event_id", "chunk_id"),
+        not_null=["rank", "used"],
+        foreign_keys=[ForeignKey("event_chunks", "event_id", "events", "id", on_delete="CASCADE")],
+    )
+
+
+@MIGRATIONS()
+def m003_feedback(db: Database) -> None:
+    db["feedback"].create(
+        {
+            "id": int,
+            "event_id": str,
+            "chunk_id": str,
+            "signal": str,
+            "kind": str,
+            "raw_value": float,
+            "value": float,
+            "discount": float,
+            "discounted": float,
+            "reward": float,
+            "ts": float,
+            "delay": float,
+            "in_window": int,
+            "session_id": str,
+            "user_id": str,
+            "idempotency_key": str,
+            "key": str,
+            "comment": str,
+            "created_at": float,
+        },
+        pk="id",
+        not_null=[
+            "event_id", "signal", "kind", "value", "discount", "discounted", "reward", "ts", "delay",
+            "in_window",
+        ],
+        foreign_keys=[ForeignKey("feedback", "event_id", "events", "id", on_delete="CASCADE")],
+    )
+    # Partial: only feedback that has a key is indexed (SQLite uses it for "key = ?" and "key IN (...)").
+    db.execute(
+        "CREATE UNIQUE INDEX idx_feedback_idempotency_key ON feedback (idempotency_key) "
+        "WHERE idempotency_key IS NOT NULL"
+    )
+    db["feedback"].create_index(["event_id"])
+    db["feedback"].create_index(["ts"])
+
+
+@MIGRATIONS()
+def m004_rewards(db: Database) -> None:
+    # Reached through feedback_id (indexed; deleting feedback, or its event, cascades here).
+    # event_id is a copy for notebooks: neither indexed nor a foreign key, since a second
+    # index costs a fifth of batched ingestion and an unindexed foreign key would make
+    # every event delete scan this table.
+    db["rewards"].create(
+        {"id": int, "feedback_id": int, "event_id": str, "chunk_id": str, "reward": float, "ts": float},
+        pk="id",
+        not_null=["feedback_id", "event_id", "reward", "ts"],
+        foreign_keys=[ForeignKey("rewards", "feedback_id", "feedback", "id", on_delete="CASCADE")],
+    )
+    db["rewards"].create_index(["feedback_id"])
+
+
+@MIGRATIONS()
+def m005_policy_snapshots(db: Database) -> None:
+    db["policy_snapshots"].create(
+        {"version": int, "ts": float, "policy": str, "weights": str, "state": str},
+        pk="version",
+        not_null=["ts", "weights", "state"],
+    )
+    db["policy_snapshots"].create_index(["ts"])
+
+
+@MIGRATIONS()
+def m006_run_links(db: Database) -> None:
+    # Parent links of framework runs (a LangChain chain and its sub-runs) that are not events
+    # themselves, so feedback given on a top-level run id finds the retrievals nested below it.
+    db["run_links"].create({"run_id": str, "parent_id": str, "ts": float}, pk="run_id", not_null=["parent_id"])
+    db["run_links"].create_index(["parent_id"])
+
+
+# ----------------------------------------------------------------------------------
+# Records
+# ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FeedbackRecord:
+    """What :meth:`FeedbackStore.record_feedback` stored.
+
+    ``value`` is the signal's undiscounted value (``+1.0`` for a thumbs up,
+    ``0.5`` for a 4-star rating), ``reward`` this signal's reward: the value
+    times the recency ``discount``, clipped. The reward of the whole event (the
+    sum of all its signals, clipped) is :meth:`FeedbackStore.event_reward`.
+    ``chunk_rewards`` is this signal's reward attributed to each chunk
+    (empty when ``in_window`` is false: the feedback is stored and flagged but
+    not learned from). ``delay`` is the seconds from the retrieval to the
+    feedback (0 if the feedback is slightly earlier, within the clock-skew
+    tolerance). ``duplicate`` is true when an earlier call with the same
+    idempotency key stored this feedback and this call wrote nothing.
+    """
+
+    feedback_id: int
+    event_id: str
+    chunk_id: str | None
+    signal: str
+    value: float
+    reward: float
+    chunk_rewards: dict[str, float]
+    in_window: bool
+    duplicate: bool
+    delay: float
+    timestamp: float = 0.0
+    kind: str = ""
+    discount: float = 1.0
+    idempotency_key: str | None = None
+
+
+@dataclass
+class _Pending:
+    event_id: str
+    signal: str
+    kind: str
+    raw_value: float | None
+    value: float
+    chunk_id: str | None
+    ts: float
+    session_id: str | None
+    user_id: str | None
+    idempotency_key: str | None
+    key: str | None
+    comment: str | None
+
+
+@dataclass
+class _EventInfo:
+    ts: float
+    chunks: list[str] = field(default_factory=list)
+    used: list[str] = field(default_factory=list)
+
+
+_EVENT_COLS = (
+    "id, ts, query, query_hash, session_id, parent_id, query_type, features, weights, arm, policy, "
+    "explored, propensity, metadata, n_chunks, chunk_ids, unused_ids, created_at"
+)
+_N_EVENT_COLS = len(_EVENT_COLS.split(","))
+_FEEDBACK_PARAMS = frozenset(
+    {
+        "event_id",
+        "signal",
+        "value",
+        "rating",
+        "chunk_id",
+        "timestamp",
+        "session_id",
+        "user_id",
+        "idempotency_key",
+        "comment",
+        "key",
+    }
+)
+_EVENT_PARAMS = frozenset(
+    {
+        "query",
+        "decision",
+        "chunks",
+        "session_id",
+        "features",
+        "query_type",
+        "event_id",
+        "parent_id",
+        "timestamp",
+        "metadata",
+    }
+)
+
+
+# ----------------------------------------------------------------------------------
+# The store
+# ----------------------------------------------------------------------------------
+class FeedbackStore:
+    """Retrieval events, their chunks, feedback, rewards and policy snapshots in one SQLite file.
+
+    Parameters
+    ----------
+    path
+        Database file, or ``":memory:"``.
+    store_text
+        Keep the query text. ``False`` keeps only its sha256 (privacy).
+    reward
+        The :class:`rlfb.reward.RewardFunction`; the default settings otherwise.
+    attribution_window
+        Seconds after a retrieval during which feedback is learned from (24 h).
+        Later feedback is stored with ``in_window=0`` and gets no reward rows.
+    stats_window
+        Sliding window of :meth:`stats`, in seconds (90 days).
+    retention
+        Seconds of history to keep; ``None`` keeps everything. Older rows are
+        pruned when the store opens and whenever :meth:`prune` is called (a
+        long-running process should call it now and then).
+    clock_skew
+        Tolerance, in seconds, for timestamps in the future or feedback slightly
+        before its event (300).
+    busy_timeout
+        Seconds a writer waits for the lock before giving up (30).
+    synchronous
+        ``"NORMAL"`` (default; survives process crashes) or ``"FULL"`` (also
+        survives power loss). See the module docstring.
+    clock
+        Source of "now" (``time.time``); tests can pin it.
+
+    The store is safe to share between threads (one connection behind a lock).
+    Do not carry an open store across ``fork()``; open one per process.
+    """
+
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        store_text: bool = True,
+        reward: RewardFunction | None = None,
+        attribution_window: float = 24 * 3600,
+        stats_window: float = 90 * 86400,
+        retention: float | None = None,
+        clock_skew: float = 300,
+        busy_timeout: float = 30.0,
+        synchronous: str = "NORMAL",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store_text = bool(store_text)
+        self.reward = reward if reward is not None else RewardFunction()
+        if not isinstance(self.reward, RewardFunction):
+            raise ValidationError(f"reward must be a RewardFunction, got {type(reward).__name__}")
+        self.attribution_window = float(finite_float(attribution_window, "attribution_window"))
+        _positive(self.attribution_window, "attribution_window")
+        self.stats_window = float(finite_float(stats_window, "stats_window"))
+        _positive(self.stats_window, "stats_window")
+        self.retention = _positive(retention, "retention", allow_none=True)
+        self.clock_skew = finite_float(clock_skew, "clock_skew")
+        if self.clock_skew < 0:
+            raise ValidationError(f"clock_skew must not be negative, got {clock_skew}")
+        self.busy_timeout = float(_positive(busy_timeout, "busy_timeout"))  # type: ignore[arg-type]
+        sync = str(synchronous).upper()
+        if sync not in _SYNCHRONOUS:
+            raise ValidationError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
+        self.synchronous = sync
+        self._clock = clock
+        self.path = str(path)
+        self._memory = self.path in (":memory:", "")
+        self._lock = threading.RLock()
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        self._conn = conn
+        self._closed = False
+        self.db = Database(conn, execute_plugins=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            self.journal_mode = "memory" if self._memory else self._enable_wal()
+            conn.execute(f"PRAGMA synchronous = {sync}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            self.migrations_applied = MIGRATIONS.apply(self.db)
+            if self.retention is not None:
+                self.prune()
+        except BaseException:
+            self.close()
+            raise
+
+    def _enable_wal(self) -> str:
+        mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+        deadline = time.monotonic() + self.busy_timeout
+        while mode.lower() != "wal":
+            try:
+                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as exc:  # another process is switching it: wait and retry
+                if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        return str(mode).lower()
+
+    # -- lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            if not getattr(self, "_closed", True):
+                self._closed = True
+                self._conn.close()
+
+    def __enter__(self) -> FeedbackStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FeedbackStore({self.path!r})"
+
+    @property
+    def schema_migrations(self) -> list[str]:
+        """Names of the migrations applied to this database."""
+        return MIGRATIONS.applied(self.db)
+
+    def _now(self) -> float:
+        return float(self._clock())
+
+    def _check_open(self) -> sqlite3.Connection:
+        if self._closed:
+            raise RlfbError("FeedbackStore is closed")
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._check_open()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every query inside sees one snapshot."""
+        with self._lock:
+            conn = self._check_open()
+            if conn.in_transaction:
+                yield conn
+                return
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+
+    def _timestamp(self, x: Any, name: str, now: float) -> float:
+        ts = now if x is None else as_timestamp(x, name)
+        if ts > now + self.clock_skew:
+            raise FutureTimestampError(
+                f"{name} {ts:.3f} is {ts - now:.0f}s in the future "
+                f"(clock-skew tolerance {self.clock_skew:g}s)"
+            )
+        return ts
+
+    # -- events --------------------------------------------------------------------
+    def log_event(
+        self,
+        query: str,
+        decision: Mapping[str, Any] | Any,
+        chunks: Sequence[Mapping[str, Any] | Any],
+        *,
+        session_id: str | None = None,
+        features: Mapping[str, Any] | None = None,
+        query_type: str | None = None,
+        event_id: str | None = None,
+        parent_id: str | None = None,
+        timestamp: float | datetime | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Log one retrieval and the chunks it returned; return its event id (uuid4 hex by default).
+
+        ``decision`` is ``{"weights", "arm", "propensity", "explored", "policy"}``
+        (or a :class:`rlfb.policies.base.Decision`). Each chunk is a mapping (or
+        a :class:`rlfb.types.Hit`) with ``chunk_id``, ``rank`` (1-based; defaults
+        to its position), ``score``, ``scores``, ``normalized``, ``proposed_by``
+        and optionally ``used`` (default true: response-level feedback is spread
+        over used chunks). A missing retriever score may be ``None``; NaN and
+        infinity are rejected. A logged id raises :class:`DuplicateEventError`.
+        """
+        return self.log_events(
+            [
+                {
+                    "query": query,
+                    "decision": decision,
+                    "chunks": chunks,
+                    "session_id": session_id,
+                    "features": features,
+                    "query_type": query_type,
+                    "event_id": event_id,
+                    "parent_id": parent_id,
+                    "timestamp": timestamp,
+                    "metadata": metadata,
+                }
+            ]
+        )[0]
+
+    def log_events(self, events: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Log many events (each a dict of :meth:`log_event` arguments) in one transaction; all or none."""
+        now = self._now()
+        prepared = []
+        seen: set[str] = set()
+        for i, kw in enumerate(events):
+            if not isinstance(kw, Mapping):
+                raise ValidationError(f"event {i} must be a mapping of log_event arguments")
+            unknown = set(kw) - _EVENT_PARAMS
+            if unknown:
+                raise ValidationError(f"event {i}: unknown argument(s) {sorted(unknown)}")
+            ev, rows = self._prepare_event(now=now, **kw)
+            if ev[0] in seen:
+                raise DuplicateEventError(f"event id {ev[0]!r} appears twice in the batch")
+            seen.add(ev[0])
+            prepared.append((ev, rows))
+        if not prepared:
+            return []
+        with self._write() as conn:
+            try:
+                conn.executemany(
+                    f"INSERT INTO events ({_EVENT_COLS}) VALUES ({_marks(_N_EVENT_COLS)})",
+                    [ev for ev, _ in prepared],
+                )
+            except sqlite3.IntegrityError as exc:
+                if "events.id" in str(exc):
+                    ids = [ev[0] for ev, _ in prepared]
+                    taken = [
+                        _dec(r[0])
+                        for b in _batches(ids)
+                        for r in conn.execute(
+                            f"SELECT id FROM events WHERE id IN ({_marks(len(b))})", list(b)
+                        )
+                    ]
+                    dup = taken[0] if taken else ids[0]
+                    raise DuplicateEventError(f"event id {dup!r} was already logged") from exc
+                raise
+            conn.executemany(
+                "INSERT INTO event_chunks "
+                "(event_id, chunk_id, rank, score, scores, normalized, proposed_by, used) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [row for _, rows in prepared for row in rows],
+            )
+        return [_dec(ev[0]) for ev, _ in prepared]
+
+    def _prepare_event(
+        self,
+        query: str,
+        decision: Mapping[str, Any] | Any,
+        chunks: Sequence[Any],
+        *,
+        now: float,
+        session_id: str | None = None,
+        features: Mapping[str, Any] | None = None,
+        query_type: str | None = None,
+        event_id: str | None = None,
+        parent_id: str | None = None,
+        timestamp: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
+        if not isinstance(query, str):
+            raise ValidationError(f"query must be a str, got {type(query).__name__}")
+        eid = uuid.uuid4().hex if event_id is None else _req_str(event_id, "event_id")
+        if hasattr(decision, "to_dict") and not isinstance(decision, Mapping):
+            decision = decision.to_dict()
+        if not isinstance(decision, Mapping):
+            raise ValidationError(f"decision must be a mapping, got {type(decision).__name__}")
+        if "weights" not in decision:
+            raise InvalidWeightsError("decision must include 'weights'")
+        weights = _check_weights(decision["weights"])
+        propensity = finite_float(decision.get("propensity", 1.0), "propensity")
+        if not 0.0 < propensity <= 1.0:
+            raise ValidationError(f"propensity must lie in (0, 1], got {propensity}")
+        explored = decision.get("explored", False)
+        if not isinstance(explored, (bool, np.bool_)):
+            raise ValidationError(f"explored must be a bool, got {explored!r}")
+        arm = _opt_str(decision.get("arm"), "arm")
+        policy = _opt_str(decision.get("policy"), "policy")
+        ts = self._timestamp(timestamp, "timestamp", now)
+        if features is not None and not isinstance(features, Mapping):
+            raise ValidationError(f"features must be a mapping, got {type(features).__name__}")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValidationError(f"metadata must be a mapping, got {type(metadata).__name__}")
+        if isinstance(chunks, (str, Mapping)) or not isinstance(chunks, Iterable):
+            raise ValidationError("chunks must be a sequence of chunk mappings")
+        rows = []
+        ids: set[str] = set()
+        ranks: set[int] = set()
+        unused: list[str] = []
+        enc_eid = _enc(eid)
+        for pos, c in enumerate(chunks):
+            cid = _get(c, "chunk_id")
+            if not isinstance(cid, str):
+                raise ValidationError(f"chunk {pos}: chunk_id must be a str, got {cid!r}")
+            if cid in ids:
+                raise DuplicateIdError(f"duplicate chunk id in event: {cid!r}")
+            ids.add(cid)
+            rank = _get(c, "rank", pos + 1)
+            if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
+                raise ValidationError(f"chunk {cid!r}: rank must be a positive int, got {rank!r}")
+            if int(rank) in ranks:
+                raise ValidationError(f"chunk {cid!r}: rank {rank} is used twice")
+            ranks.add(int(rank))
+            score = _get(c, "score")
+            score = None if score is None else finite_float(score, f"chunk {cid!r} score")
+            proposed = _get(c, "proposed_by", ()) or ()
+            if isinstance(proposed, str) or not all(isinstance(p, str) for p in proposed):
+                raise ValidationError(f"chunk {cid!r}: proposed_by must be a sequence of retriever names")
+            used = _get(c, "used", True)
+            if not used:
+                unused.append(cid)
+            rows.append(
+                (
+                    enc_eid,
+                    _enc(cid),
+                    int(rank),
+                    score,
+                    _dumps(_number_map(_get(c, "scores"), f"chunk {cid!r} scores"), "scores"),
+                    _dumps(_number_map(_get(c, "normalized"), f"chunk {cid!r} normalized"), "normalized"),
+                    _dumps(list(proposed), "proposed_by"),
+                    1 if used else 0,
+                )
+            )
+        ev = (
+            enc_eid,
+            ts,
+            _enc(query) if self.store_text else None,
+            query_hash(query),
+            _enc(_opt_str(session_id, "session_id")),
+            _enc(_opt_str(parent_id, "parent_id")),
+            _enc(_opt_str(query_type, "query_type")),
+            None if features is None else _dumps(dict(features), "features"),
+            _dumps(weights, "weights"),
+            _enc(arm),
+            _enc(policy),
+            1 if explored else 0,
+            propensity,
+            None if metadata is None else _dumps(dict(metadata), "metadata"),
+            len(rows),
+            _dumps([cid for _, cid, *_ in sorted(((r[2], _dec(r[1])) for r in rows))], "chunk_ids"),
+            _dumps(unused, "unused_ids") if unused else None,
+            now,
+        )
+        return ev, rows
+
+    def has_event(self, event_id: str) -> bool:
+        """Whether ``event_id`` was logged."""
+        with self._read() as conn:
+            return conn.execute("SELECT 1 FROM events WHERE id = ?", (_enc(event_id),)).fetchone() is not None
+
+    def event(self, event_id: str) -> dict[str, Any]:
+        """The logged event, decoded, with its ``chunks`` in rank order; :class:`UnknownEventError` if absent.
+
+        Keys: ``id`` (and ``event_id``), ``timestamp``, ``query`` (``None`` with
+        ``store_text=False``), ``query_hash``, ``query_hashed`` (true when only
+        the hash was kept), ``session_id``, ``parent_id``,
+        ``query_type``, ``features``, ``weights``, ``retrievers`` (the weights'
+        keys, in order), ``arm``, ``policy``, ``explored``, ``propensity``,
+        ``decision`` (the five decision fields as one dict), ``metadata``,
+        ``created_at`` and ``chunks``.
+        """
+        events = self._select_events("e.id = ?", [_enc(_check_event_id(event_id))])
+        if not events:
+            raise UnknownEventError(f"unknown event id {event_id!r}")
+        return events[0]
+
+    def events_for_session(
+        self, session_id: str, limit: int | None = None, *, with_chunks: bool = True
+    ) -> list[dict[str, Any]]:
+        """The session's events, oldest first; with ``limit``, only the most recent ``limit`` of them."""
+        lim = "" if limit is None else f" LIMIT {_check_limit(limit)}"
+        rows = self._select_events(
+            "e.session_id = ?",
+            [_enc(session_id)],
+            order="e.ts DESC, e.rowid DESC",
+            tail=lim,
+            with_chunks=with_chunks,
+        )
+        return rows[::-1]
+
+    def last_event(self, session_id: str) -> dict[str, Any] | None:
+        """The session's most recent event, or ``None``."""
+        rows = self.events_for_session(session_id, 1)
+        return rows[-1] if rows else None
+
+    def children(self, parent_id: str, *, with_chunks: bool = True) -> list[dict[str, Any]]:
+        """Events logged with ``parent_id`` (oldest first)."""
+        return self._select_events("e.parent_id = ?", [_enc(parent_id)], with_chunks=with_chunks)
+
+    def descendants(self, root_id: str, *, with_chunks: bool = True) -> list[dict[str, Any]]:
+        """Every event below ``root_id`` in the parent chain (children, their children, ...), oldest first.
+
+        ``root_id`` need not be an event itself (a LangChain chain run id, say).
+        Cycles in the parent chain are harmless.
+        """
+        cte = (
+            "WITH RECURSIVE d(id) AS (SELECT id FROM events WHERE parent_id = ? "
+            "UNION SELECT e.id FROM events e JOIN d ON e.parent_id = d.id) "
+        )
+        return self._select_events(
+            "e.id IN (SELECT id FROM d)", [_enc(root_id)], with_chunks=with_chunks, cte=cte
+        )
+
+    def resolve(self, run_id: str) -> list[str]:
+        """Event ids a run id stands for: itself if it is an event, else its descendants' ids."""
+        if self.has_event(run_id):
+            return [run_id]
+        return [e["id"] for e in self.descendants(run_id, with_chunks=False)]
+
+    def link_runs(self, links: Iterable[tuple[str, str]]) -> int:
+        """Record ``(run_id, parent_id)`` links of runs that are not events (a chain's sub-runs).
+
+        :meth:`resolve_run` follows them from a top-level run id down to the
+        retrievals logged below it. A run keeps its first parent; relinking is a
+        no-op. Returns the number of new links.
+        """
+        rows = []
+        for run_id, parent_id in links:
+            rows.append((_enc(_req_str(run_id, "run_id")), _enc(_req_str(parent_id, "parent_id")), self._now()))
+        if not rows:
+            return 0
+        with self._write() as conn:
+            before = conn.total_changes
+            conn.executemany("INSERT OR IGNORE INTO run_links (run_id, parent_id, ts) VALUES (?, ?, ?)", rows)
+            return conn.total_changes - before
+
+    def resolve_run(self, run_id: str) -> list[str]:
+        """Like :meth:`resolve`, but also through the run links of :meth:`link_runs` (oldest event first).
+
+        The events a run id stands for: itself if it is an event; otherwise every
+        event whose id or parent is a run below ``run_id``, through links and
+        through events' ``parent_id``.
+        """
+        root = _enc(_req_str(run_id, "run_id"))
+        if self.has_event(run_id):
+            return [run_id]
+        seen = {root}
+        frontier = [root]
+        with self._read() as conn:
+            while frontier:  # breadth first, one indexed query per level and table (chains are shallow)
+                nxt = []
+                for b in _batches(frontier):
+                    m = _marks(len(b))
+                    for (child,) in conn.execute(
+                        f"SELECT run_id FROM run_links WHERE parent_id IN ({m}) "
+                        f"UNION SELECT id FROM events WHERE parent_id IN ({m})",
+                        [*b, *b],
+                    ):
+                        if child not in seen:
+                            seen.add(child)
+                            nxt.append(child)
+                frontier = nxt
+            seen.discard(root)
+            found: list[tuple[float, int, str]] = []
+            for b in _batches(list(seen)):
+                found += [
+                    (ts, rowid, _dec(eid))
+                    for eid, ts, rowid in conn.execute(
+                        f"SELECT id, ts, rowid FROM events WHERE id IN ({_marks(len(b))})", b
+                    )
+                ]
+        return [eid for _, _, eid in sorted(found)]
+
+    def _select_events(
+        self,
+        where: str,
+        params: list[Any],
+        *,
+        order: str = "e.ts, e.rowid",
+        tail: str = "",
+        with_chunks: bool = True,
+        cte: str = "",
+    ) -> list[dict[str, Any]]:
+        cols = ", ".join(f"e.{c.strip()}" for c in _EVENT_COLS.split(","))
+        with self._read():
+            sql = f"{cte}SELECT {cols} FROM events e WHERE {where} ORDER BY {order}{tail}"
+            rows = list(self.db.query(sql, params))
+            events = [_event_dict(r) for r in rows]
+            if with_chunks and events:
+                by_id = {e["id"]: e for e in events}
+                for e in events:
+                    e["chunks"] = []
+                for b in _batches([r["id"] for r in rows]):
+                    for c in self.db.query(
+                        "SELECT event_id, chunk_id, rank, score, scores, normalized, proposed_by, used "
+                        f"FROM event_chunks WHERE event_id IN ({_marks(len(b))}) ORDER BY event_id, rank",
+                        list(b),
+                    ):
+                        by_id[_dec(c["event_id"])]["chunks"].append(_chunk_dict(c))
+        return events
+
+    # -- feedback ------------------------------------------------------------------
+    def record_feedback(
+        self,
+        event_id: str,
+        signal: str | None = None,
+        *,
+        value: float | None = None,
+        rating: float | None = None,
+        chunk_id: str | None = None,
+        timestamp: float | datetime | None = None,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        idempotency_key: str | None = None,
+        comment: str | None = None,
+        key: str | None = None,
+    ) -> FeedbackRecord:
+        """Validate one feedback signal, then store it and its rewards in one transaction.
+
+        Give a ``signal`` name (``"thumbs_up"``, ``"reformulation"``, ...), or
+        ``rating=`` (1..5), or ``value=`` alone (a raw score in [-1, 1]);
+        ``signal="rating"`` / ``"score"`` with the number is fine too.
+        ``chunk_id`` makes the feedback chunk-level. ``key`` is a free label
+        (a LangSmith feedback key); ``idempotency_key`` makes a retry safe: the
+        second call returns the first record with ``duplicate=True`` and writes
+        nothing (reusing the key for different feedback raises
+        :class:`IdempotencyConflictError`).
+
+        Raises (and writes nothing): :class:`UnknownEventError`,
+        :class:`UnknownChunkError` (a chunk that was not part of the event),
+        :class:`UnknownSignalError`, :class:`NonFiniteValueError`,
+        :class:`RatingOutOfRangeError`, :class:`FutureTimestampError`,
+        :class:`FeedbackBeforeEventError`, :class:`ValidationError`.
+        """
+        pending = self._prepare_feedback(
+            self._now(),
+            event_id,
+            signal,
+            value=value,
+            rating=rating,
+            chunk_id=chunk_id,
+            timestamp=timestamp,
+            session_id=session_id,
+            user_id=user_id,
+            idempotency_key=idempotency_key,
+            comment=comment,
+            key=key,
+        )
+        with self._write() as conn:
+            return self._apply_feedback(conn, [pending])[0]
+
+    def record_feedback_batch(self, items: Iterable[Mapping[str, Any]]) -> list[FeedbackRecord]:
+        """Record many feedback dicts (:meth:`record_feedback` arguments) in one transaction; all or none.
+
+        Every item is validated before anything is written; the first bad item
+        raises its named error, prefixed with its index.
+        """
+        now = self._now()
+        pendings = []
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise ValidationError(f"feedback item {i} must be a mapping")
+            unknown = set(item) - _FEEDBACK_PARAMS
+            if unknown:
+                raise ValidationError(f"feedback item {i}: unknown argument(s) {sorted(unknown)}")
+            if "event_id" not in item:
+                raise ValidationError(f"feedback item {i} has no event_id")
+            try:
+                pendings.append(self._prepare_feedback(now, **item))
+            except RlfbError as exc:
+                raise _prefixed(exc, f"feedback item {i}: ") from exc
+        if not pendings:
+            return []
+        with self._write() as conn:
+            return self._apply_feedback(conn, pendings, prefix=len(pendings) > 1)
+
+    def _prepare_feedback(
+        self,
+        now: float,
+        event_id: str,
+        signal: str | None = None,
+        *,
+        value: Any = None,
+        rating: Any = None,
+        chunk_id: str | None = None,
+        timestamp: Any = None,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        idempotency_key: str | None = None,
+        comment: str | None = None,
+        key: str | None = None,
+    ) -> _Pending:
+        eid = _check_event_id(event_id)
+        name, kind, raw, val = self.reward.normalize(signal, value, rating)
+        if idempotency_key is not None:
+            _req_str(idempotency_key, "idempotency_key")
+        return _Pending(
+            event_id=eid,
+            signal=name,
+            kind=kind,
+            raw_value=raw,
+            value=val,
+            chunk_id=_opt_str(chunk_id, "chunk_id"),
+            ts=self._timestamp(timestamp, "timestamp", now),
+            session_id=_opt_str(session_id, "session_id"),
+            user_id=_opt_str(user_id, "user_id"),
+            idempotency_key=idempotency_key,
+            key=_opt_str(key, "key"),
+            comment=_opt_str(comment, "comment"),
+        )
+
+    def _apply_feedback(
+        self, conn: sqlite3.Connection, pendings: list[_Pending], prefix: bool = False
+    ) -> list[FeedbackRecord]:
+        """Inside a write transaction: check against the database, then insert. Raises before any insert."""
+        keys = list({p.idempotency_key for p in pendings if p.idempotency_key is not None})
+        existing: dict[str, FeedbackRecord] = {}
+        for b in _batches(keys):
+            for row in conn.execute(
+                f"SELECT id FROM feedback WHERE idempotency_key IN ({_marks(len(b))})", [_enc(k) for k in b]
+            ):
+                rec = self._feedback_record(conn, row[0], duplicate=True)
+                existing[rec.idempotency_key] = rec  # type: ignore[index]
+        event_ids = list({p.event_id for p in pendings})
+        info: dict[str, _EventInfo] = {}
+        for b in _batches(event_ids):
+            for eid, ts, chunk_ids, unused_ids in conn.execute(
+                f"SELECT id, ts, chunk_ids, unused_ids FROM events WHERE id IN ({_marks(len(b))})",
+                [_enc(e) for e in b],
+            ):
+                chunks = _loads(chunk_ids)
+                if unused_ids is None:
+                    info[_dec(eid)] = _EventInfo(ts, chunks, chunks)
+                else:
+                    skip = set(_loads(unused_ids))
+                    info[_dec(eid)] = _EventInfo(ts, chunks, [c for c in chunks if c not in skip])
+        next_id = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM feedback").fetchone()[0]
+        rf = self.reward
+        created = self._now()
+        records: list[FeedbackRecord] = []
+        feedback_rows: list[tuple[Any, ...]] = []
+        reward_rows: list[tuple[Any, ...]] = []
+        for i, p in enumerate(pendings):
+            try:
+                if p.idempotency_key is not None and p.idempotency_key in existing:
+                    first = existing[p.idempotency_key]
+                    if (first.event_id, first.signal, first.chunk_id) != (p.event_id, p.signal, p.chunk_id):
+                        raise IdempotencyConflictError(
+                            f"idempotency key {p.idempotency_key!r} already recorded {first.signal!r} "
+                            f"on event {first.event_id!r} (chunk {first.chunk_id!r})"
+                        )
+                    records.append(first)
+                    continue
+                ev = info.get(p.event_id)
+                if ev is None:
+                    raise UnknownEventError(f"unknown event id {p.event_id!r}")
+                if p.chunk_id is not None and p.chunk_id not in ev.chunks:
+                    raise UnknownChunkError(f"chunk {p.chunk_id!r} was not part of event {p.event_id!r}")
+                if p.ts < ev.ts - self.clock_skew:
+                    raise FeedbackBeforeEventError(
+                        f"feedback at {p.ts:.3f} is {ev.ts - p.ts:.0f}s before its event "
+                        f"(tolerance {self.clock_skew:g}s)"
+                    )
+            except RlfbError as exc:
+                raise (_prefixed(exc, f"feedback item {i}: ") if prefix else exc) from None
+            delay = max(0.0, p.ts - ev.ts)
+            in_window = delay <= self.attribution_window
+            discount = rf.discount(delay)
+            discounted = p.value * discount
+            reward = rf.clip(discounted)
+            chunk_rewards = rf.attribute(reward, ev.used, p.chunk_id) if in_window else {}
+            fid = next_id
+            next_id += 1
+            enc_eid = _enc(p.event_id)
+            feedback_rows.append(
+                (
+                    fid,
+                    enc_eid,
+                    _enc(p.chunk_id),
+                    _enc(p.signal),
+                    p.kind,
+                    p.raw_value,
+                    p.value,
+                    discount,
+                    discounted,
+                    reward,
+                    p.ts,
+                    delay,
+                    1 if in_window else 0,
+                    _enc(p.session_id),
+                    _enc(p.user_id),
+                    _enc(p.idempotency_key),
+                    _enc(p.key),
+                    _enc(p.comment),
+                    created,
+                )
+            )
+            if in_window:
+                if chunk_rewards:
+                    reward_rows.extend((fid, enc_eid, _enc(c), r, p.ts) for c, r in chunk_rewards.items())
+                else:
+                    reward_rows.append((fid, enc_eid, None, reward, p.ts))
+            rec = FeedbackRecord(
+                feedback_id=fid,
+                event_id=p.event_id,
+                chunk_id=p.chunk_id,
+                signal=p.signal,
+                value=p.value,
+                reward=reward,
+                chunk_rewards=chunk_rewards,
+                in_window=in_window,
+                duplicate=False,
+                delay=delay,
+                timestamp=p.ts,
+                kind=p.kind,
+                discount=discount,
+                idempotency_key=p.idempotency_key,
+            )
+            records.append(rec)
+            if p.idempotency_key is not None:
+                existing[p.idempotency_key] = _as_duplicate(rec)
+        conn.executemany(
+            "INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
+            "discounted, reward, ts, delay, in_window, session_id, user_id, idempotency_key, key, comment, "
+            "created_at) "
+            f"VALUES ({_marks(19)})",
+            feedback_rows,
+        )
+        conn.executemany(
+            "INSERT INTO rewards (feedback_id, event_id, chunk_id, reward, ts) VALUES (?, ?, ?, ?, ?)",
+            reward_rows,
+        )
+        return records
+
+    def _feedback_record(self, conn: sqlite3.Connection, feedback_id: int, duplicate: bool) -> FeedbackRecord:
+        cols = (
+            "id", "event_id", "chunk_id", "signal", "kind", "value", "reward", "in_window", "delay", "ts",
+            "discount", "idempotency_key",
+        )
+        sql = f"SELECT {', '.join(cols)} FROM feedback WHERE id = ?"
+        found = conn.execute(sql, (feedback_id,)).fetchone()
+        row = _decode_row(dict(zip(cols, found)))
+        chunk_rewards = {
+            _dec(c): r
+            for c, r in conn.execute(
+                "SELECT chunk_id, reward FROM rewards WHERE feedback_id = ? AND chunk_id IS NOT NULL "
+                "ORDER BY id",
+                (feedback_id,),
+            )
+        }
+        return FeedbackRecord(
+            feedback_id=row["id"],
+            event_id=row["event_id"],
+            chunk_id=row["chunk_id"],
+            signal=row["signal"],
+            value=row["value"],
+            reward=row["reward"],
+            chunk_rewards=chunk_rewards,
+            in_window=bool(row["in_window"]),
+            duplicate=duplicate,
+            delay=row["delay"],
+            timestamp=row["ts"],
+            kind=row["kind"],
+            discount=row["discount"],
+            idempotency_key=row["idempotency_key"],
+        )
+
+    def feedback(self, event_id: str) -> list[dict[str, Any]]:
+        """The event's feedback rows, oldest first (flagged out-of-window rows included)."""
+        with self._read():
+            rows = self.db.query(
+                "SELECT * FROM feedback WHERE event_id = ? ORDER BY ts, id", [_enc(_check_event_id(event_id))]
+            )
+            return [_feedback_dict(r) for r in rows]
+
+    def event_reward(self, event_id: str) -> tuple[float, dict[str, float]]:
+        """``(reward, chunk_rewards)`` of an event over all its in-window feedback.
+
+        The event reward is the sum of its discounted signals, clipped; each
+        chunk's is the sum of the rewards attributed to it, clipped. An event
+        without feedback has reward ``no_feedback`` (0) and no chunk rewards.
+        """
+        enc = _enc(_check_event_id(event_id))
+        with self._read() as conn:
+            if conn.execute("SELECT 1 FROM events WHERE id = ?", (enc,)).fetchone() is None:
+                raise UnknownEventError(f"unknown event id {event_id!r}")
+            total = conn.execute(
+                "SELECT SUM(discounted) FROM feedback WHERE event_id = ? AND in_window = 1", (enc,)
+            ).fetchone()[0]
+            chunks = {
+                _dec(c): self.reward.clip(r)
+                for c, r in conn.execute(
+                    "SELECT r.chunk_id, SUM(r.reward) FROM feedback f JOIN rewards r ON r.feedback_id = f.id "
+                    "WHERE f.event_id = ? AND r.chunk_id IS NOT NULL GROUP BY r.chunk_id",
+                    (enc,),
+                )
+            }
+        reward = self.reward.clip(self.reward.config.no_feedback if total is None else total)
+        return reward, chunks
+
+    # -- policy snapshots ----------------------------------------------------------
+    def save_policy_state(
+        self,
+        state: Mapping[str, Any],
+        weights: Mapping[str, Any],
+        *,
+        policy: str | None = None,
+        timestamp: float | datetime | None = None,
+    ) -> int:
+        """Append a policy snapshot; return its version (1, 2, ...).
+
+        ``state`` must be JSON-serialisable; ``weights`` finite and non-negative
+        (flat, or one level nested per query type).
+        """
+        if not isinstance(state, Mapping):
+            raise ValidationError(f"state must be a mapping, got {type(state).__name__}")
+        w = _check_weights(weights)
+        now = self._now()
+        ts = self._timestamp(timestamp, "timestamp", now)
+        row = (ts, _enc(_opt_str(policy, "policy")), _dumps(w, "weights"), _dumps(dict(state), "state"))
+        with self._write() as conn:
+            cur = conn.execute(
+                "INSERT INTO policy_snapshots (ts, policy, weights, state) VALUES (?, ?, ?, ?)", row
+            )
+            return int(cur.lastrowid)  # type: ignore[arg-type]
+
+    def load_policy_state(self) -> dict[str, Any] | None:
+        """The newest snapshot as ``{"state", "weights", "version", "updated_at", "policy"}``, or ``None``."""
+        with self._read():
+            rows = list(self.db.query("SELECT * FROM policy_snapshots ORDER BY version DESC LIMIT 1"))
+        return _snapshot_dict(rows[0], with_state=True) if rows else None
+
+    def policy_history(self, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
+        """Snapshots oldest first (weights over time); with ``limit``, the most recent ``limit``."""
+        lim = "" if limit is None else f" LIMIT {_check_limit(limit)}"
+        with self._read():
+            rows = list(self.db.query(f"SELECT * FROM policy_snapshots ORDER BY version DESC{lim}"))
+        return [_snapshot_dict(r, with_state=with_state) for r in reversed(rows)]
+
+    def state_version(self) -> int:
+        """Version of the newest snapshot (0 if none). Cheap: poll it to notice new weights."""
+        with self._lock:
+            conn = self._check_open()
+            return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM policy_snapshots").fetchone()[0])
+
+    # -- statistics, export, retention ---------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Row counts: events, chunks, feedback, rewards, flagged feedback, policy snapshots."""
+        with self._read() as conn:
+            q = conn.execute
+            return {
+                "events": q("SELECT COUNT(*) FROM events").fetchone()[0],
+                "chunks": q("SELECT COUNT(*) FROM event_chunks").fetchone()[0],
+                "feedback": q("SELECT COUNT(*) FROM feedback").fetchone()[0],
+                "rewards": q("SELECT COUNT(*) FROM rewards").fetchone()[0],
+                "flagged": q("SELECT COUNT(*) FROM feedback WHERE in_window = 0").fetchone()[0],
+                "policy_snapshots": q("SELECT COUNT(*) FROM policy_snapshots").fetchone()[0],
+            }
+
+    def stats(self, window: float | None = None, *, now: float | datetime | None = None) -> dict[str, Any]:
+        """Row counts, sliding-window statistics and the current weights.
+
+        Top-level ``events``, ``chunks``, ``feedback``, ``rewards`` and
+        ``flagged`` count the rows in the file. ``window`` holds the statistics
+        over the last ``window`` seconds (``stats_window``, 90 days, by
+        default): the same counts restricted to it, ``mean_reward`` (mean
+        event reward over the events that received in-window feedback; an event
+        reward is its discounted signals summed and clipped),
+        ``mean_feedback_reward`` (mean per-feedback reward) and ``by_arm``
+        (events, explored events, rewarded events and mean reward per arm).
+        ``mean_reward`` is repeated at the top level; ``weights``, ``policy``
+        and ``policy_version`` come from the newest policy snapshot.
+        """
+        w = self.stats_window if window is None else finite_float(window, "window")
+        _positive(w, "window")
+        t = self._now() if now is None else as_timestamp(now, "now")
+        since = t - w
+        cfg = self.reward.config
+        with self._read() as conn:
+            q = conn.execute
+
+            def one(sql: str, *params: Any) -> Any:
+                return q(sql, params).fetchone()[0]
+
+            totals = self.counts()
+            win: dict[str, Any] = {
+                "seconds": w,
+                "since": since,
+                "until": t,
+                "events": one("SELECT COUNT(*) FROM events WHERE ts >= ?", since),
+                "chunks": one("SELECT COALESCE(SUM(n_chunks), 0) FROM events WHERE ts >= ?", since),
+                "feedback": one("SELECT COUNT(*) FROM feedback WHERE ts >= ?", since),
+                "rewards": one("SELECT COUNT(*) FROM rewards WHERE ts >= ?", since),
+                "flagged": one("SELECT COUNT(*) FROM feedback WHERE ts >= ? AND in_window = 0", since),
+            }
+            win["mean_feedback_reward"] = q(
+                "SELECT AVG(reward) FROM feedback WHERE ts >= ? AND in_window = 1", (since,)
+            ).fetchone()[0]
+            per_event = (
+                "SELECT event_id, MAX(?, MIN(?, SUM(discounted))) AS r FROM feedback "
+                "WHERE ts >= ? AND in_window = 1 GROUP BY event_id"
+            )
+            clip_since = (cfg.clip_low, cfg.clip_high, since)
+            n, mean = q(f"SELECT COUNT(*), AVG(r) FROM ({per_event})", clip_since).fetchone()
+            win["rewarded_events"] = n
+            win["mean_reward"] = mean
+            by_arm: dict[Any, dict[str, Any]] = {}
+            for arm, n_ev, n_exp in q(
+                "SELECT arm, COUNT(*), SUM(explored) FROM events WHERE ts >= ? GROUP BY arm ORDER BY arm",
+                (since,),
+            ):
+                by_arm[_dec(arm)] = {
+                    "events": n_ev, "explored": n_exp, "rewarded_events": 0, "mean_reward": None
+                }
+            for arm, n_rw, m in q(
+                f"SELECT e.arm, COUNT(*), AVG(x.r) FROM ({per_event}) x JOIN events e ON e.id = x.event_id "
+                "GROUP BY e.arm",
+                clip_since,
+            ):
+                entry = by_arm.setdefault(_dec(arm), {"events": 0, "explored": 0})
+                entry.update(rewarded_events=n_rw, mean_reward=m)
+            win["by_arm"] = by_arm
+            snap = self.load_policy_state()
+        return {
+            "path": self.path,
+            **totals,
+            "mean_reward": win["mean_reward"],
+            "window": win,
+            "weights": None if snap is None else snap["weights"],
+            "policy": None if snap is None else snap["policy"],
+            "policy_version": 0 if snap is None else snap["version"],
+            "policy_updated_at": None if snap is None else snap["updated_at"],
+        }
+
+    def export_rows(self, *, page: int = 500) -> Iterator[dict[str, Any]]:
+        """One dict per (event, retrieved chunk), oldest event first, chunks in rank order.
+
+        Each row carries the event's fields (``event_id``, ``timestamp``,
+        ``query``, ``query_hash``, ``session_id``, ``parent_id``, ``query_type``,
+        ``policy``, ``arm``, ``explored``, ``propensity``, ``weights``,
+        ``features``), the chunk's (``chunk_id``, ``rank``, ``score``,
+        ``scores``, ``normalized``, ``proposed_by``, ``used``), and its feedback:
+        ``feedback`` lists the feedback that concerns the chunk (response-level
+        feedback on the event, and chunk-level feedback on this chunk) with the
+        reward each attributed to it, ``chunk_reward`` is their sum clipped
+        (``None`` without feedback), ``event_reward`` the event's reward and
+        ``n_feedback`` the number of feedback rows on the event. An event that
+        returned no chunks yields one row with the chunk fields set to ``None``.
+        """
+        cfg = self.reward.config
+        last: tuple[float, int] = (-math.inf, -1)
+        while True:
+            with self._read() as conn:
+                ev_rows = list(
+                    self.db.query(
+                        f"SELECT e.rowid AS _rowid, {_EVENT_COLS} FROM events e "
+                        "WHERE (e.ts, e.rowid) > (?, ?) ORDER BY e.ts, e.rowid LIMIT ?",
+                        [last[0], last[1], page],
+                    )
+                )
+                if not ev_rows:
+                    return
+                last = (ev_rows[-1]["ts"], ev_rows[-1]["_rowid"])
+                enc_ids = [r["id"] for r in ev_rows]
+                chunks: dict[str, list[dict[str, Any]]] = {}
+                feedback: dict[str, list[dict[str, Any]]] = {}
+                shares: dict[tuple[str, str | None, int], float] = {}
+                m = _marks(len(enc_ids))
+                for c in self.db.query(
+                    "SELECT event_id, chunk_id, rank, score, scores, normalized, proposed_by, used "
+                    f"FROM event_chunks WHERE event_id IN ({m}) ORDER BY event_id, rank",
+                    enc_ids,
+                ):
+                    chunks.setdefault(_dec(c["event_id"]), []).append(_chunk_dict(c))
+                fb_sql = f"SELECT * FROM feedback WHERE event_id IN ({m}) ORDER BY ts, id"
+                for f in self.db.query(fb_sql, enc_ids):
+                    fd = _feedback_dict(f)
+                    feedback.setdefault(fd["event_id"], []).append(fd)
+                for eid, cid, fid, r in conn.execute(
+                    "SELECT f.event_id, r.chunk_id, r.feedback_id, r.reward FROM feedback f "
+                    f"JOIN rewards r ON r.feedback_id = f.id WHERE f.event_id IN ({m})",
+                    enc_ids,
+                ):
+                    shares[(_dec(eid), _dec(cid), fid)] = r
+            for r in ev_rows:
+                ev = _event_dict(r)
+                eid = ev["id"]
+                fbs = feedback.get(eid, [])
+                in_win = [f["discounted"] for f in fbs if f["in_window"]]
+                event_reward = min(cfg.clip_high, max(cfg.clip_low, sum(in_win))) if in_win else None
+                base = {
+                    "event_id": eid,
+                    "timestamp": ev["timestamp"],
+                    "query": ev["query"],
+                    "query_hash": ev["query_hash"],
+                    "session_id": ev["session_id"],
+                    "parent_id": ev["parent_id"],
+                    "query_type": ev["query_type"],
+                    "policy": ev["policy"],
+                    "arm": ev["arm"],
+                    "explored": ev["explored"],
+                    "propensity": ev["propensity"],
+                    "weights": ev["weights"],
+                    "features": ev["features"],
+                }
+                for c in chunks.get(eid) or [None]:  # type: ignore[list-item]
+                    cid = None if c is None else c["chunk_id"]
+                    items = []
+                    for f in fbs:
+                        if f["chunk_id"] is not None and f["chunk_id"] != cid:
+                            continue
+                        items.append(
+                            {
+                                "feedback_id": f["id"],
+                                "signal": f["signal"],
+                                "kind": f["kind"],
+                                "value": f["value"],
+                                "raw_value": f["raw_value"],
+                                "reward": shares.get((eid, cid, f["id"])),
+                                "timestamp": f["timestamp"],
+                                "delay": f["delay"],
+                                "in_window": f["in_window"],
+                                "chunk_level": f["chunk_id"] is not None,
+                                "user_id": f["user_id"],
+                                "key": f["key"],
+                                "comment": f["comment"],
+                            }
+                        )
+                    got = [i["reward"] for i in items if i["reward"] is not None]
+                    yield {
+                        **base,
+                        "chunk_id": cid,
+                        "rank": None if c is None else c["rank"],
+                        "score": None if c is None else c["score"],
+                        "scores": None if c is None else c["scores"],
+                        "normalized": None if c is None else c["normalized"],
+                        "proposed_by": None if c is None else c["proposed_by"],
+                        "used": None if c is None else c["used"],
+                        "chunk_reward": min(cfg.clip_high, max(cfg.clip_low, sum(got))) if got else None,
+                        "event_reward": event_reward,
+                        "n_feedback": len(fbs),
+                        "feedback": items,
+                    }
+
+    def to_dataframe(self, *, flatten: bool = True) -> Any:
+        """:meth:`export_rows` as a pandas DataFrame (pandas is imported here, lazily).
+
+        With ``flatten``, the per-retriever mappings become columns
+        ``weight.<name>``, ``score.<name>`` and ``norm.<name>``.
+        """
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - pandas is in the eval extra
+            raise ModuleNotFoundError("to_dataframe needs pandas: pip install 'rlfb[eval]'") from exc
+        rows = list(self.export_rows())
+        if flatten:
+            for row in rows:
+                for col, prefix in (("weights", "weight"), ("scores", "score"), ("normalized", "norm")):
+                    for name, v in (row.get(col) or {}).items():
+                        if not isinstance(v, Mapping):
+                            row[f"{prefix}.{name}"] = v
+        return pd.DataFrame(rows)
+
+    def export_jsonl(self, path: str | Path | BinaryIO) -> int:
+        """Write :meth:`export_rows` as JSON lines (UTF-8; lone surrogates escaped); return the row count.
+
+        ``path`` may be a binary file object. A path is written next to its
+        target and renamed into place, so a failed export leaves no partial file.
+        """
+        if hasattr(path, "write"):
+            n = 0
+            for row in self.export_rows():
+                path.write(_jsonl(row))  # type: ignore[union-attr]
+                n += 1
+            return n
+        target = Path(path)  # type: ignore[arg-type]
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                n = self.export_jsonl(fh)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        return n
+
+    def prune(self, now: float | datetime | None = None, *, retention: float | None = None) -> dict[str, int]:
+        """Delete events older than ``retention`` seconds with their chunks, feedback and rewards.
+
+        Policy snapshots older than the cutoff go too, except the newest. With
+        no retention (the store's or the argument) nothing is deleted. Returns
+        the number of rows deleted per table.
+        """
+        keep = self.retention if retention is None else _positive(retention, "retention")
+        result = {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0}
+        if keep is None:
+            return result
+        t = self._now() if now is None else as_timestamp(now, "now")
+        cutoff = t - keep
+        old = "SELECT id FROM events WHERE ts < ?"
+        old_feedback = f"SELECT id FROM feedback WHERE event_id IN ({old})"
+        statements = {
+            "rewards": f"DELETE FROM rewards WHERE feedback_id IN ({old_feedback})",
+            "feedback": f"DELETE FROM feedback WHERE event_id IN ({old})",
+            "chunks": f"DELETE FROM event_chunks WHERE event_id IN ({old})",
+            "events": "DELETE FROM events WHERE ts < ?",
+            "policy_snapshots": "DELETE FROM policy_snapshots "
+            "WHERE ts < ? AND version < (SELECT MAX(version) FROM policy_snapshots)",
+        }
+        with self._write() as conn:
+            for table, sql in statements.items():  # children first; the cascades then find nothing left
+                result[table] = conn.execute(sql, (cutoff,)).rowcount
+        return result
+
+    def integrity_check(self) -> str:
+        """``PRAGMA integrity_check``: ``"ok"`` for a sound file."""
+        with self._lock:
+            return str(self._check_open().execute("PRAGMA integrity_check").fetchone()[0])
+
+
+# ----------------------------------------------------------------------------------
+# Row decoding
+# ----------------------------------------------------------------------------------
+def _check_event_id(event_id: Any) -> str:
+    if not isinstance(event_id, str) or not event_id:
+        raise ValidationError(f"event_id must be a non-empty str, got {event_id!r}")
+    return event_id
+
+
+def _check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
+        raise ValidationError(f"limit must be a positive int, got {limit!r}")
+    return int(limit)
+
+
+def _event_dict(r: Mapping[str, Any]) -> dict[str, Any]:
+    weights = _loads(r["weights"])
+    d = {
+        "id": _dec(r["id"]),
+        "event_id": _dec(r["id"]),
+        "timestamp": r["ts"],
+        "query": _dec(r["query"]),
+        "query_hash": r["query_hash"],
+        "query_hashed": r["query"] is None,
+        "session_id": _dec(r["session_id"]),
+        "parent_id": _dec(r["parent_id"]),
+        "query_type": _dec(r["query_type"]),
+        "features": _loads(r["features"]) or {},
+        "weights": weights,
+        "retrievers": list(weights),
+        "arm": _dec(r["arm"]),
+        "policy": _dec(r["policy"]),
+        "explored": bool(r["explored"]),
+        "propensity": r["propensity"],
+        "metadata": _loads(r["metadata"]),
+        "n_chunks": r["n_chunks"],
+        "created_at": r["created_at"],
+    }
+    d["decision"] = {k: d[k] for k in ("weights", "arm", "propensity", "explored", "policy")}
+    return d
+
+
+def _chunk_dict(c: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "chunk_id": _dec(c["chunk_id"]),
+        "rank": c["rank"],
+        "score": c["score"],
+        "scores": _loads(c["scores"]),
+        "normalized": _loads(c["normalized"]),
+        "proposed_by": _loads(c["proposed_by"]),
+        "used": bool(c["used"]),
+    }
+
+
+def _feedback_dict(f: Mapping[str, Any]) -> dict[str, Any]:
+    d = _decode_row(f)
+    d["timestamp"] = d.pop("ts")
+    d["in_window"] = bool(d["in_window"])
+    return d
+
+
+def _snapshot_dict(r: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
+    d = {
+        "version": r["version"],
+        "updated_at": r["ts"],
+        "policy": _dec(r["policy"]),
+        "weights": _loads(r["weights"]),
+    }
+    if with_state:
+        d["state"] = _loads(r["state"])
+    return d
+
+
+def _as_duplicate(rec: FeedbackRecord) -> FeedbackRecord:
+    from dataclasses import replace
+
+    return replace(rec, duplicate=True, chunk_rewards=dict(rec.chunk_rewards))
+
+
+def _prefixed(exc: RlfbError, prefix: str) -> RlfbError:
+    """The same named error with ``prefix`` added to its message."""
+    msg = str(exc)
+    try:
+        new = type(exc)(prefix + msg)
+    except TypeError:  # pragma: no cover - every rlfb error takes one message
+        return exc
+    return new

@@ -1,0 +1,317 @@
+"""Chunk confidence, feedback memory, replay, chunk exploration and the guardrail, one by one."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlfb.confidence import ChunkConfidence
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.exploration import EpsilonGreedyExploration, ThompsonChunkExploration
+from rlfb.guardrail import Guardrail
+from rlfb.memory import FeedbackMemory, normalize_query
+from rlfb.policies._util import chunk_evidence
+from rlfb.policies.base import Decision, Episode
+from rlfb.replay import PrioritizedReplay, episode_from_dict, episode_to_dict
+
+DAY = 86_400.0
+
+
+def _unit(v):
+    v = np.asarray(v, dtype=float)
+    return v / np.linalg.norm(v)
+
+
+def _ep(eid, reward, *, t=0.0, n=2):
+    return Episode(eid, f"query {eid}", ("a", "b"), Decision({"a": 0.5, "b": 0.5}, arm="default"),
+                   tuple(f"c{i}" for i in range(n)), np.ones((n, 2)) * 0.5, np.full(n, reward), reward,
+                   timestamp=t, query_embedding=np.ones(4, dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------- evidence
+
+
+def test_chunk_evidence_reads_clicks_skips_and_abandonment():
+    assert chunk_evidence(np.array([0.0, 0.4, 0.0, 0.0]), 0.4, 0.2, 0.1).tolist() == [-0.2, 0.4, 0.0, 0.0]
+    assert chunk_evidence(np.array([0.0, 0.0]), -0.5, 0.2, 0.2).tolist() == [-0.1, -0.1]
+    assert chunk_evidence(np.array([0.0, 0.0]), 0.0, 0.2, 0.1).tolist() == [0.0, 0.0]
+    assert chunk_evidence(np.array([-1.0, 0.0, 1.0]), 0.0, 0.2, 0.1).tolist() == [-1.0, -0.2, 1.0]
+
+
+# ---------------------------------------------------------------------------- confidence
+
+
+def test_confidence_updates_are_small_and_bounded():
+    conf = ChunkConfidence(learning_rate=0.05, half_life_days=None)
+    conf.update(["a", "b", "c"], [1.0, -1.0, 0.0], [1.0, 1.0, 1.0])
+    assert conf.confidence(["a", "b", "c", "z"]).tolist() == pytest.approx([5.05, 4.95, 5.0, 5.0])
+    assert len(conf) == 2  # a zero reward does not even create an entry
+    for _ in range(500):
+        conf.update(["a", "b"], [1.0, -1.0])
+    assert conf.confidence(["a", "b"]).tolist() == [10.0, 1.0]
+    assert conf.feature(["a", "b", "unseen"]).tolist() == [1.0, -1.0, 0.0]
+    a, b = conf.posterior(["a", "b", "unseen"])
+    assert a.tolist() == [502.0, 1.0, 1.0] and b.tolist() == [1.0, 502.0, 1.0]
+    assert conf.uncertainty(["unseen"])[0] == 1.0 and conf.uncertainty(["a"])[0] < 0.1
+    # relevance scales the step (reward x learning rate x relevance)
+    c2 = ChunkConfidence(learning_rate=0.02)
+    c2.update(["x"], [0.5], [0.5])
+    assert c2.confidence(["x"])[0] == pytest.approx(5.0 + 0.5 * 0.02 * 0.5)
+
+
+@pytest.mark.parametrize("lr", [0.0, 0.009, 0.051, 1.0, float("nan")])
+def test_confidence_learning_rate_is_validated(lr):
+    with pytest.raises(ValidationError):
+        ChunkConfidence(learning_rate=lr)
+
+
+def test_confidence_bad_settings_and_inputs():
+    with pytest.raises(ValidationError):
+        ChunkConfidence(initial=11.0)
+    with pytest.raises(ValidationError):
+        ChunkConfidence(half_life_days=-1.0)
+    conf = ChunkConfidence()
+    with pytest.raises(ValidationError):
+        conf.update(["a"], [1.0, 1.0])
+    with pytest.raises(ValidationError):
+        conf.update(["a"], [float("nan")])
+
+
+def test_confidence_forgets_with_time():
+    conf = ChunkConfidence(learning_rate=0.05, half_life_days=10.0)
+    for _ in range(20):
+        conf.update(["a"], [1.0], timestamp=1000.0)
+    lifted = conf.confidence(["a"])[0] - 5.0
+    conf.update(["b"], [1.0], timestamp=1000.0 + 10 * DAY)  # time moves on
+    assert conf.confidence(["a"])[0] - 5.0 == pytest.approx(lifted / 2)
+    a, _ = conf.posterior(["a"])
+    assert a[0] == pytest.approx(1.0 + 20 / 2)
+
+
+def test_confidence_state_round_trip_and_damage():
+    conf = ChunkConfidence()
+    conf.update(["a", "b"], [1.0, -0.5], [0.8, 0.3], timestamp=5.0)
+    state = json.loads(json.dumps(conf.state_dict(), allow_nan=False))
+    back = ChunkConfidence().load_state_dict(state)
+    assert back.confidence(["a", "b"]).tolist() == conf.confidence(["a", "b"]).tolist()
+    damage = (("confidence", [50.0, 5.0]), ("alpha", [0.0, 1.0]), ("ids", ["a", "a"]), ("time", [1.0]))
+    for key, value in damage:
+        bad = dict(state, **{key: value})
+        with pytest.raises(CorruptStateError):
+            ChunkConfidence().load_state_dict(bad)
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+def test_memory_exact_repeat_and_negative_evidence():
+    mem = FeedbackMemory()
+    mem.update("What causes tides?", None, ["skip", "click", "below"], [-0.2, 0.4, 0.0])
+    s = mem.score("what causes  TIDES", None, ["below", "click", "skip", "new"])
+    assert s[1] == pytest.approx(np.tanh(0.4 / 0.3)) and s[2] == pytest.approx(np.tanh(-0.2 / 0.3))
+    assert s[0] == 0.0 and s[3] == 0.0
+    assert mem.has_exact("WHAT causes tides") and not mem.has_exact("tides")
+    assert np.all(mem.score("something else", None, ["click"]) == 0)
+    assert normalize_query("  Hello,   World!! ") == "hello, world"
+
+
+def test_memory_transfer_by_similarity_with_a_fixed_gate():
+    e1 = _unit([1, 0, 0, 0])
+    close = _unit([1, 0.3, 0, 0])  # cosine about 0.96
+    far = _unit([1, 1.2, 0, 0])  # cosine about 0.64
+    mem = FeedbackMemory(similarity_threshold=0.8, transfer_gate=1.0)
+    mem.update("q1", e1, ["a", "b"], [0.5, -0.2])
+    s_close = mem.score("q2", close, ["a", "b"])
+    assert s_close[0] > 0.3 and s_close[1] < 0
+    gain = (float(close @ e1) - 0.8) / 0.2
+    assert s_close[0] == pytest.approx(gain * np.tanh(0.5 / 0.3))
+    assert np.all(mem.score("q3", far, ["a", "b"]) == 0)
+    # an identical embedding counts as an exact repeat, whatever the gate
+    shut = FeedbackMemory(transfer_gate=0.0)
+    shut.update("q1", e1, ["a"], [0.5])
+    assert shut.score("q1 reworded", e1, ["a"])[0] == pytest.approx(np.tanh(0.5 / 0.3))
+    assert shut.score("q2", close, ["a"])[0] == 0.0
+    with pytest.raises(ValidationError):
+        mem.score("q", np.ones(3), ["a"])
+
+
+def test_adaptive_gate_opens_only_when_transfer_predicts_clicks():
+    rng = np.random.default_rng(0)
+
+    def run(helpful: bool) -> FeedbackMemory:
+        mem = FeedbackMemory(similarity_threshold=0.8)
+        assert mem.gate() == 0.0
+        for i in range(150):
+            base = _unit(rng.normal(size=8))
+            para = _unit(base + 0.1 * rng.normal(size=8))
+            good, bad = f"good{i}", f"bad{i}"
+            mem.update(f"q{i}", base, [bad, good], [-0.2, 0.4])
+            # the paraphrase: the same chunk is clicked (helpful), or the other one (misleading)
+            clicked, skipped = (good, bad) if helpful else (bad, good)
+            mem.update(f"p{i}", para, [skipped, clicked], [-0.2, 0.4])
+        return mem
+
+    assert run(helpful=True).gate() == 1.0
+    assert run(helpful=False).gate() == 0.0
+
+
+def test_memory_evicts_the_least_recently_used_and_round_trips():
+    mem = FeedbackMemory(max_entries=3)
+    for i in range(3):
+        mem.update(f"q{i}", _unit(np.eye(4)[i]), ["a"], [0.4], timestamp=10.0 + i)
+    mem.score("q0", None, ["a"])  # touches nothing new; q0 was updated first
+    mem.update("q1", None, ["b"], [0.4])  # q1 used again
+    mem.update("q3", _unit([0, 0, 0, 1]), ["c"], [0.4])
+    assert len(mem) == 3 and not mem.has_exact("q0") and mem.has_exact("q1") and mem.has_exact("q3")
+    state = json.loads(json.dumps(mem.state_dict(), allow_nan=False))
+    back = FeedbackMemory(max_entries=3).load_state_dict(state)
+    for q, e in (("q1", None), ("q3", _unit([0, 0, 0, 1])), ("other", _unit([0, 0, 0, 1]))):
+        assert back.score(q, e, ["a", "b", "c"]).tolist() == mem.score(q, e, ["a", "b", "c"]).tolist()
+    bad = json.loads(json.dumps(state))
+    bad["entries"][0]["v"] = {"a": "x"}
+    with pytest.raises(CorruptStateError):
+        FeedbackMemory().load_state_dict(bad)
+    bad = json.loads(json.dumps(state))
+    bad["entries"].append(dict(bad["entries"][0]))
+    with pytest.raises(CorruptStateError):
+        FeedbackMemory().load_state_dict(bad)
+
+
+def test_memory_forgets_with_time():
+    mem = FeedbackMemory(half_life_days=1.0)
+    mem.update("q", None, ["a"], [0.3], timestamp=1000.0)
+    fresh = mem.score("q", None, ["a"])[0]
+    mem.update("other", None, ["b"], [0.3], timestamp=1000.0 + 2 * DAY)
+    assert mem.score("q", None, ["a"])[0] == pytest.approx(np.tanh(np.arctanh(fresh) / 4))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"similarity_threshold": -0.1}, {"max_entries": 0}, {"value_scale": 0}, {"transfer_gate": "on"},
+     {"transfer_gate": -0.5}, {"gate_full": 0.5}, {"exact_similarity": 0.5}],
+)
+def test_bad_memory_settings_raise(kwargs):
+    with pytest.raises(ValidationError):
+        FeedbackMemory(**kwargs)
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def test_replay_keeps_rewarded_episodes_within_capacity():
+    buf = PrioritizedReplay(capacity=5, batch_size=3, seed=0)
+    assert not buf.add(_ep("zero", 0.0))
+    for i in range(8):
+        assert buf.add(_ep(f"e{i}", 0.5))
+    assert len(buf) == 5
+    batch = buf.sample()
+    assert len(batch) == 3 and len({e.event_id for e in batch}) == 3
+    assert {e.event_id for e in batch} <= {f"e{i}" for i in range(3, 8)}
+
+
+def test_replay_priority_is_abs_reward_decayed_with_age():
+    buf = PrioritizedReplay(capacity=100, batch_size=1, half_life=2.0, seed=0)
+    buf.add(_ep("old-big", -1.0))
+    buf.add(_ep("mid", 0.25))
+    buf.add(_ep("new-small", 0.5))
+    raw = np.array([1.0 * 0.5 ** (2 / 2), 0.25 * 0.5 ** (1 / 2), 0.5])
+    assert buf.priorities() == pytest.approx(raw / raw.sum())
+    counts = {"old-big": 0, "mid": 0, "new-small": 0}
+    for _ in range(3000):
+        counts[buf.sample()[0].event_id] += 1
+    freq = np.array([counts["old-big"], counts["mid"], counts["new-small"]]) / 3000
+    assert freq == pytest.approx(raw / raw.sum(), abs=0.03)
+
+
+def test_replay_is_seeded_and_round_trips():
+    def filled(seed):
+        buf = PrioritizedReplay(capacity=50, batch_size=4, seed=seed)
+        for i in range(20):
+            buf.add(_ep(f"e{i}", 0.1 + 0.04 * i, t=float(i)))
+        return buf
+
+    a, b = filled(1), filled(1)
+    assert [e.event_id for e in a.sample()] == [e.event_id for e in b.sample()]
+    state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
+    c = PrioritizedReplay(capacity=50, batch_size=4, seed=9).load_state_dict(state)
+    assert [e.event_id for e in a.sample()] == [e.event_id for e in c.sample()]
+    ep = _ep("x", 0.3)
+    back = episode_from_dict(json.loads(json.dumps(episode_to_dict(ep))))
+    assert back.event_id == "x" and back.decision == ep.decision and np.array_equal(back.shown, ep.shown)
+    with pytest.raises(CorruptStateError):
+        episode_from_dict({"event_id": "x"})
+    with pytest.raises(ValidationError):
+        PrioritizedReplay(batch_size=0)
+
+
+# ---------------------------------------------------------------------------- chunk exploration
+
+
+def test_epsilon_greedy_exploration_propensities_and_decay():
+    ex = EpsilonGreedyExploration(epsilon=0.1, epsilon_min=0.02, half_life=100, depth=20, seed=0)
+    ranked = np.arange(100)
+    explored = 0
+    for _ in range(2000):
+        res = ex.explore(ranked, 10)
+        assert len(set(res.order.tolist())) == 10
+        assert res.order[:5].tolist() == list(range(5))  # the top half is never touched
+        if res.explored:
+            explored += 1
+            assert res.propensity == pytest.approx(0.1 / (5 * 20))
+            assert len(set(res.order.tolist()) - set(range(10))) == 1
+        else:
+            assert res.propensity == pytest.approx(0.9)
+    assert 0.07 < explored / 2000 < 0.13
+    ex.step(100)
+    assert ex.epsilon == pytest.approx(0.05)
+    ex.step(10_000)
+    assert ex.epsilon == 0.02
+    # nothing to swap in
+    assert not ex.explore(np.arange(5), 10).explored
+    with pytest.raises(ValidationError):
+        EpsilonGreedyExploration(epsilon=0.1, epsilon_min=0.5)
+
+
+def test_thompson_chunk_exploration_moves_uncertain_chunks():
+    ex = ThompsonChunkExploration(weight=1.0, seed=0)
+    fused = np.linspace(1.0, 0.0, 30)
+    ranked = np.argsort(-fused)
+    alpha = np.ones(30)
+    beta = np.ones(30)
+    sure_a = np.full(30, 50_000.0)
+    sure_b = np.full(30, 50_000.0)
+    moved = sum(ex.explore(ranked, 5, fused=fused, alpha=alpha, beta=beta).explored for _ in range(50))
+    still = sum(ex.explore(ranked, 5, fused=fused, alpha=sure_a, beta=sure_b).explored for _ in range(50))
+    assert moved > 25 and still == 0
+    res = ex.explore(ranked, 5, fused=fused, alpha=alpha, beta=beta)
+    assert 0 < res.propensity <= 1 and res.order.shape == (5,)
+
+
+# ---------------------------------------------------------------------------- guardrail
+
+
+def test_guardrail_tunes_learning_rate_and_exploration_within_bounds():
+    shown = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    clicked_second = np.array([0.0, 1.0, 0.0])
+    worse, better, default = np.array([0.9, 0.1]), np.array([0.1, 0.9]), np.array([0.5, 0.5])
+    g = Guardrail(min_episodes=5)
+    for _ in range(200):
+        lr, ex = g.observe(shown, clicked_second, worse, default)
+    assert g.lift < -0.01 and (lr, ex) == (0.1, 3.0)
+    for _ in range(400):
+        lr, ex = g.observe(shown, clicked_second, better, default)
+    assert g.lift > 0.01 and (lr, ex) == (2.0, 0.5)
+    # the same weights as the default: no difference, multipliers hold still
+    h = Guardrail(min_episodes=0)
+    for _ in range(50):
+        assert h.observe(shown, clicked_second, default, default) == (1.0, 1.0)
+    # no rewarded chunk: nothing to compare
+    assert Guardrail().observe(shown, np.zeros(3), worse, default) == (1.0, 1.0)
+    state = json.loads(json.dumps(g.state_dict()))
+    assert Guardrail(min_episodes=5).load_state_dict(state).multipliers == g.multipliers
+    with pytest.raises(CorruptStateError):
+        Guardrail().load_state_dict({**state, "lr": 100.0})
+    with pytest.raises(ValidationError):
+        Guardrail(lr_bounds=(2.0, 3.0))

@@ -1,0 +1,219 @@
+"""Implicit signals inferred from dwell, follow-ups, citations and opened chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfb.errors import NonFiniteValueError, UnknownChunkError, ValidationError
+from rlfb.implicit import ImplicitSignals, InferredSignal, tokenize
+from rlfb.reward import RewardFunction
+from rlfb.store import FeedbackStore, query_hash
+
+NOW = 1_700_000_000.0
+
+
+@pytest.fixture
+def imp() -> ImplicitSignals:
+    return ImplicitSignals()
+
+
+# -- follow-up classification ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("previous", "query", "expected"),
+    [
+        ("what causes the aurora", "why does the aurora happen", "reformulation"),
+        ("what causes the aurora", "what causes the aurora", "reformulation"),
+        ("reset my password", "how do I reset a password", "reformulation"),
+        ("what causes the aurora", "best pizza in naples", "new_topic"),
+        # function words alone do not make a restatement
+        ("how do I reset my password", "how do I change my email", "new_topic"),
+        ("极光是什么原因造成的", "极光形成的原因", "reformulation"),
+        ("极光是什么原因造成的", "北京烤鸭怎么做", "new_topic"),
+    ],
+)
+def test_classify_followup_by_word_overlap(imp, previous, query, expected):
+    assert imp.classify_followup(previous, query) == expected
+
+
+def test_overlap_threshold_is_strict_and_a_setting():
+    previous, query = "alpha beta gamma delta epsilon", "alpha beta zeta"  # 2 of 5 previous words = 0.4
+    assert 0.4 == pytest.approx(ImplicitSignals().overlap(previous, query))
+    assert "new_topic" == ImplicitSignals().classify_followup(previous, query)  # not above 0.4
+    assert "reformulation" == ImplicitSignals(overlap_threshold=0.3).classify_followup(previous, query)
+
+
+def test_overlap_of_stopword_only_query_falls_back_to_all_words(imp):
+    assert "reformulation" == imp.classify_followup("how is it", "how is it")
+    assert 0.0 == imp.overlap("", "anything")
+
+
+def _fake_encoder(table: dict[str, list[float]]):
+    calls = []
+
+    def encode(texts):
+        calls.append(list(texts))
+        vecs = np.array([table[t] for t in texts], dtype=float)
+        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+    encode.calls = calls  # type: ignore[attr-defined]
+    return encode
+
+
+def test_encoder_similarity_replaces_word_overlap():
+    enc = _fake_encoder(
+        {
+            "northern lights cause": [1.0, 0.0, 0.0],
+            "why is the sky glowing green at night": [0.9, 0.1, 0.0],  # cos ~ 0.994
+            "northern lights hotels": [0.0, 1.0, 0.0],  # cos 0
+        }
+    )
+    imp = ImplicitSignals(encode=enc)
+    # no shared words, same meaning -> reformulation
+    restated = imp.classify_followup("northern lights cause", "why is the sky glowing green at night")
+    assert "reformulation" == restated
+    # shared words, different meaning -> new topic
+    assert "new_topic" == imp.classify_followup("northern lights cause", "northern lights hotels")
+    assert enc.calls[0] == ["northern lights cause", "why is the sky glowing green at night"]
+
+
+def test_similarity_threshold_is_a_setting():
+    enc = _fake_encoder({"a": [1.0, 0.0], "b": [0.8, 0.6]})  # cos 0.8
+    assert "reformulation" == ImplicitSignals(encode=enc, similarity_threshold=0.8).classify_followup(
+        "a", "b"
+    )
+    assert "new_topic" == ImplicitSignals(encode=enc, similarity_threshold=0.85).classify_followup("a", "b")
+
+
+def test_bad_encoder_output_is_a_named_error():
+    with pytest.raises(ValidationError):
+        ImplicitSignals(encode=lambda texts: np.zeros(3)).classify_followup("a", "b")
+    with pytest.raises(ValidationError):
+        ImplicitSignals(encode=lambda texts: np.full((2, 3), np.nan)).classify_followup("a", "b")
+
+
+def test_classify_followup_is_pure(imp):
+    args = ("what causes the aurora", "why does the aurora happen")
+    assert imp.classify_followup(*args) == imp.classify_followup(*args)
+
+
+def test_tokenize_splits_cjk_per_character():
+    assert ["aurora", "极", "光", "2024"] == tokenize("Aurora极光 2024")
+
+
+# -- dwell ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("dwell", "followup", "expected"),
+    [
+        (61.0, False, "dwell"),
+        (600.0, False, "dwell"),
+        (60.0, False, None),
+        (10.0, False, None),
+        (61.0, True, None),
+    ],
+)
+def test_from_dwell(imp, dwell, followup, expected):
+    assert imp.from_dwell(dwell, had_followup=followup) == expected
+
+
+def test_dwell_threshold_is_a_setting():
+    assert "dwell" == ImplicitSignals(dwell_threshold=10.0).from_dwell(11.0, had_followup=False)
+
+
+@pytest.mark.parametrize(("dwell", "error"), [(-1.0, ValidationError), (float("nan"), NonFiniteValueError)])
+def test_from_dwell_rejects_bad_values(imp, dwell, error):
+    with pytest.raises(error):
+        imp.from_dwell(dwell, had_followup=False)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dwell_threshold": -1},
+        {"overlap_threshold": 1.5},
+        {"similarity_threshold": 2.0},
+        {"overlap_threshold": float("nan")},
+        {"encode": "not callable"},
+    ],
+)
+def test_constructor_validates_settings(kwargs):
+    with pytest.raises(ValidationError):
+        ImplicitSignals(**kwargs)
+
+
+# -- infer ---------------------------------------------------------------------------------
+EVENT = {
+    "id": "e1",
+    "query": "what causes the aurora",
+    "query_hash": query_hash("what causes the aurora"),
+    "chunks": [{"chunk_id": "c1"}, {"chunk_id": "c2"}, {"chunk_id": "c3"}],
+}
+
+
+def test_infer_reformulation(imp):
+    [sig] = imp.infer(EVENT, "why does the aurora happen")
+    assert ("e1", "reformulation", None) == (sig.event_id, sig.signal, sig.chunk_id)
+    assert "overlap" in sig.reason
+
+
+def test_infer_new_topic_is_neutral(imp):
+    assert [] == imp.infer(EVENT, "best pizza in naples", dwell_seconds=300.0)
+
+
+def test_infer_long_dwell_without_followup_is_positive(imp):
+    assert ["dwell"] == [s.signal for s in imp.infer(EVENT, None, dwell_seconds=90.0)]
+    assert [] == imp.infer(EVENT, None, dwell_seconds=30.0)
+
+
+def test_infer_cited_and_opened_chunks(imp):
+    sigs = imp.infer(EVENT, None, cited=["c1"], opened=["c3", "c1"])
+    assert [("cited", "c1"), ("opened", "c3")] == [(s.signal, s.chunk_id) for s in sigs]
+    assert "cited and opened" in sigs[0].reason
+
+
+def test_infer_rejects_chunks_outside_the_event(imp):
+    with pytest.raises(UnknownChunkError):
+        imp.infer(EVENT, None, cited=["nope"])
+
+
+def test_infer_with_only_a_query_hash_recognises_exact_repeats(imp):
+    private = {**EVENT, "query": None}
+    assert ["reformulation"] == [s.signal for s in imp.infer(private, "what causes the aurora")]
+    assert [] == imp.infer(private, "why does the aurora happen")
+
+
+def test_inferred_signals_carry_stable_idempotency_keys():
+    s = InferredSignal("e1", "opened", "c2", "chunk opened")
+    assert "implicit:e1:opened:c2" == s.idempotency_key
+    assert {"event_id": "e1", "signal": "opened", "chunk_id": "c2"}.items() <= s.as_feedback().items()
+
+
+def test_inferred_signals_are_known_to_the_reward_function(imp):
+    rf = RewardFunction()
+    sigs = imp.infer(EVENT, "why does the aurora happen", cited=["c2"]) + imp.infer(EVENT, None, 120.0)
+    values = {s.signal: rf.signal_value(s.signal) for s in sigs}
+    assert {"reformulation": -0.2, "cited": 0.4, "dwell": 0.4} == values
+
+
+def test_infer_then_record_in_the_store_once(imp):
+    store = FeedbackStore(clock=lambda: NOW)
+    eid = store.log_event(
+        "what causes the aurora",
+        {"weights": {"bm25": 1.0}},
+        [{"chunk_id": "c1", "rank": 1}, {"chunk_id": "c2", "rank": 2}],
+        session_id="s",
+        timestamp=NOW - 60,
+    )
+    previous = store.last_event("s")
+    sigs = imp.infer(previous, "why does the aurora happen", cited=["c2"])
+    items = [s.as_feedback(timestamp=NOW) for s in sigs]
+    first = store.record_feedback_batch(items)
+    again = store.record_feedback_batch(items)
+    assert [False, False] == [r.duplicate for r in first]
+    assert [True, True] == [r.duplicate for r in again]
+    assert 2 == store.counts()["feedback"]
+    reward, chunks = store.event_reward(eid)
+    d = 1 - 60 / 3600
+    assert reward == pytest.approx((-0.2 + 0.4) * d)
+    assert chunks == pytest.approx({"c1": -0.2 * d, "c2": (-0.2 + 0.4) * d})
+    store.close()

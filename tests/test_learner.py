@@ -1,0 +1,339 @@
+"""The Learner: ranking, learning, feedback memory in the loop, state, validation."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from _toy_env import RETRIEVERS, ToyEnv, simulate
+
+from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
+from rlfb.learner import Learner, LearnerConfig, Ranking
+from rlfb.policies import POLICIES, FixedPolicy, GradientPolicy
+from rlfb.policies.base import Context, Decision, Episode
+
+PLAIN = LearnerConfig(memory_weight=0.0, confidence_weight=0.0, exploration="none")
+
+
+def _greedy_ndcg(learner: Learner, env: ToyEnv) -> float:
+    return float(np.mean([env.ndcg(q, learner.rank(env.context(q), 10, explore=False).order)
+                          for q in range(len(env.queries))]))
+
+
+# ---------------------------------------------------------------------------- ranking
+
+
+def test_rank_returns_valid_order_and_fused_scores():
+    env = ToyEnv(seed=0, n_queries=4)
+    learner = Learner(RETRIEVERS, "fixed", weights={"r0": 2, "r1": 1, "r2": 1})
+    ctx = env.context(0)
+    r = learner.rank(ctx, 10, explore=False)
+    assert isinstance(r, Ranking)
+    assert r.order.shape == (10,) and len(set(r.order.tolist())) == 10
+    assert r.fused.shape == (60,) and r.confidence.shape == (60,) and r.memory.shape == (60,)
+    w = np.array([0.5, 0.25, 0.25])
+    assert np.allclose(r.fused, ctx.normalized @ w)  # nothing learned yet: no confidence or memory
+    assert r.order.tolist() == np.argsort(-(ctx.normalized @ w), kind="stable")[:10].tolist()
+    assert r.decision.weights == {"r0": 0.5, "r1": 0.25, "r2": 0.25}
+    assert np.all(r.confidence == 5.0) and np.all(r.memory == 0.0)
+    # k larger than the pool, and an empty pool
+    assert learner.rank(ctx, 500).order.shape == (60,)
+    empty = Context("q", RETRIEVERS, (), np.zeros((0, 3)), np.zeros((0, 3)))
+    assert learner.rank(empty, 5).order.shape == (0,)
+    with pytest.raises(ValidationError):
+        learner.rank(ctx, 0)
+
+
+def test_rank_validates_the_context():
+    learner = Learner(RETRIEVERS, "thompson")
+    good = ToyEnv(seed=0, n_queries=2).context(0)
+    with pytest.raises(ValidationError):
+        learner.rank(dataclasses.replace(good, normalized=good.normalized[:, :2]), 5)
+    with pytest.raises(ValidationError):
+        learner.rank(dataclasses.replace(good, candidate_ids=good.candidate_ids[:-1]), 5)
+    with pytest.raises(ValidationError):
+        learner.rank(dataclasses.replace(good, retrievers=("a", "b", "c")), 5)
+    # columns in another order are matched by name
+    swapped = dataclasses.replace(good, retrievers=("r2", "r1", "r0"), normalized=good.normalized[:, ::-1])
+    same = learner.rank(good, 5, explore=False).order.tolist()
+    assert learner.rank(swapped, 5, explore=False).order.tolist() == same
+    # NaN scores are treated as zero rather than breaking retrieval
+    nan = good.normalized.copy()
+    nan[0, 0] = np.nan
+    assert learner.rank(dataclasses.replace(good, normalized=nan), 5).order.shape == (5,)
+
+
+def test_exploration_is_logged_with_its_propensity():
+    env = ToyEnv(seed=0, n_queries=4)
+    learner = Learner(RETRIEVERS, "fixed", LearnerConfig(epsilon=1.0, epsilon_min=1.0), seed=0)
+    greedy = learner.rank(env.context(0), 10, explore=False)
+    r = learner.rank(env.context(0), 10)
+    assert r.decision.explored and 0 < r.decision.propensity < 1
+    changed = [i for i in range(10) if r.order[i] != greedy.order[i]]
+    assert len(changed) == 1 and changed[0] >= 5  # one swap, in the lower half
+    assert not greedy.decision.explored and greedy.decision.propensity == 1.0
+
+    # Thompson-sampled chunk exploration
+    ts = Learner(RETRIEVERS, "fixed", LearnerConfig(exploration="thompson", thompson_weight=2.0), seed=0)
+    r = ts.rank(env.context(0), 10)
+    assert 0 < r.decision.propensity <= 1 and len(set(r.order.tolist())) == 10
+
+    # a Plackett-Luce policy ranks by its sample and is not swapped on top of that
+    pl = Learner(RETRIEVERS, "gradient", LearnerConfig(epsilon=1.0, epsilon_min=1.0), seed=0)
+    r = pl.rank(env.context(0), 10)
+    assert r.decision.ranking is not None and r.order.tolist() == list(r.decision.ranking)
+
+
+# ---------------------------------------------------------------------------- learning in the loop
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_runs_and_keeps_weights_bounded(name):
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, name, seed=1)
+    simulate(learner, env, 300, seed=2, types=("A",))
+    for qt in (None, "A", "B"):
+        w = learner.weights(qt)
+        assert sum(w.values()) == pytest.approx(1.0)
+        if name != "fixed":
+            assert min(w.values()) >= 0.05 - 1e-9 and max(w.values()) <= 0.95 + 1e-9
+    assert learner.n_learned == 300
+
+
+def test_fixed_policy_keeps_what_the_user_gave():
+    learner = Learner(RETRIEVERS, "fixed", weights={"r0": 1, "r1": 0, "r2": 0})
+    simulate(learner, ToyEnv(seed=0, n_queries=4), 50, seed=0)
+    assert learner.weights() == {"r0": 1.0, "r1": 0.0, "r2": 0.0}
+    with pytest.raises(InvalidWeightsError):
+        Learner(RETRIEVERS, "fixed", weights={"r0": float("nan"), "r1": 1, "r2": 1})
+    with pytest.raises(InvalidWeightsError):
+        learner.set_weights({"r0": -1, "r1": 1, "r2": 1})
+    learner.set_weights([1, 1, 2])
+    assert learner.weights() == {"r0": 0.25, "r1": 0.25, "r2": 0.5}
+
+
+def test_feedback_memory_lifts_repeated_queries():
+    env = ToyEnv(seed=0)
+    base = _greedy_ndcg(Learner(RETRIEVERS, "fixed", PLAIN), env)
+    with_memory = Learner(RETRIEVERS, "fixed", LearnerConfig(), seed=1)
+    simulate(with_memory, env, 400, seed=3)  # each of the 40 queries asked about 10 times
+    lifted = _greedy_ndcg(with_memory, env)
+    assert lifted > base + 0.25, (base, lifted)
+    # and without the memory the same stream gives nothing for a fixed policy
+    without = Learner(RETRIEVERS, "fixed", dataclasses.replace(LearnerConfig(), memory_weight=0.0), seed=1)
+    simulate(without, env, 400, seed=3)
+    assert abs(_greedy_ndcg(without, env) - base) < 0.02
+
+
+def test_memory_transfers_to_similar_queries_only_when_gated_open():
+    env = ToyEnv(seed=0, n_queries=2)
+    ctx = env.context(0)
+    rel = np.flatnonzero(env.queries[0].relevant)
+    para = env.queries[0].embedding + 0.15 * env.queries[1].embedding
+    para = para / np.linalg.norm(para)
+    assert 0.9 < float(para @ env.queries[0].embedding) < 0.995
+    other = dataclasses.replace(ctx, query="a paraphrase", query_embedding=para)
+
+    def learned(gate):
+        learner = Learner(RETRIEVERS, "fixed", LearnerConfig(transfer_gate=gate, exploration="none"))
+        r = learner.rank(ctx, 10)
+        top = [i for i in np.argsort(-r.fused).tolist() if i not in rel][:9]
+        shown = np.array(top + [int(rel[0])])  # a relevant chunk at rank 10, clicked, below 9 skipped ones
+        r = dataclasses.replace(r, order=shown)
+        ep = Episode("e", ctx.query, RETRIEVERS, r.decision, tuple(ctx.candidate_ids[i] for i in shown),
+                     ctx.normalized[shown], np.eye(10)[9] * 0.5, 0.5, query_embedding=ctx.query_embedding)
+        learner.learn(ep)
+        return learner, learner.rank(other, 10, explore=False)
+
+    _, closed = learned("adaptive")  # no evidence yet that transfer helps: the gate is shut
+    assert np.all(closed.memory == 0)
+    learner, opened = learned(1.0)
+    assert opened.memory[rel[0]] > 0.3 and np.argmax(opened.memory) == rel[0]
+    # the exact repeat gets the full memory, whatever the gate
+    assert learner.rank(ctx, 10, explore=False).memory[rel[0]] > 0.8
+    # an unrelated query gets nothing
+    far = dataclasses.replace(ctx, query="unrelated", query_embedding=env.queries[1].embedding)
+    assert np.all(learner.rank(far, 10).memory == 0)
+
+
+def test_late_reward_updates_the_logged_decision():
+    env = ToyEnv(seed=0, n_queries=2)
+    learner = Learner(RETRIEVERS, "thompson", PLAIN, seed=0)
+    ctx = env.context(0)
+    old = learner.rank(ctx, 10)
+    # many other decisions happen meanwhile
+    simulate(learner, env, 50, seed=1)
+    ep = env.episode(0, old, np.random.default_rng(0), t=1.0)
+    arm = old.decision.arm
+    idx = learner.policy._arm_index[arm]
+    before = learner.policy._stats["*"][0, idx]
+    learner.learn(ep)
+    assert learner.policy._stats["*"][0, idx] > before * learner.policy.hyper.forget
+
+
+def test_partial_fit_equals_learning_one_by_one():
+    env = ToyEnv(seed=0, n_queries=6)
+    rng = np.random.default_rng(0)
+    log = []
+    recorder = Learner(RETRIEVERS, "fixed", PLAIN, seed=0)
+    for i in range(60):
+        q = i % 6
+        log.append(env.episode(q, recorder.rank(env.context(q), 10), rng, t=float(i)))
+    a = Learner(RETRIEVERS, "gradient", seed=4).partial_fit(log)
+    b = Learner(RETRIEVERS, "gradient", seed=4)
+    for ep in log:
+        b.learn(ep)
+    assert a.weights() == b.weights()
+    assert json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+
+
+def test_learn_validates_the_episode():
+    learner = Learner(RETRIEVERS, "gradient")
+    ok = Episode("e", "q", RETRIEVERS, Decision(dict.fromkeys(RETRIEVERS, 1 / 3)), ("a", "b"),
+                 np.ones((2, 3)), np.array([0.0, 1.0]), 1.0)
+    learner.learn(ok)
+    for bad in (
+        dataclasses.replace(ok, chunk_rewards=np.array([1.0])),
+        dataclasses.replace(ok, shown=np.ones((2, 2))),
+        dataclasses.replace(ok, reward=float("nan")),
+        dataclasses.replace(ok, retrievers=("x", "y", "z")),
+        dataclasses.replace(ok, chunk_rewards=np.array([np.inf, 0.0])),
+    ):
+        with pytest.raises(ValidationError):
+            learner.learn(bad)
+    # a decision logged without weights is learned at the current weights
+    learner.learn(dataclasses.replace(ok, decision=Decision({})))
+
+
+def test_replay_and_guardrail_are_wired_in():
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, "gradient", LearnerConfig(replay_every=20, replay_batch_size=8), seed=0)
+    simulate(learner, env, 200, seed=1, types=("A",))
+    assert len(learner.replay) > 0
+    # 200 fresh updates plus 10 replays of 8 episodes at weight 0.25
+    assert learner.policy.n_updates == pytest.approx(200 + 10 * 8 * 0.25)
+    lr, ex = learner.guardrail.multipliers
+    assert 0.1 <= lr <= 2.0 and 0.5 <= ex <= 3.0
+    # bandit statistics are not fed replays unless asked
+    bandit = Learner(RETRIEVERS, "thompson", LearnerConfig(replay_every=20), seed=0)
+    simulate(bandit, env, 100, seed=1)
+    assert bandit.policy.n_updates == pytest.approx(100)
+
+
+def test_should_ask_for_feedback():
+    env = ToyEnv(seed=0, n_queries=4)
+    ctx = env.context(0)
+    assert Learner(RETRIEVERS, "thompson").should_ask_for_feedback(ctx)
+    assert Learner(RETRIEVERS, "thompson", LearnerConfig(ask_threshold=0.0)).should_ask_for_feedback(ctx)
+    assert not Learner(RETRIEVERS, "fixed", LearnerConfig(ask_threshold=1.0)).should_ask_for_feedback(ctx)
+    # feedback on the shown chunks makes the learner surer of them
+    learner = Learner(RETRIEVERS, "fixed", LearnerConfig(ask_threshold=0.45, exploration="none"))
+    assert learner.should_ask_for_feedback(ctx)
+    for i in range(30):
+        r = learner.rank(ctx, 10)
+        learner.learn(Episode(f"e{i}", ctx.query, RETRIEVERS, r.decision,
+                              tuple(ctx.candidate_ids[j] for j in r.order), ctx.normalized[r.order],
+                              np.full(10, 0.5), 0.5))
+    assert not learner.should_ask_for_feedback(ctx)
+    assert learner.rank(ctx, 10).ask_for_feedback is False
+
+
+# ---------------------------------------------------------------------------- determinism and state
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_state_json_round_trip_gives_identical_decisions(name):
+    env = ToyEnv(seed=0, n_queries=8)
+    a = Learner(RETRIEVERS, name, LearnerConfig(replay_every=10, replay_batch_size=4), seed=2)
+    simulate(a, env, 120, seed=3)
+    text = json.dumps(a.state_dict(), allow_nan=False)
+    b = Learner(RETRIEVERS, name, LearnerConfig(replay_every=10, replay_batch_size=4), seed=99)
+    b.load_state_dict(json.loads(text))
+    c = Learner.from_state_dict(json.loads(text))
+    rng_a, rng_b, rng_c = (np.random.default_rng(5) for _ in range(3))
+    for i in range(40):
+        q = i % 8
+        ra, rb, rc = (x.rank(env.context(q), 10) for x in (a, b, c))
+        assert ra.order.tolist() == rb.order.tolist() == rc.order.tolist()
+        assert ra.decision == rb.decision == rc.decision
+        assert np.allclose(ra.fused, rb.fused) and np.allclose(ra.memory, rc.memory)
+        for x, r, rng in ((a, ra, rng_a), (b, rb, rng_b), (c, rc, rng_c)):
+            x.learn(env.episode(q, r, rng, t=1e4 + i))
+    assert a.weights("A") == b.weights("A") == c.weights("A")
+
+
+def test_corrupt_state_raises_and_changes_nothing():
+    env = ToyEnv(seed=0, n_queries=8)
+    learner = Learner(RETRIEVERS, "gradient", seed=0)
+    simulate(learner, env, 60, seed=1)
+    good = json.loads(json.dumps(learner.state_dict()))
+    fresh = Learner(RETRIEVERS, "gradient", seed=0)
+    before = json.dumps(fresh.state_dict())
+    damages = [
+        lambda s: s.update(format=99),
+        lambda s: s.update(retrievers=["r0", "r1"]),
+        lambda s: s["policy"].update(name="thompson"),
+        lambda s: s["policy"]["state"].update(weights=[0.9, 0.9, 0.9]),
+        lambda s: s["confidence"].update(confidence=[float("nan")] * len(s["confidence"]["ids"])),
+        lambda s: s["memory"]["entries"][0].update(e="not base64!"),
+        lambda s: s["replay"]["items"][0]["episode"].update(shown=[[1.0]]),
+        lambda s: s["guardrail"].update(lr=50.0),
+        lambda s: s.pop("exploration"),
+        lambda s: s.update(n_learned="many"),
+    ]
+    for damage in damages:
+        s = copy.deepcopy(good)
+        damage(s)
+        with pytest.raises(CorruptStateError):
+            fresh.load_state_dict(s)
+        assert json.dumps(fresh.state_dict()) == before
+    with pytest.raises(CorruptStateError):
+        fresh.load_state_dict("not a dict")
+    with pytest.raises(CorruptStateError):
+        Learner(RETRIEVERS, "thompson").load_state_dict(good)
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"memory_weight": -0.1},
+        {"confidence_weight": float("nan")},
+        {"exploration": "boltzmann"},
+        {"epsilon": 2.0},
+        {"confidence_learning_rate": 0.2},
+        {"similarity_threshold": 1.0},
+        {"transfer_gate": "sometimes"},
+        {"transfer_gate": 1.5},
+        {"replay_batch_size": 0},
+        {"replay_every": 0},
+        {"replay_weight": 2.0},
+        {"ask_threshold": -1},
+        {"half_life_days": 0.0},
+        {"replay": "yes"},
+    ],
+)
+def test_bad_learner_settings_raise(kwargs):
+    with pytest.raises(ValidationError):
+        LearnerConfig(**kwargs)
+
+
+def test_learner_construction():
+    assert Learner(RETRIEVERS, "thompson", {"memory_weight": 0.5}).config.memory_weight == 0.5
+    with pytest.raises(ValidationError, match="unknown learner settings"):
+        Learner(RETRIEVERS, "thompson", {"memory_wieght": 0.5})
+    with pytest.raises(ValidationError):
+        Learner(RETRIEVERS, "nope")
+    with pytest.raises(ValidationError):
+        Learner(RETRIEVERS, FixedPolicy(("a", "b", "c")))
+    with pytest.raises(ValidationError):
+        Learner(RETRIEVERS, GradientPolicy(RETRIEVERS), step=0.2)
+    learner = Learner(RETRIEVERS, GradientPolicy(RETRIEVERS, seed=3), weights=[2, 1, 1])
+    assert learner.policy_name == "gradient" and learner.weights()["r0"] == pytest.approx(0.5)
+    assert Learner(RETRIEVERS, "thompson", step=0.25).policy.n_arms == 16
+    assert "thompson" in repr(Learner(RETRIEVERS, "thompson"))

@@ -1,0 +1,425 @@
+"""Fusion-weight policies on a deterministic toy world (see ``_toy_env.py``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from _toy_env import RETRIEVERS, ToyEnv, simulate
+
+from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
+from rlfb.features import QUERY_TYPES, query_features, query_type
+from rlfb.learner import Learner, LearnerConfig
+from rlfb.policies import (
+    POLICIES,
+    BatchPolicy,
+    EpsilonGreedyPolicy,
+    FixedPolicy,
+    GradientPolicy,
+    ThompsonPolicy,
+    make_policy,
+)
+from rlfb.policies._util import pdgd_pairs, project_simplex
+from rlfb.policies.base import Context, Decision, Episode, Policy
+from rlfb.policies.gradient import pdgd_debias_weights, plackett_luce_log_prob
+from rlfb.policies.thompson import simplex_grid
+
+# weights only: no memory, no confidence, no chunk exploration
+PLAIN = LearnerConfig(memory_weight=0.0, confidence_weight=0.0, exploration="none")
+LEARNING = [
+    ("batch", {}),
+    ("thompson", {}),
+    ("epsilon", {"epsilon": 0.3, "epsilon_decay": 1e6}),
+    ("gradient", {}),
+]
+
+
+def _w(weights: dict[str, float]) -> np.ndarray:
+    return np.array([weights[r] for r in RETRIEVERS])
+
+
+def _episode(weights, shown, rewards, reward, *, arm=None, qtype="default", eid="e") -> Episode:
+    shown = np.asarray(shown, dtype=float)
+    return Episode(
+        event_id=eid,
+        query="q",
+        retrievers=RETRIEVERS,
+        decision=Decision(dict(zip(RETRIEVERS, weights)), arm=arm),
+        shown_ids=tuple(f"d{i}" for i in range(len(shown))),
+        shown=shown,
+        chunk_rewards=np.asarray(rewards, dtype=float),
+        reward=reward,
+        query_type=qtype,
+    )
+
+
+# ---------------------------------------------------------------------------- registry
+
+
+def test_registry_names_and_errors():
+    assert sorted(POLICIES) == ["batch", "epsilon", "fixed", "gradient", "thompson"]
+    for name in POLICIES:
+        p = make_policy(name, RETRIEVERS)
+        assert isinstance(p, Policy) and p.name == name
+    with pytest.raises(ValidationError, match="batch.*epsilon.*fixed.*gradient.*thompson"):
+        make_policy("ucb", RETRIEVERS)
+    with pytest.raises(ValidationError, match="retrievers"):
+        make_policy(FixedPolicy(("a", "b")), RETRIEVERS)
+    with pytest.raises(ValidationError, match="bad options"):
+        make_policy("fixed", RETRIEVERS, step=0.1)
+
+
+def test_fixed_policy_validates_and_keeps_weights():
+    p = FixedPolicy(RETRIEVERS, {"r0": 2.0, "r1": 0.0, "r2": 2.0})
+    assert p.weights() == {"r0": 0.5, "r1": 0.0, "r2": 0.5}
+    assert p.decide(None).weights == p.weights() and not p.decide(None).explored
+    p.learn(_episode([0.5, 0, 0.5], [[1, 0, 0]], [1.0], 1.0), 1.0)
+    assert p.weights() == {"r0": 0.5, "r1": 0.0, "r2": 0.5}
+    assert FixedPolicy(RETRIEVERS).weights() == pytest.approx(dict.fromkeys(RETRIEVERS, 1 / 3))
+    for bad in (
+        {"r0": float("nan"), "r1": 1, "r2": 1},
+        {"r0": -0.1, "r1": 1, "r2": 1},
+        {"r0": 0, "r1": 0, "r2": 0},
+        {"r0": 1, "r1": 1},
+        {"r0": 1, "r1": 1, "r2": 1, "x": 1},
+        [1.0, 2.0],
+        {"r0": float("inf"), "r1": 1, "r2": 1},
+    ):
+        with pytest.raises(InvalidWeightsError):
+            FixedPolicy(RETRIEVERS, bad)
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [
+        (BatchPolicy, {"batch_size": 0}),
+        (BatchPolicy, {"learning_rate": -0.1}),
+        (BatchPolicy, {"positive_threshold": -0.6, "negative_threshold": -0.5}),
+        (BatchPolicy, {"bounds": (0.5, 0.4)}),
+        (BatchPolicy, {"concentration": 0}),
+        (ThompsonPolicy, {"step": 0.3}),
+        (ThompsonPolicy, {"step": 0}),
+        (ThompsonPolicy, {"exploration": "ucb"}),
+        (ThompsonPolicy, {"epsilon": 1.5}),
+        (ThompsonPolicy, {"epsilon": 0.1, "epsilon_min": 0.2}),
+        (ThompsonPolicy, {"forget": 0.1}),
+        (ThompsonPolicy, {"noise": 0}),
+        (ThompsonPolicy, {"step": 0.01}),  # 5151 arms > max_arms
+        (ThompsonPolicy, {"bandwidth": float("nan")}),
+        (GradientPolicy, {"temperature": 0}),
+        (GradientPolicy, {"learning_rate": float("inf")}),
+        (GradientPolicy, {"shrinkage": -1}),
+        (GradientPolicy, {"max_step": 0}),
+        (GradientPolicy, {"bounds": (0.05,)}),
+        (FixedPolicy, {"seed": -1}),
+    ],
+)
+def test_bad_hyperparameters_raise(cls, kwargs):
+    with pytest.raises(ValidationError):
+        cls(RETRIEVERS, **kwargs)
+
+
+def test_bad_retrievers_raise():
+    for bad in ([], "r0", ["a", "a"], ["a", ""], [1, 2]):
+        with pytest.raises(ValidationError):
+            ThompsonPolicy(bad)
+
+
+# ---------------------------------------------------------------------------- features
+
+
+def test_query_features_and_types():
+    f = query_features('how do I fix "error E1234" in my_module?')
+    assert f["has_code"] == f["has_quote"] == f["is_question"] == f["has_digits"] == 1.0
+    assert query_type(f) == "medium|code"
+    assert query_type(query_features("aurora")) == "short|keyword"
+    assert query_type(query_features("why is the sky blue")) == "medium|question"
+    assert query_type(query_features('"solar wind" particles')) == "short|quoted"
+    assert query_type(query_features(" ".join(["word"] * 20))) == "long|keyword"
+    assert query_type(query_features("")) == "short|keyword"
+    assert len(QUERY_TYPES) == 12 and query_type(f) in QUERY_TYPES
+
+
+# ---------------------------------------------------------------------------- simplex and arms
+
+
+def test_simplex_grid_and_projection():
+    assert simplex_grid(3, 0.1).shape == (66, 3)
+    assert simplex_grid(4, 0.25).shape == (math.comb(7, 3), 4)
+    assert np.allclose(simplex_grid(5, 0.5).sum(axis=1), 1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        v = rng.normal(size=4) * 2
+        w = project_simplex(v, 0.05, 0.95)
+        assert w.sum() == pytest.approx(1.0) and w.min() >= 0.05 - 1e-12 and w.max() <= 0.95 + 1e-12
+        # it is the Euclidean projection: no feasible point on a small grid is closer
+        cands = [project_simplex(w + 0.01 * rng.normal(size=4), 0.05, 0.95) for _ in range(20)]
+        assert all(np.linalg.norm(v - w) <= np.linalg.norm(v - c) + 1e-9 for c in cands)
+
+
+def test_thompson_arms_are_bounded_and_start_at_default():
+    p = ThompsonPolicy(RETRIEVERS)
+    assert p.n_arms == 67 and p.arm_names[0] == "default"
+    assert np.all(p._arms >= 0.05 - 1e-12) and np.all(p._arms <= 0.95 + 1e-12)
+    assert np.allclose(p._arms.sum(axis=1), 1.0)
+    assert _w(p.weights()) == pytest.approx(np.full(3, 1 / 3))
+    assert p.decide(None, explore=False).arm == "default"
+    four = ThompsonPolicy(("a", "b", "c", "d"), step=0.25)
+    assert four.n_arms == math.comb(7, 3) + 1
+
+
+# ---------------------------------------------------------------------------- learning the right way
+
+
+@pytest.mark.parametrize(("name", "kwargs"), LEARNING)
+@pytest.mark.parametrize(("world", "good", "bad"), [("A", "r0", "r2"), ("B", "r2", "r0")])
+def test_each_policy_moves_its_weights_the_right_way(name, kwargs, world, good, bad):
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, name, PLAIN, seed=1, **kwargs)
+    n = 1000 if name in ("thompson", "gradient") else 1500
+    simulate(learner, env, n, seed=2, types=(world,))
+    w = learner.weights(world)
+    assert w[good] > 1 / 3 + 0.05, w
+    assert w[good] > w[bad] + 0.1, w
+    assert sum(w.values()) == pytest.approx(1.0)
+    assert min(w.values()) >= 0.05 - 1e-9 and max(w.values()) <= 0.95 + 1e-9
+    # and the learned weights rank better than equal weights on that world's queries
+    assert env.heldout_ndcg(w, world) > env.heldout_ndcg(dict.fromkeys(RETRIEVERS, 1 / 3), world)
+
+
+def test_contextual_thompson_learns_different_weights_per_query_type():
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, "thompson", PLAIN, seed=3)
+    simulate(learner, env, 1500, seed=4)
+    wa, wb = learner.weights("A"), learner.weights("B")
+    assert max(wa, key=wa.get) == "r0" and max(wb, key=wb.get) == "r2"
+    assert wa["r0"] - wb["r0"] > 0.3 and wb["r2"] - wa["r2"] > 0.3
+    # a type never seen falls back to the global statistics
+    assert learner.weights("never-seen") == learner.weights()
+
+
+def test_evidence_gate_keeps_the_default_without_evidence():
+    env = ToyEnv(seed=0, best={"A": None, "B": None})  # every retriever equally informative
+    equal = env.heldout_ndcg(dict.fromkeys(RETRIEVERS, 1 / 3))
+    for name in ("thompson", "epsilon", "gradient"):
+        learner = Learner(RETRIEVERS, name, PLAIN, seed=5)
+        simulate(learner, env, 1000, seed=6)
+        w = _w(learner.weights())
+        assert np.abs(w - 1 / 3).max() < 0.03, (name, w)
+        assert env.heldout_ndcg(learner.weights()) > equal - 0.005
+
+
+def test_thompson_default_moves_after_fifty_samples():
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, "thompson", PLAIN, seed=1)
+    simulate(learner, env, 50, seed=2, types=("A",))
+    assert learner.policy.default_weights == pytest.approx(np.full(3, 1 / 3))
+    simulate(learner, env, 800, seed=3, types=("A",))
+    d = learner.policy.default_weights
+    assert d[0] > 1 / 3 + 0.1 and d[0] > d[2]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [LEARNING[1], LEARNING[3], LEARNING[2]])
+def test_policy_follows_drift(name, kwargs):
+    before = ToyEnv(seed=0, best={"A": 0, "B": 0})
+    after = ToyEnv(seed=0, best={"A": 2, "B": 2})
+    learner = Learner(RETRIEVERS, name, PLAIN, seed=1, **kwargs)
+    simulate(learner, before, 1000, seed=3)
+    w1 = learner.weights()
+    assert w1["r0"] > w1["r2"] + 0.1
+    simulate(learner, after, 1000, seed=4, t0=60_000.0)
+    w2 = learner.weights()
+    assert w2["r2"] > w2["r0"] + 0.1, (w1, w2)
+
+
+def test_thompson_forgets_with_time():
+    p = ThompsonPolicy(RETRIEVERS, half_life_days=1.0, forget=1.0)
+    ep = _episode([1 / 3] * 3, [[1, 0, 0]], [1.0], 1.0, arm="default")
+    p.learn(dataclass_replace(ep, timestamp=1000.0), 1.0)
+    n0 = p._stats["*"][0, 0]
+    p.learn(dataclass_replace(ep, timestamp=1000.0 + 86_400.0), 1.0)
+    assert p._stats["*"][0, 0] == pytest.approx(n0 * 0.5 + 1.0)
+    # a late reward for an old decision counts, discounted
+    p.learn(dataclass_replace(ep, timestamp=1000.0), 1.0)
+    assert p._stats["*"][0, 0] == pytest.approx(n0 * 0.5 + 1.0 + 0.5)
+
+
+def dataclass_replace(ep, **kw):
+    import dataclasses
+
+    return dataclasses.replace(ep, **kw)
+
+
+# ---------------------------------------------------------------------------- propensities
+
+
+def test_epsilon_greedy_propensity_is_exact():
+    p = EpsilonGreedyPolicy(RETRIEVERS, epsilon=0.2, epsilon_min=0.2, seed=0)
+    seen = {}
+    for _ in range(400):
+        d = p.decide(None)
+        seen.setdefault(d.arm == "default", set()).add(round(d.propensity, 12))
+    eps, n = 0.2, p.n_arms
+    assert seen[True] == {round(1 - eps + eps / n, 12)}
+    assert seen[False] == {round(eps / n, 12)}
+
+
+def test_thompson_propensity_and_late_reward_credit_the_logged_arm():
+    p = ThompsonPolicy(RETRIEVERS, seed=0)
+    d = p.decide(Context("q", RETRIEVERS, (), np.zeros((0, 3)), np.zeros((0, 3))))
+    assert 0.0 < d.propensity <= 1.0 and d.arm in p.arm_names
+    arm = "0.9/0.05/0.05"
+    p.learn(_episode([0.9, 0.05, 0.05], [[1, 0, 0]], [1.0], 1.0, arm=arm), 1.0)
+    assert p._stats["*"][0, p._arm_index[arm]] == pytest.approx(1.0)
+    # a decision logged without an arm is credited to the nearest arm by its weights
+    p.learn(_episode([0.1, 0.1, 0.8], [[1, 0, 0]], [1.0], 1.0), 1.0)
+    assert p._stats["*"][0, p._arm_index["0.1/0.1/0.8"]] == pytest.approx(1.0, rel=0.01)
+
+
+def test_plackett_luce_ranking_and_propensity():
+    p = GradientPolicy(RETRIEVERS, seed=0)
+    env = ToyEnv(seed=0)
+    ctx = dataclass_replace(env.context(0), k=5)
+    d = p.decide(ctx)
+    assert d.ranking is not None and len(d.ranking) == 5 and len(set(d.ranking)) == 5
+    s = ctx.normalized @ _w(p.weights()) / (p.hyper.temperature * np.abs(ctx.normalized).max())
+    assert d.propensity == pytest.approx(math.exp(plackett_luce_log_prob(s, np.array(d.ranking))))
+    g = p.decide(ctx, explore=False)
+    assert g.ranking is None and g.propensity == 1.0 and not g.explored
+    # brute force: the probabilities of every top-2 of 3 items sum to one
+    scores = np.array([0.3, -1.0, 2.0])
+    tops = itertools.permutations(range(3), 2)
+    total = sum(math.exp(plackett_luce_log_prob(scores, np.array(r))) for r in tops)
+    assert total == pytest.approx(1.0)
+
+
+def test_pdgd_pairs_and_debias_weights_match_brute_force():
+    pos, neg = pdgd_pairs(np.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0]))
+    assert pos.tolist() == [1, 3] and neg.tolist() == [0, 2, 4]
+    pos, neg = pdgd_pairs(np.array([0.0, 0.0, -1.0]))
+    assert pos.size == 0 and neg.tolist() == [2]
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=5)
+
+    def prob(order):
+        return math.exp(plackett_luce_log_prob(s[list(order)], np.arange(len(order))))
+
+    rho = pdgd_debias_weights(s, np.array([3]), np.array([0, 4]))
+    for j, n in enumerate([0, 4]):
+        swapped = list(range(5))
+        swapped[3], swapped[n] = swapped[n], swapped[3]
+        pr, ps = prob(range(5)), prob(swapped)
+        assert rho[0, j] == pytest.approx(ps / (pr + ps))
+
+
+# ---------------------------------------------------------------------------- batch policy
+
+
+def test_batch_direction_comes_from_logged_weights():
+    rng = np.random.default_rng(0)
+    p = BatchPolicy(RETRIEVERS, batch_size=50, seed=0)
+    for i in range(50):
+        w = p.decide(None).weights
+        wv = _w(w)
+        reward = 0.7 + 0.3 * (wv[0] - 1 / 3) / 0.05 + 0.01 * rng.normal()  # better with more r0
+        p.learn(_episode(wv, [[1, 0, 0]], [1.0], float(np.clip(reward, -1, 1)), eid=f"e{i}"), reward)
+    w = _w(p.weights())
+    assert w[0] > 1 / 3 + 0.02 and w.sum() == pytest.approx(1.0)
+
+    # a middling batch (mean reward between -0.5 and 0.5) changes nothing
+    q = BatchPolicy(RETRIEVERS, batch_size=10, seed=0)
+    for i in range(10):
+        q.learn(_episode(_w(q.decide(None).weights), [[1, 0, 0]], [1.0], 0.1 * (i % 2)), 0.1 * (i % 2))
+    assert _w(q.weights()) == pytest.approx(np.full(3, 1 / 3))
+
+    # a bad batch moves away from the weights that scored worst; no randomness is involved
+    def bad_batch(seed):
+        b = BatchPolicy(RETRIEVERS, batch_size=4, seed=seed)
+        logged = [[0.6, 0.2, 0.2], [0.2, 0.6, 0.2], [0.2, 0.2, 0.6], [1 / 3, 1 / 3, 1 / 3]]
+        for lw, r in zip(logged, [-1.0, -0.6, -0.6, -0.6]):
+            b.learn(_episode(lw, [[1, 0, 0]], [0.0], r), r)
+        return _w(b.weights())
+
+    w1, w2 = bad_batch(0), bad_batch(99)
+    assert w1[0] < 1 / 3 - 0.01 and np.allclose(w1, w2)
+
+
+def test_batch_perturbations_are_logged_with_their_density():
+    p = BatchPolicy(RETRIEVERS, seed=0)
+    d = p.decide(None)
+    assert d.explored and d.propensity > 0 and d.weights != p.weights()
+    assert abs(sum(d.weights.values()) - 1.0) < 1e-9
+    assert not p.decide(None, explore=False).explored
+
+
+# ---------------------------------------------------------------------------- determinism and state
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_same_seed_same_decisions(name):
+    env = ToyEnv(seed=0, n_queries=10)
+
+    def run(seed):
+        learner = Learner(RETRIEVERS, name, PLAIN, seed=seed)
+        out = []
+        rng = np.random.default_rng(0)
+        for i in range(120):
+            q = i % 10
+            r = learner.rank(env.context(q), 5)
+            out.append((tuple(r.order.tolist()), r.decision.arm, round(r.decision.propensity, 12),
+                        tuple(sorted(r.decision.weights.items()))))
+            learner.learn(env.episode(q, r, rng, t=float(i)))
+        return out
+
+    assert run(7) == run(7)
+    if name != "fixed":
+        assert run(7) != run(8)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_policy_state_json_round_trip(name):
+    env = ToyEnv(seed=0, n_queries=10)
+    a = make_policy(name, RETRIEVERS, seed=3)
+    rng = np.random.default_rng(1)
+    learner = Learner(RETRIEVERS, a, PLAIN)
+    simulate(learner, env, 80, seed=2)
+    state = json.loads(json.dumps(a.state_dict(), allow_nan=False))
+    b = make_policy(name, RETRIEVERS, seed=3).load_state_dict(state)
+    for q in range(10):
+        ctx = dataclass_replace(env.context(q), k=5)
+        da, db = a.decide(ctx), b.decide(ctx)
+        assert da == db
+        assert a.weights("A") == b.weights("A")
+    ep = env.episode(0, learner.rank(env.context(0), 5), rng)
+    a.learn(ep, ep.reward)
+    b.learn(ep, ep.reward)
+    assert a.weights() == b.weights()
+
+
+def test_policy_state_rejects_damage():
+    p = ThompsonPolicy(RETRIEVERS)
+    good = p.state_dict()
+    for damage in (
+        lambda s: s.update(name="gradient"),
+        lambda s: s.update(retrievers=["x", "y", "z"]),
+        lambda s: s["state"].update(default=[0.5, 0.5]),
+        lambda s: s["state"].update(stats={"*": [[0.0] * 3] * 3}),
+        lambda s: s["state"].pop("clock"),
+        lambda s: s.update(rng={"bit_generator": "nope"}),
+        lambda s: s.update(n_updates=float("nan")),
+    ):
+        s = json.loads(json.dumps(good))
+        damage(s)
+        with pytest.raises(CorruptStateError):
+            ThompsonPolicy(RETRIEVERS).load_state_dict(s)
+    with pytest.raises(CorruptStateError):
+        GradientPolicy(RETRIEVERS).load_state_dict(
+            {**GradientPolicy(RETRIEVERS).state_dict(), "state": {"weights": [1, 1, 1]}}
+        )
+    with pytest.raises(CorruptStateError):
+        FixedPolicy(RETRIEVERS).load_state_dict(
+            {**FixedPolicy(RETRIEVERS).state_dict(), "state": {"weights": [-1, 1, 1]}}
+        )

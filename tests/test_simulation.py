@@ -1,0 +1,122 @@
+"""Simulated users and the experiment runner (on the generated demo collection, BM25 + dense)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlfb.cli import main
+from rlfb.demo_corpus import generate_demo_corpus
+from rlfb.errors import ValidationError
+from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simplex_grid, simulate
+from rlfb.simulation.users import CLICK_MODELS, SimulatedUser, to_grade
+
+
+def test_click_models_have_the_standard_parameters() -> None:
+    assert CLICK_MODELS["navigational"].click == (0.05, 0.3, 0.5, 0.7, 0.95)
+    assert CLICK_MODELS["navigational"].stop == (0.2, 0.3, 0.5, 0.7, 0.9)
+    assert CLICK_MODELS["informational"].click == (0.4, 0.6, 0.7, 0.8, 0.9)
+    assert CLICK_MODELS["perfect"].stop == (0.0,) * 5
+
+
+def test_cascade_click_rates_match_the_model() -> None:
+    user = SimulatedUser("navigational", explicit_rate=0.0, reformulation_rate=0.0, seed=3)
+    n = 4000
+    first = sum("r" in user.clicks(["r", "n"], {"r": 1}) for _ in range(n)) / n
+    assert first == pytest.approx(0.95, abs=0.02)
+    # after clicking a grade-4 chunk the user stops with p=0.9, so the next one is rarely reached
+    both = sum(user.clicks(["r", "r2"], {"r": 1, "r2": 1}) == ["r", "r2"] for _ in range(n)) / n
+    assert both == pytest.approx(0.95 * 0.1 * 0.95, abs=0.015)
+    noise = sum(bool(user.clicks(["n"], {})) for _ in range(n)) / n
+    assert noise == pytest.approx(0.05, abs=0.015)
+
+
+def test_explicit_thumbs_reformulations_noise_and_delays() -> None:
+    user = SimulatedUser("perfect", explicit_rate=1.0, reformulation_rate=1.0, mean_delay=100, late_rate=0.0, seed=0)
+    good = user.interact(["r", "x"], {"r": 1})
+    assert good.explicit == "explicit_positive" and not good.reformulated
+    bad = user.interact(["x", "y", "z", "r"], {"r": 1})
+    assert bad.explicit == "explicit_negative" and bad.reformulated
+    assert {f.signal for f in bad.feedback} >= {"explicit_negative", "implicit_negative"}
+    flipped = SimulatedUser("perfect", explicit_rate=1.0, noise=1.0, seed=0).interact(["r"], {"r": 1})
+    assert flipped.explicit == "explicit_negative"
+    delays = [f.delay for _ in range(2000) for f in user.interact(["r"], {"r": 1}).feedback]
+    assert np.mean(delays) == pytest.approx(100, rel=0.1)
+    late = SimulatedUser("perfect", explicit_rate=0.0, late_rate=1.0, late_delay=500.0, seed=0)
+    assert {f.delay for f in late.interact(["r"], {"r": 1}).feedback} == {500.0}
+
+
+def test_grades_and_validation() -> None:
+    assert [to_grade(g, 4) for g in (0, 1, 2, 3, 4)] == [0, 1, 2, 3, 4]
+    assert to_grade(1, 1) == 4
+    with pytest.raises(ValidationError):
+        SimulatedUser("clairvoyant")
+    with pytest.raises(ValidationError):
+        SimulatedUser(explicit_rate=1.5)
+    with pytest.raises(ValidationError):
+        SimulationConfig(user="nobody")
+
+
+def test_simplex_grid() -> None:
+    grid = simplex_grid(3, 0.1)
+    assert grid.shape == (66, 3)
+    np.testing.assert_allclose(grid.sum(axis=1), 1.0)
+
+
+@pytest.fixture(scope="module")
+def small_run() -> tuple[SimulationConfig, dict, object]:
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    config = SimulationConfig(policy="gradient", interactions=300, seeds=(0, 1), checkpoints=3,
+                              retrievers=("bm25", "dense"))
+    prep = prepare(data, config, show_progress=False)
+    return config, simulate(data, config, show_progress=False, prepared=prep), prep
+
+
+def test_result_has_the_documented_shape(small_run) -> None:
+    config, result, _ = small_run
+    for key in ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"):
+        entry = result["final"][key]
+        assert entry["ci95"][0] <= entry["mean"] <= entry["ci95"][1]
+    for name in ("rrf", "bm25", "dense", "equal", "tuned_fixed", "oracle_fixed", "per_query_oracle"):
+        assert set(result["baselines"][name]) >= {"heldout_ndcg@10", "seen_ndcg@10"}
+    assert [p["interactions"] for p in result["curve"]] == [0, 100, 200, 300]
+    assert result["config"]["seeds"] == [0, 1] and result["config"]["policy"] == "gradient"
+    json.dumps(result)  # plain JSON
+    b = result["baselines"]
+    # an upper bound is an upper bound
+    assert b["oracle_fixed"]["heldout_ndcg@10"]["mean"] >= b["rrf"]["heldout_ndcg@10"]["mean"] - 1e-12
+    assert b["per_query_oracle"]["heldout_ndcg@10"]["mean"] >= b["oracle_fixed"]["heldout_ndcg@10"]["mean"] - 1e-12
+
+
+def test_feedback_memory_lifts_repeated_queries(small_run) -> None:
+    """Each stream query is asked about 10 times: feedback memory must beat the static systems on them."""
+    _, result, _ = small_run
+    seen = result["final"]["seen_ndcg@10"]["mean"]
+    b = result["baselines"]
+    assert seen > max(b["rrf"]["seen_ndcg@10"]["mean"], b["equal"]["seen_ndcg@10"]["mean"]) + 0.05
+    assert seen > b["oracle_fixed"]["seen_ndcg@10"]["mean"]
+    assert result["curve"][0]["seen_ndcg@10"]["mean"] is None  # nothing seen before the first query
+
+
+def test_same_seed_same_result(small_run) -> None:
+    config, result, prep = small_run
+    again = simulate(prep.dataset, config, show_progress=False, prepared=prep)
+    assert again["final"] == result["final"] and again["curve"] == result["curve"]
+
+
+def test_plot_is_written(small_run, tmp_path) -> None:
+    _, result, _ = small_run
+    plot_curves(result, str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_simulate_cli_on_the_demo_collection(tmp_path, capsys) -> None:
+    out = tmp_path / "sim.json"
+    code = main(["simulate", "--dataset", "demo", "--retrievers", "bm25", "--policy", "thompson",
+                 "--interactions", "60", "--seeds", "1", "--checkpoints", "2", "--json", str(out),
+                 "--plot", str(tmp_path / "sim.png"), "--quiet"])
+    assert code == 0
+    assert "learned (thompson)" in capsys.readouterr().out
+    assert json.loads(out.read_text())["config"]["interactions"] == 60
