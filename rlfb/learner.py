@@ -82,11 +82,11 @@ class LearnerConfig:
         confidence and the feedback memory in the fused score, relative to the
         score scale. ``memory_weight=0`` turns the memory off.
     Chunk exploration
-        ``exploration``: ``"epsilon"`` (default), ``"thompson"`` or ``"none"``;
+        ``exploration``: ``"thompson"`` (default: it explored best on cranfield), ``"epsilon"`` or ``"none"``;
         ``epsilon`` (0.1) decays by half every ``epsilon_half_life`` learned
         episodes down to ``epsilon_min``; a swapped-in chunk comes from the
         next ``explore_depth`` candidates into a slot from
-        ``explore_min_position * k`` on. ``thompson_weight`` sizes Thompson
+        ``explore_min_position * k`` on. ``thompson_weight`` (0.3) sizes Thompson
         perturbations.
     Evidence
         ``confidence_learning_rate`` (0.03, in [0.01, 0.05]); ``half_life_days``
@@ -120,13 +120,13 @@ class LearnerConfig:
 
     confidence_weight: float = 0.05
     memory_weight: float = 1.0
-    exploration: str = "epsilon"
+    exploration: str = "thompson"
     epsilon: float = 0.1
     epsilon_min: float = 0.02
     epsilon_half_life: float = 1000.0
     explore_depth: int = 50
     explore_min_position: float = 0.5
-    thompson_weight: float = 0.1
+    thompson_weight: float = 0.3
     confidence_learning_rate: float = 0.03
     half_life_days: float | None = 45.0
     skip_weight: float = 0.2
@@ -157,6 +157,10 @@ class LearnerConfig:
             raise ValidationError(
                 f"exploration must be one of {sorted(EXPLORATIONS)}, got {self.exploration!r}"
             )
+        # validated here too: the epsilon explorer that checks them is built only when chosen
+        check_float("epsilon", self.epsilon, 0.0, 1.0)
+        check_float("epsilon_min", self.epsilon_min, 0.0, 1.0)
+        check_float("thompson_weight", self.thompson_weight, 0.0, 10.0)
         check_float("skip_weight", self.skip_weight, 0.0, 1.0)
         check_float("abandon_weight", self.abandon_weight, 0.0, 1.0)
         check_int("replay_every", self.replay_every, 1)

@@ -68,7 +68,7 @@ def test_rank_validates_the_context():
 
 def test_exploration_is_logged_with_its_propensity():
     env = ToyEnv(seed=0, n_queries=4)
-    learner = Learner(RETRIEVERS, "fixed", LearnerConfig(epsilon=1.0, epsilon_min=1.0), seed=0)
+    learner = Learner(RETRIEVERS, "fixed", LearnerConfig(exploration="epsilon", epsilon=1.0, epsilon_min=1.0), seed=0)
     greedy = learner.rank(env.context(0), 10, explore=False)
     r = learner.rank(env.context(0), 10)
     assert r.decision.explored and 0 < r.decision.propensity < 1
