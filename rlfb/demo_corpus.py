@@ -12,8 +12,8 @@ Every device has one full description (grade 2) and one short service note
 (grade 1); distractor notes mention the same words about other devices.
 
 >>> data = generate_demo_corpus(n_devices=20, seed=1)
->>> len(data.corpus), len(data.queries) > 0
-(60, True)
+>>> len(data.corpus), len(data.queries), len(set(data.queries.values()))
+(60, 40, 40)
 >>> data == generate_demo_corpus(n_devices=20, seed=1)
 True
 """
@@ -70,27 +70,31 @@ class _Device:
     attribute: tuple[str, str, int]
 
 
-def _device(rng: random.Random, i: int) -> _Device:
+def _device(rng: random.Random, i: int, function: tuple[str, str], material: str) -> _Device:
     letters = "".join(rng.choice("BCDFGHKLMNPRSTVXZ") for _ in range(2))
     attr, unit, lo, hi = rng.choice(_ATTRIBUTES)
     return _Device(
-        code=f"{letters}-{1000 + i * 37 % 9000 + rng.randrange(10)}",
+        code=f"{letters}-{1000 + i * 37}",  # unique: i * 37 never repeats
         name=f"{rng.choice(_NAMES)} {rng.choice(['Mk', 'Series', 'Model'])} {rng.randrange(2, 9)}",
-        function=_FUNCTIONS[i % len(_FUNCTIONS)],
-        material=rng.choice(_MATERIALS),
+        function=function,
+        material=material,
         city=rng.choice(_CITIES),
         year=rng.randrange(1975, 2025),
         attribute=(attr, unit, rng.randrange(lo, hi)),
     )
 
 
-def generate_demo_corpus(n_devices: int = 120, seed: int = 7) -> BeirDataset:
+def generate_demo_corpus(n_devices: int = 90, seed: int = 7) -> BeirDataset:
     """A seeded BEIR-style collection: 3 documents per device and 2 questions per device.
 
     The ``test`` split holds every question; simulations split it in halves.
     """
     rng = random.Random(seed)
-    devices = [_device(rng, i) for i in range(n_devices)]
+    # every (function, material) pair once, so that no two devices share a paraphrase question;
+    # past 96 devices the city is added to keep the questions distinct
+    pairs = [(f, m) for f in _FUNCTIONS for m in _MATERIALS]
+    rng.shuffle(pairs)
+    devices = [_device(rng, i, *pairs[i % len(pairs)]) for i in range(n_devices)]
     corpus: list[Chunk] = []
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
@@ -112,8 +116,9 @@ def generate_demo_corpus(n_devices: int = 120, seed: int = 7) -> BeirDataset:
             Chunk(f"d{i}-other", distractor, {"device": other.code, "kind": "comparison"}),
         ]
         queries[f"q{i}-code"] = f"What is the {attr} of {d.code}?"
-        # devices share functions and materials, so a paraphrase question fits several of them
-        queries[f"q{i}-para"] = f"Which {d.material} machine {d.function[1]}?"
+        # devices share functions and materials, so a paraphrase question is hard, but never repeated
+        where = f" made in {d.city}" if i >= len(pairs) else ""
+        queries[f"q{i}-para"] = f"Which {d.material} machine{where} {d.function[1]}?"
         qrels[f"q{i}-code"] = {f"d{i}-full": 2, f"d{i}-note": 1}
         qrels[f"q{i}-para"] = {f"d{i}-full": 2}
     return BeirDataset("rlfb-demo", corpus, queries, {"test": qrels})

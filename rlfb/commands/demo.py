@@ -1,4 +1,9 @@
-"""``rlfb demo``: the main job on the embedded default collection (generated, no download)."""
+"""``rlfb demo``: the main job on the embedded default collection (generated, no download).
+
+It indexes the generated collection with BM25, dense and SPLADE, shows one
+fused retrieval with every score, then runs the feedback loop with simulated
+users and prints the learned policy against the fixed-weight baselines.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +13,40 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="retrieve, fuse and evaluate on the embedded demo collection")
+    p = sub.add_parser("demo", help="learn from simulated feedback on the embedded demo collection")
     p.add_argument("--retrievers", default="bm25,dense,splade")
-    p.add_argument("--devices", type=int, default=120, help="size of the generated collection (3 docs each)")
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--out", default=None, help="folder for results.json")
+    p.add_argument("--policy", default="thompson")
+    p.add_argument("--interactions", type=int, default=1500)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--devices", type=int, default=90, help="size of the generated collection (3 chunks each)")
+    p.add_argument("--out", default="out/demo", help="folder for results.json and learning_curves.png")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
-    from rlfb.offline import evaluate_ensemble
+    from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
 
-    data = generate_demo_corpus(n_devices=args.devices, seed=args.seed)
-    names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
-    qrels = data.split("test")
-    print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated, seed {args.seed})")
-    ens = FeedbackEnsemble.from_chunks(data.corpus, retrievers=names, fusion="rrf", show_progress=True)
+    data = generate_demo_corpus(n_devices=args.devices)
+    names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())
+    print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
+    config = SimulationConfig(policy=args.policy, interactions=args.interactions, seeds=tuple(range(args.seeds)),
+                              retrievers=names)
+    prepared = prepare(data, config)
+    ens = FeedbackEnsemble(prepared.retrievers, prepared.chunks, fusion=config.fusion)
     question = next(iter(data.queries.values()))
-    print(f"\nexample: {question!r}")
-    for hit in ens.retrieve(question, k=3, log=False).hits:
+    print(f"\none fused retrieval, equal weights: {question!r}")
+    for hit in ens.retrieve(question, k=3, log=False, explore=False).hits:
         parts = ", ".join(f"{n}={v:.3f}" for n, v in hit.scores.items())
-        print(f"  {hit.rank}. [{hit.chunk_id}] fused={hit.score:.4f} ({parts})  {hit.text[:70]}...")
-    results: dict[str, dict[str, float]] = {}
-    for fusion in ("rrf", "minmax"):
-        ens.fusion = fusion
-        scores = evaluate_ensemble(ens, data.queries, qrels, measures=(("ndcg", 10),))
-        results.update({n: v for n, v in scores.items() if n != "fused"})
-        results[f"{fusion} (equal weights)"] = scores["fused"]
-    print(f"\n{'run':<24}{'nDCG@10':>10}")
-    for name, metrics in results.items():
-        print(f"{name:<24}{metrics['ndcg@10']:>10.4f}")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-        print(f"\nwrote {out / 'results.json'}")
+        print(f"  {hit.rank}. [{hit.chunk_id}] fused={hit.score:.3f} ({parts})  {hit.text[:60]}...")
+    print(f"\nlearning from {args.interactions} simulated users x {args.seeds} seeds ({args.policy} policy)")
+    result = simulate(data, config, prepared=prepared)
+    print_table(result)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    plot_curves(result, str(out / "learning_curves.png"))
+    print(f"\nwrote {out / 'results.json'} and {out / 'learning_curves.png'}")
     return 0

@@ -1,0 +1,111 @@
+"""Retrievers: BM25 (bm25s), dense (sentence-transformers) and SPLADE (``SparseEncoder``).
+
+Every retriever scores the whole corpus for a query as one vector aligned with
+its ``ids`` (see :mod:`rlfb.retrievers.base`). They are registered by name:
+
+>>> sorted(RETRIEVERS)
+['bm25', 'dense', 'splade']
+>>> make_retriever("bm25", k1=1.2).k1
+1.2
+
+The classes are imported on first use, so ``import rlfb`` imports neither
+bm25s nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.retrievers.base import ChunkTable, CorpusRetriever, Retriever, top_k
+
+if TYPE_CHECKING:
+    from rlfb.retrievers.bm25 import BM25Retriever
+    from rlfb.retrievers.cache import EmbeddingCache
+    from rlfb.retrievers.dense import DenseRetriever
+    from rlfb.retrievers.splade import SpladeRetriever
+
+__all__ = [
+    "Retriever",
+    "CorpusRetriever",
+    "ChunkTable",
+    "top_k",
+    "BM25Retriever",
+    "DenseRetriever",
+    "SpladeRetriever",
+    "EmbeddingCache",
+    "RETRIEVERS",
+    "retriever_names",
+    "make_retriever",
+    "load_retriever",
+]
+
+# name -> (module, class); RETRIEVERS resolves these on first access
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "bm25": ("rlfb.retrievers.bm25", "BM25Retriever"),
+    "dense": ("rlfb.retrievers.dense", "DenseRetriever"),
+    "splade": ("rlfb.retrievers.splade", "SpladeRetriever"),
+}
+_LAZY: dict[str, tuple[str, str]] = {cls: (mod, cls) for mod, cls in _REGISTRY.values()}
+_LAZY["EmbeddingCache"] = ("rlfb.retrievers.cache", "EmbeddingCache")
+
+
+def retriever_names() -> list[str]:
+    """Names accepted by :func:`make_retriever`."""
+    return list(_REGISTRY)
+
+
+def _retriever_class(name: str) -> type:
+    try:
+        module, cls = _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValidationError(f"unknown retriever {name!r}; valid names: {', '.join(_REGISTRY)}") from None
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def make_retriever(name: str, **kwargs: Any) -> Retriever:
+    """A new, empty retriever of kind ``name`` (``"bm25"``, ``"dense"``, ``"splade"``).
+
+    >>> make_retriever("colbert")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: unknown retriever 'colbert'; valid names: bm25, dense, splade
+    """
+    return _retriever_class(name)(**kwargs)  # type: ignore[no-any-return]
+
+
+def load_retriever(path: str | Path, **kwargs: Any) -> Retriever:
+    """Load a saved retriever of any kind: ``meta.json`` names the class; ``kwargs`` go to its ``load``."""
+    path = Path(path)
+    return _retriever_class(_read_kind(path)).load(path, **kwargs)  # type: ignore[no-any-return]
+
+
+def _read_kind(path: Path) -> str:
+    file = path / "meta.json"
+    try:
+        kind = json.loads(file.read_text(encoding="utf-8")).get("kind")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise CorruptStateError(f"cannot read retriever settings from {file}: {exc}") from exc
+    if kind not in _REGISTRY:
+        raise CorruptStateError(f"{file} names retriever kind {kind!r}; known kinds: {', '.join(_REGISTRY)}")
+    return str(kind)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RETRIEVERS":
+        registry = {key: _retriever_class(key) for key in _REGISTRY}
+        globals()["RETRIEVERS"] = registry
+        return registry
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -16,10 +16,19 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, UnknownChunkError
+from rlfb.errors import CorruptStateError, EmptyCorpusError, UnknownChunkError, ValidationError
 from rlfb.types import Chunk, make_chunks, validate_k
 
-__all__ = ["Retriever", "ChunkTable", "top_k", "read_meta", "write_meta"]
+__all__ = [
+    "Retriever",
+    "ChunkTable",
+    "CorpusRetriever",
+    "top_k",
+    "read_meta",
+    "write_meta",
+    "check_query",
+    "check_texts",
+]
 
 
 @runtime_checkable
@@ -89,6 +98,13 @@ class ChunkTable:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @classmethod
+    def empty(cls) -> ChunkTable:
+        """A table with no chunks, for an ensemble made only of search-only members."""
+        table = cls.__new__(cls)
+        table.ids, table.texts, table.metadatas, table.row = [], [], [], {}
+        return table
+
     def rows(self, chunk_ids: Sequence[str]) -> np.ndarray:
         """Row numbers of ``chunk_ids``; :class:`UnknownChunkError` names the first unknown id."""
         try:
@@ -135,3 +151,90 @@ def read_meta(path: Path, expected_kind: str) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("kind") != expected_kind:
         raise CorruptStateError(f"{file} does not describe a {expected_kind!r} retriever")
     return meta
+
+
+def check_query(query: object) -> str:
+    """Return ``query`` if it is a string, else raise :class:`ValidationError`."""
+    if not isinstance(query, str):
+        raise ValidationError(f"query must be a string, got {type(query).__name__}")
+    return query
+
+
+def check_texts(texts: object, what: str = "texts") -> list[str]:
+    """Return ``texts`` as a list of strings; one bare string is rejected (it is not a sequence of texts).
+
+    >>> check_texts(("a", "b"))
+    ['a', 'b']
+    >>> check_texts("ab")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: texts must be a sequence of strings, not one string
+    """
+    if isinstance(texts, str):
+        raise ValidationError(f"{what} must be a sequence of strings, not one string")
+    try:
+        out = list(texts)  # type: ignore[call-overload]
+    except TypeError:
+        raise ValidationError(f"{what} must be a sequence of strings, got {type(texts).__name__}") from None
+    for t in out:
+        if not isinstance(t, str):
+            raise ValidationError(f"{what} must be strings, got {type(t).__name__}")
+    return out
+
+
+class CorpusRetriever:
+    """Shared half of every retriever: id bookkeeping and everything derived from the score vector.
+
+    A subclass sets :attr:`name`, stores a :class:`ChunkTable` in ``self._table``
+    when it indexes, and implements :meth:`score_all_batch`. :meth:`score_all`,
+    :meth:`search`, :meth:`search_batch` and :meth:`score` then all read the same
+    score vector, so :meth:`score` returns exactly the values :meth:`search` reports.
+    """
+
+    name: str = ""
+    _table: ChunkTable | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        """Chunk ids in index order (the order of every score vector); do not mutate."""
+        return self._table.ids if self._table is not None else []
+
+    def __len__(self) -> int:
+        return len(self._table) if self._table is not None else 0
+
+    def _require_table(self) -> ChunkTable:
+        if self._table is None:
+            raise EmptyCorpusError(f"the {self.name} retriever has no index yet: call index(chunks) first")
+        return self._table
+
+    def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        raise NotImplementedError
+
+    def score_all(self, query: str) -> np.ndarray:
+        """Scores of every indexed chunk for ``query``, shape ``(len(self),)``, aligned with :attr:`ids`."""
+        return self.score_all_batch([check_query(query)])[0]
+
+    def search(self, query: str, k: int) -> list[tuple[str, float]]:
+        """The ``k`` best ``(chunk_id, score)`` pairs, best first (ties by index order)."""
+        validate_k(k)
+        scores = self.score_all(query)
+        ids = self._require_table().ids
+        return [(ids[i], float(scores[i])) for i in top_k(scores, k)]
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[list[tuple[str, float]]]:
+        """:meth:`search` for several queries, scored in one batch."""
+        validate_k(k)
+        matrix = self.score_all_batch(queries)
+        ids = self._require_table().ids
+        return [[(ids[i], float(row[i])) for i in top_k(row, k)] for row in matrix]
+
+    def score(self, query: str, chunk_ids: Sequence[str]) -> np.ndarray:
+        """Raw scores of ``chunk_ids``, the very values :meth:`search` reports.
+
+        An id that is not indexed raises :class:`UnknownChunkError`.
+        """
+        rows = self._require_table().rows(check_texts(chunk_ids, "chunk_ids"))
+        return self.score_all(query)[rows]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n_chunks={len(self)})"

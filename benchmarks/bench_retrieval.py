@@ -1,0 +1,167 @@
+"""Retrieval latency at 50,000 chunks: rlfb's FeedbackEnsemble against LangChain's EnsembleRetriever.
+
+Both sides get the same precomputed document embeddings and the same cached
+query embedding, so model time is out of the comparison:
+
+* rlfb: ``FeedbackEnsemble`` over ``BM25Retriever`` (bm25s) and ``DenseRetriever``
+  (a numpy matrix product and ``argpartition``), weighted RRF;
+* LangChain: ``EnsembleRetriever`` over ``BM25Retriever`` (rank_bm25) and an
+  ``InMemoryVectorStore`` retriever, weighted RRF.
+
+Then the full three-retriever ensemble (with SPLADE) end to end, with the
+time spent encoding the query by the real models shown separately, and the
+fusion layer's own cost per query at 100 candidates per retriever.
+
+Document vectors are random (dense) and random sparse (SPLADE), cached the way
+the retrievers cache real encodings; encoding 50,000 documents would take the
+better part of an hour on 2 cores and says nothing about retrieval speed.
+
+    python benchmarks/bench_retrieval.py [--chunks 50000] [--queries 50] [--lc-queries 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def synthetic_corpus(n: int, seed: int = 0, vocab: int = 30_000, length: int = 60) -> list[str]:
+    """Zipf-distributed words, so that BM25 sees realistic term statistics."""
+    rng = np.random.default_rng(seed)
+    words = np.array([f"w{i}" for i in range(vocab)])
+    ranks = np.minimum(rng.zipf(1.2, size=(n, length)), vocab) - 1
+    return [" ".join(words[row]) for row in ranks]
+
+
+def unit(rows: int, dim: int, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((rows, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def median_ms(fn, items) -> float:  # noqa: ANN001
+    times = []
+    for item in items:
+        t = time.perf_counter()
+        fn(item)
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", type=int, default=50_000)
+    ap.add_argument("--queries", type=int, default=50)
+    ap.add_argument("--lc-queries", type=int, default=15, help="LangChain is slow: fewer queries")
+    ap.add_argument("--no-splade", action="store_true")
+    args = ap.parse_args()
+
+    from langchain_classic.retrievers import EnsembleRetriever
+    from langchain_community.retrievers import BM25Retriever as LCBM25
+    from langchain_core.embeddings import Embeddings
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from rlfb import FeedbackEnsemble
+    from rlfb.retrievers import BM25Retriever, DenseRetriever, SpladeRetriever
+    from rlfb.retrievers.cache import SparseVector, open_side_caches, text_hash
+    from rlfb.types import make_chunks
+
+    rng = np.random.default_rng(1)
+    texts = synthetic_corpus(args.chunks)
+    ids = [f"c{i}" for i in range(len(texts))]
+    chunks = make_chunks(texts, ids)
+    qrng = random.Random(2)
+    queries = [" ".join(qrng.choice(texts[qrng.randrange(len(texts))].split()) for _ in range(5))
+               for _ in range(args.queries)]
+    doc_vecs = unit(len(texts), 384, rng)
+    query_vecs = unit(len(queries), 384, rng)
+    cache_dir = Path(tempfile.mkdtemp(prefix="rlfb-bench-"))
+    print(f"{len(texts):,} synthetic chunks, {len(queries)} queries; cache in {cache_dir}")
+
+    # ---- rlfb: the same precomputed vectors, put where DenseRetriever looks for them
+    dense = DenseRetriever(cache_dir=cache_dir, model_key="bench-precomputed")
+    doc_cache, query_cache = open_side_caches(cache_dir, "bench-precomputed")
+    doc_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs)})
+    query_cache.put_many({text_hash(q): v for q, v in zip(queries, query_vecs)})
+    t = time.perf_counter()
+    bm25 = BM25Retriever().index(chunks)
+    dense.index(chunks)
+    ours = FeedbackEnsemble({"bm25": bm25, "dense": dense}, chunks, fusion="rrf")
+    print(f"rlfb index (BM25 + cached vectors): {time.perf_counter() - t:.1f}s")
+    for q in queries[:3]:
+        ours.retrieve(q, k=10, log=False)  # warm-up
+    rlfb_ms = median_ms(lambda q: ours.retrieve(q, k=10, log=False), queries)
+
+    # ---- LangChain: EnsembleRetriever over rank_bm25 and an InMemoryVectorStore, same vectors
+    lookup = {t: v.tolist() for t, v in zip(texts, doc_vecs)}
+    qlookup = {q: v.tolist() for q, v in zip(queries, query_vecs)}
+
+    class Precomputed(Embeddings):
+        def embed_documents(self, docs: list[str]) -> list[list[float]]:
+            return [lookup[d] for d in docs]
+
+        def embed_query(self, text: str) -> list[float]:
+            return qlookup[text]
+
+    t = time.perf_counter()
+    lc_bm25 = LCBM25.from_texts(texts, k=10)
+    store = InMemoryVectorStore(Precomputed())
+    store.add_texts(texts, ids=ids)
+    lc = EnsembleRetriever(retrievers=[lc_bm25, store.as_retriever(search_kwargs={"k": 10})], weights=[0.5, 0.5])
+    print(f"LangChain index: {time.perf_counter() - t:.1f}s")
+    lc.invoke(queries[0])
+    lc_ms = median_ms(lc.invoke, queries[: args.lc_queries])
+    print("\nBM25 + dense, median per query (same vectors, cached query embedding):")
+    print(f"  LangChain EnsembleRetriever  {lc_ms:10.1f} ms")
+    print(f"  rlfb FeedbackEnsemble        {rlfb_ms:10.2f} ms")
+    print(f"  ratio                        {lc_ms / rlfb_ms:10.0f}x faster")
+
+    # ---- the fusion layer's own cost at 100 candidates per retriever
+    ctx = ours.context(queries[0], k=10)
+    fusion_ms = median_ms(lambda _: ours.rank_context(ctx, 10, log=False), range(200))
+    print(f"\nfusion layer (normalise, decide, fuse, rank; {len(ctx.candidate_ids)} candidates): "
+          f"{fusion_ms:.3f} ms per query")
+
+    if args.no_splade:
+        return
+    # ---- three retrievers end to end: the real models encode each query
+    real_dense = DenseRetriever(cache_dir=cache_dir)
+    splade = SpladeRetriever(cache_dir=cache_dir)
+    d_cache, _ = open_side_caches(cache_dir, real_dense._model.key)
+    d_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs)})
+    s_cache, _ = open_side_caches(cache_dir, splade._model.key)
+    dim = 30_522
+    sparse = {}
+    for t_ in texts:  # about as many active terms as splade-tiny gives a short passage
+        idx = np.unique(rng.integers(0, dim, size=120)).astype(np.int32)
+        sparse[text_hash(t_)] = SparseVector(idx, rng.random(idx.size, dtype=np.float32), dim)
+    s_cache.put_many(sparse)
+    three = FeedbackEnsemble.from_chunks(chunks, retrievers=[BM25Retriever(), real_dense, splade])
+    fresh = [f"{q} {i}" for i, q in enumerate(queries)]  # not cached: the models run
+    three.retrieve(fresh[0], k=10, log=False)
+    enc, ret = [], []
+    for q in fresh[1:]:
+        t = time.perf_counter()
+        real_dense.encode_queries([q])
+        splade.encode_queries([q])
+        enc.append((time.perf_counter() - t) * 1000)
+        t = time.perf_counter()
+        three.retrieve(q, k=10, log=False)
+        ret.append((time.perf_counter() - t) * 1000)
+    e, r = statistics.median(enc), statistics.median(ret)
+    print("\nBM25 + dense + SPLADE end to end, median per query:")
+    print(f"  query encoding (MiniLM + splade-tiny)  {e:8.1f} ms")
+    print(f"  retrieval and fusion                   {r:8.1f} ms")
+    print(f"  total                                  {e + r:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""BM25 over `bm25s <https://github.com/xhluca/bm25s>`_'s eager sparse index.
+
+bm25s computes the BM25 weight of every (document, term) pair at index time
+and stores them as a sparse documents x vocabulary matrix. Scoring a query is
+then a sparse product of that matrix with the query's term counts, so a query
+only touches the postings of its own terms.
+
+Default tokenisation: lowercase ``\\w+`` tokens, no stemming, no stopwords.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.retrievers.base import (
+    ChunkTable,
+    CorpusRetriever,
+    check_query,
+    check_texts,
+    read_meta,
+    write_meta,
+)
+from rlfb.types import Chunk
+
+__all__ = ["BM25Retriever", "bm25_idf", "bm25_tfc", "regex_tokenizer", "METHODS"]
+
+#: BM25 variants whose documents score zero for absent terms (the ones bm25s indexes without extra state)
+METHODS = ("robertson", "lucene", "atire")
+_FORMAT_VERSION = 1
+_DEFAULT_PATTERN = r"\w+"
+
+
+def regex_tokenizer(pattern: str = _DEFAULT_PATTERN, lowercase: bool = True) -> Callable[[str], list[str]]:
+    """A tokenizer returning the matches of ``pattern`` (after lowercasing, by default).
+
+    >>> regex_tokenizer()("Solar wind, AURORA!")
+    ['solar', 'wind', 'aurora']
+    """
+    regex = re.compile(pattern)
+    if lowercase:
+        return lambda text: regex.findall(text.lower())
+    return regex.findall
+
+
+def bm25_idf(df: np.ndarray, n_docs: int, method: str) -> np.ndarray:
+    """Inverse document frequency of terms seen in ``df`` of ``n_docs`` documents.
+
+    The variants follow Kamphuis et al. (ECIR 2020) as bm25s implements them;
+    ``robertson`` is floored at zero, as in bm25s.
+
+    >>> bm25_idf(np.array([1, 5]), 10, "lucene").round(3).tolist()
+    [1.992, 0.693]
+    """
+    df = np.asarray(df, dtype=np.float64)
+    if method == "robertson":
+        return np.log(np.maximum((n_docs - df + 0.5) / (df + 0.5), 1.0))
+    if method == "lucene":
+        return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+    if method == "atire":
+        return np.log(n_docs / df)
+    raise ValidationError(f"unknown BM25 idf method {method!r}; choose from {METHODS}")
+
+
+def bm25_tfc(
+    tf: np.ndarray, doc_len: np.ndarray, avg_len: float, k1: float, b: float, method: str
+) -> np.ndarray:
+    """Term-frequency component of BM25 (Kamphuis et al., ECIR 2020).
+
+    >>> float(bm25_tfc(np.array(2.0), np.array(10.0), 10.0, 1.5, 0.75, "atire"))
+    1.4285714285714286
+    """
+    tf = np.asarray(tf, dtype=np.float64)
+    norm = k1 * (1.0 - b + b * np.asarray(doc_len, dtype=np.float64) / avg_len)
+    if method in ("robertson", "lucene"):
+        return tf / (norm + tf)
+    if method == "atire":
+        return tf * (k1 + 1.0) / (tf + norm)
+    raise ValidationError(f"unknown BM25 method {method!r}; choose from {METHODS}")
+
+
+class BM25Retriever(CorpusRetriever):
+    """Okapi BM25 over bm25s.
+
+    Parameters
+    ----------
+    k1, b
+        BM25 saturation and length normalisation.
+    method
+        Term-frequency variant: ``"lucene"`` (default), ``"robertson"`` or ``"atire"``.
+    tokenizer
+        A regex pattern (its matches are the tokens; saved with the index) or a
+        callable ``str -> list[str]`` (not saved: pass it again to :meth:`load`).
+    idf_method
+        IDF variant; ``None`` uses ``method``. ``method="atire", idf_method="robertson"``
+        reproduces ``rank_bm25.BM25Okapi`` (with its ``epsilon=0``).
+    lowercase
+        Lowercase texts before matching a pattern tokenizer.
+
+    Examples
+    --------
+    >>> from rlfb.types import make_chunks
+    >>> bm25 = BM25Retriever().index(make_chunks(
+    ...     ["the aurora and the solar wind", "baking sourdough bread", "solar panels on roofs"],
+    ...     ids=["aurora", "bread", "panels"]))
+    >>> bm25.search("what causes an aurora?", k=1)
+    [('aurora', 0.334...)]
+    >>> bm25.score_all("solar wind").round(3).tolist()
+    [0.495, 0.0, 0.195]
+    >>> bm25.score_texts("solar wind", ["solar wind", "the aurora and the solar wind"]).round(3).tolist()
+    [0.766, 0.495]
+    """
+
+    name = "bm25"
+
+    def __init__(
+        self,
+        k1: float = 1.5,
+        b: float = 0.75,
+        method: str = "lucene",
+        tokenizer: str | Callable[[str], list[str]] = _DEFAULT_PATTERN,
+        *,
+        idf_method: str | None = None,
+        lowercase: bool = True,
+    ) -> None:
+        if not (isinstance(k1, (int, float)) and math.isfinite(k1) and k1 >= 0):
+            raise ValidationError(f"k1 must be a finite number >= 0, got {k1!r}")
+        if not (isinstance(b, (int, float)) and 0.0 <= b <= 1.0):
+            raise ValidationError(f"b must be in [0, 1], got {b!r}")
+        if method not in METHODS:
+            raise ValidationError(f"unknown BM25 method {method!r}; choose from {METHODS}")
+        if idf_method is not None and idf_method not in METHODS:
+            raise ValidationError(f"unknown BM25 idf method {idf_method!r}; choose from {METHODS}")
+        if isinstance(tokenizer, str):
+            try:
+                self._tokenize = regex_tokenizer(tokenizer, lowercase)
+            except re.error as exc:
+                raise ValidationError(f"invalid tokenizer pattern {tokenizer!r}: {exc}") from exc
+        elif callable(tokenizer):
+            self._tokenize = tokenizer
+        else:
+            raise ValidationError("tokenizer must be a regex pattern or a callable str -> list[str]")
+        self.k1 = float(k1)
+        self.b = float(b)
+        self.method = method
+        self.idf_method = idf_method or method
+        self.tokenizer = tokenizer
+        self.lowercase = bool(lowercase)
+        self._table: ChunkTable | None = None
+        self._bm25: Any = None  # bm25s.BM25
+        self._vocab: dict[str, int] = {}
+        self._matrix_t: Any = None  # scipy CSR, vocabulary x documents
+        self._idf: np.ndarray = np.zeros(0)
+        self._avg_len = 0.0
+
+    # -- indexing -----------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens this retriever sees in ``text``."""
+        return list(self._tokenize(text))
+
+    def index(self, chunks: Sequence[Chunk], *, show_progress: bool = False) -> BM25Retriever:
+        """Build the index over ``chunks`` (replacing any previous one) and return ``self``."""
+        import bm25s
+
+        table = ChunkTable(chunks)
+        corpus_tokens = [self.tokenize(t) for t in table.texts]
+        vocab: dict[str, int] = {}
+        token_ids = [[vocab.setdefault(tok, len(vocab)) for tok in toks] for toks in corpus_tokens]
+        if not vocab:  # bm25s needs one term; a never-matching placeholder keeps every score at 0
+            vocab[""] = 0
+        model = bm25s.BM25(
+            k1=self.k1,
+            b=self.b,
+            method=self.method,
+            idf_method=self.idf_method,
+            dtype="float64",
+            backend="numpy",
+        )
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 length norm when every text is empty
+            model.scores = model.build_index_from_ids(
+                unique_token_ids=list(range(len(vocab))),
+                corpus_token_ids=token_ids,
+                show_progress=show_progress,
+            )
+        model.vocab_dict = vocab
+        model.unique_token_ids_set = set(vocab.values())
+        self._bm25 = model
+        self._table = table
+        self._avg_len = float(np.mean([len(t) for t in token_ids])) if token_ids else 0.0
+        self._finish()
+        return self
+
+    def _finish(self) -> None:
+        """Derive the query-time structures from the bm25s arrays."""
+        import scipy.sparse as sp
+
+        scores = self._bm25.scores
+        n_docs, n_vocab = int(scores["num_docs"]), len(self._bm25.vocab_dict)
+        data = np.asarray(scores["data"], dtype=np.float64)
+        indices = np.asarray(scores["indices"])
+        indptr = np.asarray(scores["indptr"])
+        if indptr.shape[0] != n_vocab + 1:
+            raise CorruptStateError(f"BM25 index has {indptr.shape[0] - 1} term columns but {n_vocab} terms")
+        # bm25s stores documents x vocabulary in CSC; its transpose is vocabulary x documents in CSR
+        self._matrix_t = sp.csr_matrix((data, indices, indptr), shape=(n_vocab, n_docs))
+        self._vocab = self._bm25.vocab_dict
+        df = np.diff(indptr)
+        self._idf = np.where(df > 0, bm25_idf(np.maximum(df, 1), n_docs, self.idf_method), 0.0)
+
+    # -- scoring ------------------------------------------------------------------------------------
+    def _query_matrix(self, queries: list[str]) -> Any:
+        import scipy.sparse as sp
+
+        rows, cols = [], []
+        for i, q in enumerate(queries):
+            ids = [self._vocab[t] for t in self.tokenize(check_query(q)) if t in self._vocab]
+            rows.extend([i] * len(ids))
+            cols.extend(ids)
+        data = np.ones(len(cols), dtype=np.float64)
+        # duplicates are summed: a repeated query term counts twice, as in rank_bm25 and bm25s
+        return sp.csr_matrix((data, (rows, cols)), shape=(len(queries), len(self._vocab)))
+
+    def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """BM25 scores of every chunk for each query, shape ``(len(queries), len(self))``, float64."""
+        queries = check_texts(queries, "queries")
+        table = self._require_table()
+        if not queries:
+            return np.zeros((0, len(table)), dtype=np.float64)
+        product = self._query_matrix(queries) @ self._matrix_t  # only the postings of query terms
+        return np.asarray(product.toarray(), dtype=np.float64)
+
+    def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """BM25 scores of texts outside the index, with the index's IDF and average length.
+
+        A text equal to an indexed chunk's text gets that chunk's score.
+        """
+        query = check_query(query)
+        texts = check_texts(texts)
+        self._require_table()
+        q_counts = Counter(t for t in self.tokenize(query) if t in self._vocab)
+        if not texts:
+            return np.zeros(0, dtype=np.float64)
+        terms = list(q_counts)
+        tokenized = [Counter(self.tokenize(t)) for t in texts]
+        doc_len = np.array([sum(c.values()) for c in tokenized], dtype=np.float64)
+        if not terms:
+            return np.zeros(len(texts), dtype=np.float64)
+        tf = np.array([[c.get(term, 0) for term in terms] for c in tokenized], dtype=np.float64)
+        idf = self._idf[[self._vocab[t] for t in terms]]
+        weight = np.array([q_counts[t] for t in terms], dtype=np.float64)
+        avg = self._avg_len if self._avg_len > 0 else 1.0
+        tfc = bm25_tfc(tf, doc_len[:, None], avg, self.k1, self.b, self.method)
+        return (tfc * idf) @ weight
+
+    # -- persistence --------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write the bm25s arrays (``.npy``, JSON vocabulary, no pickle), chunks and ``meta.json``."""
+        table = self._require_table()
+        path = Path(path)
+        self._bm25.save(path / "bm25s", allow_pickle=False, show_progress=False)
+        table.save(path)
+        write_meta(
+            path,
+            {
+                "kind": self.name,
+                "format_version": _FORMAT_VERSION,
+                "k1": self.k1,
+                "b": self.b,
+                "method": self.method,
+                "idf_method": self.idf_method,
+                "tokenizer": self.tokenizer if isinstance(self.tokenizer, str) else None,
+                "lowercase": self.lowercase,
+                "avg_doc_len": self._avg_len,
+                "n_docs": len(table),
+            },
+        )
+
+    @classmethod
+    def load(cls, path: str | Path, *, tokenizer: Callable[[str], list[str]] | None = None) -> BM25Retriever:
+        """Read an index written by :meth:`save`.
+
+        ``tokenizer`` is required when the index was built with a callable tokenizer.
+        """
+        import bm25s
+
+        path = Path(path)
+        meta = read_meta(path, "bm25")
+        pattern = meta.get("tokenizer")
+        if tokenizer is None and pattern is None:
+            raise ValidationError(
+                f"{path} was indexed with a custom tokenizer: pass it as load(path, tokenizer=...)"
+            )
+        try:
+            self = cls(
+                k1=meta["k1"],
+                b=meta["b"],
+                method=meta["method"],
+                idf_method=meta["idf_method"],
+                tokenizer=tokenizer if tokenizer is not None else pattern,
+                lowercase=meta.get("lowercase", True),
+            )
+            model = bm25s.BM25.load(path / "bm25s", allow_pickle=False, show_progress=False)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, ValidationError):
+                raise
+            raise CorruptStateError(f"cannot read the BM25 index in {path}: {exc}") from exc
+        table = ChunkTable.load(path)
+        if int(model.scores["num_docs"]) != len(table):
+            raise CorruptStateError(
+                f"{path}: the BM25 index has {model.scores['num_docs']} documents for {len(table)} chunks"
+            )
+        self._bm25, self._table = model, table
+        self._avg_len = float(meta["avg_doc_len"])
+        self._finish()
+        return self
+
+    def __repr__(self) -> str:
+        return f"BM25Retriever(k1={self.k1}, b={self.b}, method={self.method!r}, n_chunks={len(self)})"

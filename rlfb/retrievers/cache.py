@@ -1,0 +1,338 @@
+"""On-disk cache of text encodings, so that a restart does not re-encode a corpus.
+
+One SQLite file (WAL mode, parameterised SQL only) holds the encodings of every
+model, keyed by ``(model_key, sha256(text))``. A dense vector is stored as one
+float32 blob; a sparse vector as an int32 blob of indices plus a float32 blob of
+values (and the full dimension). Two processes may read and write the same file at once: SQLite's WAL
+journal and a busy timeout serialise the writers.
+
+The directory defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple, Union
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, ValidationError
+
+__all__ = [
+    "EmbeddingCache",
+    "LRUCache",
+    "SparseVector",
+    "cached_encode",
+    "open_side_caches",
+    "default_cache_dir",
+    "text_hash",
+    "Encoding",
+]
+
+
+class SparseVector(NamedTuple):
+    """A sparse encoding: term ids (int32), their weights (float32) and the full dimension."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    dim: int
+
+
+#: a dense float32 vector or a :class:`SparseVector`
+Encoding = Union[np.ndarray, SparseVector]
+
+_FILE_NAME = "embeddings.sqlite"
+_SCHEMA_VERSION = 1
+_BATCH = 500  # parameters per IN (...) clause, well under SQLite's limit
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS encodings (
+    model_key TEXT NOT NULL,
+    text_hash TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    indices BLOB,
+    vals BLOB NOT NULL,
+    PRIMARY KEY (model_key, text_hash)
+) WITHOUT ROWID
+"""
+
+
+def default_cache_dir() -> Path:
+    """``$RLFB_CACHE_DIR`` if set, else ``~/.cache/rlfb``."""
+    env = os.environ.get("RLFB_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rlfb"
+
+
+def text_hash(text: str) -> str:
+    """Hex sha256 of a text's UTF-8 bytes, the cache key of one text.
+
+    >>> text_hash("abc")[:16]
+    'ba7816bf8f01cfea'
+    """
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class EmbeddingCache:
+    """Encodings of one model, persisted in SQLite.
+
+    Parameters
+    ----------
+    directory
+        Folder of the cache file; ``None`` uses :func:`default_cache_dir`.
+    model_key
+        Identifies the model *and* the encoding mode (for example document or
+        query side); encodings are only shared between equal keys.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> cache = EmbeddingCache(tempfile.mkdtemp(), "toy-model")
+    >>> cache.put_many({"h1": np.array([1.0, 2.0]), "h2": SparseVector(np.array([3]), np.array([0.5]), 10)})
+    >>> got = cache.get_many(["h1", "h2", "missing"])
+    >>> sorted(got), got["h1"].tolist(), got["h2"].indices.tolist(), got["h2"].dim
+    (['h1', 'h2'], [1.0, 2.0], [3], 10)
+    >>> cache.close()
+    """
+
+    def __init__(self, directory: str | Path | None, model_key: str) -> None:
+        if not isinstance(model_key, str) or not model_key:
+            raise ValidationError("model_key must be a non-empty string")
+        self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
+        self.path = self.directory / _FILE_NAME
+        self.model_key = model_key
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+
+    # -- connection -------------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        # a connection must not cross a fork: reopen in a child process
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=60000")
+            conn.execute(_SCHEMA)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+            elif version != _SCHEMA_VERSION:
+                raise CorruptStateError(f"{self.path} has cache schema {version}, expected {_SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise CorruptStateError(f"cannot open embedding cache {self.path}: {exc}") from exc
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def close(self) -> None:
+        """Close the connection; the cache reopens on next use."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- access -----------------------------------------------------------------------------------
+    def get_many(self, hashes: Iterable[str]) -> dict[str, Encoding]:
+        """Cached encodings of ``hashes``; missing hashes are simply absent from the result."""
+        wanted = list(dict.fromkeys(hashes))
+        out: dict[str, Encoding] = {}
+        if not wanted:
+            return out
+        with self._lock:
+            conn = self._connect()
+            for start in range(0, len(wanted), _BATCH):
+                part = wanted[start : start + _BATCH]
+                marks = ",".join("?" * len(part))
+                rows = conn.execute(
+                    f"SELECT text_hash, dim, indices, vals FROM encodings "
+                    f"WHERE model_key = ? AND text_hash IN ({marks})",
+                    [self.model_key, *part],
+                ).fetchall()
+                for h, dim, idx, vals in rows:
+                    values = np.frombuffer(vals, dtype=np.float32)
+                    if idx is None:
+                        if values.shape[0] != dim:
+                            continue  # damaged row: treat as a miss
+                        out[h] = values.copy()
+                    else:
+                        indices = np.frombuffer(idx, dtype=np.int32).copy()
+                        out[h] = SparseVector(indices, values.copy(), int(dim))
+        return out
+
+    def put_many(self, items: Mapping[str, Encoding] | Sequence[tuple[str, Encoding]]) -> None:
+        """Store encodings, ``{hash: vector}`` or ``{hash: SparseVector}``, in one transaction."""
+        pairs = items.items() if isinstance(items, Mapping) else items
+        rows = []
+        for h, enc in pairs:
+            if isinstance(enc, SparseVector):
+                idx = np.ascontiguousarray(enc.indices, dtype=np.int32)
+                vals = np.ascontiguousarray(enc.values, dtype=np.float32)
+                if idx.shape != vals.shape:
+                    raise ValidationError(
+                        f"sparse encoding {h!r}: {idx.shape[0]} indices, {vals.shape[0]} values"
+                    )
+                rows.append((self.model_key, h, int(enc.dim), idx.tobytes(), vals.tobytes()))
+            elif isinstance(enc, tuple):
+                raise ValidationError(f"encoding {h!r} is a plain tuple, not a SparseVector")
+            else:
+                vec = np.ascontiguousarray(enc, dtype=np.float32).ravel()
+                rows.append((self.model_key, h, int(vec.shape[0]), None, vec.tobytes()))
+        if not rows:
+            return
+        with self._lock:
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(
+                    "INSERT OR REPLACE INTO encodings (model_key, text_hash, dim, indices, vals) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    rows,
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def __len__(self) -> int:
+        """Number of encodings stored under this cache's model key."""
+        with self._lock:
+            conn = self._connect()
+            sql = "SELECT COUNT(*) FROM encodings WHERE model_key = ?"
+            return int(conn.execute(sql, (self.model_key,)).fetchone()[0])
+
+    def __repr__(self) -> str:
+        return f"EmbeddingCache({str(self.directory)!r}, {self.model_key!r})"
+
+
+class LRUCache:
+    """A small in-memory least-recently-used map (query encodings of one process).
+
+    >>> lru = LRUCache(2)
+    >>> lru.put("a", 1); lru.put("b", 2); _ = lru.get("a"); lru.put("c", 3)
+    >>> sorted(lru.keys())
+    ['a', 'c']
+    """
+
+    def __init__(self, maxsize: int = 10_000) -> None:
+        self.maxsize = int(maxsize)
+        self._data: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> object | None:
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: str, value: object) -> None:
+        if self.maxsize <= 0:
+            return
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def open_side_caches(
+    cache_dir: str | Path | bool | None, model_key: str | None
+) -> tuple[EmbeddingCache | None, EmbeddingCache | None]:
+    """The document-side and query-side caches of one model (``(None, None)`` when caching is off).
+
+    ``cache_dir`` is a folder, ``None``/``True`` for :func:`default_cache_dir`, or
+    ``False`` to disable; a ``None`` ``model_key`` (a model of unknown origin) also disables.
+    """
+    if cache_dir is False or model_key is None:
+        return None, None
+    directory = None if cache_dir is None or cache_dir is True else Path(cache_dir)
+    return EmbeddingCache(directory, model_key + "|document"), EmbeddingCache(directory, model_key + "|query")
+
+
+def cached_encode(
+    texts: Sequence[str],
+    encode: Callable[[list[str]], Sequence[Encoding]],
+    disk: EmbeddingCache | None = None,
+    memory: LRUCache | None = None,
+    *,
+    chunk_size: int = 512,
+    show_progress: bool = False,
+    desc: str = "encoding",
+) -> list[Encoding]:
+    """Encodings of ``texts``, calling ``encode`` only for texts found in neither cache.
+
+    Each distinct missing text is encoded once. Missing texts are encoded
+    longest first (less padding), ``chunk_size`` at a time, and each chunk is
+    written to ``disk`` as soon as it is done, so an interrupted run resumes
+    where it stopped. The result is aligned with ``texts``.
+
+    >>> calls = []
+    >>> def enc(batch):
+    ...     calls.append(list(batch))
+    ...     return [np.array([float(len(t))]) for t in batch]
+    >>> lru = LRUCache()
+    >>> [v.tolist() for v in cached_encode(["ab", "c", "ab"], enc, memory=lru)]
+    [[2.0], [1.0], [2.0]]
+    >>> _ = cached_encode(["c"], enc, memory=lru)
+    >>> calls
+    [['ab', 'c']]
+    """
+    hashes = [text_hash(t) for t in texts]
+    found: dict[str, Encoding] = {}
+    if memory is not None:
+        for h in dict.fromkeys(hashes):
+            hit = memory.get(h)
+            if hit is not None:
+                found[h] = hit  # type: ignore[assignment]
+    if disk is not None:
+        rest = [h for h in dict.fromkeys(hashes) if h not in found]
+        if rest:
+            from_disk = disk.get_many(rest)
+            found.update(from_disk)
+            if memory is not None:
+                for h, enc in from_disk.items():
+                    memory.put(h, enc)
+    missing: dict[str, str] = {}
+    for h, t in zip(hashes, texts):
+        if h not in found and h not in missing:
+            missing[h] = t
+    if missing:
+        from tqdm.auto import tqdm
+
+        todo = sorted(missing.items(), key=lambda item: -len(item[1]))
+        with tqdm(total=len(todo), desc=desc, unit="text", disable=not show_progress) as bar:
+            for start in range(0, len(todo), max(1, chunk_size)):
+                part = todo[start : start + max(1, chunk_size)]
+                new = list(encode([t for _, t in part]))
+                if len(new) != len(part):
+                    raise RuntimeError(f"encoder returned {len(new)} encodings for {len(part)} texts")
+                fresh = {h: enc for (h, _), enc in zip(part, new)}
+                if disk is not None:
+                    disk.put_many(fresh)
+                if memory is not None:
+                    for h, enc in fresh.items():
+                        memory.put(h, enc)
+                found.update(fresh)
+                bar.update(len(part))
+    return [found[h] for h in hashes]

@@ -1,0 +1,269 @@
+"""Dense retrieval with sentence-transformers: cosine similarity of normalised embeddings.
+
+Search is exact: one matrix product of the query embeddings with every
+document embedding, then :func:`~rlfb.retrievers.base.top_k`. Document and
+query embeddings are cached on disk (:class:`~rlfb.retrievers.cache.EmbeddingCache`),
+query embeddings also in memory, so neither a restart nor a repeated query
+re-encodes anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.retrievers.base import (
+    ChunkTable,
+    CorpusRetriever,
+    check_query,
+    check_texts,
+    read_meta,
+    write_meta,
+)
+from rlfb.retrievers.cache import EmbeddingCache, LRUCache, open_side_caches, cached_encode
+from rlfb.retrievers.models import LazyModel, saved_model, default_dense_model, load_sentence_transformer
+from rlfb.types import Chunk
+
+__all__ = ["DenseRetriever"]
+
+_FORMAT_VERSION = 1
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0).astype(np.float32)
+
+
+class DenseRetriever(CorpusRetriever):
+    """Cosine similarity over sentence-transformers embeddings.
+
+    Parameters
+    ----------
+    model
+        ``None`` for the bundled all-MiniLM-L6-v2 (works with ``HF_HUB_OFFLINE=1``),
+        any sentence-transformers name or local path, or a loaded ``SentenceTransformer``.
+        Loaded lazily, on the first text that is not in the cache.
+    batch_size
+        Encoding batch size.
+    cache_dir
+        Folder of the embedding cache; ``None`` uses ``$RLFB_CACHE_DIR`` or
+        ``~/.cache/rlfb``; ``False`` turns the disk cache off.
+    device
+        Torch device for a model loaded by name.
+    model_key
+        Cache key of the model; derived from the model's files when omitted. Give one
+        for a loaded model whose origin cannot be told (otherwise it is not disk-cached).
+    query_cache_size
+        Query embeddings kept in memory.
+
+    Notes
+    -----
+    Scores are cosine similarities in [-1, 1], computed in float32 and returned as float64.
+    """
+
+    name = "dense"
+
+    def __init__(
+        self,
+        model: Any = None,
+        batch_size: int = 64,
+        cache_dir: str | Path | bool | None = None,
+        device: str | None = "cpu",
+        *,
+        model_key: str | None = None,
+        query_cache_size: int = 10_000,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.cache_dir = cache_dir
+        self.device = device
+        self._model = LazyModel(
+            model,
+            kind="dense",
+            loader=load_sentence_transformer,
+            default=default_dense_model,
+            device=device,
+            key=model_key,
+        )
+        self._memory = LRUCache(query_cache_size)
+        self._doc_cache: EmbeddingCache | None = None
+        self._query_cache: EmbeddingCache | None = None
+        self._caches_ready = False
+        self._table: ChunkTable | None = None
+        self._embeddings: np.ndarray = np.zeros((0, 0), dtype=np.float32)
+
+    # -- model and caches ---------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The ``SentenceTransformer`` (loaded on first access)."""
+        return self._model.get()
+
+    @property
+    def model_name(self) -> str | None:
+        """Name or path of the model; ``None`` for the bundled default."""
+        return self._model.name
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """Normalised document embeddings, ``(len(self), dim)`` float32, aligned with :attr:`ids`."""
+        return self._embeddings
+
+    def _caches(self) -> tuple[EmbeddingCache | None, EmbeddingCache | None]:
+        if not self._caches_ready:
+            self._doc_cache, self._query_cache = open_side_caches(self.cache_dir, self._model.key)
+            self._caches_ready = True
+        return self._doc_cache, self._query_cache
+
+    def _encode(self, texts: list[str], side: str) -> list[np.ndarray]:
+        model = self.model
+        method = getattr(model, f"encode_{side}", None) or model.encode
+        out = method(
+            texts,
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return list(_normalise(out))
+
+    def encode_documents(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """Normalised document-side embeddings of ``texts``, ``(n, dim)`` float32 (disk-cached)."""
+        texts = check_texts(texts)
+        disk, _ = self._caches()
+        vectors = cached_encode(
+            texts,
+            lambda b: self._encode(b, "document"),
+            disk=disk,
+            show_progress=show_progress,
+            desc=f"{self.name} documents",
+        )
+        return self._stack(vectors)
+
+    def encode_queries(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """Normalised query-side embeddings, ``(n, dim)`` float32 (cached in memory and on disk)."""
+        queries = check_texts(queries, "queries")
+        _, disk = self._caches()
+        vectors = cached_encode(
+            queries,
+            lambda b: self._encode(b, "query"),
+            disk=disk,
+            memory=self._memory,
+            show_progress=show_progress,
+            desc=f"{self.name} queries",
+        )
+        return self._stack(vectors)
+
+    def _stack(self, vectors: list[np.ndarray]) -> np.ndarray:
+        if not vectors:
+            dim = self._embeddings.shape[1] if self._embeddings.size else 0
+            return np.zeros((0, dim), dtype=np.float32)
+        dims = {v.shape[0] for v in vectors}
+        if len(dims) != 1:
+            raise CorruptStateError(
+                f"embeddings of different sizes {sorted(dims)}: is the cache shared by two models?"
+            )
+        return np.vstack(vectors).astype(np.float32, copy=False)
+
+    # -- Retriever ----------------------------------------------------------------------------------
+    def index(self, chunks: Sequence[Chunk], *, show_progress: bool = False) -> DenseRetriever:
+        """Embed ``chunks`` (texts already in the cache are not re-encoded) and return ``self``."""
+        table = ChunkTable(chunks)
+        self._embeddings = self.encode_documents(table.texts, show_progress=show_progress)
+        self._table = table
+        return self
+
+    def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """Cosine similarity of every chunk to each query, ``(len(queries), len(self))`` float64."""
+        queries = check_texts(queries, "queries")
+        table = self._require_table()
+        if not queries:
+            return np.zeros((0, len(table)), dtype=np.float64)
+        q = self.encode_queries(queries, show_progress=show_progress)
+        self._check_dim(q)
+        return (q @ self._embeddings.T).astype(np.float64)
+
+    def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """Cosine similarity of ``query`` to texts outside the index (the texts are encoded as documents)."""
+        query = check_query(query)
+        texts = check_texts(texts)
+        if not texts:
+            return np.zeros(0, dtype=np.float64)
+        docs = self.encode_documents(texts)
+        q = self.encode_queries([query])
+        if docs.shape[1] != q.shape[1]:
+            raise CorruptStateError(
+                f"query embeddings have {q.shape[1]} dimensions, documents {docs.shape[1]}"
+            )
+        return (docs @ q[0]).astype(np.float64)
+
+    def _check_dim(self, q: np.ndarray) -> None:
+        if q.shape[1] != self._embeddings.shape[1]:
+            raise CorruptStateError(
+                f"query embeddings have {q.shape[1]} dimensions but the index {self._embeddings.shape[1]}: "
+                "was it built with another model?"
+            )
+
+    # -- persistence --------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write ``embeddings.npy`` (no pickle), the chunks and ``meta.json`` (model name, not weights)."""
+        table = self._require_table()
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        np.save(path / "embeddings.npy", self._embeddings, allow_pickle=False)
+        table.save(path)
+        write_meta(
+            path,
+            {
+                "kind": self.name,
+                "format_version": _FORMAT_VERSION,
+                "model": self._model.name,
+                "default_model": self._model.is_default,
+                "model_key": self._model.key,
+                "dim": int(self._embeddings.shape[1]),
+                "batch_size": self.batch_size,
+            },
+        )
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        model: Any = None,
+        cache_dir: str | Path | bool | None = None,
+        device: str | None = "cpu",
+        model_key: str | None = None,
+    ) -> DenseRetriever:
+        """Read an index written by :meth:`save`; ``model`` overrides the saved model name.
+
+        The model itself is loaded only when a query needs encoding.
+        """
+        path = Path(path)
+        meta = read_meta(path, "dense")
+        model = saved_model(meta, model, path)
+        retriever = cls(
+            model,
+            batch_size=int(meta.get("batch_size", 64)),
+            cache_dir=cache_dir,
+            device=device,
+            model_key=model_key,
+        )
+        try:
+            embeddings = np.load(path / "embeddings.npy", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise CorruptStateError(f"cannot read embeddings from {path}: {exc}") from exc
+        table = ChunkTable.load(path)
+        if embeddings.ndim != 2 or embeddings.shape[0] != len(table):
+            raise CorruptStateError(f"{path}: {embeddings.shape} embeddings for {len(table)} chunks")
+        retriever._embeddings = embeddings.astype(np.float32, copy=False)
+        retriever._table = table
+        return retriever
+
+    def __repr__(self) -> str:
+        return f"DenseRetriever(model={self._model.name or 'all-MiniLM-L6-v2'!r}, n_chunks={len(self)})"

