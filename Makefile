@@ -25,8 +25,9 @@ setup: $(STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/rlfb demo --out out/demo
 
+# unit and integration tests, doctests in rlfb/, and the notebooks (executed by nbmake)
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" --nbmake tests rlfb notebooks
 
 slow: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow

@@ -36,7 +36,7 @@ def ens() -> FeedbackEnsemble:
 
 
 def test_hits_carry_every_score(ens: FeedbackEnsemble) -> None:
-    result = ens.retrieve("what causes aurora", k=3, log=False)
+    result = ens.retrieve("what causes aurora", k=3, log=False, explore=False)
     assert result.event_id is None
     assert [h.rank for h in result.hits] == [1, 2, 3]
     assert result.hits[0].chunk_id == "doc0"
@@ -66,10 +66,10 @@ def test_weights_change_the_ranking_in_every_fusion_mode(fusion: str) -> None:
     def ranking(weights: list[float]) -> list[str]:
         e = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), fusion=fusion,
                                         weights=weights)
-        return e.retrieve(query, k=8, log=False).chunk_ids
+        return e.retrieve(query, k=8, log=False, explore=False).chunk_ids
 
     lexical, semantic = ranking([0.95, 0.05]), ranking([0.05, 0.95])
-    bm25_top = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",)).retrieve(query, k=1, log=False)
+    bm25_top = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",)).retrieve(query, k=1, log=False, explore=False)
     assert lexical[0] == bm25_top.chunk_ids[0]
     assert lexical != semantic
 
@@ -78,7 +78,7 @@ def test_save_and_load_give_identical_results(ens: FeedbackEnsemble, tmp_path) -
     ens.save(tmp_path / "idx")
     again = FeedbackEnsemble.load(tmp_path / "idx")
     for q in ["aurora", "XK-4471", "why do tides happen", "ice valleys"]:
-        a, b = ens.retrieve(q, k=5, log=False), again.retrieve(q, k=5, log=False)
+        a, b = ens.retrieve(q, k=5, log=False, explore=False), again.retrieve(q, k=5, log=False, explore=False)
         assert a.chunk_ids == b.chunk_ids
         np.testing.assert_allclose([h.score for h in a.hits], [h.score for h in b.hits], rtol=1e-6)
     assert again.weights == ens.weights
@@ -98,7 +98,7 @@ def test_bad_input_is_rejected_clearly(ens: FeedbackEnsemble) -> None:
         FeedbackEnsemble.from_texts(["a", "b"], ids=["x", "x"], retrievers=("bm25",))
     for k in (0, -1, 1.5):
         with pytest.raises(ValidationError):
-            ens.retrieve("aurora", k=k, log=False)
+            ens.retrieve("aurora", k=k, log=False, explore=False)
     with pytest.raises(InvalidWeightsError):
         FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), weights=[float("nan"), 1.0])
     with pytest.raises(InvalidWeightsError):
@@ -112,7 +112,7 @@ def test_bad_input_is_rejected_clearly(ens: FeedbackEnsemble) -> None:
 
 
 def test_k_larger_than_corpus_returns_everything(ens: FeedbackEnsemble) -> None:
-    assert len(ens.retrieve("aurora", k=50, log=False).hits) == len(TEXTS)
+    assert len(ens.retrieve("aurora", k=50, log=False, explore=False).hits) == len(TEXTS)
 
 
 def test_weights_mapping(ens: FeedbackEnsemble) -> None:
