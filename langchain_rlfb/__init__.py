@@ -1,0 +1,31 @@
+"""LangChain adapter of rlfb: a drop-in retriever that learns its fusion weights, and a feedback handler.
+
+* :class:`FeedbackEnsembleRetriever` wraps an :class:`rlfb.FeedbackEnsemble` as a
+  LangChain ``BaseRetriever``; LangChain retrievers and vector stores can join
+  it as ensemble members (:func:`as_member`).
+* :class:`FeedbackCallbackHandler` logs what any retriever returned, keyed by
+  LangChain's run id, and records LangSmith-style feedback on a run id (a
+  retrieval's or a whole chain's).
+
+Every piece of logic lives in :mod:`rlfb`; this package only converts.
+"""
+
+from __future__ import annotations
+
+from langchain_rlfb.callbacks import FeedbackCallbackHandler
+from langchain_rlfb.retrievers import (
+    METADATA_KEYS,
+    FeedbackEnsembleRetriever,
+    as_member,
+    document_to_chunk,
+    hit_to_document,
+)
+
+__all__ = [
+    "FeedbackEnsembleRetriever",
+    "FeedbackCallbackHandler",
+    "METADATA_KEYS",
+    "as_member",
+    "document_to_chunk",
+    "hit_to_document",
+]

@@ -1003,7 +1003,8 @@ class FeedbackStore:
         """
         rows = []
         for run_id, parent_id in links:
-            rows.append((_enc(_req_str(run_id, "run_id")), _enc(_req_str(parent_id, "parent_id")), self._now()))
+            run, parent = _req_str(run_id, "run_id"), _req_str(parent_id, "parent_id")
+            rows.append((_enc(run), _enc(parent), self._now()))
         if not rows:
             return 0
         with self._write() as conn:

@@ -324,7 +324,7 @@ def test_batch_direction_comes_from_logged_weights():
     for i in range(50):
         w = p.decide(None).weights
         wv = _w(w)
-        reward = 0.7 + 0.3 * (wv[0] - 1 / 3) / 0.05 + 0.01 * rng.normal()  # better with more r0
+        reward = 0.7 + 0.3 * (wv[0] - 1 / 3) / 0.3 + 0.01 * rng.normal()  # better with more r0
         p.learn(_episode(wv, [[1, 0, 0]], [1.0], float(np.clip(reward, -1, 1)), eid=f"e{i}"), reward)
     w = _w(p.weights())
     assert w[0] > 1 / 3 + 0.02 and w.sum() == pytest.approx(1.0)
@@ -347,10 +347,13 @@ def test_batch_direction_comes_from_logged_weights():
     assert w1[0] < 1 / 3 - 0.01 and np.allclose(w1, w2)
 
 
-def test_batch_perturbations_are_logged_with_their_density():
+def test_batch_perturbations_are_logged_with_their_probability():
     p = BatchPolicy(RETRIEVERS, seed=0)
-    d = p.decide(None)
-    assert d.explored and d.propensity > 0 and d.weights != p.weights()
+    decisions = [p.decide(None) for _ in range(40)]
+    d = next(d for d in decisions if d.explored)
+    assert d.propensity == pytest.approx(1 / 4) and d.weights != p.weights()
+    assert all(0 < x.propensity <= 1 for x in decisions)
+    assert {x.arm for x in decisions} == {"current", "towards:r0", "towards:r1", "towards:r2"}
     assert abs(sum(d.weights.values()) - 1.0) < 1e-9
     assert not p.decide(None, explore=False).explored
 

@@ -17,10 +17,11 @@ perfectly with one direction moves the weights by ``learning_rate``), the step
 is bounded by ``max_step``, and the result is clipped to ``bounds`` and
 renormalised.
 
-To have anything to compare, its decisions vary: with ``explore=True`` the
-weights are drawn from a Dirichlet distribution centred on the current weights
-(``concentration`` sets how tightly), and the decision's propensity is the
-density of that draw.
+To have anything to compare, its decisions vary: with ``explore=True`` it
+plays, with equal probability, the current weights or a step from them towards
+one retriever (``concentration`` sets the step, ``4 / sqrt(concentration)``).
+The action set is discrete, so the logged propensity is a true probability,
+``1 / (n_retrievers + 1)``, as off-policy evaluation needs.
 """
 
 from __future__ import annotations
@@ -144,22 +145,21 @@ class BatchPolicy(BasePolicy):
         if not explore or len(self.retrievers) == 1 or self._explore_scale <= 0:
             return Decision(weights_dict(w, self.retrievers), arm=None, propensity=1.0,
                             explored=False, policy=self.name)
-        conc = self.hyper.concentration / self._explore_scale
-        alpha = np.maximum(w * conc, 1e-3)
-        x = self._rng.dirichlet(alpha)
-        x = np.clip(x, 1e-12, None)
-        x = x / x.sum()
-        logpdf = (
-            math.lgamma(float(alpha.sum()))
-            - sum(math.lgamma(float(a)) for a in alpha)
-            + float(np.sum((alpha - 1.0) * np.log(x)))
-        )
+        # a discrete action, so that the logged propensity is a probability: keep the current
+        # weights, or move a step towards one retriever; the step shrinks as concentration grows
+        n = len(self.retrievers)
+        step = min(0.5, 4.0 / math.sqrt(self.hyper.concentration / self._explore_scale))
+        choice = int(self._rng.integers(n + 1))  # uniform over the current weights and n directions
+        if choice == n:
+            return Decision(weights_dict(w, self.retrievers), arm="current",
+                            propensity=1 / (n + 1), explored=False, policy=self.name)
         lo, hi = self.hyper.bounds
-        shown = project_simplex(x, lo, hi)
+        towards = np.eye(n)[choice]
+        shown = project_simplex(w + step * (towards - w), lo, hi)
         return Decision(
             weights_dict(shown, self.retrievers),
-            arm=None,
-            propensity=float(math.exp(min(logpdf, 700.0))),
+            arm=f"towards:{self.retrievers[choice]}",
+            propensity=1 / (n + 1),
             explored=True,
             policy=self.name,
         )

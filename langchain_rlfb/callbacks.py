@@ -1,0 +1,240 @@
+"""``FeedbackCallbackHandler``: log what any LangChain retriever returned, and take feedback by run id.
+
+Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
+
+* ``on_retriever_end`` logs the documents of every outermost retrieval under
+  its LangChain ``run_id`` (:func:`rlfb.runs.log_external`), for any retriever:
+  ``BM25Retriever``, a vector store retriever, an ``EnsembleRetriever``...
+  Chunk ids come from :func:`~langchain_rlfb.retrievers.document_to_chunk`; a
+  numeric ``metadata["score"]`` on a document is kept as its score.
+  A retriever run nested inside another retriever run (an ensemble's members)
+  is not logged: what the user saw is the outer result.
+* A :class:`~langchain_rlfb.FeedbackEnsembleRetriever` already logs its own
+  retrieval under the same run id, with the decision its learner needs. The
+  handler sees that event in the store and does not log it again (nor observe
+  the session for it: the retriever did). With a handler on a different store
+  than the retriever's ensemble, the handler logs its own copy.
+* ``on_chain_start`` / ``on_chain_end`` keep the run tree in memory; when a
+  retrieval ends, its ancestors' links are written to the store
+  (:meth:`~rlfb.store.FeedbackStore.link_runs`), so feedback given on the
+  top-level run id of a chain finds the retrieval inside it, in any process.
+* ``on_retriever_error`` forgets the run: a failed retrieval logs nothing, and
+  the error reaches the caller as usual.
+* The session comes from the run's metadata (``config={"metadata":
+  {"session_id": ...}}``); a follow-up that restates the session's previous
+  query is recorded as a ``"reformulation"`` on it (:func:`rlfb.runs.observe_followup`).
+
+Feedback follows LangSmith's ``create_feedback(run_id, key, score=..., comment=...)``:
+``handler.record_feedback(run_id, score=1.0, key="user_score")``. Scores are
+read on [0, 1] (``0`` thumbs down, ``1`` thumbs up) unless the handler was built
+with ``score_scale="signed"`` ([-1, 1]); see :func:`rlfb.runs.score_value`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+
+from rlfb.errors import ValidationError
+from rlfb.runs import (
+    SCORE_SCALES,
+    default_implicit,
+    log_external,
+    observe_followup,
+    record_run_feedback,
+)
+
+from langchain_rlfb.retrievers import document_to_chunk
+
+__all__ = ["FeedbackCallbackHandler"]
+
+
+class FeedbackCallbackHandler(BaseCallbackHandler):
+    """Logs every retrieval of a run by its run id and records feedback given on a run id later.
+
+    Parameters
+    ----------
+    store
+        A path to an SQLite file, a :class:`rlfb.store.FeedbackStore`, or
+        ``None`` with ``ensemble``.
+    ensemble
+        A :class:`rlfb.FeedbackEnsemble`: feedback on its retrievals is learned
+        from (:meth:`from_ensemble`).
+    score_scale
+        ``"unit"`` (LangSmith thumbs, [0, 1]) or ``"signed"`` ([-1, 1]).
+    implicit
+        The :class:`rlfb.implicit.ImplicitSignals` that detects reformulations
+        (by default as the ensemble's ``observe`` builds it).
+    observe_followups
+        Record restated follow-ups in a session as reformulations.
+    """
+
+    def __init__(
+        self,
+        store: Any = None,
+        *,
+        ensemble: Any = None,
+        score_scale: str = "unit",
+        implicit: Any = None,
+        observe_followups: bool = True,
+    ) -> None:
+        if store is None and ensemble is not None:
+            store = ensemble.store
+        if store is None:
+            raise ValidationError("FeedbackCallbackHandler needs a store (a path or a FeedbackStore) "
+                                  "or an ensemble")
+        if isinstance(store, (str, Path)):
+            from rlfb.store import FeedbackStore
+
+            store = FeedbackStore(store)
+        if score_scale not in SCORE_SCALES:
+            raise ValidationError(f"score_scale must be one of {SCORE_SCALES}, got {score_scale!r}")
+        self.store = store
+        self.ensemble = ensemble
+        self.score_scale = score_scale
+        self.observe_followups = observe_followups
+        self._implicit = implicit
+        self._lock = threading.Lock()
+        self._parents: dict[str, str | None] = {}  # open runs (chains and retrievers) -> parent run
+        self._retrievals: dict[str, dict[str, Any]] = {}  # open retriever runs -> query, session, name
+
+    @classmethod
+    def from_ensemble(cls, ensemble: Any, **kwargs: Any) -> FeedbackCallbackHandler:
+        """A handler on the ensemble's store whose feedback the ensemble learns from."""
+        if ensemble.store is None:
+            raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+        return cls(ensemble.store, ensemble=ensemble, **kwargs)
+
+    # ------------------------------------------------------------------ run tree
+    def on_chain_start(
+        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        with self._lock:
+            self._parents[str(run_id)] = _str(parent_run_id)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            self._parents.pop(str(run_id), None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            self._parents.pop(str(run_id), None)
+
+    # ------------------------------------------------------------------ retrievals
+    def on_retriever_start(
+        self,
+        serialized: Any,
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        session = (metadata or {}).get("session_id")
+        with self._lock:
+            self._parents[str(run_id)] = _str(parent_run_id)
+            self._retrievals[str(run_id)] = {
+                "query": query,
+                "session_id": None if session is None else str(session),
+                "name": kwargs.get("name") or (metadata or {}).get("ls_retriever_name") or "retriever",
+            }
+
+    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            self._retrievals.pop(str(run_id), None)
+            self._parents.pop(str(run_id), None)
+
+    def on_retriever_end(
+        self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        rid = str(run_id)
+        with self._lock:
+            info = self._retrievals.pop(rid, None)
+            parent = self._parents.pop(rid, _str(parent_run_id))
+            nested = parent in self._retrievals  # a member of an outer retriever
+            links = self._ancestor_links(parent)
+        if info is None or nested:
+            return
+        if links:
+            self.store.link_runs(links)
+        if self.store.has_event(rid):  # a FeedbackEnsembleRetriever logged it, and observed the session
+            return
+        session = info["session_id"]
+        if session is not None and self.observe_followups:
+            if self._implicit is None:
+                self._implicit = default_implicit(self.ensemble)
+            observe_followup(self.store, session, info["query"], ensemble=self.ensemble,
+                             implicit=self._implicit)
+        results = []
+        for doc in documents:
+            chunk = document_to_chunk(doc)
+            results.append((chunk.id, chunk.metadata.get("score")))
+        log_external(
+            self.store,
+            info["query"],
+            results,
+            source=info["name"],
+            event_id=rid,
+            parent_id=parent,
+            session_id=session,
+            metadata={"framework": "langchain", "run_name": info["name"]},
+        )
+
+    def _ancestor_links(self, run_id: str | None) -> list[tuple[str, str]]:
+        """``(run, parent)`` pairs from ``run_id`` up to the root, as far as this handler saw the tree."""
+        links: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        while run_id is not None and run_id not in seen:
+            seen.add(run_id)
+            parent = self._parents.get(run_id)
+            if parent is None:
+                break
+            links.append((run_id, parent))
+            run_id = parent
+        return links
+
+    # ------------------------------------------------------------------ feedback
+    def record_feedback(
+        self,
+        run_id: Any,
+        score: float | bool | None = None,
+        *,
+        rating: float | None = None,
+        signal: str | None = None,
+        value: float | None = None,
+        chunk_id: str | None = None,
+        comment: str | None = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Feedback on a run: a retrieval's run id, or a chain's (every retrieval below it is rated).
+
+        LangSmith's shape: ``record_feedback(run_id, score=1.0, key="user_score", comment=...)``.
+        Or a ``rating`` (1-5), a ``signal`` (``"thumbs_up"``, ``"explicit_negative"``,
+        ``"click"``, ...) or a raw ``value`` in [-1, 1]. ``chunk_id`` rates one
+        retrieved chunk. ``kwargs``: ``timestamp``, ``session_id``, ``user_id``,
+        ``idempotency_key``. Returns one :class:`~rlfb.store.FeedbackRecord` per
+        retrieval rated; an ensemble learns from those it made.
+
+        Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
+        under ``run_id`` or below it.
+        """
+        return record_run_feedback(
+            self.store, run_id, signal, ensemble=self.ensemble, score=score, score_scale=self.score_scale,
+            value=value, rating=rating, chunk_id=chunk_id, comment=comment, key=key, **kwargs,
+        )
+
+    def retrievals(self, run_id: Any) -> list[dict[str, Any]]:
+        """The logged retrievals a run id stands for (store event dicts, with their ranked ``chunks``)."""
+        return [self.store.event(e) for e in self.store.resolve_run(str(run_id))]
+
+
+def _str(run_id: Any) -> str | None:
+    return None if run_id is None else str(run_id)

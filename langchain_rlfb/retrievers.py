@@ -1,0 +1,357 @@
+"""``FeedbackEnsembleRetriever``: an rlfb :class:`~rlfb.FeedbackEnsemble` as a LangChain retriever.
+
+Thin by design: retrieval, fusion, logging and learning all happen in
+:mod:`rlfb`; this module converts ``Document`` to and from rlfb chunks and hits
+and maps LangChain's run ids, run metadata and retrievers onto the core.
+
+* Each retrieval is logged with the LangChain **run id as its event id** (and
+  the parent run id as its parent), so a
+  :class:`~langchain_rlfb.callbacks.FeedbackCallbackHandler` and this retriever
+  name the same event, and feedback can be given by run id.
+* The **session** comes from the run's metadata
+  (``config={"metadata": {"session_id": ...}}``), else from the retriever's
+  ``session_id`` field. A follow-up in the same session that restates the
+  previous query is recorded as a ``"reformulation"`` on the previous retrieval
+  (:func:`rlfb.runs.observe_followup`).
+* Any LangChain retriever or vector store can join the ensemble as a
+  search-only member (:func:`as_member`): the ensemble learns a weight for it.
+
+Each returned ``Document`` has ``id`` = the chunk id and, besides the chunk's
+own metadata, the keys of :data:`METADATA_KEYS`: ``chunk_id``, ``score`` (fused),
+``scores`` (each retriever's raw score, ``None`` where a member did not return
+the chunk), ``rank`` (1-based), ``event_id`` (``None`` without a store) and
+``proposed_by`` (the retrievers whose own top list held the chunk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable
+from langchain_core.runnables.config import run_in_executor
+from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from rlfb.ensemble import FeedbackEnsemble
+from rlfb.errors import ValidationError
+from rlfb.members import SearchMember
+from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
+from rlfb.types import Chunk, Hit
+
+__all__ = [
+    "FeedbackEnsembleRetriever",
+    "METADATA_KEYS",
+    "as_member",
+    "document_to_chunk",
+    "hit_to_document",
+]
+
+#: Metadata keys every returned Document carries (they override the chunk's own keys of the same name).
+METADATA_KEYS = ("chunk_id", "score", "scores", "rank", "event_id", "proposed_by")
+
+# Callbacks for members' runs, so a member retriever's run nests under the ensemble's run.
+_MEMBER_CALLBACKS: ContextVar[Any] = ContextVar("rlfb_member_callbacks", default=None)
+
+MemberLike = Any  # a BaseRetriever / Runnable[str, list[Document]], a VectorStore, or a SearchMember
+
+
+def document_to_chunk(doc: Document) -> Chunk:
+    """A ``Document`` as a chunk.
+
+    Its id is ``doc.id``, else ``metadata["chunk_id"]`` or ``metadata["id"]``,
+    else a hash of the content (:func:`rlfb.runs.content_id`).
+    """
+    meta = dict(doc.metadata or {})
+    cid = doc.id or meta.get("chunk_id") or meta.get("id")
+    return Chunk(str(cid) if cid is not None else content_id(doc.page_content), doc.page_content, meta)
+
+
+def hit_to_document(hit: Hit, event_id: str | None = None) -> Document:
+    """A fused hit as a ``Document`` whose metadata adds :data:`METADATA_KEYS` to the chunk's metadata."""
+    meta = {
+        **dict(hit.metadata),
+        "chunk_id": hit.chunk_id,
+        "score": hit.score,
+        "scores": dict(hit.scores),
+        "rank": hit.rank,
+        "event_id": event_id,
+        "proposed_by": list(hit.proposed_by),
+    }
+    return Document(page_content=hit.text, metadata=meta, id=hit.chunk_id)
+
+
+def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchMember:
+    """Wrap a LangChain retriever or vector store as a search-only ensemble member.
+
+    A vector store (or a ``similarity`` ``VectorStoreRetriever``) is searched
+    directly for as many results as the ensemble's candidate pool asks for.
+    ``scores`` says which of its scores to fuse: ``"auto"`` uses
+    ``similarity_search_with_relevance_scores`` (higher is better) where the
+    store implements it and ranks otherwise; ``"similarity"`` /
+    ``"distance"`` use ``similarity_search_with_score`` as a similarity (higher
+    is better) or a distance (lower is better, negated); ``"rank"`` fuses by
+    rank. Any other retriever is invoked as is (its own ``k`` sets how many
+    results it gives) and fused by rank. Its run nests under the ensemble's run.
+
+    Members' chunk ids come from :func:`document_to_chunk`; give the
+    documents the ids of the ensemble's chunks (``vs.add_documents(docs, ids=ids)``)
+    so each chunk gets every retriever's score.
+    """
+    if isinstance(source, SearchMember):
+        if source.name != name:
+            raise ValidationError(f"member {source.name!r} is listed under the name {name!r}")
+        return source
+    if scores not in ("auto", "similarity", "distance", "rank"):
+        raise ValidationError(f"scores must be 'auto', 'similarity', 'distance' or 'rank', got {scores!r}")
+    store: VectorStore | None = None
+    extra: dict[str, Any] = {}
+    if isinstance(source, VectorStore):
+        store = source
+    elif isinstance(source, VectorStoreRetriever) and source.search_type == "similarity":
+        store = source.vectorstore
+        extra = {k: v for k, v in source.search_kwargs.items() if k != "k"}
+    if store is not None:
+        return SearchMember(name, _vectorstore_search(store, extra, scores))
+    if isinstance(source, Runnable):
+        return SearchMember(name, _runnable_search(source))
+    raise ValidationError(
+        f"member {name!r}: expected a LangChain retriever, a vector store or a SearchMember, "
+        f"got {type(source).__name__}"
+    )
+
+
+def _vectorstore_search(store: VectorStore, extra: dict[str, Any], scores: str) -> Any:
+    def search(query: str, k: int) -> list[tuple[Chunk, float | None]]:
+        pairs: list[tuple[Document, float | None]]
+        if scores == "auto":
+            try:
+                pairs = list(store.similarity_search_with_relevance_scores(query, k=k, **extra))
+            except NotImplementedError:
+                pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]
+        elif scores == "rank":
+            pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]
+        else:
+            sign = 1.0 if scores == "similarity" else -1.0
+            pairs = [(d, sign * s) for d, s in store.similarity_search_with_score(query, k=k, **extra)]
+        return [(document_to_chunk(d), s) for d, s in pairs]
+
+    return search
+
+
+def _runnable_search(retriever: Runnable) -> Any:
+    def search(query: str, k: int) -> list[tuple[Chunk, None]]:
+        # Explicit callbacks: without them the run would inherit an enclosing chain's and show up
+        # as a sibling retrieval of the ensemble's own run.
+        config = {"callbacks": _MEMBER_CALLBACKS.get() or []}
+        return [(document_to_chunk(d), None) for d in retriever.invoke(query, config=config)]
+
+    return search
+
+
+def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) -> list[SearchMember]:
+    if not members:
+        return []
+    if isinstance(members, Mapping):
+        return [as_member(name, m) for name, m in members.items()]
+    return [as_member(m.name, m) for m in members]
+
+
+class FeedbackEnsembleRetriever(BaseRetriever):
+    """A LangChain retriever over a :class:`~rlfb.FeedbackEnsemble` whose fusion weights learn from feedback.
+
+    Build it with :meth:`from_texts`, :meth:`from_documents`,
+    :meth:`from_retrievers` or :meth:`from_ensemble`. ``k`` is set here and
+    per call (``retriever.invoke(query, k=3)``); so is ``explore``
+    (``explore=False`` for the greedy ranking).
+
+    Example:
+        .. code-block:: python
+
+            retriever = FeedbackEnsembleRetriever.from_texts(
+                texts, ids=ids, retrievers=("bm25", "dense"), store="fb.db", k=3)
+            docs = retriever.invoke("what causes the aurora?")
+            retriever.feedback(docs[0].metadata["event_id"], "thumbs_up")
+            retriever.weights
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    ensemble: FeedbackEnsemble
+    """The rlfb ensemble that retrieves, logs and learns."""
+    k: int = Field(default=4, gt=0)
+    """Number of documents to return (overridden by ``invoke(..., k=...)``)."""
+    session_id: str | None = None
+    """Session of every call whose run metadata has no ``session_id``."""
+    explore: bool = True
+    """Let the policy explore (overridden by ``invoke(..., explore=...)``)."""
+    observe_followups: bool = True
+    """Record a restated follow-up in the same session as a reformulation of the previous query."""
+
+    _implicit: Any = PrivateAttr(default=None)
+
+    # ------------------------------------------------------------------ LangChain hooks
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+        explore: bool | None = None,
+    ) -> list[Document]:
+        return self._retrieve(query, run_manager, run_manager.get_child(), k, explore)
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+        explore: bool | None = None,
+    ) -> list[Document]:
+        # The core is synchronous (numpy, SQLite): run it in a thread, as LangChain's default does.
+        return await run_in_executor(
+            None, self._retrieve, query, run_manager, run_manager.get_child(), k, explore
+        )
+
+    def _retrieve(
+        self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None
+    ) -> list[Document]:
+        ens = self.ensemble
+        session = run.metadata.get("session_id", self.session_id)
+        session = None if session is None else str(session)
+        logging = ens.store is not None
+        if session is not None and logging and self.observe_followups:
+            if self._implicit is None:
+                self._implicit = default_implicit(ens)
+            observe_followup(ens.store, session, query, ensemble=ens, implicit=self._implicit)
+        token = _MEMBER_CALLBACKS.set(child_callbacks)
+        try:
+            result = ens.retrieve(
+                query,
+                self.k if k is None else k,
+                session_id=session,
+                explore=self.explore if explore is None else explore,
+                event_id=str(run.run_id) if logging else None,
+                parent_id=str(run.parent_run_id) if logging and run.parent_run_id is not None else None,
+                metadata={"framework": "langchain", "run_name": self.get_name()},
+            )
+        finally:
+            _MEMBER_CALLBACKS.reset(token)
+        return [hit_to_document(h, result.event_id) for h in result.hits]
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_ensemble(
+        cls, ensemble: FeedbackEnsemble, *, k: int = 4, **kwargs: Any
+    ) -> FeedbackEnsembleRetriever:
+        """Wrap an existing ensemble (``kwargs``: the other retriever fields, ``tags``, ``metadata``)."""
+        return cls(ensemble=ensemble, k=k, **kwargs)
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        members: Mapping[str, MemberLike] | Sequence[SearchMember] | None = None,
+        k: int = 4,
+        session_id: str | None = None,
+        explore: bool = True,
+        **ensemble_kwargs: Any,
+    ) -> FeedbackEnsembleRetriever:
+        """Index ``texts`` with rlfb's retrievers; ``members`` adds LangChain retrievers or vector stores.
+
+        ``members`` maps a name to a retriever or vector store (see :func:`as_member`).
+
+        ``ensemble_kwargs`` go to :meth:`rlfb.FeedbackEnsemble.from_texts`:
+        ``retrievers``, ``store``, ``policy``, ``fusion``, ``weights``,
+        ``candidate_k``, ``seed``, ...
+        """
+        ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, members=_members(members), **ensemble_kwargs)
+        return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence[Document],
+        *,
+        members: Mapping[str, MemberLike] | Sequence[SearchMember] | None = None,
+        k: int = 4,
+        session_id: str | None = None,
+        explore: bool = True,
+        **ensemble_kwargs: Any,
+    ) -> FeedbackEnsembleRetriever:
+        """Index ``documents`` (ids from :func:`document_to_chunk`); otherwise as :meth:`from_texts`."""
+        chunks = [document_to_chunk(d) for d in documents]
+        ens = FeedbackEnsemble.from_chunks(chunks, members=_members(members), **ensemble_kwargs)
+        return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
+
+    @classmethod
+    def from_retrievers(
+        cls,
+        retrievers: Mapping[str, MemberLike],
+        *,
+        k: int = 4,
+        session_id: str | None = None,
+        explore: bool = True,
+        **ensemble_kwargs: Any,
+    ) -> FeedbackEnsembleRetriever:
+        """Fuse existing LangChain retrievers / vector stores only (no rlfb index), with learned weights.
+
+        ``retrievers`` maps a member name to a retriever or vector store
+        (see :func:`as_member`); ``ensemble_kwargs`` go to :class:`rlfb.FeedbackEnsemble`.
+        """
+        if not retrievers:
+            raise ValidationError("from_retrievers needs at least one retriever")
+        ens = FeedbackEnsemble({}, members=_members(retrievers), **ensemble_kwargs)
+        return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
+
+    # ------------------------------------------------------------------ learning
+    @property
+    def weights(self) -> dict[str, float]:
+        """The ensemble's current fusion weights, ``{retriever name: weight}``."""
+        return self.ensemble.weights
+
+    def feedback(
+        self,
+        run_id: Any,
+        signal: str | None = None,
+        *,
+        score: float | bool | None = None,
+        score_scale: str = "unit",
+        rating: float | None = None,
+        value: float | None = None,
+        chunk_id: str | None = None,
+        comment: str | None = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Feedback on a retrieval (its ``event_id``, which is its run id) or on a chain run above it.
+
+        The ensemble learns from it.
+
+        ``score`` follows LangSmith (``0``/``1`` thumbs by default; see
+        :func:`rlfb.runs.score_value`); or give a ``signal`` (``"thumbs_up"``,
+        ``"explicit_negative"``, ...), a ``rating`` (1-5) or a raw ``value``
+        in [-1, 1]. ``kwargs``: ``timestamp``, ``session_id``, ``user_id``,
+        ``idempotency_key``. Returns the stored
+        :class:`~rlfb.store.FeedbackRecord` of each retrieval the run id stands for.
+        """
+        if self.ensemble.store is None:
+            raise ValidationError(
+                "this retriever's ensemble has no feedback store; build it with store='fb.db'"
+            )
+        return record_run_feedback(
+            self.ensemble.store, run_id, signal, ensemble=self.ensemble, score=score, score_scale=score_scale,
+            value=value, rating=rating,
+            chunk_id=chunk_id, comment=comment, key=key, **kwargs,
+        )

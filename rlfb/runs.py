@@ -1,0 +1,289 @@
+"""Retrievals run by other engines, and feedback addressed by run id.
+
+Framework adapters (``langchain_rlfb``) observe retrievals they did not make
+and receive feedback keyed by their framework's run ids. What they need from
+the core lives here, framework-free:
+
+* :func:`content_id`: a stable chunk id for a text that came without one;
+* :func:`log_external`: log what another retriever returned as an event (its
+  decision is marked with the policy :data:`EXTERNAL_POLICY`, so no learner
+  mistakes it for one of its own decisions);
+* :func:`score_value`: a LangSmith-style feedback score as a reward value;
+* :func:`record_run_feedback`: feedback on a run id (a retrieval's, or a chain's
+  that contains retrievals), learned from by the ensemble that made the decision;
+* :func:`observe_followup`: a follow-up query in a session that restates the
+  previous one becomes a ``"reformulation"`` on the previous retrieval.
+
+>>> from rlfb.store import FeedbackStore
+>>> store = FeedbackStore()
+>>> eid = log_external(store, "what causes the aurora", [("c1", 12.5), ("c2", None)],
+...                    source="bm25", event_id="run-1", session_id="s1", timestamp=1000.0)
+>>> [r.signal for r in record_run_feedback(store, "run-1", value=score_value(1.0), timestamp=1060.0)]
+['score']
+>>> [r.signal for r in observe_followup(store, "s1", "why does the aurora happen", timestamp=1100.0)]
+['reformulation']
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
+
+__all__ = [
+    "EXTERNAL_POLICY",
+    "SCORE_SCALES",
+    "content_id",
+    "log_external",
+    "score_value",
+    "owns_event",
+    "record_run_feedback",
+    "observe_followup",
+    "default_implicit",
+]
+
+#: The ``policy`` recorded on events that another engine's retriever made.
+EXTERNAL_POLICY = "external"
+
+#: How a LangSmith-style feedback score maps to a reward value in [-1, 1].
+SCORE_SCALES = ("unit", "signed")
+
+
+def content_id(text: str) -> str:
+    """A stable id for a chunk that came without one: the first 16 hex digits of its text's sha256.
+
+    >>> content_id("the aurora is caused by the solar wind")
+    'sha256:b82187c14dc21ffa'
+    """
+    if not isinstance(text, str):
+        raise ValidationError(f"text must be a str, got {type(text).__name__}")
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def log_external(
+    store: Any,
+    query: str,
+    results: Sequence[tuple[str, float | None]],
+    *,
+    source: str,
+    event_id: str | None = None,
+    parent_id: str | None = None,
+    session_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    timestamp: float | None = None,
+) -> str:
+    """Log what another retriever returned, best first, as ``(chunk_id, score or None)`` pairs.
+
+    The decision is ``{source: 1.0}`` with propensity 1 and the policy
+    :data:`EXTERNAL_POLICY`. A chunk listed twice keeps its first position; a
+    non-finite score is stored as ``None``. Returns the event id.
+    """
+    if not isinstance(source, str) or not source:
+        raise ValidationError("source must be a non-empty str (the retriever's name)")
+    rows = []
+    seen: set[str] = set()
+    for chunk_id, score in results:
+        if chunk_id in seen:
+            continue
+        seen.add(chunk_id)
+        s = _finite_or_none(score)
+        rows.append(
+            {
+                "chunk_id": chunk_id,
+                "rank": len(rows) + 1,
+                "score": s,
+                "scores": {source: s},
+                "normalized": {},
+                "proposed_by": [source],
+            }
+        )
+    decision = {"weights": {source: 1.0}, "arm": None, "propensity": 1.0, "explored": False,
+                "policy": EXTERNAL_POLICY}
+    return store.log_event(
+        query,
+        decision,
+        rows,
+        session_id=session_id,
+        event_id=event_id,
+        parent_id=parent_id,
+        metadata=dict(metadata or {}),
+        timestamp=timestamp,
+    )
+
+
+def score_value(score: float | bool, scale: str = "unit") -> float:
+    """A LangSmith-style feedback score as a reward value in [-1, 1].
+
+    ``scale="unit"`` (the default) reads the score on [0, 1], LangSmith's usual
+    thumbs convention: ``0`` is negative (-1), ``1`` positive (+1), ``0.5``
+    neutral, linearly in between (``2 * score - 1``). ``scale="signed"`` takes a
+    score already on [-1, 1] as is. Booleans count as 1 and 0.
+
+    >>> score_value(1), score_value(0), score_value(0.75), score_value(True)
+    (1.0, -1.0, 0.5, 1.0)
+    >>> score_value(-0.5, "signed")
+    -0.5
+    >>> score_value(3)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: score must lie in [0, 1] with scale='unit', got 3.0 ...
+    """
+    if scale not in SCORE_SCALES:
+        raise ValidationError(f"scale must be one of {SCORE_SCALES}, got {scale!r}")
+    if isinstance(score, bool):
+        score = 1.0 if score else 0.0
+    if not isinstance(score, numbers.Real):
+        raise ValidationError(f"score must be a number or a bool, got {type(score).__name__} {score!r}")
+    s = float(score)
+    if not math.isfinite(s):
+        raise ValidationError(f"score must be finite, got {s!r}")
+    if scale == "unit":
+        if not 0.0 <= s <= 1.0:
+            raise ValidationError(
+                f"score must lie in [0, 1] with scale='unit', got {s!r} (scale='signed' takes [-1, 1])"
+            )
+        return 2.0 * s - 1.0
+    if not -1.0 <= s <= 1.0:
+        raise ValidationError(f"score must lie in [-1, 1] with scale='signed', got {s!r}")
+    return s
+
+
+def owns_event(ensemble: Any, event: Mapping[str, Any]) -> bool:
+    """Whether ``ensemble`` made the logged decision (so it may learn from feedback on it)."""
+    if ensemble is None or event.get("policy") == EXTERNAL_POLICY:
+        return False
+    return set(event.get("retrievers") or ()) == set(ensemble.retriever_names)
+
+
+def record_run_feedback(
+    store: Any,
+    run_id: str,
+    signal: str | None = None,
+    *,
+    ensemble: Any = None,
+    score: float | bool | None = None,
+    score_scale: str = "unit",
+    value: float | None = None,
+    rating: float | None = None,
+    chunk_id: str | None = None,
+    comment: str | None = None,
+    key: str | None = None,
+    timestamp: float | None = None,
+    session_id: str | None = None,
+    user_id: str | None = None,
+    idempotency_key: str | None = None,
+) -> list[Any]:
+    """Record feedback on every retrieval that ``run_id`` stands for; return the records.
+
+    ``run_id`` is a retrieval's event id, or the id of a run above retrievals
+    (a chain), resolved through :meth:`~rlfb.store.FeedbackStore.resolve_run`.
+    The feedback is a ``signal``, a ``rating``, a raw ``value`` in [-1, 1], or a
+    LangSmith-style ``score`` (mapped by :func:`score_value` with ``score_scale``).
+    Feedback on a chain that made several retrievals goes to each of them; with
+    ``chunk_id``, only to those that returned that chunk. An event that
+    ``ensemble`` made is recorded through :meth:`rlfb.FeedbackEnsemble.feedback`,
+    so it learns; other events (:func:`log_external`) are only stored. With
+    several events, the idempotency key gets ``":<event id>"`` appended.
+
+    Raises :class:`UnknownEventError` when nothing was logged under the run id,
+    :class:`UnknownChunkError` when none of its retrievals returned ``chunk_id``.
+    """
+    run_id = _run_id(run_id)
+    if score is not None:
+        if value is not None:
+            raise ValidationError("give score or value, not both")
+        value = score_value(score, score_scale)
+    event_ids = store.resolve_run(run_id)
+    if not event_ids:
+        raise UnknownEventError(
+            f"no retrieval was logged under run id {run_id!r}, nor under a run below it; "
+            "check that the run went through a retriever with feedback logging (a FeedbackEnsembleRetriever, "
+            "or a FeedbackCallbackHandler in the run's callbacks) and that the id is the run's id"
+        )
+    events = [store.event(e) for e in event_ids]
+    if chunk_id is not None:
+        events = [e for e in events if any(c["chunk_id"] == chunk_id for c in e["chunks"])]
+        if not events:
+            raise UnknownChunkError(f"chunk {chunk_id!r} was not returned by any retrieval of run {run_id!r}")
+    records = []
+    for event in events:
+        eid = event["id"]
+        ikey = idempotency_key if idempotency_key is None or len(events) == 1 else f"{idempotency_key}:{eid}"
+        kwargs = dict(value=value, rating=rating, chunk_id=chunk_id, timestamp=timestamp,
+                      session_id=session_id, user_id=user_id, idempotency_key=ikey, comment=comment, key=key)
+        if owns_event(ensemble, event):
+            records.append(ensemble.feedback(eid, signal, **kwargs))
+        else:
+            records.append(store.record_feedback(eid, signal, **kwargs))
+    return records
+
+
+def default_implicit(ensemble: Any = None) -> Any:
+    """:class:`~rlfb.implicit.ImplicitSignals` as :meth:`rlfb.FeedbackEnsemble.observe` builds it.
+
+    With an ensemble that has a dense retriever, follow-ups are compared by
+    embedding similarity; otherwise by word overlap.
+    """
+    from rlfb.implicit import ImplicitSignals
+
+    encode = None
+    if ensemble is not None:
+        for r in ensemble.retrievers.values():
+            encode = getattr(r, "encode_queries", None) or encode
+    return ImplicitSignals(encode=encode)
+
+
+def observe_followup(
+    store: Any,
+    session_id: str,
+    query: str,
+    *,
+    ensemble: Any = None,
+    implicit: Any = None,
+    timestamp: float | None = None,
+) -> list[Any]:
+    """Record what a follow-up ``query`` says about the session's previous retrieval; return the records.
+
+    A restatement of the previous query is a ``"reformulation"`` (implicit
+    negative); a new topic records nothing. Signals carry the idempotency key of
+    :class:`~rlfb.implicit.InferredSignal`, so observing the same follow-up twice
+    records it once. Call it before logging the follow-up's own retrieval.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise ValidationError(f"session_id must be a non-empty str, got {session_id!r}")
+    previous = store.last_event(session_id)
+    if previous is None:
+        return []
+    implicit = implicit if implicit is not None else default_implicit(ensemble)
+    own = owns_event(ensemble, previous)
+    records = []
+    for sig in implicit.infer(previous, query):
+        if own:
+            records.append(
+                ensemble.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
+                                  session_id=session_id, idempotency_key=sig.idempotency_key,
+                                  comment=sig.reason or None)
+            )
+        else:
+            fields = sig.as_feedback(session_id=session_id, timestamp=timestamp)
+            records.append(store.record_feedback(**fields))
+    return records
+
+
+def _run_id(run_id: Any) -> str:
+    text = str(run_id) if run_id is not None and not isinstance(run_id, str) else run_id
+    if not isinstance(text, str) or not text:
+        raise ValidationError(f"run_id must be a non-empty str or UUID, got {run_id!r}")
+    return text
+
+
+def _finite_or_none(score: Any) -> float | None:
+    if score is None or isinstance(score, bool) or not isinstance(score, numbers.Real):
+        return None
+    f = float(score)
+    return f if math.isfinite(f) else None

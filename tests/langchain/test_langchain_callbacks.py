@@ -1,0 +1,202 @@
+"""FeedbackCallbackHandler: logs any retriever by run id, resolves a chain's run id, bad input."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from langchain_community.retrievers import BM25Retriever
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
+from rlfb import UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.runs import EXTERNAL_POLICY
+from rlfb.store import FeedbackStore
+
+from _lc_corpus import IDS, TEXTS
+
+PROMPT = ChatPromptTemplate.from_template("Answer from the context.\n{context}\nQuestion: {question}")
+
+
+def rag_chain(retriever: Any) -> Any:
+    """A nested LCEL RAG chain: the retrieval sits two runs below the top-level run."""
+    fmt = RunnableLambda(lambda docs: "\n".join(d.page_content for d in docs))
+    llm = FakeListChatModel(responses=["an answer"])
+    return {"context": retriever | fmt, "question": RunnablePassthrough()} | PROMPT | llm | StrOutputParser()
+
+
+class Boom(BaseRetriever):
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        raise RuntimeError("search backend down")
+
+
+@pytest.fixture
+def bm25() -> BM25Retriever:
+    return BM25Retriever.from_texts(TEXTS, ids=IDS, k=3)
+
+
+def test_plain_bm25_retriever_is_logged_by_run_id(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    run_id = uuid.uuid4()
+    docs = bm25.invoke("molten magma volcano", config={"callbacks": [handler]}, run_id=run_id)
+    event = handler.store.event(str(run_id))
+    assert event["query"] == "molten magma volcano" and event["policy"] == EXTERNAL_POLICY
+    assert event["retrievers"] == ["BM25Retriever"]
+    assert len(event["chunks"]) == len(docs) == 3
+    (record,) = handler.record_feedback(run_id, score=1.0, key="user_score", comment="helpful")
+    assert record.value == 1.0 and record.event_id == str(run_id)
+    (record,) = handler.record_feedback(str(run_id), score=0)  # LangSmith thumbs down
+    assert record.value == -1.0
+    (record,) = handler.record_feedback(run_id, rating=4)
+    assert record.value == 0.5
+    second = event["chunks"][1]["chunk_id"]
+    (record,) = handler.record_feedback(run_id, signal="explicit_negative", chunk_id=second)
+    assert list(record.chunk_rewards) == [second]
+    rows = handler.store.feedback(str(run_id))
+    assert (rows[0]["key"], rows[0]["comment"]) == ("user_score", "helpful")
+
+
+def test_file_store_path_and_signed_scores(tmp_path: Any, bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=str(tmp_path / "fb.db"), score_scale="signed")
+    run_id = uuid.uuid4()
+    bm25.invoke("ocean tides", config={"callbacks": [handler]}, run_id=run_id)
+    (record,) = handler.record_feedback(run_id, score=-0.5)
+    assert record.value == -0.5
+    with pytest.raises(ValidationError):
+        FeedbackCallbackHandler(store=str(tmp_path / "fb.db"), score_scale="percent")
+    with pytest.raises(ValidationError):
+        FeedbackCallbackHandler()
+
+
+def test_vector_store_retriever_with_real_embeddings(embeddings: Any) -> None:
+    vs = InMemoryVectorStore(embeddings)
+    vs.add_texts(TEXTS, ids=IDS)
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    run_id = uuid.uuid4()
+    docs = vs.as_retriever(search_kwargs={"k": 2}).invoke(
+        "why is the sky green near the poles", config={"callbacks": [handler]}, run_id=run_id
+    )
+    event = handler.store.event(str(run_id))
+    assert [c["chunk_id"] for c in event["chunks"]] == [d.id for d in docs]
+    assert event["chunks"][0]["chunk_id"] == "doc1"
+
+
+def test_chain_run_id_finds_the_nested_retrieval(tmp_path: Any, bm25: BM25Retriever) -> None:
+    path = tmp_path / "fb.db"
+    handler = FeedbackCallbackHandler(store=str(path))
+    top = uuid.uuid4()
+    answer = rag_chain(bm25).invoke("what causes the aurora", config={"callbacks": [handler], "run_id": top})
+    assert answer == "an answer"
+    (event,) = handler.retrievals(top)
+    assert event["query"] == "what causes the aurora"
+    assert event["id"] != str(top) and event["parent_id"] != str(top)  # an intermediate run lies between
+    (record,) = handler.record_feedback(top, score=1)
+    assert record.event_id == event["id"]
+    # another process, with only the file, resolves the chain's run id too
+    other = FeedbackCallbackHandler(store=str(path))
+    assert [e["id"] for e in other.retrievals(top)] == [event["id"]]
+    assert other.record_feedback(top, signal="thumbs_up")[0].event_id == event["id"]
+
+
+def test_chain_with_two_retrievals_rates_both_and_chunk_feedback_picks_one(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    other = BM25Retriever.from_texts(["an unrelated note about tides"], ids=["note"], k=1)
+    chain = {"a": bm25, "b": other} | RunnableLambda(lambda d: len(d["a"]) + len(d["b"]))
+    top = uuid.uuid4()
+    assert chain.invoke("tides", config={"callbacks": [handler], "run_id": top}) == 4
+    assert len(handler.retrievals(top)) == 2
+    assert len(handler.record_feedback(top, score=1, idempotency_key="fb-1")) == 2
+    (record,) = handler.record_feedback(top, signal="click", chunk_id="note")
+    assert set(record.chunk_rewards) == {"note"}
+    with pytest.raises(UnknownChunkError):
+        handler.record_feedback(top, signal="click", chunk_id="no-such-chunk")
+
+
+def test_unknown_run_id_is_a_clear_error() -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    run_id = uuid.uuid4()
+    with pytest.raises(UnknownEventError, match=f"no retrieval was logged under run id '{run_id}'"):
+        handler.record_feedback(run_id, score=1.0)
+    with pytest.raises(ValidationError):
+        handler.record_feedback("", score=1.0)
+
+
+def test_bad_scores_are_rejected_before_anything_is_written(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    run_id = uuid.uuid4()
+    bm25.invoke("tides", config={"callbacks": [handler]}, run_id=run_id)
+    for bad in (1.5, -0.1, float("nan"), "yes"):
+        with pytest.raises(ValidationError):
+            handler.record_feedback(run_id, score=bad)
+    with pytest.raises(ValidationError):
+        handler.record_feedback(run_id, score=1, value=1.0)
+    assert handler.store.counts()["feedback"] == 0
+
+
+def test_failing_retriever_logs_nothing_and_the_error_propagates(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    top = uuid.uuid4()
+    with pytest.raises(RuntimeError, match="search backend down"):
+        rag_chain(Boom()).invoke("anything", config={"callbacks": [handler], "run_id": top})
+    assert handler.store.counts()["events"] == 0
+    assert handler._parents == {} and handler._retrievals == {}  # nothing left behind
+    with pytest.raises(UnknownEventError):
+        handler.record_feedback(top, score=1)
+    # the same handler keeps working
+    run_id = uuid.uuid4()
+    bm25.invoke("tides", config={"callbacks": [handler]}, run_id=run_id)
+    assert handler.store.has_event(str(run_id))
+
+
+def test_our_retriever_is_not_logged_twice(make_ensemble: Any) -> None:
+    ens = make_ensemble(policy="gradient")
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=3)
+    top = uuid.uuid4()
+    rag_chain(retriever).invoke("what causes the aurora", config={"callbacks": [handler], "run_id": top})
+    assert ens.store.counts()["events"] == 1
+    (event,) = handler.retrievals(top)
+    assert event["policy"] == "gradient"  # the ensemble's own decision, not an external copy
+    handler.record_feedback(top, score=1.0)
+    assert ens.store.load_policy_state() is not None  # routed to the ensemble, which learned
+    # a handler on another store keeps its own copy
+    elsewhere = FeedbackCallbackHandler(store=FeedbackStore())
+    run_id = uuid.uuid4()
+    retriever.invoke("tides", config={"callbacks": [elsewhere]}, run_id=run_id)
+    assert elsewhere.store.event(str(run_id))["policy"] == EXTERNAL_POLICY
+    assert ens.store.has_event(str(run_id))
+
+
+def test_session_followups_with_a_plain_retriever(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    config = {"callbacks": [handler], "metadata": {"session_id": "chat-1"}}
+    first = uuid.uuid4()
+    bm25.invoke("what causes the aurora borealis", config=config, run_id=first)
+    bm25.invoke("the aurora borealis, what causes it?", config=config)
+    bm25.invoke("stock market and interest rates", config=config)
+    assert [f["signal"] for f in handler.store.feedback(str(first))] == ["reformulation"]
+    assert len(handler.store.events_for_session("chat-1")) == 3
+
+
+async def test_async_chain_and_abatch_log_every_event(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    chain = rag_chain(bm25)
+    tops = [uuid.uuid4() for _ in range(6)]
+    await chain.abatch(
+        [f"question {i} about tides" for i in range(6)],
+        config=[{"callbacks": [handler], "run_id": t} for t in tops],
+    )
+    assert handler.store.counts()["events"] == 6
+    assert all(len(handler.retrievals(t)) == 1 for t in tops)
+    assert await chain.ainvoke("glaciers", config={"callbacks": [handler]}) == "an answer"
+    assert handler.store.counts()["events"] == 7

@@ -1,0 +1,217 @@
+"""FeedbackEnsembleRetriever: scored Documents, k per call, run id = event id, members, async, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from langchain_community.retrievers import BM25Retriever
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import InMemoryVectorStore
+
+import langchain_rlfb
+from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, document_to_chunk
+from rlfb import FeedbackEnsemble, UnknownEventError, ValidationError
+from rlfb.members import SearchMember
+from rlfb.store import FeedbackStore
+from rlfb.types import Chunk
+
+from _lc_corpus import IDS, TEXTS
+
+
+def test_all_is_explicit() -> None:
+    expected = [
+        "FeedbackEnsembleRetriever",
+        "FeedbackCallbackHandler",
+        "METADATA_KEYS",
+        "as_member",
+        "document_to_chunk",
+        "hit_to_document",
+    ]
+    assert sorted(expected) == sorted(langchain_rlfb.__all__)
+    for name in langchain_rlfb.__all__:
+        assert getattr(langchain_rlfb, name) is not None
+
+
+def test_is_a_langchain_retriever_overriding_only_the_two_hooks() -> None:
+    assert issubclass(FeedbackEnsembleRetriever, BaseRetriever)
+    own = {n for n in vars(FeedbackEnsembleRetriever) if n in vars(BaseRetriever)}
+    assert {"_get_relevant_documents", "_aget_relevant_documents"} <= own
+    assert not own & {"invoke", "ainvoke", "batch", "abatch", "stream", "astream"}
+
+
+def test_documents_carry_chunk_id_scores_rank_and_event_id(make_ensemble: Any) -> None:
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=3)
+    run_id = uuid.uuid4()
+    docs = retriever.invoke("what causes the aurora borealis", run_id=run_id)
+    assert [d.metadata["rank"] for d in docs] == [1, 2, 3]
+    assert docs[0].id == docs[0].metadata["chunk_id"] == "doc0"
+    assert docs[0].page_content == TEXTS[0]
+    fused = [d.metadata["score"] for d in docs]
+    assert fused == sorted(fused, reverse=True)
+    for d in docs:
+        assert set(langchain_rlfb.METADATA_KEYS) <= set(d.metadata)
+        assert set(d.metadata["scores"]) == {"bm25", "dense"}
+        assert d.metadata["event_id"] == str(run_id)  # LangChain's run id is the event id
+    event = ens.store.event(str(run_id))
+    assert [c["chunk_id"] for c in event["chunks"]] == [d.id for d in docs]
+    assert event["metadata"]["framework"] == "langchain"
+
+
+def test_k_in_constructor_and_per_call_and_explore_flag(make_ensemble: Any) -> None:
+    retriever = FeedbackEnsembleRetriever(ensemble=make_ensemble(), k=2)
+    assert len(retriever.invoke("tides and the moon")) == 2
+    assert len(retriever.invoke("tides and the moon", k=5)) == 5
+    greedy = retriever.invoke("tides and the moon", k=4, explore=False)
+    assert greedy[0].id in {"doc2", "doc9"}
+    with pytest.raises(ValidationError):
+        retriever.invoke("tides", k=0)
+    with pytest.raises(TypeError):
+        retriever.invoke("tides", top_k=3)  # a typo is an error, not silently ignored
+    with pytest.raises(ValueError):
+        FeedbackEnsembleRetriever(ensemble=make_ensemble(), k=0)
+
+
+def test_from_texts_and_from_documents(tmp_path: Any) -> None:
+    r = FeedbackEnsembleRetriever.from_texts(
+        TEXTS, ids=IDS, metadatas=[{"n": i} for i in range(len(TEXTS))], retrievers=("bm25",),
+        store=str(tmp_path / "fb.db"), k=2,
+    )
+    docs = r.invoke("molten magma volcano")
+    assert docs[0].id == "doc3" and docs[0].metadata["n"] == 3
+    assert r.weights == {"bm25": 1.0}
+    assert FeedbackStore(tmp_path / "fb.db").has_event(docs[0].metadata["event_id"])
+
+    documents = [Document(page_content=t, id=i, metadata={"source": "kb"}) for t, i in zip(TEXTS, IDS)]
+    r2 = FeedbackEnsembleRetriever.from_documents(documents, retrievers=("bm25",), k=1)
+    (doc,) = r2.invoke("titanium bolt XK-4471")
+    assert doc.id == "doc4" and doc.metadata["source"] == "kb"
+    assert doc.metadata["event_id"] is None  # no store: nothing logged
+
+
+def test_document_to_chunk_ids() -> None:
+    assert document_to_chunk(Document(page_content="a", id="x")).id == "x"
+    assert document_to_chunk(Document(page_content="a", metadata={"chunk_id": "y"})).id == "y"
+    assert document_to_chunk(Document(page_content="a", metadata={"id": 7})).id == "7"
+    h1 = document_to_chunk(Document(page_content="same text")).id
+    assert h1 == document_to_chunk(Document(page_content="same text")).id
+    assert h1 != document_to_chunk(Document(page_content="other text")).id
+
+
+def test_feedback_by_run_id_learns_and_weights_are_exposed(make_ensemble: Any) -> None:
+    ens = make_ensemble(policy="gradient")
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=3)
+    assert retriever.weights == {"bm25": 0.5, "dense": 0.5}
+    docs = retriever.invoke("northern lights")
+    (record,) = retriever.feedback(docs[0].metadata["event_id"], score=1.0, key="user_score", comment="good")
+    assert record.value == 1.0 and record.reward > 0
+    (record,) = retriever.feedback(docs[0].metadata["event_id"], "click", chunk_id=docs[1].id)
+    assert set(record.chunk_rewards) == {docs[1].id}
+    assert ens.store.load_policy_state() is not None  # the learner took the episode and saved its state
+    rows = ens.store.feedback(docs[0].metadata["event_id"])
+    assert rows[0]["key"] == "user_score" and rows[0]["comment"] == "good"
+    with pytest.raises(UnknownEventError, match="no retrieval was logged under run id"):
+        retriever.feedback(str(uuid.uuid4()), "thumbs_up")
+    with pytest.raises(ValidationError):
+        no_store = FeedbackEnsemble(ens.retrievers, ens.chunks)
+        FeedbackEnsembleRetriever.from_ensemble(no_store).feedback("x", "like")
+
+
+def test_session_followup_is_a_reformulation(make_ensemble: Any) -> None:
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    config = {"metadata": {"session_id": "s1"}}
+    first = retriever.invoke("what causes the aurora borealis", config=config)
+    retriever.invoke("what really causes the aurora borealis lights", config=config)  # restated
+    retriever.invoke("price of titanium bolts", config=config)  # a new topic: no signal
+    first_id = first[0].metadata["event_id"]
+    assert [f["signal"] for f in ens.store.feedback(first_id)] == ["reformulation"]
+    assert ens.store.event(first_id)["session_id"] == "s1"
+    assert sum(len(ens.store.feedback(e["id"])) for e in ens.store.events_for_session("s1")) == 1
+    # the field gives the session when the run's metadata has none
+    r2 = FeedbackEnsembleRetriever.from_ensemble(ens, k=1, session_id="s2")
+    r2.invoke("glaciers carve valleys")
+    assert ens.store.last_event("s2") is not None
+
+
+def test_langchain_retrievers_and_vector_stores_as_members(make_ensemble: Any, embeddings: Any) -> None:
+    bm25 = BM25Retriever.from_texts(TEXTS, ids=IDS, k=4)
+    for d, i in zip(bm25.docs, IDS):  # BM25Retriever keeps ids on its documents only when given
+        d.id = i
+    vs = InMemoryVectorStore(embeddings)
+    vs.add_texts(TEXTS, ids=IDS)
+    retriever = FeedbackEnsembleRetriever.from_retrievers(
+        {"lc_bm25": bm25, "vs": vs.as_retriever()}, store=FeedbackStore(), k=3, policy="thompson"
+    )
+    assert retriever.weights == {"lc_bm25": 0.5, "vs": 0.5}
+    docs = retriever.invoke("what causes the aurora borealis")
+    assert docs[0].id in {"doc0", "doc1"}
+    assert set(docs[0].metadata["scores"]) == {"lc_bm25", "vs"}
+    assert docs[0].metadata["scores"]["vs"] is not None
+
+    # members join rlfb's own retrievers: the same ids, so every chunk gets every score
+    ens = FeedbackEnsemble(make_ensemble().retrievers, make_ensemble().chunks,
+                           members=[as_member("vs", vs, scores="similarity")])
+    mixed = FeedbackEnsembleRetriever.from_ensemble(ens, k=2).invoke("moon and tides")
+    assert set(mixed[0].metadata["scores"]) == {"bm25", "dense", "vs"}
+    assert mixed[0].metadata["scores"]["vs"] is not None
+
+    with pytest.raises(ValidationError):
+        as_member("x", object())
+    with pytest.raises(ValidationError):
+        as_member("x", SearchMember("y", lambda q, k: []))
+    with pytest.raises(ValidationError):
+        FeedbackEnsembleRetriever.from_retrievers({})
+
+
+def test_member_runs_nest_under_the_ensemble_run_and_are_not_logged_twice(base_ensemble: Any) -> None:
+    bm25 = BM25Retriever.from_texts(TEXTS, k=3)
+    store = FeedbackStore()
+    ens = FeedbackEnsemble(base_ensemble.retrievers, base_ensemble.chunks, members=[as_member("lc", bm25)],
+                           store=store)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    run_id = uuid.uuid4()
+    FeedbackEnsembleRetriever.from_ensemble(ens).invoke("volcano lava", config={"callbacks": [handler]},
+                                                        run_id=run_id)
+    assert store.counts()["events"] == 1  # the member's own run is nested, not a second retrieval
+    assert store.resolve_run(str(run_id)) == [str(run_id)]
+
+
+def test_member_without_scores_is_fused_by_rank(make_ensemble: Any) -> None:
+    def search(query: str, k: int) -> list[tuple[Chunk, None]]:
+        return [(Chunk("outside", "a chunk only the member knows, about tides"), None),
+                (Chunk("doc2", TEXTS[2]), None)]
+
+    base = make_ensemble()
+    ens = FeedbackEnsemble(base.retrievers, base.chunks, members=[SearchMember("kb", search)])
+    docs = FeedbackEnsembleRetriever.from_ensemble(ens, k=len(TEXTS) + 1).invoke("tides")
+    kb = {d.id: d.metadata["scores"]["kb"] for d in docs}
+    assert kb["outside"] == pytest.approx(1 / 61) and kb["doc2"] == pytest.approx(1 / 62)
+    assert sum(v is None for v in kb.values()) == len(TEXTS) - 1  # chunks the member did not return
+
+
+async def test_ainvoke_and_concurrent_abatch_log_every_event(make_ensemble: Any) -> None:
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    run_id = uuid.uuid4()
+    docs = await retriever.ainvoke("ocean tides", run_id=run_id, k=3)
+    assert len(docs) == 3 and docs[0].metadata["event_id"] == str(run_id)
+    queries = [f"{t} ({i})" for i, t in enumerate(["aurora", "tides", "volcano", "glacier", "stock market"])]
+    config = {"max_concurrency": 3}
+    batches = await asyncio.gather(*(retriever.abatch(queries, config=config) for _ in range(4)))
+    event_ids = {d[0].metadata["event_id"] for batch in batches for d in batch}
+    assert len(event_ids) == 20
+    assert ens.store.counts()["events"] == 21
+    assert all(ens.store.has_event(e) for e in event_ids)
+
+
+def test_errors_propagate_and_log_nothing(make_ensemble: Any) -> None:
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens)
+    with pytest.raises(ValidationError):
+        retriever.invoke(123)  # type: ignore[arg-type]
+    assert ens.store.counts()["events"] == 0
