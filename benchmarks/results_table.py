@@ -1,0 +1,41 @@
+"""Turn `rlfb simulate --json` outputs into the README's results table.
+
+    python benchmarks/results_table.py RESULTS_DIR   # reads DATASET_POLICY.json files
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def fmt(entry: dict) -> str:
+    return "–" if entry is None or entry.get("mean") is None else f"{entry['mean']:.3f}"
+
+
+def main(folder: str) -> None:
+    root = Path(folder)
+    print("| collection | system | held-out | seen | online |")
+    print("|---|---|---|---|---|")
+    for ds in ("scifact", "cranfield", "cisi"):
+        first = None
+        for policy in ("thompson", "gradient", "batch", "thompson_nomem"):
+            path = root / f"{ds}_{policy}.json"
+            if not path.is_file():
+                continue
+            r = json.loads(path.read_text())
+            first = first or r
+            f = r["final"]
+            label = "thompson, memory off" if policy == "thompson_nomem" else policy
+            print(f"| {ds} | **{label}** | {fmt(f['heldout_ndcg@10'])} | {fmt(f['seen_ndcg@10'])} "
+                  f"| {fmt(f['online_ndcg@10'])} |")
+        if first is None:
+            continue
+        for name in ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_fixed", "per_query_oracle"):
+            b = first["baselines"][name]
+            print(f"| {ds} | {name} | {fmt(b['heldout_ndcg@10'])} | {fmt(b['seen_ndcg@10'])} | |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "out/results")
