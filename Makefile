@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 # unit and integration tests, doctests in rlfb/, and the notebooks (executed by nbmake)
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" --nbmake tests rlfb notebooks
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" --nbmake tests rlfb langchain_rlfb llamaindex_rlfb notebooks
 
 slow: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow

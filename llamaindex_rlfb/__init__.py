@@ -1,0 +1,37 @@
+"""LlamaIndex adapter of rlfb: learning by adding one postprocessor to a query engine you already have.
+
+* :class:`FeedbackFusionPostprocessor` re-ranks the nodes of any LlamaIndex
+  retriever with BM25, dense and SPLADE scores fused by learned weights, and
+  logs the retrieval for feedback.
+* :class:`FeedbackEnsembleRetriever` is the whole rlfb ensemble as a
+  LlamaIndex retriever (``from_defaults(index=|nodes=|docstore=)``).
+* :class:`FeedbackEventHandler` captures what any query engine retrieved
+  through LlamaIndex's instrumentation, and takes feedback by query id.
+
+Every piece of logic lives in :mod:`rlfb`; this package only converts.
+"""
+
+from __future__ import annotations
+
+from llamaindex_rlfb._nodes import EVENT_ID_KEY, METADATA_KEYS, hit_to_node, node_to_chunk
+from llamaindex_rlfb.events import (
+    FeedbackEventHandler,
+    FeedbackRetrievalEvent,
+    current_query_id,
+    instrument,
+)
+from llamaindex_rlfb.postprocessor import FeedbackFusionPostprocessor
+from llamaindex_rlfb.retriever import FeedbackEnsembleRetriever
+
+__all__ = [
+    "FeedbackFusionPostprocessor",
+    "FeedbackEnsembleRetriever",
+    "FeedbackEventHandler",
+    "FeedbackRetrievalEvent",
+    "instrument",
+    "current_query_id",
+    "EVENT_ID_KEY",
+    "METADATA_KEYS",
+    "hit_to_node",
+    "node_to_chunk",
+]

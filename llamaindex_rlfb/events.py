@@ -1,0 +1,428 @@
+"""``FeedbackEventHandler``: log what any LlamaIndex query engine retrieved, and take feedback by query id.
+
+It is an event handler on LlamaIndex's instrumentation dispatcher; attach it
+once (``handler = FeedbackEventHandler(store="fb.db").attach()``, or
+:func:`instrument`) and every query engine, retriever and chat engine in the
+process is observed.
+
+* ``QueryStartEvent`` opens a query; its **query id** is the query's span id
+  (``"RetrieverQueryEngine.query-<uuid>"``), the id LlamaIndex's own traces
+  show. :attr:`FeedbackEventHandler.last_query_id` is the latest top-level
+  query (or bare retrieval) in the current thread or asyncio task.
+* ``RetrievalEndEvent`` of the outermost retrieval in a query is logged as an
+  event (:func:`rlfb.runs.log_external`: its decision is marked ``"external"``,
+  so no learner mistakes it for its own) under the retrieval's span id, with
+  the query id as its parent. Retrievals nested inside another retrieval (the
+  members of a ``QueryFusionRetriever``) are not logged: the outer result is
+  what the engine used. A retrieval outside any query is its own query id.
+* ``QueryEndEvent`` logs the response's source nodes when they differ from
+  everything already logged for the query (a reranker changed them), and
+  links a nested query (a sub-question) to the query around it.
+* The rlfb adapters (:class:`~llamaindex_rlfb.FeedbackFusionPostprocessor`,
+  :class:`~llamaindex_rlfb.FeedbackEnsembleRetriever`) log their own decision,
+  with the query id as parent, and emit a :class:`FeedbackRetrievalEvent`; the
+  handler remembers which learner made it, so feedback on the query teaches it.
+
+Feedback: ``handler.record_feedback(query_id, score=1.0)`` (a LangSmith-style
+score, ``0`` thumbs down to ``1`` thumbs up), ``rating=`` (1 to 5) or
+``signal=`` (``"thumbs_up"``, ``"click"``, ...), optionally about one
+``chunk_id`` (a node id). It goes to every retrieval logged under the query
+(:func:`rlfb.runs.record_run_feedback`); the learner that made a decision
+learns from it. An unknown query id raises :class:`rlfb.errors.UnknownEventError`.
+
+A session id and a user id can ride on LlamaIndex's instrument tags:
+``with instrument_tags({"session_id": "s1"}): engine.query(q)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
+from llama_index.core.instrumentation.events.span import SpanDropEvent
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from rlfb.errors import UnknownEventError, ValidationError
+from rlfb.runs import SCORE_SCALES, log_external, record_run_feedback
+
+from llamaindex_rlfb._nodes import event_id_of
+
+__all__ = [
+    "FeedbackEventHandler",
+    "FeedbackRetrievalEvent",
+    "instrument",
+    "current_query_id",
+    "current_tags",
+]
+
+_log = logging.getLogger(__name__)
+
+# Shared by every handler: the query id is LlamaIndex's span id, the same whichever handler sees it.
+_QUERIES: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_queries", default=())
+_RETRIEVALS: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_retrievals", default=())
+_REMEMBER = 10_000  # queries and learner events kept in memory per handler
+
+
+def current_query_id() -> str | None:
+    """The id of the innermost query running in this thread or task (``None`` outside one, or unobserved)."""
+    open_queries = _QUERIES.get()
+    return open_queries[-1] if open_queries else None
+
+
+def current_tags() -> dict[str, Any]:
+    """LlamaIndex's active instrument tags (``instrument_tags({...})``), where a session id may ride."""
+    from llama_index.core.instrumentation.dispatcher import active_instrument_tags
+
+    return dict(active_instrument_tags.get() or {})
+
+
+def _tag(tags: dict[str, Any], name: str) -> str | None:
+    value = tags.get(name)
+    return None if value is None else str(value)
+
+
+class FeedbackRetrievalEvent(BaseEvent):
+    """Emitted by the rlfb adapters after their ensemble logged a retrieval event.
+
+    ``learner`` is the adapter that made the decision (it has ``ensemble``,
+    ``store`` and ``feedback``); it is left out of serialised dumps.
+    """
+
+    event_id: str
+    query_str: str
+    node_ids: list[str] = Field(default_factory=list)
+    learner: Any = Field(default=None, exclude=True)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FeedbackRetrievalEvent"
+
+
+def _query_str(query: Any) -> str:
+    if isinstance(query, QueryBundle):
+        return query.query_str
+    return query if isinstance(query, str) else str(query)
+
+
+def _results(nodes: Sequence[NodeWithScore]) -> list[tuple[str, float | None]]:
+    return [(str(n.node.node_id), n.score) for n in nodes]
+
+
+def _component(span_id: str | None, default: str) -> str:
+    """``"VectorIndexRetriever"`` from a span id like ``"VectorIndexRetriever.retrieve-<uuid>"``."""
+    if not span_id:
+        return default
+    return span_id.split(".", 1)[0] or default
+
+
+def _same_file(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    pa, pb = getattr(a, "path", None), getattr(b, "path", None)
+    if not pa or not pb or ":memory:" in (pa, pb):
+        return False
+    return os.path.realpath(pa) == os.path.realpath(pb)
+
+
+class FeedbackEventHandler(BaseEventHandler):
+    """Captures retrievals of any LlamaIndex query engine into an rlfb feedback store.
+
+    Parameters
+    ----------
+    store
+        A path to an SQLite file, a :class:`rlfb.store.FeedbackStore`, or
+        ``None`` for an in-memory store (nothing kept after the process).
+    ensemble
+        A learner whose decisions this handler's feedback should teach even
+        when it did not see them being made (another process): an
+        :class:`rlfb.FeedbackEnsemble` or an adapter holding one. Learners that
+        run in this process are found on their own.
+    score_scale
+        How ``score=`` is read: ``"unit"`` (LangSmith thumbs, 0 to 1; default)
+        or ``"signed"`` (-1 to 1).
+
+    Examples
+    --------
+    >>> from llamaindex_rlfb import FeedbackEventHandler
+    >>> handler = FeedbackEventHandler()            # in-memory store
+    >>> with handler:                               # attached to the root dispatcher inside the block
+    ...     pass                                    # engine.query("...") here is captured
+    >>> handler.close()
+    """
+
+    store_path: str = Field(default=":memory:", description="Where the feedback store lives.")
+    score_scale: str = Field(default="unit", description="How score= is read: 'unit' or 'signed'.")
+
+    _store: Any = PrivateAttr(default=None)
+    _ensemble: Any = PrivateAttr(default=None)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+    _learners: Any = PrivateAttr(default_factory=OrderedDict)  # event id -> adapter that made it
+    _logged: Any = PrivateAttr(default_factory=OrderedDict)  # query id -> node-id lists logged under it
+    _dispatchers: list[Any] = PrivateAttr(default_factory=list)
+    _last: Any = PrivateAttr(default=None)  # ContextVar: this handler's latest query in the thread or task
+
+    def __init__(self, store: Any = None, *, ensemble: Any = None, score_scale: str = "unit") -> None:
+        from rlfb.store import FeedbackStore
+
+        if score_scale not in SCORE_SCALES:
+            raise ValidationError(f"score_scale must be one of {SCORE_SCALES}, got {score_scale!r}")
+        if store is None and ensemble is not None:
+            store = _store_of(ensemble)
+        if store is None:
+            store = FeedbackStore(":memory:")
+        elif isinstance(store, (str, Path)):
+            store = FeedbackStore(store)
+        elif not hasattr(store, "log_event"):
+            raise ValidationError(f"store must be a path or a FeedbackStore, got {type(store).__name__}")
+        super().__init__(store_path=str(getattr(store, "path", ":memory:")), score_scale=score_scale)
+        self._store = store
+        self._ensemble = ensemble
+        self._last = ContextVar(f"rlfb_llamaindex_last_query_{id(self)}", default=None)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FeedbackEventHandler"
+
+    @property
+    def store(self) -> Any:
+        """The :class:`rlfb.store.FeedbackStore` events and feedback go to."""
+        return self._store
+
+    @property
+    def last_query_id(self) -> str | None:
+        """Id of the latest top-level query (or bare retrieval) in the current thread or asyncio task."""
+        return self._last.get()
+
+    # ------------------------------------------------------------------ attaching
+    def attach(self, dispatcher: Any = None) -> FeedbackEventHandler:
+        """Add this handler to ``dispatcher`` (default: the root, which sees all); return it."""
+        d = dispatcher if dispatcher is not None else get_dispatcher()
+        if not any(h is self for h in d.event_handlers):
+            d.add_event_handler(self)
+        if not any(x is d for x in self._dispatchers):
+            self._dispatchers.append(d)
+        return self
+
+    def detach(self) -> None:
+        """Remove this handler from every dispatcher it was attached to."""
+        for d in self._dispatchers:
+            d.event_handlers = [h for h in d.event_handlers if h is not self]
+        self._dispatchers.clear()
+
+    def __enter__(self) -> FeedbackEventHandler:
+        return self.attach()
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def close(self) -> None:
+        """Detach, and close the store."""
+        self.detach()
+        self._store.close()
+
+    # ------------------------------------------------------------------ events
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        try:
+            if isinstance(event, QueryStartEvent):
+                self._query_start(event)
+            elif isinstance(event, RetrievalStartEvent):
+                _push(_RETRIEVALS, _span(event))
+            elif isinstance(event, RetrievalEndEvent):
+                self._retrieval_end(event)
+            elif isinstance(event, FeedbackRetrievalEvent):
+                self._remember_learner(event)
+            elif isinstance(event, QueryEndEvent):
+                self._query_end(event)
+            elif isinstance(event, SpanDropEvent):  # a query or retrieval that raised
+                _pop(_QUERIES, event.span_id)
+                _pop(_RETRIEVALS, event.span_id)
+        except Exception:  # never break the user's query; the dispatcher would swallow it silently
+            _log.warning("rlfb could not log a %s", type(event).__name__, exc_info=True)
+
+    def _query_start(self, event: QueryStartEvent) -> None:
+        qid = _span(event)
+        if all(q == qid for q in _QUERIES.get()):  # top-level (another handler may have pushed it already)
+            self._last.set(qid)
+        _push(_QUERIES, qid)
+
+    def _retrieval_end(self, event: RetrievalEndEvent) -> None:
+        rid = _span(event)
+        _pop(_RETRIEVALS, rid)
+        if _RETRIEVALS.get():  # nested in another retrieval: the outer result is what counts
+            return
+        parent = current_query_id()
+        own = event_id_of(event.nodes)  # an rlfb retriever logged it already
+        if parent is None:
+            self._last.set(own or rid)
+        self._log(event.str_or_query_bundle, event.nodes, own or rid, parent, _component(rid, "retriever"))
+
+    def _query_end(self, event: QueryEndEvent) -> None:
+        qid = _span(event)
+        _pop(_QUERIES, qid)
+        outer = current_query_id()
+        if outer is not None:
+            self._store.link_runs([(qid, outer)])
+        else:
+            self._last.set(qid)
+        nodes = list(getattr(event.response, "source_nodes", None) or [])
+        if nodes:
+            own = event_id_of(nodes)
+            self._log(event.query, nodes, own or f"{qid}/response", qid, "response")
+
+    def _log(
+        self, query: Any, nodes: Sequence[NodeWithScore], event_id: str, parent: str | None, source: str
+    ) -> None:
+        """Log ``nodes`` under ``event_id`` unless the store or this query already has them."""
+        ids = tuple(str(n.node.node_id) for n in nodes)
+        with self._lock:
+            seen = self._logged.setdefault(parent or event_id, [])
+            if ids in seen:
+                return
+            seen.append(ids)
+            self._logged.move_to_end(parent or event_id)
+            while len(self._logged) > _REMEMBER:
+                self._logged.popitem(last=False)
+        if self._store.has_event(event_id):  # an rlfb adapter on this store logged it, with its decision
+            return
+        tags = current_tags()
+        log_external(
+            self._store,
+            _query_str(query),
+            _results(nodes),
+            source=source,
+            event_id=event_id,
+            parent_id=parent,
+            session_id=_tag(tags, "session_id"),
+            metadata={"framework": "llamaindex", "component": source},
+        )
+
+    def _remember_learner(self, event: FeedbackRetrievalEvent) -> None:
+        if event.learner is None:
+            return
+        with self._lock:
+            self._learners[event.event_id] = event.learner
+            while len(self._learners) > _REMEMBER:
+                self._learners.popitem(last=False)
+
+    # ------------------------------------------------------------------ feedback
+    def record_feedback(
+        self,
+        query_id: Any = None,
+        score: float | bool | None = None,
+        *,
+        rating: float | None = None,
+        signal: str | None = None,
+        value: float | None = None,
+        chunk_id: str | None = None,
+        comment: str | None = None,
+        key: str | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Feedback on a query (or on one retrieval's event id); returns one record per retrieval rated.
+
+        ``query_id`` defaults to :attr:`last_query_id`. Give one of ``score``
+        (read with the handler's ``score_scale``), ``rating`` (1 to 5),
+        ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...)
+        or a raw ``value`` in [-1, 1]; ``chunk_id`` (a node id) rates one node.
+        ``kwargs``: ``timestamp``, ``session_id``, ``user_id``, ``idempotency_key``.
+        The learner that made a decision under the query learns from it.
+
+        Raises :class:`rlfb.errors.UnknownEventError` for a query id nothing was
+        logged under, :class:`rlfb.errors.UnknownChunkError` for a chunk none of
+        its retrievals returned, and the store's validation errors.
+        """
+        given = [n for n, v in (("score", score), ("rating", rating), ("signal", signal), ("value", value))
+                 if v is not None]
+        if len(given) != 1:
+            got = ", ".join(given) or "none"
+            raise ValidationError(f"give exactly one of score, rating, signal or value (got {got})")
+        qid = self.last_query_id if query_id is None else query_id
+        if qid is None:
+            raise UnknownEventError("no query was captured in this thread or task; pass the query id")
+        qid = str(qid)
+        event_ids = self._store.resolve_run(qid)
+        if not event_ids:
+            raise UnknownEventError(
+                f"nothing was logged under query id {qid!r}: attach the handler (handler.attach()) before "
+                "querying, and pass an id from handler.last_query_id or a node's metadata['event_id']"
+            )
+        learners = self._learners_of(event_ids)
+        shared = [ens for ens in learners if _same_file(ens.store, self._store)]
+        fb = dict(signal=signal, score=score, score_scale=self.score_scale, value=value, rating=rating,
+                  chunk_id=chunk_id, comment=comment, key=key, **kwargs)
+        records = record_run_feedback(self._store, qid, ensemble=shared[0] if shared else None, **fb)
+        for ens in learners:  # a learner on another store learns from its own copy of the event
+            if not _same_file(ens.store, self._store):
+                for eid in event_ids:
+                    if ens.store.has_event(eid):
+                        records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)
+        return records
+
+    def _learners_of(self, event_ids: Sequence[str]) -> list[Any]:
+        """The ensembles behind ``event_ids``: those seen deciding in this process, then the handler's own."""
+        found: list[Any] = []
+        with self._lock:
+            adapters = [self._learners.get(e) for e in event_ids]
+        for candidate in [*adapters, self._ensemble]:
+            ens = _ensemble_of(candidate)
+            if ens is not None and ens.store is not None and not any(ens is f for f in found):
+                found.append(ens)
+        return found
+
+    def retrievals(self, query_id: Any = None) -> list[dict[str, Any]]:
+        """The logged retrievals a query id stands for (store event dicts with their ranked ``chunks``)."""
+        qid = self.last_query_id if query_id is None else query_id
+        if qid is None:
+            return []
+        return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
+
+
+def _span(event: BaseEvent) -> str:
+    return event.span_id or event.id_
+
+
+def _push(var: ContextVar[tuple[str, ...]], item: str) -> None:
+    stack = var.get()
+    if not stack or stack[-1] != item:  # two handlers see the same event: push once
+        var.set(stack + (item,))
+
+
+def _pop(var: ContextVar[tuple[str, ...]], item: str | None) -> None:
+    stack = var.get()
+    if item in stack:
+        var.set(tuple(s for s in stack if s != item))
+
+
+def _ensemble_of(obj: Any) -> Any:
+    """The :class:`rlfb.FeedbackEnsemble` of an adapter (or the ensemble itself)."""
+    if obj is None:
+        return None
+    if hasattr(obj, "learner") and hasattr(obj, "feedback") and hasattr(obj, "retriever_names"):
+        return obj
+    return getattr(obj, "ensemble", None)
+
+
+def _store_of(obj: Any) -> Any:
+    ens = _ensemble_of(obj)
+    return None if ens is None else ens.store
+
+
+def instrument(store: Any = None, *, dispatcher: Any = None, **kwargs: Any) -> FeedbackEventHandler:
+    """Build a :class:`FeedbackEventHandler` and attach it to ``dispatcher`` (the root one by default).
+
+    >>> handler = instrument()
+    >>> handler.detach(); handler.close()
+    """
+    return FeedbackEventHandler(store, **kwargs).attach(dispatcher)

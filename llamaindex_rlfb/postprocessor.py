@@ -1,0 +1,298 @@
+"""``FeedbackFusionPostprocessor``: re-rank any retriever's nodes with learned fusion weights.
+
+Add it to a query engine you already have::
+
+    pp = FeedbackFusionPostprocessor.from_index(index, store="fb.db", retrievers=("bm25", "dense"), top_n=3)
+    engine = index.as_query_engine(similarity_top_k=20, node_postprocessors=[pp])
+
+For the nodes any LlamaIndex retriever returned, the ensemble scores each one
+with every rlfb retriever (nodes in its index by id, others from their text,
+so BM25, dense and SPLADE scores exist for every node), fuses them with the
+learned weights and per-chunk confidence, keeps ``top_n`` and logs the
+retrieval event. Every node it returns is a copy carrying the event id in
+``metadata["event_id"]`` (plus its rank, each retriever's raw score and which
+retrievers proposed it; these keys are hidden from the LLM and the embedder).
+
+**Where the corpus comes from.** BM25 needs corpus statistics (IDF, average
+length) to score a text, so the ensemble indexes a corpus:
+
+* ``from_index(index)``, ``nodes=`` or ``docstore=``: the query engine's own
+  nodes (the recommended set-up; every node the engine can return is in the
+  index, so it is scored by id);
+* :meth:`from_ensemble`: an :class:`rlfb.FeedbackEnsemble` built elsewhere
+  (shared with a LangChain app, loaded from disk, ...);
+* nothing (``FeedbackFusionPostprocessor(store="fb.db")``): the postprocessor
+  indexes the nodes it is given. The first call indexes them; later nodes it
+  has not seen are scored from their text with the statistics of the index so
+  far, and once they add up to more than a quarter of it the index is rebuilt over every
+  node seen (dense embeddings are cached, so only new texts are encoded; the
+  learned state carries over). Calls are serialised in this mode.
+
+Without a ``store`` events go to an in-memory store: feedback works in the
+process, nothing is kept after it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
+
+from rlfb.ensemble import FeedbackEnsemble
+from rlfb.errors import ValidationError
+from rlfb.runs import record_run_feedback
+
+from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
+
+__all__ = ["FeedbackFusionPostprocessor"]
+
+dispatcher = get_dispatcher(__name__)
+
+#: Self-indexing: rebuild once the nodes scored from text exceed this fraction of the index.
+REINDEX_FRACTION = 0.25
+
+
+def _open_store(store: Any) -> Any:
+    from rlfb.store import FeedbackStore
+
+    if store is None:
+        return FeedbackStore(":memory:")
+    if isinstance(store, str) or hasattr(store, "__fspath__"):
+        return FeedbackStore(store)
+    if not hasattr(store, "log_event"):
+        raise ValidationError(f"store must be a path or a FeedbackStore, got {type(store).__name__}")
+    return store
+
+
+class FeedbackFusionPostprocessor(BaseNodePostprocessor):
+    """Re-ranks nodes by fusing BM25, dense and SPLADE scores with weights learned from feedback.
+
+    Parameters
+    ----------
+    store
+        A path to the SQLite feedback store, a :class:`rlfb.store.FeedbackStore`,
+        or ``None`` (in memory).
+    retrievers
+        rlfb retriever names (``"bm25"``, ``"dense"``, ``"splade"``) or unindexed instances.
+    top_n
+        How many nodes to keep.
+    policy
+        The learning policy: ``"gradient"`` (default), ``"thompson"``, ``"batch"`` or ``"fixed"``.
+    nodes, index, docstore
+        At most one: the corpus to index (see the module docstring for none).
+    explore
+        Let the policy explore; ``False`` gives the greedy ranking (evaluation).
+    ensemble_kwargs
+        Passed to :class:`rlfb.FeedbackEnsemble`: ``fusion``, ``weights``,
+        ``candidate_k``, ``seed``, ``refresh_interval``, ``learner_config``,
+        ``retriever_options``.
+
+    Examples
+    --------
+    >>> from llama_index.core.schema import NodeWithScore, TextNode
+    >>> nodes = [TextNode(id_="a", text="the aurora is caused by the solar wind"),
+    ...          TextNode(id_="b", text="tides follow the moon")]
+    >>> pp = FeedbackFusionPostprocessor(retrievers=("bm25",), top_n=1, nodes=nodes)
+    >>> [out] = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="what causes aurora")
+    >>> out.node.node_id, out.node.metadata["event_id"] is not None
+    ('a', True)
+    >>> pp.weights
+    {'bm25': 1.0}
+    """
+
+    top_n: int = Field(default=3, gt=0, description="How many nodes to keep after re-ranking.")
+    explore: bool = Field(default=True, description="Let the policy explore (False: greedy ranking).")
+
+    _ensemble: Any = PrivateAttr(default=None)
+    _store: Any = PrivateAttr(default=None)
+    _lock: Any = PrivateAttr(default_factory=threading.RLock)
+    # self-indexing mode only
+    _seen: Any = PrivateAttr(default=None)  # chunk id -> chunk, every node seen so far
+    _unindexed: int = PrivateAttr(default=0)
+    _specs: tuple[Any, ...] = PrivateAttr(default=())
+    _built: list[Any] | None = PrivateAttr(default=None)
+    _options: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def __init__(
+        self,
+        store: Any = None,
+        retrievers: Sequence[Any] = ("bm25", "dense"),
+        top_n: int = 3,
+        policy: Any = "gradient",
+        *,
+        nodes: Sequence[BaseNode] | None = None,
+        index: Any = None,
+        docstore: Any = None,
+        ensemble: FeedbackEnsemble | None = None,
+        explore: bool = True,
+        callback_manager: CallbackManager | None = None,
+        **ensemble_kwargs: Any,
+    ) -> None:
+        super().__init__(top_n=top_n, explore=explore, callback_manager=callback_manager or CallbackManager())
+        if ensemble is not None:
+            if not isinstance(ensemble, FeedbackEnsemble):
+                got = type(ensemble).__name__
+                raise ValidationError(f"ensemble must be an rlfb.FeedbackEnsemble, got {got}")
+            if any(v is not None for v in (nodes, index, docstore, store)) or ensemble_kwargs:
+                raise ValidationError("an ensemble brings its own corpus and store: pass nothing else")
+            if ensemble.store is None:
+                raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+            self._ensemble = ensemble
+            self._store = ensemble.store
+            return
+        if isinstance(retrievers, str):
+            retrievers = (retrievers,)
+        self._store = _open_store(store)
+        options = {"policy": policy, **ensemble_kwargs}
+        if any(v is not None for v in (nodes, index, docstore)):
+            chunks = nodes_to_chunks(corpus_nodes(index=index, nodes=nodes, docstore=docstore))
+            self._ensemble = FeedbackEnsemble.from_chunks(
+                chunks, retrievers=retrievers, store=self._store, **options
+            )
+        else:
+            self._seen = OrderedDict()
+            self._specs = tuple(retrievers)
+            self._options = options
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FeedbackFusionPostprocessor"
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_ensemble(
+        cls, ensemble: FeedbackEnsemble, top_n: int = 3, *, explore: bool = True
+    ) -> FeedbackFusionPostprocessor:
+        """Re-rank with an existing ensemble (its corpus, store, policy and learned state)."""
+        return cls(ensemble=ensemble, top_n=top_n, explore=explore)
+
+    @classmethod
+    def from_index(cls, index: Any, **kwargs: Any) -> FeedbackFusionPostprocessor:
+        """Index the nodes of a LlamaIndex index's docstore (``kwargs``: the constructor's)."""
+        return cls(index=index, **kwargs)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def ensemble(self) -> FeedbackEnsemble | None:
+        """The rlfb ensemble (``None`` until the first call when it indexes the nodes it sees)."""
+        return self._ensemble
+
+    @property
+    def store(self) -> Any:
+        """The :class:`rlfb.store.FeedbackStore` events and feedback go to."""
+        return self._store
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The current fusion weights, ``{retriever name: weight}`` (reloaded when the store has newer)."""
+        if self._ensemble is not None:
+            return self._ensemble.weights
+        from rlfb.learner import Learner  # self-indexing, before the first call: what the first build loads
+
+        names = [s if isinstance(s, str) else s.name for s in self._specs]
+        learner = Learner(names, policy=self._options["policy"], weights=self._options.get("weights"),
+                          seed=self._options.get("seed", 0))
+        saved = self._store.load_policy_state()
+        if saved is not None and saved.get("policy") in (None, learner.policy_name):
+            learner.load_state_dict(saved["state"])
+        return learner.weights()
+
+    def feedback(
+        self,
+        event_id: Any,
+        signal: str | None = None,
+        *,
+        score: float | bool | None = None,
+        rating: float | None = None,
+        value: float | None = None,
+        chunk_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Feedback on a re-ranking (a node's ``metadata["event_id"]``) or on a query id above it; it learns.
+
+        Give a ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...),
+        a LangSmith-style ``score`` (0 to 1), a ``rating`` (1 to 5) or a raw
+        ``value`` in [-1, 1]. ``kwargs``: ``timestamp``, ``session_id``,
+        ``user_id``, ``idempotency_key``, ``comment``, ``key``. Returns the
+        stored :class:`~rlfb.store.FeedbackRecord` of each retrieval rated.
+        """
+        return record_run_feedback(self._store, event_id, signal, ensemble=self._ensemble, score=score,
+                                   rating=rating, value=value, chunk_id=chunk_id, **kwargs)
+
+    # ------------------------------------------------------------------ LlamaIndex hook
+    def _postprocess_nodes(
+        self,
+        nodes: list[NodeWithScore],
+        query_bundle: QueryBundle | None = None,
+    ) -> list[NodeWithScore]:
+        if query_bundle is None:
+            raise ValidationError("the postprocessor needs the query: give query_bundle or query_str")
+        if not nodes:
+            return []
+        query = query_bundle.query_str
+        originals: dict[str, BaseNode] = {}
+        for n in nodes:
+            originals.setdefault(str(n.node.node_id), n.node)
+        chunks = nodes_to_chunks(originals.values())
+        dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n,
+                                          model_name=self.class_name()))
+        with self.callback_manager.event(
+            CBEventType.RERANKING,
+            payload={EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self.class_name(),
+                     EventPayload.QUERY_STR: query, EventPayload.TOP_K: self.top_n},
+        ) as cb_event:
+            result = self._rerank(query, chunks)
+            out = [hit_to_node(h, result.event_id, originals[h.chunk_id]) for h in result.hits]
+            cb_event.on_end(payload={EventPayload.NODES: out})
+        dispatcher.event(ReRankEndEvent(nodes=out))
+        if result.event_id is not None:
+            dispatcher.event(FeedbackRetrievalEvent(event_id=result.event_id, query_str=query,
+                                                    node_ids=[h.chunk_id for h in result.hits], learner=self))
+        return out
+
+    def _rerank(self, query: str, chunks: list[Any]) -> Any:
+        tags = current_tags()
+        kwargs: Mapping[str, Any] = dict(
+            explore=self.explore,
+            session_id=None if tags.get("session_id") is None else str(tags["session_id"]),
+            parent_id=current_query_id(),
+            metadata={"framework": "llamaindex", "component": self.class_name()},
+        )
+        k = min(self.top_n, len(chunks))
+        if self._seen is None:
+            return self._ensemble.rerank(query, chunks, k, **kwargs)
+        with self._lock:  # self-indexing: the retrievers may be re-indexed, so one call at a time
+            self._index_new(chunks)
+            return self._ensemble.rerank(query, chunks, k, **kwargs)
+
+    def _index_new(self, chunks: Sequence[Any]) -> None:
+        new = [c for c in chunks if c.id not in self._seen]
+        for c in new:
+            self._seen[c.id] = c
+        self._unindexed += len(new)
+        if self._ensemble is not None and self._unindexed <= REINDEX_FRACTION * len(self._ensemble):
+            return  # scored from their text with the current statistics
+        from rlfb.retrievers import make_retriever
+
+        options = dict(self._options)
+        retriever_options = options.pop("retriever_options", None) or {}
+        if self._built is None:  # made once, so a dense model is loaded once
+            self._built = [make_retriever(s, **retriever_options.get(s, {})) if isinstance(s, str) else s
+                           for s in self._specs]
+        state = self._ensemble.learner.state_dict() if self._ensemble is not None else None
+        ens = FeedbackEnsemble.from_chunks(
+            list(self._seen.values()), retrievers=self._built, store=self._store, **options
+        )
+        if state is not None:
+            ens.learner.load_state_dict(state)
+        self._ensemble = ens
+        self._unindexed = 0

@@ -1,0 +1,171 @@
+"""``FeedbackEnsembleRetriever``: the whole rlfb ensemble as a LlamaIndex retriever.
+
+Like ``BM25Retriever`` of ``llama-index-retrievers-bm25``, it is built with
+``from_defaults(index=... | nodes=... | docstore=...)`` (exactly one). It
+retrieves with every rlfb retriever over its own index, fuses with the learned
+weights, logs the retrieval event and returns the original nodes (copies) with
+the fused score and the event id in ``metadata["event_id"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.constants import DEFAULT_SIMILARITY_TOP_K
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
+
+from rlfb.ensemble import FeedbackEnsemble
+from rlfb.errors import ValidationError
+from rlfb.runs import record_run_feedback
+from rlfb.types import validate_k
+
+from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
+
+__all__ = ["FeedbackEnsembleRetriever"]
+
+dispatcher = get_dispatcher(__name__)
+
+
+class FeedbackEnsembleRetriever(BaseRetriever):
+    """Retrieves with an :class:`rlfb.FeedbackEnsemble` whose fusion weights learn from feedback.
+
+    Parameters
+    ----------
+    ensemble
+        The ensemble; it must have a feedback store.
+    similarity_top_k
+        How many nodes to return.
+    nodes
+        The original nodes by id, returned (copied) for the hits; chunks
+        without one come back as ``TextNode``.
+    explore
+        Let the policy explore; ``False`` gives the greedy ranking (evaluation).
+
+    Examples
+    --------
+    >>> from llama_index.core.schema import TextNode
+    >>> retriever = FeedbackEnsembleRetriever.from_defaults(
+    ...     nodes=[TextNode(id_="a", text="the aurora is caused by the solar wind"),
+    ...            TextNode(id_="b", text="tides follow the moon")],
+    ...     retrievers=("bm25",), similarity_top_k=1)
+    >>> [hit] = retriever.retrieve("what causes aurora")
+    >>> hit.node.node_id
+    'a'
+    >>> retriever.feedback(hit.node.metadata["event_id"], "thumbs_up")[0].reward
+    1.0
+    """
+
+    def __init__(
+        self,
+        ensemble: FeedbackEnsemble,
+        similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
+        *,
+        nodes: dict[str, BaseNode] | None = None,
+        explore: bool = True,
+        callback_manager: CallbackManager | None = None,
+        objects: list[Any] | None = None,
+        object_map: dict | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if not isinstance(ensemble, FeedbackEnsemble):
+            raise ValidationError(f"ensemble must be an rlfb.FeedbackEnsemble, got {type(ensemble).__name__}")
+        if ensemble.store is None:
+            raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+        self.ensemble = ensemble
+        self.similarity_top_k = validate_k(similarity_top_k, "similarity_top_k")
+        self.explore = bool(explore)
+        self._nodes = dict(nodes or {})
+        super().__init__(
+            callback_manager=callback_manager, object_map=object_map, objects=objects, verbose=verbose
+        )
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FeedbackEnsembleRetriever"
+
+    @classmethod
+    def from_defaults(
+        cls,
+        index: Any = None,
+        nodes: Sequence[BaseNode] | None = None,
+        docstore: Any = None,
+        *,
+        retrievers: Sequence[Any] = ("bm25", "dense"),
+        store: Any = None,
+        similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
+        policy: Any = "gradient",
+        explore: bool = True,
+        callback_manager: CallbackManager | None = None,
+        **ensemble_kwargs: Any,
+    ) -> FeedbackEnsembleRetriever:
+        """Index exactly one of ``index`` (its docstore), ``nodes`` or ``docstore`` with rlfb's retrievers.
+
+        ``store`` is a path, a :class:`rlfb.store.FeedbackStore` or ``None``
+        (in memory); ``ensemble_kwargs`` go to :class:`rlfb.FeedbackEnsemble`
+        (``fusion``, ``weights``, ``candidate_k``, ``seed``, ``refresh_interval``, ...).
+        """
+        from llamaindex_rlfb.postprocessor import _open_store
+
+        corpus = corpus_nodes(index=index, nodes=nodes, docstore=docstore)
+        ens = FeedbackEnsemble.from_chunks(
+            nodes_to_chunks(corpus), retrievers=retrievers, store=_open_store(store), policy=policy,
+            **ensemble_kwargs,
+        )
+        by_id: dict[str, BaseNode] = {}
+        for node in corpus:
+            by_id.setdefault(str(node.node_id), node)
+        return cls(ens, similarity_top_k, nodes=by_id, explore=explore, callback_manager=callback_manager)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """The current fusion weights, ``{retriever name: weight}``."""
+        return self.ensemble.weights
+
+    @property
+    def store(self) -> Any:
+        return self.ensemble.store
+
+    def feedback(
+        self,
+        event_id: Any,
+        signal: str | None = None,
+        *,
+        score: float | bool | None = None,
+        rating: float | None = None,
+        value: float | None = None,
+        chunk_id: str | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Feedback on a retrieval (a node's ``metadata["event_id"]``) or a query id above it; it learns.
+
+        As :meth:`llamaindex_rlfb.FeedbackFusionPostprocessor.feedback`.
+        """
+        return record_run_feedback(self.ensemble.store, event_id, signal, ensemble=self.ensemble, score=score,
+                                   rating=rating, value=value, chunk_id=chunk_id, **kwargs)
+
+    # ------------------------------------------------------------------ LlamaIndex hooks
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        tags = current_tags()
+        result = self.ensemble.retrieve(
+            query_bundle.query_str,
+            self.similarity_top_k,
+            explore=self.explore,
+            session_id=None if tags.get("session_id") is None else str(tags["session_id"]),
+            parent_id=current_query_id(),
+            metadata={"framework": "llamaindex", "component": self.class_name()},
+        )
+        out = [hit_to_node(h, result.event_id, self._nodes.get(h.chunk_id)) for h in result.hits]
+        if result.event_id is not None:
+            dispatcher.event(FeedbackRetrievalEvent(event_id=result.event_id, query_str=result.query,
+                                                    node_ids=result.chunk_ids, learner=self))
+        return out
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        # The core is synchronous (numpy, SQLite): run it in a thread so the event loop stays free.
+        return await asyncio.to_thread(self._retrieve, query_bundle)

@@ -1,0 +1,213 @@
+"""FeedbackEventHandler: capture from any query engine through instrumentation, feedback by query id."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.dispatcher import instrument_tags
+from llama_index.core.llms import MockLLM
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.retrievers import QueryFusionRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from rlfb import UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.store import FeedbackStore
+
+from llamaindex_rlfb import (
+    EVENT_ID_KEY,
+    FeedbackEnsembleRetriever,
+    FeedbackEventHandler,
+    FeedbackFusionPostprocessor,
+    current_query_id,
+    instrument,
+)
+
+LEXICAL_QUERIES = ("what makes the sky glow green", "moon", "hot rock from mountains", "titanium 400 bar")
+
+
+@pytest.fixture
+def handler(tmp_path: Any) -> Any:
+    h = FeedbackEventHandler(store=tmp_path / "fb.db").attach()
+    yield h
+    h.close()
+
+
+def test_captures_a_plain_vector_index_engine(index: Any, handler: FeedbackEventHandler) -> None:
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=3)
+    response = engine.query("what causes the aurora borealis")
+    qid = handler.last_query_id
+    assert qid is not None and qid.startswith("RetrieverQueryEngine.query-")
+    assert current_query_id() is None  # the query is over
+    [event] = handler.retrievals(qid)
+    assert [c["chunk_id"] for c in event["chunks"]] == [n.node.node_id for n in response.source_nodes]
+    assert event["query"] == "what causes the aurora borealis"
+    assert event["policy"] == "external" and event["parent_id"] == qid
+    assert event["metadata"]["component"] == "VectorIndexRetriever"
+    assert event["chunks"][0]["score"] == pytest.approx(response.source_nodes[0].score)
+
+    [up] = handler.record_feedback(qid, score=1.0)
+    assert up.reward == pytest.approx(1.0, abs=1e-3) and up.event_id == event["id"]
+    [low] = handler.record_feedback(qid, rating=1)
+    assert low.reward < 0
+    top = response.source_nodes[0].node.node_id
+    [click] = handler.record_feedback(qid, signal="click", chunk_id=top)
+    assert set(click.chunk_rewards) == {top}
+    [again] = handler.record_feedback(score=0.0)  # defaults to the last query
+    assert again.reward == pytest.approx(-1.0, abs=1e-3)
+    assert handler.store.counts()["feedback"] == 4
+
+
+def test_bad_feedback(index: Any, handler: FeedbackEventHandler) -> None:
+    with pytest.raises(UnknownEventError, match="no query was captured"):
+        handler.record_feedback(score=1.0)
+    index.as_query_engine(llm=MockLLM(), similarity_top_k=2).query("tides")
+    qid = handler.last_query_id
+    with pytest.raises(UnknownEventError, match="nothing was logged under query id 'nope'"):
+        handler.record_feedback("nope", score=1.0)
+    with pytest.raises(UnknownChunkError):
+        handler.record_feedback(qid, signal="click", chunk_id="not-retrieved")
+    with pytest.raises(ValidationError, match="exactly one of score, rating, signal or value"):
+        handler.record_feedback(qid)
+    with pytest.raises(ValidationError, match="exactly one"):
+        handler.record_feedback(qid, score=1.0, rating=5)
+    with pytest.raises(ValidationError, match="score must lie in"):
+        handler.record_feedback(qid, score=3.0)
+    with pytest.raises(ValidationError, match="score_scale"):
+        FeedbackEventHandler(score_scale="percent")
+    with pytest.raises(ValidationError, match="store"):
+        FeedbackEventHandler(store=42)
+    assert handler.store.counts()["feedback"] == 0
+
+
+def test_attach_detach_and_instrument(index: Any) -> None:
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
+    handler = FeedbackEventHandler()
+    engine.query("glaciers")
+    assert handler.store.counts()["events"] == 0  # not attached: nothing seen
+    with handler:
+        assert sum(h is handler for h in get_dispatcher().event_handlers) == 1
+        handler.attach()  # attaching twice is a no-op
+        assert sum(h is handler for h in get_dispatcher().event_handlers) == 1
+        engine.query("glaciers")
+    assert not any(h is handler for h in get_dispatcher().event_handlers)
+    engine.query("volcanoes")
+    assert handler.store.counts()["events"] == 1
+    other = instrument()  # a second handler on its own store sees the same queries
+    with FeedbackEventHandler(store=other.store).attach() as twin:
+        engine.query("stock market")
+        assert twin.last_query_id == other.last_query_id
+    assert other.store.counts()["events"] == 1
+    other.close()
+
+
+async def test_aquery_and_last_query_id_per_task(index: Any, handler: FeedbackEventHandler) -> None:
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
+
+    async def ask(question: str) -> tuple[str | None, Any]:
+        response = await engine.aquery(question)
+        return handler.last_query_id, response
+
+    (id_a, resp_a), (id_b, resp_b) = await asyncio.gather(ask("aurora"), ask("volcano lava"))
+    assert id_a != id_b
+    for qid, resp in ((id_a, resp_a), (id_b, resp_b)):
+        [event] = handler.retrievals(qid)
+        assert [c["chunk_id"] for c in event["chunks"]] == [n.node.node_id for n in resp.source_nodes]
+    assert handler.last_query_id is None  # the queries ran in their own tasks
+    await engine.aquery("tides")
+    assert handler.last_query_id not in (None, id_a, id_b)
+
+
+def test_last_query_id_per_thread(index: Any, handler: FeedbackEventHandler) -> None:
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
+    engine.query("aurora")
+    mine = handler.last_query_id
+    seen: list[str | None] = []
+    worker = threading.Thread(target=lambda: (engine.query("tides"), seen.append(handler.last_query_id)))
+    worker.start()
+    worker.join()
+    assert handler.last_query_id == mine
+    assert seen[0] not in (None, mine)
+
+
+def test_postprocessor_learns_from_feedback_by_query_id(
+    index: Any, handler: FeedbackEventHandler, fast_dense: dict[str, Any]
+) -> None:
+    pp = FeedbackFusionPostprocessor.from_index(
+        index, store=handler.store, top_n=3, policy="gradient", **fast_dense
+    )
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=8, node_postprocessors=[pp])
+    for _ in range(10):
+        for question in LEXICAL_QUERIES:
+            response = engine.query(question)
+            lexical = max(response.source_nodes, key=lambda n: n.node.metadata["scores"]["bm25"]).node
+            records = handler.record_feedback(handler.last_query_id, signal="click", chunk_id=lexical.node_id)
+            # two retrievals under the query: the vector retriever's candidates (stored) and the re-ranking
+            ours = lexical.metadata[EVENT_ID_KEY]
+            assert len(records) == 2 and ours in {r.event_id for r in records}
+            (theirs,) = {r.event_id for r in records} - {ours}
+            assert handler.store.event(theirs)["policy"] == "external"
+    assert pp.weights["bm25"] > 0.52
+
+
+def test_learner_on_another_store_still_learns(index: Any, make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=8, node_postprocessors=[pp])
+    with FeedbackEventHandler() as handler:  # its own in-memory store
+        for _ in range(10):
+            for question in LEXICAL_QUERIES:
+                response = engine.query(question)
+                lexical = max(response.source_nodes, key=lambda n: n.node.metadata["scores"]["bm25"]).node
+                handler.record_feedback(signal="click", chunk_id=lexical.node_id)
+        # the handler keeps a copy of the re-ranking under the same event id
+        assert handler.store.has_event(response.source_nodes[0].node.metadata[EVENT_ID_KEY])
+    assert pp.weights["bm25"] > 0.52
+    assert pp.store.counts()["feedback"] == 40
+
+
+def test_our_retriever_is_not_logged_twice(make_ensemble: Any) -> None:
+    ens = make_ensemble(policy="gradient")
+    retriever = FeedbackEnsembleRetriever(ens, similarity_top_k=2)
+    engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
+    with FeedbackEventHandler(store=ens.store) as handler:
+        with instrument_tags({"session_id": "s-1"}):
+            response = engine.query("moon tides")
+        eid = response.source_nodes[0].node.metadata[EVENT_ID_KEY]
+        assert handler.store.counts()["events"] == 1
+        event = handler.store.event(eid)
+        assert event["parent_id"] == handler.last_query_id and event["session_id"] == "s-1"
+        [record] = handler.record_feedback(score=1.0)
+        assert record.event_id == eid and ens.learner.n_learned == 1
+        retriever.retrieve("volcano")  # a bare retrieval is its own query id
+        assert handler.last_query_id == retriever.store.event(handler.last_query_id)["id"]
+
+
+class _Boom(BaseRetriever):
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        raise RuntimeError("the vector store is down")
+
+
+def test_nested_and_failed_retrievals(index: Any, handler: FeedbackEventHandler) -> None:
+    members = [index.as_retriever(similarity_top_k=2), index.as_retriever(similarity_top_k=3)]
+    fusion = QueryFusionRetriever(members, llm=MockLLM(), num_queries=1, use_async=False, similarity_top_k=3)
+    engine = RetrieverQueryEngine.from_args(fusion, llm=MockLLM())
+    engine.query("northern lights")
+    [event] = handler.retrievals()  # the members' retrievals are nested: only the fused list is logged
+    assert event["metadata"]["component"] == "QueryFusionRetriever"
+
+    broken = RetrieverQueryEngine.from_args(_Boom(), llm=MockLLM())
+    with pytest.raises(RuntimeError, match="down"):
+        broken.query("anything")
+    assert current_query_id() is None  # the failed query did not stay open
+    engine.query("lava")
+    assert handler.retrievals()[0]["query"] == "lava"
+
+
+def test_in_memory_store_by_default() -> None:
+    handler = FeedbackEventHandler()
+    assert isinstance(handler.store, FeedbackStore) and handler.store_path == ":memory:"
+    handler.close()

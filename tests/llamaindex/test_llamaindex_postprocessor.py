@@ -1,0 +1,178 @@
+"""FeedbackFusionPostprocessor in real query engines, its learning, and bad input."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from llama_index.core.llms import MockLLM
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import ImageNode, NodeWithScore, QueryBundle, TextNode
+
+from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
+from rlfb.store import FeedbackStore
+
+from llamaindex_rlfb import EVENT_ID_KEY, METADATA_KEYS, FeedbackFusionPostprocessor
+
+from _li_corpus import IDS, TEXTS
+
+QUERY = "what causes the northern lights aurora"
+
+
+def _check_reranked(out: list[NodeWithScore], pp: FeedbackFusionPostprocessor, top_n: int) -> str:
+    assert len(out) == top_n
+    event_ids = {n.node.metadata[EVENT_ID_KEY] for n in out}
+    assert len(event_ids) == 1
+    (eid,) = event_ids
+    event = pp.store.event(eid)
+    assert [c["chunk_id"] for c in event["chunks"]] == [n.node.node_id for n in out]
+    assert [c["score"] for c in event["chunks"]] == pytest.approx([n.score for n in out])  # fused scores
+    assert [n.node.metadata["rank"] for n in out] == list(range(1, top_n + 1))
+    for n in out:  # every retriever scored every node; the adapter's keys stay out of the LLM's text
+        assert set(n.node.metadata["scores"]) == set(pp.weights)
+        assert all(v is not None and math.isfinite(v) for v in n.node.metadata["scores"].values())
+        assert not set(METADATA_KEYS) & set(n.node.metadata) - set(n.node.excluded_llm_metadata_keys)
+    return eid
+
+
+def test_in_as_query_engine(index: Any, make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp])
+    response = engine.query(QUERY)
+    eid = _check_reranked(response.source_nodes, pp, 3)
+    assert response.source_nodes[0].node.node_id in {"doc0", "doc1"}
+    assert pp.store.event(eid)["metadata"]["framework"] == "llamaindex"
+    # the source nodes are copies: the docstore's nodes are unchanged
+    assert EVENT_ID_KEY not in index.docstore.get_node(response.source_nodes[0].node.node_id).metadata
+
+
+def test_in_retriever_query_engine(index: Any, make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=2)
+    engine = RetrieverQueryEngine.from_args(index.as_retriever(similarity_top_k=5), llm=MockLLM(),
+                                            node_postprocessors=[pp])
+    response = engine.query("why are there tides")
+    _check_reranked(response.source_nodes, pp, 2)
+    assert {n.node.node_id for n in response.source_nodes} <= {"doc2", "doc9", "doc0", "doc1", "doc3"}
+    assert response.source_nodes[0].node.metadata["source"].endswith(".txt")  # original metadata kept
+
+
+async def test_aquery(index: Any, make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=2)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
+    response = await engine.aquery("how do volcanoes erupt")
+    eid = _check_reranked(response.source_nodes, pp, 2)
+    assert response.source_nodes[0].node.node_id in {"doc3", "doc8"}
+    assert pp.feedback(eid, "thumbs_up")[0].reward > 0
+
+
+def test_from_index_and_nodes_outside_the_index(index: Any, fast_dense: dict[str, Any]) -> None:
+    pp = FeedbackFusionPostprocessor.from_index(index, top_n=3, **fast_dense)
+    assert len(pp.ensemble) == len(TEXTS)
+    outsider = TextNode(id_="new", text="Auroras are caused by the solar wind exciting oxygen atoms.")
+    given = [NodeWithScore(node=outsider, score=0.1)] + [
+        NodeWithScore(node=index.docstore.get_node(i), score=0.5) for i in ("doc2", "doc6", "doc1")
+    ]
+    out = pp.postprocess_nodes(given, query_str="what causes auroras")
+    _check_reranked(out, pp, 3)
+    assert out[0].node.node_id == "new"  # scored from its text by BM25 and dense
+
+
+def test_learns_from_feedback(make_ensemble: Any, nodes: list[TextNode]) -> None:
+    """A user who clicks what BM25 likes best moves the weight towards BM25."""
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
+    assert pp.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})
+    given = [NodeWithScore(node=n) for n in nodes]
+    for _ in range(15):
+        for query in ("what makes the sky glow green", "moon", "hot rock from mountains", "titanium 400 bar"):
+            out = pp.postprocess_nodes(given, query_str=query)
+            lexical = max(out, key=lambda n: n.node.metadata["scores"]["bm25"]).node
+            pp.feedback(lexical.metadata[EVENT_ID_KEY], "click", chunk_id=lexical.node_id)
+    assert pp.weights["bm25"] > 0.52 > 0.48 > pp.weights["dense"]
+    assert pp.store.counts()["feedback"] == 60
+    assert pp.store.load_policy_state()["weights"] == pytest.approx(pp.weights)
+
+
+def test_explore_false_is_greedy_and_repeatable(make_ensemble: Any, nodes: list[TextNode]) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="thompson"), top_n=4, explore=False)
+    given = [NodeWithScore(node=n) for n in nodes]
+    runs = [pp.postprocess_nodes(given, query_str="moon tides") for _ in range(5)]
+    assert len({tuple(n.node.node_id for n in run) for run in runs}) == 1
+    scores = [n.score for n in runs[0]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_self_indexing_without_a_corpus(
+    tmp_path: Any, nodes: list[TextNode], fast_dense: dict[str, Any]
+) -> None:
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25", "dense"), top_n=2,
+                                     **fast_dense)
+    assert pp.ensemble is None
+    assert pp.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})  # before anything was indexed
+    first = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:4]], query_str="aurora solar wind")
+    assert len(pp.ensemble) == 4 and first[0].node.node_id == "doc0"
+    pp.feedback(first[0].node.metadata[EVENT_ID_KEY], "thumbs_up")
+    learned = pp.weights
+    # one unseen node: scored from its text, no re-index yet
+    out = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[3:5]], query_str="titanium bolt XK-4471")
+    assert len(pp.ensemble) == 4 and out[0].node.node_id == "doc4"
+    # many unseen nodes: the index is rebuilt over every node seen, and the learned state carries over
+    pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
+    assert len(pp.ensemble) == len(TEXTS)
+    assert pp.weights == pytest.approx(learned)
+    assert (tmp_path / "fb.db").is_file()
+
+
+# ---------------------------------------------------------------------- bad input
+def test_empty_node_list(make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble())
+    assert pp.postprocess_nodes([], query_str="anything") == []
+    assert pp.store.counts()["events"] == 0
+
+
+def test_nodes_without_text(make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=5)
+    given = [
+        NodeWithScore(node=TextNode(id_="empty", text=""), score=0.3),
+        NodeWithScore(node=ImageNode(id_="image"), score=0.2),
+        NodeWithScore(node=TextNode(id_="doc0", text=TEXTS[0]), score=0.1),
+        NodeWithScore(node=TextNode(id_="doc0", text=TEXTS[0]), score=0.1),  # the same node twice
+    ]
+    out = pp.postprocess_nodes(given, query_str="aurora")
+    assert [n.node.node_id for n in out][0] == "doc0"
+    assert sorted(n.node.node_id for n in out) == ["doc0", "empty", "image"]
+    assert all(n.node.metadata[EVENT_ID_KEY] == out[0].node.metadata[EVENT_ID_KEY] for n in out)
+
+
+def test_missing_query_is_a_clear_error(make_ensemble: Any, nodes: list[TextNode]) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble())
+    with pytest.raises(ValidationError, match="needs the query"):
+        pp.postprocess_nodes([NodeWithScore(node=nodes[0])])
+    out = pp.postprocess_nodes([NodeWithScore(node=nodes[0])], query_bundle=QueryBundle(""))
+    assert [n.node.node_id for n in out] == ["doc0"]
+
+
+def test_bad_construction(make_ensemble: Any, nodes: list[TextNode]) -> None:
+    with pytest.raises(ValueError):
+        FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=0)
+    with pytest.raises(ValidationError, match="exactly one"):
+        FeedbackFusionPostprocessor(nodes=nodes, docstore=object(), retrievers=("bm25",))
+    with pytest.raises(ValidationError, match="pass nothing else"):
+        FeedbackFusionPostprocessor(ensemble=make_ensemble(), nodes=nodes)
+    with pytest.raises(ValidationError, match="no feedback store"):
+        no_store = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+        FeedbackFusionPostprocessor.from_ensemble(no_store)
+    with pytest.raises(EmptyCorpusError):
+        FeedbackFusionPostprocessor(nodes=[], retrievers=("bm25",))
+    with pytest.raises(ValidationError, match="unknown retriever"):
+        FeedbackFusionPostprocessor(nodes=nodes, retrievers=("colbert",))
+    with pytest.raises(ValidationError, match="store"):
+        FeedbackFusionPostprocessor(store=42, nodes=nodes, retrievers=("bm25",))
+
+
+def test_unknown_event_id(make_ensemble: Any) -> None:
+    from rlfb import UnknownEventError
+
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=FeedbackStore()))
+    with pytest.raises(UnknownEventError):
+        pp.feedback("no-such-event", "thumbs_up")

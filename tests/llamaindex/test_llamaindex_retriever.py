@@ -1,0 +1,77 @@
+"""FeedbackEnsembleRetriever: from_defaults like llama-index-retrievers-bm25, sync and async, learning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from llama_index.core.llms import MockLLM
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import QueryBundle, TextNode
+from llama_index.core.storage.docstore import SimpleDocumentStore
+
+from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
+
+from llamaindex_rlfb import EVENT_ID_KEY, FeedbackEnsembleRetriever
+
+from _li_corpus import IDS, TEXTS
+
+
+def test_from_nodes(nodes: list[TextNode], fast_dense: dict[str, Any], tmp_path: Any) -> None:
+    retriever = FeedbackEnsembleRetriever.from_defaults(
+        nodes=nodes, store=tmp_path / "fb.db", similarity_top_k=3, **fast_dense
+    )
+    out = retriever.retrieve("what causes the aurora borealis")
+    assert len(out) == 3 and out[0].node.node_id == "doc0"
+    assert out[0].node.metadata["source"] == "doc0.txt"  # the original node, copied
+    assert EVENT_ID_KEY not in nodes[0].metadata
+    eid = out[0].node.metadata[EVENT_ID_KEY]
+    assert [c["chunk_id"] for c in retriever.store.event(eid)["chunks"]] == [n.node.node_id for n in out]
+    assert (tmp_path / "fb.db").is_file()
+
+
+def test_from_index_and_docstore(index: Any, fast_dense: dict[str, Any]) -> None:
+    from_index = FeedbackEnsembleRetriever.from_defaults(index=index, retrievers=("bm25",),
+                                                         similarity_top_k=2)
+    assert len(from_index.ensemble) == len(TEXTS)
+    docstore = SimpleDocumentStore()
+    docstore.add_documents([TextNode(id_=i, text=t) for i, t in zip(IDS, TEXTS)])
+    from_docstore = FeedbackEnsembleRetriever.from_defaults(docstore=docstore, similarity_top_k=2,
+                                                            **fast_dense)
+    for r in (from_index, from_docstore):
+        assert r.retrieve("XK-4471")[0].node.node_id == "doc4"
+
+
+def test_exactly_one_source(nodes: list[TextNode], index: Any) -> None:
+    with pytest.raises(ValidationError, match="exactly one of index, nodes or docstore"):
+        FeedbackEnsembleRetriever.from_defaults()
+    with pytest.raises(ValidationError, match="exactly one"):
+        FeedbackEnsembleRetriever.from_defaults(index=index, nodes=nodes)
+    with pytest.raises(EmptyCorpusError):
+        FeedbackEnsembleRetriever.from_defaults(nodes=[])
+    with pytest.raises(EmptyCorpusError, match="docstore holds no nodes"):
+        FeedbackEnsembleRetriever.from_defaults(docstore=SimpleDocumentStore())
+    with pytest.raises(ValidationError, match="similarity_top_k"):
+        FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), similarity_top_k=0)
+    with pytest.raises(ValidationError, match="no feedback store"):
+        FeedbackEnsembleRetriever(FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",)))
+
+
+async def test_aretrieve_and_feedback(make_ensemble: Any) -> None:
+    retriever = FeedbackEnsembleRetriever(make_ensemble(policy="gradient"), similarity_top_k=2)
+    out = await retriever.aretrieve("why do tides happen")
+    assert {n.node.node_id for n in out} <= {"doc2", "doc9"}
+    assert out[0].node.text in TEXTS  # no original nodes given: TextNodes built from the chunks
+    record = retriever.feedback(out[0].node.metadata[EVENT_ID_KEY], rating=5)[0]
+    assert record.reward > 0
+    assert retriever.store.counts()["feedback"] == 1
+
+
+def test_in_a_query_engine(make_ensemble: Any) -> None:
+    retriever = FeedbackEnsembleRetriever(make_ensemble(), similarity_top_k=2, explore=False)
+    engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
+    response = engine.query(QueryBundle("how do volcanoes erupt"))
+    assert response.source_nodes[0].node.node_id == "doc3"
+    scores = [n.score for n in response.source_nodes]
+    assert scores == sorted(scores, reverse=True)
+    assert retriever.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})
