@@ -62,8 +62,11 @@ class Retriever(Protocol):
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Row indices of the ``k`` highest scores, best first.
 
-    ``argpartition`` selects in O(n); only the k winners are sorted. Ties are
-    broken by index so that results are deterministic.
+    Selection (``np.partition``) finds the k-th largest score in O(n); only the
+    k winners are sorted. Ties go to the lower index, so results are deterministic.
+
+    >>> top_k(np.zeros(5), 2).tolist()
+    [0, 1]
 
     >>> top_k(np.array([0.1, 0.9, 0.5, 0.9]), 2).tolist()
     [1, 3]
@@ -71,7 +74,10 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     n = scores.shape[0]
     k = min(validate_k(k), n)
     if k < n:
-        part = np.argpartition(-scores, k - 1)[:k]
+        # the k-th largest value by selection in O(n); ties at that value go to the lowest indices
+        kth = np.partition(scores, n - k)[n - k]
+        above = np.flatnonzero(scores > kth)
+        part = np.concatenate([above, np.flatnonzero(scores == kth)[: k - above.size]])
     else:
         part = np.arange(n)
     # lexsort: last key is primary -> sort by -score, then by index

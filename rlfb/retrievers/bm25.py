@@ -233,8 +233,25 @@ class BM25Retriever(CorpusRetriever):
         table = self._require_table()
         if not queries:
             return np.zeros((0, len(table)), dtype=np.float64)
+        n_docs = len(table)
+        if len(queries) == 1:  # the common case: sum the query terms' postings (bm25s's eager scoring)
+            return self._score_postings(queries[0], n_docs)[None, :]
         product = self._query_matrix(queries) @ self._matrix_t  # only the postings of query terms
         return np.asarray(product.toarray(), dtype=np.float64)
+
+    def _score_postings(self, query: str, n_docs: int) -> np.ndarray:
+        """One query's scores: its terms' rows of the vocabulary x documents matrix, summed by bincount.
+
+        A repeated query term counts twice, as in the batched product, rank_bm25 and bm25s.
+        """
+        m = self._matrix_t
+        rows = [self._vocab[t] for t in self.tokenize(check_query(query)) if t in self._vocab]
+        if not rows:
+            return np.zeros(n_docs, dtype=np.float64)
+        spans = [(m.indptr[r], m.indptr[r + 1]) for r in rows]
+        docs = np.concatenate([m.indices[a:b] for a, b in spans])
+        weights = np.concatenate([m.data[a:b] for a, b in spans]).astype(np.float64)
+        return np.bincount(docs, weights=weights, minlength=n_docs)
 
     def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """BM25 scores of texts outside the index, with the index's IDF and average length.
