@@ -125,6 +125,7 @@ class FeedbackEnsemble:
         self._store = _open_store(store)
         self._state_version = 0
         self._last_refresh = 0.0
+        self._implicit: Any = None  # ImplicitSignals, built by observe()
         self._contexts: OrderedDict[str, Context] = OrderedDict()  # recent contexts, for fast episodes
         self._context_cache_size = 10_000
         if self._store is not None:
@@ -452,12 +453,18 @@ class FeedbackEnsemble:
             )
         return hits
 
+    def _dense_encoder(self) -> Any:
+        """The dense retriever's query encoder (normalised vectors), or ``None`` without one.
+
+        SPLADE also encodes queries, but into sparse vocabulary vectors, which the
+        memory and the reformulation check cannot compare by cosine.
+        """
+        dense = next((r for r in self._retrievers.values() if getattr(r, "name", None) == "dense"), None)
+        return getattr(dense, "encode_queries", None)
+
     def _query_embedding(self, query: str) -> np.ndarray | None:
-        for r in self._retrievers.values():
-            encode = getattr(r, "encode_queries", None)
-            if encode is not None:
-                return np.asarray(encode([query])[0], dtype=np.float32)
-        return None
+        encode = self._dense_encoder()
+        return None if encode is None else np.asarray(encode([query])[0], dtype=np.float32)
 
     def _remember(self, event_id: str, ctx: Context) -> None:
         self._contexts[event_id] = ctx
@@ -535,11 +542,8 @@ class FeedbackEnsemble:
         previous = store.last_event(session_id)
         if previous is None:
             return []
-        if not hasattr(self, "_implicit"):
-            encode = None
-            for r in self._retrievers.values():
-                encode = getattr(r, "encode_queries", None) or encode
-            self._implicit = ImplicitSignals(encode=encode)
+        if self._implicit is None:  # built on first use: it holds the dense model's encoder, if any
+            self._implicit = ImplicitSignals(encode=self._dense_encoder())
         records = []
         for sig in self._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened):
             records.append(

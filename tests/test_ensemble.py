@@ -119,3 +119,14 @@ def test_weights_mapping(ens: FeedbackEnsemble) -> None:
     assert ens.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})
     e = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), weights={"bm25": 3, "dense": 1})
     assert e.weights == pytest.approx({"bm25": 0.75, "dense": 0.25})
+
+
+def test_feedback_and_observe_without_a_dense_retriever() -> None:
+    """SPLADE encodes queries into sparse vectors: memory and reformulation checks must not use them."""
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "splade"), store=":memory:",
+                                      policy="thompson")
+    r = ens.retrieve("what causes the aurora", k=3, session_id="s1")
+    assert ens.feedback(r.event_id, "implicit_positive", chunk_id=r.hits[0].chunk_id).reward > 0
+    (reformulation,) = ens.observe("s1", "what causes the aurora borealis", dwell_seconds=3)
+    assert reformulation.signal == "reformulation" and reformulation.reward < 0
+    assert ens.observe("s1", "what causes the aurora borealis", dwell_seconds=3)[0].duplicate  # recorded once
