@@ -15,6 +15,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -117,14 +118,23 @@ class EmbeddingCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             conn = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=60000")
-            conn.execute(_SCHEMA)
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
-            elif version != _SCHEMA_VERSION:
+            for attempt in range(100):
+                try:
+                    # switching a new file to WAL needs an exclusive lock and can report "locked" at once,
+                    # without waiting, when another process is setting up the same file: retry it
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute(_SCHEMA)
+                    version = conn.execute("PRAGMA user_version").fetchone()[0]
+                    if version == 0:
+                        conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) and "busy" not in str(exc) or attempt == 99:
+                        raise
+                    time.sleep(0.01 * (attempt + 1))
+            if version not in (0, _SCHEMA_VERSION):
                 raise CorruptStateError(f"{self.path} has cache schema {version}, expected {_SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             raise CorruptStateError(f"cannot open embedding cache {self.path}: {exc}") from exc
