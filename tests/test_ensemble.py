@@ -17,17 +17,12 @@ from rlfb import (
 )
 from rlfb.fusion import FUSION_METHODS
 
-TEXTS = [
-    "The aurora borealis is caused by charged particles from the solar wind hitting the upper atmosphere.",
-    "Northern lights glow green when oxygen atoms are excited high above the poles.",
-    "Ocean tides rise and fall because of the gravitational pull of the moon.",
-    "Volcanoes erupt when molten magma rises through cracks in the crust.",
-    "Part number XK-4471 is a titanium bolt rated for 400 bar.",
-    "Photosynthesis converts sunlight, water and carbon dioxide into sugar in plant leaves.",
-    "The stock market fell sharply after the central bank raised interest rates.",
-    "A glacier is a slow river of ice that carves valleys over thousands of years.",
-]
-IDS = [f"doc{i}" for i in range(len(TEXTS))]
+from _corpus import IDS as _ALL_IDS
+from _corpus import TEXTS as _ALL_TEXTS
+
+# the first eight chunks of the shared test corpus
+TEXTS = _ALL_TEXTS[:8]
+IDS = _ALL_IDS[:8]
 
 
 @pytest.fixture(scope="module")
