@@ -216,28 +216,21 @@ def _baselines(
     result: dict[str, dict[str, float]] = {}
     for key in [*names, "equal", "rrf"]:
         result[key] = {f"heldout_{METRIC}": float(held[key].mean()), f"seen_{METRIC}": float(seen[key].mean())}
-    # tuned on the stream queries with full judgments: what offline tuning would give
-    mode, best = max(
-        ((m, int(seen[f"grid_{m}"].mean(axis=0).argmax())) for m in ("minmax", "rrf")),
-        key=lambda mb: seen[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
-    )
-    result["tuned_fixed"] = {
-        f"heldout_{METRIC}": float(held[f"grid_{mode}"][:, best].mean()),
-        f"seen_{METRIC}": float(seen[f"grid_{mode}"][:, best].mean()),
-        "weights": dict(zip(names, grid[best].tolist())),
-        "fusion": mode,
-    }
-    # the oracle: the best fixed weights chosen on the held-out queries themselves
-    mode, best = max(
-        ((m, int(held[f"grid_{m}"].mean(axis=0).argmax())) for m in ("minmax", "rrf")),
-        key=lambda mb: held[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
-    )
-    result["oracle_fixed"] = {
-        f"heldout_{METRIC}": float(held[f"grid_{mode}"][:, best].mean()),
-        f"seen_{METRIC}": float(seen[f"grid_{mode}"][:, best].mean()),
-        "weights": dict(zip(names, grid[best].tolist())),
-        "fusion": mode,
-    }
+    def best_fixed(chosen_on: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The grid weights (either fusion mode) with the best mean on ``chosen_on``, scored on both sets."""
+        mode, best = max(
+            ((m, int(chosen_on[f"grid_{m}"].mean(axis=0).argmax())) for m in ("minmax", "rrf")),
+            key=lambda mb: chosen_on[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
+        )
+        return {
+            f"heldout_{METRIC}": float(held[f"grid_{mode}"][:, best].mean()),
+            f"seen_{METRIC}": float(seen[f"grid_{mode}"][:, best].mean()),
+            "weights": dict(zip(names, grid[best].tolist())),
+            "fusion": mode,
+        }
+
+    result["tuned_fixed"] = best_fixed(seen)  # tuned on the stream queries with full judgments: offline tuning
+    result["oracle_fixed"] = best_fixed(held)  # chosen on the held-out queries themselves: an upper bound
     result["per_query_oracle"] = {
         f"heldout_{METRIC}": float(np.maximum(held["grid_minmax"].max(axis=1), held["grid_rrf"].max(axis=1)).mean()),
         f"seen_{METRIC}": float(np.maximum(seen["grid_minmax"].max(axis=1), seen["grid_rrf"].max(axis=1)).mean()),
