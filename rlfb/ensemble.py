@@ -565,6 +565,9 @@ class FeedbackEnsemble:
             [[_as_float(c["normalized"].get(n)) for n in names] for c in chunks], dtype=np.float64
         ).reshape(len(chunks), len(names))
         chunk_rewards = np.array([float(record.chunk_rewards.get(c, 0.0)) for c in shown_ids])
+        # the fused scores as shown (weights plus memory and confidence): policies re-rank with them
+        logged = np.array([np.nan if c.get("score") is None else c["score"] for c in chunks], dtype=np.float64)
+        scores = logged if logged.size and np.all(np.isfinite(logged)) else None
         _, cumulative = store.event_reward(event_id)  # includes this record
         prior = np.array([float(cumulative.get(c, 0.0)) for c in shown_ids]) - chunk_rewards
         decision = event["decision"]
@@ -593,6 +596,7 @@ class FeedbackEnsemble:
             feedback_time=float(record.timestamp) if hasattr(record, "timestamp") else time.time(),
             query_embedding=embedding,
             prior_rewards=prior,
+            scores=scores,
         )
 
     def _require_store(self) -> Any:

@@ -129,12 +129,12 @@ class LearnerConfig:
     thompson_weight: float = 0.3
     confidence_learning_rate: float = 0.03
     half_life_days: float | None = 45.0
-    skip_weight: float = 0.2
+    skip_weight: float = 0.3
     abandon_weight: float = 0.5
     similarity_threshold: float = 0.8
     memory_max_entries: int = 5000
     memory_max_neighbors: int = 5
-    memory_value_scale: float = 0.3
+    memory_value_scale: float = 3.0
     transfer_weight: float = 1.0
     transfer_gate: float | str = "adaptive"
     replay: bool = True

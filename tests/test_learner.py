@@ -138,7 +138,9 @@ def test_memory_transfers_to_similar_queries_only_when_gated_open():
     other = dataclasses.replace(ctx, query="a paraphrase", query_embedding=para)
 
     def learned(gate):
-        learner = Learner(RETRIEVERS, "fixed", LearnerConfig(transfer_gate=gate, exploration="none"))
+        # one click at the memory's steepest setting, so that a single episode gives a large score
+        cfg = LearnerConfig(transfer_gate=gate, exploration="none", memory_value_scale=0.3)
+        learner = Learner(RETRIEVERS, "fixed", cfg)
         r = learner.rank(ctx, 10)
         top = [i for i in np.argsort(-r.fused).tolist() if i not in rel][:9]
         shown = np.array(top + [int(rel[0])])  # a relevant chunk at rank 10, clicked, below 9 skipped ones

@@ -213,8 +213,9 @@ def test_evidence_gate_keeps_the_default_without_evidence():
 
 
 def test_thompson_default_moves_after_fifty_samples():
+    # the bandit path: without click evidence, the default weights move towards the best arm
     env = ToyEnv(seed=0)
-    learner = Learner(RETRIEVERS, "thompson", PLAIN, seed=1)
+    learner = Learner(RETRIEVERS, ThompsonPolicy(RETRIEVERS, counterfactual=False, seed=1), PLAIN, seed=1)
     simulate(learner, env, 50, seed=2, types=("A",))
     assert learner.policy.default_weights == pytest.approx(np.full(3, 1 / 3))
     simulate(learner, env, 800, seed=3, types=("A",))
@@ -230,7 +231,9 @@ def test_policy_follows_drift(name, kwargs):
     simulate(learner, before, 1000, seed=3)
     w1 = learner.weights()
     assert w1["r0"] > w1["r2"] + 0.1
-    simulate(learner, after, 1000, seed=4, t0=60_000.0)
+    # Thompson and epsilon show their greedy weights once clicks score every arm, and that evidence leans towards
+    # the weights shown, so it follows a reversed world more slowly (measured: about 2,000 episodes)
+    simulate(learner, after, 2500 if name in ("thompson", "epsilon") else 1000, seed=4, t0=60_000.0)
     w2 = learner.weights()
     assert w2["r2"] > w2["r0"] + 0.1, (w1, w2)
 

@@ -19,9 +19,10 @@ one below it. Each pair ``(i, j)`` contributes the gradient of
 ``rho = P(R*) / (P(R) + P(R*))``, where ``R*`` is the shown ranking with ``i``
 and ``j`` swapped: PDGD's debiasing, which makes a pair that the sampling was
 as likely to show the other way round count fully and a pair that position
-alone explains count little. The probabilities use the logged weights (and the
-logged fused scores when the episode carries them), so a late reward updates
-the decision that was made. The mass of the candidates that were not shown is
+alone explains count little. ``rho`` uses the logged weights, so a late
+reward updates the decision that was made; the memory's offsets in the logged
+fused scores are left out, or a click that the memory explains would teach
+the weights nothing. The mass of the candidates that were not shown is
 not logged and is taken as zero.
 
 Evidence before change. A plain pairwise perceptron on noisy clicks drifts to
@@ -259,14 +260,11 @@ class GradientPolicy(BasePolicy):
         except InvalidWeightsError:
             w_log = self._w
         base_log = X @ w_log
-        offsets = np.zeros(X.shape[0])
-        scores = getattr(episode, "scores", None)
-        if scores is not None:
-            sc = np.asarray(scores, dtype=float)
-            if sc.shape == (X.shape[0],) and np.all(np.isfinite(sc)):
-                offsets = sc - base_log
-        rho = pdgd_debias_weights((base_log + offsets) / tau, pos, neg)
-        f = (X @ self._w + offsets) / tau
+        # The logged fused scores (Episode.scores) also hold the memory's and confidence's offsets.
+        # They are left out on purpose: a repeated question whose clicked chunk the memory already
+        # put first would then explain the click by position alone, and teach the weights nothing.
+        rho = pdgd_debias_weights(base_log / tau, pos, neg)
+        f = (X @ self._w) / tau
         fp = f[pos][:, None]
         fn = f[neg][None, :]
         d = fp - fn

@@ -62,6 +62,7 @@ from rlfb.policies._util import (
     weights_vector,
 )
 from rlfb.policies.base import Context, Decision, Episode
+from rlfb.policies.click_evidence import ClickEvidence, shown_utility
 
 __all__ = ["ThompsonParams", "ThompsonPolicy", "EpsilonGreedyPolicy", "simplex_grid"]
 
@@ -120,6 +121,10 @@ class ThompsonParams:
     propensity_draws: int = 32
     bounds: tuple[float, float] = (0.05, 0.95)
     max_arms: int = 5000
+    counterfactual: bool = True
+    cf_min_clicks: float = 20.0
+    cf_gate_z: float = 1.5
+    cf_max_queries: int = 2000
 
     def __post_init__(self) -> None:
         step = check_float("step", self.step, 0.0, 1.0, lo_open=True)
@@ -151,6 +156,11 @@ class ThompsonParams:
         check_int("propensity_draws", self.propensity_draws, 1, 100_000)
         object.__setattr__(self, "bounds", check_bounds(self.bounds))
         check_int("max_arms", self.max_arms, 2, 1_000_000)
+        if not isinstance(self.counterfactual, bool):
+            raise ValidationError(f"counterfactual must be a bool, got {self.counterfactual!r}")
+        check_float("cf_min_clicks", self.cf_min_clicks, 0.0, None)
+        check_float("cf_gate_z", self.cf_gate_z, 0.0, 10.0)
+        check_int("cf_max_queries", self.cf_max_queries, 2, 1_000_000)
 
 
 class ThompsonPolicy(BasePolicy):
@@ -203,6 +213,10 @@ class ThompsonPolicy(BasePolicy):
         propensity_draws: int = 32,
         bounds: tuple[float, float] = (0.05, 0.95),
         max_arms: int = 5000,
+        counterfactual: bool = True,
+        cf_min_clicks: float = 20.0,
+        cf_gate_z: float = 1.5,
+        cf_max_queries: int = 2000,
         seed: int | None = 0,
     ) -> None:
         super().__init__(retrievers, seed)
@@ -213,7 +227,8 @@ class ThompsonPolicy(BasePolicy):
             bandwidth=bandwidth, noise=noise, gate_z=gate_z, min_samples=min_samples,
             default_after=default_after, default_step=default_step, forget=forget,
             half_life_days=half_life_days, contextual=contextual, propensity_draws=propensity_draws,
-            bounds=bounds, max_arms=max_arms,
+            bounds=bounds, max_arms=max_arms, counterfactual=counterfactual, cf_min_clicks=cf_min_clicks,
+            cf_gate_z=cf_gate_z, cf_max_queries=cf_max_queries,
         )
         n = len(self.retrievers)
         m = round(1.0 / self.hyper.step)
@@ -234,6 +249,8 @@ class ThompsonPolicy(BasePolicy):
         self._kernel()
         self._stats: dict[str, np.ndarray] = {}
         self._clock: dict[str, float] = {}
+        # counterfactual click evidence: every arm is scored on every clicked episode (paired)
+        self._clicks: dict[str, ClickEvidence] = {}  # counterfactual click evidence, global and per type
         self._version = 0
         self._cache: dict[str | None, tuple[int, Any]] = {}
         zs = self.hyper.gate_z
@@ -335,6 +352,74 @@ class ThompsonPolicy(BasePolicy):
             return 0
         return int(np.argmax(np.where(passed, mean, -np.inf)))
 
+    # ------------------------------------------------------------------ counterfactual click evidence
+    def _cf_scope(self, query_type: str | None) -> ClickEvidence | None:
+        """The click evidence to decide with: the type's once it has enough clicks, else the global."""
+        if not self.hyper.counterfactual:
+            return None
+        need = max(self.hyper.cf_min_clicks, 2.0)
+        if query_type is not None and self.hyper.contextual:
+            typed = self._clicks.get(str(query_type))
+            if typed is not None and typed.n >= need:
+                return typed
+        g = self._clicks.get(GLOBAL)
+        return g if g is not None and g.n >= need else None
+
+    def _cf_gate(self, adv: np.ndarray, var: np.ndarray) -> int:
+        # the arm with the best lower confidence bound: the default (bound 0) unless another is
+        # surely better, and between two better arms the one we are surer of
+        lcb = adv - self.hyper.cf_gate_z * np.sqrt(var)
+        lcb[0] = 0.0
+        return int(np.argmax(lcb))
+
+    def _greedy(self, query_type: str | None) -> int:
+        scope = self._cf_scope(query_type)
+        if scope is not None:
+            return self._cf_gate(*scope.posterior())
+        mean, var, nK = self._posterior(query_type)
+        return self._gate(mean, var, nK)
+
+    def _utility(self, episode: Episode) -> np.ndarray | None:
+        """Each arm's DCG of the rewarded chunks after re-ranking the shown chunks as it would have.
+
+        Only chunks with a positive reward count as relevant. Each arm's scores
+        are its weights plus the offsets (memory, confidence) that the logged
+        fused scores held, so a chunk the memory put on top earns no arm credit.
+        """
+        gains = np.clip(np.asarray(episode.chunk_rewards, dtype=float), 0.0, None)
+        X = np.asarray(episode.shown, dtype=float)
+        if gains.size == 0 or not np.any(gains > 0) or X.shape != (gains.size, len(self.retrievers)):
+            return None
+        if tuple(episode.retrievers) != self.retrievers or not np.all(np.isfinite(X)):
+            return None
+        offsets = np.zeros(X.shape[0])
+        logged = getattr(episode, "scores", None)
+        if logged is not None:
+            sc = np.asarray(logged, dtype=float)
+            try:
+                w_log = logged_weights(episode.decision.weights, self.retrievers)
+            except InvalidWeightsError:
+                w_log = None
+            if w_log is not None and sc.shape == (X.shape[0],) and np.all(np.isfinite(sc)):
+                offsets = sc - X @ w_log
+        return shown_utility(gains, X @ self._arms.T + offsets[:, None])
+
+    def _learn_counterfactual(self, key: str, episode: Episode, u: np.ndarray, weight: float, t: float) -> None:
+        ev = self._clicks.get(key)
+        if ev is None:
+            ev = self._clicks[key] = ClickEvidence(self.n_arms, self.hyper.cf_max_queries)
+        f = self.hyper.forget**weight
+        w = weight
+        if t > 0:
+            if t > ev.clock:
+                if ev.clock > 0:
+                    f *= decay_factor(t - ev.clock, self.hyper.half_life_days)
+                ev.clock = t
+            else:
+                w *= decay_factor(ev.clock - t, self.hyper.half_life_days)  # a late click on an old decision
+        ev.update(u, str(episode.query), w, f)
+        self._version += 1
+
     def _epsilon(self) -> float:
         p = self.hyper
         eps = max(p.epsilon_min, p.epsilon / (1.0 + self._n_updates / p.epsilon_decay))
@@ -344,9 +429,16 @@ class ThompsonPolicy(BasePolicy):
     def decide(self, context: Context | None, *, explore: bool = True) -> Decision:
         """Pick an arm for the context's query type; ``explore=False`` is the gated greedy arm."""
         qtype = getattr(context, "query_type", None)
-        mean, var, nK = self._posterior(qtype)
-        greedy = self._gate(mean, var, nK)
-        if not explore:
+        scope = self._cf_scope(qtype)
+        if scope is not None:
+            greedy = self._cf_gate(*scope.posterior())
+        else:
+            mean, var, nK = self._posterior(qtype)
+            greedy = self._gate(mean, var, nK)
+        if not explore or scope is not None:
+            # With click evidence every arm is scored on every click, so no arm needs playing to be
+            # learned about; and since that evidence leans towards the weights shown, sampling arms
+            # from it would reinforce whichever arm chance showed first. Show the gated greedy arm.
             arm, prop = greedy, 1.0
         elif self.hyper.exploration == "epsilon":
             eps = self._epsilon()
@@ -408,6 +500,11 @@ class ThompsonPolicy(BasePolicy):
         if arm is None or weight == 0.0:
             return self
         t = episode_time(episode)
+        u = self._utility(episode) if self.hyper.counterfactual else None
+        if u is not None:
+            self._learn_counterfactual(GLOBAL, episode, u, weight, t)
+            if self.hyper.contextual and episode.query_type:
+                self._learn_counterfactual(str(episode.query_type), episode, u, weight, t)
         self._add(GLOBAL, arm, r, weight, t)
         if self.hyper.contextual and episode.query_type:
             self._add(str(episode.query_type), arm, r, weight, t)
@@ -418,8 +515,8 @@ class ThompsonPolicy(BasePolicy):
     def _move_default(self) -> None:
         p = self.hyper
         g = self._stats.get(GLOBAL)
-        if g is None or float(g[0].sum()) <= p.default_after or p.default_step <= 0:
-            return
+        if g is None or float(g[0].sum()) <= p.default_after or p.default_step <= 0 or self._cf_scope(None):
+            return  # with click evidence the greedy arm is chosen directly, against a fixed default
         mean, var, nK = self._posterior(None)
         best = self._gate(mean, var, nK)
         if best == 0:
@@ -443,8 +540,7 @@ class ThompsonPolicy(BasePolicy):
     # ------------------------------------------------------------------ reading
     def weights(self, query_type: str | None = None) -> dict[str, float]:
         """The gated greedy weights, for a query type or globally."""
-        mean, var, nK = self._posterior(query_type)
-        return weights_dict(self._arms[self._gate(mean, var, nK)], self.retrievers)
+        return weights_dict(self._arms[self._greedy(query_type)], self.retrievers)
 
     def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> ThompsonPolicy:
         """Replace the default weights (validated, clipped to the bounds)."""
@@ -461,8 +557,9 @@ class ThompsonPolicy(BasePolicy):
         }
 
     def uncertainty(self, context: Context | None) -> float:
-        mean, var, nK = self._posterior(getattr(context, "query_type", None))
-        arm = self._gate(mean, var, nK)
+        qtype = getattr(context, "query_type", None)
+        mean, var, nK = self._posterior(qtype)
+        arm = self._greedy(qtype)
         return float(min(1.0, math.sqrt(var[arm]) / self.hyper.noise))
 
     def params(self) -> dict[str, Any]:
@@ -476,6 +573,7 @@ class ThompsonPolicy(BasePolicy):
             "default": float_list(self._arms[0]),
             "stats": {k: [float_list(row) for row in v] for k, v in self._stats.items()},
             "clock": {k: float(v) for k, v in self._clock.items()},
+            "clicks": {k: v.state_dict() for k, v in self._clicks.items()},
         }
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
@@ -489,7 +587,12 @@ class ThompsonPolicy(BasePolicy):
                 raise CorruptStateError(f"arm statistics for {key!r} are malformed")
             stats[str(key)] = arr
         clock = {str(k): float(v) for k, v in dict(state["clock"]).items()}
+        clicks = {
+            str(k): ClickEvidence(self.n_arms, self.hyper.cf_max_queries).load_state_dict(v)
+            for k, v in dict(state.get("clicks") or {}).items()  # absent in states saved before clicks counted
+        }
         self._stats, self._clock = stats, clock
+        self._clicks = clicks
         self._cache.clear()
         self._set_default(default)
 

@@ -1,0 +1,152 @@
+"""``ClickEvidence``: every weight arm scored on every click, with a variance clustered by query.
+
+A bandit learns about an arm only when it plays it, and on real collections the
+best fixed weights are 0.01 to 0.04 nDCG@10 above equal weights: far too small
+a difference to find by playing 66 arms in turn. A click says more than the
+reward of the arm that was shown. Re-ranking the shown chunks by each arm's
+weights (plus the memory's and confidence's offsets, which every arm shares)
+gives each arm a utility on that click: the DCG of the clicked chunks in its
+order. All arms are scored on the same clicks, so the advantage of an arm
+over the default is a paired difference, with a small variance.
+
+The estimate leans towards the weights that were shown: chunks never shown
+cannot be clicked, and ties keep the shown order. It moves away from them only
+when other weights would have put the clicked chunks higher.
+
+Repeated questions are many clicks but one piece of evidence about which
+weights generalise, so the variance of the mean advantage is clustered by
+query (a sandwich estimator over per-query sums).
+
+>>> ev = ClickEvidence(3)
+>>> for q in range(30):
+...     ev.update(np.array([0.5, 0.8, 0.4]) + 0.01 * (q % 3), f"q{q}", 1.0, 1.0)
+>>> adv, var = ev.posterior()
+>>> adv.round(3).tolist()
+[0.0, 0.3, -0.1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError
+from rlfb.policies._util import float_list
+
+__all__ = ["ClickEvidence", "shown_utility"]
+
+
+def shown_utility(gains: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Each column's DCG of ``gains`` after re-ranking the shown rows by that column's scores.
+
+    ``gains`` (n_shown,) are non-negative, ``scores`` (n_shown, n_arms); ties keep
+    the shown order. Normalised by the ideal DCG, so each value is in [0, 1].
+
+    >>> shown_utility(np.array([0.0, 1.0]), np.array([[1.0, 0.0], [0.0, 1.0]])).round(3).tolist()
+    [0.631, 1.0]
+    """
+    ranks = np.argsort(np.argsort(-scores, axis=0, kind="stable"), axis=0, kind="stable")
+    disc = 1.0 / np.log2(ranks + 2.0)
+    ideal = float(np.sort(gains)[::-1] @ (1.0 / np.log2(np.arange(gains.size) + 2.0)))
+    return (gains @ disc) / ideal
+
+
+class ClickEvidence:
+    """Running sums of arm utilities, overall and per query (least recently used queries forgotten).
+
+    Arm 0 is the default the advantages are measured against.
+    """
+
+    def __init__(self, n_arms: int, max_queries: int = 2000) -> None:
+        self.n_arms = n_arms
+        self.max_queries = max_queries
+        self.n = 0.0
+        self.clock = 0.0
+        self._s = np.zeros(n_arms)
+        self._rows: dict[str, int] = {}  # query -> row, least recently used first
+        self._q = np.zeros((0, n_arms + 1))  # per query: summed utilities, then the summed weight
+        self._gone = np.zeros(n_arms)  # variance terms of the queries forgotten to stay in bounds
+
+    @property
+    def n_queries(self) -> int:
+        return len(self._rows)
+
+    def _advantage(self) -> np.ndarray:
+        mean = self._s / max(self.n, 1e-12)
+        return mean - mean[0]
+
+    def _row(self, query: str) -> int:
+        key = " ".join(query.lower().split())
+        row = self._rows.pop(key, None)
+        if row is None:
+            if len(self._rows) >= self.max_queries:
+                row = self._rows.pop(next(iter(self._rows)))
+                old = self._q[row]
+                # the forgotten query keeps its share of the variance, as measured now
+                self._gone += ((old[:-1] - old[0]) - old[-1] * self._advantage()) ** 2
+                self._q[row] = 0.0
+            else:
+                row = len(self._rows)
+                if row >= self._q.shape[0]:
+                    grown = np.zeros((max(16, 2 * row), self.n_arms + 1))
+                    grown[: self._q.shape[0]] = self._q
+                    self._q = grown
+        self._rows[key] = row  # (re)inserted last: most recently used
+        return row
+
+    def update(self, utility: np.ndarray, query: str, weight: float, decay: float) -> None:
+        """Add one click's arm utilities with ``weight``, after decaying the past by ``decay``."""
+        self.n = self.n * decay + weight
+        self._s = self._s * decay + weight * utility
+        self._q *= decay
+        self._gone *= decay * decay
+        row = self._row(query)
+        self._q[row, :-1] += weight * utility
+        self._q[row, -1] += weight
+
+    def posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean advantage of every arm over arm 0, and the clustered variance of that mean."""
+        adv = self._advantage()
+        q = self._q[: len(self._rows)]
+        resid = (q[:, :-1] - q[:, :1]) - q[:, -1:] * adv[None, :]
+        m = q.shape[0] + (1 if np.any(self._gone > 0) else 0)
+        if m < 2:  # one question says nothing about how the weights generalise
+            var = np.full(self.n_arms, np.inf)
+        else:
+            var = (np.sum(resid**2, axis=0) + self._gone) * (m / (m - 1.0)) / max(self.n * self.n, 1e-12)
+            var = np.maximum(var, 1e-8)
+        adv[0], var[0] = 0.0, 1e-12
+        return adv, var
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "n": float(self.n),
+            "s": float_list(self._s),
+            "clock": float(self.clock),
+            "gone": float_list(self._gone),
+            "queries": [[k, float_list(self._q[r])] for k, r in self._rows.items()],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> ClickEvidence:
+        k = self.n_arms
+        try:
+            n, clock = float(state["n"]), float(state["clock"])
+            s = np.asarray(state["s"], dtype=float)
+            gone = np.asarray(state["gone"], dtype=float)
+            entries = [(str(key), np.asarray(row, dtype=float)) for key, row in state["queries"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStateError(f"click evidence is malformed: {exc!r}") from exc
+        q = np.zeros((max(len(entries), 1), k + 1))
+        for i, (_, row) in enumerate(entries):
+            if row.shape != (k + 1,):
+                raise CorruptStateError("click evidence is malformed: a query row has the wrong size")
+            q[i] = row
+        rows = {key: i for i, (key, _) in enumerate(entries)}
+        if (s.shape != (k,) or gone.shape != (k,) or len(rows) != len(entries)
+                or not all(np.all(np.isfinite(a)) for a in (s, gone, q))
+                or not np.isfinite(n) or n < 0 or not np.isfinite(clock)):
+            raise CorruptStateError("click evidence is malformed")
+        self.n, self.clock, self._s, self._gone, self._rows, self._q = n, clock, s, gone, rows, q
+        return self
