@@ -90,14 +90,16 @@ class LearnerConfig:
         perturbations.
     Evidence
         ``confidence_learning_rate`` (0.03, in [0.01, 0.05]); ``half_life_days``
-        (45) forgetting of confidences and memory; ``skip_weight`` (0.2) the
+        (45) forgetting of confidences and memory; ``skip_weight`` (0.3) the
         negative evidence for a chunk read and passed over (shown above a
         rewarded one); ``abandon_weight`` (0.5) times the episode's reward for
         every shown chunk when nothing was rewarded and the reward is negative
         (-0.1 after a reformulation, -0.5 after a thumbs down).
     Memory
         ``similarity_threshold`` (0.8 cosine), ``memory_max_entries``,
-        ``memory_max_neighbors``, ``memory_value_scale``, ``transfer_weight``
+        ``memory_max_neighbors``, ``memory_value_scale`` (3.0: about linear in
+        the evidence over the first clicks and skips, so two skips undo one
+        click rather than one skip burying a chunk), ``transfer_weight``
         and ``transfer_gate`` (``"adaptive"`` or a number in [0, 1]).
     Replay
         ``replay`` on/off, ``replay_capacity`` (10,000), ``replay_batch_size``

@@ -33,6 +33,20 @@ weights, so without strong evidence the policy keeps the default. After more
 than ``default_after`` (50) global samples, the default weights themselves move
 by ``default_step`` towards the globally best arm whenever that arm passes the
 gate.
+
+Click evidence (``counterfactual=True``, the default). Rewards per arm are too
+weak a signal to tell weights 0.01 nDCG@10 apart. So every clicked chunk also
+scores *every* arm: the shown chunks are re-ranked by each arm's weights (plus
+the memory's offsets) and the arm earns the DCG of the clicked chunk in its
+order (:mod:`rlfb.policies.click_evidence`). Advantages over the default are
+paired differences with a variance clustered by query. Once ``cf_min_clicks``
+clicks are in (per query type, else globally), the greedy arm is the one with
+the best lower bound ``advantage - cf_gate_z * sd`` (the default, whose bound
+is 0, unless another arm is surely better), and that arm is shown: the
+evidence leans towards the weights shown, so sampling arms from it would
+reinforce whichever arm chance showed first. On cranfield this moves the
+weights towards dense retrieval, as tuning on full judgments does; on a toy
+world where no retriever is better it keeps equal weights.
 """
 
 from __future__ import annotations
