@@ -18,6 +18,7 @@ __all__ = [
     "check_bounds",
     "check_float",
     "check_int",
+    "clock_decay",
     "chunk_evidence",
     "decay_factor",
     "episode_time",
@@ -235,6 +236,25 @@ def decay_factor(dt_seconds: float, half_life_days: float | None) -> float:
     if half_life_days is None or dt_seconds <= 0:
         return 1.0
     return float(0.5 ** (dt_seconds / (half_life_days * DAY)))
+
+
+def clock_decay(last: float, t: float, half_life_days: float | None) -> tuple[float, float, float]:
+    """How a running sum kept on a clock ``last`` takes an observation made at time ``t``.
+
+    Returns ``(past, weight, clock)``: the factor for what was summed so far, the
+    factor for the new observation (one older than the clock, a late reward for
+    an old decision, counts less) and the new clock. ``t <= 0`` means no time.
+
+    >>> clock_decay(86_400.0, 2 * 86_400.0, 1.0)
+    (0.5, 1.0, 172800.0)
+    >>> clock_decay(2 * 86_400.0, 86_400.0, 1.0)
+    (1.0, 0.5, 172800.0)
+    """
+    if t <= 0:
+        return 1.0, 1.0, last
+    if t > last:
+        return (decay_factor(t - last, half_life_days) if last > 0 else 1.0), 1.0, t
+    return 1.0, decay_factor(last - t, half_life_days), last
 
 
 def episode_time(episode: Any) -> float:

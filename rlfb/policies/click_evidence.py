@@ -68,6 +68,7 @@ class ClickEvidence:
         self._rows: dict[str, int] = {}  # query -> row, least recently used first
         self._q = np.zeros((0, n_arms + 1))  # per query: summed utilities, then the summed weight
         self._gone = np.zeros(n_arms)  # variance terms of the queries forgotten to stay in bounds
+        self._posterior: tuple[np.ndarray, np.ndarray] | None = None  # until the next update
 
     @property
     def n_queries(self) -> int:
@@ -98,6 +99,7 @@ class ClickEvidence:
 
     def update(self, utility: np.ndarray, query: str, weight: float, decay: float) -> None:
         """Add one click's arm utilities with ``weight``, after decaying the past by ``decay``."""
+        self._posterior = None
         self.n = self.n * decay + weight
         self._s = self._s * decay + weight * utility
         self._q *= decay
@@ -107,7 +109,15 @@ class ClickEvidence:
         self._q[row, -1] += weight
 
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        """Mean advantage of every arm over arm 0, and the clustered variance of that mean."""
+        """Mean advantage of every arm over arm 0, and the clustered variance of that mean (read-only).
+
+        Cached until the next update: policies ask for it on every decision.
+        """
+        if self._posterior is None:
+            self._posterior = self._compute_posterior()
+        return self._posterior
+
+    def _compute_posterior(self) -> tuple[np.ndarray, np.ndarray]:
         adv = self._advantage()
         q = self._q[: len(self._rows)]
         resid = (q[:, :-1] - q[:, :1]) - q[:, -1:] * adv[None, :]
@@ -118,6 +128,8 @@ class ClickEvidence:
             var = (np.sum(resid**2, axis=0) + self._gone) * (m / (m - 1.0)) / max(self.n * self.n, 1e-12)
             var = np.maximum(var, 1e-8)
         adv[0], var[0] = 0.0, 1e-12
+        adv.setflags(write=False)
+        var.setflags(write=False)
         return adv, var
 
     def state_dict(self) -> dict[str, Any]:
@@ -149,4 +161,5 @@ class ClickEvidence:
                 or not np.isfinite(n) or n < 0 or not np.isfinite(clock)):
             raise CorruptStateError("click evidence is malformed")
         self.n, self.clock, self._s, self._gone, self._rows, self._q = n, clock, s, gone, rows, q
+        self._posterior = None
         return self

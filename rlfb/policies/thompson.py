@@ -66,7 +66,7 @@ from rlfb.policies._util import (
     check_bounds,
     check_float,
     check_int,
-    decay_factor,
+    clock_decay,
     episode_time,
     float_list,
     logged_weights,
@@ -263,7 +263,6 @@ class ThompsonPolicy(BasePolicy):
         self._kernel()
         self._stats: dict[str, np.ndarray] = {}
         self._clock: dict[str, float] = {}
-        # counterfactual click evidence: every arm is scored on every clicked episode (paired)
         self._clicks: dict[str, ClickEvidence] = {}  # counterfactual click evidence, global and per type
         self._version = 0
         self._cache: dict[str | None, tuple[int, Any]] = {}
@@ -422,16 +421,8 @@ class ThompsonPolicy(BasePolicy):
         ev = self._clicks.get(key)
         if ev is None:
             ev = self._clicks[key] = ClickEvidence(self.n_arms, self.hyper.cf_max_queries)
-        f = self.hyper.forget**weight
-        w = weight
-        if t > 0:
-            if t > ev.clock:
-                if ev.clock > 0:
-                    f *= decay_factor(t - ev.clock, self.hyper.half_life_days)
-                ev.clock = t
-            else:
-                w *= decay_factor(ev.clock - t, self.hyper.half_life_days)  # a late click on an old decision
-        ev.update(u, str(episode.query), w, f)
+        past, late, ev.clock = clock_decay(ev.clock, t, self.hyper.half_life_days)
+        ev.update(u, str(episode.query), weight * late, past * self.hyper.forget**weight)
         self._version += 1
 
     def _epsilon(self) -> float:
@@ -492,15 +483,11 @@ class ThompsonPolicy(BasePolicy):
     def _add(self, key: str, arm: int, reward: float, weight: float, t: float) -> None:
         st = self._scope(key)
         last = self._clock.get(key, 0.0)
-        w = weight
-        if t > 0:
-            if t > last:
-                if last > 0:
-                    st *= decay_factor(t - last, self.hyper.half_life_days)
-                self._clock[key] = t
-            else:
-                w *= decay_factor(last - t, self.hyper.half_life_days)  # a late reward for an old decision
-        st *= self.hyper.forget**weight
+        past, late, clock = clock_decay(last, t, self.hyper.half_life_days)
+        if clock != last:
+            self._clock[key] = clock
+        w = weight * late
+        st *= past * self.hyper.forget**weight
         self._version += 1
         st[0, arm] += w
         st[1, arm] += w * reward
