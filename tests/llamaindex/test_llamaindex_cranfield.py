@@ -136,8 +136,17 @@ def test_feedback_reaches_the_learner(cranfield_run: dict[str, Any]) -> None:
     assert cranfield_run["counts"]["policy_snapshots"] > 0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (README, 'What is not there yet'): after 200 questions PDGD's evidence threshold has "
+    "moved the weights by about 1e-6, and Thompson's click-evidence gate has not opened. Remove this marker "
+    "when the weights move by a visible amount.",
+)
 def test_the_weights_change(cranfield_run: dict[str, Any]) -> None:
-    assert cranfield_run["weights"] != cranfield_run["start"]
+    # a visible move, not a rounding-level one: 0.02 in total over the retrievers
+    start, end = cranfield_run["start"], cranfield_run["weights"]
+    moved = sum(abs(end[name] - start[name]) for name in start)
+    assert moved >= 0.02, f"the weights moved by {moved:.2g} in total over {N_QUESTIONS} questions"
 
 
 def test_held_out_ndcg_at_least_the_engine_and_rrf(cranfield_run: dict[str, Any]) -> None:
