@@ -315,3 +315,26 @@ def test_guardrail_tunes_learning_rate_and_exploration_within_bounds():
         Guardrail().load_state_dict({**state, "lr": 100.0})
     with pytest.raises(ValidationError):
         Guardrail(lr_bounds=(2.0, 3.0))
+
+
+def test_guardrail_does_not_act_on_noise():
+    # learned and default weights put different chunks first, and users click either one as often:
+    # a mean difference of zero, with per-episode differences of +-0.37. A rolling mean over about 40
+    # of them crosses a tolerance of 0.01 all the time; the guardrail must not take that for a signal.
+    shown = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    learned, default = np.array([0.9, 0.1]), np.array([0.1, 0.9])
+    rng = np.random.default_rng(0)
+    g = Guardrail()
+    moved = []
+    for _ in range(2000):
+        clicks = np.array([1.0, 0.0, 0.0]) if rng.random() < 0.5 else np.array([0.0, 1.0, 0.0])
+        lr, ex = g.observe(shown, clicks, learned, default)
+        moved.append(max(abs(np.log(lr)), abs(np.log(ex))))
+    # (before: the exploration multiplier spent hundreds of episodes at its bound of 3)
+    assert max(moved) < np.log(1.5) and np.mean(np.array(moved) > 0) < 0.05
+    assert 0.9 < lr < 1.1 and 0.9 < ex < 1.1
+    # a real degradation of the same noise level is still acted on
+    for _ in range(300):
+        clicks = np.array([1.0, 0.0, 0.0]) if rng.random() < 0.2 else np.array([0.0, 1.0, 0.0])
+        lr, ex = g.observe(shown, clicks, learned, default)
+    assert g.lift < -0.1 and ex == 3.0 and lr == 0.1

@@ -184,12 +184,9 @@ def test_cranfield_learned_policy_is_not_below_rrf(
 
 @pytest.mark.slow
 @pytest.mark.datasets
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (README, 'What is not there yet'): after 200 questions (about 100 clicks) Thompson's "
-    "click-evidence gate has not opened on cranfield; it does after 2,000. Remove this marker when it does.",
-)
 def test_cranfield_weights_change(cranfield_run: dict[str, Any]) -> None:
-    assert cranfield_run["weights"] != cranfield_run["start"], (
-        f"the {POLICY} policy kept its starting weights {cranfield_run['start']} over {N_QUESTIONS} questions"
+    start, end = cranfield_run["start"], cranfield_run["weights"]
+    moved = sum(abs(end[name] - start[name]) for name in start)  # visible, not a rounding-level move
+    assert moved >= 0.02, (
+        f"the {POLICY} policy kept its starting weights {start} over {N_QUESTIONS} questions (moved {moved:.2g})"
     )
