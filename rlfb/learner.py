@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.confidence import ChunkConfidence
+from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.exploration import EXPLORATIONS, EpsilonGreedyExploration, NoExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
@@ -91,6 +92,18 @@ class LearnerConfig:
         the weights' click evidence is scored on (10 seeds, with a steady
         guardrail: held-out nDCG@10 +0.006 on scifact and cranfield against
         0.3, online about 0.02 lower; 0.5 costs more online and gains nothing).
+    Discovery for repeated questions
+        ``discovery_rate`` (0.5; 0 turns it off) caps how often a question
+        asked at least ``discovery_after`` (3) times before, whose list would
+        start with a chunk the memory knows to be good, is shown the best
+        chunk the memory knows nothing about for it first
+        (:class:`~rlfb.discovery.RepeatDiscovery`); how often is learned from
+        the click rate of such chunks. Policies that sample whole rankings
+        (``gradient``) are left alone. Navigational user, 5 seeds, thompson:
+        seen-question nDCG@10 on cisi 0.540 → 0.578 (cranfield 0.577 → 0.584,
+        scifact unchanged); after 2 asks instead of 3 cisi reaches 0.597, but
+        it also changes the few thrice-asked questions of a 200-question run
+        enough to undo a borderline weight move there.
     Evidence
         ``confidence_learning_rate`` (0.03, in [0.01, 0.05]); ``half_life_days``
         (45) forgetting of confidences and memory; ``skip_weight`` (0.3) the
@@ -132,6 +145,8 @@ class LearnerConfig:
     explore_depth: int = 50
     explore_min_position: float = 0.5
     thompson_weight: float = 0.4
+    discovery_rate: float = 0.5
+    discovery_after: int = 3
     confidence_learning_rate: float = 0.03
     half_life_days: float | None = 45.0
     skip_weight: float = 0.3
@@ -196,6 +211,9 @@ class LearnerConfig:
                 transfer_gate=self.transfer_gate, half_life_days=self.half_life_days,
             ),
             "explorer": explorer,
+            "discovery": RepeatDiscovery(
+                self.discovery_rate, min_asks=self.discovery_after, seed=None if seed is None else seed + 3
+            ),
             "replay": PrioritizedReplay(
                 self.replay_capacity, self.replay_batch_size, half_life=self.replay_half_life,
                 persist=self.replay_persist, seed=None if seed is None else seed + 2,
@@ -300,6 +318,7 @@ class Learner:
         self._confidence: ChunkConfidence = parts["confidence"]
         self._memory: FeedbackMemory = parts["memory"]
         self._explorer: Any = parts["explorer"]
+        self._discovery: RepeatDiscovery = parts["discovery"]
         self._replay: PrioritizedReplay = parts["replay"]
         self._guardrail: Guardrail = parts["guardrail"]
         self._n_learned = 0
@@ -317,6 +336,10 @@ class Learner:
     @property
     def memory(self) -> FeedbackMemory:
         return self._memory
+
+    @property
+    def discovery(self) -> RepeatDiscovery:
+        return self._discovery
 
     @property
     def replay(self) -> PrioritizedReplay:
@@ -385,7 +408,8 @@ class Learner:
         kk = min(k, n)
         ranked = np.argsort(-fused, kind="stable")
         ranking = decision.ranking
-        if explore and ranking is not None and _valid_ranking(ranking, n):
+        sampled = explore and ranking is not None and _valid_ranking(ranking, n)
+        if sampled:
             order = np.asarray(ranking[:kk], dtype=np.int64)
             if order.shape[0] < kk:
                 rest = ranked[~np.isin(ranked, order)]
@@ -399,11 +423,16 @@ class Learner:
                     extra = {"fused": fused, "alpha": a, "beta": b, "score_scale": scale}
                 res = self._explorer.explore(ranked, kk, scale=self._guardrail.multipliers[1], **extra)
                 order = res.order
-                decision = dataclasses.replace(
-                    decision,
-                    propensity=float(decision.propensity) * float(res.propensity),
-                    explored=bool(decision.explored or res.explored),
-                )
+                decision = _explored(decision, res)
+        if explore and kk > 0 and _discovers(self.config):
+            asks = self._memory.note_ask(context.query)
+            # A policy that samples whole rankings (PDGD) explores by itself, and its gradient assumes
+            # that what was shown is what it sampled: discovery leaves those rankings alone.
+            found = None if sampled else self._discovery.explore(
+                order, ranked, context.candidate_ids, self._memory.known(context.query), asks)
+            if found is not None:
+                order = found.order
+                decision = _explored(decision, found)
         ask = self._ask(context, order)
         return Ranking(order=order, fused=fused, decision=decision, confidence=conf, memory=mem,
                        ask_for_feedback=ask)
@@ -461,6 +490,12 @@ class Learner:
         if prior is not None and np.shape(prior) != r.shape:
             raise ValidationError(f"episode has {r.shape[0]} shown chunks but {np.shape(prior)} prior rewards")
         ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior)
+        if ids and _discovers(cfg) and (prior is None or not np.any(np.asarray(prior) != 0)):
+            # the first feedback on an event: was its top chunk one the memory did not know for this
+            # repeated question, and was it taken? That click rate sets how often discovery explores.
+            known = self._memory.known(episode.query)
+            if ids[0] not in known and self._discovery.eligible(known, self._memory.asks(episode.query) - 1):
+                self._discovery.observe(bool(r[0] > 0))
         if ids and np.any(ev != 0):
             w = self._weights_of(episode.decision)
             rel = np.clip((X @ w) / score_scale(X), 0.0, 1.0)
@@ -508,6 +543,7 @@ class Learner:
             "confidence": self._confidence.state_dict(),
             "memory": self._memory.state_dict(),
             "exploration": self._explorer.state_dict(),
+            "discovery": self._discovery.state_dict(),
             "replay": self._replay.state_dict(),
             "guardrail": self._guardrail.state_dict(),
             "n_learned": self._n_learned,
@@ -536,6 +572,8 @@ class Learner:
             parts["confidence"].load_state_dict(state["confidence"])
             parts["memory"].load_state_dict(state["memory"])
             parts["explorer"].load_state_dict(state["exploration"])
+            if "discovery" in state:  # states saved before discovery existed start it afresh
+                parts["discovery"].load_state_dict(state["discovery"])
             parts["replay"].load_state_dict(state["replay"])
             parts["guardrail"].load_state_dict(state["guardrail"])
             n_learned = int(state["n_learned"])
@@ -555,6 +593,7 @@ class Learner:
         self._confidence = parts["confidence"]
         self._memory = parts["memory"]
         self._explorer = parts["explorer"]
+        self._discovery = parts["discovery"]
         self._replay = parts["replay"]
         self._guardrail = parts["guardrail"]
         self._n_learned = n_learned
@@ -586,6 +625,20 @@ class Learner:
     def __repr__(self) -> str:
         w = ", ".join(f"{n}={v:.3f}" for n, v in self.weights().items())
         return f"Learner(policy={self.policy_name!r}, learned={self._n_learned}, weights: {w})"
+
+
+def _discovers(config: LearnerConfig) -> bool:
+    """Whether repeat discovery is on: it works from the memory, and ``exploration="none"`` means none."""
+    return config.memory_weight > 0 and config.discovery_rate > 0 and config.exploration != "none"
+
+
+def _explored(decision: Decision, res: Any) -> Decision:
+    """The decision with one more exploration step's propensity and flag folded in."""
+    return dataclasses.replace(
+        decision,
+        propensity=float(decision.propensity) * float(res.propensity),
+        explored=bool(decision.explored or res.explored),
+    )
 
 
 def _valid_ranking(ranking: Sequence[int], n: int) -> bool:

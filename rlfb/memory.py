@@ -149,6 +149,7 @@ class FeedbackMemory:
         self._has_emb = np.zeros(0, dtype=bool)
         self._time = np.zeros(0)
         self._touch = np.zeros(0)
+        self._asks = np.zeros(0)  # askings of each remembered query since its first feedback
         self._counter = 0
         self._now = 0.0
         self._conc = 0.0
@@ -270,6 +271,34 @@ class FeedbackMemory:
         """Whether feedback on this exact (normalised) query is remembered."""
         return normalize_query(query) in self._key_index
 
+    def known(self, query: str) -> dict[str, float]:
+        """The evidence remembered per chunk for this exact (normalised) query; empty if none.
+
+        >>> mem = FeedbackMemory()
+        >>> mem.update("tides", None, ["c1", "c2"], [-0.2, 0.4])
+        >>> mem.known("Tides?")
+        {'c1': -0.2, 'c2': 0.4}
+        """
+        row = self._key_index.get(normalize_query(query))
+        if row is None:
+            return {}
+        f = float(self._decay(np.asarray([row]))[0])
+        return {c: v * f for c, v in self._values[row].items()}
+
+    def asks(self, query: str) -> int:
+        """How often this exact query was asked (:meth:`note_ask`) since its first feedback."""
+        row = self._key_index.get(normalize_query(query))
+        return 0 if row is None else int(self._asks[row])
+
+    def note_ask(self, query: str) -> int:
+        """Count one more asking of a remembered query; returns the count before it (0 if not remembered)."""
+        row = self._key_index.get(normalize_query(query))
+        if row is None:
+            return 0
+        before = int(self._asks[row])
+        self._asks[row] += 1.0
+        return before
+
     # ------------------------------------------------------------------ updating
     def _observe_transfer(
         self, query: str, e: np.ndarray | None, shown_ids: Sequence[str], ev: np.ndarray
@@ -297,6 +326,7 @@ class FeedbackMemory:
             self._values[row] = {}
             self._has_emb[row] = False
             self._time[row] = 0.0
+            self._asks[row] = 0.0
         else:
             row = m
             self._keys.append(key)
@@ -305,6 +335,7 @@ class FeedbackMemory:
                 cap = min(p.max_entries, max(64, 2 * (row + 1)))
                 self._time = _grow1(self._time, cap)
                 self._touch = _grow1(self._touch, cap)
+                self._asks = _grow1(self._asks, cap)
                 self._has_emb = _grow1(self._has_emb, cap)
                 if self._dim is not None:
                     grown = np.zeros((cap, self._dim), dtype=np.float32)
@@ -373,6 +404,7 @@ class FeedbackMemory:
                 "v": {c: float(v) for c, v in self._values[i].items()},
                 "t": float(self._time[i]),
                 "u": float(self._touch[i]),
+                "a": float(self._asks[i]),
             })
         return {
             "params": self.params(),
@@ -391,7 +423,7 @@ class FeedbackMemory:
             conc, disc = (float(x) for x in state["gate_counts"])
             counter = int(state["counter"])
             now = float(state["now"])
-            keys, values, embs, has, times, touch = [], [], [], [], [], []
+            keys, values, embs, has, times, touch, asks = [], [], [], [], [], [], []
             for ent in entries:
                 keys.append(str(ent["q"]))
                 vals = {str(c): float(v) for c, v in dict(ent["v"]).items()}
@@ -410,13 +442,15 @@ class FeedbackMemory:
                     has.append(True)
                 times.append(float(ent["t"]))
                 touch.append(float(ent["u"]))
+                asks.append(float(ent.get("a", 0.0)))  # states saved before asks were counted load with 0
         except CorruptStateError:
             raise
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStateError(f"cannot read the feedback memory: {exc!r}") from exc
         if len(set(keys)) != len(keys):
             raise CorruptStateError("the feedback memory holds a query twice")
-        if not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch)) or conc < 0 or disc < 0:
+        if (not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch, *asks)) or conc < 0 or disc < 0
+                or any(a < 0 for a in asks)):
             raise CorruptStateError("the feedback memory holds non-finite counters")
         m = len(keys)
         cap = max(m, 1)
@@ -434,6 +468,8 @@ class FeedbackMemory:
         self._time[:m] = times
         self._touch = np.zeros(cap)
         self._touch[:m] = touch
+        self._asks = np.zeros(cap)
+        self._asks[:m] = asks
         self._counter, self._now, self._conc, self._disc = counter, now, conc, disc
         return self
 

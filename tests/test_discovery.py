@@ -1,0 +1,155 @@
+"""Repeat discovery: unknown chunks shown first for often-repeated questions, at a learned rate."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _toy_env import RETRIEVERS, ToyEnv, simulate
+
+from rlfb.discovery import RepeatDiscovery
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.learner import Learner, LearnerConfig
+from rlfb.memory import FeedbackMemory
+
+IDS = ("good", "a", "b", "c", "d")
+ORDER = np.array([0, 1, 2])  # what would be shown: good, a, b
+RANKED = np.array([0, 3, 1, 2, 4])  # all candidates by fused score: c is the best one not shown
+
+
+def _always(**kw) -> RepeatDiscovery:
+    d = RepeatDiscovery(max_rate=1.0, seed=0, **kw)
+    for _ in range(20):
+        d.observe(True)
+    return d
+
+
+def test_puts_the_best_unknown_chunk_first_with_its_propensity():
+    d = _always()
+    res = d.explore(ORDER, RANKED, IDS, {"good": 0.5, "a": -0.3}, asks=3)
+    assert res is not None and res.explored
+    assert [IDS[i] for i in res.order] == ["c", "good", "a"]  # same length, the rest shifted down
+    assert res.propensity == pytest.approx(d.rate)
+
+
+def test_not_eligible_without_repeats_or_a_known_good_chunk_on_top():
+    d = _always()
+    assert d.explore(ORDER, RANKED, IDS, {"good": 0.5}, asks=2) is None  # asked twice before
+    assert d.explore(ORDER, RANKED, IDS, {"good": -0.1}, asks=5) is None  # nothing known to be good
+    assert d.explore(ORDER, RANKED, IDS, {"a": 0.5}, asks=5) is None  # top is already not known good
+    known_all = {c: 0.1 for c in IDS}
+    assert d.explore(ORDER, RANKED, IDS, known_all, asks=5) is None  # nothing unknown left
+    off = RepeatDiscovery(max_rate=0.0)
+    assert off.explore(ORDER, RANKED, IDS, {"good": 0.5}, asks=5) is None
+
+
+def test_rate_follows_the_click_rate_of_unknown_top_chunks():
+    d = RepeatDiscovery(max_rate=0.5, scale=2.0)
+    assert d.rate == 0.5  # Beta(1, 1): 2 x 1/2, at the cap
+    for _ in range(40):
+        d.observe(False)
+    low = d.rate
+    assert low < 0.1
+    for _ in range(40):
+        d.observe(True)
+    assert d.rate > low and d.rate <= 0.5
+    # when it does not explore, the decision's propensity is that of not exploring
+    rng_d = RepeatDiscovery(max_rate=0.5, seed=3)
+    for _ in range(200):
+        rng_d.observe(False)
+    outcomes = [rng_d.explore(ORDER, RANKED, IDS, {"good": 1.0}, asks=3) for _ in range(200)]
+    stay = [r for r in outcomes if not r.explored]
+    assert stay and all(r.propensity == pytest.approx(1.0 - rng_d.rate) for r in stay)
+    assert all(r.order.tolist() == ORDER.tolist() for r in stay)
+    assert 0 < sum(r.explored for r in outcomes) < 40
+
+
+def test_state_round_trips_and_rejects_damage():
+    d = RepeatDiscovery(seed=5)
+    for clicked in (True, False, False, True, False):
+        d.observe(clicked)
+    state = json.loads(json.dumps(d.state_dict()))
+    e = RepeatDiscovery(seed=99).load_state_dict(state)
+    assert e.rate == d.rate
+    a = [d.explore(ORDER, RANKED, IDS, {"good": 1.0}, asks=3).order.tolist() for _ in range(20)]
+    b = [e.explore(ORDER, RANKED, IDS, {"good": 1.0}, asks=3).order.tolist() for _ in range(20)]
+    assert a == b  # the generator's state travels too
+    for bad in ({**state, "hits": 9.0}, {**state, "tries": float("nan")}, {**state, "kind": "epsilon"},
+                {k: v for k, v in state.items() if k != "rng"}):
+        with pytest.raises(CorruptStateError):
+            RepeatDiscovery().load_state_dict(bad)
+
+
+@pytest.mark.parametrize("kwargs", [{"max_rate": 1.5}, {"scale": 0.0}, {"min_asks": -1}, {"depth": 0},
+                                    {"forget": 0.1}])
+def test_bad_settings_raise(kwargs):
+    with pytest.raises(ValidationError):
+        RepeatDiscovery(**kwargs)
+
+
+def test_memory_counts_asks_and_keeps_them_in_its_state():
+    mem = FeedbackMemory()
+    assert mem.note_ask("Tides?") == 0 and mem.asks("tides") == 0  # not remembered: not counted
+    mem.update("tides", None, ["c1", "c2"], [-0.3, 0.4])
+    assert mem.note_ask("Tides?") == 0 and mem.note_ask("tides") == 1 and mem.asks("TIDES") == 2
+    assert mem.known("tides") == {"c1": -0.3, "c2": 0.4} and mem.known("waves") == {}
+    state = json.loads(json.dumps(mem.state_dict()))
+    assert FeedbackMemory().load_state_dict(state).asks("tides") == 2
+    for entry in state["entries"]:
+        del entry["a"]  # a state saved before asks were counted
+    assert FeedbackMemory().load_state_dict(state).asks("tides") == 0
+    state["entries"][0]["a"] = -1.0
+    with pytest.raises(CorruptStateError):
+        FeedbackMemory().load_state_dict(state)
+
+
+def _known_relevant(learner: Learner, env: ToyEnv) -> float:
+    counts = []
+    for tq in env.queries:
+        known = learner.memory.known(tq.text)
+        counts.append(sum(1 for c, v in known.items() if v > 0 and tq.relevant[tq.ids.index(c)]))
+    return float(np.mean(counts))
+
+
+def test_repeated_questions_find_more_of_their_relevant_chunks():
+    # 10 questions with 10 relevant chunks each, each asked about 40 times
+    env = ToyEnv(seed=0, n_queries=10, n_relevant=10)
+    runs = {}
+    for rate in (0.0, 0.5):
+        learner = Learner(RETRIEVERS, "fixed", LearnerConfig(discovery_rate=rate), seed=1)
+        online = simulate(learner, env, 400, seed=3)
+        greedy = np.mean([env.ndcg(q, learner.rank(env.context(q), 10, explore=False).order)
+                          for q in range(len(env.queries))])
+        runs[rate] = (_known_relevant(learner, env), greedy, np.mean(online))
+    (k0, g0, o0), (k1, g1, o1) = runs[0.0], runs[0.5]
+    assert k1 > k0 + 2.0, runs  # relevant chunks the memory knows per question: 4.6 without, 8.2 with
+    assert g1 > g0 + 0.05, runs  # greedy nDCG@10 of the repeated questions: 0.73 -> 0.88
+    assert o1 > o0 - 0.02, runs  # and what users saw on the way did not get worse
+
+
+def test_discovery_backs_off_where_unknown_chunks_are_not_clicked():
+    # one relevant chunk per question: once the memory shows it, nothing unknown is worth a click
+    env = ToyEnv(seed=0, n_queries=10, n_relevant=1)
+    learner = Learner(RETRIEVERS, "fixed", LearnerConfig(), seed=1)
+    simulate(learner, env, 400, seed=3)
+    assert learner.discovery.rate < 0.25
+    # its state travels with the learner's
+    state = json.loads(json.dumps(learner.state_dict()))
+    assert Learner.from_state_dict(state).discovery.rate == learner.discovery.rate
+    old = {k: v for k, v in state.items() if k != "discovery"}  # saved before discovery existed
+    assert Learner.from_state_dict(old).discovery.rate == RepeatDiscovery().rate
+
+
+def test_discovery_is_off_without_memory_or_exploration():
+    env = ToyEnv(seed=0, n_queries=4, n_relevant=10)
+    for config in (LearnerConfig(memory_weight=0.0), LearnerConfig(exploration="none")):
+        learner = Learner(RETRIEVERS, "fixed", config, seed=1)
+        simulate(learner, env, 100, seed=3, explore=True)
+        assert learner.discovery.state_dict()["tries"] == 0.0
+        if config.exploration == "none":  # every question is a repeat by now, and none is explored
+            for q in range(len(env.queries)):
+                greedy = learner.rank(env.context(q), 10, explore=False).order.tolist()
+                for _ in range(10):
+                    r = learner.rank(env.context(q), 10, explore=True)
+                    assert not r.decision.explored and r.order.tolist() == greedy
