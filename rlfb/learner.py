@@ -70,6 +70,22 @@ from rlfb.types import validate_k
 __all__ = ["LearnerConfig", "Ranking", "Learner"]
 
 STATE_FORMAT = 1
+#: The names the learner's parts validate under -> the LearnerConfig settings they come from.
+_PART_SETTINGS = {
+    "learning_rate": "confidence_learning_rate",
+    "max_entries": "memory_max_entries",
+    "max_neighbors": "memory_max_neighbors",
+    "value_scale": "memory_value_scale",
+    "capacity": "replay_capacity",
+    "batch_size": "replay_batch_size",
+    "half_life": "replay_half_life",
+    "persist": "replay_persist",
+    "tolerance": "guardrail_tolerance",
+    "min_episodes": "guardrail_min_episodes",
+    "weight": "thompson_weight",
+    "depth": "explore_depth",
+    "min_position": "explore_min_position",
+}
 #: Policies whose update is a gradient step, so a replayed episode is just another (down-weighted) step.
 REPLAY_SAFE = frozenset({"gradient"})
 
@@ -180,7 +196,10 @@ class LearnerConfig:
         # validated here too: the epsilon explorer that checks them is built only when chosen
         check_float("epsilon", self.epsilon, 0.0, 1.0)
         check_float("epsilon_min", self.epsilon_min, 0.0, 1.0)
+        check_float("epsilon_half_life", self.epsilon_half_life, 0.0, None, lo_open=True)
         check_float("thompson_weight", self.thompson_weight, 0.0, 10.0)
+        check_float("discovery_rate", self.discovery_rate, 0.0, 1.0)
+        check_int("discovery_after", self.discovery_after, 0)
         check_float("skip_weight", self.skip_weight, 0.0, 1.0)
         check_float("abandon_weight", self.abandon_weight, 0.0, 1.0)
         check_int("replay_every", self.replay_every, 1)
@@ -189,8 +208,12 @@ class LearnerConfig:
         for name in ("replay", "replay_all", "guardrail"):
             if not isinstance(getattr(self, name), bool):
                 raise ValidationError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        # the parts validate the rest
-        self._parts(0)
+        # the parts validate the rest; their messages are re-worded to name this config's settings
+        try:
+            self._parts(0)
+        except ValidationError as exc:
+            name, _, rest = str(exc).partition(" ")
+            raise ValidationError(f"{_PART_SETTINGS.get(name, name)} {rest}") from None
 
     def _parts(self, seed: int | None) -> dict[str, Any]:
         explorer: Any

@@ -318,10 +318,18 @@ def test_corrupt_state_raises_and_changes_nothing():
         {"ask_threshold": -1},
         {"half_life_days": 0.0},
         {"replay": "yes"},
+        {"discovery_rate": 1.5},
+        {"discovery_after": -1},
+        {"memory_value_scale": 0.0},
+        {"guardrail_tolerance": 5.0},
+        {"replay_half_life": 0.0},
+        {"epsilon_half_life": 0.0},
+        {"exploration": "epsilon", "explore_depth": 0},
     ],
 )
 def test_bad_learner_settings_raise(kwargs):
-    with pytest.raises(ValidationError):
+    bad = [k for k in kwargs if k != "exploration"] or ["exploration"]
+    with pytest.raises(ValidationError, match=bad[0]):  # the message names the setting
         LearnerConfig(**kwargs)
 
 
