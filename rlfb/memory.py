@@ -451,7 +451,7 @@ class FeedbackMemory:
             raise CorruptStateError("the feedback memory holds a query twice")
         if (not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch, *asks)) or conc < 0 or disc < 0
                 or any(a < 0 for a in asks)):
-            raise CorruptStateError("the feedback memory holds non-finite counters")
+            raise CorruptStateError("the feedback memory holds non-finite or negative counters")
         m = len(keys)
         cap = max(m, 1)
         self._keys = keys
