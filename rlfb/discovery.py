@@ -122,9 +122,13 @@ class RepeatDiscovery:
         p = self.hyper
         return min(p.max_rate, p.scale * (self._hits + 1.0) / (self._tries + 2.0))
 
+    def due(self, asks: int) -> bool:
+        """Whether a question asked this many times before is repeated enough to explore (cheap: no evidence)."""
+        return self.hyper.max_rate > 0 and asks >= self.hyper.min_asks
+
     def eligible(self, known: Mapping[str, float], asks: int) -> bool:
         """Whether a question with this remembered evidence and this many earlier asks is explored."""
-        return asks >= self.hyper.min_asks and any(v > 0 for v in known.values())
+        return self.due(asks) and any(v > 0 for v in known.values())
 
     def explore(
         self,
@@ -140,7 +144,7 @@ class RepeatDiscovery:
         candidates best first by fused score, ``known`` the memory's evidence
         per chunk for this very question, ``asks`` how often it was asked before.
         """
-        if self.hyper.max_rate <= 0 or len(order) == 0 or not self.eligible(known, asks):
+        if len(order) == 0 or not self.eligible(known, asks):
             return None
         if known.get(candidate_ids[int(order[0])], 0.0) <= 0:
             return None  # the top is already a chunk not known to be good: nothing to add

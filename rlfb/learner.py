@@ -451,7 +451,8 @@ class Learner:
             asks = self._memory.note_ask(context.query)
             # A policy that samples whole rankings (PDGD) explores by itself, and its gradient assumes
             # that what was shown is what it sampled: discovery leaves those rankings alone.
-            found = None if sampled else self._discovery.explore(
+            # (the memory's evidence for the question is read only for questions repeated often enough)
+            found = None if sampled or not self._discovery.due(asks) else self._discovery.explore(
                 order, ranked, context.candidate_ids, self._memory.known(context.query), asks)
             if found is not None:
                 order = found.order
@@ -516,8 +517,9 @@ class Learner:
         if ids and _discovers(cfg) and (prior is None or not np.any(np.asarray(prior) != 0)):
             # the first feedback on an event: was its top chunk one the memory did not know for this
             # repeated question, and was it taken? That click rate sets how often discovery explores.
-            known = self._memory.known(episode.query)
-            if ids[0] not in known and self._discovery.eligible(known, self._memory.asks(episode.query) - 1):
+            asks = self._memory.asks(episode.query) - 1  # before the asking this feedback is on
+            known = self._memory.known(episode.query) if self._discovery.due(asks) else {}
+            if ids[0] not in known and self._discovery.eligible(known, asks):
                 self._discovery.observe(bool(r[0] > 0))
         if ids and np.any(ev != 0):
             w = self._weights_of(episode.decision)
