@@ -60,6 +60,7 @@ from rlfb.policies._util import (
     episode_time,
     logged_weights,
     score_scale,
+    shared_credit,
     validate_retrievers,
     weights_vector,
 )
@@ -525,7 +526,12 @@ class Learner:
             w = self._weights_of(episode.decision)
             rel = np.clip((X @ w) / score_scale(X), 0.0, 1.0)
             self._confidence.update(ids, ev, rel, timestamp=t)
-            self._memory.update(episode.query, episode.query_embedding, ids, ev, timestamp=t)
+            # Praise of the whole answer is shared among its chunks in the memory, which says what answers
+            # this question; the confidence, a chunk's standing over all questions, takes it whole. With
+            # each of ten chunks taking a whole thumbs up (2.5 clicks), 63-70 % of the chunks the memory
+            # held as good for a cranfield question were not relevant.
+            praise = shared_credit(ev, r)
+            self._memory.update(episode.query, episode.query_embedding, ids, praise, timestamp=t)
         self._n_learned += 1
         self._explorer.step()
         if cfg.replay:

@@ -2,9 +2,13 @@
 
 Fixed fusion weights can never learn which chunks answer which questions. The
 memory can: it keeps, for every query that received feedback, the evidence
-per chunk (a click or thumbs up is positive; a chunk that was read and passed
-over, shown above a clicked one, is weakly negative; see
-:func:`rlfb.policies._util.chunk_evidence`). For a new query it returns a
+per chunk (a click is positive; a chunk that was read and passed over, shown
+above a clicked one, is weakly negative; see
+:func:`rlfb.policies._util.chunk_evidence`). Praise of a whole answer says
+that one of its chunks helped, not which, so the learner gives the memory a
+``1/n`` share of it for each of the answer's ``n`` chunks
+(:func:`rlfb.policies._util.shared_credit`); a thumbs down counts whole for
+each. For a new query it returns a
 per-candidate score in [-1, 1]:
 
 * **exact repeats** (the same normalised text, or an embedding with cosine

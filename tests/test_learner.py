@@ -161,6 +161,55 @@ def test_memory_transfers_to_similar_queries_only_when_gated_open():
     assert np.all(learner.rank(far, 10).memory == 0)
 
 
+def test_praise_of_the_whole_answer_is_shared_among_its_chunks_in_the_memory():
+    env = ToyEnv(seed=0, n_queries=2)
+    ctx = env.context(0)
+    cfg = LearnerConfig(exploration="none")
+
+    def known_after(chunk_rewards, reward):
+        learner = Learner(RETRIEVERS, "fixed", cfg)
+        r = learner.rank(ctx, 10)
+        ids = tuple(ctx.candidate_ids[i] for i in r.order)
+        learner.learn(Episode("e", ctx.query, RETRIEVERS, r.decision, ids, ctx.normalized[r.order],
+                              np.asarray(chunk_rewards, dtype=float), reward,
+                              query_embedding=ctx.query_embedding))
+        return [learner.memory.known(ctx.query).get(c, 0.0) for c in ids]
+
+    # a thumbs up on the answer, spread over its ten chunks, says one of them helped: each gets a tenth
+    assert known_after(np.ones(10), 1.0) == pytest.approx([0.1] * 10)
+    # a click is about its chunk (the two above it were read and passed over): whole
+    assert known_after(0.4 * np.eye(10)[2], 0.4) == pytest.approx([-0.3, -0.3, 0.4] + [0.0] * 7)
+    # a thumbs down says that none of them helped, which holds for each: whole
+    assert known_after(-np.ones(10), -1.0) == pytest.approx([-1.0] * 10)
+
+
+def test_shared_praise_keeps_stray_chunks_from_crowding_out_repeated_questions(monkeypatch):
+    # every answer with a relevant chunk in it gets a thumbs up: taken whole by each of its ten chunks,
+    # it lifts the non-relevant ones the user never clicked as much as two and a half clicks would
+    import rlfb.learner as learner_module
+
+    def seen_ndcg(shared: bool) -> float:
+        if not shared:
+            monkeypatch.setattr(learner_module, "shared_credit", lambda ev, r: ev)
+        env = ToyEnv(seed=3)
+        learner = Learner(RETRIEVERS, "fixed", LearnerConfig(), seed=2)
+        rng = np.random.default_rng(4)
+        for i in range(600):
+            q = int(rng.integers(len(env.queries)))
+            ranking = learner.rank(env.context(q), 10)
+            click = env.episode(q, ranking, rng, t=60.0 * i, event_id=f"e{i}")
+            learner.learn(click)
+            if env.queries[q].relevant[np.asarray(ranking.order)].any():
+                thumbs = dataclasses.replace(click, chunk_rewards=np.ones(10), reward=1.0,
+                                             prior_rewards=np.asarray(click.chunk_rewards, dtype=float))
+                learner.learn(thumbs)
+        monkeypatch.undo()
+        return _greedy_ndcg(learner, env)
+
+    # measured: 0.85 shared against 0.46 whole (0.78 against 0.46 on two other toy worlds)
+    assert seen_ndcg(shared=True) > seen_ndcg(shared=False) + 0.1
+
+
 def test_late_reward_updates_the_logged_decision():
     env = ToyEnv(seed=0, n_queries=2)
     learner = Learner(RETRIEVERS, "thompson", PLAIN, seed=0)

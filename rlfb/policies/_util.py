@@ -28,6 +28,7 @@ __all__ = [
     "rng_state",
     "score_scale",
     "set_rng_state",
+    "shared_credit",
     "validate_retrievers",
     "weights_dict",
     "weights_vector",
@@ -336,6 +337,29 @@ def chunk_evidence(
     elif episode_reward < 0:
         r[r == 0] = abandon_weight * max(-1.0, episode_reward)
     return r
+
+
+def shared_credit(evidence: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+    """``evidence`` with the praise of a whole response shared among the chunks it went to.
+
+    One signal that rewards several chunks at once (a thumbs up or a rating on
+    the answer, spread over the chunks that were used) says that at least one of
+    them helped, not that each did, so each gets ``1/n`` of its positive
+    evidence. A click rewards one chunk, and criticism of the answer (nothing in
+    it helped) holds for each chunk: both are left whole.
+
+    >>> shared_credit(np.array([1.0, 1.0, 1.0, 1.0]), np.array([1.0, 1.0, 1.0, 1.0])).tolist()
+    [0.25, 0.25, 0.25, 0.25]
+    >>> shared_credit(np.array([-0.3, 0.4, 0.0]), np.array([0.0, 0.4, 0.0])).tolist()
+    [-0.3, 0.4, 0.0]
+    >>> shared_credit(np.array([-1.0, -1.0]), np.array([-1.0, -1.0])).tolist()
+    [-1.0, -1.0]
+    """
+    ev = np.asarray(evidence, dtype=float)
+    n = int(np.count_nonzero(np.asarray(rewards, dtype=float) > 0))
+    if n <= 1:
+        return ev
+    return np.where(ev > 0, ev / n, ev)
 
 
 # --------------------------------------------------------------------------- RNG state
