@@ -528,8 +528,8 @@ class Learner:
             self._confidence.update(ids, ev, rel, timestamp=t)
             # Praise of the whole answer is shared among its chunks in the memory, which says what answers
             # this question; the confidence, a chunk's standing over all questions, takes it whole. With
-            # each of ten chunks taking a whole thumbs up (2.5 clicks), 63-70 % of the chunks the memory
-            # held as good for a cranfield question were not relevant.
+            # each of ten chunks taking a whole thumbs up (2.5 clicks), 59-67 % of the chunks with a click's
+            # worth of evidence for a cranfield question were not relevant.
             praise = shared_credit(ev, r)
             self._memory.update(episode.query, episode.query_embedding, ids, praise, timestamp=t)
         self._n_learned += 1
