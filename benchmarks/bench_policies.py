@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _toy_env import RETRIEVERS, ToyEnv, simulate  # noqa: E402
-
 from rlfb.learner import Learner, LearnerConfig  # noqa: E402
 from rlfb.policies import POLICIES  # noqa: E402
+
+from _toy_env import RETRIEVERS, ToyEnv, simulate  # noqa: E402
 
 PLAIN = LearnerConfig(memory_weight=0.0, confidence_weight=0.0, exploration="none")
 

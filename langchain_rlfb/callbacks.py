@@ -41,6 +41,7 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 
+from langchain_rlfb.retrievers import document_to_chunk
 from rlfb.errors import ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
@@ -49,8 +50,6 @@ from rlfb.runs import (
     observe_followup,
     record_run_feedback,
 )
-
-from langchain_rlfb.retrievers import document_to_chunk
 
 __all__ = ["FeedbackCallbackHandler"]
 

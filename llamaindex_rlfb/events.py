@@ -54,10 +54,9 @@ from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent,
 from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from llamaindex_rlfb._nodes import event_id_of
 from rlfb.errors import UnknownEventError, ValidationError
 from rlfb.runs import SCORE_SCALES, log_external, record_run_feedback
-
-from llamaindex_rlfb._nodes import event_id_of
 
 __all__ = [
     "FeedbackEventHandler",

@@ -46,12 +46,11 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
+from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
 from rlfb.runs import record_run_feedback
-
-from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
-from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
 
 __all__ = ["FeedbackFusionPostprocessor"]
 

@@ -19,13 +19,12 @@ from llama_index.core.constants import DEFAULT_SIMILARITY_TOP_K
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
+from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
 from rlfb.runs import record_run_feedback
 from rlfb.types import validate_k
-
-from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
-from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
 
 __all__ = ["FeedbackEnsembleRetriever"]
 

@@ -54,9 +54,9 @@ from rlfb.guardrail import Guardrail
 from rlfb.memory import FeedbackMemory
 from rlfb.policies import make_policy
 from rlfb.policies._util import (
-    chunk_evidence,
     check_float,
     check_int,
+    chunk_evidence,
     episode_time,
     logged_weights,
     score_scale,

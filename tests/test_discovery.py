@@ -6,12 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from _toy_env import RETRIEVERS, ToyEnv, simulate
 
 from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.learner import Learner, LearnerConfig
 from rlfb.memory import FeedbackMemory
+
+from _toy_env import RETRIEVERS, ToyEnv, simulate
 
 IDS = ("good", "a", "b", "c", "d")
 ORDER = np.array([0, 1, 2])  # what would be shown: good, a, b

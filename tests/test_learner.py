@@ -8,12 +8,13 @@ import json
 
 import numpy as np
 import pytest
-from _toy_env import RETRIEVERS, ToyEnv, simulate
 
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.learner import Learner, LearnerConfig, Ranking
 from rlfb.policies import POLICIES, FixedPolicy, GradientPolicy
 from rlfb.policies.base import Context, Decision, Episode
+
+from _toy_env import RETRIEVERS, ToyEnv, simulate
 
 PLAIN = LearnerConfig(memory_weight=0.0, confidence_weight=0.0, exploration="none")
 

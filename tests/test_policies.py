@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-from _toy_env import RETRIEVERS, ToyEnv, simulate
 
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.features import QUERY_TYPES, query_features, query_type
@@ -26,6 +25,8 @@ from rlfb.policies._util import pdgd_pairs, project_simplex
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.policies.gradient import pdgd_debias_weights, plackett_luce_log_prob
 from rlfb.policies.thompson import simplex_grid
+
+from _toy_env import RETRIEVERS, ToyEnv, simulate
 
 # weights only: no memory, no confidence, no chunk exploration
 PLAIN = LearnerConfig(memory_weight=0.0, confidence_weight=0.0, exploration="none")

@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class SparseVector(NamedTuple):
 
 
 #: a dense float32 vector or a :class:`SparseVector`
-Encoding = Union[np.ndarray, SparseVector]
+Encoding = np.ndarray | SparseVector
 
 _FILE_NAME = "embeddings.sqlite"
 _SCHEMA_VERSION = 1

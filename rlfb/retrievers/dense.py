@@ -24,8 +24,8 @@ from rlfb.retrievers.base import (
     read_meta,
     write_meta,
 )
-from rlfb.retrievers.cache import EmbeddingCache, LRUCache, open_side_caches, cached_encode
-from rlfb.retrievers.models import LazyModel, saved_model, default_dense_model, load_sentence_transformer
+from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, open_side_caches
+from rlfb.retrievers.models import LazyModel, default_dense_model, load_sentence_transformer, saved_model
 from rlfb.types import Chunk
 
 __all__ = ["DenseRetriever"]

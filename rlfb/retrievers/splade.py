@@ -24,8 +24,8 @@ from rlfb.retrievers.base import (
     read_meta,
     write_meta,
 )
-from rlfb.retrievers.cache import EmbeddingCache, LRUCache, open_side_caches, SparseVector, cached_encode
-from rlfb.retrievers.models import LazyModel, saved_model, default_splade_model, load_sparse_encoder
+from rlfb.retrievers.cache import EmbeddingCache, LRUCache, SparseVector, cached_encode, open_side_caches
+from rlfb.retrievers.models import LazyModel, default_splade_model, load_sparse_encoder, saved_model
 from rlfb.types import Chunk
 
 __all__ = ["SpladeRetriever", "sparse_rows", "rows_to_csr"]

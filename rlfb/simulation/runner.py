@@ -37,7 +37,6 @@ from tqdm.auto import tqdm
 from rlfb.datasets import BeirDataset
 from rlfb.errors import ValidationError
 from rlfb.fusion import normalize
-from rlfb.metrics import ndcg_at_k
 from rlfb.policies.base import Context
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
 

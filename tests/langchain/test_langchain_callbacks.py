@@ -9,12 +9,12 @@ import pytest
 from langchain_community.retrievers import BM25Retriever
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
-from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
 from rlfb import UnknownChunkError, UnknownEventError, ValidationError

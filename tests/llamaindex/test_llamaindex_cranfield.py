@@ -24,13 +24,12 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.llms import MockLLM
 from llama_index.core.schema import TextNode
 
+from llamaindex_rlfb import FeedbackEventHandler, FeedbackFusionPostprocessor
 from rlfb import FeedbackEnsemble
 from rlfb.datasets import load_beir
 from rlfb.metrics import ndcg_at_k
 from rlfb.simulation.users import SimulatedUser
 from rlfb.store import FeedbackStore
-
-from llamaindex_rlfb import FeedbackEventHandler, FeedbackFusionPostprocessor
 
 pytestmark = [pytest.mark.slow, pytest.mark.datasets]
 

@@ -15,9 +15,6 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.retrievers import QueryFusionRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from rlfb import UnknownChunkError, UnknownEventError, ValidationError
-from rlfb.store import FeedbackStore
-
 from llamaindex_rlfb import (
     EVENT_ID_KEY,
     FeedbackEnsembleRetriever,
@@ -26,6 +23,8 @@ from llamaindex_rlfb import (
     current_query_id,
     instrument,
 )
+from rlfb import UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.store import FeedbackStore
 
 LEXICAL_QUERIES = ("what makes the sky glow green", "moon", "hot rock from mountains", "titanium 400 bar")
 

@@ -10,10 +10,9 @@ from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import ImageNode, NodeWithScore, QueryBundle, TextNode
 
+from llamaindex_rlfb import EVENT_ID_KEY, METADATA_KEYS, FeedbackFusionPostprocessor
 from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
 from rlfb.store import FeedbackStore
-
-from llamaindex_rlfb import EVENT_ID_KEY, METADATA_KEYS, FeedbackFusionPostprocessor
 
 from _li_corpus import IDS, TEXTS
 

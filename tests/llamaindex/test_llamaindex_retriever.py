@@ -10,9 +10,8 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import QueryBundle, TextNode
 from llama_index.core.storage.docstore import SimpleDocumentStore
 
-from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
-
 from llamaindex_rlfb import EVENT_ID_KEY, FeedbackEnsembleRetriever
+from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
 
 from _li_corpus import IDS, TEXTS
 

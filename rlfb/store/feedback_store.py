@@ -1,90 +1,23 @@
-"""FeedbackStore: the feedback memory, on SQLite through sqlite-utils.
+"""The :class:`FeedbackStore` class: connection, transactions, events, feedback and policy snapshots.
 
-What it keeps (one table each):
-
-``events``
-    One row per retrieval: time, the query text (or only its sha256 with
-    ``store_text=False``), session, parent run, query features and type, and
-    the policy's decision (weights, arm, exploration flag, propensity).
-``event_chunks``
-    The chunks each event returned: rank, fused score, every retriever's raw
-    and normalised score, which retrievers proposed it, and whether it was used.
-``feedback``
-    Every feedback signal: the event (and optionally the chunk) it rates, the
-    signal type and value, its arrival time and delay, user / session, an
-    optional idempotency key, the reward it produced, and ``in_window`` (0 for
-    feedback that arrived after the attribution window: stored, flagged, not
-    learned from).
-``rewards``
-    The computed reward of each in-window feedback, one row per chunk it was
-    attributed to (a single row with no chunk when the event returned none).
-``policy_snapshots``
-    The policy state and weights over time; the newest row is the current one.
-
-Schema changes are named migration functions in :data:`MIGRATIONS`, recorded
-in ``_migrations`` and applied under an exclusive write lock, so opening a file
-again, or from several processes at once, is safe.
-
-Concurrency and durability. Files run in WAL mode with a busy timeout (30 s by
-default); every write transaction starts with ``BEGIN IMMEDIATE``, so writers
-queue on the busy handler instead of failing with "database is locked" when a
-read transaction would have to be upgraded. ``synchronous=NORMAL`` is the
-default: in WAL mode a committed transaction is in the WAL file before
-``COMMIT`` returns, so a killed process (SIGKILL, a crash) loses nothing that was
-committed; only an OS crash or power loss can roll back the last few
-transactions (never corrupting the file). Pass ``synchronous="FULL"`` to fsync
-the WAL on every commit and survive power loss too, at several times the cost
-per single write.
-
-Strings are stored verbatim through parameterised SQL. A string that UTF-8
-cannot encode (one with a lone surrogate such as ``"\\ud800"``) is stored as a
-BLOB of its ``surrogatepass`` encoding and decoded back on read, so every
-``str`` round-trips exactly and equality lookups still work. JSON columns do
-the same with their JSON text, whose surrogates stay raw characters rather than
-``\\uXXXX`` escapes (JSON would merge an escaped high+low pair into one
-character). The JSONL export cannot avoid that: it is UTF-8 JSON, so lone
-surrogates are escaped there, and a high+low pair of lone surrogates reads back
-as the one character they encode in UTF-16.
-
-Timestamps are unix seconds (floats); ``datetime`` objects and ISO-8601 strings
-are accepted wherever a timestamp is.
-
->>> store = FeedbackStore()
->>> eid = store.log_event(
-...     "what causes the aurora",
-...     {"weights": {"bm25": 0.5, "dense": 0.5}, "arm": "balanced", "propensity": 0.8, "explored": False},
-...     [{"chunk_id": "c1", "rank": 1, "score": 0.9}, {"chunk_id": "c2", "rank": 2, "score": 0.4}],
-...     timestamp=1000.0,
-... )
->>> rec = store.record_feedback(eid, "thumbs_up", timestamp=1000.0 + 1800)
->>> rec.reward, rec.chunk_rewards
-(0.5, {'c1': 0.5, 'c2': 0.5})
->>> store.record_feedback(eid, "opened", chunk_id="c2", timestamp=1060.0).chunk_rewards
-{'c2': 0.3933...}
->>> store.close()
+See :mod:`rlfb.store` for what each table keeps and how the file is kept safe.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import numbers
-import os
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 from sqlite_utils import Database
-from sqlite_utils.db import ForeignKey
 
 from rlfb.errors import (
     DuplicateEventError,
@@ -93,488 +26,46 @@ from rlfb.errors import (
     FutureTimestampError,
     IdempotencyConflictError,
     InvalidWeightsError,
-    NonFiniteValueError,
     RlfbError,
     UnknownChunkError,
     UnknownEventError,
     ValidationError,
 )
 from rlfb.reward import RewardFunction, as_timestamp, finite_float
+from rlfb.store import reports
+from rlfb.store.checks import (
+    _batches,
+    _check_event_id,
+    _check_limit,
+    _check_weights,
+    _get,
+    _marks,
+    _number_map,
+    _opt_str,
+    _positive,
+    _req_str,
+)
+from rlfb.store.codec import _dec, _decode_row, _dumps, _enc, _loads, query_hash
+from rlfb.store.migrations import MIGRATIONS
+from rlfb.store.records import (
+    _EVENT_COLS,
+    _EVENT_PARAMS,
+    _FEEDBACK_PARAMS,
+    _N_EVENT_COLS,
+    FeedbackRecord,
+    _as_duplicate,
+    _chunk_dict,
+    _event_dict,
+    _EventInfo,
+    _feedback_dict,
+    _Pending,
+    _prefixed,
+    _snapshot_dict,
+)
 
-__all__ = ["FeedbackStore", "FeedbackRecord", "Migrations", "MIGRATIONS", "query_hash"]
-
-_IN_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
-# ----------------------------------------------------------------------------------
-# Lossless text and JSON
-# ----------------------------------------------------------------------------------
-def _enc(s: str | None) -> str | bytes | None:
-    """A str as SQLite can store it: itself, or the BLOB of its surrogatepass UTF-8 bytes."""
-    if s is None or s.isascii():
-        return s
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return s.encode("utf-8", "surrogatepass")
-    return s
-
-
-def _dec(v: Any) -> Any:
-    return v.decode("utf-8", "surrogatepass") if isinstance(v, bytes) else v
-
-
-def _decode_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _dec(v) for k, v in row.items()}
-
-
-def query_hash(text: str) -> str:
-    """sha256 hex digest of a query (surrogate-safe); what ``store_text=False`` keeps.
-
-    >>> query_hash("aurora")[:12]
-    '9b89025ce7a6'
-    """
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, (set, frozenset, tuple)):
-        return list(o)
-    raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
-
-
-# Built once: json.dumps with non-default arguments builds a new encoder on every call.
-_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default)
-
-
-def _dumps(obj: Any, name: str) -> str | bytes:
-    """JSON text for a column: a str, or (with lone surrogates) the BLOB of its surrogatepass bytes.
-
-    Lone surrogates are kept as raw characters, not ``\\uXXXX`` escapes: JSON
-    would merge an escaped high+low pair into one character on the way back.
-    """
-    try:
-        s = _JSON.encode(obj)
-    except ValueError as exc:
-        if "Circular" in str(exc):
-            raise ValidationError(f"{name} contains a circular reference") from exc
-        raise NonFiniteValueError(f"{name} contains NaN or infinity") from exc
-    except TypeError as exc:
-        raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
-    return _enc(s)  # type: ignore[return-value]
-
-
-def _loads(s: Any) -> Any:
-    return None if s is None else json.loads(_dec(s))
-
-
-def _jsonl(obj: Any) -> bytes:
-    s = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
-    try:
-        return s.encode("utf-8") + b"\n"
-    except UnicodeEncodeError:
-        s = json.dumps(obj, ensure_ascii=True, allow_nan=False, default=_json_default)
-        return s.encode("ascii") + b"\n"
-
-
-# ----------------------------------------------------------------------------------
-# Validation helpers
-# ----------------------------------------------------------------------------------
-def _opt_str(x: Any, name: str) -> str | None:
-    if x is None:
-        return None
-    if not isinstance(x, str):
-        raise ValidationError(f"{name} must be a str or None, got {type(x).__name__} {x!r}")
-    return x
-
-
-def _req_str(x: Any, name: str) -> str:
-    if not isinstance(x, str) or not x:
-        raise ValidationError(f"{name} must be a non-empty str, got {x!r}")
-    return x
-
-
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    if type(obj) is dict or isinstance(obj, Mapping):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def _number_map(m: Any, name: str) -> dict[str, float | None]:
-    """A mapping of retriever name -> finite float (or None for "not scored")."""
-    if m is None:
-        return {}
-    if type(m) is not dict and not isinstance(m, Mapping):
-        raise ValidationError(f"{name} must be a mapping of retriever name to number, got {type(m).__name__}")
-    out: dict[str, float | None] = {}
-    for k, v in m.items():
-        if type(k) is not str:
-            raise ValidationError(f"{name} keys must be str, got {k!r}")
-        if v is None or (type(v) is float and math.isfinite(v)):
-            out[k] = v
-        else:
-            out[k] = finite_float(v, f"{name}[{k!r}]")
-    return out
-
-
-def _check_weights(w: Any, name: str = "weights") -> dict[str, Any]:
-    """Flat (``{retriever: w}``) or one level nested (``{query_type: {retriever: w}}``), finite, >= 0."""
-    if not isinstance(w, Mapping):
-        raise InvalidWeightsError(
-            f"{name} must be a mapping of retriever name to weight, got {type(w).__name__}"
-        )
-    out: dict[str, Any] = {}
-    for k, v in w.items():
-        if not isinstance(k, str):
-            raise InvalidWeightsError(f"{name} keys must be str, got {k!r}")
-        if isinstance(v, Mapping) and name == "weights":
-            out[k] = _check_weights(v, f"weights[{k!r}]")
-            continue
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise InvalidWeightsError(f"{name}[{k!r}] must be a number, got {v!r}")
-        f = float(v)
-        if not math.isfinite(f):
-            raise InvalidWeightsError(f"{name}[{k!r}] must be finite, got {f!r}")
-        if f < 0:
-            raise InvalidWeightsError(f"{name}[{k!r}] must not be negative, got {f!r}")
-        out[k] = f
-    return out
-
-
-def _positive(x: Any, name: str, allow_none: bool = False) -> float | None:
-    if x is None and allow_none:
-        return None
-    f = finite_float(x, name)
-    if f <= 0:
-        raise ValidationError(f"{name} must be positive, got {f}")
-    return f
-
-
-def _batches(seq: Sequence[Any], n: int = _IN_CHUNK) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(seq), n):
-        yield seq[i : i + n]
-
-
-def _marks(n: int) -> str:
-    return ",".join("?" * n)
-
-
-# ----------------------------------------------------------------------------------
-# Migrations
-# ----------------------------------------------------------------------------------
-_Step = Callable[[Database], None]
-
-
-class Migrations:
-    """A named, ordered set of schema changes, each applied once and recorded in ``_migrations``.
-
-    Like ``sqlite_utils.migrations.Migrations``, but :meth:`apply` takes the
-    write lock (``BEGIN IMMEDIATE``) before it looks at what is pending, so two
-    processes opening one new file cannot both create the tables; and all
-    pending steps commit together or not at all.
-
-    >>> m = Migrations("demo")
-    >>> @m()
-    ... def create_things(db):
-    ...     db["things"].create({"id": int}, pk="id")
-    >>> db = Database(memory=True)
-    >>> m.apply(db), m.apply(db), m.applied(db)
-    (['create_things'], [], ['create_things'])
-    """
-
-    table = "_migrations"
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._steps: list[tuple[str, _Step]] = []
-
-    def __call__(self, *, name: str | None = None) -> Callable[[_Step], _Step]:
-        def register(fn: _Step) -> _Step:
-            step = name or fn.__name__
-            if any(step == s for s, _ in self._steps):
-                raise ValueError(f"migration {step!r} is already registered in {self.name!r}")
-            self._steps.append((step, fn))
-            return fn
-
-        return register
-
-    @property
-    def names(self) -> list[str]:
-        return [s for s, _ in self._steps]
-
-    def applied(self, db: Database) -> list[str]:
-        """Names already applied, in order. Read-only."""
-        if not db[self.table].exists():
-            return []
-        rows = db.execute(
-            f"SELECT name FROM {self.table} WHERE migration_set = ? ORDER BY rowid", [self.name]
-        ).fetchall()
-        return [r[0] for r in rows]
-
-    def pending(self, db: Database) -> list[str]:
-        """Names not yet applied. Read-only."""
-        done = set(self.applied(db))
-        return [s for s, _ in self._steps if s not in done]
-
-    def apply(self, db: Database) -> list[str]:
-        """Apply what is pending, in one write transaction; return the names applied."""
-        if not self.pending(db):
-            return []
-        conn = db.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            db[self.table].create(
-                {"migration_set": str, "name": str, "applied_at": float},
-                pk=("migration_set", "name"),
-                if_not_exists=True,
-            )
-            done = set(self.applied(db))
-            ran = []
-            for step, fn in self._steps:
-                if step in done:
-                    continue
-                fn(db)
-                conn.execute(
-                    f"INSERT INTO {self.table} (migration_set, name, applied_at) VALUES (?, ?, ?)",
-                    (self.name, step, time.time()),
-                )
-                ran.append(step)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        return ran
-
-
-MIGRATIONS = Migrations("rlfb.store")
-
-
-@MIGRATIONS()
-def m001_events(db: Database) -> None:
-    db["events"].create(
-        {
-            "id": str,
-            "ts": float,
-            "query": str,
-            "query_hash": str,
-            "session_id": str,
-            "parent_id": str,
-            "query_type": str,
-            "features": str,
-            "weights": str,
-            "arm": str,
-            "policy": str,
-            "explored": int,
-            "propensity": float,
-            "metadata": str,
-            "n_chunks": int,
-            "chunk_ids": str,
-            "unused_ids": str,
-            "created_at": float,
-        },
-        pk="id",
-        not_null=["ts", "query_hash", "weights", "explored", "propensity", "n_chunks", "created_at"],
-    )
-    db["events"].create_index(["ts"])
-    db["events"].create_index(["session_id", "ts"])
-    db["events"].create_index(["parent_id"])
-
-
-@MIGRATIONS()
-def m002_event_chunks(db: Database) -> None:
-    db["event_chunks"].create(
-        {
-            "event_id": str,
-            "chunk_id": str,
-            "rank": int,
-            "score": float,
-            "scores": str,
-            "normalized": str,
-            "proposed_by": str,
-            "used": int,
-        },
-        pk=("event_id", "chunk_id"),
-        not_null=["rank", "used"],
-        foreign_keys=[ForeignKey("event_chunks", "event_id", "events", "id", on_delete="CASCADE")],
-    )
-
-
-@MIGRATIONS()
-def m003_feedback(db: Database) -> None:
-    db["feedback"].create(
-        {
-            "id": int,
-            "event_id": str,
-            "chunk_id": str,
-            "signal": str,
-            "kind": str,
-            "raw_value": float,
-            "value": float,
-            "discount": float,
-            "discounted": float,
-            "reward": float,
-            "ts": float,
-            "delay": float,
-            "in_window": int,
-            "session_id": str,
-            "user_id": str,
-            "idempotency_key": str,
-            "key": str,
-            "comment": str,
-            "created_at": float,
-        },
-        pk="id",
-        not_null=[
-            "event_id", "signal", "kind", "value", "discount", "discounted", "reward", "ts", "delay",
-            "in_window",
-        ],
-        foreign_keys=[ForeignKey("feedback", "event_id", "events", "id", on_delete="CASCADE")],
-    )
-    # Partial: only feedback that has a key is indexed (SQLite uses it for "key = ?" and "key IN (...)").
-    db.execute(
-        "CREATE UNIQUE INDEX idx_feedback_idempotency_key ON feedback (idempotency_key) "
-        "WHERE idempotency_key IS NOT NULL"
-    )
-    db["feedback"].create_index(["event_id"])
-    db["feedback"].create_index(["ts"])
-
-
-@MIGRATIONS()
-def m004_rewards(db: Database) -> None:
-    # Reached through feedback_id (indexed; deleting feedback, or its event, cascades here).
-    # event_id is a copy for notebooks: neither indexed nor a foreign key, since a second
-    # index costs a fifth of batched ingestion and an unindexed foreign key would make
-    # every event delete scan this table.
-    db["rewards"].create(
-        {"id": int, "feedback_id": int, "event_id": str, "chunk_id": str, "reward": float, "ts": float},
-        pk="id",
-        not_null=["feedback_id", "event_id", "reward", "ts"],
-        foreign_keys=[ForeignKey("rewards", "feedback_id", "feedback", "id", on_delete="CASCADE")],
-    )
-    db["rewards"].create_index(["feedback_id"])
-
-
-@MIGRATIONS()
-def m005_policy_snapshots(db: Database) -> None:
-    db["policy_snapshots"].create(
-        {"version": int, "ts": float, "policy": str, "weights": str, "state": str},
-        pk="version",
-        not_null=["ts", "weights", "state"],
-    )
-    db["policy_snapshots"].create_index(["ts"])
-
-
-@MIGRATIONS()
-def m006_run_links(db: Database) -> None:
-    # Parent links of framework runs (a LangChain chain and its sub-runs) that are not events
-    # themselves, so feedback given on a top-level run id finds the retrievals nested below it.
-    db["run_links"].create({"run_id": str, "parent_id": str, "ts": float}, pk="run_id", not_null=["parent_id"])
-    db["run_links"].create_index(["parent_id"])
-
-
-# ----------------------------------------------------------------------------------
-# Records
-# ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FeedbackRecord:
-    """What :meth:`FeedbackStore.record_feedback` stored.
-
-    ``value`` is the signal's undiscounted value (``+1.0`` for a thumbs up,
-    ``0.5`` for a 4-star rating), ``reward`` this signal's reward: the value
-    times the recency ``discount``, clipped. The reward of the whole event (the
-    sum of all its signals, clipped) is :meth:`FeedbackStore.event_reward`.
-    ``chunk_rewards`` is this signal's reward attributed to each chunk
-    (empty when ``in_window`` is false: the feedback is stored and flagged but
-    not learned from). ``delay`` is the seconds from the retrieval to the
-    feedback (0 if the feedback is slightly earlier, within the clock-skew
-    tolerance). ``duplicate`` is true when an earlier call with the same
-    idempotency key stored this feedback and this call wrote nothing.
-    """
-
-    feedback_id: int
-    event_id: str
-    chunk_id: str | None
-    signal: str
-    value: float
-    reward: float
-    chunk_rewards: dict[str, float]
-    in_window: bool
-    duplicate: bool
-    delay: float
-    timestamp: float = 0.0
-    kind: str = ""
-    discount: float = 1.0
-    idempotency_key: str | None = None
-
-
-@dataclass
-class _Pending:
-    event_id: str
-    signal: str
-    kind: str
-    raw_value: float | None
-    value: float
-    chunk_id: str | None
-    ts: float
-    session_id: str | None
-    user_id: str | None
-    idempotency_key: str | None
-    key: str | None
-    comment: str | None
-
-
-@dataclass
-class _EventInfo:
-    ts: float
-    chunks: list[str] = field(default_factory=list)
-    used: list[str] = field(default_factory=list)
-
-
-_EVENT_COLS = (
-    "id, ts, query, query_hash, session_id, parent_id, query_type, features, weights, arm, policy, "
-    "explored, propensity, metadata, n_chunks, chunk_ids, unused_ids, created_at"
-)
-_N_EVENT_COLS = len(_EVENT_COLS.split(","))
-_FEEDBACK_PARAMS = frozenset(
-    {
-        "event_id",
-        "signal",
-        "value",
-        "rating",
-        "chunk_id",
-        "timestamp",
-        "session_id",
-        "user_id",
-        "idempotency_key",
-        "comment",
-        "key",
-    }
-)
-_EVENT_PARAMS = frozenset(
-    {
-        "query",
-        "decision",
-        "chunks",
-        "session_id",
-        "features",
-        "query_type",
-        "event_id",
-        "parent_id",
-        "timestamp",
-        "metadata",
-    }
-)
-
-
-# ----------------------------------------------------------------------------------
-# The store
-# ----------------------------------------------------------------------------------
 class FeedbackStore:
     """Retrieval events, their chunks, feedback, rewards and policy snapshots in one SQLite file.
 
@@ -924,7 +415,7 @@ class FeedbackStore:
             propensity,
             None if metadata is None else _dumps(dict(metadata), "metadata"),
             len(rows),
-            _dumps([cid for _, cid, *_ in sorted(((r[2], _dec(r[1])) for r in rows))], "chunk_ids"),
+            _dumps([cid for _, cid, *_ in sorted((r[2], _dec(r[1])) for r in rows)], "chunk_ids"),
             _dumps(unused, "unused_ids") if unused else None,
             now,
         )
@@ -1449,66 +940,7 @@ class FeedbackStore:
         ``mean_reward`` is repeated at the top level; ``weights``, ``policy``
         and ``policy_version`` come from the newest policy snapshot.
         """
-        w = self.stats_window if window is None else finite_float(window, "window")
-        _positive(w, "window")
-        t = self._now() if now is None else as_timestamp(now, "now")
-        since = t - w
-        cfg = self.reward.config
-        with self._read() as conn:
-            q = conn.execute
-
-            def one(sql: str, *params: Any) -> Any:
-                return q(sql, params).fetchone()[0]
-
-            totals = self.counts()
-            win: dict[str, Any] = {
-                "seconds": w,
-                "since": since,
-                "until": t,
-                "events": one("SELECT COUNT(*) FROM events WHERE ts >= ?", since),
-                "chunks": one("SELECT COALESCE(SUM(n_chunks), 0) FROM events WHERE ts >= ?", since),
-                "feedback": one("SELECT COUNT(*) FROM feedback WHERE ts >= ?", since),
-                "rewards": one("SELECT COUNT(*) FROM rewards WHERE ts >= ?", since),
-                "flagged": one("SELECT COUNT(*) FROM feedback WHERE ts >= ? AND in_window = 0", since),
-            }
-            win["mean_feedback_reward"] = q(
-                "SELECT AVG(reward) FROM feedback WHERE ts >= ? AND in_window = 1", (since,)
-            ).fetchone()[0]
-            per_event = (
-                "SELECT event_id, MAX(?, MIN(?, SUM(discounted))) AS r FROM feedback "
-                "WHERE ts >= ? AND in_window = 1 GROUP BY event_id"
-            )
-            clip_since = (cfg.clip_low, cfg.clip_high, since)
-            n, mean = q(f"SELECT COUNT(*), AVG(r) FROM ({per_event})", clip_since).fetchone()
-            win["rewarded_events"] = n
-            win["mean_reward"] = mean
-            by_arm: dict[Any, dict[str, Any]] = {}
-            for arm, n_ev, n_exp in q(
-                "SELECT arm, COUNT(*), SUM(explored) FROM events WHERE ts >= ? GROUP BY arm ORDER BY arm",
-                (since,),
-            ):
-                by_arm[_dec(arm)] = {
-                    "events": n_ev, "explored": n_exp, "rewarded_events": 0, "mean_reward": None
-                }
-            for arm, n_rw, m in q(
-                f"SELECT e.arm, COUNT(*), AVG(x.r) FROM ({per_event}) x JOIN events e ON e.id = x.event_id "
-                "GROUP BY e.arm",
-                clip_since,
-            ):
-                entry = by_arm.setdefault(_dec(arm), {"events": 0, "explored": 0})
-                entry.update(rewarded_events=n_rw, mean_reward=m)
-            win["by_arm"] = by_arm
-            snap = self.load_policy_state()
-        return {
-            "path": self.path,
-            **totals,
-            "mean_reward": win["mean_reward"],
-            "window": win,
-            "weights": None if snap is None else snap["weights"],
-            "policy": None if snap is None else snap["policy"],
-            "policy_version": 0 if snap is None else snap["version"],
-            "policy_updated_at": None if snap is None else snap["updated_at"],
-        }
+        return reports.stats(self, window, now=now)
 
     def export_rows(self, *, page: int = 500) -> Iterator[dict[str, Any]]:
         """One dict per (event, retrieved chunk), oldest event first, chunks in rank order.
@@ -1525,100 +957,7 @@ class FeedbackStore:
         ``n_feedback`` the number of feedback rows on the event. An event that
         returned no chunks yields one row with the chunk fields set to ``None``.
         """
-        cfg = self.reward.config
-        last: tuple[float, int] = (-math.inf, -1)
-        while True:
-            with self._read() as conn:
-                ev_rows = list(
-                    self.db.query(
-                        f"SELECT e.rowid AS _rowid, {_EVENT_COLS} FROM events e "
-                        "WHERE (e.ts, e.rowid) > (?, ?) ORDER BY e.ts, e.rowid LIMIT ?",
-                        [last[0], last[1], page],
-                    )
-                )
-                if not ev_rows:
-                    return
-                last = (ev_rows[-1]["ts"], ev_rows[-1]["_rowid"])
-                enc_ids = [r["id"] for r in ev_rows]
-                chunks: dict[str, list[dict[str, Any]]] = {}
-                feedback: dict[str, list[dict[str, Any]]] = {}
-                shares: dict[tuple[str, str | None, int], float] = {}
-                m = _marks(len(enc_ids))
-                for c in self.db.query(
-                    "SELECT event_id, chunk_id, rank, score, scores, normalized, proposed_by, used "
-                    f"FROM event_chunks WHERE event_id IN ({m}) ORDER BY event_id, rank",
-                    enc_ids,
-                ):
-                    chunks.setdefault(_dec(c["event_id"]), []).append(_chunk_dict(c))
-                fb_sql = f"SELECT * FROM feedback WHERE event_id IN ({m}) ORDER BY ts, id"
-                for f in self.db.query(fb_sql, enc_ids):
-                    fd = _feedback_dict(f)
-                    feedback.setdefault(fd["event_id"], []).append(fd)
-                for eid, cid, fid, r in conn.execute(
-                    "SELECT f.event_id, r.chunk_id, r.feedback_id, r.reward FROM feedback f "
-                    f"JOIN rewards r ON r.feedback_id = f.id WHERE f.event_id IN ({m})",
-                    enc_ids,
-                ):
-                    shares[(_dec(eid), _dec(cid), fid)] = r
-            for r in ev_rows:
-                ev = _event_dict(r)
-                eid = ev["id"]
-                fbs = feedback.get(eid, [])
-                in_win = [f["discounted"] for f in fbs if f["in_window"]]
-                event_reward = min(cfg.clip_high, max(cfg.clip_low, sum(in_win))) if in_win else None
-                base = {
-                    "event_id": eid,
-                    "timestamp": ev["timestamp"],
-                    "query": ev["query"],
-                    "query_hash": ev["query_hash"],
-                    "session_id": ev["session_id"],
-                    "parent_id": ev["parent_id"],
-                    "query_type": ev["query_type"],
-                    "policy": ev["policy"],
-                    "arm": ev["arm"],
-                    "explored": ev["explored"],
-                    "propensity": ev["propensity"],
-                    "weights": ev["weights"],
-                    "features": ev["features"],
-                }
-                for c in chunks.get(eid) or [None]:  # type: ignore[list-item]
-                    cid = None if c is None else c["chunk_id"]
-                    items = []
-                    for f in fbs:
-                        if f["chunk_id"] is not None and f["chunk_id"] != cid:
-                            continue
-                        items.append(
-                            {
-                                "feedback_id": f["id"],
-                                "signal": f["signal"],
-                                "kind": f["kind"],
-                                "value": f["value"],
-                                "raw_value": f["raw_value"],
-                                "reward": shares.get((eid, cid, f["id"])),
-                                "timestamp": f["timestamp"],
-                                "delay": f["delay"],
-                                "in_window": f["in_window"],
-                                "chunk_level": f["chunk_id"] is not None,
-                                "user_id": f["user_id"],
-                                "key": f["key"],
-                                "comment": f["comment"],
-                            }
-                        )
-                    got = [i["reward"] for i in items if i["reward"] is not None]
-                    yield {
-                        **base,
-                        "chunk_id": cid,
-                        "rank": None if c is None else c["rank"],
-                        "score": None if c is None else c["score"],
-                        "scores": None if c is None else c["scores"],
-                        "normalized": None if c is None else c["normalized"],
-                        "proposed_by": None if c is None else c["proposed_by"],
-                        "used": None if c is None else c["used"],
-                        "chunk_reward": min(cfg.clip_high, max(cfg.clip_low, sum(got))) if got else None,
-                        "event_reward": event_reward,
-                        "n_feedback": len(fbs),
-                        "feedback": items,
-                    }
+        return reports.export_rows(self, page=page)
 
     def to_dataframe(self, *, flatten: bool = True) -> Any:
         """:meth:`export_rows` as a pandas DataFrame (pandas is imported here, lazily).
@@ -1626,18 +965,7 @@ class FeedbackStore:
         With ``flatten``, the per-retriever mappings become columns
         ``weight.<name>``, ``score.<name>`` and ``norm.<name>``.
         """
-        try:
-            import pandas as pd
-        except ImportError as exc:  # pragma: no cover - pandas is in the eval extra
-            raise ModuleNotFoundError("to_dataframe needs pandas: pip install 'rlfb[eval]'") from exc
-        rows = list(self.export_rows())
-        if flatten:
-            for row in rows:
-                for col, prefix in (("weights", "weight"), ("scores", "score"), ("normalized", "norm")):
-                    for name, v in (row.get(col) or {}).items():
-                        if not isinstance(v, Mapping):
-                            row[f"{prefix}.{name}"] = v
-        return pd.DataFrame(rows)
+        return reports.to_dataframe(self, flatten=flatten)
 
     def export_jsonl(self, path: str | Path | BinaryIO) -> int:
         """Write :meth:`export_rows` as JSON lines (UTF-8; lone surrogates escaped); return the row count.
@@ -1645,22 +973,7 @@ class FeedbackStore:
         ``path`` may be a binary file object. A path is written next to its
         target and renamed into place, so a failed export leaves no partial file.
         """
-        if hasattr(path, "write"):
-            n = 0
-            for row in self.export_rows():
-                path.write(_jsonl(row))  # type: ignore[union-attr]
-                n += 1
-            return n
-        target = Path(path)  # type: ignore[arg-type]
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as fh:
-                n = self.export_jsonl(fh)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        return n
+        return reports.export_jsonl(self, path)
 
     def prune(self, now: float | datetime | None = None, *, retention: float | None = None) -> dict[str, int]:
         """Delete events older than ``retention`` seconds with their chunks, feedback and rewards.
@@ -1694,92 +1007,3 @@ class FeedbackStore:
         """``PRAGMA integrity_check``: ``"ok"`` for a sound file."""
         with self._lock:
             return str(self._check_open().execute("PRAGMA integrity_check").fetchone()[0])
-
-
-# ----------------------------------------------------------------------------------
-# Row decoding
-# ----------------------------------------------------------------------------------
-def _check_event_id(event_id: Any) -> str:
-    if not isinstance(event_id, str) or not event_id:
-        raise ValidationError(f"event_id must be a non-empty str, got {event_id!r}")
-    return event_id
-
-
-def _check_limit(limit: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
-        raise ValidationError(f"limit must be a positive int, got {limit!r}")
-    return int(limit)
-
-
-def _event_dict(r: Mapping[str, Any]) -> dict[str, Any]:
-    weights = _loads(r["weights"])
-    d = {
-        "id": _dec(r["id"]),
-        "event_id": _dec(r["id"]),
-        "timestamp": r["ts"],
-        "query": _dec(r["query"]),
-        "query_hash": r["query_hash"],
-        "query_hashed": r["query"] is None,
-        "session_id": _dec(r["session_id"]),
-        "parent_id": _dec(r["parent_id"]),
-        "query_type": _dec(r["query_type"]),
-        "features": _loads(r["features"]) or {},
-        "weights": weights,
-        "retrievers": list(weights),
-        "arm": _dec(r["arm"]),
-        "policy": _dec(r["policy"]),
-        "explored": bool(r["explored"]),
-        "propensity": r["propensity"],
-        "metadata": _loads(r["metadata"]),
-        "n_chunks": r["n_chunks"],
-        "created_at": r["created_at"],
-    }
-    d["decision"] = {k: d[k] for k in ("weights", "arm", "propensity", "explored", "policy")}
-    return d
-
-
-def _chunk_dict(c: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "chunk_id": _dec(c["chunk_id"]),
-        "rank": c["rank"],
-        "score": c["score"],
-        "scores": _loads(c["scores"]),
-        "normalized": _loads(c["normalized"]),
-        "proposed_by": _loads(c["proposed_by"]),
-        "used": bool(c["used"]),
-    }
-
-
-def _feedback_dict(f: Mapping[str, Any]) -> dict[str, Any]:
-    d = _decode_row(f)
-    d["timestamp"] = d.pop("ts")
-    d["in_window"] = bool(d["in_window"])
-    return d
-
-
-def _snapshot_dict(r: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
-    d = {
-        "version": r["version"],
-        "updated_at": r["ts"],
-        "policy": _dec(r["policy"]),
-        "weights": _loads(r["weights"]),
-    }
-    if with_state:
-        d["state"] = _loads(r["state"])
-    return d
-
-
-def _as_duplicate(rec: FeedbackRecord) -> FeedbackRecord:
-    from dataclasses import replace
-
-    return replace(rec, duplicate=True, chunk_rewards=dict(rec.chunk_rewards))
-
-
-def _prefixed(exc: RlfbError, prefix: str) -> RlfbError:
-    """The same named error with ``prefix`` added to its message."""
-    msg = str(exc)
-    try:
-        new = type(exc)(prefix + msg)
-    except TypeError:  # pragma: no cover - every rlfb error takes one message
-        return exc
-    return new

@@ -1,0 +1,89 @@
+"""Lossless text and JSON for SQLite columns.
+
+Every ``str`` round-trips exactly: one that UTF-8 cannot encode (a lone
+surrogate) is stored as the BLOB of its ``surrogatepass`` bytes and decoded back
+on read. JSON columns do the same with their text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from rlfb.errors import NonFiniteValueError, ValidationError
+
+
+def _enc(s: str | None) -> str | bytes | None:
+    """A str as SQLite can store it: itself, or the BLOB of its surrogatepass UTF-8 bytes."""
+    if s is None or s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogatepass")
+    return s
+
+
+def _dec(v: Any) -> Any:
+    return v.decode("utf-8", "surrogatepass") if isinstance(v, bytes) else v
+
+
+def _decode_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _dec(v) for k, v in row.items()}
+
+
+def query_hash(text: str) -> str:
+    """sha256 hex digest of a query (surrogate-safe); what ``store_text=False`` keeps.
+
+    >>> query_hash("aurora")[:12]
+    '9b89025ce7a6'
+    """
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON-serialisable")
+
+
+# Built once: json.dumps with non-default arguments builds a new encoder on every call.
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default)
+
+
+def _dumps(obj: Any, name: str) -> str | bytes:
+    """JSON text for a column: a str, or (with lone surrogates) the BLOB of its surrogatepass bytes.
+
+    Lone surrogates are kept as raw characters, not ``\\uXXXX`` escapes: JSON
+    would merge an escaped high+low pair into one character on the way back.
+    """
+    try:
+        s = _JSON.encode(obj)
+    except ValueError as exc:
+        if "Circular" in str(exc):
+            raise ValidationError(f"{name} contains a circular reference") from exc
+        raise NonFiniteValueError(f"{name} contains NaN or infinity") from exc
+    except TypeError as exc:
+        raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
+    return _enc(s)  # type: ignore[return-value]
+
+
+def _loads(s: Any) -> Any:
+    return None if s is None else json.loads(_dec(s))
+
+
+def _jsonl(obj: Any) -> bytes:
+    s = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=_json_default)
+    try:
+        return s.encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        s = json.dumps(obj, ensure_ascii=True, allow_nan=False, default=_json_default)
+        return s.encode("ascii") + b"\n"

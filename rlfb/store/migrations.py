@@ -1,0 +1,225 @@
+"""The store's schema: named migration steps, each applied once and recorded.
+
+The migration set keeps its historical name, ``"rlfb.store"``: existing files
+record their applied steps under it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlite_utils import Database
+from sqlite_utils.db import ForeignKey
+
+_Step = Callable[[Database], None]
+
+
+class Migrations:
+    """A named, ordered set of schema changes, each applied once and recorded in ``_migrations``.
+
+    Like ``sqlite_utils.migrations.Migrations``, but :meth:`apply` takes the
+    write lock (``BEGIN IMMEDIATE``) before it looks at what is pending, so two
+    processes opening one new file cannot both create the tables; and all
+    pending steps commit together or not at all.
+
+    >>> m = Migrations("demo")
+    >>> @m()
+    ... def create_things(db):
+    ...     db["things"].create({"id": int}, pk="id")
+    >>> db = Database(memory=True)
+    >>> m.apply(db), m.apply(db), m.applied(db)
+    (['create_things'], [], ['create_things'])
+    """
+
+    table = "_migrations"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._steps: list[tuple[str, _Step]] = []
+
+    def __call__(self, *, name: str | None = None) -> Callable[[_Step], _Step]:
+        def register(fn: _Step) -> _Step:
+            step = name or fn.__name__
+            if any(step == s for s, _ in self._steps):
+                raise ValueError(f"migration {step!r} is already registered in {self.name!r}")
+            self._steps.append((step, fn))
+            return fn
+
+        return register
+
+    @property
+    def names(self) -> list[str]:
+        return [s for s, _ in self._steps]
+
+    def applied(self, db: Database) -> list[str]:
+        """Names already applied, in order. Read-only."""
+        if not db[self.table].exists():
+            return []
+        rows = db.execute(
+            f"SELECT name FROM {self.table} WHERE migration_set = ? ORDER BY rowid", [self.name]
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def pending(self, db: Database) -> list[str]:
+        """Names not yet applied. Read-only."""
+        done = set(self.applied(db))
+        return [s for s, _ in self._steps if s not in done]
+
+    def apply(self, db: Database) -> list[str]:
+        """Apply what is pending, in one write transaction; return the names applied."""
+        if not self.pending(db):
+            return []
+        conn = db.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            db[self.table].create(
+                {"migration_set": str, "name": str, "applied_at": float},
+                pk=("migration_set", "name"),
+                if_not_exists=True,
+            )
+            done = set(self.applied(db))
+            ran = []
+            for step, fn in self._steps:
+                if step in done:
+                    continue
+                fn(db)
+                conn.execute(
+                    f"INSERT INTO {self.table} (migration_set, name, applied_at) VALUES (?, ?, ?)",
+                    (self.name, step, time.time()),
+                )
+                ran.append(step)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return ran
+
+
+MIGRATIONS = Migrations("rlfb.store")
+
+
+@MIGRATIONS()
+def m001_events(db: Database) -> None:
+    db["events"].create(
+        {
+            "id": str,
+            "ts": float,
+            "query": str,
+            "query_hash": str,
+            "session_id": str,
+            "parent_id": str,
+            "query_type": str,
+            "features": str,
+            "weights": str,
+            "arm": str,
+            "policy": str,
+            "explored": int,
+            "propensity": float,
+            "metadata": str,
+            "n_chunks": int,
+            "chunk_ids": str,
+            "unused_ids": str,
+            "created_at": float,
+        },
+        pk="id",
+        not_null=["ts", "query_hash", "weights", "explored", "propensity", "n_chunks", "created_at"],
+    )
+    db["events"].create_index(["ts"])
+    db["events"].create_index(["session_id", "ts"])
+    db["events"].create_index(["parent_id"])
+
+
+@MIGRATIONS()
+def m002_event_chunks(db: Database) -> None:
+    db["event_chunks"].create(
+        {
+            "event_id": str,
+            "chunk_id": str,
+            "rank": int,
+            "score": float,
+            "scores": str,
+            "normalized": str,
+            "proposed_by": str,
+            "used": int,
+        },
+        pk=("event_id", "chunk_id"),
+        not_null=["rank", "used"],
+        foreign_keys=[ForeignKey("event_chunks", "event_id", "events", "id", on_delete="CASCADE")],
+    )
+
+
+@MIGRATIONS()
+def m003_feedback(db: Database) -> None:
+    db["feedback"].create(
+        {
+            "id": int,
+            "event_id": str,
+            "chunk_id": str,
+            "signal": str,
+            "kind": str,
+            "raw_value": float,
+            "value": float,
+            "discount": float,
+            "discounted": float,
+            "reward": float,
+            "ts": float,
+            "delay": float,
+            "in_window": int,
+            "session_id": str,
+            "user_id": str,
+            "idempotency_key": str,
+            "key": str,
+            "comment": str,
+            "created_at": float,
+        },
+        pk="id",
+        not_null=[
+            "event_id", "signal", "kind", "value", "discount", "discounted", "reward", "ts", "delay",
+            "in_window",
+        ],
+        foreign_keys=[ForeignKey("feedback", "event_id", "events", "id", on_delete="CASCADE")],
+    )
+    # Partial: only feedback that has a key is indexed (SQLite uses it for "key = ?" and "key IN (...)").
+    db.execute(
+        "CREATE UNIQUE INDEX idx_feedback_idempotency_key ON feedback (idempotency_key) "
+        "WHERE idempotency_key IS NOT NULL"
+    )
+    db["feedback"].create_index(["event_id"])
+    db["feedback"].create_index(["ts"])
+
+
+@MIGRATIONS()
+def m004_rewards(db: Database) -> None:
+    # Reached through feedback_id (indexed; deleting feedback, or its event, cascades here).
+    # event_id is a copy for notebooks: neither indexed nor a foreign key, since a second
+    # index costs a fifth of batched ingestion and an unindexed foreign key would make
+    # every event delete scan this table.
+    db["rewards"].create(
+        {"id": int, "feedback_id": int, "event_id": str, "chunk_id": str, "reward": float, "ts": float},
+        pk="id",
+        not_null=["feedback_id", "event_id", "reward", "ts"],
+        foreign_keys=[ForeignKey("rewards", "feedback_id", "feedback", "id", on_delete="CASCADE")],
+    )
+    db["rewards"].create_index(["feedback_id"])
+
+
+@MIGRATIONS()
+def m005_policy_snapshots(db: Database) -> None:
+    db["policy_snapshots"].create(
+        {"version": int, "ts": float, "policy": str, "weights": str, "state": str},
+        pk="version",
+        not_null=["ts", "weights", "state"],
+    )
+    db["policy_snapshots"].create_index(["ts"])
+
+
+@MIGRATIONS()
+def m006_run_links(db: Database) -> None:
+    # Parent links of framework runs (a LangChain chain and its sub-runs) that are not events
+    # themselves, so feedback given on a top-level run id finds the retrievals nested below it.
+    db["run_links"].create(
+        {"run_id": str, "parent_id": str, "ts": float}, pk="run_id", not_null=["parent_id"]
+    )
+    db["run_links"].create_index(["parent_id"])

@@ -1,0 +1,220 @@
+"""Reading the store back: sliding-window statistics and the per-chunk export.
+
+The :class:`~rlfb.store.FeedbackStore` methods ``stats``, ``export_rows``,
+``to_dataframe`` and ``export_jsonl`` call these; they read through the store's
+own read transactions.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from rlfb.reward import as_timestamp, finite_float
+from rlfb.store.checks import _marks, _positive
+from rlfb.store.codec import _dec, _jsonl
+from rlfb.store.records import _EVENT_COLS, _chunk_dict, _event_dict, _feedback_dict
+
+if TYPE_CHECKING:
+    from rlfb.store.feedback_store import FeedbackStore
+
+
+def stats(
+    store: FeedbackStore, window: float | None = None, *, now: float | datetime | None = None
+) -> dict[str, Any]:
+    """Row counts, window statistics and the current weights: see :meth:`FeedbackStore.stats`."""
+    w = store.stats_window if window is None else finite_float(window, "window")
+    _positive(w, "window")
+    t = store._now() if now is None else as_timestamp(now, "now")
+    since = t - w
+    cfg = store.reward.config
+    with store._read() as conn:
+        q = conn.execute
+
+        def one(sql: str, *params: Any) -> Any:
+            return q(sql, params).fetchone()[0]
+
+        totals = store.counts()
+        win: dict[str, Any] = {
+            "seconds": w,
+            "since": since,
+            "until": t,
+            "events": one("SELECT COUNT(*) FROM events WHERE ts >= ?", since),
+            "chunks": one("SELECT COALESCE(SUM(n_chunks), 0) FROM events WHERE ts >= ?", since),
+            "feedback": one("SELECT COUNT(*) FROM feedback WHERE ts >= ?", since),
+            "rewards": one("SELECT COUNT(*) FROM rewards WHERE ts >= ?", since),
+            "flagged": one("SELECT COUNT(*) FROM feedback WHERE ts >= ? AND in_window = 0", since),
+        }
+        win["mean_feedback_reward"] = q(
+            "SELECT AVG(reward) FROM feedback WHERE ts >= ? AND in_window = 1", (since,)
+        ).fetchone()[0]
+        per_event = (
+            "SELECT event_id, MAX(?, MIN(?, SUM(discounted))) AS r FROM feedback "
+            "WHERE ts >= ? AND in_window = 1 GROUP BY event_id"
+        )
+        clip_since = (cfg.clip_low, cfg.clip_high, since)
+        n, mean = q(f"SELECT COUNT(*), AVG(r) FROM ({per_event})", clip_since).fetchone()
+        win["rewarded_events"] = n
+        win["mean_reward"] = mean
+        by_arm: dict[Any, dict[str, Any]] = {}
+        for arm, n_ev, n_exp in q(
+            "SELECT arm, COUNT(*), SUM(explored) FROM events WHERE ts >= ? GROUP BY arm ORDER BY arm",
+            (since,),
+        ):
+            by_arm[_dec(arm)] = {
+                "events": n_ev, "explored": n_exp, "rewarded_events": 0, "mean_reward": None
+            }
+        for arm, n_rw, m in q(
+            f"SELECT e.arm, COUNT(*), AVG(x.r) FROM ({per_event}) x JOIN events e ON e.id = x.event_id "
+            "GROUP BY e.arm",
+            clip_since,
+        ):
+            entry = by_arm.setdefault(_dec(arm), {"events": 0, "explored": 0})
+            entry.update(rewarded_events=n_rw, mean_reward=m)
+        win["by_arm"] = by_arm
+        snap = store.load_policy_state()
+    return {
+        "path": store.path,
+        **totals,
+        "mean_reward": win["mean_reward"],
+        "window": win,
+        "weights": None if snap is None else snap["weights"],
+        "policy": None if snap is None else snap["policy"],
+        "policy_version": 0 if snap is None else snap["version"],
+        "policy_updated_at": None if snap is None else snap["updated_at"],
+    }
+
+def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, Any]]:
+    """One dict per (event, retrieved chunk) of ``store``: see :meth:`FeedbackStore.export_rows`."""
+    cfg = store.reward.config
+    last: tuple[float, int] = (-math.inf, -1)
+    while True:
+        with store._read() as conn:
+            ev_rows = list(
+                store.db.query(
+                    f"SELECT e.rowid AS _rowid, {_EVENT_COLS} FROM events e "
+                    "WHERE (e.ts, e.rowid) > (?, ?) ORDER BY e.ts, e.rowid LIMIT ?",
+                    [last[0], last[1], page],
+                )
+            )
+            if not ev_rows:
+                return
+            last = (ev_rows[-1]["ts"], ev_rows[-1]["_rowid"])
+            enc_ids = [r["id"] for r in ev_rows]
+            chunks: dict[str, list[dict[str, Any]]] = {}
+            feedback: dict[str, list[dict[str, Any]]] = {}
+            shares: dict[tuple[str, str | None, int], float] = {}
+            m = _marks(len(enc_ids))
+            for c in store.db.query(
+                "SELECT event_id, chunk_id, rank, score, scores, normalized, proposed_by, used "
+                f"FROM event_chunks WHERE event_id IN ({m}) ORDER BY event_id, rank",
+                enc_ids,
+            ):
+                chunks.setdefault(_dec(c["event_id"]), []).append(_chunk_dict(c))
+            fb_sql = f"SELECT * FROM feedback WHERE event_id IN ({m}) ORDER BY ts, id"
+            for f in store.db.query(fb_sql, enc_ids):
+                fd = _feedback_dict(f)
+                feedback.setdefault(fd["event_id"], []).append(fd)
+            for eid, cid, fid, r in conn.execute(
+                "SELECT f.event_id, r.chunk_id, r.feedback_id, r.reward FROM feedback f "
+                f"JOIN rewards r ON r.feedback_id = f.id WHERE f.event_id IN ({m})",
+                enc_ids,
+            ):
+                shares[(_dec(eid), _dec(cid), fid)] = r
+        for r in ev_rows:
+            ev = _event_dict(r)
+            eid = ev["id"]
+            fbs = feedback.get(eid, [])
+            in_win = [f["discounted"] for f in fbs if f["in_window"]]
+            event_reward = min(cfg.clip_high, max(cfg.clip_low, sum(in_win))) if in_win else None
+            base = {
+                "event_id": eid,
+                "timestamp": ev["timestamp"],
+                "query": ev["query"],
+                "query_hash": ev["query_hash"],
+                "session_id": ev["session_id"],
+                "parent_id": ev["parent_id"],
+                "query_type": ev["query_type"],
+                "policy": ev["policy"],
+                "arm": ev["arm"],
+                "explored": ev["explored"],
+                "propensity": ev["propensity"],
+                "weights": ev["weights"],
+                "features": ev["features"],
+            }
+            for c in chunks.get(eid) or [None]:  # type: ignore[list-item]
+                cid = None if c is None else c["chunk_id"]
+                items = []
+                for f in fbs:
+                    if f["chunk_id"] is not None and f["chunk_id"] != cid:
+                        continue
+                    items.append(
+                        {
+                            "feedback_id": f["id"],
+                            "signal": f["signal"],
+                            "kind": f["kind"],
+                            "value": f["value"],
+                            "raw_value": f["raw_value"],
+                            "reward": shares.get((eid, cid, f["id"])),
+                            "timestamp": f["timestamp"],
+                            "delay": f["delay"],
+                            "in_window": f["in_window"],
+                            "chunk_level": f["chunk_id"] is not None,
+                            "user_id": f["user_id"],
+                            "key": f["key"],
+                            "comment": f["comment"],
+                        }
+                    )
+                got = [i["reward"] for i in items if i["reward"] is not None]
+                yield {
+                    **base,
+                    "chunk_id": cid,
+                    "rank": None if c is None else c["rank"],
+                    "score": None if c is None else c["score"],
+                    "scores": None if c is None else c["scores"],
+                    "normalized": None if c is None else c["normalized"],
+                    "proposed_by": None if c is None else c["proposed_by"],
+                    "used": None if c is None else c["used"],
+                    "chunk_reward": min(cfg.clip_high, max(cfg.clip_low, sum(got))) if got else None,
+                    "event_reward": event_reward,
+                    "n_feedback": len(fbs),
+                    "feedback": items,
+                }
+
+def to_dataframe(store: FeedbackStore, *, flatten: bool = True) -> Any:
+    """``export_rows`` as a pandas DataFrame: see :meth:`FeedbackStore.to_dataframe`."""
+    try:
+        import pandas as pd
+    except ImportError as exc:  # pragma: no cover - pandas is in the eval extra
+        raise ModuleNotFoundError("to_dataframe needs pandas: pip install 'rlfb[eval]'") from exc
+    rows = list(store.export_rows())
+    if flatten:
+        for row in rows:
+            for col, prefix in (("weights", "weight"), ("scores", "score"), ("normalized", "norm")):
+                for name, v in (row.get(col) or {}).items():
+                    if not isinstance(v, Mapping):
+                        row[f"{prefix}.{name}"] = v
+    return pd.DataFrame(rows)
+
+def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
+    """``export_rows`` as JSON lines: see :meth:`FeedbackStore.export_jsonl`."""
+    if hasattr(path, "write"):
+        n = 0
+        for row in store.export_rows():
+            path.write(_jsonl(row))  # type: ignore[union-attr]
+            n += 1
+        return n
+    target = Path(path)  # type: ignore[arg-type]
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            n = export_jsonl(store, fh)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return n
