@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-all slow bench clean
+.PHONY: setup demo lint test slow bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,13 @@ setup: $(STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/rlfb demo --out out/demo
 
-# unit and integration tests, doctests in rlfb/, and the notebooks (executed by nbmake)
-test: $(STAMP)
+# lint (ruff, settings in pyproject.toml), then unit and integration tests, doctests in rlfb/,
+# and the notebooks (executed by nbmake)
+test: $(STAMP) lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" --nbmake tests rlfb langchain_rlfb llamaindex_rlfb notebooks
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rlfb langchain_rlfb llamaindex_rlfb tests benchmarks
 
 slow: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow

@@ -82,7 +82,7 @@ def convergence(name: str, n: int, seeds: list[int], **kwargs) -> tuple[int, dic
         steps.append(0 if far.size == 0 else int(far[-1]) + 1)
         finals.append(final)
     final = np.mean(finals, axis=0)
-    return int(statistics.median(steps)), dict(zip(RETRIEVERS, final.round(2).tolist()))
+    return int(statistics.median(steps)), dict(zip(RETRIEVERS, final.round(2).tolist(), strict=True))
 
 
 def main() -> None:

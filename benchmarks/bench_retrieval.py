@@ -89,8 +89,8 @@ def main() -> None:
     # ---- rlfb: the same precomputed vectors, put where DenseRetriever looks for them
     dense = DenseRetriever(cache_dir=cache_dir, model_key="bench-precomputed")
     doc_cache, query_cache = open_side_caches(cache_dir, "bench-precomputed")
-    doc_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs)})
-    query_cache.put_many({text_hash(q): v for q, v in zip(queries, query_vecs)})
+    doc_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs, strict=True)})
+    query_cache.put_many({text_hash(q): v for q, v in zip(queries, query_vecs, strict=True)})
     t = time.perf_counter()
     bm25 = BM25Retriever().index(chunks)
     dense.index(chunks)
@@ -103,8 +103,8 @@ def main() -> None:
     explore_ms = median_ms(lambda q: ours.retrieve(q, k=10, log=False), queries * 3)
 
     # ---- LangChain: EnsembleRetriever over rank_bm25 and an InMemoryVectorStore, same vectors
-    lookup = {t: v.tolist() for t, v in zip(texts, doc_vecs)}
-    qlookup = {q: v.tolist() for q, v in zip(queries, query_vecs)}
+    lookup = {t: v.tolist() for t, v in zip(texts, doc_vecs, strict=True)}
+    qlookup = {q: v.tolist() for q, v in zip(queries, query_vecs, strict=True)}
 
     class Precomputed(Embeddings):
         def embed_documents(self, docs: list[str]) -> list[list[float]]:
@@ -139,7 +139,7 @@ def main() -> None:
     real_dense = DenseRetriever(cache_dir=cache_dir)
     splade = SpladeRetriever(cache_dir=cache_dir)
     d_cache, _ = open_side_caches(cache_dir, real_dense._model.key)
-    d_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs)})
+    d_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs, strict=True)})
     s_cache, _ = open_side_caches(cache_dir, splade._model.key)
     dim = 30_522
     sparse = {}

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         results = retriever.search_batch(texts, k=100)
         query_s = time.perf_counter() - start
-        run = [ir_measures.ScoredDoc(q, d, s) for q, hits in zip(qids, results) for d, s in hits]
+        run = [ir_measures.ScoredDoc(q, d, s) for q, hits in zip(qids, results, strict=True) for d, s in hits]
         ndcg = ir_measures.calc_aggregate([ir_measures.nDCG @ 10], qrels, run)[ir_measures.nDCG @ 10]
         (low, high), ref = TARGETS[name]
         ok = low <= ndcg <= high

@@ -166,7 +166,7 @@ class ChunkConfidence:
         keep = r != 0
         if not np.any(keep):
             return
-        ids = [c for c, k in zip(chunk_ids, keep) if k]
+        ids = [c for c, k in zip(chunk_ids, keep, strict=True) if k]
         r, rel = r[keep], rel[keep]
         rows = self._rows(ids, create=True)
         now = max(float(timestamp), self._now)

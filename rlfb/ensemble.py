@@ -226,7 +226,7 @@ class FeedbackEnsemble:
         ids = [self._table.ids[int(r)] for r in rows]
         raw = np.stack([s[rows] for s in full], axis=1) if full else np.zeros((len(rows), 0))
         ranks = np.zeros_like(raw)
-        for j, (s, top) in enumerate(zip(full, tops)):
+        for j, (s, top) in enumerate(zip(full, tops, strict=True)):
             # exact 1-based rank inside the retriever's own top list (rows is sorted, so searchsorted
             # finds each top row); candidates below that list keep their order after it
             ranks[np.searchsorted(rows, top), j] = np.arange(1, len(top) + 1)

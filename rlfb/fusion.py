@@ -240,7 +240,7 @@ def weighted_rrf(
     if w.size != len(ranked_lists):
         raise InvalidWeightsError(f"got {w.size} weights for {len(ranked_lists)} ranked lists")
     fused: dict[Hashable, float] = {}
-    for weight, ids in zip(w, ranked_lists):
+    for weight, ids in zip(w, ranked_lists, strict=True):
         for rank, doc in enumerate(ids, start=1):
             fused[doc] = fused.get(doc, 0.0) + float(weight) / (c + rank)
     return dict(sorted(fused.items(), key=lambda kv: -kv[1]))

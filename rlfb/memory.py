@@ -221,7 +221,7 @@ class FeedbackMemory:
         rows_arr = np.asarray(rows, dtype=np.int64)
         decay = self._decay(rows_arr)
         scale = self.hyper.value_scale
-        for row, g, f in zip(rows_arr, gains, decay):
+        for row, g, f in zip(rows_arr, gains, decay, strict=True):
             vals = self._values[int(row)]
             if len(vals) <= n:
                 items = ((pos.get(c), v) for c, v in vals.items())
@@ -383,7 +383,7 @@ class FeedbackMemory:
             for c in vals:
                 vals[c] *= f
         cap = self.hyper.max_value
-        for c, v in zip(shown_ids, ev):
+        for c, v in zip(shown_ids, ev, strict=True):
             if v != 0:
                 vals[c] = max(-cap, min(cap, vals.get(c, 0.0) + float(v)))
         if self._now > 0:

@@ -35,9 +35,9 @@ def evaluate_ensemble(
     runs: dict[str, dict[str, list[str]]] = {}
     for name, retriever in ensemble.retrievers.items():
         scores = retriever.score_all_batch(texts, show_progress=show_progress)
-        runs[name] = {q: [ids[i] for i in top_k(row, depth)] for q, row in zip(qids, scores)}
+        runs[name] = {q: [ids[i] for i in top_k(row, depth)] for q, row in zip(qids, scores, strict=True)}
     fused: dict[str, list[str]] = {}
-    for q, text in tqdm(list(zip(qids, texts)), desc="fused", disable=not show_progress):
+    for q, text in tqdm(list(zip(qids, texts, strict=True)), desc="fused", disable=not show_progress):
         fused[q] = ensemble.retrieve(text, k=depth, explore=False, log=False).chunk_ids
     runs["fused"] = fused
     return {name: evaluate_run(run, qrels, measures) for name, run in runs.items()}

@@ -120,7 +120,7 @@ def make_chunks(
         raise ValidationError(f"got {len(texts)} texts but {len(metadatas)} metadatas")
     seen: set[str] = set()
     chunks = []
-    for cid, text, meta in zip(ids, texts, metadatas):
+    for cid, text, meta in zip(ids, texts, metadatas, strict=True):
         if cid in seen:
             raise DuplicateIdError(f"duplicate chunk id: {cid!r}")
         seen.add(cid)

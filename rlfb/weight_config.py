@@ -70,7 +70,7 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     except (TypeError, ValueError):
         raise ValidationError(f"{path}: weights must be numbers, got {dict(raw)!r}") from None
     names = list(weights)
-    normalised = dict(zip(names, validate_weights(weights, names).tolist()))
+    normalised = dict(zip(names, validate_weights(weights, names).tolist(), strict=True))
     state = data.get("state")
     if state is not None:
         learner = Learner.from_state_dict(state)  # CorruptStateError on damage

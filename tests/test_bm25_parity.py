@@ -58,7 +58,7 @@ def test_bm25_retriever_matches_rank_bm25(k1: float, b: float, common: bool) -> 
     # epsilon only matters for negative IDF; 0 reproduces bm25s's floor at zero
     ref = rank_bm25.BM25Okapi([d.split() for d in docs], k1=k1, b=b, epsilon=0.0 if common else 0.25)
     ours_batch = ours.score_all_batch(queries)
-    for query, row in zip(queries, ours_batch):
+    for query, row in zip(queries, ours_batch, strict=True):
         expected = ref.get_scores(query.split())
         np.testing.assert_allclose(ours.score_all(query), expected, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(row, expected, rtol=1e-9, atol=1e-12)

@@ -64,7 +64,8 @@ def test_weights_change_the_ranking_in_every_fusion_mode(fusion: str) -> None:
         return e.retrieve(query, k=8, log=False, explore=False).chunk_ids
 
     lexical, semantic = ranking([0.95, 0.05]), ranking([0.05, 0.95])
-    bm25_top = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",)).retrieve(query, k=1, log=False, explore=False)
+    bm25_only = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+    bm25_top = bm25_only.retrieve(query, k=1, log=False, explore=False)
     assert lexical[0] == bm25_top.chunk_ids[0]
     assert lexical != semantic
 

@@ -24,7 +24,7 @@ def _random_runs(seed: int = 3, n_queries: int = 40, n_docs: int = 60):
             qrels[qid][judged[0]] = 2
         # distinct scores: trec_eval's tie-breaking is exercised separately below
         scores = rng.sample(range(10_000), n_docs)
-        runs[qid] = {d: float(s) for d, s in zip(docs, scores)}
+        runs[qid] = {d: float(s) for d, s in zip(docs, scores, strict=True)}
     return qrels, runs
 
 

@@ -48,7 +48,7 @@ def _episode(weights, shown, rewards, reward, *, arm=None, qtype="default", eid=
         event_id=eid,
         query="q",
         retrievers=RETRIEVERS,
-        decision=Decision(dict(zip(RETRIEVERS, weights)), arm=arm),
+        decision=Decision(dict(zip(RETRIEVERS, weights, strict=True)), arm=arm),
         shown_ids=tuple(f"d{i}" for i in range(len(shown))),
         shown=shown,
         chunk_rewards=np.asarray(rewards, dtype=float),
@@ -343,7 +343,7 @@ def test_batch_direction_comes_from_logged_weights():
     def bad_batch(seed):
         b = BatchPolicy(RETRIEVERS, batch_size=4, seed=seed)
         logged = [[0.6, 0.2, 0.2], [0.2, 0.6, 0.2], [0.2, 0.2, 0.6], [1 / 3, 1 / 3, 1 / 3]]
-        for lw, r in zip(logged, [-1.0, -0.6, -0.6, -0.6]):
+        for lw, r in zip(logged, [-1.0, -0.6, -0.6, -0.6], strict=True):
             b.learn(_episode(lw, [[1, 0, 0]], [0.0], r), r)
         return _w(b.weights())
 

@@ -120,7 +120,7 @@ def test_score_all_shapes(retriever: Retriever) -> None:
 def test_search_batch_matches_search(retriever: Retriever) -> None:
     batch = retriever.search_batch(QUERIES, k=4)
     assert len(batch) == len(QUERIES)
-    for query, hits in zip(QUERIES, batch):
+    for query, hits in zip(QUERIES, batch, strict=True):
         single = retriever.search(query, k=4)
         assert [c for c, _ in hits][:2] == [c for c, _ in single][:2]
         np.testing.assert_allclose([s for _, s in hits], [s for _, s in single], rtol=1e-5, atol=1e-6)

@@ -178,7 +178,7 @@ def weights_vector(
 
 def weights_dict(vec: np.ndarray, retrievers: Sequence[str]) -> dict[str, float]:
     """Return a ``{retriever: weight}`` dict of plain floats."""
-    return {r: float(w) for r, w in zip(retrievers, vec)}
+    return {r: float(w) for r, w in zip(retrievers, vec, strict=True)}
 
 
 def logged_weights(weights: Mapping[str, float], retrievers: Sequence[str]) -> np.ndarray:

@@ -554,7 +554,7 @@ class ThompsonPolicy(BasePolicy):
         mean, var, nK = self._posterior(query_type)
         return {
             a: {"mean": float(m), "sd": float(math.sqrt(v)), "n": float(k)}
-            for a, m, v, k in zip(self.arm_names, mean, var, nK)
+            for a, m, v, k in zip(self.arm_names, mean, var, nK, strict=True)
         }
 
     def uncertainty(self, context: Context | None) -> float:

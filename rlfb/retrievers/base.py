@@ -127,7 +127,7 @@ class ChunkTable:
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         with open(path / "chunks.jsonl", "w", encoding="utf-8") as fh:
-            for cid, text, meta in zip(self.ids, self.texts, self.metadatas):
+            for cid, text, meta in zip(self.ids, self.texts, self.metadatas, strict=True):
                 fh.write(json.dumps({"id": cid, "text": text, "metadata": meta}, ensure_ascii=False) + "\n")
 
     @classmethod

@@ -324,7 +324,7 @@ def cached_encode(
                 for h, enc in from_disk.items():
                     memory.put(h, enc)
     missing: dict[str, str] = {}
-    for h, t in zip(hashes, texts):
+    for h, t in zip(hashes, texts, strict=True):
         if h not in found and h not in missing:
             missing[h] = t
     if missing:
@@ -337,7 +337,7 @@ def cached_encode(
                 new = list(encode([t for _, t in part]))
                 if len(new) != len(part):
                     raise RuntimeError(f"encoder returned {len(new)} encodings for {len(part)} texts")
-                fresh = {h: enc for (h, _), enc in zip(part, new)}
+                fresh = {h: enc for (h, _), enc in zip(part, new, strict=True)}
                 if disk is not None:
                     disk.put_many(fresh)
                 if memory is not None:

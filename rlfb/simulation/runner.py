@@ -189,7 +189,11 @@ def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[st
 
 
 def _baselines(
-    prep: Prepared, config: SimulationConfig, stream: Sequence[str], heldout: Sequence[str], judges: Mapping[str, _Judge]
+    prep: Prepared,
+    config: SimulationConfig,
+    stream: Sequence[str],
+    heldout: Sequence[str],
+    judges: Mapping[str, _Judge],
 ) -> dict[str, dict[str, float]]:
     names = list(prep.contexts[heldout[0]].retrievers)
     grid = simplex_grid(len(names), config.grid_step)
@@ -224,7 +228,7 @@ def _baselines(
         return {
             f"heldout_{METRIC}": float(held[f"grid_{mode}"][:, best].mean()),
             f"seen_{METRIC}": float(seen[f"grid_{mode}"][:, best].mean()),
-            "weights": dict(zip(names, grid[best].tolist())),
+            "weights": dict(zip(names, grid[best].tolist(), strict=True)),
             "fusion": mode,
         }
 

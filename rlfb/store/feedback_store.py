@@ -808,7 +808,7 @@ class FeedbackStore:
         )
         sql = f"SELECT {', '.join(cols)} FROM feedback WHERE id = ?"
         found = conn.execute(sql, (feedback_id,)).fetchone()
-        row = _decode_row(dict(zip(cols, found)))
+        row = _decode_row(dict(zip(cols, found, strict=True)))
         chunk_rewards = {
             _dec(c): r
             for c, r in conn.execute(

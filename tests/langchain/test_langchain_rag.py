@@ -146,7 +146,7 @@ def cranfield_run(cranfield_path: Any, tmp_path_factory: pytest.TempPathFactory)
 
     def mean_ndcg(e: FeedbackEnsemble) -> float:
         runs = [e.retrieve(queries[q], 10, explore=False, log=False).chunk_ids for q in held_out]
-        return sum(ndcg_at_k(r, qrels[q], 10) for r, q in zip(runs, held_out)) / len(held_out)
+        return sum(ndcg_at_k(r, qrels[q], 10) for r, q in zip(runs, held_out, strict=True)) / len(held_out)
 
     sql = "SELECT COUNT(*) FROM feedback WHERE signal = 'reformulation'"
     out = {

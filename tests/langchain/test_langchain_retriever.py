@@ -86,7 +86,7 @@ def test_from_texts_and_from_documents(tmp_path: Any) -> None:
     assert r.weights == {"bm25": 1.0}
     assert FeedbackStore(tmp_path / "fb.db").has_event(docs[0].metadata["event_id"])
 
-    documents = [Document(page_content=t, id=i, metadata={"source": "kb"}) for t, i in zip(TEXTS, IDS)]
+    documents = [Document(page_content=t, id=i, metadata={"source": "kb"}) for t, i in zip(TEXTS, IDS, strict=True)]
     r2 = FeedbackEnsembleRetriever.from_documents(documents, retrievers=("bm25",), k=1)
     (doc,) = r2.invoke("titanium bolt XK-4471")
     assert doc.id == "doc4" and doc.metadata["source"] == "kb"
@@ -140,7 +140,7 @@ def test_session_followup_is_a_reformulation(make_ensemble: Any) -> None:
 
 def test_langchain_retrievers_and_vector_stores_as_members(make_ensemble: Any, embeddings: Any) -> None:
     bm25 = BM25Retriever.from_texts(TEXTS, ids=IDS, k=4)
-    for d, i in zip(bm25.docs, IDS):  # BM25Retriever keeps ids on its documents only when given
+    for d, i in zip(bm25.docs, IDS, strict=True):  # BM25Retriever keeps ids on its documents only when given
         d.id = i
     vs = InMemoryVectorStore(embeddings)
     vs.add_texts(TEXTS, ids=IDS)

@@ -50,7 +50,7 @@ def fast_dense(base_ensemble: FeedbackEnsemble) -> dict[str, Any]:
 
 @pytest.fixture
 def nodes() -> list[TextNode]:
-    return [TextNode(id_=i, text=t, metadata={"source": f"{i}.txt"}) for i, t in zip(IDS, TEXTS)]
+    return [TextNode(id_=i, text=t, metadata={"source": f"{i}.txt"}) for i, t in zip(IDS, TEXTS, strict=True)]
 
 
 @pytest.fixture

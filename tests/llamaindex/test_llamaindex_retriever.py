@@ -34,7 +34,7 @@ def test_from_index_and_docstore(index: Any, fast_dense: dict[str, Any]) -> None
                                                          similarity_top_k=2)
     assert len(from_index.ensemble) == len(TEXTS)
     docstore = SimpleDocumentStore()
-    docstore.add_documents([TextNode(id_=i, text=t) for i, t in zip(IDS, TEXTS)])
+    docstore.add_documents([TextNode(id_=i, text=t) for i, t in zip(IDS, TEXTS, strict=True)])
     from_docstore = FeedbackEnsembleRetriever.from_defaults(docstore=docstore, similarity_top_k=2,
                                                             **fast_dense)
     for r in (from_index, from_docstore):
