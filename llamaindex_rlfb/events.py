@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -233,22 +233,22 @@ class FeedbackEventHandler(BaseEventHandler):
 
     # ------------------------------------------------------------------ events
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        # One method per event type, found along the class's MRO so subclassed events still match.
+        step = next((_STEPS[c] for c in type(event).__mro__ if c in _STEPS), None)
+        if step is None:
+            return
         try:
-            if isinstance(event, QueryStartEvent):
-                self._query_start(event)
-            elif isinstance(event, RetrievalStartEvent):
-                _push(_RETRIEVALS, _span(event))
-            elif isinstance(event, RetrievalEndEvent):
-                self._retrieval_end(event)
-            elif isinstance(event, FeedbackRetrievalEvent):
-                self._remember_learner(event)
-            elif isinstance(event, QueryEndEvent):
-                self._query_end(event)
-            elif isinstance(event, SpanDropEvent):  # a query or retrieval that raised
-                _pop(_QUERIES, event.span_id)
-                _pop(_RETRIEVALS, event.span_id)
+            step(self, event)
         except Exception:  # never break the user's query; the dispatcher would swallow it silently
             _log.warning("rlfb could not log a %s", type(event).__name__, exc_info=True)
+
+    def _retrieval_start(self, event: RetrievalStartEvent) -> None:
+        _push(_RETRIEVALS, _span(event))
+
+    def _span_drop(self, event: SpanDropEvent) -> None:
+        # a query or retrieval that raised: forget its span
+        _pop(_QUERIES, event.span_id)
+        _pop(_RETRIEVALS, event.span_id)
 
     def _query_start(self, event: QueryStartEvent) -> None:
         qid = _span(event)
@@ -386,6 +386,16 @@ class FeedbackEventHandler(BaseEventHandler):
         if qid is None:
             return []
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
+
+
+_STEPS: dict[type, Callable[[FeedbackEventHandler, Any], None]] = {
+    QueryStartEvent: FeedbackEventHandler._query_start,
+    RetrievalStartEvent: FeedbackEventHandler._retrieval_start,
+    RetrievalEndEvent: FeedbackEventHandler._retrieval_end,
+    FeedbackRetrievalEvent: FeedbackEventHandler._remember_learner,
+    QueryEndEvent: FeedbackEventHandler._query_end,
+    SpanDropEvent: FeedbackEventHandler._span_drop,
+}
 
 
 def _span(event: BaseEvent) -> str:

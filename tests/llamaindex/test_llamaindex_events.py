@@ -210,3 +210,19 @@ def test_in_memory_store_by_default() -> None:
     handler = FeedbackEventHandler()
     assert isinstance(handler.store, FeedbackStore) and handler.store_path == ":memory:"
     handler.close()
+
+
+def test_handle_matches_subclassed_events_and_ignores_others(handler: FeedbackEventHandler) -> None:
+    from llama_index.core.instrumentation.events.embedding import EmbeddingStartEvent
+    from llama_index.core.instrumentation.events.query import QueryStartEvent
+    from llama_index.core.instrumentation.events.span import SpanDropEvent
+
+    class TracedQueryStart(QueryStartEvent):  # an app's own event type, derived from LlamaIndex's
+        pass
+
+    handler.handle(EmbeddingStartEvent(model_dict={}, span_id="embed-1"))  # not ours: ignored
+    assert current_query_id() is None
+    handler.handle(TracedQueryStart(query="aurora", span_id="q-1"))
+    assert current_query_id() == "q-1" and handler.last_query_id == "q-1"
+    handler.handle(SpanDropEvent(err_str="boom", span_id="q-1"))  # the query raised: its span is dropped
+    assert current_query_id() is None
