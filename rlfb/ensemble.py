@@ -14,8 +14,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -35,6 +38,8 @@ from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_k
 __all__ = ["FeedbackEnsemble"]
 
 _CONFIG_FILE = "ensemble.json"
+_FORMAT = 1
+_HASHED = "sha256:"  # prefix of the learner's key for a question the store keeps only hashed
 
 
 class FeedbackEnsemble:
@@ -112,6 +117,8 @@ class FeedbackEnsemble:
             raise ValidationError(f"unknown fusion method {fusion!r}; choose one of {sorted(FUSION_METHODS)}")
         self.fusion = fusion
         self.candidate_k = validate_k(candidate_k, "candidate_k")
+        if isinstance(rrf_c, bool) or not isinstance(rrf_c, (int, float)) or not 0 < rrf_c < math.inf:
+            raise ValidationError(f"rrf_c must be a positive finite number, got {rrf_c!r}")
         self.rrf_c = float(rrf_c)
         self.seed = seed
         self.refresh_interval = float(refresh_interval)
@@ -280,6 +287,20 @@ class FeedbackEnsemble:
                 out[outside, j] = r.score_texts(query, [chunks[i].text for i in outside])
         return out
 
+    def _learner_query(self, query: str) -> str:
+        """What the learner knows a question by: its text, or, with a store that keeps no text
+        (``store_text=False``), the sha256 the store keeps, so that no query text reaches the
+        learner's saved state and a rebuilt episode finds the same question after a restart."""
+        if self._store is not None and not self._store.store_text:
+            from rlfb.store import query_hash
+
+            return _HASHED + query_hash(query)
+        return query
+
+    def _for_learner(self, ctx: Context) -> Context:
+        key = self._learner_query(ctx.query)
+        return ctx if key == ctx.query else dataclasses.replace(ctx, query=key)
+
     def _make_context(
         self, query: str, ids: Sequence[str], raw: np.ndarray, ranks: np.ndarray, session_id: str | None
     ) -> Context:
@@ -387,7 +408,7 @@ class FeedbackEnsemble:
         validate_k(k)
         with self._lock:
             self._refresh()
-            ranking = self._learner.rank(ctx, k, explore=explore)
+            ranking = self._learner.rank(self._for_learner(ctx), k, explore=explore)
             hits = self._hits(ctx, ranking)
             decision: Decision = ranking.decision
             logged_id = None
@@ -575,9 +596,15 @@ class FeedbackEnsemble:
         embedding = ctx.query_embedding if ctx is not None else None
         if embedding is None and event.get("query") and not event.get("query_hashed"):
             embedding = self._query_embedding(event["query"])
+        if ctx is not None:
+            query = self._learner_query(ctx.query)
+        elif event.get("query_hashed"):
+            query = _HASHED + event["query_hash"]
+        else:
+            query = event.get("query") or ""
         return Episode(
             event_id=event_id,
-            query=event.get("query") or "",
+            query=query,
             retrievers=names,
             decision=Decision(
                 weights=decision.get("weights") or {},
@@ -656,15 +683,18 @@ class FeedbackEnsemble:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
-        """Write the index, retrievers and learner state to a directory (JSON, ``.npy``; never pickle)."""
+        """Write the index, retrievers and learner state to a directory (JSON, ``.npy``; never pickle).
+
+        Everything is written to a new folder beside ``path`` first and swapped in only when
+        complete, so a save that fails (chunk metadata that JSON cannot hold, a full disk) leaves
+        the previous save as it was. ``path`` must be new, empty, or an earlier save.
+        """
         self.flush()
         root = Path(path)
-        root.mkdir(parents=True, exist_ok=True)
-        self._table.save(root)
-        for name, r in self._retrievers.items():
-            r.save(root / "retrievers" / name)
+        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / _CONFIG_FILE).exists())):
+            raise ValidationError(f"{root} is not empty and holds no saved ensemble: choose a new folder")
         config = {
-            "format": 1,
+            "format": _FORMAT,
             "retrievers": list(self._retrievers),
             "members": list(self._members),  # callables are not saved: pass members= to load()
             "fusion": self.fusion,
@@ -673,32 +703,65 @@ class FeedbackEnsemble:
             "seed": self.seed,
             "policy": self._learner.policy_name,
         }
-        (root / _CONFIG_FILE).write_text(json.dumps(config, indent=2), encoding="utf-8")
-        (root / "learner.json").write_text(json.dumps(self._learner.state_dict()), encoding="utf-8")
+        tmp = root.with_name(f".{root.name}.saving-{os.getpid()}")
+        old = root.with_name(f".{root.name}.old-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+            try:
+                self._table.save(tmp)
+            except TypeError as exc:  # json cannot encode some chunk's metadata
+                raise ValidationError(f"cannot save the chunks' metadata as JSON: {exc}") from exc
+            for name, r in self._retrievers.items():
+                r.save(tmp / "retrievers" / name)
+            (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
+            state = json.dumps(self._learner.state_dict(), allow_nan=False)
+            (tmp / "learner.json").write_text(state, encoding="utf-8")
+            if root.exists():
+                root.rename(old)
+            tmp.rename(root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
     def load(cls, path: str | Path, *, store: Any = None, **kwargs: Any) -> FeedbackEnsemble:
-        """Load what :meth:`save` wrote. A damaged file raises :class:`CorruptStateError`."""
+        """Load what :meth:`save` wrote: the index, the settings, the learner's settings and all it learned.
+
+        ``kwargs`` override the saved ensemble settings (``fusion``, ``candidate_k``, ...); the
+        learner comes back with the policy, hyperparameters and learner settings it was saved
+        with. A damaged file raises :class:`CorruptStateError`.
+        """
+        from rlfb.learner import Learner
         from rlfb.retrievers import load_retriever
 
         root = Path(path)
         try:
-            config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"))
-            state = json.loads((root / "learner.json").read_text(encoding="utf-8"))
-            names = list(config["retrievers"])
+            config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
+            state = json.loads((root / "learner.json").read_text(encoding="utf-8"), parse_constant=_no_constant)
+            if not isinstance(config, dict) or config.get("format") != _FORMAT:
+                raise CorruptStateError(f"{root / _CONFIG_FILE}: unknown format {_get(config, 'format')!r}")
+            names = [str(n) for n in config["retrievers"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"cannot read an ensemble from {root}: {exc}") from exc
         table = ChunkTable.load(root)
         retrievers = {n: load_retriever(root / "retrievers" / n) for n in names}
+        learner = Learner.from_state_dict(state)  # settings and hyperparameters as saved
         options = {
             "fusion": config.get("fusion", "minmax"),
             "candidate_k": config.get("candidate_k", 100),
             "rrf_c": config.get("rrf_c", 60.0),
             "seed": config.get("seed", 0),
-            "policy": config.get("policy", "fixed"),
+            "policy": learner.policy,
+            "learner_config": learner.config,
         }
         options.update(kwargs)
-        ens = cls(retrievers, table, store=store, **options)
+        try:
+            ens = cls(retrievers, table, store=store, **options)
+        except ValidationError as exc:
+            if kwargs:  # the caller's own settings may be what is wrong
+                raise
+            raise CorruptStateError(f"{root / _CONFIG_FILE}: {exc}") from exc
         ens._learner.load_state_dict(state)
         return ens
 
@@ -733,6 +796,14 @@ def _as_retriever_map(
     if not out and not allow_empty:
         raise ValidationError("an ensemble needs at least one retriever or member")
     return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a saved state may hold")
+
+
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else None
 
 
 def _open_store(store: Any) -> Any:

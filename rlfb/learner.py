@@ -588,6 +588,7 @@ class Learner:
         """
         if not isinstance(state, Mapping):
             raise CorruptStateError(f"learner state must be a mapping, got {type(state).__name__}")
+        _check_finite(state)
         try:
             if state.get("format") != STATE_FORMAT:
                 raise CorruptStateError(f"unknown learner state format {state.get('format')!r}")
@@ -619,7 +620,7 @@ class Learner:
                 raise
         except CorruptStateError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
             raise CorruptStateError(f"cannot read the learner state: {exc!r}") from exc
         self._confidence = parts["confidence"]
         self._memory = parts["memory"]
@@ -634,6 +635,7 @@ class Learner:
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> Learner:
         """A new learner with the settings, policy and everything learned that ``state`` holds."""
+        _check_finite(state)
         try:
             pstate = state["policy"]
             params = dict(pstate["params"])
@@ -649,13 +651,48 @@ class Learner:
             )
         except CorruptStateError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CorruptStateError(f"cannot rebuild a learner from this state: {exc!r}") from exc
         return learner.load_state_dict(state)
 
     def __repr__(self) -> str:
         w = ", ".join(f"{n}={v:.3f}" for n, v in self.weights().items())
         return f"Learner(policy={self.policy_name!r}, learned={self._n_learned}, weights: {w})"
+
+
+def _check_finite(state: Mapping[str, Any]) -> None:
+    """Refuse a state with NaN or an infinity: a saved state is always finite (the store refuses
+    them), and one let in would make every later save fail."""
+    bad = _non_finite(state)
+    if bad is not None:
+        raise CorruptStateError(f"learner state holds a non-finite number at {bad}")
+
+
+def _non_finite(obj: Any, path: str = "state") -> str | None:
+    """Where ``obj`` (JSON-like) holds NaN or an infinity, or ``None``.
+
+    >>> _non_finite({"a": [1.0, float("nan")]})
+    "state['a'][1]"
+    """
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else path
+    if isinstance(obj, Mapping):
+        items: Any = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        if obj and isinstance(obj[0], (float, list)):
+            try:  # a vector or matrix of numbers (embeddings, replay rows): checked at numpy's speed
+                if np.isfinite(np.asarray(obj, dtype=np.float64)).all():
+                    return None
+            except (TypeError, ValueError, OverflowError):
+                pass  # ragged or mixed: look element by element
+        items = enumerate(obj)
+    else:
+        return None
+    for key, value in items:
+        found = _non_finite(value, f"{path}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def _discovers(config: LearnerConfig) -> bool:

@@ -13,6 +13,7 @@ import pytest
 from sqlite_utils import Database
 
 from rlfb.errors import (
+    CorruptStateError,
     DuplicateEventError,
     DuplicateIdError,
     FeedbackBeforeEventError,
@@ -829,3 +830,24 @@ def test_raw_sqlite_reads_see_plain_text_for_ordinary_strings(tmp_path, clock):
     conn = sqlite3.connect(path)
     assert ("plain text", "text") == conn.execute("SELECT query, typeof(query) FROM events").fetchone()
     conn.close()
+
+
+def test_a_damaged_file_is_a_named_error(tmp_path) -> None:
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not an sqlite file" * 100)
+    with pytest.raises(CorruptStateError, match="garbage.db"):
+        FeedbackStore(garbage)
+
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as store:
+        store.save_policy_state({"a": 1}, {"bm25": 1.0})
+    with sqlite3.connect(path) as conn:  # damage a snapshot's JSON outside rlfb
+        conn.execute("UPDATE policy_snapshots SET state = '{broken' WHERE version = 1")
+    with FeedbackStore(path) as store, pytest.raises(CorruptStateError, match="snapshot 1"):
+        store.load_policy_state()
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE rewards")
+    with pytest.raises(CorruptStateError, match="rewards"):
+        FeedbackStore(path)
+    assert not garbage.read_bytes().startswith(b"SQLite")  # nothing was written over the damaged file

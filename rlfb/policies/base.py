@@ -7,13 +7,17 @@ learned state is private, randomness comes from its own seeded
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Context", "Decision", "Episode", "Policy"]
+__all__ = ["Context", "Decision", "Episode", "Policy", "MIN_PROPENSITY"]
+
+#: the smallest propensity a decision logs (the least positive normal float)
+MIN_PROPENSITY = sys.float_info.min
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,6 +61,11 @@ class Decision:
     explored: bool = False
     policy: str = "fixed"
     ranking: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # A sampled ranking's probability can underflow to 0.0; the action was taken, so it is positive.
+        if 0.0 <= self.propensity < MIN_PROPENSITY:
+            object.__setattr__(self, "propensity", MIN_PROPENSITY)
 
     def to_dict(self) -> dict[str, Any]:
         return {

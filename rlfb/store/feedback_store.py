@@ -20,6 +20,7 @@ import numpy as np
 from sqlite_utils import Database
 
 from rlfb.errors import (
+    CorruptStateError,
     DuplicateEventError,
     DuplicateIdError,
     FeedbackBeforeEventError,
@@ -64,6 +65,7 @@ from rlfb.store.records import (
 )
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+_TABLES = frozenset({"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links"})
 
 
 class FeedbackStore:
@@ -148,8 +150,19 @@ class FeedbackStore:
             conn.execute(f"PRAGMA synchronous = {sync}")
             conn.execute("PRAGMA foreign_keys = ON")
             self.migrations_applied = MIGRATIONS.apply(self.db)
+            missing = sorted(_TABLES.difference(self.db.table_names()))
+            if missing:  # recorded as migrated, yet gone: dropped by hand
+                raise CorruptStateError(f"{self.path} is a feedback store without its tables {missing}")
             if self.retention is not None:
                 self.prune()
+        except CorruptStateError:
+            self.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                raise  # another process holds the file: not damage
+            raise CorruptStateError(f"cannot open {self.path} as a feedback store: {exc}") from exc
         except BaseException:
             self.close()
             raise
@@ -897,14 +910,20 @@ class FeedbackStore:
         """The newest snapshot as ``{"state", "weights", "version", "updated_at", "policy"}``, or ``None``."""
         with self._read():
             rows = list(self.db.query("SELECT * FROM policy_snapshots ORDER BY version DESC LIMIT 1"))
-        return _snapshot_dict(rows[0], with_state=True) if rows else None
+        return self._snapshot(rows[0], with_state=True) if rows else None
 
     def policy_history(self, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
         """Snapshots oldest first (weights over time); with ``limit``, the most recent ``limit``."""
         lim = "" if limit is None else f" LIMIT {_check_limit(limit)}"
         with self._read():
             rows = list(self.db.query(f"SELECT * FROM policy_snapshots ORDER BY version DESC{lim}"))
-        return [_snapshot_dict(r, with_state=with_state) for r in reversed(rows)]
+        return [self._snapshot(r, with_state=with_state) for r in reversed(rows)]
+
+    def _snapshot(self, row: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
+        try:
+            return _snapshot_dict(row, with_state)
+        except ValueError as exc:  # its JSON was damaged outside rlfb
+            raise CorruptStateError(f"policy snapshot {row['version']} in {self.path} is damaged: {exc}") from exc
 
     def state_version(self) -> int:
         """Version of the newest snapshot (0 if none). Cheap: poll it to notice new weights."""

@@ -1,0 +1,161 @@
+"""FeedbackEnsemble.save / load: settings and learning survive, damage is a named error, a failed save loses nothing."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+import pytest
+
+from rlfb import CorruptStateError, FeedbackEnsemble, ValidationError
+from rlfb.learner import LearnerConfig
+from rlfb.policies import make_policy
+from rlfb.policies.base import MIN_PROPENSITY, Decision
+from rlfb.store import FeedbackStore
+
+TEXTS = [
+    f"document {i} about {w} and {v}"
+    for i, (w, v) in enumerate(
+        (a, b)
+        for a in ("aurora", "tides", "volcano", "moon", "sun", "rock", "ocean", "storm")
+        for b in ("physics", "geology", "weather", "light")
+    )
+]
+QUERIES = ("aurora physics", "storm weather", "moon light", "rock geology")
+
+
+def _teach(ens: FeedbackEnsemble, rounds: int, t0: float) -> float:
+    """Clicks on the second hit of each query: feedback that moves weights, memory and confidence."""
+    t = t0
+    for i in range(rounds):
+        for q in QUERIES:
+            r = ens.retrieve(q, k=5, timestamp=t)
+            ens.feedback(r.event_id, "click", chunk_id=r.chunk_ids[(i + 1) % 5], timestamp=t + 1)
+            t += 2
+    return t
+
+
+def _without_event_ids(obj: object) -> object:
+    """A state with the (random) event ids of the two stores left out."""
+    if isinstance(obj, dict):
+        return {k: _without_event_ids(v) for k, v in obj.items() if k != "event_id"}
+    if isinstance(obj, list):
+        return [_without_event_ids(v) for v in obj]
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("policy", "options"),
+    [("thompson", {}), ("gradient", {"learning_rate": 0.5, "temperature": 0.5})],
+)
+def test_load_keeps_the_learner_settings_and_keeps_learning_alike(tmp_path, policy, options) -> None:
+    config = LearnerConfig(exploration="epsilon", memory_weight=0.5, confidence_weight=2.0, replay_every=5)
+    t0 = time.time() - 100_000
+
+    def build(store: str) -> FeedbackEnsemble:
+        # non-default learner settings and policy hyperparameters, as a user would configure them
+        return FeedbackEnsemble.from_texts(
+            TEXTS,
+            retrievers=("bm25",),
+            store=FeedbackStore(store),
+            policy=make_policy(policy, ("bm25",), seed=3, **options),
+            learner_config=config,
+            seed=3,
+        )
+
+    saved = build(str(tmp_path / "a.db"))
+    t = _teach(saved, 3, t0)
+    saved.save(tmp_path / "idx")
+    loaded = FeedbackEnsemble.load(tmp_path / "idx", store=str(tmp_path / "b.db"))
+    assert loaded.learner.config == saved.learner.config
+    assert loaded.learner.policy.hyper == saved.learner.policy.hyper
+    assert loaded.learner.state_dict() == saved.learner.state_dict()
+    # both go on learning from the same feedback, and stay the same
+    _teach(saved, 2, t)
+    _teach(loaded, 2, t)
+    assert _without_event_ids(loaded.learner.state_dict()) == _without_event_ids(saved.learner.state_dict())
+    for q in QUERIES:
+        assert loaded.retrieve(q, k=8, log=False).chunk_ids == saved.retrieve(q, k=8, log=False).chunk_ids
+
+
+def test_damaged_saves_are_named_errors(tmp_path) -> None:
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",))
+    root = tmp_path / "idx"
+    ens.save(root)
+    config = json.loads((root / "ensemble.json").read_text())
+    state = json.loads((root / "learner.json").read_text())
+    damaged = [
+        ("ensemble.json", json.dumps({**config, "format": 99}), "format"),
+        ("ensemble.json", json.dumps({**config, "rrf_c": None}), "rrf_c"),
+        ("learner.json", json.dumps({**state, "now": float("nan")}), "NaN"),
+        ("learner.json", json.dumps({**state, "n_learned": 0}).replace(": 0,", ": 1e400,", 1), "non-finite"),
+    ]
+    for name, text, words in damaged:
+        original = (root / name).read_text()
+        (root / name).write_text(text)
+        with pytest.raises(CorruptStateError, match=words):
+            FeedbackEnsemble.load(root)
+        (root / name).write_text(original)
+    FeedbackEnsemble.load(root)  # intact again
+
+
+def test_a_failed_save_leaves_the_previous_one(tmp_path) -> None:
+    ens = FeedbackEnsemble.from_texts(TEXTS[:4], retrievers=("bm25",), metadatas=[{"n": i} for i in range(4)])
+    root = tmp_path / "idx"
+    ens.save(root)
+    before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
+    dated = FeedbackEnsemble.from_texts(
+        TEXTS[:4], retrievers=("bm25",), metadatas=[{"published": datetime.date(2024, 1, i + 1)} for i in range(4)]
+    )
+    assert dated.retrieve("aurora", k=1, log=False).hits[0].metadata["published"].year == 2024  # usable in memory
+    with pytest.raises(ValidationError, match="JSON"):
+        dated.save(root)
+    assert {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()} == before
+    hit = FeedbackEnsemble.load(root).retrieve("aurora", k=1, log=False).hits[0]
+    assert hit.metadata == {"n": int(hit.chunk_id)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no half-written folder left beside it
+    # a save replaces an earlier one, but never a folder that holds something else
+    ens.save(root)
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep me")
+    with pytest.raises(ValidationError, match="not empty"):
+        ens.save(other)
+    assert (other / "todo.txt").read_text() == "keep me"
+
+
+def test_a_store_without_query_text_keeps_questions_apart_and_out_of_the_state(tmp_path) -> None:
+    t0 = time.time() - 10_000
+    store = FeedbackStore(tmp_path / "f.db", store_text=False)
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=store)
+    r = ens.retrieve("aurora physics", k=5, timestamp=t0, explore=False)
+    ens.feedback(r.event_id, "click", chunk_id="0", timestamp=t0 + 1)
+    r = ens.retrieve("storm weather", k=5, timestamp=t0 + 2, explore=False)
+    ens.feedback(r.event_id, "click", chunk_id="30", timestamp=t0 + 3)
+    assert len(ens.learner.memory) == 2  # two questions, not one merged under an empty key
+    storm = ens.retrieve("storm weather", k=32, explore=False, log=False)
+    assert {h.chunk_id for h in storm.hits if h.memory} == {"30"}
+    ens.flush()
+    snapshot = json.dumps(store.load_policy_state())
+    assert "aurora physics" not in snapshot and "storm weather" not in snapshot
+    # after a restart the learner finds the same question again from the store's hash
+    reopened = FeedbackStore(tmp_path / "f.db", store_text=False)
+    again = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=reopened)
+    r = again.retrieve("storm weather", k=5, timestamp=t0 + 4, explore=False)
+    again._contexts.clear()  # as if the process had restarted between the retrieval and its feedback
+    again.feedback(r.event_id, "click", chunk_id="30", timestamp=t0 + 5)
+    assert len(again.learner.memory) == 2
+
+
+def test_a_propensity_too_small_for_a_float_is_logged_as_the_least_positive_one(tmp_path) -> None:
+    assert Decision({"bm25": 1.0}, propensity=0.0).propensity == MIN_PROPENSITY
+    assert Decision({"bm25": 1.0}, propensity=0.25).propensity == 0.25
+    # a sampled ranking of 80 out of 300 chunks: its probability underflows to 0.0 in a float
+    texts = [f"chunk {i} on topic {i % 17} with words {i % 5} {i % 7}" for i in range(300)]
+    ens = FeedbackEnsemble.from_texts(
+        texts, retrievers=("bm25",), policy="gradient", fusion="zscore", store=str(tmp_path / "f.db"), candidate_k=300
+    )
+    for q in ("topic 3 words", "chunk words 4", "topic 11", "words 2 6"):
+        r = ens.retrieve(q, k=80)
+        assert 0 < r.propensity <= 1 and r.event_id is not None
