@@ -34,16 +34,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line for ``exc``: an OS error as its reason and file, anything else as its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+        return f"{exc.strerror}: {' -> '.join(names)}" if names else exc.strerror
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (2 for bad input, with the reason on stderr)."""
+    """Run the CLI; returns the exit status (2 for bad input, with the reason on stderr).
+
+    Bad input (an rlfb error), an unreadable or unwritable path (``OSError``) and a file that is
+    not an SQLite database end with one ``rlfb: error: ...`` line, never a traceback.
+    """
+    import sqlite3
+
     from rlfb.errors import RlfbError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except RlfbError as exc:
-        print(f"rlfb: error: {exc}", file=sys.stderr)
+    except (RlfbError, OSError, sqlite3.DatabaseError) as exc:
+        print(f"rlfb: error: {describe_error(exc)}", file=sys.stderr)
         return 2
 
 

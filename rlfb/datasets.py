@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.types import Chunk
@@ -63,46 +64,115 @@ def dataset_path(name: str) -> Path:
     return base / name
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                raise CorruptStateError(f"{path}:{lineno}: not JSON: {exc}") from exc
-    return rows
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Numbered text lines of ``path``; undecodable bytes raise :class:`CorruptStateError` naming the line."""
+    try:
+        with open(path, "rb") as fh:
+            # decode line by line (not the whole stream) so that an error can name its line
+            for lineno, raw in enumerate(fh, start=1):
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise CorruptStateError(f"{path}:{lineno}: not UTF-8: {exc}") from exc
+    except OSError as exc:
+        raise CorruptStateError(f"cannot read {path}: {exc}") from exc
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Numbered JSON objects of a JSON-lines file (blank lines skipped)."""
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise CorruptStateError(f"{path}:{lineno}: not JSON: {exc}") from exc
+        if not isinstance(row, dict):
+            raise CorruptStateError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        yield lineno, row
+
+
+def _row_id(row: dict[str, Any], where: str) -> str:
+    value = row.get("_id")
+    # BEIR ids are strings; some collections write them as JSON numbers
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise CorruptStateError(f"{where}: _id must be a string, got {value!r}")
+    return str(value)
+
+
+def _row_text(row: dict[str, Any], key: str, where: str, *, required: bool) -> str:
+    value = row.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise CorruptStateError(f"{where}: {key} must be a string, got {value!r}")
+    return value
+
+
+def _read_corpus(file: Path) -> list[Chunk]:
+    corpus: list[Chunk] = []
+    first_line: dict[str, int] = {}
+    for lineno, row in _read_jsonl(file):
+        where = f"{file}:{lineno}"
+        cid = _row_id(row, where)
+        if cid in first_line:
+            raise CorruptStateError(f"{where}: duplicate _id {cid!r} (first on line {first_line[cid]})")
+        first_line[cid] = lineno
+        title = _row_text(row, "title", where, required=False).strip()
+        text = _row_text(row, "text", where, required=False)
+        metadata = row.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise CorruptStateError(f"{where}: metadata must be a JSON object, got {type(metadata).__name__}")
+        corpus.append(Chunk(cid, f"{title} {text}".strip(), {"title": title, **metadata}))
+    return corpus
+
+
+def _read_queries(file: Path) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    first_line: dict[str, int] = {}
+    for lineno, row in _read_jsonl(file):
+        where = f"{file}:{lineno}"
+        qid = _row_id(row, where)
+        if qid in first_line:
+            raise CorruptStateError(f"{where}: duplicate _id {qid!r} (first on line {first_line[qid]})")
+        first_line[qid] = lineno
+        queries[qid] = _row_text(row, "text", where, required=True)
+    return queries
+
+
+def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
+    split: dict[str, dict[str, int]] = {}
+    for lineno, line in _lines(tsv):
+        try:  # one reader per line, so that an error can name its line
+            row = next(csv.reader([line], delimiter="\t"), [])
+        except csv.Error as exc:
+            raise CorruptStateError(f"{tsv}:{lineno}: {exc}") from exc
+        if not row or row[0] == "query-id":
+            continue
+        if len(row) < 3:
+            raise CorruptStateError(f"{tsv}:{lineno}: expected query-id, corpus-id and score, got {row!r}")
+        try:
+            grade = int(float(row[2]))
+        except (ValueError, OverflowError):
+            raise CorruptStateError(f"{tsv}:{lineno}: score must be a number, got {row[2]!r}") from None
+        split.setdefault(row[0], {})[row[1]] = grade
+    return split
 
 
 def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     """Load a BEIR folder: every ``qrels/*.tsv`` becomes a split.
 
     Chunk text is ``title + " " + text``, as BEIR evaluates it; the title is
-    kept in the metadata too.
+    kept in the metadata too. A malformed file raises :class:`CorruptStateError`
+    naming the file and line.
     """
     root = Path(path)
-    if not (root / "corpus.jsonl").is_file():
-        raise ValidationError(f"{root} is not a BEIR folder: corpus.jsonl is missing")
-    corpus = []
-    for row in _read_jsonl(root / "corpus.jsonl"):
-        title = (row.get("title") or "").strip()
-        text = row.get("text") or ""
-        corpus.append(
-            Chunk(str(row["_id"]), f"{title} {text}".strip(), {"title": title, **(row.get("metadata") or {})})
-        )
-    queries = {str(r["_id"]): r["text"] for r in _read_jsonl(root / "queries.jsonl")}
-    qrels: dict[str, dict[str, dict[str, int]]] = {}
-    for tsv in sorted((root / "qrels").glob("*.tsv")):
-        split: dict[str, dict[str, int]] = {}
-        with open(tsv, encoding="utf-8", newline="") as fh:
-            reader = csv.reader(fh, delimiter="\t")
-            for row in reader:
-                if not row or row[0] == "query-id":
-                    continue
-                split.setdefault(row[0], {})[row[1]] = int(float(row[2]))
-        qrels[tsv.stem] = split
+    for required in ("corpus.jsonl", "queries.jsonl"):
+        if not (root / required).is_file():
+            raise ValidationError(f"{root} is not a BEIR folder: {required} is missing")
+    corpus = _read_corpus(root / "corpus.jsonl")
+    queries = _read_queries(root / "queries.jsonl")
+    qrels = {tsv.stem: _read_qrels(tsv) for tsv in sorted((root / "qrels").glob("*.tsv"))}
     if not qrels:
         raise ValidationError(f"{root} has no qrels/*.tsv")
     return BeirDataset(name or root.name, corpus, queries, qrels)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,11 +23,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlfb.commands import prepare_output_dir
     from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
 
+    out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation
     data = generate_demo_corpus(n_devices=args.devices)
     names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())
     print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
@@ -44,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nlearning from {args.interactions} simulated users x {args.seeds} seeds ({args.policy} policy)")
     result = simulate(data, config, prepared=prepared)
     print_table(result)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     plot_curves(result, str(out / "learning_curves.png"))
     print(f"\nwrote {out / 'results.json'} and {out / 'learning_curves.png'}")

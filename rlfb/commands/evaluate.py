@@ -35,6 +35,7 @@ def parse_weights(text: str | None, names: list[str]) -> list[float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlfb.commands import prepare_output_file
     from rlfb.datasets import load_beir
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.offline import evaluate_ensemble
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     k = validate_k(args.k)
     names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
     weights = parse_weights(args.weights, names)
+    if args.json_out:  # a bad output path fails now, not after indexing and evaluation
+        prepare_output_file(args.json_out)
     data = load_beir(args.dataset)
     qrels = data.split(args.split)
     queries = data.split_queries(args.split)
@@ -59,6 +62,5 @@ def run(args: argparse.Namespace) -> int:
     for name, metrics in results.items():
         print(f"{name:<10}" + "".join(f"{metrics[c]:>12.4f}" for c in cols))
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0

@@ -46,8 +46,12 @@ def print_table(result: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlfb.commands import prepare_output_file
     from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
 
+    for out in (args.json_out, args.plot):  # a bad output path fails now, not after the simulation
+        if out:
+            prepare_output_file(out)
     config = SimulationConfig(
         policy=args.policy, user=args.user, interactions=args.interactions, explicit_rate=args.explicit_rate,
         noise=args.noise, seeds=tuple(range(args.seeds)), checkpoints=args.checkpoints,
@@ -60,11 +64,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nindexing {t['index_seconds']:.1f}s, contexts {t['context_seconds']:.1f}s, "
           f"simulation {t['simulation_seconds']:.1f}s ({', '.join(f'{s:.1f}' for s in t['seconds_per_seed'])} s/seed)")
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(result, indent=2), encoding="utf-8")
         print(f"wrote {args.json_out}")
     if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_curves(result, args.plot)
         print(f"wrote {args.plot}")
     return 0

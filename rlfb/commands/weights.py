@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,15 +29,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp.set_defaults(func=run_import)
 
 
-def _open(path: str):  # noqa: ANN202
-    from pathlib import Path
+@contextmanager
+def _open(path: str) -> Iterator[Any]:
+    """The feedback store at ``path``; a file that is not one raises :class:`CorruptStateError` naming it."""
+    import sqlite3
 
-    from rlfb.errors import ValidationError
+    from rlfb.errors import CorruptStateError, ValidationError
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
         raise ValidationError(f"no feedback store at {path}")
-    return FeedbackStore(path)
+    try:
+        with FeedbackStore(path) as store:
+            yield store
+    except sqlite3.DatabaseError as exc:  # sqlite's message ("file is not a database") does not say which file
+        raise CorruptStateError(f"{path} is not a readable feedback store: {exc}") from exc
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -304,35 +304,71 @@ class BM25Retriever(CorpusRetriever):
         """Read an index written by :meth:`save`.
 
         ``tokenizer`` is required when the index was built with a callable tokenizer.
+        Any damaged or inconsistent file raises :class:`CorruptStateError` naming it.
         """
-        import bm25s
-
         path = Path(path)
+        if tokenizer is not None and not callable(tokenizer):
+            raise ValidationError(f"tokenizer must be a callable str -> list[str], got {type(tokenizer).__name__}")
         meta = read_meta(path, "bm25")
-        pattern = meta.get("tokenizer")
-        if tokenizer is None and pattern is None:
+        if meta.get("tokenizer") is None and tokenizer is None:
             raise ValidationError(
                 f"{path} was indexed with a custom tokenizer: pass it as load(path, tokenizer=...)"
             )
+        # past the caller's own arguments everything comes from the files, so any failure means damage
+        try:
+            return cls._load_checked(path, meta, tokenizer)
+        except CorruptStateError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError) as exc:
+            raise CorruptStateError(f"cannot read the BM25 index in {path}: {exc}") from exc
+
+    @classmethod
+    def _load_checked(
+        cls, path: Path, meta: dict[str, Any], tokenizer: Callable[[str], list[str]] | None
+    ) -> BM25Retriever:
+        """:meth:`load` without the error translation: check every saved value before using it."""
+        import bm25s
+
+        meta_file = path / "meta.json"
+        version = meta.get("format_version")
+        if not _is_int(version) or version != _FORMAT_VERSION:
+            raise CorruptStateError(
+                f"{meta_file}: unknown BM25 format_version {version!r}; this rlfb reads {_FORMAT_VERSION}"
+            )
+        for key in ("k1", "b", "avg_doc_len"):
+            value = meta.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise CorruptStateError(f"{meta_file}: {key} must be a finite number, got {value!r}")
+        if not isinstance(meta.get("lowercase", True), bool):
+            raise CorruptStateError(f"{meta_file}: lowercase must be true or false, got {meta['lowercase']!r}")
+        if meta["avg_doc_len"] < 0:
+            raise CorruptStateError(f"{meta_file}: avg_doc_len must be >= 0, got {meta['avg_doc_len']!r}")
         try:
             self = cls(
                 k1=meta["k1"],
                 b=meta["b"],
                 method=meta["method"],
                 idf_method=meta["idf_method"],
-                tokenizer=tokenizer if tokenizer is not None else pattern,
+                tokenizer=tokenizer if tokenizer is not None else meta["tokenizer"],
                 lowercase=meta.get("lowercase", True),
             )
-            model = bm25s.BM25.load(path / "bm25s", allow_pickle=False, show_progress=False)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            if isinstance(exc, ValidationError):
-                raise
-            raise CorruptStateError(f"cannot read the BM25 index in {path}: {exc}") from exc
-        table = ChunkTable.load(path)
-        if int(model.scores["num_docs"]) != len(table):
+        except ValidationError as exc:  # the settings came from the file, not from the caller
+            raise CorruptStateError(f"{meta_file}: {exc}") from exc
+        model = bm25s.BM25.load(path / "bm25s", allow_pickle=False, show_progress=False)
+        params_file = path / "bm25s" / "params.index.json"
+        saved = (model.k1, model.b, model.method, model.idf_method)
+        if saved != (self.k1, self.b, self.method, self.idf_method):
+            # the weights were computed with the settings in params; scoring new texts uses meta's
             raise CorruptStateError(
-                f"{path}: the BM25 index has {model.scores['num_docs']} documents for {len(table)} chunks"
+                f"{params_file} (k1, b, method, idf_method) = {saved} disagrees with {meta_file}"
             )
+        table = ChunkTable.load(path)
+        num_docs = model.scores["num_docs"]
+        if not _is_int(num_docs) or num_docs != len(table):
+            raise CorruptStateError(f"{params_file}: the BM25 index has {num_docs!r} documents for {len(table)} chunks")
+        if meta.get("n_docs", len(table)) != len(table):
+            raise CorruptStateError(f"{meta_file}: n_docs is {meta['n_docs']!r} for {len(table)} chunks")
+        _check_index(path / "bm25s", model.scores, model.vocab_dict, len(table))
         self._bm25, self._table = model, table
         self._avg_len = float(meta["avg_doc_len"])
         self._finish()
@@ -340,3 +376,47 @@ class BM25Retriever(CorpusRetriever):
 
     def __repr__(self) -> str:
         return f"BM25Retriever(k1={self.k1}, b={self.b}, method={self.method!r}, n_chunks={len(self)})"
+
+
+def _is_int(value: object) -> bool:
+    """True for a JSON integer (``bool`` is an ``int`` in Python but not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_index(folder: Path, scores: dict[str, Any], vocab: object, n_docs: int) -> None:
+    """Raise :class:`CorruptStateError` unless bm25s's arrays form a valid vocabulary x documents CSR matrix.
+
+    scipy accepts out-of-range or unsorted pointers only to fail later (or score wrongly), so the
+    structure is checked here, with whole-array numpy operations: no loop over postings.
+    """
+    files = {name: folder / f"{name}.csc.index.npy" for name in ("data", "indices", "indptr")}
+    arrays = {name: scores[name] for name in files}
+    kinds = {"data": "f", "indices": "iu", "indptr": "iu"}
+    for name, arr in arrays.items():
+        if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in kinds[name]:
+            what = f"a {arr.ndim}-D {arr.dtype} array" if isinstance(arr, np.ndarray) else type(arr).__name__
+            expected = "float" if name == "data" else "integer"
+            raise CorruptStateError(f"{files[name]}: expected a 1-D {expected} array, got {what}")
+    data, indices, indptr = arrays["data"], arrays["indices"], arrays["indptr"]
+    vocab_file = folder / "vocab.index.json"
+    if not isinstance(vocab, dict) or not vocab:
+        raise CorruptStateError(f"{vocab_file}: expected a non-empty JSON object of term -> id")
+    ids = np.array(list(vocab.values()))
+    n_vocab = len(vocab)
+    if ids.dtype.kind not in "iu":
+        raise CorruptStateError(f"{vocab_file}: term ids must be integers")
+    if ids.min() < 0 or ids.max() >= n_vocab or np.unique(ids).size != n_vocab:
+        # a permutation of 0..n_vocab-1: each term owns exactly one row of the matrix
+        raise CorruptStateError(f"{vocab_file}: term ids must be distinct and in [0, {n_vocab})")
+    if indptr.shape[0] != n_vocab + 1:
+        raise CorruptStateError(f"{files['indptr']}: {indptr.shape[0] - 1} term columns for {n_vocab} terms")
+    if indptr[0] != 0 or indptr[-1] != indices.shape[0] or np.any(np.diff(indptr) < 0):
+        raise CorruptStateError(
+            f"{files['indptr']}: pointers must rise from 0 to the {indices.shape[0]} postings"
+        )
+    if data.shape[0] != indices.shape[0]:
+        raise CorruptStateError(f"{files['data']}: {data.shape[0]} weights for {indices.shape[0]} postings")
+    if indices.size and (indices.min() < 0 or indices.max() >= n_docs):
+        raise CorruptStateError(f"{files['indices']}: document numbers must be in [0, {n_docs})")
+    if not np.all(np.isfinite(data)) or np.any(data < 0):
+        raise CorruptStateError(f"{files['data']}: BM25 weights must be finite and >= 0")

@@ -1,0 +1,147 @@
+"""The ``rlfb`` CLI ends bad input with exit status 2 and one ``rlfb: error: ...`` line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from rlfb.cli import main
+from rlfb.errors import CorruptStateError
+from rlfb.store import FeedbackStore
+
+CORPUS = [
+    '{"_id": "d1", "title": "aurora", "text": "charged particles in the sky"}',
+    '{"_id": "d2", "title": "tides", "text": "the moon pulls the sea"}',
+    '{"_id": "d3", "title": "volcano", "text": "lava and ash"}',
+]
+QUERIES = ['{"_id": "q1", "text": "aurora sky"}', '{"_id": "q2", "text": "moon tides"}']
+QRELS = ["query-id\tcorpus-id\tscore", "q1\td1\t1", "q2\td2\t1"]
+SMALL_RUN = ["--retrievers", "bm25", "--interactions", "4", "--seeds", "1"]
+
+
+def write_beir(root: Path, *, queries: bool = True, qrels: list[str] = QRELS) -> Path:
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    if queries:
+        (root / "queries.jsonl").write_text("\n".join(QUERIES) + "\n", encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n", encoding="utf-8")
+    return root
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The captured stderr, checked to be exactly one ``rlfb: error:`` line."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlfb: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def garbage_db(tmp_path: Path) -> Path:
+    path = tmp_path / "garbage.db"
+    path.write_bytes(b"this is not an SQLite database\n" * 50)
+    return path
+
+
+@pytest.fixture
+def good_db(tmp_path: Path) -> Path:
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as store:
+        store.save_policy_state({"n": 1}, {"bm25": 0.6, "dense": 0.4}, policy="fixed")
+    return path
+
+
+# -- weights ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("action", [["show"], ["show", "--json"], ["export", "OUT"], ["import", "OUT"]])
+def test_weights_on_a_garbage_file(garbage_db: Path, tmp_path: Path, capsys, action: list[str]) -> None:
+    before = garbage_db.read_bytes()
+    argv = ["weights", action[0], str(garbage_db), *[str(tmp_path / "w.json") if a == "OUT" else a for a in action[1:]]]
+    assert main(argv) == 2
+    assert str(garbage_db) in one_error_line(capsys)
+    assert garbage_db.read_bytes() == before  # the damaged file is left as it was
+
+
+def test_weights_when_sqlite_itself_fails(garbage_db: Path, monkeypatch, capsys) -> None:
+    """Whether FeedbackStore raises CorruptStateError or lets sqlite3.DatabaseError through, one line names the file."""
+    import rlfb.store
+
+    class RawSqliteStore:
+        def __init__(self, path: object) -> None:
+            raise sqlite3.DatabaseError("file is not a database")
+
+    monkeypatch.setattr(rlfb.store, "FeedbackStore", RawSqliteStore)
+    assert main(["weights", "show", str(garbage_db)]) == 2
+    assert str(garbage_db) in one_error_line(capsys)
+
+
+def test_weights_export_into_a_missing_folder(good_db: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "no" / "such" / "dir" / "out.json"
+    assert main(["weights", "export", str(good_db), str(out)]) == 2
+    assert str(out) in one_error_line(capsys)
+    assert not out.exists()
+
+
+# -- demo / simulate / evaluate: a bad output path -----------------------------------------------------
+def test_demo_out_is_an_existing_file(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "results"
+    out.write_text("keep me", encoding="utf-8")
+    assert main(["demo", "--out", str(out), "--devices", "2", *SMALL_RUN]) == 2
+    assert str(out) in one_error_line(capsys)
+    assert capsys.readouterr().out == ""  # it failed before the run, not after it
+    assert out.read_text(encoding="utf-8") == "keep me"
+
+
+def test_simulate_json_under_a_regular_file(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("keep me", encoding="utf-8")
+    data = write_beir(tmp_path / "beir")
+    argv = ["simulate", "--dataset", str(data), "--json", str(blocker / "x.json"), "--quiet", *SMALL_RUN]
+    assert main(argv) == 2
+    assert str(blocker) in one_error_line(capsys)
+    assert blocker.read_text(encoding="utf-8") == "keep me"
+
+
+def test_evaluate_json_is_a_folder(tmp_path: Path, capsys) -> None:
+    data = write_beir(tmp_path / "beir")
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25", "--json", str(tmp_path)]) == 2
+    assert str(tmp_path) in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        FileNotFoundError(2, "No such file or directory", "/proc/x.json"),
+        PermissionError(13, "Permission denied", "/root/out.json"),
+        sqlite3.DatabaseError("database disk image is malformed"),
+        CorruptStateError("fb.db is not a readable feedback store"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_main_reports_os_sqlite_and_rlfb_errors_in_one_line(monkeypatch, capsys, exc: Exception) -> None:
+    """An error raised late in a command (after the run, on writing) still ends in one line."""
+    import rlfb.commands.simulate as simulate_command
+
+    def fail(args: argparse.Namespace) -> int:
+        raise exc
+
+    monkeypatch.setattr(simulate_command, "run", fail)
+    assert main(["simulate", "--dataset", "demo"]) == 2
+    line = one_error_line(capsys)
+    assert (exc.filename if isinstance(exc, OSError) else str(exc)) in line
+
+
+# -- evaluate / simulate: a malformed BEIR folder ------------------------------------------------------
+def test_evaluate_without_queries_file(tmp_path: Path, capsys) -> None:
+    data = write_beir(tmp_path / "beir", queries=False)
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25"]) == 2
+    assert "queries.jsonl" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("bad_row", ["q2\td2\tabc", "q2\td2"])
+def test_simulate_with_a_bad_qrels_row(tmp_path: Path, capsys, bad_row: str) -> None:
+    data = write_beir(tmp_path / "beir", qrels=[*QRELS[:2], bad_row])
+    assert main(["simulate", "--dataset", str(data), "--quiet", *SMALL_RUN]) == 2
+    assert f"{data / 'qrels' / 'test.tsv'}:3" in one_error_line(capsys)

@@ -1,0 +1,173 @@
+"""Damaged inputs raise a named error that names the file: a saved BM25 index and a BEIR folder."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlfb.datasets import load_beir
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.retrievers.bm25 import BM25Retriever
+from rlfb.types import make_chunks
+
+TEXTS = [f"document {i} about {w}" for i, w in enumerate(["aurora", "tides", "volcano", "moon", "sun", "rock"])]
+
+
+# -- a saved BM25 index -------------------------------------------------------------------------------
+@pytest.fixture
+def index_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "bm25"
+    BM25Retriever().index(make_chunks(TEXTS, ids=[str(i) for i in range(len(TEXTS))])).save(path)
+    return path
+
+
+def _edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def mutate(root: Path) -> None:
+        file = root / name
+        data = json.loads(file.read_text(encoding="utf-8"))
+        result = change(data)
+        file.write_text(json.dumps(data if result is None else result), encoding="utf-8")
+
+    return mutate
+
+
+def _edit_npy(name: str, change: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]:
+    def mutate(root: Path) -> None:
+        file = root / "bm25s" / f"{name}.csc.index.npy"
+        np.save(file, change(np.load(file)))
+
+    return mutate
+
+
+def _empty_npy(name: str) -> Callable[[Path], None]:
+    return lambda root: (root / "bm25s" / f"{name}.csc.index.npy").write_bytes(b"")
+
+
+def _set(key: str, value: object) -> Callable[[dict], None]:
+    return lambda d: d.__setitem__(key, value)
+
+
+def _drop(key: str) -> Callable[[dict], None]:
+    return lambda d: d.__delitem__(key)
+
+
+def _set_term(value: object) -> Callable[[dict], None]:
+    return lambda d: d.__setitem__("rock", value)
+
+
+META, PARAMS, VOCAB = "meta.json", "bm25s/params.index.json", "bm25s/vocab.index.json"
+
+# (mutation, the file the error must name); each of these raised a raw error or loaded silently before
+DAMAGE = {
+    "avg_doc_len garbage": (_edit_json(META, _set("avg_doc_len", "x")), "meta.json"),
+    "avg_doc_len missing": (_edit_json(META, _drop("avg_doc_len")), "meta.json"),
+    "avg_doc_len negative": (_edit_json(META, _set("avg_doc_len", -3.0)), "meta.json"),
+    "unknown format_version": (_edit_json(META, _set("format_version", 99)), "meta.json"),
+    "lowercase not a bool": (_edit_json(META, _set("lowercase", "no")), "meta.json"),
+    "n_docs disagrees": (_edit_json(META, _set("n_docs", 99)), "meta.json"),
+    "num_docs garbage": (_edit_json(PARAMS, _set("num_docs", "x")), "params.index.json"),
+    "params k1 disagrees": (_edit_json(PARAMS, _set("k1", 0.9)), "params.index.json"),
+    "vocab id out of range": (_edit_json(VOCAB, _set_term(99)), "vocab.index.json"),
+    "vocab id negative": (_edit_json(VOCAB, _set_term(-1)), "vocab.index.json"),
+    "vocab id repeated": (_edit_json(VOCAB, _set_term(3)), "vocab.index.json"),
+    "vocab id not a number": (_edit_json(VOCAB, _set_term("x")), "vocab.index.json"),
+    "vocab a list": (_edit_json(VOCAB, lambda d: [1, 2]), "cannot read the BM25 index in"),
+    "indices beyond the corpus": (_edit_npy("indices", lambda a: a + 100), "indices.csc.index.npy"),
+    "indices negative": (_edit_npy("indices", lambda a: a - 100), "indices.csc.index.npy"),
+    "indices float": (_edit_npy("indices", lambda a: a.astype(float) + 0.5), "indices.csc.index.npy"),
+    "data NaN": (_edit_npy("data", lambda a: a * np.nan), "data.csc.index.npy"),
+    "data negative": (_edit_npy("data", lambda a: -a), "data.csc.index.npy"),
+    "data strings": (_edit_npy("data", lambda a: a.astype(str)), "data.csc.index.npy"),
+    "data 2-D": (_edit_npy("data", lambda a: a.reshape(1, -1)), "data.csc.index.npy"),
+    "data short": (_edit_npy("data", lambda a: a[:-3]), "data.csc.index.npy"),
+    "indptr decreasing": (_edit_npy("indptr", lambda a: a[::-1].copy()), "indptr.csc.index.npy"),
+    "indptr beyond the postings": (_edit_npy("indptr", lambda a: a * 10), "indptr.csc.index.npy"),
+    "empty data file": (_empty_npy("data"), "cannot read the BM25 index in"),
+    "empty indices file": (_empty_npy("indices"), "cannot read the BM25 index in"),
+    "empty indptr file": (_empty_npy("indptr"), "cannot read the BM25 index in"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_damaged_bm25_index_raises_corrupt_state_naming_the_file(index_dir: Path, case: str) -> None:
+    mutate, named = DAMAGE[case]
+    mutate(index_dir)
+    before = {p: p.read_bytes() for p in index_dir.rglob("*") if p.is_file()}
+    with pytest.raises(CorruptStateError, match=re.escape(named)) as info:
+        BM25Retriever.load(index_dir)
+    assert str(index_dir) in str(info.value)
+    assert before == {p: p.read_bytes() for p in index_dir.rglob("*") if p.is_file()}  # loading wrote nothing
+
+
+def test_intact_bm25_index_still_loads(index_dir: Path) -> None:
+    loaded = BM25Retriever.load(index_dir)
+    assert [cid for cid, _ in loaded.search("aurora rock", k=2)] == ["0", "5"]
+
+
+def test_bm25_load_rejects_a_tokenizer_that_is_not_callable(index_dir: Path) -> None:
+    with pytest.raises(ValidationError, match="tokenizer"):
+        BM25Retriever.load(index_dir, tokenizer="\\w+")  # type: ignore[arg-type]
+
+
+# -- a BEIR folder ------------------------------------------------------------------------------------
+CORPUS = ['{"_id": "d1", "title": "aurora", "text": "charged particles"}', '{"_id": "d2", "text": "tides"}']
+QUERIES = ['{"_id": "q1", "text": "aurora"}', '{"_id": "q2", "text": "tides"}']
+QRELS = ["query-id\tcorpus-id\tscore", "q1\td1\t1", "q2\td2\t1"]
+
+
+def write_beir(root: Path, *, corpus: list[str] | None = None, queries: list[str] | None = None,
+               qrels: list[str] | None = None) -> Path:
+    """A small BEIR folder; ``None`` keeps the valid default of a file."""
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("\n".join(CORPUS if corpus is None else corpus) + "\n", encoding="utf-8")
+    (root / "queries.jsonl").write_text("\n".join(QUERIES if queries is None else queries) + "\n", encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text("\n".join(QRELS if qrels is None else qrels) + "\n", encoding="utf-8")
+    return root
+
+
+BAD_BEIR = {
+    "corpus row without _id": ({"corpus": [CORPUS[0], '{"text": "x"}']}, "corpus.jsonl:2"),
+    "corpus row is a list": ({"corpus": [CORPUS[0], "[1, 2]"]}, "corpus.jsonl:2"),
+    "metadata is a list": ({"corpus": [CORPUS[0], '{"_id": "d2", "text": "x", "metadata": [1]}']}, "corpus.jsonl:2"),
+    "title is a number": ({"corpus": [CORPUS[0], '{"_id": "d2", "title": 5, "text": "x"}']}, "corpus.jsonl:2"),
+    "duplicate corpus id": ({"corpus": [CORPUS[0], CORPUS[0]]}, "corpus.jsonl:2"),
+    "query without text": ({"queries": [QUERIES[0], '{"_id": "q2"}']}, "queries.jsonl:2"),
+    "qrels score not a number": ({"qrels": [QRELS[0], QRELS[1], "q2\td2\tabc"]}, "qrels/test.tsv:3"),
+    "qrels row too short": ({"qrels": [QRELS[0], QRELS[1], "q2\td2"]}, "qrels/test.tsv:3"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BEIR)
+def test_malformed_beir_folder_names_file_and_line(tmp_path: Path, case: str) -> None:
+    files, where = BAD_BEIR[case]
+    root = write_beir(tmp_path / "beir", **files)
+    with pytest.raises(CorruptStateError, match=re.escape(f"{root}/{where}:")):
+        load_beir(root)
+
+
+def test_beir_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
+    root = write_beir(tmp_path / "beir")
+    with open(root / "corpus.jsonl", "ab") as fh:
+        fh.write(b'{"_id": "d3", "text": "\xff\xfe"}\n')
+    with pytest.raises(CorruptStateError, match=re.escape(f"{root / 'corpus.jsonl'}:3")):
+        load_beir(root)
+
+
+def test_beir_missing_queries_is_a_validation_error(tmp_path: Path) -> None:
+    root = write_beir(tmp_path / "beir")
+    (root / "queries.jsonl").unlink()
+    with pytest.raises(ValidationError, match="queries.jsonl is missing"):
+        load_beir(root)
+
+
+def test_valid_beir_folder_still_loads(tmp_path: Path) -> None:
+    data = load_beir(write_beir(tmp_path / "beir"))
+    assert [c.id for c in data.corpus] == ["d1", "d2"]
+    assert data.corpus[0].text == "aurora charged particles"
+    assert data.queries == {"q1": "aurora", "q2": "tides"}
+    assert data.split("test") == {"q1": {"d1": 1}, "q2": {"d2": 1}}
