@@ -7,17 +7,24 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   ``BM25Retriever``, a vector store retriever, an ``EnsembleRetriever``...
   Chunk ids come from :func:`~langchain_rlfb.retrievers.document_to_chunk`; a
   numeric ``metadata["score"]`` on a document is kept as its score.
-  A retriever run nested inside another retriever run (an ensemble's members)
-  is not logged: what the user saw is the outer result.
+  A retriever run nested anywhere below another open retriever run (an
+  ensemble's members, also through a chain such as ``bm25.with_retry()``,
+  ``rewrite | bm25`` or ``bm25 | trim``) is not logged: what the user saw is
+  the outer result.
 * A :class:`~langchain_rlfb.FeedbackEnsembleRetriever` already logs its own
   retrieval under the same run id, with the decision its learner needs. The
   handler sees that event in the store and does not log it again (nor observe
   the session for it: the retriever did). With a handler on a different store
-  than the retriever's ensemble, the handler logs its own copy.
-* ``on_chain_start`` / ``on_chain_end`` keep the run tree in memory; when a
-  retrieval ends, its ancestors' links are written to the store
-  (:meth:`~rlfb.store.FeedbackStore.link_runs`), so feedback given on the
-  top-level run id of a chain finds the retrieval inside it, in any process.
+  than the retriever's ensemble, the handler logs its own copy; feedback on it
+  is recorded in the handler's store and, when the handler was given that
+  ``ensemble``, also on the ensemble's own event in the ensemble's store, so
+  the ensemble learns.
+* The start / end / error hooks of chains, tools, LLMs and chat models keep
+  the open run tree in memory; when a retrieval ends, its ancestors' links are
+  written to the store (:meth:`~rlfb.store.FeedbackStore.link_runs`), so
+  feedback given on the top-level run id of a chain or an agent finds the
+  retrieval inside it (also one made through a tool, as with
+  ``create_retriever_tool``), in any process.
 * ``on_retriever_error`` forgets the run: a failed retrieval logs nothing, and
   the error reaches the caller as usual.
 * The session comes from the run's metadata (``config={"metadata":
@@ -32,6 +39,7 @@ with ``score_scale="signed"`` ([-1, 1]); see :func:`rlfb.runs.score_value`.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -100,7 +108,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self.observe_followups = observe_followups
         self._implicit = implicit
         self._lock = threading.Lock()
-        self._parents: dict[str, str | None] = {}  # open runs (chains and retrievers) -> parent run
+        self._parents: dict[str, str | None] = {}  # open runs (chains, tools, models, retrievers) -> parent
         self._retrievals: dict[str, dict[str, Any]] = {}  # open retriever runs -> query, session, name
 
     @classmethod
@@ -111,19 +119,58 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         return cls(ensemble.store, ensemble=ensemble, **kwargs)
 
     # ------------------------------------------------------------------ run tree
-    def on_chain_start(
-        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
+    # Every run type that can sit between a retrieval and the run feedback is given on
+    # (chains, tools of agents, and models that call retrievers) is kept while open,
+    # so the links written when a retrieval ends reach the top-level run.
+    def _open(self, run_id: UUID, parent_run_id: UUID | None) -> None:
         with self._lock:
             self._parents[str(run_id)] = _str(parent_run_id)
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+    def _close(self, run_id: UUID) -> None:
         with self._lock:
             self._parents.pop(str(run_id), None)
 
+    def on_chain_start(
+        self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
+    ) -> None:
+        self._open(run_id, parent_run_id)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._close(run_id)
+
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        with self._lock:
-            self._parents.pop(str(run_id), None)
+        self._close(run_id)
+
+    def on_tool_start(
+        self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._open(run_id, parent_run_id)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._close(run_id)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._close(run_id)
+
+    def on_llm_start(
+        self, serialized: Any, prompts: list[str], *, run_id: UUID, parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._open(run_id, parent_run_id)
+
+    def on_chat_model_start(
+        self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Defined so LangChain does not fall back to on_llm_start with the messages rendered as text.
+        self._open(run_id, parent_run_id)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._close(run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._close(run_id)
 
     # ------------------------------------------------------------------ retrievals
     def on_retriever_start(
@@ -157,8 +204,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         with self._lock:
             info = self._retrievals.pop(rid, None)
             parent = self._parents.pop(rid, _str(parent_run_id))
-            nested = parent in self._retrievals  # a member of an outer retriever
             links = self._ancestor_links(parent)
+            # a member of an outer retriever, maybe through a chain (with_retry, rewrite | retriever)
+            nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)
         if info is None or nested:
             return
         if links:
@@ -222,13 +270,30 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         ``idempotency_key``. Returns one :class:`~rlfb.store.FeedbackRecord` per
         retrieval rated; an ensemble learns from those it made.
 
+        When the handler's ``ensemble`` keeps its log in another store, each
+        rated retrieval that store also holds (the ensemble's own event, under
+        the same run id) gets the feedback there too, so the ensemble learns;
+        the returned records then include those second records.
+
         Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
         under ``run_id`` or below it.
         """
-        return record_run_feedback(
-            self.store, run_id, signal, ensemble=self.ensemble, score=score, score_scale=self.score_scale,
-            value=value, rating=rating, chunk_id=chunk_id, comment=comment, key=key, **kwargs,
-        )
+        fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
+                                  chunk_id=chunk_id, comment=comment, key=key, **kwargs)
+        records = record_run_feedback(self.store, run_id, signal, ensemble=self.ensemble, **fb)
+        ens = self.ensemble
+        if ens is None or ens.store is None or _same_store(ens.store, self.store):
+            return records
+        # The run tree (links) lives in this handler's store: resolve here, record per event there.
+        ikey = fb.pop("idempotency_key", None)
+        rated = [r.event_id for r in records]
+        for eid in rated:
+            if ens.store.has_event(eid):
+                # the same key per event as record_run_feedback gave it in this store
+                key_there = ikey if ikey is None or len(rated) == 1 else f"{ikey}:{eid}"
+                records += record_run_feedback(ens.store, eid, signal, ensemble=ens,
+                                               idempotency_key=key_there, **fb)
+        return records
 
     def retrievals(self, run_id: Any) -> list[dict[str, Any]]:
         """The logged retrievals a run id stands for (store event dicts, with their ranked ``chunks``)."""
@@ -237,3 +302,13 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
 
 def _str(run_id: Any) -> str | None:
     return None if run_id is None else str(run_id)
+
+
+def _same_store(a: Any, b: Any) -> bool:
+    """Whether two feedback stores are one database (the same object, or the same file)."""
+    if a is b:
+        return True
+    pa, pb = getattr(a, "path", None), getattr(b, "path", None)
+    if not pa or not pb or ":memory:" in (pa, pb):
+        return False
+    return os.path.realpath(pa) == os.path.realpath(pb)

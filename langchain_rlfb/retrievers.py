@@ -41,7 +41,7 @@ from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from rlfb.ensemble import FeedbackEnsemble
-from rlfb.errors import ValidationError
+from rlfb.errors import DuplicateIdError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
 from rlfb.types import Chunk, Hit
@@ -63,15 +63,44 @@ _MEMBER_CALLBACKS: ContextVar[Any] = ContextVar("rlfb_member_callbacks", default
 MemberLike = Any  # a BaseRetriever / Runnable[str, list[Document]], a VectorStore, or a SearchMember
 
 
+def _given_id(doc: Document) -> Any:
+    """The id the user gave ``doc``: ``doc.id``, else ``metadata["chunk_id"]`` or ``metadata["id"]``."""
+    meta = doc.metadata or {}
+    return doc.id or meta.get("chunk_id") or meta.get("id")
+
+
 def document_to_chunk(doc: Document) -> Chunk:
     """A ``Document`` as a chunk.
 
     Its id is ``doc.id``, else ``metadata["chunk_id"]`` or ``metadata["id"]``,
     else a hash of the content (:func:`rlfb.runs.content_id`).
     """
-    meta = dict(doc.metadata or {})
-    cid = doc.id or meta.get("chunk_id") or meta.get("id")
-    return Chunk(str(cid) if cid is not None else content_id(doc.page_content), doc.page_content, meta)
+    cid = _given_id(doc)
+    return Chunk(str(cid) if cid is not None else content_id(doc.page_content), doc.page_content,
+                 dict(doc.metadata or {}))
+
+
+def _documents_to_chunks(documents: Sequence[Document]) -> list[Chunk]:
+    """Chunks of ``documents``, in order (ids from :func:`document_to_chunk`).
+
+    Documents without an id and with the same ``page_content`` are one chunk
+    (their content id is the same): the first is kept, as the LlamaIndex
+    adapter keeps the first of nodes with one id. An id the user gave twice is
+    a :class:`rlfb.errors.DuplicateIdError` naming both documents.
+    """
+    first: dict[str, int] = {}  # chunk id -> index of the document it came from
+    out = []
+    for i, doc in enumerate(documents):
+        if not isinstance(doc, Document):
+            raise ValidationError(f"documents[{i}]: expected a LangChain Document, got {type(doc).__name__}")
+        chunk = document_to_chunk(doc)
+        if chunk.id in first:
+            if _given_id(doc) is None:  # a repeated boilerplate text (a footer, a header): index it once
+                continue
+            raise DuplicateIdError(f"documents {first[chunk.id]} and {i} both have the id {chunk.id!r}")
+        first[chunk.id] = i
+        out.append(chunk)
+    return out
 
 
 def hit_to_document(hit: Hit, event_id: str | None = None) -> Document:
@@ -290,8 +319,15 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         explore: bool = True,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
-        """Index ``documents`` (ids from :func:`document_to_chunk`); otherwise as :meth:`from_texts`."""
-        chunks = [document_to_chunk(d) for d in documents]
+        """Index ``documents``; otherwise as :meth:`from_texts`.
+
+        Ids come from :func:`document_to_chunk`. Documents without an id and
+        with the same ``page_content`` (a repeated header or footer) are indexed
+        once, keeping the first, as the LlamaIndex adapter keeps the first of
+        nodes with one id; an id given to two documents raises
+        :class:`rlfb.errors.DuplicateIdError` naming both.
+        """
+        chunks = _documents_to_chunks(documents)
         ens = FeedbackEnsemble.from_chunks(chunks, members=_members(members), **ensemble_kwargs)
         return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
 

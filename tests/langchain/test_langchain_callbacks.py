@@ -1,4 +1,4 @@
-"""FeedbackCallbackHandler: logs any retriever by run id, resolves a chain's run id, bad input."""
+"""FeedbackCallbackHandler: logs any retriever by run id, resolves a chain's or a tool's run id, bad input."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 import pytest
+from langchain_classic.retrievers import EnsembleRetriever
 from langchain_community.retrievers import BM25Retriever
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -14,9 +15,10 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
+from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member
 from rlfb import UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import EXTERNAL_POLICY
 from rlfb.store import FeedbackStore
@@ -200,3 +202,80 @@ async def test_async_chain_and_abatch_log_every_event(bm25: BM25Retriever) -> No
     assert all(len(handler.retrievals(t)) == 1 for t in tops)
     assert await chain.ainvoke("glaciers", config={"callbacks": [handler]}) == "an answer"
     assert handler.store.counts()["events"] == 7
+
+
+def test_retrieval_through_a_tool_links_up_to_the_root_run(bm25: BM25Retriever) -> None:
+    # What an agent or a LangGraph ToolNode does: a chain step calls a tool that calls the retriever.
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    kb = create_retriever_tool(bm25, "kb", "search the knowledge base")
+    step = RunnableLambda(lambda q: {"context": kb.invoke({"query": q}), "question": q})
+    agent = step | PROMPT | FakeListChatModel(responses=["an answer"]) | StrOutputParser()
+    top = uuid.uuid4()
+    assert agent.invoke("what causes the aurora", config={"callbacks": [handler], "run_id": top}) == "an answer"
+    (event,) = handler.retrievals(top)
+    (record,) = handler.record_feedback(top, score=1.0)
+    assert record.event_id == event["id"]
+    assert handler._parents == {}  # tool and chat model runs are forgotten when they end
+
+
+def test_a_failing_tool_leaves_no_open_run(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    kb = create_retriever_tool(Boom(), "kb", "search the knowledge base")
+    with pytest.raises(RuntimeError, match="search backend down"):
+        kb.invoke({"query": "anything"}, config={"callbacks": [handler]})
+    assert handler._parents == {} and handler._retrievals == {}
+
+
+@pytest.mark.parametrize("wrap", ["with_retry", "rewrite_then_search", "search_then_trim"])
+def test_members_reached_through_a_chain_are_not_logged_twice(bm25: BM25Retriever, wrap: str) -> None:
+    other = BM25Retriever.from_texts(["an unrelated note about tides"], ids=["note"], k=1)
+    member = {
+        "with_retry": lambda: bm25.with_retry(stop_after_attempt=2),
+        "rewrite_then_search": lambda: RunnableLambda(str.lower) | bm25,
+        "search_then_trim": lambda: bm25 | RunnableLambda(lambda docs: docs[:2]),
+    }[wrap]()
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    ensemble = EnsembleRetriever(retrievers=[member, other], weights=[0.5, 0.5])
+    top = uuid.uuid4()
+    (RunnablePassthrough() | ensemble).invoke("Tides", config={"callbacks": [handler], "run_id": top})
+    (event,) = handler.retrievals(top)  # only the outer ensemble's result
+    assert event["retrievers"] == ["EnsembleRetriever"]
+    assert len(handler.record_feedback(top, score=1.0)) == 1
+
+
+def test_rlfb_member_behind_a_chain_is_not_logged_twice(make_ensemble: Any, bm25: BM25Retriever) -> None:
+    ens = make_ensemble(members=[as_member("rewritten", RunnableLambda(str.lower) | bm25)])
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    top = uuid.uuid4()
+    chain = RunnablePassthrough() | FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    chain.invoke("Molten magma", config={"callbacks": [handler], "run_id": top})
+    assert ens.store.counts()["events"] == 1
+    (record,) = handler.record_feedback(top, score=0.0)
+    assert record.event_id == handler.retrievals(top)[0]["id"]
+
+
+def test_handler_on_another_store_teaches_the_ensemble(make_ensemble: Any) -> None:
+    ens = make_ensemble(policy="gradient")
+    handler = FeedbackCallbackHandler(FeedbackStore(), ensemble=ens)  # keeps its own log
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    top = uuid.uuid4()
+    rag_chain(retriever).invoke("what causes the aurora", config={"callbacks": [handler], "run_id": top})
+    (copy,) = handler.retrievals(top)
+    assert copy["policy"] == EXTERNAL_POLICY and ens.store.event(copy["id"])["policy"] == "gradient"
+    records = handler.record_feedback(top, score=1.0, idempotency_key="fb-1")
+    assert [r.event_id for r in records] == [copy["id"], copy["id"]]  # the handler's copy, the ensemble's
+    assert handler.store.counts()["feedback"] == ens.store.counts()["feedback"] == 1
+    assert ens.store.load_policy_state() is not None  # the ensemble learned
+    # a retry with the same idempotency key is not learned twice
+    handler.record_feedback(top, score=1.0, idempotency_key="fb-1")
+    assert ens.store.counts()["feedback"] == 1
+
+
+def test_handler_on_the_ensemble_file_records_once(tmp_path: Any, make_ensemble: Any) -> None:
+    path = str(tmp_path / "fb.db")
+    ens = make_ensemble(store=FeedbackStore(path), policy="gradient")
+    handler = FeedbackCallbackHandler(path, ensemble=ens)  # another connection to the same file
+    run_id = uuid.uuid4()
+    FeedbackEnsembleRetriever.from_ensemble(ens).invoke("tides", config={"callbacks": [handler]}, run_id=run_id)
+    assert len(handler.record_feedback(run_id, score=1.0)) == 1
+    assert ens.store.counts()["feedback"] == 1 and ens.store.load_policy_state() is not None

@@ -14,7 +14,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 import langchain_rlfb
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, document_to_chunk
-from rlfb import FeedbackEnsemble, UnknownEventError, ValidationError
+from rlfb import DuplicateIdError, FeedbackEnsemble, UnknownEventError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.store import FeedbackStore
 from rlfb.types import Chunk
@@ -91,6 +91,25 @@ def test_from_texts_and_from_documents(tmp_path: Any) -> None:
     (doc,) = r2.invoke("titanium bolt XK-4471")
     assert doc.id == "doc4" and doc.metadata["source"] == "kb"
     assert doc.metadata["event_id"] is None  # no store: nothing logged
+
+
+def test_from_documents_indexes_identical_id_less_documents_once() -> None:
+    footer = "Copyright 2024 ACME, all rights reserved"
+    documents = [
+        Document(page_content=footer, metadata={"source": "a.pdf"}),
+        Document(page_content=TEXTS[0], metadata={"source": "a.pdf"}),
+        Document(page_content=footer, metadata={"source": "b.pdf"}),
+    ]
+    r = FeedbackEnsembleRetriever.from_documents(documents, retrievers=("bm25",), k=3)
+    assert len(r.ensemble.chunks) == 2
+    docs = r.invoke("copyright ACME")
+    assert [d.metadata["source"] for d in docs if d.page_content == footer] == ["a.pdf"]  # the first kept
+    # an id the user gave twice is an error naming both documents, not a silent drop
+    twice = [Document(page_content="x", id="p1"), Document(page_content="y"), Document(page_content="z", id="p1")]
+    with pytest.raises(DuplicateIdError, match="documents 0 and 2 both have the id 'p1'"):
+        FeedbackEnsembleRetriever.from_documents(twice, retrievers=("bm25",))
+    with pytest.raises(ValidationError, match=r"documents\[1\]: expected a LangChain Document"):
+        FeedbackEnsembleRetriever.from_documents([documents[0], "text"], retrievers=("bm25",))
 
 
 def test_document_to_chunk_ids() -> None:
