@@ -15,6 +15,11 @@ process is observed.
   the query id as its parent. Retrievals nested inside another retrieval (the
   members of a ``QueryFusionRetriever``) are not logged: the outer result is
   what the engine used. A retrieval outside any query is its own query id.
+* An rlfb re-ranking outside any query
+  (``pp.postprocess_nodes(retriever.retrieve(q), query_str=q)``) is the latest
+  query id; when it re-ranked the bare retrieval just before it, both are
+  linked under one new query id (``"<retrieval span id>/reranked"``), so
+  feedback reaches both retrievals, as it does in a query engine.
 * ``QueryEndEvent`` logs the response's source nodes when they differ from
   everything already logged for the query (a reranker changed them), and
   links a nested query (a sub-question) to the query around it.
@@ -32,6 +37,12 @@ learns from it. An unknown query id raises :class:`rlfb.errors.UnknownEventError
 
 A session id and a user id can ride on LlamaIndex's instrument tags:
 ``with instrument_tags({"session_id": "s1"}): engine.query(q)``.
+
+Serialising: ``FeedbackEventHandler(**handler.model_dump())`` (or
+``model_validate``) gives a handler on the same SQLite file. An in-memory store
+or an ``ensemble=`` cannot be dumped: the dump lists them in ``not_serialised``
+and the rebuild raises :class:`rlfb.errors.ValidationError` until they are
+passed again (``FeedbackEventHandler(**data, store=store)``).
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._nodes import event_id_of
+from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import UnknownEventError, ValidationError
 from rlfb.runs import SCORE_SCALES, log_external, record_run_feedback
 
@@ -151,6 +163,10 @@ class FeedbackEventHandler(BaseEventHandler):
     score_scale
         How ``score=`` is read: ``"unit"`` (LangSmith thumbs, 0 to 1; default)
         or ``"signed"`` (-1 to 1).
+    store_path, not_serialised
+        The dumped form (``model_dump()``): the SQLite file to reopen (instead
+        of ``store``), and the arguments the dump could not carry, which must
+        be passed again (see the module docstring).
 
     Examples
     --------
@@ -161,8 +177,11 @@ class FeedbackEventHandler(BaseEventHandler):
     >>> handler.close()
     """
 
-    store_path: str = Field(default=":memory:", description="Where the feedback store lives.")
+    store_path: str = Field(default=MEMORY, description="Where the feedback store lives.")
     score_scale: str = Field(default="unit", description="How score= is read: 'unit' or 'signed'.")
+    not_serialised: list[str] = Field(
+        default_factory=list, description="Arguments a dump cannot carry; a rebuild needs them passed again."
+    )
 
     _store: Any = PrivateAttr(default=None)
     _ensemble: Any = PrivateAttr(default=None)
@@ -171,24 +190,40 @@ class FeedbackEventHandler(BaseEventHandler):
     _logged: Any = PrivateAttr(default_factory=OrderedDict)  # query id -> node-id lists logged under it
     _dispatchers: list[Any] = PrivateAttr(default_factory=list)
     _last: Any = PrivateAttr(default=None)  # ContextVar: this handler's latest query in the thread or task
+    _bare: Any = PrivateAttr(default=None)  # ContextVar: (id, query, node ids) of the latest bare retrieval
 
-    def __init__(self, store: Any = None, *, ensemble: Any = None, score_scale: str = "unit") -> None:
+    def __init__(
+        self,
+        store: Any = None,
+        *,
+        ensemble: Any = None,
+        score_scale: str = "unit",
+        store_path: str | Path | None = None,
+        not_serialised: Sequence[str] = (),
+    ) -> None:
         from rlfb.store import FeedbackStore
 
         if score_scale not in SCORE_SCALES:
             raise ValidationError(f"score_scale must be one of {SCORE_SCALES}, got {score_scale!r}")
         if store is None and ensemble is not None:
             store = _store_of(ensemble)
+        # a rebuild from a dump: the store and ensemble it could not carry must come again, never a new store
+        check_given_again(self.class_name(), not_serialised, {"store": store is not None,
+                                                             "ensemble": ensemble is not None}, from_dict=False)
+        store = open_store(store, store_path)
         if store is None:
-            store = FeedbackStore(":memory:")
-        elif isinstance(store, (str, Path)):
-            store = FeedbackStore(store)
-        elif not hasattr(store, "log_event"):
-            raise ValidationError(f"store must be a path or a FeedbackStore, got {type(store).__name__}")
-        super().__init__(store_path=str(getattr(store, "path", ":memory:")), score_scale=score_scale)
+            store = FeedbackStore(MEMORY)
+        path = store_path_of(store)
+        lost = []  # what a dump of this handler cannot carry
+        if path == MEMORY:
+            lost.append("store")
+        if ensemble is not None:
+            lost.append("ensemble")
+        super().__init__(store_path=path, score_scale=score_scale, not_serialised=lost)
         self._store = store
         self._ensemble = ensemble
         self._last = ContextVar(f"rlfb_llamaindex_last_query_{id(self)}", default=None)
+        self._bare = ContextVar(f"rlfb_llamaindex_bare_retrieval_{id(self)}", default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -265,6 +300,7 @@ class FeedbackEventHandler(BaseEventHandler):
         own = event_id_of(event.nodes)  # an rlfb retriever logged it already
         if parent is None:
             self._last.set(own or rid)
+            self._bare.set((own or rid, _query_str(event.str_or_query_bundle), _ids(event.nodes)))
         self._log(event.str_or_query_bundle, event.nodes, own or rid, parent, _component(rid, "retriever"))
 
     def _query_end(self, event: QueryEndEvent) -> None:
@@ -284,7 +320,7 @@ class FeedbackEventHandler(BaseEventHandler):
         self, query: Any, nodes: Sequence[NodeWithScore], event_id: str, parent: str | None, source: str
     ) -> None:
         """Log ``nodes`` under ``event_id`` unless the store or this query already has them."""
-        ids = tuple(str(n.node.node_id) for n in nodes)
+        ids = _ids(nodes)
         with self._lock:
             seen = self._logged.setdefault(parent or event_id, [])
             if ids in seen:
@@ -308,12 +344,49 @@ class FeedbackEventHandler(BaseEventHandler):
         )
 
     def _remember_learner(self, event: FeedbackRetrievalEvent) -> None:
-        if event.learner is None:
+        if event.learner is not None:
+            with self._lock:
+                self._learners[event.event_id] = event.learner
+                while len(self._learners) > _REMEMBER:
+                    self._learners.popitem(last=False)
+        if current_query_id() is None and not _RETRIEVALS.get():
+            # A decision outside any query or retrieval (``pp.postprocess_nodes(...)`` called by hand): no
+            # QueryEnd or RetrievalEnd will make it the latest query id, so do it here, or feedback with no
+            # id would go to whatever came before and the learner would never learn.
+            self._top_level_decision(event)
+
+    def _top_level_decision(self, event: FeedbackRetrievalEvent) -> None:
+        eid = event.event_id
+        self._copy_decision(event)
+        bare = self._bare.get()
+        if (bare is None or bare[0] != self._last.get() or bare[1] != event.query_str
+                or not set(event.node_ids) <= set(bare[2])):
+            self._last.set(eid)  # not a re-ranking of the latest bare retrieval: it stands alone
             return
-        with self._lock:
-            self._learners[event.event_id] = event.learner
-            while len(self._learners) > _REMEMBER:
-                self._learners.popitem(last=False)
+        # It re-ranked the bare retrieval just before it. In a query engine the query id stands for both (the
+        # candidates are stored, the re-ranking learns); keep that meaning here. Both are events, which
+        # resolve_run never looks below, so a new run id above them links the two.
+        run = f"{bare[0]}/reranked"
+        self._store.link_runs([(bare[0], run), (eid, run)])
+        self._last.set(run)
+        self._bare.set((run, event.query_str, tuple(event.node_ids)))  # a second re-ranking joins this run
+
+    def _copy_decision(self, event: FeedbackRetrievalEvent) -> None:
+        """Log a copy of a learner's decision made on another store, so this store can resolve and rate it."""
+        ens = _ensemble_of(event.learner)
+        if self._store.has_event(event.event_id) or ens is None or not ens.store.has_event(event.event_id):
+            return
+        made = ens.store.event(event.event_id)
+        component = (made.get("metadata") or {}).get("component") or "rlfb"
+        log_external(
+            self._store,
+            made["query"],
+            [(c["chunk_id"], c["score"]) for c in made["chunks"]],
+            source=component,
+            event_id=event.event_id,
+            session_id=made.get("session_id"),
+            metadata={"framework": "llamaindex", "component": component},
+        )
 
     # ------------------------------------------------------------------ feedback
     def record_feedback(
@@ -396,6 +469,10 @@ _STEPS: dict[type, Callable[[FeedbackEventHandler, Any], None]] = {
     QueryEndEvent: FeedbackEventHandler._query_end,
     SpanDropEvent: FeedbackEventHandler._span_drop,
 }
+
+
+def _ids(nodes: Sequence[NodeWithScore]) -> tuple[str, ...]:
+    return tuple(str(n.node.node_id) for n in nodes)
 
 
 def _span(event: BaseEvent) -> str:

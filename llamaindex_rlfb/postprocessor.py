@@ -30,10 +30,24 @@ length) to score a text, so the ensemble indexes a corpus:
 
 Without a ``store`` events go to an in-memory store: feedback works in the
 process, nothing is kept after it.
+
+**Serialising.** ``FeedbackFusionPostprocessor.from_dict(pp.to_dict())`` (or
+``from_json(pp.to_json())``) gives a postprocessor on the same SQLite file,
+with the same ``top_n``, ``explore``, retriever names, policy name and
+JSON-able ensemble options; the learned state is in the store. What a dump
+cannot carry (an in-memory store, the ``nodes``/``index``/``docstore`` corpus,
+an ``ensemble``, retriever or policy objects, options that are objects) is
+listed in its ``not_serialised``, and ``from_dict`` raises
+:class:`rlfb.errors.ValidationError` until it is passed again:
+``FeedbackFusionPostprocessor.from_dict(data, index=index)``. A self-indexing
+postprocessor carries no corpus: the rebuilt one indexes the nodes it is given
+afresh.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -47,6 +61,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
@@ -60,16 +75,23 @@ dispatcher = get_dispatcher(__name__)
 REINDEX_FRACTION = 0.25
 
 
-def _open_store(store: Any) -> Any:
+_DEFAULT_RETRIEVERS = ("bm25", "dense")
+_DEFAULT_POLICY = "gradient"
+
+
+def _open_store(store: Any, store_path: str | None = None) -> Any:
     from rlfb.store import FeedbackStore
 
-    if store is None:
-        return FeedbackStore(":memory:")
-    if isinstance(store, str) or hasattr(store, "__fspath__"):
-        return FeedbackStore(store)
-    if not hasattr(store, "log_event"):
-        raise ValidationError(f"store must be a path or a FeedbackStore, got {type(store).__name__}")
-    return store
+    opened = open_store(store, store_path)
+    return FeedbackStore(MEMORY) if opened is None else opened
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class FeedbackFusionPostprocessor(BaseNodePostprocessor):
@@ -86,6 +108,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         How many nodes to keep.
     policy
         The learning policy: ``"gradient"`` (default), ``"thompson"``, ``"batch"`` or ``"fixed"``.
+        (``None`` for ``retrievers`` or ``policy``: the default.)
     nodes, index, docstore
         At most one: the corpus to index (see the module docstring for none).
     explore
@@ -94,6 +117,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         Passed to :class:`rlfb.FeedbackEnsemble`: ``fusion``, ``weights``,
         ``candidate_k``, ``seed``, ``refresh_interval``, ``learner_config``,
         ``retriever_options``.
+    store_path, options, not_serialised
+        The dumped form (``to_dict()``): the SQLite file to reopen (instead of
+        ``store``), the JSON-able ensemble options, and the arguments the dump
+        could not carry, which must be passed again (see the module docstring).
 
     Examples
     --------
@@ -110,6 +137,13 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
 
     top_n: int = Field(default=3, gt=0, description="How many nodes to keep after re-ranking.")
     explore: bool = Field(default=True, description="Let the policy explore (False: greedy ranking).")
+    store_path: str = Field(default=MEMORY, description="The SQLite file of the feedback store.")
+    retrievers: list[str] | None = Field(default=None, description="The rlfb retriever names (None: not dumped).")
+    policy: str | None = Field(default=None, description="The policy name (None: not dumped).")
+    options: dict[str, Any] = Field(default_factory=dict, description="The JSON-able ensemble options.")
+    not_serialised: list[str] = Field(
+        default_factory=list, description="Arguments a dump cannot carry; from_dict needs them passed again."
+    )
 
     _ensemble: Any = PrivateAttr(default=None)
     _store: Any = PrivateAttr(default=None)
@@ -124,9 +158,9 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     def __init__(
         self,
         store: Any = None,
-        retrievers: Sequence[Any] = ("bm25", "dense"),
+        retrievers: Sequence[Any] | None = None,
         top_n: int = 3,
-        policy: Any = "gradient",
+        policy: Any = None,
         *,
         nodes: Sequence[BaseNode] | None = None,
         index: Any = None,
@@ -134,23 +168,60 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         ensemble: FeedbackEnsemble | None = None,
         explore: bool = True,
         callback_manager: CallbackManager | None = None,
+        store_path: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        not_serialised: Sequence[str] = (),
         **ensemble_kwargs: Any,
     ) -> None:
-        super().__init__(top_n=top_n, explore=explore, callback_manager=callback_manager or CallbackManager())
+        ensemble_kwargs = {**(options or {}), **ensemble_kwargs}  # a dump's options; explicit ones win
+        corpus = {"nodes": nodes, "index": index, "docstore": docstore}
+        has_corpus = any(v is not None for v in corpus.values())
+        # A rebuild from a dump: what it could not carry must come again, never a silent in-memory store or corpus.
+        given = {
+            "store": store is not None or ensemble is not None,
+            "ensemble": ensemble is not None,
+            "retrievers": retrievers is not None,
+            "policy": policy is not None,
+            **dict.fromkeys(corpus, has_corpus),
+            **dict.fromkeys(ensemble_kwargs, True),
+        }
+        check_given_again(self.class_name(), not_serialised, {n: given.get(n, False) for n in not_serialised})
+        manager = callback_manager or CallbackManager()
         if ensemble is not None:
             if not isinstance(ensemble, FeedbackEnsemble):
                 got = type(ensemble).__name__
                 raise ValidationError(f"ensemble must be an rlfb.FeedbackEnsemble, got {got}")
-            if any(v is not None for v in (nodes, index, docstore, store)) or ensemble_kwargs:
-                raise ValidationError("an ensemble brings its own corpus and store: pass nothing else")
+            if (has_corpus or any(v is not None for v in (store, retrievers, policy))) or ensemble_kwargs:
+                raise ValidationError("an ensemble brings its own corpus, store and policy: pass nothing else")
             if ensemble.store is None:
                 raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+            open_store(ensemble.store, store_path)  # raises when a dump's file is not the ensemble's
+            super().__init__(top_n=top_n, explore=explore, callback_manager=manager,
+                             store_path=store_path_of(ensemble.store), not_serialised=["ensemble"])
             self._ensemble = ensemble
             self._store = ensemble.store
             return
+        retrievers = _DEFAULT_RETRIEVERS if retrievers is None else retrievers
+        policy = _DEFAULT_POLICY if policy is None else policy
         if isinstance(retrievers, str):
             retrievers = (retrievers,)
-        self._store = _open_store(store)
+        store = _open_store(store, store_path)
+        names = [r for r in retrievers if isinstance(r, str)]
+        lost = []  # what a dump cannot carry
+        if store_path_of(store) == MEMORY:
+            lost.append("store")
+        lost += [n for n, v in corpus.items() if v is not None]
+        if len(names) != len(retrievers):  # retriever objects, not names
+            lost.append("retrievers")
+        if not isinstance(policy, str):
+            lost.append("policy")
+        lost += [k for k, v in ensemble_kwargs.items() if not _jsonable(v)]
+        super().__init__(
+            top_n=top_n, explore=explore, callback_manager=manager, store_path=store_path_of(store),
+            retrievers=None if "retrievers" in lost else names, policy=policy if isinstance(policy, str) else None,
+            options={k: v for k, v in ensemble_kwargs.items() if k not in lost}, not_serialised=lost,
+        )
+        self._store = store
         options = {"policy": policy, **ensemble_kwargs}
         if any(v is not None for v in (nodes, index, docstore)):
             chunks = nodes_to_chunks(corpus_nodes(index=index, nodes=nodes, docstore=docstore))
@@ -233,10 +304,31 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         nodes: list[NodeWithScore],
         query_bundle: QueryBundle | None = None,
     ) -> list[NodeWithScore]:
+        out, decided = self._reranked(nodes, query_bundle)
+        if decided is not None:
+            dispatcher.event(decided)
+        return out
+
+    async def _apostprocess_nodes(
+        self,
+        nodes: list[NodeWithScore],
+        query_bundle: QueryBundle | None = None,
+    ) -> list[NodeWithScore]:
+        # The core is synchronous (numpy, SQLite), so it runs in a thread; but the decision is announced from
+        # this task: a handler keeps the latest query id in the task's context, and a thread's copy is lost.
+        out, decided = await asyncio.to_thread(self._reranked, nodes, query_bundle)
+        if decided is not None:
+            dispatcher.event(decided)
+        return out
+
+    def _reranked(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None
+    ) -> tuple[list[NodeWithScore], FeedbackRetrievalEvent | None]:
+        """The re-ranked nodes, and the event announcing the logged decision (``None``: nothing logged)."""
         if query_bundle is None:
             raise ValidationError("the postprocessor needs the query: give query_bundle or query_str")
         if not nodes:
-            return []
+            return [], None
         query = query_bundle.query_str
         originals: dict[str, BaseNode] = {}
         for n in nodes:
@@ -253,10 +345,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             out = [hit_to_node(h, result.event_id, originals[h.chunk_id]) for h in result.hits]
             cb_event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
-        if result.event_id is not None:
-            dispatcher.event(FeedbackRetrievalEvent(event_id=result.event_id, query_str=query,
-                                                    node_ids=[h.chunk_id for h in result.hits], learner=self))
-        return out
+        if result.event_id is None:
+            return out, None
+        return out, FeedbackRetrievalEvent(event_id=result.event_id, query_str=query,
+                                           node_ids=[h.chunk_id for h in result.hits], learner=self)
 
     def _rerank(self, query: str, chunks: list[Any]) -> Any:
         tags = current_tags()

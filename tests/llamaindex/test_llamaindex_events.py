@@ -226,3 +226,75 @@ def test_handle_matches_subclassed_events_and_ignores_others(handler: FeedbackEv
     assert current_query_id() == "q-1" and handler.last_query_id == "q-1"
     handler.handle(SpanDropEvent(err_str="boom", span_id="q-1"))  # the query raised: its span is dropped
     assert current_query_id() is None
+
+
+def test_manual_postprocessing_of_a_bare_retrieval_teaches_the_postprocessor(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    """``pp.postprocess_nodes(retriever.retrieve(q), query_str=q)`` outside a query engine: no id needed."""
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=handler.store, policy="gradient"), top_n=2)
+    retriever = index.as_retriever(similarity_top_k=5)
+    question = "what causes the aurora"
+    out = pp.postprocess_nodes(retriever.retrieve(question), query_str=question)
+    ours = out[0].node.metadata[EVENT_ID_KEY]
+    qid = handler.last_query_id
+    assert qid is not None and qid.startswith("VectorIndexRetriever.retrieve-")
+    # as in a query engine, the query id stands for the candidates (stored) and the re-ranking (learned)
+    assert [e["id"] for e in handler.retrievals()][1:] == [ours]
+    records = handler.record_feedback(score=1.0)
+    assert len(records) == 2 and ours in {r.event_id for r in records}
+    assert pp.ensemble.learner.n_learned == 1
+
+    # nodes that did not come from the latest bare retrieval: the re-ranking is the query id on its own
+    given = [NodeWithScore(node=index.docstore.get_node(i)) for i in ("doc2", "doc9")]
+    out = pp.postprocess_nodes(given, query_str="tides")
+    assert handler.last_query_id == out[0].node.metadata[EVENT_ID_KEY]
+    handler.record_feedback(score=0.0)
+    assert pp.ensemble.learner.n_learned == 2
+
+
+def test_manual_postprocessing_with_a_learner_on_another_store(index: Any, make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=2)
+    with FeedbackEventHandler() as handler:  # its own in-memory store
+        question = "moon tides"
+        out = pp.postprocess_nodes(index.as_retriever(similarity_top_k=4).retrieve(question), query_str=question)
+        records = handler.record_feedback(score=1.0, chunk_id=out[0].node.node_id)
+    # the handler keeps a copy of the re-ranking; the learner learns from its own store's event
+    assert out[0].node.metadata[EVENT_ID_KEY] in {r.event_id for r in records}
+    assert pp.store.counts()["feedback"] == 1 and pp.ensemble.learner.n_learned == 1
+
+
+def test_rebuilt_from_its_dump_on_the_same_file(tmp_path: Any, make_ensemble: Any) -> None:
+    handler = FeedbackEventHandler(store=tmp_path / "fb.db", score_scale="signed")
+    data = handler.model_dump()
+    for twin in (FeedbackEventHandler(**data), FeedbackEventHandler.model_validate(data)):
+        assert twin.store.path == handler.store.path and twin.score_scale == "signed"
+        twin.close()
+    assert data == {"store_path": str(tmp_path / "fb.db"), "score_scale": "signed", "not_serialised": []}
+    with pytest.raises(ValidationError, match="name different stores"):
+        FeedbackEventHandler(store=tmp_path / "other.db", store_path=str(tmp_path / "fb.db"))
+    handler.close()
+
+    # an in-memory store and an ensemble cannot be dumped: the rebuild asks for them, never a new store
+    in_memory = FeedbackEventHandler(ensemble=make_ensemble())
+    data = in_memory.model_dump()
+    assert data["not_serialised"] == ["store", "ensemble"]
+    with pytest.raises(ValidationError, match="pass store=, ensemble= again"):
+        FeedbackEventHandler(**data)
+    with pytest.raises(ValueError, match="pass store=, ensemble= again"):  # pydantic wraps it in its own
+        FeedbackEventHandler.model_validate(data)
+    again = FeedbackEventHandler(**data, ensemble=in_memory._ensemble)
+    assert again.store is in_memory.store
+
+
+async def test_async_manual_postprocessing_teaches_the_postprocessor(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    """The async pattern runs the re-ranking in a thread; the latest query id must still reach this task."""
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=handler.store, policy="gradient"), top_n=2)
+    question = "how do volcanoes erupt"
+    candidates = await index.as_retriever(similarity_top_k=5).aretrieve(question)
+    out = await pp.apostprocess_nodes(candidates, query_str=question)
+    records = handler.record_feedback(score=1.0)
+    assert out[0].node.metadata[EVENT_ID_KEY] in {r.event_id for r in records}
+    assert pp.ensemble.learner.n_learned == 1

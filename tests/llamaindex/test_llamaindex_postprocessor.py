@@ -122,6 +122,42 @@ def test_self_indexing_without_a_corpus(
     assert (tmp_path / "fb.db").is_file()
 
 
+def test_from_dict_reopens_the_same_store_file(tmp_path: Any, nodes: list[TextNode], make_ensemble: Any) -> None:
+    path = tmp_path / "fb.db"
+    pp = FeedbackFusionPostprocessor(store=path, retrievers=("bm25",), top_n=2, policy="thompson", seed=7,
+                                     nodes=nodes)
+    out = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")
+    data = pp.to_dict()
+    assert data["store_path"] == str(path) and data["not_serialised"] == ["nodes"]  # the corpus is not dumped
+    with pytest.raises(ValidationError, match="pass nodes= again"):
+        FeedbackFusionPostprocessor.from_dict(data)
+    twin = FeedbackFusionPostprocessor.from_json(pp.to_json(), nodes=nodes)
+    assert twin.store.path == str(path) and twin.top_n == 2
+    assert twin.ensemble.retriever_names == ("bm25",) and twin.ensemble.learner.policy_name == "thompson"
+    assert twin.options == {"seed": 7}
+    assert twin.feedback(out[0].node.metadata[EVENT_ID_KEY], "thumbs_up")[0].reward > 0  # pp's event, same file
+
+    # self-indexing: nothing to pass again
+    alone = FeedbackFusionPostprocessor(store=path, retrievers=("bm25",))
+    assert FeedbackFusionPostprocessor.from_dict(alone.to_dict()).store.path == str(path)
+
+    # an in-memory store is never silently replaced by a new one
+    in_memory = FeedbackFusionPostprocessor(retrievers=("bm25",), nodes=nodes)
+    with pytest.raises(ValidationError, match="pass store=, nodes= again"):
+        FeedbackFusionPostprocessor.from_dict(in_memory.to_dict())
+    assert FeedbackFusionPostprocessor.from_dict(in_memory.to_dict(), store=in_memory.store,
+                                                 nodes=nodes).store is in_memory.store
+
+    # an ensemble travels by reference; it must be on the dumped file
+    ens = make_ensemble(store=FeedbackStore(path))
+    data = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2).to_dict()
+    with pytest.raises(ValidationError, match="pass ensemble= again"):
+        FeedbackFusionPostprocessor.from_dict(data)
+    assert FeedbackFusionPostprocessor.from_dict(data, ensemble=ens).ensemble is ens
+    with pytest.raises(ValidationError, match="different stores"):
+        FeedbackFusionPostprocessor.from_dict(data, ensemble=make_ensemble())
+
+
 # ---------------------------------------------------------------------- bad input
 def test_empty_node_list(make_ensemble: Any) -> None:
     pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble())
