@@ -104,6 +104,8 @@ def _row_text(row: dict[str, Any], key: str, where: str, *, required: bool) -> s
     value = row.get(key)
     if value is None and not required:
         return ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # a title such as 1984, written as a JSON number
     if not isinstance(value, str):
         raise CorruptStateError(f"{where}: {key} must be a string, got {value!r}")
     return value
@@ -133,10 +135,12 @@ def _read_queries(file: Path) -> dict[str, str]:
     for lineno, row in _read_jsonl(file):
         where = f"{file}:{lineno}"
         qid = _row_id(row, where)
-        if qid in first_line:
-            raise CorruptStateError(f"{where}: duplicate _id {qid!r} (first on line {first_line[qid]})")
-        first_line[qid] = lineno
-        queries[qid] = _row_text(row, "text", where, required=True)
+        text = _row_text(row, "text", where, required=True)
+        # a query repeated word for word is harmless; the same id for two questions is not
+        if qid in first_line and queries[qid] != text:
+            raise CorruptStateError(f"{where}: _id {qid!r} names another question on line {first_line[qid]}")
+        first_line.setdefault(qid, lineno)
+        queries[qid] = text
     return queries
 
 

@@ -134,7 +134,8 @@ BAD_BEIR = {
     "corpus row without _id": ({"corpus": [CORPUS[0], '{"text": "x"}']}, "corpus.jsonl:2"),
     "corpus row is a list": ({"corpus": [CORPUS[0], "[1, 2]"]}, "corpus.jsonl:2"),
     "metadata is a list": ({"corpus": [CORPUS[0], '{"_id": "d2", "text": "x", "metadata": [1]}']}, "corpus.jsonl:2"),
-    "title is a number": ({"corpus": [CORPUS[0], '{"_id": "d2", "title": 5, "text": "x"}']}, "corpus.jsonl:2"),
+    "title is a list": ({"corpus": [CORPUS[0], '{"_id": "d2", "title": [5], "text": "x"}']}, "corpus.jsonl:2"),
+    "one id for two questions": ({"queries": [QUERIES[0], QUERIES[0].replace("aurora", "tides")]}, "queries.jsonl:2"),
     "duplicate corpus id": ({"corpus": [CORPUS[0], CORPUS[0]]}, "corpus.jsonl:2"),
     "query without text": ({"queries": [QUERIES[0], '{"_id": "q2"}']}, "queries.jsonl:2"),
     "qrels score not a number": ({"qrels": [QRELS[0], QRELS[1], "q2\td2\tabc"]}, "qrels/test.tsv:3"),
@@ -171,3 +172,10 @@ def test_valid_beir_folder_still_loads(tmp_path: Path) -> None:
     assert data.corpus[0].text == "aurora charged particles"
     assert data.queries == {"q1": "aurora", "q2": "tides"}
     assert data.split("test") == {"q1": {"d1": 1}, "q2": {"d2": 1}}
+
+
+def test_beir_tolerates_a_repeated_query_and_a_numeric_title(tmp_path: Path) -> None:
+    corpus = [CORPUS[0], '{"_id": "d2", "title": 1984, "text": "tides"}']
+    data = load_beir(write_beir(tmp_path / "beir", corpus=corpus, queries=[QUERIES[0], QUERIES[0], QUERIES[1]]))
+    assert data.queries == {"q1": "aurora", "q2": "tides"}
+    assert data.corpus[1].text == "1984 tides"
