@@ -1,6 +1,10 @@
 """Turn `rlfb simulate --json` outputs into the README's results table.
 
-    python benchmarks/results_table.py RESULTS_DIR   # reads DATASET_POLICY.json files
+    python benchmarks/results_table.py RESULTS_DIR
+
+reads RESULTS_DIR/DATASET_POLICY.json for DATASET in scifact, cranfield, cisi and POLICY in thompson,
+gradient, batch and thompson_nomem (thompson with ``--no-memory``); the baselines come from the first file
+of each collection.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ def main(folder: str) -> None:
             continue
         for name in ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_fixed", "per_query_oracle"):
             b = first["baselines"][name]
-            print(f"| {ds} | {name} | {fmt(b['heldout_ndcg@10'])} | {fmt(b['seen_ndcg@10'])} | |")
+            print(f"| {ds} | {name} | {fmt(b['heldout_ndcg@10'])} | {fmt(b['seen_ndcg@10'])} "
+                  f"| {fmt(b.get('online_ndcg@10'))} |")
 
 
 if __name__ == "__main__":

@@ -71,3 +71,23 @@ def test_hand_computed_values() -> None:
 def test_bad_k() -> None:
     with pytest.raises(ValidationError):
         ndcg_at_k(["a"], {"a": 1}, 0)
+
+
+def test_the_simulators_vectorised_ndcg_matches_pytrec_eval() -> None:
+    """Every simulate figure comes from the runner's own vectorised nDCG@10: it must be trec_eval's."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from rlfb.simulation.runner import _Judge
+
+    qrels, runs = _random_runs(seed=5)
+    rng = random.Random(5)
+    candidates_of = {q: rng.sample(sorted(run), 25) for q, run in runs.items()}  # relevant docs left out too
+    cut = {q: {d: runs[q][d] for d in candidates_of[q]} for q in runs}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(cut)
+    for q, ids in candidates_of.items():
+        judge = _Judge(SimpleNamespace(candidate_ids=tuple(ids)), qrels[q], 10)
+        scores = np.array([cut[q][d] for d in ids])
+        assert judge.ndcg(scores[:, None])[0] == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-9)
+        assert judge.ndcg_order(np.argsort(-scores)) == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-9)

@@ -120,3 +120,24 @@ def test_simulate_cli_on_the_demo_collection(tmp_path, capsys) -> None:
     assert code == 0
     assert "learned (thompson)" in capsys.readouterr().out
     assert json.loads(out.read_text())["config"]["interactions"] == 60
+
+
+def test_fixed_equal_weights_score_as_the_equal_baseline_on_the_same_queries() -> None:
+    """The baselines' seen and online figures are measured on the queries the learned ones are: a learner
+    that keeps equal min-max weights, with no memory, confidence or exploration, scores exactly as
+    the equal baseline, also when the seen figure samples the asked queries (max_seen)."""
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    config = SimulationConfig(
+        policy="fixed", interactions=200, seeds=(0,), checkpoints=2, retrievers=("bm25", "dense"), max_seen=7,
+        memory=False, learner={"confidence_weight": 0.0, "exploration": "none"}, answer_k=5,
+    )
+    result = simulate(data, config, show_progress=False)
+    for key in ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"):
+        assert result["final"][key]["mean"] == pytest.approx(result["baselines"]["equal"][key]["mean"], abs=1e-12)
+    assert result["runs"][0]["distinct_asked"] > 7  # the seen figure was a sample
+    # every setting is written out, the learner's as it ran
+    cfg = result["config"]
+    assert cfg["answer_k"] == 5 and cfg["late_rate"] == 0.02 and cfg["late_delay"] == 2 * 86400
+    assert cfg["learner"]["exploration"] == "none" and cfg["learner"]["memory_weight"] == 0.0
+    assert "discovery_rate" in cfg["learner"]  # a default the caller did not set
+    assert cfg["learner_overrides"] == {"confidence_weight": 0.0, "exploration": "none"}

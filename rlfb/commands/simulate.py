@@ -15,6 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interactions", type=int, default=2000)
     p.add_argument("--explicit-rate", type=float, default=0.1)
     p.add_argument("--noise", type=float, default=0.0, help="probability that an explicit thumb is flipped")
+    p.add_argument("--answer-k", type=int, default=3,
+                   help="the top chunks the answer is written from, which a thumb judges (default 3)")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
     p.add_argument("--checkpoints", type=int, default=10)
     p.add_argument("--retrievers", default="bm25,dense,splade")
@@ -37,12 +39,11 @@ def load_dataset(name: str):  # noqa: ANN201 - BeirDataset
 def print_table(result: dict) -> None:
     from rlfb.simulation.runner import iter_table
 
-    online = result["final"]["online_ndcg@10"]["mean"]
     print(f"\n{result['dataset']}: nDCG@10, mean over {len(result['config']['seeds'])} seed(s)")
-    print(f"{'system':<24}{'held-out':>10}{'seen':>10}")
-    for name, held, seen in iter_table(result):
-        print(f"{name:<24}{held:>10.4f}{seen:>10.4f}")
-    print(f"{'online (shown, learned)':<24}{online:>10.4f}")
+    print("(seen: the stream queries asked before; online: what the users were shown, as they asked)")
+    print(f"{'system':<24}{'held-out':>10}{'seen':>10}{'online':>10}")
+    for name, *figures in iter_table(result):
+        print(f"{name:<24}" + "".join("{:>10}".format("-" if v is None else f"{v:.4f}") for v in figures))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy, user=args.user, interactions=args.interactions, explicit_rate=args.explicit_rate,
         noise=args.noise, seeds=tuple(range(args.seeds)), checkpoints=args.checkpoints,
         retrievers=tuple(n.strip() for n in args.retrievers.split(",") if n.strip()), fusion=args.fusion,
-        memory=args.memory, max_heldout=args.max_heldout,
+        memory=args.memory, max_heldout=args.max_heldout, answer_k=args.answer_k,
     )
     result = simulate(load_dataset(args.dataset), config, show_progress=not args.quiet)
+    result["dataset_path"] = args.dataset if args.dataset == "demo" else str(Path(args.dataset).resolve())
     print_table(result)
     t = result["timing"]
     print(f"\nindexing {t['index_seconds']:.1f}s, contexts {t['context_seconds']:.1f}s, "

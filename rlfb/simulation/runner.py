@@ -69,6 +69,9 @@ class SimulationConfig:
     grid_step: float = 0.1
     spacing: float = 60.0
     mean_delay: float = 120.0
+    late_rate: float = 0.02
+    late_delay: float = 2 * 86400.0
+    answer_k: int = 3
     learner: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -80,6 +83,8 @@ class SimulationConfig:
             raise ValidationError("give at least one seed")
         if not (0 < self.grid_step <= 0.5):
             raise ValidationError(f"grid_step must be in (0, 0.5], got {self.grid_step}")
+        if not (isinstance(self.answer_k, int) and 1 <= self.answer_k <= self.k):
+            raise ValidationError(f"answer_k must be an int in [1, k={self.k}], got {self.answer_k!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -194,7 +199,13 @@ def _baselines(
     stream: Sequence[str],
     heldout: Sequence[str],
     judges: Mapping[str, _Judge],
+    seen_sample: Sequence[str],
+    asked: Mapping[str, int],
 ) -> dict[str, dict[str, float]]:
+    """Every fixed system's figures, on the same queries as the learned ones: held-out on ``heldout``,
+    seen on ``seen_sample`` (the stream queries the learned seen figure was measured on) and online
+    over the stream as it was asked (each query weighted by its asks). Tuned weights are chosen on all
+    of ``stream`` with full judgments."""
     names = list(prep.contexts[heldout[0]].retrievers)
     grid = simplex_grid(len(names), config.grid_step)
     equal = np.full(len(names), 1.0 / len(names))
@@ -215,10 +226,24 @@ def _baselines(
         return {key: np.array(v) for key, v in out.items()}
 
     held = per_query(heldout)
-    seen = per_query(stream)
+    tune = per_query(stream)
+    row = {q: i for i, q in enumerate(stream)}
+    seen = {key: v[[row[q] for q in seen_sample]] for key, v in tune.items()}
+    asks = np.array([asked.get(q, 0) for q in stream], dtype=float)
+    share = asks / asks.sum() if asks.sum() > 0 else np.full(len(stream), 1.0 / len(stream))
+
+    def figures(key: str, col: int | None = None) -> dict[str, float]:
+        h, se, on = (held[key], seen[key], tune[key]) if col is None else (
+            held[key][:, col], seen[key][:, col], tune[key][:, col])
+        return {
+            f"heldout_{METRIC}": float(h.mean()),
+            f"seen_{METRIC}": float(se.mean()) if se.size else float("nan"),
+            f"online_{METRIC}": float(share @ on),
+        }
+
     result: dict[str, dict[str, float]] = {}
     for key in [*names, "equal", "rrf"]:
-        result[key] = {f"heldout_{METRIC}": float(held[key].mean()), f"seen_{METRIC}": float(seen[key].mean())}
+        result[key] = figures(key)
     def best_fixed(chosen_on: dict[str, np.ndarray]) -> dict[str, Any]:
         """The grid weights (either fusion mode) with the best mean on ``chosen_on``, scored on both sets."""
         mode, best = max(
@@ -226,18 +251,16 @@ def _baselines(
             key=lambda mb: chosen_on[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
         )
         return {
-            f"heldout_{METRIC}": float(held[f"grid_{mode}"][:, best].mean()),
-            f"seen_{METRIC}": float(seen[f"grid_{mode}"][:, best].mean()),
+            **figures(f"grid_{mode}", best),
             "weights": dict(zip(names, grid[best].tolist(), strict=True)),
             "fusion": mode,
         }
 
-    result["tuned_fixed"] = best_fixed(seen)  # tuned on the stream queries with full judgments: offline tuning
+    result["tuned_fixed"] = best_fixed(tune)  # tuned on the stream queries with full judgments: offline tuning
     result["oracle_fixed"] = best_fixed(held)  # chosen on the held-out queries themselves: an upper bound
-    result["per_query_oracle"] = {
-        f"heldout_{METRIC}": float(np.maximum(held["grid_minmax"].max(axis=1), held["grid_rrf"].max(axis=1)).mean()),
-        f"seen_{METRIC}": float(np.maximum(seen["grid_minmax"].max(axis=1), seen["grid_rrf"].max(axis=1)).mean()),
-    }
+    for d in (held, seen, tune):
+        d["per_query_oracle"] = np.maximum(d["grid_minmax"].max(axis=1), d["grid_rrf"].max(axis=1))
+    result["per_query_oracle"] = figures("per_query_oracle")
     return result
 
 
@@ -252,7 +275,6 @@ def run_seed(
     if not stream or not heldout:
         raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
     judges = {q: _Judge(prep.contexts[q], judgments[q], config.k) for q in set(stream) | set(heldout)}
-    baselines = _baselines(prep, config, stream, heldout, judges)
 
     learner_cfg = dict(config.learner)
     if not config.memory:
@@ -265,7 +287,8 @@ def run_seed(
     )
     user = SimulatedUser(
         config.user, explicit_rate=config.explicit_rate, noise=config.noise,
-        reformulation_rate=config.reformulation_rate, depth=config.k, mean_delay=config.mean_delay,
+        reformulation_rate=config.reformulation_rate, answer_k=config.answer_k, depth=config.k,
+        mean_delay=config.mean_delay, late_rate=config.late_rate, late_delay=config.late_delay,
         max_grade=prep.max_grade, seed=seed,
     )
     rng = random.Random(seed)
@@ -277,6 +300,7 @@ def run_seed(
     asked: dict[str, int] = {}
     online: list[float] = []
     curve: list[dict[str, float]] = []
+    seen_sample: list[str] = []  # the stream queries the latest seen figure was measured on
     n_feedback = n_flagged = 0
 
     def deliver(until: float) -> None:
@@ -298,6 +322,7 @@ def run_seed(
         seen = [q for q in asked]
         if len(seen) > config.max_seen:
             seen = random.Random(seed + n).sample(seen, config.max_seen)
+        seen_sample[:] = seen
         curve.append({
             "interactions": n,
             f"heldout_{METRIC}": greedy(heldout),
@@ -332,7 +357,8 @@ def run_seed(
     return {
         "seed": seed,
         "final": final,
-        "baselines": baselines,
+        "baselines": _baselines(prep, config, stream, heldout, judges, seen_sample, asked),
+        "learner_config": ens.learner.config.to_dict(),
         "curve": curve,
         "weights": ens.learner.weights(),
         "stream_queries": len(stream),
@@ -365,7 +391,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
     final = {k: _interval([r["final"][k] for r in runs]) for k in keys}
     baselines: dict[str, dict[str, Any]] = {}
     for name in runs[0]["baselines"]:
-        entry = {k: _interval([r["baselines"][name][k] for r in runs]) for k in keys[:2]}
+        entry = {k: _interval([r["baselines"][name][k] for r in runs]) for k in keys}
         if "weights" in runs[0]["baselines"][name]:
             entry["weights"] = [r["baselines"][name]["weights"] for r in runs]
         baselines[name] = entry
@@ -379,9 +405,10 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         "final": final,
         "baselines": baselines,
         "curve": curve,
-        "config": config.to_dict(),
+        # every setting; "learner" as the learner ran (defaults filled in), "learner_overrides" as given
+        "config": {**config.to_dict(), "learner": runs[0]["learner_config"], "learner_overrides": dict(config.learner)},
         "weights": [r["weights"] for r in runs],
-        "runs": [{k: v for k, v in r.items() if k not in ("curve", "baselines")} for r in runs],
+        "runs": [{k: v for k, v in r.items() if k not in ("curve", "baselines", "learner_config")} for r in runs],
         **dict(extra),
     }
 
@@ -414,12 +441,12 @@ def simulate(
     })
 
 
-def iter_table(result: Mapping[str, Any]) -> Iterator[tuple[str, float | None, float | None]]:
-    """Rows of (name, held-out, seen) for printing: the learned policy first, then the baselines."""
-    f = result["final"]
-    yield ("learned (" + result["config"]["policy"] + ")", f[f"heldout_{METRIC}"]["mean"], f[f"seen_{METRIC}"]["mean"])
-    for name, b in result["baselines"].items():
-        yield (name, b[f"heldout_{METRIC}"]["mean"], b[f"seen_{METRIC}"]["mean"])
+def iter_table(result: Mapping[str, Any]) -> Iterator[tuple[str, float | None, float | None, float | None]]:
+    """Rows of (name, held-out, seen, online) means: the learned policy first, then the baselines."""
+    keys = (f"heldout_{METRIC}", f"seen_{METRIC}", f"online_{METRIC}")
+    rows = [("learned (" + result["config"]["policy"] + ")", result["final"]), *result["baselines"].items()]
+    for name, figures in rows:
+        yield (name, *(figures[k]["mean"] if k in figures else None for k in keys))
 
 
 def plot_curves(result: Mapping[str, Any], path: str) -> None:
