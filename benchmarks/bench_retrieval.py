@@ -22,8 +22,10 @@ better part of an hour on 2 cores and says nothing about retrieval speed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -84,6 +86,7 @@ def main() -> None:
     doc_vecs = unit(len(texts), 384, rng)
     query_vecs = unit(len(queries), 384, rng)
     cache_dir = Path(tempfile.mkdtemp(prefix="rlfb-bench-"))
+    atexit.register(shutil.rmtree, cache_dir, True)  # hundreds of MB of vectors: gone when the run ends
     print(f"{len(texts):,} synthetic chunks, {len(queries)} queries; cache in {cache_dir}")
 
     # ---- rlfb: the same precomputed vectors, put where DenseRetriever looks for them

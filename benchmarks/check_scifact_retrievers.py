@@ -14,8 +14,10 @@ status 1 when a figure misses its target.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -77,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     qrels = [ir_measures.Qrel(q, d, r) for q, d, r in qrels_rows]
     print(f"SciFact: {len(chunks)} documents, {len(qids)} test queries, {len(qrels)} qrels")
 
-    cache_dir = args.cache_dir or tempfile.mkdtemp(prefix="rlfb-scifact-cache-")
+    cache_dir = args.cache_dir
+    if cache_dir is None:  # a cache of this run only: removed when it ends
+        cache_dir = tempfile.mkdtemp(prefix="rlfb-scifact-cache-")
+        atexit.register(shutil.rmtree, cache_dir, True)
     kwargs = {
         "bm25": {},
         "dense": {"cache_dir": cache_dir, "batch_size": args.dense_batch_size},

@@ -1,0 +1,30 @@
+"""The README's Python examples run as written (each in a fresh working folder)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_the_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 3  # quick start, LangChain, LlamaIndex
+
+
+@pytest.mark.parametrize("number", range(len(BLOCKS)))
+def test_readme_example_runs(number: int, tmp_path) -> None:
+    # a process of its own, in a fresh folder: the examples write fb.db and attach global handlers
+    script = tmp_path / f"example_{number}.py"
+    script.write_text(BLOCKS[number], encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
