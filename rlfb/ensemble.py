@@ -406,6 +406,8 @@ class FeedbackEnsemble:
         compute each query's context once and call this for every interaction.
         """
         validate_k(k)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValidationError(f"metadata must be a mapping, got {type(metadata).__name__}")
         with self._lock:
             self._refresh()
             ranking = self._learner.rank(self._for_learner(ctx), k, explore=explore)

@@ -42,15 +42,21 @@ class SearchMember:
         out: list[tuple[Chunk, float]] = []
         seen: set[str] = set()
         for rank, item in enumerate(self._search(query, k), start=1):
-            chunk, score = item
+            try:
+                chunk, score = item
+                score = None if score is None else float(score)
+            except (TypeError, ValueError):
+                raise ValidationError(
+                    f"member {self.name!r} returned {item!r}: each result must be a (Chunk, score or None) pair"
+                ) from None
             if not isinstance(chunk, Chunk):
                 raise ValidationError(f"member {self.name!r} returned {type(chunk).__name__}, not a Chunk")
             if chunk.id in seen:  # a member listing one chunk twice keeps its best position
                 continue
             seen.add(chunk.id)
-            if score is None or not math.isfinite(float(score)):
+            if score is None or not math.isfinite(score):
                 score = 1.0 / (c + rank)
-            out.append((chunk, float(score)))
+            out.append((chunk, score))
         return out
 
     def __repr__(self) -> str:

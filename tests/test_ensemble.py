@@ -126,3 +126,21 @@ def test_feedback_and_observe_without_a_dense_retriever() -> None:
     (reformulation,) = ens.observe("s1", "what causes the aurora borealis", dwell_seconds=3)
     assert reformulation.signal == "reformulation" and reformulation.reward < 0
     assert ens.observe("s1", "what causes the aurora borealis", dwell_seconds=3)[0].duplicate  # recorded once
+
+
+def test_bad_member_results_and_metadata_are_named_errors() -> None:
+    from rlfb.members import SearchMember
+    from rlfb.types import Chunk
+
+    good = Chunk("w1", "web page about the aurora")
+    for bad in ([good], [(good, "high")], [(good, 0.5, "extra")], [("w1", 0.5)]):
+        member = SearchMember("web", lambda q, k, bad=bad: bad)
+        with pytest.raises(ValidationError, match="member 'web'"):
+            member.search("aurora", 5)
+    member = SearchMember("web", lambda q, k: [(good, None), (Chunk("w2", "tides"), float("nan"))])
+    assert [s for _, s in member.search("aurora", 5)] == [1 / 61, 1 / 62]  # no score: fused by rank
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=":memory:")
+    with pytest.raises(ValidationError, match="metadata must be a mapping"):
+        ens.retrieve("aurora", k=2, metadata=[1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="rrf_c"):
+        FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), rrf_c="x")  # type: ignore[arg-type]
