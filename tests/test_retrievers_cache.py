@@ -1,0 +1,58 @@
+"""The embedding cache is keyed by what a model is, never hands one model's vectors to another, and takes any str."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from rlfb.retrievers.base import top_k
+from rlfb.retrievers.cache import text_hash
+from rlfb.retrievers.models import LazyModel, model_fingerprint
+
+
+def _model_folder(root, weights: bytes):
+    root.mkdir(parents=True)
+    (root / "config.json").write_text('{"hidden_size": 8}')
+    (root / "model.safetensors").write_bytes(weights)
+    return root
+
+
+def test_model_folders_are_keyed_by_their_contents(tmp_path) -> None:
+    weights = np.random.default_rng(0).bytes(3 << 20)  # above the old 1 MiB size-only threshold
+    base = _model_folder(tmp_path / "base", weights)
+    moved = tmp_path / "elsewhere" / "base"
+    shutil.copytree(base, moved)
+    tuned = _model_folder(tmp_path / "tuned", weights[:-1] + bytes([weights[-1] ^ 1]))  # same size, one bit
+    assert model_fingerprint(str(base)) == model_fingerprint(str(moved))  # one model, two places: one cache
+    assert model_fingerprint(str(tuned)) != model_fingerprint(str(base))
+    # a file rewritten in place gets hashed again
+    (moved / "model.safetensors").write_bytes(weights[::-1])
+    os.utime(moved / "model.safetensors", ns=(1, 1))
+    assert model_fingerprint(str(moved)) != model_fingerprint(str(base))
+
+
+def test_a_model_handed_over_loaded_is_not_cached_on_disk_unless_named(tmp_path) -> None:
+    folder = _model_folder(tmp_path / "m", b"weights")
+
+    class Loaded:  # stands for a SentenceTransformer whose settings or weights may have been changed
+        model_card_data = type("Card", (), {"base_model": str(folder)})()
+
+    def loader(name, device=None):
+        return Loaded()
+
+    by_path = LazyModel(str(folder), kind="dense", loader=loader, default=lambda: str(folder))
+    assert by_path.key is not None and by_path.key.startswith("dense:dir:")
+    by_path.get()
+    assert by_path.key is not None  # loading a named model does not change its key
+    handed = LazyModel(Loaded(), kind="dense", loader=loader, default=lambda: str(folder))
+    assert handed.name == str(folder) and handed.key is None
+    named = LazyModel(Loaded(), kind="dense", loader=loader, default=lambda: str(folder), key="my-tuned-v2")
+    assert named.key == "my-tuned-v2"
+
+
+def test_any_str_can_be_hashed_and_nan_scores_rank_last() -> None:
+    assert text_hash("caf\udce9") != text_hash("café")  # a lone surrogate hashes instead of raising
+    assert top_k(np.array([0.1, np.nan, 0.5, 0.3]), 2).tolist() == [2, 3]
+    assert top_k(np.array([np.nan, np.nan, 0.5]), 3).tolist() == [2, 0, 1]
