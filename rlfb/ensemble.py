@@ -33,6 +33,7 @@ from rlfb.fusion import FUSION_METHODS, normalize, rank_matrix
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
+from rlfb.runs import owns_event
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_k
 
 __all__ = ["FeedbackEnsemble"]
@@ -516,8 +517,9 @@ class FeedbackEnsemble:
         ...), a ``rating`` from 1 to 5, or a raw ``value`` in [-1, 1]. With
         ``chunk_id`` the feedback is about that chunk; otherwise it is spread
         over the retrieved chunks. Feedback outside the attribution window is
-        stored and flagged but not learned from. Returns the store's
-        :class:`~rlfb.store.FeedbackRecord`.
+        stored and flagged but not learned from, and so is feedback on a
+        retrieval this ensemble did not make (:func:`rlfb.runs.owns_event`).
+        Returns the store's :class:`~rlfb.store.FeedbackRecord`.
         """
         store = self._require_store()
         with self._lock:
@@ -534,13 +536,21 @@ class FeedbackEnsemble:
                 comment=comment,
                 key=key,
             )
-            if record.duplicate or not record.in_window:
-                return record
+            self._learn(record)
+        return record
+
+    def _learn(self, record: Any, event: Mapping[str, Any] | None = None) -> None:
+        """Learn from a stored feedback record, unless it is a retry, out of window, or on another's retrieval."""
+        if record.duplicate or not record.in_window:
+            return
+        with self._lock:
+            event = self._require_store().event(record.event_id) if event is None else event
+            if event is None or not owns_event(self, event):
+                return  # another engine's decision (log_external): its propensities are not ours to learn from
             # learn on top of the newest shared state: another process may have learned since
             self._refresh(force=True)
-            self._learner.learn(self.episode(event_id, record))
+            self._learner.learn(self.episode(record.event_id, record, event=event))
             self._persist()
-        return record
 
     def observe(
         self,
@@ -575,10 +585,14 @@ class FeedbackEnsemble:
             )
         return records
 
-    def episode(self, event_id: str, record: Any) -> Episode:
-        """Rebuild the logged decision of ``event_id`` with the rewards of ``record``."""
+    def episode(self, event_id: str, record: Any, *, event: Mapping[str, Any] | None = None) -> Episode:
+        """Rebuild the logged decision of ``event_id`` with the rewards of ``record``.
+
+        ``prior_rewards`` are what earlier feedback on the event gave each shown
+        chunk, unclipped. ``event`` is the logged event, when already read.
+        """
         store = self._require_store()
-        event = store.event(event_id)
+        event = store.event(event_id) if event is None else event
         if event is None:
             raise UnknownEventError(f"no retrieval event {event_id!r}")
         names = self.retriever_names
@@ -591,8 +605,9 @@ class FeedbackEnsemble:
         # the fused scores as shown (weights plus memory and confidence): policies re-rank with them
         logged = np.array([np.nan if c.get("score") is None else c["score"] for c in chunks], dtype=np.float64)
         scores = logged if logged.size and np.all(np.isfinite(logged)) else None
-        _, cumulative = store.event_reward(event_id)  # includes this record
-        prior = np.array([float(cumulative.get(c, 0.0)) for c in shown_ids]) - chunk_rewards
+        # unclipped: a chunk's clipped total minus this record hides earlier rewards once the sum hits the clip
+        earlier = store.chunk_reward_sums(event_id, before_feedback_id=getattr(record, "feedback_id", None))
+        prior = np.array([earlier.get(c, 0.0) for c in shown_ids], dtype=np.float64)
         decision = event["decision"]
         ctx = self._contexts.get(event_id)
         embedding = ctx.query_embedding if ctx is not None else None

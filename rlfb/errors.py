@@ -95,4 +95,4 @@ class DuplicateEventError(DuplicateIdError):
 
 
 class IdempotencyConflictError(ValidationError):
-    """An idempotency key was reused for different feedback (another event, signal or chunk)."""
+    """An idempotency key was reused for different feedback (another event, signal, chunk or value)."""

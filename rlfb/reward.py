@@ -133,12 +133,15 @@ def finite_float(x: Any, name: str = "value") -> float:
     ...
     rlfb.errors.NonFiniteValueError: rating must be finite, got nan
     """
-    if type(x) is float or type(x) is int:  # fast path; bool is a subclass of int, not int itself
-        f = float(x)
-    elif isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise ValidationError(f"{name} must be a real number, got {type(x).__name__} {x!r}")
-    else:
-        f = float(x)
+    try:
+        if type(x) is float or type(x) is int:  # fast path; bool is a subclass of int, not int itself
+            f = float(x)
+        elif isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise ValidationError(f"{name} must be a real number, got {type(x).__name__} {x!r}")
+        else:
+            f = float(x)
+    except OverflowError:  # an int beyond float range is as unusable as infinity (and too long to print)
+        raise NonFiniteValueError(f"{name} must be finite, got an int beyond float range") from None
     if not math.isfinite(f):
         raise NonFiniteValueError(f"{name} must be finite, got {f!r}")
     return f
@@ -148,6 +151,7 @@ def as_timestamp(x: Any, name: str = "timestamp") -> float:
     """Return a unix timestamp (float seconds) from a number, a ``datetime`` or an ISO-8601 string.
 
     Naive datetimes follow Python's own convention (``datetime.timestamp``): local time.
+    A time before 1970, in any form, or one a datetime cannot convert raises :class:`ValidationError`.
 
     >>> as_timestamp(1700000000)
     1700000000.0
@@ -169,9 +173,13 @@ def as_timestamp(x: Any, name: str = "timestamp") -> float:
         except ValueError as exc:
             raise ValidationError(f"{name} is not an ISO-8601 time: {x!r}") from exc
     if isinstance(x, datetime):
-        return float(x.timestamp())
-    t = finite_float(x, name)
-    if t < 0:
+        try:
+            t = float(x.timestamp())
+        except (OverflowError, ValueError, OSError) as exc:  # e.g. a naive year 1: no local-time offset exists
+            raise ValidationError(f"{name} is out of range: {x.isoformat()}") from exc
+    else:
+        t = finite_float(x, name)
+    if t < 0:  # numbers, datetimes and ISO strings alike: nothing before 1970
         raise ValidationError(f"{name} must not be negative, got {t!r}")
     return t
 

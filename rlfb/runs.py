@@ -185,10 +185,16 @@ def record_run_feedback(
     The feedback is a ``signal``, a ``rating``, a raw ``value`` in [-1, 1], or a
     LangSmith-style ``score`` (mapped by :func:`score_value` with ``score_scale``).
     Feedback on a chain that made several retrievals goes to each of them; with
-    ``chunk_id``, only to those that returned that chunk. An event that
-    ``ensemble`` made is recorded through :meth:`rlfb.FeedbackEnsemble.feedback`,
-    so it learns; other events (:func:`log_external`) are only stored. With
-    several events, the idempotency key gets ``":<event id>"`` appended.
+    ``chunk_id``, only to those that returned that chunk. All of it is written
+    in one transaction: when any retrieval rejects it, nothing is written and
+    nothing learned. ``ensemble`` then learns from the events it made
+    (:func:`owns_event`); other events (:func:`log_external`) are only stored.
+
+    Each event's idempotency key is ``"<idempotency_key>:<event id>"``, however
+    many events the run resolves to (so a retry after the chain logged another
+    retrieval is still a duplicate), kept as given when it already ends with
+    ``":<event id>"``. A key stored bare on the event (how earlier versions
+    keyed a run of one retrieval) is reused for that event.
 
     Raises :class:`UnknownEventError` when nothing was logged under the run id,
     :class:`UnknownChunkError` when none of its retrievals returned ``chunk_id``.
@@ -210,17 +216,29 @@ def record_run_feedback(
         events = [e for e in events if any(c["chunk_id"] == chunk_id for c in e["chunks"])]
         if not events:
             raise UnknownChunkError(f"chunk {chunk_id!r} was not returned by any retrieval of run {run_id!r}")
-    records = []
-    for event in events:
-        eid = event["id"]
-        ikey = idempotency_key if idempotency_key is None or len(events) == 1 else f"{idempotency_key}:{eid}"
-        kwargs = dict(value=value, rating=rating, chunk_id=chunk_id, timestamp=timestamp,
-                      session_id=session_id, user_id=user_id, idempotency_key=ikey, comment=comment, key=key)
+    items = [
+        dict(event_id=e["id"], signal=signal, value=value, rating=rating, chunk_id=chunk_id, timestamp=timestamp,
+             session_id=session_id, user_id=user_id, idempotency_key=_event_key(store, idempotency_key, e["id"]),
+             comment=comment, key=key)
+        for e in events
+    ]
+    records = store.record_feedback_batch(items)  # all or nothing
+    for event, record in zip(events, records, strict=True):
         if owns_event(ensemble, event):
-            records.append(ensemble.feedback(eid, signal, **kwargs))
-        else:
-            records.append(store.record_feedback(eid, signal, **kwargs))
+            ensemble._learn(record, event)
     return records
+
+
+def _event_key(store: Any, key: str | None, event_id: str) -> str | None:
+    """The idempotency key of one event's share of run feedback (see :func:`record_run_feedback`)."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise ValidationError(f"idempotency_key must be a non-empty str, got {key!r}")
+    if any(f["idempotency_key"] == key for f in store.feedback(event_id)):
+        return key  # stored bare by an earlier version: keep it, so the retry stays a duplicate
+    suffix = f":{event_id}"
+    return key if key.endswith(suffix) else key + suffix
 
 
 def default_implicit(ensemble: Any = None) -> Any:
@@ -233,8 +251,12 @@ def default_implicit(ensemble: Any = None) -> Any:
 
     encode = None
     if ensemble is not None:
-        for r in ensemble.retrievers.values():
-            encode = getattr(r, "encode_queries", None) or encode
+        pick = getattr(ensemble, "_dense_encoder", None)
+        if callable(pick):
+            encode = pick()
+        else:  # the ensemble's rule: the dense retriever, never SPLADE (its sparse vectors have no cosine)
+            dense = next((r for r in ensemble.retrievers.values() if getattr(r, "name", None) == "dense"), None)
+            encode = getattr(dense, "encode_queries", None)
     return ImplicitSignals(encode=encode)
 
 

@@ -85,7 +85,8 @@ class FeedbackStore:
     stats_window
         Sliding window of :meth:`stats`, in seconds (90 days).
     retention
-        Seconds of history to keep; ``None`` keeps everything. Older rows are
+        Seconds of history to keep, at least ``attribution_window`` (an event
+        must outlive its window); ``None`` keeps everything. Older rows are
         pruned when the store opens and whenever :meth:`prune` is called (a
         long-running process should call it now and then).
     clock_skew
@@ -125,7 +126,7 @@ class FeedbackStore:
         _positive(self.attribution_window, "attribution_window")
         self.stats_window = float(finite_float(stats_window, "stats_window"))
         _positive(self.stats_window, "stats_window")
-        self.retention = _positive(retention, "retention", allow_none=True)
+        self.retention = self._check_retention(retention, allow_none=True)
         self.clock_skew = finite_float(clock_skew, "clock_skew")
         if self.clock_skew < 0:
             raise ValidationError(f"clock_skew must not be negative, got {clock_skew}")
@@ -166,6 +167,16 @@ class FeedbackStore:
         except BaseException:
             self.close()
             raise
+
+    def _check_retention(self, retention: Any, allow_none: bool = False) -> float | None:
+        keep = _positive(retention, "retention", allow_none=allow_none)
+        # pruning an event that is still inside the window would lose feedback that may yet arrive for it
+        if keep is not None and keep < self.attribution_window:
+            raise ValidationError(
+                f"retention ({keep:g}s) must be at least the attribution window ({self.attribution_window:g}s): "
+                "events younger than the window can still receive feedback"
+            )
+        return keep
 
     def _enable_wal(self) -> str:
         mode = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
@@ -605,8 +616,9 @@ class FeedbackStore:
         ``chunk_id`` makes the feedback chunk-level. ``key`` is a free label
         (a LangSmith feedback key); ``idempotency_key`` makes a retry safe: the
         second call returns the first record with ``duplicate=True`` and writes
-        nothing (reusing the key for different feedback raises
-        :class:`IdempotencyConflictError`).
+        nothing (reusing the key for different feedback, another event, signal,
+        chunk or value, raises :class:`IdempotencyConflictError`; the timestamp
+        is not compared, since a retry may be stamped when it is sent).
 
         Raises (and writes nothing): :class:`UnknownEventError`,
         :class:`UnknownChunkError` (a chunk that was not part of the event),
@@ -726,10 +738,12 @@ class FeedbackStore:
             try:
                 if p.idempotency_key is not None and p.idempotency_key in existing:
                     first = existing[p.idempotency_key]
-                    if (first.event_id, first.signal, first.chunk_id) != (p.event_id, p.signal, p.chunk_id):
+                    if (first.event_id, first.signal, first.chunk_id, first.value) != (
+                        p.event_id, p.signal, p.chunk_id, p.value
+                    ):
                         raise IdempotencyConflictError(
                             f"idempotency key {p.idempotency_key!r} already recorded {first.signal!r} "
-                            f"on event {first.event_id!r} (chunk {first.chunk_id!r})"
+                            f"(value {first.value:g}) on event {first.event_id!r} (chunk {first.chunk_id!r})"
                         )
                     records.append(first)
                     continue
@@ -880,6 +894,25 @@ class FeedbackStore:
         reward = self.reward.clip(self.reward.config.no_feedback if total is None else total)
         return reward, chunks
 
+    def chunk_reward_sums(self, event_id: str, *, before_feedback_id: int | None = None) -> dict[str, float]:
+        """Per chunk, the rewards the event's feedback attributed to it, summed and not clipped.
+
+        With ``before_feedback_id``, only feedback stored before that row counts
+        (what earlier feedback taught, as :func:`rlfb.policies._util.chunk_evidence` wants it).
+        """
+        enc = _enc(_check_event_id(event_id))
+        # through feedback, whose event_id is indexed (the copy in rewards is not)
+        sql = (
+            "SELECT r.chunk_id, SUM(r.reward) FROM feedback f JOIN rewards r ON r.feedback_id = f.id "
+            "WHERE f.event_id = ? AND r.chunk_id IS NOT NULL"
+        )
+        params: list[Any] = [enc]
+        if before_feedback_id is not None:
+            sql += " AND f.id < ?"
+            params.append(int(before_feedback_id))
+        with self._read() as conn:
+            return {_dec(c): float(r) for c, r in conn.execute(sql + " GROUP BY r.chunk_id", params)}
+
     # -- policy snapshots ----------------------------------------------------------
     def save_policy_state(
         self,
@@ -998,10 +1031,11 @@ class FeedbackStore:
         """Delete events older than ``retention`` seconds with their chunks, feedback and rewards.
 
         Policy snapshots older than the cutoff go too, except the newest. With
-        no retention (the store's or the argument) nothing is deleted. Returns
+        no retention (the store's or the argument) nothing is deleted; a
+        retention shorter than ``attribution_window`` raises :class:`ValidationError`. Returns
         the number of rows deleted per table.
         """
-        keep = self.retention if retention is None else _positive(retention, "retention")
+        keep = self.retention if retention is None else self._check_retention(retention)
         result = {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0}
         if keep is None:
             return result

@@ -1,0 +1,191 @@
+"""What feedback means: run feedback keys and atomicity, who learns, earlier rewards, key reuse, times, retention."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlfb import FeedbackEnsemble
+from rlfb.errors import FeedbackBeforeEventError, IdempotencyConflictError, ValidationError
+from rlfb.policies._util import chunk_evidence
+from rlfb.reward import as_timestamp
+from rlfb.runs import default_implicit, log_external, record_run_feedback
+from rlfb.store import FeedbackStore
+
+T0 = 1_000_000.0
+DAY = 86400.0
+TEXTS = ["aurora charged particles sun", "aurora lights north sky", "tides moon"]
+
+
+@pytest.fixture
+def store() -> FeedbackStore:
+    s = FeedbackStore(clock=lambda: T0 + 10_000)
+    yield s
+    s.close()
+
+
+def _ensemble(store: FeedbackStore) -> FeedbackEnsemble:
+    return FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=store, policy="gradient")
+
+
+def _state(ens: FeedbackEnsemble) -> str:
+    return json.dumps(ens.learner.state_dict(), sort_keys=True, default=str)
+
+
+# ---------------------------------------------------------------- feedback by run id
+def test_run_feedback_retry_stays_a_duplicate_after_the_chain_logs_another_retrieval(store: FeedbackStore) -> None:
+    log_external(store, "q1", [("c1", 1.0)], source="x", event_id="r1", parent_id="chain", timestamp=T0)
+    (first,) = record_run_feedback(store, "chain", "thumbs_up", timestamp=T0 + 100, idempotency_key="K")
+    assert first.idempotency_key == "K:r1"  # one derivation, however many events the run resolves to
+    log_external(store, "q2", [("c2", 1.0)], source="x", event_id="r2", parent_id="chain", timestamp=T0 + 50)
+    retry = record_run_feedback(store, "chain", "thumbs_up", timestamp=T0 + 100, idempotency_key="K")
+    assert [(r.event_id, r.idempotency_key, r.duplicate) for r in retry] == [("r1", "K:r1", True),
+                                                                          ("r2", "K:r2", False)]
+    assert [f["idempotency_key"] for f in store.feedback("r1")] == ["K:r1"]  # r1 learned it once
+
+
+def test_run_feedback_keeps_a_bare_key_stored_by_an_earlier_version(store: FeedbackStore) -> None:
+    log_external(store, "q1", [("c1", 1.0)], source="x", event_id="r1", parent_id="chain", timestamp=T0)
+    store.record_feedback("r1", "thumbs_up", timestamp=T0 + 100, idempotency_key="K")  # the old single-event key
+    log_external(store, "q2", [("c2", 1.0)], source="x", event_id="r2", parent_id="chain", timestamp=T0 + 50)
+    retry = record_run_feedback(store, "chain", "thumbs_up", timestamp=T0 + 100, idempotency_key="K")
+    assert [(r.idempotency_key, r.duplicate) for r in retry] == [("K", True), ("K:r2", False)]
+    # a key already derived for the event (as a second store's handler passes it on) is kept as is
+    (again,) = record_run_feedback(store, "r2", "thumbs_up", timestamp=T0 + 100, idempotency_key="K:r2")
+    assert (again.idempotency_key, again.duplicate) == ("K:r2", True)
+
+
+def test_run_feedback_rejected_by_one_retrieval_writes_and_learns_nothing(store: FeedbackStore) -> None:
+    ens = _ensemble(store)
+    ens.retrieve("aurora", 2, event_id="mine", parent_id="chain", timestamp=T0)
+    log_external(store, "q2", [("c2", 1.0)], source="x", event_id="late", parent_id="chain", timestamp=T0 + 3900)
+    before = _state(ens)
+    with pytest.raises(FeedbackBeforeEventError, match="feedback item 1"):  # before the later retrieval
+        record_run_feedback(store, "chain", "thumbs_up", ensemble=ens, timestamp=T0 + 100)
+    assert store.counts()["feedback"] == store.counts()["rewards"] == 0
+    assert _state(ens) == before and store.load_policy_state() is None
+    # the same feedback on the ensemble's retrieval alone is written and learned
+    (rec,) = record_run_feedback(store, "mine", "thumbs_up", ensemble=ens, timestamp=T0 + 100)
+    assert rec.in_window and _state(ens) != before
+
+
+# ---------------------------------------------------------------- who learns
+def test_feedback_on_another_engines_retrieval_is_stored_not_learned(store: FeedbackStore) -> None:
+    ens = _ensemble(store)
+    theirs = log_external(store, "aurora", [("0", 1.0), ("zz", None)], source="elsewhere", timestamp=T0)
+    before = _state(ens)
+    record = ens.feedback(theirs, "thumbs_down", timestamp=T0 + 10)
+    assert record.in_window and not record.duplicate and store.counts()["feedback"] == 1
+    assert _state(ens) == before and store.counts()["policy_snapshots"] == 0
+    mine = ens.retrieve("aurora", 2, timestamp=T0).event_id
+    ens.feedback(mine, "thumbs_down", timestamp=T0 + 10)
+    assert _state(ens) != before  # its own retrieval it learns from
+
+
+def test_observe_on_another_engines_retrieval_is_stored_not_learned(store: FeedbackStore) -> None:
+    ens = _ensemble(store)
+    log_external(store, "what causes the aurora", [("0", 1.0)], source="elsewhere", session_id="s", timestamp=T0)
+    before = _state(ens)
+    (record,) = ens.observe("s", "why does the aurora happen", timestamp=T0 + 10)
+    assert record.signal == "reformulation" and record.in_window
+    assert _state(ens) == before and store.counts()["policy_snapshots"] == 0
+
+
+def test_default_implicit_compares_follow_ups_with_the_dense_encoder_not_splade() -> None:
+    def retriever(name: str) -> Any:
+        return SimpleNamespace(name=name, encode_queries=lambda texts: np.zeros((len(texts), 2)))
+
+    dense, splade = retriever("dense"), retriever("splade")
+    duck = SimpleNamespace(retrievers={"bm25": SimpleNamespace(name="bm25"), "dense": dense, "splade": splade})
+    assert default_implicit(duck).encode is dense.encode_queries
+    only_sparse = SimpleNamespace(retrievers={"splade": splade})
+    assert default_implicit(only_sparse).encode is None  # word overlap, as the ensemble does
+    ens = SimpleNamespace(retrievers={}, _dense_encoder=lambda: dense.encode_queries)
+    assert default_implicit(ens).encode is dense.encode_queries  # the ensemble's own choice
+
+
+# ---------------------------------------------------------------- earlier rewards
+def test_episode_prior_is_what_earlier_feedback_gave_each_chunk_unclipped(store: FeedbackStore) -> None:
+    ens = _ensemble(store)
+    result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
+    top, second = (h.chunk_id for h in result.hits)
+    ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0)  # +0.4, rank 1 read as skipped
+    thumbs = ens.feedback(result.event_id, "thumbs_up", chunk_id=second, timestamp=T0)  # +1.0, sum clipped
+    ep = ens.episode(result.event_id, thumbs)
+    assert ep.shown_ids == (top, second)
+    np.testing.assert_allclose(ep.prior_rewards, [0.0, 0.4])
+    np.testing.assert_allclose(ep.chunk_rewards, [0.0, 1.0])
+    # rank 1 was already counted as skipped by the click: the thumbs up does not count it again
+    evidence = chunk_evidence(ep.chunk_rewards, ep.reward, 0.2, 0.5, ep.prior_rewards)
+    np.testing.assert_allclose(evidence, [0.0, 1.0])
+    assert store.chunk_reward_sums(result.event_id) == pytest.approx({second: 1.4})
+
+
+# ---------------------------------------------------------------- idempotency keys
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [({"rating": 5}, {"rating": 1}), ({"value": -1.0}, {"value": 1.0}), ({"value": 0.5}, {"signal": "score",
+                                                                                         "value": 0.25})],
+)
+def test_reusing_an_idempotency_key_for_another_value_conflicts(
+    store: FeedbackStore, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    eid = store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "c1"}], timestamp=T0)
+    store.record_feedback(eid, idempotency_key="K", timestamp=T0, **first)
+    with pytest.raises(IdempotencyConflictError, match="value"):
+        store.record_feedback(eid, idempotency_key="K", timestamp=T0, **second)
+    assert store.counts()["feedback"] == 1
+    # the same feedback again, sent later, is a retry: the timestamp is not compared
+    assert store.record_feedback(eid, idempotency_key="K", timestamp=T0 + 60, **first).duplicate
+
+
+# ---------------------------------------------------------------- times
+@pytest.mark.parametrize(
+    "bad",
+    [
+        datetime(1969, 12, 31, tzinfo=timezone.utc),
+        "1969-12-31T00:00:00+00:00",
+        10**400,
+        datetime(1, 1, 1),
+        "0001-01-01T00:00:00",
+        -1,
+    ],
+)
+def test_timestamps_out_of_range_raise_a_named_error_and_write_nothing(store: FeedbackStore, bad: Any) -> None:
+    with pytest.raises(ValidationError):
+        as_timestamp(bad)
+    eid = store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "c1"}], timestamp=T0)
+    with pytest.raises(ValidationError):
+        store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "c1"}], timestamp=bad)
+    with pytest.raises(ValidationError):
+        store.record_feedback_batch([{"event_id": eid, "signal": "thumbs_up", "timestamp": bad}])
+    assert store.counts()["events"] == 1 and store.counts()["feedback"] == 0
+
+
+def test_times_in_range_still_convert() -> None:
+    assert as_timestamp(datetime(1970, 1, 1, tzinfo=timezone.utc)) == 0.0
+    assert as_timestamp("2024-01-01T00:00:00+00:00") == 1704067200.0
+    assert as_timestamp(10**9) == 1e9
+
+
+# ---------------------------------------------------------------- retention
+def test_retention_shorter_than_the_attribution_window_is_rejected(tmp_path) -> None:
+    path = tmp_path / "fb.db"
+    with pytest.raises(ValidationError, match="attribution window"):
+        FeedbackStore(path, retention=600)  # the window is 24 h by default
+    assert not path.exists()  # rejected before anything was created
+    with pytest.raises(ValidationError, match="attribution window"):
+        FeedbackStore(path, retention=2 * DAY, attribution_window=3 * DAY)
+    now = [T0]
+    with FeedbackStore(path, retention=DAY, clock=lambda: now[0]) as s:  # as long as the window: fine
+        eid = s.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "c1"}], timestamp=T0)
+        now[0] = T0 + 1800
+        with pytest.raises(ValidationError, match="attribution window"):
+            s.prune(retention=600)
+        assert s.has_event(eid)
+        assert s.record_feedback(eid, "thumbs_up").in_window  # half an hour later, still learned from
