@@ -39,7 +39,6 @@ with ``score_scale="signed"`` ([-1, 1]); see :func:`rlfb.runs.score_value`.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +56,7 @@ from rlfb.runs import (
     log_external,
     observe_followup,
     record_run_feedback,
+    same_store,
 )
 
 __all__ = ["FeedbackCallbackHandler"]
@@ -282,7 +282,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         records = record_run_feedback(self.store, run_id, signal, ensemble=self.ensemble, **fb)
         ens = self.ensemble
-        if ens is None or ens.store is None or _same_store(ens.store, self.store):
+        if ens is None or ens.store is None or same_store(ens.store, self.store):
             return records
         # The run tree (links) lives in this handler's store: resolve here, record per event there.
         ikey = fb.pop("idempotency_key", None)
@@ -303,12 +303,3 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
 def _str(run_id: Any) -> str | None:
     return None if run_id is None else str(run_id)
 
-
-def _same_store(a: Any, b: Any) -> bool:
-    """Whether two feedback stores are one database (the same object, or the same file)."""
-    if a is b:
-        return True
-    pa, pb = getattr(a, "path", None), getattr(b, "path", None)
-    if not pa or not pb or ":memory:" in (pa, pb):
-        return False
-    return os.path.realpath(pa) == os.path.realpath(pb)

@@ -48,7 +48,6 @@ passed again (``FeedbackEventHandler(**data, store=store)``).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -68,7 +67,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llamaindex_rlfb._nodes import event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import UnknownEventError, ValidationError
-from rlfb.runs import SCORE_SCALES, log_external, record_run_feedback
+from rlfb.runs import SCORE_SCALES, log_external, record_run_feedback, same_store
 
 __all__ = [
     "FeedbackEventHandler",
@@ -136,15 +135,6 @@ def _component(span_id: str | None, default: str) -> str:
     if not span_id:
         return default
     return span_id.split(".", 1)[0] or default
-
-
-def _same_file(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    pa, pb = getattr(a, "path", None), getattr(b, "path", None)
-    if not pa or not pb or ":memory:" in (pa, pb):
-        return False
-    return os.path.realpath(pa) == os.path.realpath(pb)
 
 
 class FeedbackEventHandler(BaseEventHandler):
@@ -431,12 +421,12 @@ class FeedbackEventHandler(BaseEventHandler):
                 "querying, and pass an id from handler.last_query_id or a node's metadata['event_id']"
             )
         learners = self._learners_of(event_ids)
-        shared = [ens for ens in learners if _same_file(ens.store, self._store)]
+        shared = [ens for ens in learners if same_store(ens.store, self._store)]
         fb = dict(signal=signal, score=score, score_scale=self.score_scale, value=value, rating=rating,
                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         records = record_run_feedback(self._store, qid, ensemble=shared[0] if shared else None, **fb)
         for ens in learners:  # a learner on another store learns from its own copy of the event
-            if not _same_file(ens.store, self._store):
+            if not same_store(ens.store, self._store):
                 for eid in event_ids:
                     if ens.store.has_event(eid):
                         records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "log_external",
     "score_value",
     "owns_event",
+    "same_store",
     "record_run_feedback",
     "observe_followup",
     "default_implicit",
@@ -151,6 +153,21 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
     if not -1.0 <= s <= 1.0:
         raise ValidationError(f"score must lie in [-1, 1] with scale='signed', got {s!r}")
     return s
+
+
+def same_store(a: Any, b: Any) -> bool:
+    """Whether two feedback stores are one database: the same object, or the same SQLite file.
+
+    >>> from rlfb.store import FeedbackStore
+    >>> same_store(FeedbackStore(), FeedbackStore())  # two in-memory stores are two databases
+    False
+    """
+    if a is b:
+        return True
+    pa, pb = getattr(a, "path", None), getattr(b, "path", None)
+    if not pa or not pb or ":memory:" in (pa, pb):
+        return False
+    return os.path.realpath(pa) == os.path.realpath(pb)
 
 
 def owns_event(ensemble: Any, event: Mapping[str, Any]) -> bool:
