@@ -756,14 +756,16 @@ class FeedbackEnsemble:
         try:
             config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
             state = json.loads((root / "learner.json").read_text(encoding="utf-8"), parse_constant=_no_constant)
-            if not isinstance(config, dict) or config.get("format") != _FORMAT:
-                raise CorruptStateError(f"{root / _CONFIG_FILE}: unknown format {_get(config, 'format')!r}")
+            if not isinstance(config, dict):
+                raise CorruptStateError(f"{root / _CONFIG_FILE} holds a {type(config).__name__}, not settings")
+            if config.get("format") != _FORMAT:
+                raise CorruptStateError(f"{root / _CONFIG_FILE}: unknown format {config.get('format')!r}")
             names = [str(n) for n in config["retrievers"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"cannot read an ensemble from {root}: {exc}") from exc
         table = ChunkTable.load(root)
         retrievers = {n: load_retriever(root / "retrievers" / n) for n in names}
-        learner = Learner.from_state_dict(state)  # settings and hyperparameters as saved
+        learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads below
         options = {
             "fusion": config.get("fusion", "minmax"),
             "candidate_k": config.get("candidate_k", 100),
@@ -817,10 +819,6 @@ def _as_retriever_map(
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a saved state may hold")
-
-
-def _get(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, dict) else None
 
 
 def _open_store(store: Any) -> Any:

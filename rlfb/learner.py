@@ -635,6 +635,11 @@ class Learner:
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> Learner:
         """A new learner with the settings, policy and everything learned that ``state`` holds."""
+        return cls.untrained_like(state).load_state_dict(state)
+
+    @classmethod
+    def untrained_like(cls, state: Mapping[str, Any]) -> Learner:
+        """A new learner with the settings and policy hyperparameters ``state`` holds, and nothing learned."""
         _check_finite(state)
         try:
             pstate = state["policy"]
@@ -653,7 +658,7 @@ class Learner:
             raise
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CorruptStateError(f"cannot rebuild a learner from this state: {exc!r}") from exc
-        return learner.load_state_dict(state)
+        return learner
 
     def __repr__(self) -> str:
         w = ", ".join(f"{n}={v:.3f}" for n, v in self.weights().items())

@@ -228,22 +228,20 @@ def _baselines(
     held = per_query(heldout)
     tune = per_query(stream)
     row = {q: i for i, q in enumerate(stream)}
-    seen = {key: v[[row[q] for q in seen_sample]] for key, v in tune.items()}
+    seen_rows = np.array([row[q] for q in seen_sample], dtype=np.int64)
     asks = np.array([asked.get(q, 0) for q in stream], dtype=float)
     share = asks / asks.sum() if asks.sum() > 0 else np.full(len(stream), 1.0 / len(stream))
 
-    def figures(key: str, col: int | None = None) -> dict[str, float]:
-        h, se, on = (held[key], seen[key], tune[key]) if col is None else (
-            held[key][:, col], seen[key][:, col], tune[key][:, col])
+    def figures(on_heldout: np.ndarray, on_stream: np.ndarray) -> dict[str, float]:
+        """The three figures of one fixed system from its per-query nDCG on each query set."""
         return {
-            f"heldout_{METRIC}": float(h.mean()),
-            f"seen_{METRIC}": float(se.mean()) if se.size else float("nan"),
-            f"online_{METRIC}": float(share @ on),
+            f"heldout_{METRIC}": float(on_heldout.mean()),
+            f"seen_{METRIC}": float(on_stream[seen_rows].mean()) if seen_rows.size else float("nan"),
+            f"online_{METRIC}": float(share @ on_stream),
         }
 
-    result: dict[str, dict[str, float]] = {}
-    for key in [*names, "equal", "rrf"]:
-        result[key] = figures(key)
+    result: dict[str, dict[str, Any]] = {key: figures(held[key], tune[key]) for key in [*names, "equal", "rrf"]}
+
     def best_fixed(chosen_on: dict[str, np.ndarray]) -> dict[str, Any]:
         """The grid weights (either fusion mode) with the best mean on ``chosen_on``, scored on both sets."""
         mode, best = max(
@@ -251,16 +249,17 @@ def _baselines(
             key=lambda mb: chosen_on[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
         )
         return {
-            **figures(f"grid_{mode}", best),
+            **figures(held[f"grid_{mode}"][:, best], tune[f"grid_{mode}"][:, best]),
             "weights": dict(zip(names, grid[best].tolist(), strict=True)),
             "fusion": mode,
         }
 
+    def per_query_oracle(d: dict[str, np.ndarray]) -> np.ndarray:
+        return np.maximum(d["grid_minmax"].max(axis=1), d["grid_rrf"].max(axis=1))
+
     result["tuned_fixed"] = best_fixed(tune)  # tuned on the stream queries with full judgments: offline tuning
     result["oracle_fixed"] = best_fixed(held)  # chosen on the held-out queries themselves: an upper bound
-    for d in (held, seen, tune):
-        d["per_query_oracle"] = np.maximum(d["grid_minmax"].max(axis=1), d["grid_rrf"].max(axis=1))
-    result["per_query_oracle"] = figures("per_query_oracle")
+    result["per_query_oracle"] = figures(per_query_oracle(held), per_query_oracle(tune))
     return result
 
 
