@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlfb.errors import ValidationError
+from rlfb.runs import same_store
 
 __all__ = ["MEMORY", "open_store", "store_path_of", "check_given_again"]
 
@@ -25,12 +26,6 @@ def store_path_of(store: Any) -> str:
     """The SQLite file of ``store``, or :data:`MEMORY`."""
     path = str(getattr(store, "path", "") or MEMORY)
     return MEMORY if path in (MEMORY, "") else path
-
-
-def _same_path(a: str, b: str) -> bool:
-    if MEMORY in (a, b):
-        return False
-    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def open_store(store: Any, store_path: str | None) -> Any:
@@ -53,7 +48,7 @@ def open_store(store: Any, store_path: str | None) -> Any:
         return store
     if store is None:
         return FeedbackStore(os.fspath(store_path))
-    if not _same_path(store_path_of(store), os.fspath(store_path)):
+    if not same_store(store, store_path):
         raise ValidationError(
             f"store ({store_path_of(store)!r}) and store_path ({os.fspath(store_path)!r}) name different stores"
         )

@@ -156,7 +156,7 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
 
 
 def same_store(a: Any, b: Any) -> bool:
-    """Whether two feedback stores are one database: the same object, or the same SQLite file.
+    """Whether two feedback stores, or store file paths, are one database: the same object or SQLite file.
 
     >>> from rlfb.store import FeedbackStore
     >>> same_store(FeedbackStore(), FeedbackStore())  # two in-memory stores are two databases
@@ -164,7 +164,7 @@ def same_store(a: Any, b: Any) -> bool:
     """
     if a is b:
         return True
-    pa, pb = getattr(a, "path", None), getattr(b, "path", None)
+    pa, pb = (os.fspath(x) if isinstance(x, (str, os.PathLike)) else getattr(x, "path", None) for x in (a, b))
     if not pa or not pb or ":memory:" in (pa, pb):
         return False
     return os.path.realpath(pa) == os.path.realpath(pb)
