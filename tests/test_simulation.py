@@ -141,3 +141,20 @@ def test_fixed_equal_weights_score_as_the_equal_baseline_on_the_same_queries() -
     assert cfg["learner"]["exploration"] == "none" and cfg["learner"]["memory_weight"] == 0.0
     assert "discovery_rate" in cfg["learner"]  # a default the caller did not set
     assert cfg["learner_overrides"] == {"confidence_weight": 0.0, "exploration": "none"}
+
+
+def test_a_question_judged_in_both_splits_is_held_out_and_never_streamed() -> None:
+    """Held-out means never asked: where the stream split and the held-out split share a question id,
+    the question is held out only."""
+    from dataclasses import replace
+
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    ids = sorted(data.qrels["test"])
+    test = {q: data.qrels["test"][q] for q in ids[:30]}
+    train = {q: data.qrels["test"][q] for q in ids[20:]}  # ten questions in both splits
+    both = replace(data, qrels={"test": test, "train": train})
+    config = SimulationConfig(policy="fixed", interactions=120, seeds=(0,), checkpoints=1, retrievers=("bm25",))
+    run = simulate(both, config, show_progress=False)["runs"][0]
+    assert run["heldout_queries"] == 30
+    assert run["stream_queries"] == 30  # 40 train questions less the 10 held out
+    assert run["distinct_asked"] <= 30

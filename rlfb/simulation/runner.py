@@ -179,9 +179,10 @@ class _Judge:
 def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[str], list[str], dict[str, dict]]:
     """Stream and held-out query ids: the stream split where one exists, else seeded halves."""
     if prep.stream_qrels is not None:
-        stream = sorted(q for q in prep.stream_qrels if q in prep.contexts)
         heldout = sorted(q for q in prep.qrels if q in prep.contexts)
-        judgments = {**prep.qrels, **prep.stream_qrels}
+        # a question judged in both splits is held out, never streamed: held-out means never asked
+        stream = sorted(q for q in prep.stream_qrels if q in prep.contexts and q not in prep.qrels)
+        judgments = {**prep.stream_qrels, **prep.qrels}
     else:
         ids = sorted(q for q in prep.qrels if q in prep.contexts)
         random.Random(1_000_003 + seed).shuffle(ids)
