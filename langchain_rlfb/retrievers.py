@@ -351,6 +351,26 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         ens = FeedbackEnsemble({}, members=_members(retrievers), **ensemble_kwargs)
         return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
 
+    # ------------------------------------------------------------------ a changing corpus
+    def add_documents(self, documents: Sequence[Document], *, ids: Sequence[str] | None = None) -> list[str]:
+        """Index more documents, as a vector store's ``add_documents``; returns their ids.
+
+        A document whose id is already indexed replaces it. Ids come from ``ids``,
+        else as in :meth:`from_documents`. See :meth:`rlfb.FeedbackEnsemble.add_chunks`.
+        """
+        documents = list(documents)
+        if ids is not None:
+            ids = [str(i) for i in ids]
+            if len(ids) != len(documents):
+                raise ValidationError(f"got {len(documents)} documents but {len(ids)} ids")
+            documents = [d.model_copy(update={"id": i}) if isinstance(d, Document) else d
+                         for d, i in zip(documents, ids, strict=True)]
+        return self.ensemble.add_chunks(_documents_to_chunks(documents))
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Remove the documents with these ids from the index (:meth:`rlfb.FeedbackEnsemble.delete_chunks`)."""
+        self.ensemble.delete_chunks(ids)
+
     # ------------------------------------------------------------------ learning
     @property
     def weights(self) -> dict[str, float]:

@@ -121,6 +121,27 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             by_id.setdefault(str(node.node_id), node)
         return cls(ens, similarity_top_k, nodes=by_id, explore=explore, callback_manager=callback_manager)
 
+    def insert_nodes(self, nodes: Sequence[BaseNode]) -> None:
+        """Index more nodes, as an index's ``insert_nodes``; a node whose id is indexed replaces it.
+
+        See :meth:`rlfb.FeedbackEnsemble.add_chunks`.
+        """
+        nodes = list(nodes)
+        self.ensemble.add_chunks(nodes_to_chunks(nodes))  # validates; a node id given twice keeps its first
+        first: dict[str, BaseNode] = {}
+        for node in nodes:
+            first.setdefault(str(node.node_id), node)
+        self._nodes.update(first)
+
+    def delete_nodes(self, node_ids: Sequence[str]) -> None:
+        """Remove the nodes with these ids from the index (:meth:`rlfb.FeedbackEnsemble.delete_chunks`)."""
+        if isinstance(node_ids, str):
+            raise ValidationError("node_ids must be a sequence of ids, not one string")
+        node_ids = [str(n) for n in node_ids]
+        self.ensemble.delete_chunks(node_ids)  # an unknown id is an error, and nothing is removed
+        for nid in node_ids:
+            self._nodes.pop(str(nid), None)
+
     @property
     def weights(self) -> dict[str, float]:
         """The current fusion weights, ``{retriever name: weight}``."""

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -21,6 +22,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -127,6 +129,7 @@ class FeedbackEnsemble:
         self._last_persist = 0.0
         self._dirty = False
         self._lock = threading.RLock()
+        self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
@@ -177,6 +180,89 @@ class FeedbackEnsemble:
         """Build an ensemble over raw texts; ids default to ``"0"``, ``"1"``, ..."""
         return cls.from_chunks(make_chunks(texts, ids, metadatas), retrievers=retrievers, **kwargs)
 
+    # ------------------------------------------------------------------ a changing corpus
+    def add_chunks(self, chunks: Sequence[Chunk], *, show_progress: bool = False) -> list[str]:
+        """Index ``chunks``: new ids are added, ids already indexed get the new text and metadata.
+
+        Each corpus retriever builds an updated copy of itself (``updated``), reusing what
+        it computed for unchanged chunks: BM25 tokenizes only new or changed texts and
+        recomputes its weights from the term counts it kept; dense and SPLADE keep their
+        vectors and encode only new or changed texts. Retrieval and feedback go on with
+        the old index until the new one is complete, and a failure leaves the old one in
+        place. What the ensemble learned is keyed by chunk id and carries over: a chunk
+        whose text changes keeps its confidence, so give a rewritten chunk a new id to
+        start it afresh. Returns the ids.
+
+        >>> ens = FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",))
+        >>> ens.add_chunks(make_chunks(["the aurora glows green"], ids=["aurora"]))
+        ['aurora']
+        >>> len(ens), ens.retrieve("aurora", k=1, log=False).hits[0].chunk_id
+        (2, 'aurora')
+        """
+        chunks = list(chunks)
+        if not chunks:
+            return []
+        for c in chunks:
+            if not isinstance(c, Chunk):
+                raise ValidationError(f"add_chunks takes Chunk objects, got {type(c).__name__}")
+        # validates, rejects repeated ids
+        chunks = make_chunks([c.text for c in chunks], [c.id for c in chunks], [c.metadata for c in chunks])
+        with self._update_lock:
+            self._reindex(self._table.changed(chunks), show_progress=show_progress)
+        return [c.id for c in chunks]
+
+    def add_texts(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any] | None] | None = None,
+        *,
+        show_progress: bool = False,
+    ) -> list[str]:
+        """:meth:`add_chunks` from raw texts; ``ids`` default to new random ones (uuid4 hex)."""
+        if ids is None and not isinstance(texts, str):
+            ids = [uuid.uuid4().hex for _ in texts]
+        return self.add_chunks(make_chunks(texts, ids, metadatas), show_progress=show_progress)
+
+    def delete_chunks(self, chunk_ids: Iterable[str], *, show_progress: bool = False) -> None:
+        """Remove chunks from the index (updating each retriever as :meth:`add_chunks` does).
+
+        An id that is not indexed raises :class:`~rlfb.errors.UnknownChunkError` and
+        nothing is removed. Feedback on earlier retrievals that showed a removed chunk
+        is still accepted and learned from.
+        """
+        if isinstance(chunk_ids, str):
+            raise ValidationError("chunk_ids must be a sequence of ids, not one string")
+        gone = {str(c) for c in chunk_ids}
+        if not gone:
+            return
+        with self._update_lock:
+            table = self._table
+            rows = table.rows(sorted(gone))  # names the first unknown id
+            if len(gone) == len(table):
+                raise ValidationError("cannot delete every indexed chunk: the ensemble would have nothing to search")
+            changed = table.changed(deletes=sorted(gone))
+            self._reindex(changed, show_progress=show_progress, gone=[table.chunk(int(r)) for r in rows])
+
+    def _reindex(self, table: ChunkTable, *, show_progress: bool, gone: Sequence[Chunk] = ()) -> None:
+        """Index ``table`` with a copy of each corpus retriever, then swap table and retrievers at once.
+
+        The copies are built without the ensemble's lock, so searches (and feedback) go on with
+        the old pair meanwhile; ``gone`` (deleted chunks) stay nameable by in-flight results.
+        """
+        if not self._retrievers:
+            raise ValidationError("this ensemble has no corpus retrievers to index chunks with")
+        built = {name: _updated(r, table, show_progress) for name, r in self._retrievers.items()}
+        for name, r in built.items():
+            if list(r.ids) != table.ids:
+                raise ValidationError(f"retriever {name!r} did not index the chunks in the order given")
+        with self._lock:
+            self._table, self._retrievers = table, built
+            for c in gone:
+                self._keep_extra(c)
+            for cid in [c for c in self._extra if c in table.row]:  # indexed now: no longer outside
+                del self._extra[cid]
+
     # ------------------------------------------------------------------ properties
     @property
     def retriever_names(self) -> tuple[str, ...]:
@@ -226,12 +312,12 @@ class FeedbackEnsemble:
         """
         query = _check_query(query)
         depth = max(self.candidate_k, k)
-        names = tuple(self._retrievers)
-        full = [np.asarray(self._retrievers[n].score_all(query), dtype=np.float64) for n in names]
-        n_docs = len(self._table)
+        table, retrievers = self._index()  # one consistent pair, even while add_chunks swaps them
+        full = [np.asarray(r.score_all(query), dtype=np.float64) for r in retrievers.values()]
+        n_docs = len(table)
         tops = [top_k(s, min(depth, n_docs)) for s in full]
         rows = np.unique(np.concatenate(tops)) if tops else np.zeros(0, dtype=np.int64)
-        ids = [self._table.ids[int(r)] for r in rows]
+        ids = [table.ids[int(r)] for r in rows]
         raw = np.stack([s[rows] for s in full], axis=1) if full else np.zeros((len(rows), 0))
         ranks = np.zeros_like(raw)
         for j, (s, top) in enumerate(zip(full, tops, strict=True)):
@@ -243,11 +329,22 @@ class FeedbackEnsemble:
                 order = np.lexsort((outside, -s[rows[outside]]))
                 ranks[outside[order], j] = len(top) + 1 + np.arange(outside.size)
         if self._members:
-            ids, raw, ranks = self._add_member_candidates(query, depth, ids, raw, ranks)
+            ids, raw, ranks = self._add_member_candidates(query, depth, ids, raw, ranks, table, retrievers)
         return self._make_context(query, ids, raw, ranks, session_id)
 
+    def _index(self) -> tuple[ChunkTable, dict[str, Retriever]]:
+        with self._lock:
+            return self._table, self._retrievers
+
     def _add_member_candidates(
-        self, query: str, depth: int, ids: list[str], raw: np.ndarray, ranks: np.ndarray
+        self,
+        query: str,
+        depth: int,
+        ids: list[str],
+        raw: np.ndarray,
+        ranks: np.ndarray,
+        table: ChunkTable,
+        retrievers: Mapping[str, Retriever],
     ) -> tuple[list[str], np.ndarray, np.ndarray]:
         results = [m.search(query, depth, c=self.rrf_c) for m in self._members.values()]
         known = set(ids)
@@ -257,13 +354,10 @@ class FeedbackEnsemble:
                 if chunk.id not in known:
                     known.add(chunk.id)
                     new.append(chunk)
-                    if chunk.id not in self._table.row:
-                        self._extra[chunk.id] = chunk
-        if len(self._extra) > self._extra_size:
-            for _ in range(len(self._extra) - self._extra_size):
-                self._extra.popitem(last=False)
+                    if chunk.id not in table.row:
+                        self._keep_extra(chunk)
         if new:
-            corpus = self._score_chunks(query, new)
+            corpus = self._score_chunks(query, new, table, retrievers)
             raw = np.vstack([raw, corpus])
             # below every ranked candidate, in score order
             tail = rank_matrix(corpus) + (ranks.max(axis=0) if ranks.size else 0)
@@ -276,12 +370,21 @@ class FeedbackEnsemble:
                 member_cols[position[chunk.id], j] = score
         return ids, np.hstack([raw, member_cols]), np.hstack([ranks, rank_matrix(member_cols)])
 
-    def _score_chunks(self, query: str, chunks: Sequence[Chunk]) -> np.ndarray:
+    def _keep_extra(self, chunk: Chunk) -> None:
+        """Remember a chunk found outside the index, so that hits and feedback can name it (bounded)."""
+        self._extra[chunk.id] = chunk
+        self._extra.move_to_end(chunk.id)
+        while len(self._extra) > self._extra_size:
+            self._extra.popitem(last=False)
+
+    def _score_chunks(
+        self, query: str, chunks: Sequence[Chunk], table: ChunkTable, retrievers: Mapping[str, Retriever]
+    ) -> np.ndarray:
         """Raw scores of ``chunks`` by each corpus retriever: indexed ids by id, others by their text."""
-        out = np.zeros((len(chunks), len(self._retrievers)))
-        inside = [i for i, c in enumerate(chunks) if c.id in self._table.row]
-        outside = [i for i, c in enumerate(chunks) if c.id not in self._table.row]
-        for j, r in enumerate(self._retrievers.values()):
+        out = np.zeros((len(chunks), len(retrievers)))
+        inside = [i for i, c in enumerate(chunks) if c.id in table.row]
+        outside = [i for i, c in enumerate(chunks) if c.id not in table.row]
+        for j, r in enumerate(retrievers.values()):
             if inside:
                 out[inside, j] = r.score(query, [chunks[i].id for i in inside])
             if outside:
@@ -379,10 +482,11 @@ class FeedbackEnsemble:
             unique.setdefault(c.id, c)
         chunks = list(unique.values())
         k = len(chunks) if k is None else min(validate_k(k), len(chunks))
+        table, retrievers = self._index()
         for c in chunks:
-            if c.id not in self._table.row:
-                self._extra[c.id] = c
-        raw = self._score_chunks(query, chunks)
+            if c.id not in table.row:
+                self._keep_extra(c)
+        raw = self._score_chunks(query, chunks, table, retrievers)
         if self._members:  # members did not see these chunks: they contribute nothing
             raw = np.hstack([raw, np.full((len(chunks), len(self._members)), np.nan)])
         ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id)
@@ -445,7 +549,7 @@ class FeedbackEnsemble:
         return [self.retrieve(q, k, **kwargs) for q in queries]
 
     def chunk(self, chunk_id: str) -> Chunk:
-        """The indexed (or member-found) chunk with this id."""
+        """The indexed (or member-found, or lately deleted) chunk with this id."""
         row = self._table.row.get(chunk_id)
         if row is not None:
             return self._table.chunk(row)
@@ -707,12 +811,13 @@ class FeedbackEnsemble:
         the previous save as it was. ``path`` must be new, empty, or an earlier save.
         """
         self.flush()
+        table, retrievers = self._index()
         root = Path(path)
         if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / _CONFIG_FILE).exists())):
             raise ValidationError(f"{root} is not empty and holds no saved ensemble: choose a new folder")
         config = {
             "format": _FORMAT,
-            "retrievers": list(self._retrievers),
+            "retrievers": list(retrievers),
             "members": list(self._members),  # callables are not saved: pass members= to load()
             "fusion": self.fusion,
             "candidate_k": self.candidate_k,
@@ -726,10 +831,10 @@ class FeedbackEnsemble:
         try:
             tmp.mkdir(parents=True)
             try:
-                self._table.save(tmp)
+                table.save(tmp)
             except TypeError as exc:  # json cannot encode some chunk's metadata
                 raise ValidationError(f"cannot save the chunks' metadata as JSON: {exc}") from exc
-            for name, r in self._retrievers.items():
+            for name, r in retrievers.items():
                 r.save(tmp / "retrievers" / name)
             (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
             state = json.dumps(self._learner.state_dict(), allow_nan=False)
@@ -799,6 +904,14 @@ class FeedbackEnsemble:
     def __repr__(self) -> str:
         w = ", ".join(f"{n}={v:.3f}" for n, v in self.weights.items())
         return f"FeedbackEnsemble({len(self)} chunks, fusion={self.fusion!r}, weights: {w})"
+
+
+def _updated(r: Retriever, table: ChunkTable, show_progress: bool) -> Retriever:
+    """``r.updated(table)`` (which reuses unchanged chunks' work), else a copy of ``r`` indexed afresh."""
+    update = getattr(r, "updated", None)
+    if update is None:  # a retriever of the user's own that only follows the Retriever protocol
+        return copy.copy(r).index(table.chunks(), show_progress=show_progress)
+    return update(table, show_progress=show_progress)
 
 
 def _as_retriever_map(

@@ -419,3 +419,46 @@ def test_bm25_no_known_terms_and_empty_texts() -> None:
 def test_bm25_bad_settings(kwargs: dict) -> None:
     with pytest.raises(ValidationError):
         BM25Retriever(**kwargs)
+
+
+# -- updates ----------------------------------------------------------------------------------------
+def _changed_corpus(chunks: list[Chunk], tag: str = "") -> list[Chunk]:
+    """Drop two chunks, rewrite one, reorder, add two with words the index has never seen."""
+    kept = [c for c in chunks[2:] if c.id != chunks[4].id]
+    rewritten = Chunk(chunks[4].id, "zeppelins drift over quasars and zeppelins", {"topic": "new"})
+    added = make_chunks(["a quasar outshines its galaxy", "vaccines and zeppelins"], ids=[f"q1{tag}", f"q2{tag}"])
+    return [*added[:1], *reversed(kept), rewritten, *added[1:]]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_updated_scores_exactly_as_a_fresh_index(name: str, indexed: dict[str, Retriever], chunks: list[Chunk],
+                                                 cache_dir: Path) -> None:
+    """Reusing the unchanged chunks' work gives the very scores indexing the new corpus from scratch gives,
+    and leaves the retriever it came from as it was."""
+    old = indexed[name]
+    before = old.score_all_batch(QUERIES)
+    new_chunks = _changed_corpus(chunks)
+    updated = old.updated(new_chunks)
+    fresh = (BM25Retriever() if name == "bm25" else RETRIEVERS[name](cache_dir=cache_dir)).index(new_chunks)
+    queries = [*QUERIES, "zeppelins and quasars"]
+    assert updated.ids == fresh.ids == [c.id for c in new_chunks]
+    np.testing.assert_allclose(updated.score_all_batch(queries), fresh.score_all_batch(queries), rtol=1e-6,
+                               atol=1e-7)
+    texts = ["zeppelins over a quasar", DOCS["vaccine"]]
+    np.testing.assert_allclose(updated.score_texts(queries[-1], texts), fresh.score_texts(queries[-1], texts),
+                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(old.score_all_batch(QUERIES), before)  # the original is untouched
+    assert old.ids == [c.id for c in chunks]
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire"])
+def test_bm25_updates_match_bm25s_in_every_variant(method: str, chunks: list[Chunk]) -> None:
+    """Chained updates (the weights recomputed from term counts) equal bm25s indexing the result."""
+    r = BM25Retriever(method=method, k1=1.2, b=0.6).index(chunks)
+    current = list(chunks)
+    for step in range(3):
+        current = _changed_corpus(current, str(step)) if step != 1 else current[1:]
+        r = r.updated(current)
+    fresh = BM25Retriever(method=method, k1=1.2, b=0.6).index(current)
+    np.testing.assert_allclose(r.score_all_batch(QUERIES), fresh.score_all_batch(QUERIES), rtol=1e-12, atol=1e-12)
+    assert r._avg_len == pytest.approx(fresh._avg_len)

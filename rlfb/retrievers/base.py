@@ -9,14 +9,16 @@ texts outside the index, used by the LlamaIndex postprocessor).
 
 from __future__ import annotations
 
+import copy
 import json
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, EmptyCorpusError, UnknownChunkError, ValidationError
+from rlfb.errors import CorruptStateError, DuplicateIdError, EmptyCorpusError, UnknownChunkError, ValidationError
 from rlfb.types import Chunk, make_chunks, validate_k
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "write_meta",
     "check_query",
     "check_texts",
+    "reused_rows",
+    "as_table",
 ]
 
 
@@ -97,6 +101,9 @@ class ChunkTable:
     every score vector is aligned with :attr:`ids`.
     """
 
+    #: set by :meth:`changed`: (a weak reference to the table it came from, the reused row of each row)
+    _origin: tuple[Any, np.ndarray] | None = None
+
     def __init__(self, chunks: Sequence[Chunk]) -> None:
         chunks = list(chunks)
         # re-validate: catches empty corpora and duplicate ids from any caller
@@ -126,6 +133,60 @@ class ChunkTable:
     def chunk(self, row: int) -> Chunk:
         return Chunk(self.ids[row], self.texts[row], self.metadatas[row])
 
+    def changed(self, upserts: Sequence[Chunk] = (), deletes: Sequence[str] = ()) -> ChunkTable:
+        """A new table: ``deletes`` removed, ``upserts`` replacing the rows of their ids or appended.
+
+        ``self`` is left as it was. Only the changes are validated (``upserts`` must be
+        valid chunks with distinct ids; an unknown id in ``deletes`` is an
+        :class:`UnknownChunkError`), and the new table remembers which of its rows it
+        kept from ``self`` unchanged, so :func:`reused_rows` need not compare texts.
+
+        >>> t = ChunkTable(make_chunks(["a", "b", "c"], ids=["x", "y", "z"]))
+        >>> u = t.changed(make_chunks(["B", "d"], ids=["y", "w"]), deletes=["x"])
+        >>> u.ids, u.texts, reused_rows(t, u).tolist()
+        (['y', 'z', 'w'], ['B', 'c', 'd'], [-1, 2, -1])
+        """
+        upserts = list(upserts)
+        if len({c.id for c in upserts}) != len(upserts):
+            raise DuplicateIdError("upserts must not repeat a chunk id")
+        drop = set(self.rows(list(deletes)).tolist()) if deletes else set()
+        replace: dict[int, Chunk] = {}
+        appended: list[Chunk] = []
+        for c in upserts:
+            row = self.row.get(c.id)
+            if row is None or row in drop:
+                appended.append(c)
+            else:
+                replace[row] = c
+        table = ChunkTable.empty()
+        if not drop and not replace:  # only new chunks: the old rows as they are, then the new ones
+            table.ids, table.texts, table.metadatas = list(self.ids), list(self.texts), list(self.metadatas)
+            src = list(range(len(self.ids)))
+        else:
+            src = []
+            for i, (cid, text, meta) in enumerate(zip(self.ids, self.texts, self.metadatas, strict=True)):
+                if i in drop:
+                    continue
+                c = replace.get(i)
+                if c is not None:
+                    cid, meta, same = c.id, dict(c.metadata), c.text == text
+                    text = c.text
+                table.ids.append(cid)
+                table.texts.append(text)
+                table.metadatas.append(meta)
+                src.append(i if c is None or same else -1)
+        for c in appended:
+            table.ids.append(c.id)
+            table.texts.append(c.text)
+            table.metadatas.append(dict(c.metadata))
+            src.append(-1)
+        if not table.ids:
+            raise EmptyCorpusError("the change would leave no chunks to index")
+        table.row = {cid: i for i, cid in enumerate(table.ids)}
+        # a weak reference: a chain of updates must not keep every earlier table alive
+        table._origin = (weakref.ref(self), np.asarray(src, dtype=np.int64))
+        return table
+
     def chunks(self) -> list[Chunk]:
         return [self.chunk(i) for i in range(len(self))]
 
@@ -144,6 +205,29 @@ class ChunkTable:
             return cls([Chunk(r["id"], r["text"], r.get("metadata") or {}) for r in rows])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"cannot read chunks from {file}: {exc}") from exc
+
+
+def as_table(chunks: Sequence[Chunk] | ChunkTable) -> ChunkTable:
+    """``chunks`` as a validated table; a table is taken as it is (one table can serve every retriever)."""
+    return chunks if isinstance(chunks, ChunkTable) else ChunkTable(chunks)
+
+
+def reused_rows(old: ChunkTable, new: ChunkTable) -> np.ndarray:
+    """For each row of ``new``, the row of ``old`` that holds the same id with the same text, else -1.
+
+    >>> old = ChunkTable(make_chunks(["a", "b", "c"], ids=["x", "y", "z"]))
+    >>> reused_rows(old, ChunkTable(make_chunks(["c", "B", "d"], ids=["z", "y", "w"]))).tolist()
+    [2, -1, -1]
+    """
+    origin = getattr(new, "_origin", None)
+    if origin is not None and origin[0]() is old:  # a table made by ``old.changed(...)`` knows already
+        return origin[1].copy()
+    rows = (old.row.get(cid, -1) for cid in new.ids)
+    src = np.fromiter(rows, dtype=np.int64, count=len(new))
+    for i in np.flatnonzero(src >= 0):  # an id kept with a new text is encoded again
+        if old.texts[src[i]] != new.texts[i]:
+            src[i] = -1
+    return src
 
 
 def write_meta(path: Path, meta: dict[str, Any]) -> None:
@@ -220,6 +304,14 @@ class CorpusRetriever:
 
     def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         raise NotImplementedError
+
+    def updated(self, chunks: Sequence[Chunk] | ChunkTable, *, show_progress: bool = False) -> CorpusRetriever:
+        """A retriever with these settings over ``chunks``; ``self`` is left as it was.
+
+        This one indexes a copy from scratch; retrievers that can reuse what they
+        computed for chunks they already index (same id, same text) override it.
+        """
+        return copy.copy(self).index(as_table(chunks).chunks(), show_progress=show_progress)
 
     def score_all(self, query: str) -> np.ndarray:
         """Scores of every indexed chunk for ``query``, shape ``(len(self),)``, aligned with :attr:`ids`."""

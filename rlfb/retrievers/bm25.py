@@ -10,6 +10,7 @@ Default tokenisation: lowercase ``\\w+`` tokens, no stemming, no stopwords.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections import Counter
@@ -23,9 +24,11 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
     ChunkTable,
     CorpusRetriever,
+    as_table,
     check_query,
     check_texts,
     read_meta,
+    reused_rows,
     write_meta,
 )
 from rlfb.types import Chunk
@@ -159,6 +162,7 @@ class BM25Retriever(CorpusRetriever):
         self._matrix_t: Any = None  # scipy CSR, vocabulary x documents
         self._idf: np.ndarray = np.zeros(0)
         self._avg_len = 0.0
+        self._counts: Any = None  # scipy CSR, documents x vocabulary term counts, kept for updated()
 
     # -- indexing -----------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[str]:
@@ -194,8 +198,59 @@ class BM25Retriever(CorpusRetriever):
         self._bm25 = model
         self._table = table
         self._avg_len = float(np.mean([len(t) for t in token_ids])) if token_ids else 0.0
+        self._counts = _term_counts(token_ids, len(vocab))
         self._finish()
         return self
+
+    def updated(self, chunks: Sequence[Chunk] | ChunkTable, *, show_progress: bool = False) -> BM25Retriever:
+        """A retriever over ``chunks`` that tokenizes only new or changed texts; ``self`` is unchanged.
+
+        The term counts of unchanged chunks are reused and every BM25 weight is computed
+        again from them (IDF and average length change with the corpus), with
+        :func:`bm25_idf` and :func:`bm25_tfc` over the sparse matrix: the same scores as
+        :meth:`index` on the same chunks. A loaded index keeps no counts and indexes afresh.
+        """
+        import scipy.sparse as sp
+
+        if self._counts is None or self._table is None:
+            return copy.copy(self).index(as_table(chunks).chunks(), show_progress=show_progress)
+        table = as_table(chunks)
+        src = reused_rows(self._table, table)
+        kept, missing = np.flatnonzero(src >= 0), np.flatnonzero(src < 0)
+        vocab = dict(self._vocab)  # new terms extend a copy; terms no chunk holds any more keep their column
+        token_ids = [[vocab.setdefault(tok, len(vocab)) for tok in self.tokenize(table.texts[i])] for i in missing]
+        old = self._counts[src[kept]]
+        old.resize((kept.size, len(vocab)))
+        stacked = sp.vstack([old, _term_counts(token_ids, len(vocab))], format="csr")  # kept rows, then new
+        order = np.empty(len(table), dtype=np.int64)
+        order[kept], order[missing] = np.arange(kept.size), kept.size + np.arange(missing.size)
+        new = copy.copy(self)
+        new._build(stacked[order], vocab, table)
+        return new
+
+    def _build(self, counts: Any, vocab: dict[str, int], table: ChunkTable) -> None:
+        """The bm25s arrays from documents x vocabulary term counts, vectorised."""
+        import bm25s
+
+        n_docs = counts.shape[0]
+        doc_len = np.asarray(counts.sum(axis=1), dtype=np.float64).ravel()
+        avg_len = float(doc_len.mean()) if n_docs else 0.0
+        by_term = counts.tocsc()
+        by_term.sort_indices()
+        df = np.diff(by_term.indptr)
+        term = np.repeat(np.arange(len(vocab)), df)
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 length norm when every text is empty
+            tfc = bm25_tfc(by_term.data, doc_len[by_term.indices], avg_len, self.k1, self.b, self.method)
+        weights = bm25_idf(np.maximum(df, 1), n_docs, self.idf_method)[term] * tfc
+        model = bm25s.BM25(k1=self.k1, b=self.b, method=self.method, idf_method=self.idf_method,
+                           dtype="float64", backend="numpy")
+        model.scores = {"data": weights.astype(np.float64), "indices": by_term.indices.astype(np.int32),
+                        "indptr": by_term.indptr.astype(np.int64), "num_docs": n_docs}
+        model.vocab_dict = vocab
+        model.unique_token_ids_set = set(vocab.values())
+        model.nonoccurrence_array = None  # as bm25s leaves it for these methods (absent terms score zero)
+        self._bm25, self._table, self._avg_len, self._counts = model, table, avg_len, counts
+        self._finish()
 
     def _finish(self) -> None:
         """Derive the query-time structures from the bm25s arrays."""
@@ -376,6 +431,19 @@ class BM25Retriever(CorpusRetriever):
 
     def __repr__(self) -> str:
         return f"BM25Retriever(k1={self.k1}, b={self.b}, method={self.method!r}, n_chunks={len(self)})"
+
+
+def _term_counts(token_ids: list[list[int]], n_vocab: int) -> Any:
+    """Documents x vocabulary CSR matrix of term counts (int32)."""
+    import scipy.sparse as sp
+
+    lengths = np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    indices = np.fromiter((i for toks in token_ids for i in toks), dtype=np.int32, count=int(indptr[-1]))
+    counts = sp.csr_matrix((np.ones(indices.size, dtype=np.int32), indices, indptr),
+                           shape=(len(token_ids), n_vocab))
+    counts.sum_duplicates()
+    return counts
 
 
 def _is_int(value: object) -> bool:

@@ -9,6 +9,7 @@ re-encodes anything.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
     ChunkTable,
     CorpusRetriever,
+    as_table,
     check_query,
     check_texts,
     read_meta,
+    reused_rows,
     write_meta,
 )
 from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, open_side_caches
@@ -178,6 +181,28 @@ class DenseRetriever(CorpusRetriever):
         self._embeddings = self.encode_documents(table.texts, show_progress=show_progress)
         self._table = table
         return self
+
+    def updated(self, chunks: Sequence[Chunk] | ChunkTable, *, show_progress: bool = False) -> DenseRetriever:
+        """A retriever over ``chunks`` that keeps this one's vectors of unchanged chunks; ``self`` is unchanged."""
+        if self._table is None:
+            return copy.copy(self).index(as_table(chunks).chunks(), show_progress=show_progress)
+        table = as_table(chunks)
+        src = reused_rows(self._table, table)
+        missing = np.flatnonzero(src < 0)
+        fresh = self.encode_documents([table.texts[i] for i in missing], show_progress=show_progress)
+        dim = self._embeddings.shape[1]
+        if missing.size and fresh.shape[1] != dim:
+            raise CorruptStateError(f"new embeddings have {fresh.shape[1]} dimensions, the index {dim}")
+        embeddings = np.empty((len(table), dim), dtype=np.float32)
+        kept = np.flatnonzero(src >= 0)
+        if np.array_equal(src[kept], kept) and (kept.size == 0 or kept[-1] == kept.size - 1):
+            embeddings[: kept.size] = self._embeddings[: kept.size]  # chunks appended: one block copy
+        else:
+            embeddings[kept] = self._embeddings[src[kept]]
+        embeddings[missing] = fresh
+        new = copy.copy(self)
+        new._embeddings, new._table = embeddings, table
+        return new
 
     def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         """Cosine similarity of every chunk to each query, ``(len(queries), len(self))`` float64."""

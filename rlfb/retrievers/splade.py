@@ -9,6 +9,7 @@ cached on disk as (indices, values) blobs, query encodings also in memory.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
     ChunkTable,
     CorpusRetriever,
+    as_table,
     check_query,
     check_texts,
     read_meta,
+    reused_rows,
     write_meta,
 )
 from rlfb.retrievers.cache import EmbeddingCache, LRUCache, SparseVector, cached_encode, open_side_caches
@@ -228,6 +231,23 @@ class SpladeRetriever(CorpusRetriever):
         self._matrix = self.encode_documents(table.texts, show_progress=show_progress)
         self._table = table
         return self
+
+    def updated(self, chunks: Sequence[Chunk] | ChunkTable, *, show_progress: bool = False) -> SpladeRetriever:
+        """A retriever over ``chunks`` that keeps this one's rows of unchanged chunks; ``self`` is unchanged."""
+        import scipy.sparse as sp
+
+        if self._table is None:
+            return copy.copy(self).index(as_table(chunks).chunks(), show_progress=show_progress)
+        table = as_table(chunks)
+        src = reused_rows(self._table, table)
+        kept, missing = np.flatnonzero(src >= 0), np.flatnonzero(src < 0)
+        fresh = self.encode_documents([table.texts[i] for i in missing], show_progress=show_progress)
+        stacked = sp.vstack([self._matrix[src[kept]], fresh], format="csr")  # kept rows, then new ones
+        order = np.empty(len(table), dtype=np.int64)
+        order[kept], order[missing] = np.arange(kept.size), kept.size + np.arange(missing.size)
+        new = copy.copy(self)
+        new._matrix, new._table = stacked[order], table
+        return new
 
     def _scores(self, docs: Any, queries: Any) -> np.ndarray:
         """``queries @ docs.T`` as a dense float64 array; the sparse x dense product runs in blocks."""

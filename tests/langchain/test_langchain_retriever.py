@@ -234,3 +234,26 @@ def test_errors_propagate_and_log_nothing(make_ensemble: Any) -> None:
     with pytest.raises(ValidationError):
         retriever.invoke(123)  # type: ignore[arg-type]
     assert ens.store.counts()["events"] == 0
+
+
+def test_add_documents_and_delete_change_the_index_as_a_vector_store_would(tmp_path: Any) -> None:
+    retriever = FeedbackEnsembleRetriever.from_documents(
+        [Document(page_content=t, id=i) for i, t in zip(IDS, TEXTS, strict=True)],
+        retrievers=("bm25",), store=tmp_path / "fb.db", k=1)
+    penguin = Document(page_content="Penguins huddle together through the Antarctic winter.", metadata={"zoo": 1})
+    assert retriever.add_documents([penguin], ids=["penguin"]) == ["penguin"]
+    [doc] = retriever.invoke("penguins in the antarctic winter")
+    assert (doc.id, doc.metadata["zoo"]) == ("penguin", 1)
+    # a document without an id gets its content id, so adding it twice indexes it once
+    note = Document(page_content="Koalas sleep in eucalyptus trees.")
+    assert retriever.add_documents([note]) == retriever.add_documents([note])
+    assert len(retriever.ensemble) == len(TEXTS) + 2
+    # an id already indexed gets the new text
+    retriever.add_documents([Document(page_content="Glaciers of ice carve valleys.", id=IDS[0])])
+    assert retriever.invoke("glaciers carve valleys")[0].id == IDS[0]
+    retriever.delete(["penguin"])
+    assert retriever.invoke("penguins in the antarctic winter")[0].id != "penguin"
+    with pytest.raises(ValidationError, match="2 documents but 1 ids"):
+        retriever.add_documents([penguin, note], ids=["x"])
+    with pytest.raises(DuplicateIdError):
+        retriever.add_documents([penguin, penguin], ids=["x", "x"])

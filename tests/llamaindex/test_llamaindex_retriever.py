@@ -74,3 +74,24 @@ def test_in_a_query_engine(make_ensemble: Any) -> None:
     scores = [n.score for n in response.source_nodes]
     assert scores == sorted(scores, reverse=True)
     assert retriever.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})
+
+
+def test_insert_and_delete_nodes_change_the_index_and_return_the_inserted_nodes(
+    nodes: list[TextNode], tmp_path: Any
+) -> None:
+    retriever = FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), similarity_top_k=1,
+                                                        store=tmp_path / "fb.db")
+    penguin = TextNode(id_="penguin", text="Penguins huddle together through the Antarctic winter.",
+                       metadata={"source": "zoo.txt"})
+    retriever.insert_nodes([penguin])
+    [hit] = retriever.retrieve("penguins in the antarctic winter")
+    assert hit.node.node_id == "penguin" and hit.node.metadata["source"] == "zoo.txt"  # the node inserted
+    retriever.insert_nodes([TextNode(id_="penguin", text="Koalas sleep in eucalyptus trees.")])
+    assert len(retriever.ensemble) == len(TEXTS) + 1
+    assert retriever.retrieve("koalas sleeping")[0].node.get_content() == "Koalas sleep in eucalyptus trees."
+    retriever.delete_nodes(["penguin"])
+    assert retriever.retrieve("koalas sleeping")[0].node.node_id != "penguin"
+    with pytest.raises(ValidationError, match="not one string"):
+        retriever.delete_nodes("doc0")
+    with pytest.raises(ValidationError, match="LlamaIndex nodes"):
+        retriever.insert_nodes(["a text"])
