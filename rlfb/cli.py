@@ -14,7 +14,7 @@ from collections.abc import Sequence
 __all__ = ["main", "build_parser"]
 
 # module names under rlfb.commands, in the order `rlfb --help` lists them
-COMMANDS = ("demo", "evaluate", "simulate", "store", "weights")
+COMMANDS = ("demo", "evaluate", "simulate", "store", "weights", "cache")
 
 
 def build_parser() -> argparse.ArgumentParser:

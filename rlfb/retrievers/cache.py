@@ -12,6 +12,7 @@ The directory defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sqlite3
 import threading
@@ -19,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +35,8 @@ __all__ = [
     "default_cache_dir",
     "text_hash",
     "Encoding",
+    "cache_stats",
+    "prune_cache",
 ]
 
 
@@ -49,6 +52,9 @@ class SparseVector(NamedTuple):
 Encoding = np.ndarray | SparseVector
 
 _FILE_NAME = "embeddings.sqlite"
+# used_at (the last time an encoding was written or read, for pruning) came later as an added column, with
+# the version kept at 1: an older rlfb reading or writing the same file still works (its writes count as
+# unused since 1970, so they are pruned first)
 _SCHEMA_VERSION = 1
 _BATCH = 500  # parameters per IN (...) clause, well under SQLite's limit
 _SCHEMA = """
@@ -58,9 +64,14 @@ CREATE TABLE IF NOT EXISTS encodings (
     dim INTEGER NOT NULL,
     indices BLOB,
     vals BLOB NOT NULL,
+    used_at INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (model_key, text_hash)
 ) WITHOUT ROWID
 """
+# A read marks its hits as used at most once a day: a write per lookup would make every read a write.
+_TOUCH_EVERY = 86400
+# bytes an entry takes, as pruning counts them: its blobs and its key
+_ENTRY_BYTES = "length(vals) + coalesce(length(indices), 0) + length(text_hash) + length(model_key)"
 
 
 def default_cache_dir() -> Path:
@@ -77,6 +88,64 @@ def text_hash(text: str) -> str:
     'ba7816bf8f01cfea'
     """
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """A connection to the cache file at ``path`` (made if missing), in WAL mode, schema up to date."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = sqlite3.connect(path, timeout=60.0, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout=60000")
+        for attempt in range(100):
+            try:
+                # switching a new file to WAL needs an exclusive lock and can report "locked" at once,
+                # without waiting, when another process is setting up the same file: retry it
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                version = _migrate(conn)
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc) or attempt == 99:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        if version != _SCHEMA_VERSION:
+            conn.close()
+            raise CorruptStateError(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
+    except sqlite3.DatabaseError as exc:
+        raise CorruptStateError(f"cannot open embedding cache {path}: {exc}") from exc
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> int:
+    """Create the table, or add what an older file lacks; returns the schema version.
+
+    Safe to rerun, and to race: the check and the change run under one write lock,
+    so of two processes opening an old file one adds the column and the other sees it
+    done. A newer schema is left alone (the caller names it).
+    """
+    def current() -> bool:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(encodings)")}
+        return conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION and "used_at" in columns
+
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version not in (0, _SCHEMA_VERSION) or current():
+        return int(version)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version in (0, _SCHEMA_VERSION) and not current():
+            conn.execute(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(encodings)")}
+            if "used_at" not in columns:  # written before use was tracked: unused since 1970, as far as we know
+                conn.execute("ALTER TABLE encodings ADD COLUMN used_at INTEGER NOT NULL DEFAULT 0")
+            conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+            version = _SCHEMA_VERSION
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return int(version)
 
 
 class EmbeddingCache:
@@ -116,31 +185,8 @@ class EmbeddingCache:
         # a connection must not cross a fork: reopen in a child process
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
-        self.directory.mkdir(parents=True, exist_ok=True)
-        try:
-            conn = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout=60000")
-            for attempt in range(100):
-                try:
-                    # switching a new file to WAL needs an exclusive lock and can report "locked" at once,
-                    # without waiting, when another process is setting up the same file: retry it
-                    conn.execute("PRAGMA journal_mode=WAL")
-                    conn.execute("PRAGMA synchronous=NORMAL")
-                    conn.execute(_SCHEMA)
-                    version = conn.execute("PRAGMA user_version").fetchone()[0]
-                    if version == 0:
-                        conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
-                    break
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) and "busy" not in str(exc) or attempt == 99:
-                        raise
-                    time.sleep(0.01 * (attempt + 1))
-            if version not in (0, _SCHEMA_VERSION):
-                raise CorruptStateError(f"{self.path} has cache schema {version}, expected {_SCHEMA_VERSION}")
-        except sqlite3.DatabaseError as exc:
-            raise CorruptStateError(f"cannot open embedding cache {self.path}: {exc}") from exc
-        self._conn, self._pid = conn, os.getpid()
-        return conn
+        self._conn, self._pid = _open(self.path), os.getpid()
+        return self._conn
 
     def close(self) -> None:
         """Close the connection; the cache reopens on next use."""
@@ -157,22 +203,28 @@ class EmbeddingCache:
 
     # -- access -----------------------------------------------------------------------------------
     def get_many(self, hashes: Iterable[str]) -> dict[str, Encoding]:
-        """Cached encodings of ``hashes``; missing hashes are simply absent from the result."""
+        """Cached encodings of ``hashes``; missing hashes are simply absent from the result.
+
+        Hits not marked as used for a day are marked now, so that :func:`prune_cache`
+        removes what has gone unused longest.
+        """
         wanted = list(dict.fromkeys(hashes))
         out: dict[str, Encoding] = {}
         if not wanted:
             return out
+        now = int(time.time())
+        stale: list[str] = []
         with self._lock:
             conn = self._connect()
             for start in range(0, len(wanted), _BATCH):
                 part = wanted[start : start + _BATCH]
                 marks = ",".join("?" * len(part))
                 rows = conn.execute(
-                    f"SELECT text_hash, dim, indices, vals FROM encodings "
+                    f"SELECT text_hash, dim, indices, vals, used_at FROM encodings "
                     f"WHERE model_key = ? AND text_hash IN ({marks})",
                     [self.model_key, *part],
                 ).fetchall()
-                for h, dim, idx, vals in rows:
+                for h, dim, idx, vals, used_at in rows:
                     values = np.frombuffer(vals, dtype=np.float32)
                     if idx is None:
                         if values.shape[0] != dim:
@@ -181,11 +233,32 @@ class EmbeddingCache:
                     else:
                         indices = np.frombuffer(idx, dtype=np.int32).copy()
                         out[h] = SparseVector(indices, values.copy(), int(dim))
+                    if used_at < now - _TOUCH_EVERY:
+                        stale.append(h)
+            if stale:
+                self._touch(conn, stale, now)
         return out
+
+    def _touch(self, conn: sqlite3.Connection, hashes: list[str], now: int) -> None:
+        """Mark ``hashes`` as used at ``now``: best effort, since a read must not fail for it."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for start in range(0, len(hashes), _BATCH):
+                part = hashes[start : start + _BATCH]
+                marks = ",".join("?" * len(part))
+                conn.execute(
+                    f"UPDATE encodings SET used_at = ? WHERE model_key = ? AND text_hash IN ({marks})",
+                    [now, self.model_key, *part],
+                )
+            conn.execute("COMMIT")
+        except sqlite3.OperationalError:  # a read-only or busy file: the marks wait for the next read
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
 
     def put_many(self, items: Mapping[str, Encoding] | Sequence[tuple[str, Encoding]]) -> None:
         """Store encodings, ``{hash: vector}`` or ``{hash: SparseVector}``, in one transaction."""
         pairs = items.items() if isinstance(items, Mapping) else items
+        now = int(time.time())
         rows = []
         for h, enc in pairs:
             if isinstance(enc, SparseVector):
@@ -195,12 +268,12 @@ class EmbeddingCache:
                     raise ValidationError(
                         f"sparse encoding {h!r}: {idx.shape[0]} indices, {vals.shape[0]} values"
                     )
-                rows.append((self.model_key, h, int(enc.dim), idx.tobytes(), vals.tobytes()))
+                rows.append((self.model_key, h, int(enc.dim), idx.tobytes(), vals.tobytes(), now))
             elif isinstance(enc, tuple):
                 raise ValidationError(f"encoding {h!r} is a plain tuple, not a SparseVector")
             else:
                 vec = np.ascontiguousarray(enc, dtype=np.float32).ravel()
-                rows.append((self.model_key, h, int(vec.shape[0]), None, vec.tobytes()))
+                rows.append((self.model_key, h, int(vec.shape[0]), None, vec.tobytes(), now))
         if not rows:
             return
         with self._lock:
@@ -208,8 +281,8 @@ class EmbeddingCache:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 conn.executemany(
-                    "INSERT OR REPLACE INTO encodings (model_key, text_hash, dim, indices, vals) "
-                    "VALUES (?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO encodings (model_key, text_hash, dim, indices, vals, used_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
                     rows,
                 )
                 conn.execute("COMMIT")
@@ -227,6 +300,116 @@ class EmbeddingCache:
 
     def __repr__(self) -> str:
         return f"EmbeddingCache({str(self.directory)!r}, {self.model_key!r})"
+
+
+def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
+    """What the cache file holds: per model key, entries, bytes and last use; and its size on disk.
+
+    ``directory`` defaults to :func:`default_cache_dir`. A missing file holds nothing
+    (and is not made).
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> EmbeddingCache(folder, "toy|query").put_many({"h": np.zeros(4)})
+    >>> [(m["model_key"], m["entries"], m["bytes"]) for m in cache_stats(folder)["models"]]
+    [('toy|query', 1, 26)]
+    """
+    path = _cache_file(directory)
+    out: dict[str, Any] = {"path": str(path), "file_bytes": _file_bytes(path), "models": []}
+    if not path.is_file():
+        return out
+    conn = _open(path)
+    try:
+        rows = conn.execute(
+            f"SELECT model_key, COUNT(*), SUM({_ENTRY_BYTES}), MIN(used_at), MAX(used_at) "
+            "FROM encodings GROUP BY model_key ORDER BY model_key"
+        ).fetchall()
+    finally:
+        conn.close()
+    out["models"] = [
+        {"model_key": key, "entries": int(n), "bytes": int(size), "oldest_use": int(lo), "latest_use": int(hi)}
+        for key, n, size, lo, hi in rows
+    ]
+    return out
+
+
+def prune_cache(
+    directory: str | Path | None = None,
+    *,
+    max_mb: float | None = None,
+    unused_days: float | None = None,
+    vacuum: bool = True,
+) -> dict[str, Any]:
+    """Remove encodings: those unused for ``unused_days``, then the least recently used beyond ``max_mb``.
+
+    "Used" is the last write, or the last read (marked at most once a day). The
+    size counts every model's entries (blobs and keys), as :func:`cache_stats`
+    does. ``vacuum`` then gives the freed pages back to the file system. Returns
+    the entries removed and the sizes before and after. Anything removed is
+    encoded again when next needed; nothing else is lost.
+
+    >>> import tempfile, time
+    >>> folder = tempfile.mkdtemp()
+    >>> cache = EmbeddingCache(folder, "toy|query")
+    >>> cache.put_many({f"h{i}": np.zeros(256) for i in range(10)})
+    >>> prune_cache(folder, max_mb=0.002)["removed"], len(cache)
+    (8, 2)
+    """
+    if max_mb is None and unused_days is None:
+        raise ValidationError("give max_mb, unused_days or both: what to prune")
+    for name, value in (("max_mb", max_mb), ("unused_days", unused_days)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}")
+    path = _cache_file(directory)
+    before = _file_bytes(path)
+    if not path.is_file():
+        return {"path": str(path), "removed": 0, "bytes_before": 0, "bytes_after": 0,
+                "file_bytes_before": before, "file_bytes_after": before}
+    conn = _open(path)
+    try:
+        def total() -> int:
+            return int(conn.execute(f"SELECT COALESCE(SUM({_ENTRY_BYTES}), 0) FROM encodings").fetchone()[0])
+
+        bytes_before = total()
+        removed = 0
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if unused_days is not None:
+                cutoff = int(time.time() - unused_days * 86400)
+                removed += conn.execute("DELETE FROM encodings WHERE used_at < ?", (cutoff,)).rowcount
+            if max_mb is not None:
+                # newest first: what keeps within the limit stays, the rest goes
+                victims = conn.execute(
+                    f"SELECT model_key, text_hash FROM (SELECT model_key, text_hash, SUM({_ENTRY_BYTES}) OVER "
+                    "(ORDER BY used_at DESC, model_key, text_hash ROWS UNBOUNDED PRECEDING) AS running "
+                    "FROM encodings) WHERE running > ?",
+                    (int(max_mb * 1024 * 1024),),
+                ).fetchall()
+                conn.executemany("DELETE FROM encodings WHERE model_key = ? AND text_hash = ?", victims)
+                removed += len(victims)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if vacuum and removed:
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        bytes_after = total()
+    finally:
+        conn.close()
+    return {"path": str(path), "removed": removed, "bytes_before": bytes_before, "bytes_after": bytes_after,
+            "file_bytes_before": before, "file_bytes_after": _file_bytes(path)}
+
+
+def _cache_file(directory: str | Path | None) -> Path:
+    return (Path(directory).expanduser() if directory is not None else default_cache_dir()) / _FILE_NAME
+
+
+def _file_bytes(path: Path) -> int:
+    """The cache file's size on disk, with its write-ahead log."""
+    return sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.is_file())
 
 
 class LRUCache:

@@ -1,0 +1,93 @@
+"""``rlfb cache``: see and bound the on-disk embedding cache.
+
+``rlfb cache stats [--dir DIR] [--json]``
+    The cache file's size, and per model key its entries, bytes and last use.
+``rlfb cache prune [--dir DIR] [--max-mb N] [--unused-days D] [--no-vacuum] [--json]``
+    Remove the encodings unused for ``D`` days, then the least recently used
+    beyond ``N`` MB (see :func:`rlfb.retrievers.cache.prune_cache`); what is
+    removed is encoded again when next needed. Run it from cron, say, to keep
+    a long-lived service's cache bounded.
+
+``DIR`` defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["register", "cmd_stats", "cmd_prune"]
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``cache stats`` and ``cache prune`` to argparse ``subparsers``; return the ``cache`` parser."""
+    cache = subparsers.add_parser(
+        "cache",
+        help="see and bound the on-disk embedding cache",
+        description="See and bound the on-disk embedding cache (default $RLFB_CACHE_DIR, else ~/.cache/rlfb).",
+    )
+    sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND")
+    sub.required = True
+
+    stats = sub.add_parser("stats", help="the cache's size, and per model its entries, bytes and last use")
+    stats.add_argument("--dir", default=None, metavar="DIR", help="cache folder")
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    stats.set_defaults(func=cmd_stats)
+
+    prune = sub.add_parser("prune", help="remove unused or least recently used encodings")
+    prune.add_argument("--dir", default=None, metavar="DIR", help="cache folder")
+    prune.add_argument("--max-mb", type=float, default=None, metavar="N",
+                       help="keep at most N MB of encodings, the most recently used")
+    prune.add_argument("--unused-days", type=float, default=None, metavar="D",
+                       help="remove encodings unused for D days")
+    prune.add_argument("--no-vacuum", action="store_true",
+                       help="do not give the freed space back to the file system")
+    prune.add_argument("--json", action="store_true", help="print JSON")
+    prune.set_defaults(func=cmd_prune)
+    return cache
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """``cache stats``."""
+    from rlfb.retrievers.cache import cache_stats
+
+    stats = cache_stats(args.dir)
+    if args.json:
+        print(json.dumps(stats, indent=2))
+        return 0
+    print(f"{stats['path']}: {_mb(stats['file_bytes'])} on disk")
+    if not stats["models"]:
+        print("  (no encodings)")
+    for m in stats["models"]:
+        print(f"  {m['model_key']}: {m['entries']:,} encodings, {_mb(m['bytes'])}, "
+              f"last used {_day(m['latest_use'])}, least recently {_day(m['oldest_use'])}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """``cache prune``."""
+    from rlfb.retrievers.cache import prune_cache
+
+    if args.max_mb is None and args.unused_days is None:
+        print("rlfb cache prune: error: give --max-mb, --unused-days or both", file=sys.stderr)
+        return 2
+    report = prune_cache(args.dir, max_mb=args.max_mb, unused_days=args.unused_days, vacuum=not args.no_vacuum)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['path']}: removed {report['removed']:,} encodings; encodings "
+          f"{_mb(report['bytes_before'])} -> {_mb(report['bytes_after'])}, on disk "
+          f"{_mb(report['file_bytes_before'])} -> {_mb(report['file_bytes_after'])}")
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1024 / 1024:.1f} MB"
+
+
+def _day(ts: int) -> str:
+    # 0: written before rlfb tracked use, and not read since
+    return "unknown" if ts <= 0 else time.strftime("%Y-%m-%d", time.gmtime(ts))

@@ -1,0 +1,159 @@
+"""The embedding cache's size policy: use is tracked, old files migrate, pruning keeps the most recently used."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlfb.cli import main
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.retrievers.cache import EmbeddingCache, SparseVector, cache_stats, cached_encode, prune_cache
+
+_V1_SCHEMA = """
+CREATE TABLE encodings (
+    model_key TEXT NOT NULL, text_hash TEXT NOT NULL, dim INTEGER NOT NULL, indices BLOB, vals BLOB NOT NULL,
+    PRIMARY KEY (model_key, text_hash)
+) WITHOUT ROWID
+"""
+
+
+def _file(folder: Path) -> Path:
+    return folder / "embeddings.sqlite"
+
+
+def _used_at(folder: Path) -> dict[str, int]:
+    with sqlite3.connect(_file(folder)) as conn:
+        return dict(conn.execute("SELECT text_hash, used_at FROM encodings").fetchall())
+
+
+def _set_used_at(folder: Path, values: dict[str, int]) -> None:
+    conn = sqlite3.connect(_file(folder))
+    with conn:
+        conn.executemany("UPDATE encodings SET used_at = ? WHERE text_hash = ?", [(v, h) for h, v in values.items()])
+    conn.close()
+
+
+def _v1_file(folder: Path, n: int = 5) -> None:
+    """A cache written by rlfb before use was tracked: no used_at column."""
+    folder.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(_file(folder))
+    with conn:
+        conn.execute(_V1_SCHEMA)
+        conn.executemany(
+            "INSERT INTO encodings VALUES (?, ?, ?, ?, ?)",
+            [("m|query", f"old{i}", 4, None, np.full(4, i, dtype=np.float32).tobytes()) for i in range(n)],
+        )
+        conn.execute("PRAGMA user_version=1")
+    conn.close()
+
+
+def test_an_older_cache_file_is_migrated_in_place_and_keeps_its_encodings(tmp_path: Path) -> None:
+    _v1_file(tmp_path)
+    cache = EmbeddingCache(tmp_path, "m|query")
+    assert len(cache) == 5
+    assert _used_at(tmp_path) == {f"old{i}": 0 for i in range(5)}  # unused since the upgrade, as far as we know
+    np.testing.assert_array_equal(cache.get_many(["old3"])["old3"], np.full(4, 3.0))
+    assert _used_at(tmp_path)["old3"] >= time.time() - 60  # read: marked as used
+    cache.close()
+    again = EmbeddingCache(tmp_path, "m|query")  # opening a migrated file again changes nothing
+    assert len(again) == 5
+    # the file stays readable and writable by the rlfb that wrote it: same version, explicit columns
+    conn = sqlite3.connect(_file(tmp_path))
+    with conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        conn.execute("INSERT INTO encodings (model_key, text_hash, dim, indices, vals) VALUES ('m|query', 'o', 1, "
+                     "NULL, ?)", (np.zeros(1, dtype=np.float32).tobytes(),))
+    conn.close()
+    assert _used_at(tmp_path)["o"] == 0 and len(again) == 6
+
+
+_OPENER = """
+import sys
+from rlfb.retrievers.cache import EmbeddingCache
+assert len(EmbeddingCache(sys.argv[1], "m|query")) == 5
+"""
+
+
+def test_processes_opening_an_older_file_at_once_migrate_it_once(tmp_path: Path) -> None:
+    _v1_file(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-c", _OPENER, str(tmp_path)]) for _ in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+
+
+def test_a_newer_schema_is_a_named_error(tmp_path: Path) -> None:
+    EmbeddingCache(tmp_path, "m").put_many({"h": np.zeros(2)})
+    conn = sqlite3.connect(_file(tmp_path))
+    conn.execute("PRAGMA user_version=7")
+    conn.close()
+    with pytest.raises(CorruptStateError, match="schema 7"):
+        EmbeddingCache(tmp_path, "m").get_many(["h"])
+    with pytest.raises(CorruptStateError, match="schema 7"):
+        cache_stats(tmp_path)
+
+
+def test_reads_mark_use_at_most_once_a_day(tmp_path: Path) -> None:
+    cache = EmbeddingCache(tmp_path, "m")
+    cache.put_many({"a": np.zeros(2), "b": np.zeros(2)})
+    now = int(time.time())
+    _set_used_at(tmp_path, {"a": now - 3 * 86400, "b": now - 3600})
+    cache.get_many(["a", "b"])
+    used = _used_at(tmp_path)
+    assert used["a"] >= now and used["b"] == now - 3600  # an hour-old mark is left as it is: no write
+
+
+def test_prune_keeps_the_most_recently_used_within_the_size(tmp_path: Path) -> None:
+    cache = EmbeddingCache(tmp_path, "m|document")
+    query = EmbeddingCache(tmp_path, "m|query")
+    cache.put_many({f"d{i}": np.zeros(256) for i in range(20)})  # about 1 kB each
+    query.put_many({"q": SparseVector(np.arange(10), np.ones(10), 100)})
+    now = int(time.time())
+    _set_used_at(tmp_path, {f"d{i}": now - 1000 + i for i in range(20)} | {"q": now})
+    before = cache_stats(tmp_path)
+    assert {m["model_key"]: m["entries"] for m in before["models"]} == {"m|document": 20, "m|query": 1}
+    entry = 1024 + len("d10") + len("m|document")
+    report = prune_cache(tmp_path, max_mb=(3.5 * entry + 100) / 1024 / 1024)
+    # newest first: the sparse query vector, then d19, d18, d17 fit; the other 17 documents go
+    assert report["removed"] == 17
+    assert sorted(_used_at(tmp_path)) == ["d17", "d18", "d19", "q"]
+    assert report["bytes_after"] < report["bytes_before"] and report["bytes_after"] <= 3.5 * entry + 100
+    assert report["file_bytes_after"] < report["file_bytes_before"]  # vacuumed
+    # what was pruned is simply encoded again when asked for
+    calls: list[list[str]] = []
+    out = cached_encode(["x"], lambda b: calls.append(b) or [np.ones(2)], disk=EmbeddingCache(tmp_path, "m"))
+    assert calls == [["x"]] and out[0].tolist() == [1.0, 1.0]
+
+
+def test_prune_by_age_and_bad_settings(tmp_path: Path) -> None:
+    cache = EmbeddingCache(tmp_path, "m")
+    cache.put_many({"old": np.zeros(2), "new": np.zeros(2)})
+    _set_used_at(tmp_path, {"old": int(time.time()) - 40 * 86400})
+    assert prune_cache(tmp_path, unused_days=30, vacuum=False)["removed"] == 1
+    assert sorted(_used_at(tmp_path)) == ["new"]
+    for kwargs in ({}, {"max_mb": -1}, {"unused_days": float("nan")}, {"max_mb": True}):
+        with pytest.raises(ValidationError):
+            prune_cache(tmp_path, **kwargs)
+    missing = tmp_path / "none"
+    assert prune_cache(missing, max_mb=1)["removed"] == 0 and not missing.exists()  # nothing made
+    assert cache_stats(missing)["models"] == []
+
+
+def test_the_cache_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    EmbeddingCache(tmp_path, "m").put_many({f"h{i}": np.zeros(64) for i in range(4)})
+    assert main(["cache", "stats", "--dir", str(tmp_path), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["models"][0]["entries"] == 4
+    assert main(["cache", "stats", "--dir", str(tmp_path)]) == 0
+    assert "4 encodings" in capsys.readouterr().out
+    assert main(["cache", "prune", "--dir", str(tmp_path), "--max-mb", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == 4
+    assert main(["cache", "prune", "--dir", str(tmp_path)]) == 2
+    assert "--max-mb" in capsys.readouterr().err
+    assert main(["cache", "prune", "--dir", str(tmp_path), "--unused-days", "-2"]) == 2
+    assert "unused_days" in capsys.readouterr().err
