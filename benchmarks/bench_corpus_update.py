@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_retrieval import synthetic_corpus, unit
+from bench_retrieval import precomputed_embeddings, synthetic_corpus, unit
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -38,7 +38,6 @@ def main() -> None:
 
     from langchain_classic.retrievers import EnsembleRetriever
     from langchain_community.retrievers import BM25Retriever as LCBM25
-    from langchain_core.embeddings import Embeddings
     from langchain_core.vectorstores import InMemoryVectorStore
 
     from rlfb import FeedbackEnsemble
@@ -68,15 +67,7 @@ def main() -> None:
     assert ours.retrievers["bm25"].search(new[-1], 1)[0][0] == f"new{len(new) - 1}"  # it is searchable
 
     lookup = {t: v.tolist() for t, v in zip(texts, vectors, strict=True)}
-
-    class Precomputed(Embeddings):
-        def embed_documents(self, docs: list[str]) -> list[list[float]]:
-            return [lookup[d] for d in docs]
-
-        def embed_query(self, text: str) -> list[float]:
-            return lookup[text]
-
-    store = InMemoryVectorStore(Precomputed())
+    store = InMemoryVectorStore(precomputed_embeddings(lookup, lookup))
     store.add_texts(base, ids=[f"c{i}" for i in range(len(base))])
     current = list(base)
     lc_s = []
