@@ -140,7 +140,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         node_ids = [str(n) for n in node_ids]
         self.ensemble.delete_chunks(node_ids)  # an unknown id is an error, and nothing is removed
         for nid in node_ids:
-            self._nodes.pop(str(nid), None)
+            self._nodes.pop(nid, None)
 
     @property
     def weights(self) -> dict[str, float]:

@@ -31,6 +31,7 @@ __all__ = [
     "check_query",
     "check_texts",
     "reused_rows",
+    "kept_then_new",
     "as_table",
 ]
 
@@ -219,7 +220,7 @@ def reused_rows(old: ChunkTable, new: ChunkTable) -> np.ndarray:
     >>> reused_rows(old, ChunkTable(make_chunks(["c", "B", "d"], ids=["z", "y", "w"]))).tolist()
     [2, -1, -1]
     """
-    origin = getattr(new, "_origin", None)
+    origin = new._origin
     if origin is not None and origin[0]() is old:  # a table made by ``old.changed(...)`` knows already
         return origin[1].copy()
     rows = (old.row.get(cid, -1) for cid in new.ids)
@@ -228,6 +229,19 @@ def reused_rows(old: ChunkTable, new: ChunkTable) -> np.ndarray:
         if old.texts[src[i]] != new.texts[i]:
             src[i] = -1
     return src
+
+
+def kept_then_new(src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows that reuse an old row (``src >= 0``, from :func:`reused_rows`), the rows that do not, and
+    the order that puts a stack of the kept rows, then the new ones, back in table order.
+
+    >>> [a.tolist() for a in kept_then_new(np.array([-1, 4, 2, -1]))]
+    [[1, 2], [0, 3], [2, 0, 1, 3]]
+    """
+    kept, missing = np.flatnonzero(src >= 0), np.flatnonzero(src < 0)
+    order = np.empty(src.size, dtype=np.int64)
+    order[kept], order[missing] = np.arange(kept.size), kept.size + np.arange(missing.size)
+    return kept, missing, order
 
 
 def write_meta(path: Path, meta: dict[str, Any]) -> None:

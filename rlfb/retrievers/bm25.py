@@ -27,6 +27,7 @@ from rlfb.retrievers.base import (
     as_table,
     check_query,
     check_texts,
+    kept_then_new,
     read_meta,
     reused_rows,
     write_meta,
@@ -213,17 +214,15 @@ class BM25Retriever(CorpusRetriever):
         import scipy.sparse as sp
 
         if self._counts is None or self._table is None:
-            return copy.copy(self).index(as_table(chunks).chunks(), show_progress=show_progress)
+            return super().updated(chunks, show_progress=show_progress)  # indexed afresh
         table = as_table(chunks)
         src = reused_rows(self._table, table)
-        kept, missing = np.flatnonzero(src >= 0), np.flatnonzero(src < 0)
+        kept, missing, order = kept_then_new(src)
         vocab = dict(self._vocab)  # new terms extend a copy; terms no chunk holds any more keep their column
         token_ids = [[vocab.setdefault(tok, len(vocab)) for tok in self.tokenize(table.texts[i])] for i in missing]
         old = self._counts[src[kept]]
         old.resize((kept.size, len(vocab)))
         stacked = sp.vstack([old, _term_counts(token_ids, len(vocab))], format="csr")  # kept rows, then new
-        order = np.empty(len(table), dtype=np.int64)
-        order[kept], order[missing] = np.arange(kept.size), kept.size + np.arange(missing.size)
         new = copy.copy(self)
         new._build(stacked[order], vocab, table)
         return new

@@ -123,20 +123,22 @@ def _migrate(conn: sqlite3.Connection) -> int:
     so of two processes opening an old file one adds the column and the other sees it
     done. A newer schema is left alone (the caller names it).
     """
-    def current() -> bool:
+    def state() -> tuple[int, bool]:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(encodings)")}
-        return conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION and "used_at" in columns
+        return int(conn.execute("PRAGMA user_version").fetchone()[0]), "used_at" in columns
 
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version not in (0, _SCHEMA_VERSION) or current():
-        return int(version)
+    def due(version: int, tracked: bool) -> bool:  # a new file, or one written before use was tracked
+        return version == 0 or (version == _SCHEMA_VERSION and not tracked)
+
+    version, tracked = state()
+    if not due(version, tracked):
+        return version
     conn.execute("BEGIN IMMEDIATE")
     try:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version in (0, _SCHEMA_VERSION) and not current():
-            conn.execute(_SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(encodings)")}
-            if "used_at" not in columns:  # written before use was tracked: unused since 1970, as far as we know
+        version, tracked = state()  # another process may have done it meanwhile
+        if due(version, tracked):
+            conn.execute(_SCHEMA)  # a new file: the table, used_at included
+            if not state()[1]:  # written before use was tracked: unused since 1970, as far as we know
                 conn.execute("ALTER TABLE encodings ADD COLUMN used_at INTEGER NOT NULL DEFAULT 0")
             conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
             version = _SCHEMA_VERSION
@@ -145,7 +147,7 @@ def _migrate(conn: sqlite3.Connection) -> int:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    return int(version)
+    return version
 
 
 class EmbeddingCache:

@@ -23,6 +23,7 @@ from rlfb.retrievers.base import (
     as_table,
     check_query,
     check_texts,
+    kept_then_new,
     read_meta,
     reused_rows,
     write_meta,
@@ -185,16 +186,15 @@ class DenseRetriever(CorpusRetriever):
     def updated(self, chunks: Sequence[Chunk] | ChunkTable, *, show_progress: bool = False) -> DenseRetriever:
         """A retriever over ``chunks`` that keeps this one's vectors of unchanged chunks; ``self`` is unchanged."""
         if self._table is None:
-            return copy.copy(self).index(as_table(chunks).chunks(), show_progress=show_progress)
+            return super().updated(chunks, show_progress=show_progress)  # indexed afresh
         table = as_table(chunks)
         src = reused_rows(self._table, table)
-        missing = np.flatnonzero(src < 0)
+        kept, missing, _ = kept_then_new(src)
         fresh = self.encode_documents([table.texts[i] for i in missing], show_progress=show_progress)
         dim = self._embeddings.shape[1]
         if missing.size and fresh.shape[1] != dim:
             raise CorruptStateError(f"new embeddings have {fresh.shape[1]} dimensions, the index {dim}")
         embeddings = np.empty((len(table), dim), dtype=np.float32)
-        kept = np.flatnonzero(src >= 0)
         if np.array_equal(src[kept], kept) and (kept.size == 0 or kept[-1] == kept.size - 1):
             embeddings[: kept.size] = self._embeddings[: kept.size]  # chunks appended: one block copy
         else:

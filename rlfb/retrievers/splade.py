@@ -23,6 +23,7 @@ from rlfb.retrievers.base import (
     as_table,
     check_query,
     check_texts,
+    kept_then_new,
     read_meta,
     reused_rows,
     write_meta,
@@ -237,14 +238,12 @@ class SpladeRetriever(CorpusRetriever):
         import scipy.sparse as sp
 
         if self._table is None:
-            return copy.copy(self).index(as_table(chunks).chunks(), show_progress=show_progress)
+            return super().updated(chunks, show_progress=show_progress)  # indexed afresh
         table = as_table(chunks)
         src = reused_rows(self._table, table)
-        kept, missing = np.flatnonzero(src >= 0), np.flatnonzero(src < 0)
+        kept, missing, order = kept_then_new(src)
         fresh = self.encode_documents([table.texts[i] for i in missing], show_progress=show_progress)
         stacked = sp.vstack([self._matrix[src[kept]], fresh], format="csr")  # kept rows, then new ones
-        order = np.empty(len(table), dtype=np.int64)
-        order[kept], order[missing] = np.arange(kept.size), kept.size + np.arange(missing.size)
         new = copy.copy(self)
         new._matrix, new._table = stacked[order], table
         return new
