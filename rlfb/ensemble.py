@@ -550,9 +550,10 @@ class FeedbackEnsemble:
 
     def chunk(self, chunk_id: str) -> Chunk:
         """The indexed (or member-found, or lately deleted) chunk with this id."""
-        row = self._table.row.get(chunk_id)
+        table = self._table  # read once: add_chunks may swap in a new table between two reads
+        row = table.row.get(chunk_id)
         if row is not None:
-            return self._table.chunk(row)
+            return table.chunk(row)
         try:
             return self._extra[chunk_id]
         except KeyError:
