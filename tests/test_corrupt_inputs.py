@@ -60,7 +60,24 @@ def _set_term(value: object) -> Callable[[dict], None]:
     return lambda d: d.__setitem__("rock", value)
 
 
+def _edit_counts(change: Callable[[dict[str, np.ndarray]], None]) -> Callable[[Path], None]:
+    def mutate(root: Path) -> None:
+        file = root / COUNTS
+        with np.load(file) as npz:
+            arrays = dict(npz)
+        change(arrays)
+        np.savez(file, **arrays)
+
+    return mutate
+
+
+def _move_a_count(arrays: dict[str, np.ndarray]) -> None:
+    """One occurrence moved to the next term: a valid matrix, but not the index's document frequencies."""
+    arrays["indices"][0] = (arrays["indices"][0] + 1) % arrays["shape"][1]
+
+
 META, PARAMS, VOCAB = "meta.json", "bm25s/params.index.json", "bm25s/vocab.index.json"
+COUNTS = "term_counts.npz"
 
 # (mutation, the file the error must name); each of these raised a raw error or loaded silently before
 DAMAGE = {
@@ -90,6 +107,15 @@ DAMAGE = {
     "empty data file": (_empty_npy("data"), "cannot read the BM25 index in"),
     "empty indices file": (_empty_npy("indices"), "cannot read the BM25 index in"),
     "empty indptr file": (_empty_npy("indptr"), "cannot read the BM25 index in"),
+    "term counts not a zip": (lambda root: (root / COUNTS).write_bytes(b"not a zip"), COUNTS),
+    "term counts missing an array": (_edit_counts(lambda a: a.pop("indptr")), COUNTS),
+    "term counts negative": (_edit_counts(lambda a: a.__setitem__("data", -a["data"])), COUNTS),
+    "term counts float": (_edit_counts(lambda a: a.__setitem__("data", a["data"] + 0.5)), COUNTS),
+    "term counts of another shape": (_edit_counts(lambda a: a.__setitem__("shape", a["shape"] + 1)), COUNTS),
+    "term counts beyond the vocabulary": (_edit_counts(lambda a: a.__setitem__("indices", a["indices"] + 99)),
+                                          COUNTS),
+    "term counts of other terms": (_edit_counts(_move_a_count), COUNTS),
+    "term counts of other lengths": (_edit_counts(lambda a: a.__setitem__("data", a["data"] * 2)), COUNTS),
 }
 
 

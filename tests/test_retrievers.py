@@ -463,3 +463,48 @@ def test_bm25_updates_match_bm25s_in_every_variant(method: str, chunks: list[Chu
     fresh = BM25Retriever(method=method, k1=1.2, b=0.6).index(current)
     np.testing.assert_allclose(r.score_all_batch(QUERIES), fresh.score_all_batch(QUERIES), rtol=1e-12, atol=1e-12)
     assert r._avg_len == pytest.approx(fresh._avg_len)
+
+
+class _CountingTokenizer:
+    """``str.split`` lowercased, counting the texts it is given: what an update tokenizes shows."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: str) -> list[str]:
+        self.calls += 1
+        return text.lower().split()
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire"])
+def test_a_loaded_bm25_index_updates_from_its_saved_counts(method: str, chunks: list[Chunk], tmp_path: Path) -> None:
+    """A save keeps the term counts, so the loaded index's update tokenizes only the new and changed texts
+    and still scores as a fresh index; a save without the counts (earlier rlfb) tokenizes everything once."""
+    tok = _CountingTokenizer()
+    BM25Retriever(method=method, tokenizer=tok).index(chunks).save(tmp_path / "with")
+    new_chunks = _changed_corpus(chunks)
+    fresh = BM25Retriever(method=method, tokenizer=tok).index(new_chunks)
+    old_texts = {c.text for c in chunks}
+    changed = sum(c.text not in old_texts for c in new_chunks)
+
+    loaded = BM25Retriever.load(tmp_path / "with", tokenizer=tok)
+    tok.calls = 0
+    updated = loaded.updated(new_chunks)
+    assert tok.calls == changed == 3
+    np.testing.assert_allclose(updated.score_all_batch(QUERIES), fresh.score_all_batch(QUERIES), rtol=1e-12,
+                               atol=1e-12)
+    updated.save(tmp_path / "again")  # and the counts of an updated index are saved too
+    again = BM25Retriever.load(tmp_path / "again", tokenizer=tok).updated(new_chunks[1:])
+    np.testing.assert_allclose(again.score_all_batch(QUERIES), fresh.updated(new_chunks[1:]).score_all_batch(QUERIES),
+                               rtol=1e-12, atol=1e-12)
+
+    (tmp_path / "with" / "term_counts.npz").unlink()
+    bare = BM25Retriever.load(tmp_path / "with", tokenizer=tok)
+    tok.calls = 0
+    rebuilt = bare.updated(new_chunks)
+    assert tok.calls == len(new_chunks)
+    np.testing.assert_allclose(rebuilt.score_all_batch(QUERIES), fresh.score_all_batch(QUERIES), rtol=1e-12,
+                               atol=1e-12)
+    bare.save(tmp_path / "again")  # saving it over a folder with counts drops counts that are not its own
+    assert not (tmp_path / "again" / "term_counts.npz").exists()
+    assert BM25Retriever.load(tmp_path / "again", tokenizer=tok).ids == [c.id for c in chunks]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = ["BM25Retriever", "bm25_idf", "bm25_tfc", "regex_tokenizer", "METHODS"
 #: BM25 variants whose documents score zero for absent terms (the ones bm25s indexes without extra state)
 METHODS = ("robertson", "lucene", "atire")
 _FORMAT_VERSION = 1
+_COUNTS_FILE = "term_counts.npz"  # optional: a save without it loads, and its first update tokenizes afresh
 _DEFAULT_PATTERN = r"\w+"
 
 
@@ -209,7 +211,8 @@ class BM25Retriever(CorpusRetriever):
         The term counts of unchanged chunks are reused and every BM25 weight is computed
         again from them (IDF and average length change with the corpus), with
         :func:`bm25_idf` and :func:`bm25_tfc` over the sparse matrix: the same scores as
-        :meth:`index` on the same chunks. A loaded index keeps no counts and indexes afresh.
+        :meth:`index` on the same chunks. :meth:`save` writes the counts too; an index
+        saved without them (by rlfb before they were saved) is indexed afresh.
         """
         import scipy.sparse as sp
 
@@ -332,10 +335,17 @@ class BM25Retriever(CorpusRetriever):
 
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Write the bm25s arrays (``.npy``, JSON vocabulary, no pickle), chunks and ``meta.json``."""
+        """Write the bm25s arrays (``.npy``, JSON vocabulary, no pickle), the term counts that
+        :meth:`updated` reuses (``term_counts.npz``), chunks and ``meta.json``."""
         table = self._require_table()
         path = Path(path)
         self._bm25.save(path / "bm25s", allow_pickle=False, show_progress=False)
+        if self._counts is not None:
+            c = self._counts
+            np.savez(path / _COUNTS_FILE, data=c.data, indices=c.indices, indptr=c.indptr,
+                     shape=np.array(c.shape, dtype=np.int64))
+        else:  # loaded from a save without counts: a stale file from an earlier save must not pair with this one
+            (path / _COUNTS_FILE).unlink(missing_ok=True)
         table.save(path)
         write_meta(
             path,
@@ -426,6 +436,7 @@ class BM25Retriever(CorpusRetriever):
         self._bm25, self._table = model, table
         self._avg_len = float(meta["avg_doc_len"])
         self._finish()
+        self._counts = _load_counts(path / _COUNTS_FILE, np.diff(self._matrix_t.indptr), self._avg_len)
         return self
 
     def __repr__(self) -> str:
@@ -442,6 +453,44 @@ def _term_counts(token_ids: list[list[int]], n_vocab: int) -> Any:
     counts = sp.csr_matrix((np.ones(indices.size, dtype=np.int32), indices, indptr),
                            shape=(len(token_ids), n_vocab))
     counts.sum_duplicates()
+    return counts
+
+
+def _load_counts(file: Path, df: np.ndarray, avg_len: float) -> Any:
+    """The documents x vocabulary term counts saved beside an index, or ``None`` where there are none.
+
+    Counts that do not belong to the index (another shape, other document frequencies or another
+    average length) raise :class:`CorruptStateError`: an update built on them would score wrongly.
+    """
+    import scipy.sparse as sp
+
+    if not file.exists():
+        return None
+    try:
+        with np.load(file, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in ("data", "indices", "indptr", "shape")}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        raise CorruptStateError(f"{file}: cannot read the term counts: {exc}") from exc
+    data, indices, indptr, shape = (arrays[n] for n in ("data", "indices", "indptr", "shape"))
+    n_vocab = df.shape[0]
+    if any(a.ndim != 1 or a.dtype.kind not in "iu" for a in arrays.values()) or shape.shape != (2,):
+        raise CorruptStateError(f"{file}: expected 1-D integer arrays data, indices, indptr and a 2-long shape")
+    n_docs = int(shape[0])
+    if int(shape[1]) != n_vocab or indptr.shape[0] != n_docs + 1:
+        raise CorruptStateError(f"{file}: counts of shape {tuple(shape.tolist())} for {n_vocab} terms")
+    if indptr[0] != 0 or indptr[-1] != indices.shape[0] or np.any(np.diff(indptr) < 0) or \
+            data.shape != indices.shape:
+        raise CorruptStateError(f"{file}: row pointers must rise from 0 to the {indices.shape[0]} counts")
+    if indices.size and (indices.min() < 0 or indices.max() >= n_vocab or data.min() <= 0):
+        raise CorruptStateError(f"{file}: term numbers must be in [0, {n_vocab}) and counts > 0")
+    counts = sp.csr_matrix((data.astype(np.int32), indices.astype(np.int32), indptr.astype(np.int64)),
+                           shape=(n_docs, n_vocab))
+    counts.sum_duplicates()
+    lengths = np.asarray(counts.sum(axis=1)).ravel()
+    mean_len = float(lengths.mean()) if n_docs else 0.0
+    if not np.array_equal(np.bincount(counts.indices, minlength=n_vocab), df) or \
+            not math.isclose(mean_len, avg_len, rel_tol=1e-9, abs_tol=1e-9):
+        raise CorruptStateError(f"{file}: the term counts do not match the BM25 index beside them")
     return counts
 
 
