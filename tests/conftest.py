@@ -57,3 +57,11 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Embedding caches go to a temporary folder unless the caller chose one."""
     if "RLFB_CACHE_DIR" not in os.environ:
         os.environ["RLFB_CACHE_DIR"] = str(tmp_path_factory.mktemp("rlfb-cache"))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Keep ``--doctest-modules`` off the conftest files: they hold no doctests, and importing the
+    LangChain and LlamaIndex folders' two ``conftest.py`` as modules of one name clashes when both
+    folders are named on one command line (``pytest tests/langchain tests/llamaindex``). pytest loads
+    them as conftests all the same."""
+    return True if collection_path.name == "conftest.py" else None

@@ -28,3 +28,16 @@ def test_readme_example_runs(number: int, tmp_path) -> None:
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_adapter_test_folders_collect_together() -> None:
+    """``pytest tests/langchain tests/llamaindex`` (the Development section) collects: their two
+    conftest.py share a module name, which ``--doctest-modules`` once imported twice and refused."""
+    root = README.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/langchain", "tests/llamaindex"],
+        cwd=root, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "tests/langchain/" in done.stdout and "tests/llamaindex/" in done.stdout
