@@ -144,16 +144,71 @@ def test_prune_by_age_and_bad_settings(tmp_path: Path) -> None:
     assert cache_stats(missing)["models"] == []
 
 
-def test_the_cache_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cache_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLFB_CACHE_MAX_MB", raising=False)
     EmbeddingCache(tmp_path, "m").put_many({f"h{i}": np.zeros(64) for i in range(4)})
     assert main(["cache", "stats", "--dir", str(tmp_path), "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["models"][0]["entries"] == 4
+    assert stats["models"][0]["entries"] == 4 and stats["max_mb"] is None
     assert main(["cache", "stats", "--dir", str(tmp_path)]) == 0
-    assert "4 encodings" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "4 encodings" in out and "no bound" in out
+    monkeypatch.setenv("RLFB_CACHE_MAX_MB", "250")
+    assert main(["cache", "stats", "--dir", str(tmp_path)]) == 0
+    assert "RLFB_CACHE_MAX_MB=250 MB" in capsys.readouterr().out
+    monkeypatch.setenv("RLFB_CACHE_MAX_MB", "lots")
+    assert main(["cache", "stats", "--dir", str(tmp_path)]) == 2
+    assert "RLFB_CACHE_MAX_MB" in capsys.readouterr().err
+    monkeypatch.delenv("RLFB_CACHE_MAX_MB")
     assert main(["cache", "prune", "--dir", str(tmp_path), "--max-mb", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["removed"] == 4
     assert main(["cache", "prune", "--dir", str(tmp_path)]) == 2
     assert "--max-mb" in capsys.readouterr().err
     assert main(["cache", "prune", "--dir", str(tmp_path), "--unused-days", "-2"]) == 2
     assert "unused_days" in capsys.readouterr().err
+
+
+def _entry(key: str, h: str, floats: int = 256) -> int:
+    return 4 * floats + len(h) + len(key)
+
+
+def test_a_bounded_cache_drops_the_least_recently_used_as_it_writes(tmp_path: Path) -> None:
+    """With ``max_mb`` the writes themselves keep the file's entries (every model's) within the bound:
+    what was read lately stays, the longest unused goes first, down to 90 % of the bound."""
+    docs = EmbeddingCache(tmp_path, "m|document")  # unbounded: it fills the file
+    docs.put_many({f"a{i}": np.zeros(256) for i in range(10)})
+    now = int(time.time())
+    _set_used_at(tmp_path, {f"a{i}": now - 3 * 86400 + i for i in range(10)})
+    assert len(docs.get_many(["a0", "a1"])) == 2  # read today: marked as used now
+    limit = 8 * _entry("m|document", "a0")
+    bounded = EmbeddingCache(tmp_path, "m|query", max_mb=limit / 1024 / 1024)
+    bounded.put_many({"q0": np.zeros(256)})  # 11 entries > 8: pruned to 90 % of the bound (7 entries)
+    kept = set(_used_at(tmp_path))
+    assert kept == {"q0", "a0", "a1", "a9", "a8", "a7", "a6"}
+    assert sum(m["bytes"] for m in cache_stats(tmp_path)["models"]) <= limit
+    for i in range(1, 6):  # each write that passes the bound prunes again; the sizes stay within it
+        bounded.put_many({f"q{i}": np.zeros(256)})
+        assert sum(m["bytes"] for m in cache_stats(tmp_path)["models"]) <= limit
+    assert {f"q{i}" for i in range(6)} <= set(_used_at(tmp_path))  # the newest writes are kept
+    assert len(bounded.get_many([f"q{i}" for i in range(6)])) == 6
+
+
+def test_the_bound_comes_from_rlfb_cache_max_mb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLFB_CACHE_MAX_MB", raising=False)
+    assert EmbeddingCache(tmp_path, "m").max_mb is None
+    monkeypatch.setenv("RLFB_CACHE_MAX_MB", " ")
+    assert EmbeddingCache(tmp_path, "m").max_mb is None
+    monkeypatch.setenv("RLFB_CACHE_MAX_MB", "0.002")
+    cache = EmbeddingCache(tmp_path, "m")
+    assert cache.max_mb == 0.002 and EmbeddingCache(tmp_path, "m", max_mb=5).max_mb == 5
+    cache.put_many({f"h{i}": np.zeros(256) for i in range(10)})
+    assert 0 < len(cache) <= 2  # 0.002 MB holds two of these 1 kB vectors
+    for bad in ("lots", "-1", "nan", "inf"):
+        monkeypatch.setenv("RLFB_CACHE_MAX_MB", bad)
+        with pytest.raises(ValidationError, match="RLFB_CACHE_MAX_MB"):
+            EmbeddingCache(tmp_path, "m")
+    monkeypatch.delenv("RLFB_CACHE_MAX_MB")
+    for bad in (-1, float("nan"), True, "5"):
+        with pytest.raises(ValidationError, match="max_mb"):
+            EmbeddingCache(tmp_path, "m", max_mb=bad)  # type: ignore[arg-type]

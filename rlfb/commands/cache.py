@@ -1,7 +1,8 @@
 """``rlfb cache``: see and bound the on-disk embedding cache.
 
 ``rlfb cache stats [--dir DIR] [--json]``
-    The cache file's size, and per model key its entries, bytes and last use.
+    The cache file's size, and per model key its entries, bytes and last use;
+    and the bound that writes keep (``$RLFB_CACHE_MAX_MB``), if any.
 ``rlfb cache prune [--dir DIR] [--max-mb N] [--unused-days D] [--no-vacuum] [--json]``
     Remove the encodings unused for ``D`` days, then the least recently used
     beyond ``N`` MB (see :func:`rlfb.retrievers.cache.prune_cache`); what is
@@ -52,13 +53,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``cache stats``."""
-    from rlfb.retrievers.cache import cache_stats
+    from rlfb.retrievers.cache import cache_stats, default_max_mb
 
-    stats = cache_stats(args.dir)
+    stats = {**cache_stats(args.dir), "max_mb": default_max_mb()}
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
     print(f"{stats['path']}: {_mb(stats['file_bytes'])} on disk")
+    bound = stats["max_mb"]
+    print(f"  writes keep it within RLFB_CACHE_MAX_MB={bound:g} MB" if bound is not None
+          else "  no bound while writing (set RLFB_CACHE_MAX_MB, or run rlfb cache prune)")
     if not stats["models"]:
         print("  (no encodings)")
     for m in stats["models"]:

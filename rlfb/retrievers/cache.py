@@ -6,7 +6,10 @@ float32 blob; a sparse vector as an int32 blob of indices plus a float32 blob of
 values (and the full dimension). Two processes may read and write the same file at once: SQLite's WAL
 journal and a busy timeout serialise the writers.
 
-The directory defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``.
+The directory defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``. The file grows with every
+new text unless bounded: ``max_mb`` (default ``$RLFB_CACHE_MAX_MB``, unset: no bound) makes each
+writing process drop the least recently used encodings once the file's entries pass it, and
+:func:`prune_cache` does the same on request.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "Encoding",
     "cache_stats",
     "prune_cache",
+    "default_max_mb",
 ]
 
 
@@ -74,10 +78,32 @@ _TOUCH_EVERY = 86400
 _ENTRY_BYTES = "length(vals) + coalesce(length(indices), 0) + length(text_hash) + length(model_key)"
 
 
+# an automatic prune keeps this share of max_mb, so that the next writes do not prune again at once
+_PRUNE_TO = 0.9
+
+
 def default_cache_dir() -> Path:
     """``$RLFB_CACHE_DIR`` if set, else ``~/.cache/rlfb``."""
     env = os.environ.get("RLFB_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "rlfb"
+
+
+def default_max_mb() -> float | None:
+    """``$RLFB_CACHE_MAX_MB`` as a number of megabytes, or ``None`` (no bound) when unset or empty."""
+    env = os.environ.get("RLFB_CACHE_MAX_MB", "").strip()
+    if not env:
+        return None
+    try:
+        value = float(env)
+    except ValueError:
+        raise ValidationError(f"RLFB_CACHE_MAX_MB must be a number of megabytes, got {env!r}") from None
+    return _check_nonnegative("RLFB_CACHE_MAX_MB", value)
+
+
+def _check_nonnegative(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def text_hash(text: str) -> str:
@@ -160,6 +186,14 @@ class EmbeddingCache:
     model_key
         Identifies the model *and* the encoding mode (for example document or
         query side); encodings are only shared between equal keys.
+    max_mb
+        Bound on the entries of the whole file (every model's), in MB: once this
+        object's writes take them past it, the least recently used encodings are
+        removed down to 90 % of it. ``None`` reads ``$RLFB_CACHE_MAX_MB``; unset
+        there too, nothing is removed. Freed pages are reused by later writes
+        rather than returned to the file system (``rlfb cache prune`` vacuums).
+        The size is counted exactly when the bound may be passed; writes by other
+        processes in between are seen at that count.
 
     Examples
     --------
@@ -172,12 +206,14 @@ class EmbeddingCache:
     >>> cache.close()
     """
 
-    def __init__(self, directory: str | Path | None, model_key: str) -> None:
+    def __init__(self, directory: str | Path | None, model_key: str, *, max_mb: float | None = None) -> None:
         if not isinstance(model_key, str) or not model_key:
             raise ValidationError("model_key must be a non-empty string")
         self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
         self.path = self.directory / _FILE_NAME
         self.model_key = model_key
+        self.max_mb = default_max_mb() if max_mb is None else _check_nonnegative("max_mb", max_mb)
+        self._size: int | None = None  # the file's entry bytes at the last count, plus this object's writes since
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
@@ -287,11 +323,31 @@ class EmbeddingCache:
                     "VALUES (?, ?, ?, ?, ?, ?)",
                     rows,
                 )
+                if self.max_mb is not None:
+                    self._keep_bound(conn, rows)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def _keep_bound(self, conn: sqlite3.Connection, rows: list[tuple]) -> None:
+        """Inside the write's transaction: past ``max_mb``, drop the least recently used to 90 % of it.
+
+        Counting the file's entries is a scan, so it is done only when this object's running
+        estimate (the last count plus what it wrote since; a replaced row is counted twice, which
+        errs towards counting) passes the bound.
+        """
+        assert self.max_mb is not None
+        limit = int(self.max_mb * 1024 * 1024)
+        written = sum(len(r[1]) + len(r[0]) + len(r[4]) + (len(r[3]) if r[3] is not None else 0) for r in rows)
+        if self._size is not None and self._size + written <= limit:
+            self._size += written
+            return
+        self._size = _entry_bytes(conn)
+        if self._size > limit:
+            _drop_least_recent(conn, int(limit * _PRUNE_TO))
+            self._size = _entry_bytes(conn)
 
     def __len__(self) -> int:
         """Number of encodings stored under this cache's model key."""
@@ -360,9 +416,8 @@ def prune_cache(
     if max_mb is None and unused_days is None:
         raise ValidationError("give max_mb, unused_days or both: what to prune")
     for name, value in (("max_mb", max_mb), ("unused_days", unused_days)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value) or value < 0):
-            raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}")
+        if value is not None:
+            _check_nonnegative(name, value)
     path = _cache_file(directory)
     before = _file_bytes(path)
     if not path.is_file():
@@ -370,10 +425,7 @@ def prune_cache(
                 "file_bytes_before": before, "file_bytes_after": before}
     conn = _open(path)
     try:
-        def total() -> int:
-            return int(conn.execute(f"SELECT COALESCE(SUM({_ENTRY_BYTES}), 0) FROM encodings").fetchone()[0])
-
-        bytes_before = total()
+        bytes_before = _entry_bytes(conn)
         removed = 0
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -381,15 +433,7 @@ def prune_cache(
                 cutoff = int(time.time() - unused_days * 86400)
                 removed += conn.execute("DELETE FROM encodings WHERE used_at < ?", (cutoff,)).rowcount
             if max_mb is not None:
-                # newest first: what keeps within the limit stays, the rest goes
-                victims = conn.execute(
-                    f"SELECT model_key, text_hash FROM (SELECT model_key, text_hash, SUM({_ENTRY_BYTES}) OVER "
-                    "(ORDER BY used_at DESC, model_key, text_hash ROWS UNBOUNDED PRECEDING) AS running "
-                    "FROM encodings) WHERE running > ?",
-                    (int(max_mb * 1024 * 1024),),
-                ).fetchall()
-                conn.executemany("DELETE FROM encodings WHERE model_key = ? AND text_hash = ?", victims)
-                removed += len(victims)
+                removed += _drop_least_recent(conn, int(max_mb * 1024 * 1024))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -398,11 +442,29 @@ def prune_cache(
         if vacuum and removed:
             conn.execute("VACUUM")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        bytes_after = total()
+        bytes_after = _entry_bytes(conn)
     finally:
         conn.close()
     return {"path": str(path), "removed": removed, "bytes_before": bytes_before, "bytes_after": bytes_after,
             "file_bytes_before": before, "file_bytes_after": _file_bytes(path)}
+
+
+def _entry_bytes(conn: sqlite3.Connection) -> int:
+    """Bytes of every model's entries in the file, counted as :func:`cache_stats` counts them."""
+    return int(conn.execute(f"SELECT COALESCE(SUM({_ENTRY_BYTES}), 0) FROM encodings").fetchone()[0])
+
+
+def _drop_least_recent(conn: sqlite3.Connection, keep_bytes: int) -> int:
+    """Delete the least recently used entries beyond the newest ``keep_bytes``; returns how many."""
+    # newest first: what keeps within the limit stays, the rest goes
+    victims = conn.execute(
+        f"SELECT model_key, text_hash FROM (SELECT model_key, text_hash, SUM({_ENTRY_BYTES}) OVER "
+        "(ORDER BY used_at DESC, model_key, text_hash ROWS UNBOUNDED PRECEDING) AS running "
+        "FROM encodings) WHERE running > ?",
+        (keep_bytes,),
+    ).fetchall()
+    conn.executemany("DELETE FROM encodings WHERE model_key = ? AND text_hash = ?", victims)
+    return len(victims)
 
 
 def _cache_file(directory: str | Path | None) -> Path:
