@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.errors import CorruptStateError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.fusion import FUSION_METHODS, normalize, rank_matrix
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
 from rlfb.runs import owns_event
-from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_k
+from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k
 
 __all__ = ["FeedbackEnsemble"]
 
@@ -124,8 +124,8 @@ class FeedbackEnsemble:
             raise ValidationError(f"rrf_c must be a positive finite number, got {rrf_c!r}")
         self.rrf_c = float(rrf_c)
         self.seed = seed
-        self.refresh_interval = float(refresh_interval)
-        self.persist_interval = float(persist_interval)
+        self.refresh_interval = _seconds(refresh_interval, "refresh_interval")
+        self.persist_interval = _seconds(persist_interval, "persist_interval")
         self._last_persist = 0.0
         self._dirty = False
         self._lock = threading.RLock()
@@ -159,7 +159,7 @@ class FeedbackEnsemble:
         table = ChunkTable(chunks)
         options = dict(retriever_options or {})
         built: dict[str, Retriever] = {}
-        for spec in retrievers:
+        for spec in [retrievers] if isinstance(retrievers, str) else retrievers:  # "bm25" is one name
             r = make_retriever(spec, **options.get(spec, {})) if isinstance(spec, str) else spec
             if r.name in built:
                 raise ValidationError(f"retriever {r.name!r} is listed twice")
@@ -233,7 +233,13 @@ class FeedbackEnsemble:
         """
         if isinstance(chunk_ids, str):
             raise ValidationError("chunk_ids must be a sequence of ids, not one string")
-        gone = {str(c) for c in chunk_ids}
+        if not isinstance(chunk_ids, Iterable):
+            raise ValidationError(f"chunk_ids must be a sequence of ids, got {type(chunk_ids).__name__}")
+        ids = list(chunk_ids)
+        for c in ids:
+            if not isinstance(c, str):
+                raise ValidationError(f"chunk ids are strings, got {type(c).__name__} {c!r}")
+        gone = set(ids)
         if not gone:
             return
         with self._update_lock:
@@ -284,7 +290,7 @@ class FeedbackEnsemble:
         from rlfb.features import query_features, query_type
 
         self._refresh()
-        return self._learner.weights(query_type(query_features(query)))
+        return self._learner.weights(query_type(query_features(_check_query(query))))
 
     @property
     def learner(self) -> Any:
@@ -470,6 +476,8 @@ class FeedbackEnsemble:
         (nothing is logged). ``k`` defaults to all of them.
         """
         query = _check_query(query)
+        if chunks is None or isinstance(chunks, (str, Chunk)) or not isinstance(chunks, Iterable):
+            raise ValidationError(f"chunks must be a sequence of Chunk objects, got {type(chunks).__name__}")
         chunks = list(chunks)
         if not chunks:
             return RetrievalResult(query=query, hits=[], weights=self.weights)
@@ -513,6 +521,8 @@ class FeedbackEnsemble:
         validate_k(k)
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValidationError(f"metadata must be a mapping, got {type(metadata).__name__}")
+        validate_flag(explore, "explore")  # "no" is truthy: it would explore
+        validate_flag(log, "log")
         with self._lock:
             self._refresh()
             ranking = self._learner.rank(self._for_learner(ctx), k, explore=explore)
@@ -546,6 +556,8 @@ class FeedbackEnsemble:
 
     def retrieve_batch(self, queries: Iterable[str], k: int = 5, **kwargs: Any) -> list[RetrievalResult]:
         """:meth:`retrieve` for each query, in order."""
+        if isinstance(queries, str):  # iterating it would retrieve once per character
+            raise ValidationError("queries must be a sequence of strings, not one string: use retrieve()")
         return [self.retrieve(q, k, **kwargs) for q in queries]
 
     def chunk(self, chunk_id: str) -> Chunk:
@@ -649,12 +661,22 @@ class FeedbackEnsemble:
         if record.duplicate or not record.in_window:
             return
         with self._lock:
-            event = self._require_store().event(record.event_id) if event is None else event
-            if event is None or not owns_event(self, event):
-                return  # another engine's decision (log_external): its propensities are not ours to learn from
+            try:
+                event = self._require_store().event(record.event_id) if event is None else event
+                if event is None or not owns_event(self, event):
+                    return  # another engine's decision (log_external): its propensities are not ours to learn from
+                episode = self.episode(record.event_id, record, event=event)
+            except RlfbError:
+                raise
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                # the feedback is stored (nothing lost); only the logged retrieval is unreadable
+                raise CorruptStateError(
+                    f"feedback {getattr(record, 'feedback_id', '?')} on event {record.event_id!r} is stored, but "
+                    f"the event's logged row is damaged, so it is not learned from: {exc!r}"
+                ) from exc
             # learn on top of the newest shared state: another process may have learned since
             self._refresh(force=True)
-            self._learner.learn(self.episode(record.event_id, record, event=event))
+            self._learner.learn(episode)
             self._persist()
 
     def observe(
@@ -793,10 +815,21 @@ class FeedbackEnsemble:
         if saved is None:
             return
         with self._lock:
-            if saved.get("policy") not in (None, self._learner.policy_name):
-                return  # another policy wrote this store; keep ours rather than mis-read its state
+            if not self._is_ours(saved):
+                # another policy, or an ensemble of other retrievers, wrote this store: keep our state
+                # rather than mis-read its, and do not read that snapshot again
+                self._state_version = int(saved["version"])
+                return
             self._learner.load_state_dict(saved["state"])
             self._state_version = int(saved["version"])
+
+    def _is_ours(self, saved: Mapping[str, Any]) -> bool:
+        """Whether a store snapshot is of this ensemble's policy and retrievers (older ones name neither)."""
+        state = saved.get("state")
+        theirs = state.get("retrievers") if isinstance(state, Mapping) else None
+        return saved.get("policy") in (None, self._learner.policy_name) and (
+            not isinstance(theirs, list) or tuple(theirs) == self._learner.retrievers
+        )
 
     def refresh(self) -> dict[str, float]:
         """Reload weights from the store now; returns the current weights."""
@@ -853,7 +886,10 @@ class FeedbackEnsemble:
 
         ``kwargs`` override the saved ensemble settings (``fusion``, ``candidate_k``, ...); the
         learner comes back with the policy, hyperparameters and learner settings it was saved
-        with. A damaged file raises :class:`CorruptStateError`.
+        with. With a ``store`` whose newest snapshot is of the same policy and retrievers and has
+        learned from more feedback than the save (other processes went on learning), the store's
+        state is kept: loading an older save never rolls the store back. Search members are not
+        saved: pass the same ``members=`` again. A damaged file raises :class:`CorruptStateError`.
         """
         from rlfb.learner import Learner
         from rlfb.retrievers import load_retriever
@@ -869,6 +905,13 @@ class FeedbackEnsemble:
             names = [str(n) for n in config["retrievers"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptStateError(f"cannot read an ensemble from {root}: {exc}") from exc
+        saved_members = config.get("members") or []
+        given = {m.name for m in kwargs.get("members", ()) if isinstance(m, SearchMember)}
+        if isinstance(saved_members, list) and not set(map(str, saved_members)) <= given:
+            raise ValidationError(
+                f"{root} was saved with the search members {saved_members!r}: pass them again, "
+                "load(path, members=[SearchMember(name, search_fn), ...])"
+            )
         table = ChunkTable.load(root)
         retrievers = {n: load_retriever(root / "retrievers" / n) for n in names}
         learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads below
@@ -887,6 +930,11 @@ class FeedbackEnsemble:
             if kwargs:  # the caller's own settings may be what is wrong
                 raise
             raise CorruptStateError(f"{root / _CONFIG_FILE}: {exc}") from exc
+        if ens._learner.n_learned > _n_learned(state, root):
+            # the store already holds this policy's state, learned from more feedback than the
+            # save: the store is the live record (other processes may have learned since the save),
+            # so the save must not roll it back
+            return ens
         ens._learner.load_state_dict(state)
         return ens
 
@@ -938,11 +986,28 @@ def _no_constant(name: str) -> Any:
 def _open_store(store: Any) -> Any:
     if store is None:
         return None
-    if isinstance(store, (str, Path)):
+    if isinstance(store, (str, os.PathLike)):
         from rlfb.store import FeedbackStore
 
         return FeedbackStore(store)
+    if not all(callable(getattr(store, name, None)) for name in ("log_event", "state_version", "load_policy_state")):
+        raise ValidationError(f"store must be a FeedbackStore, a path to an SQLite file or None, got {store!r}")
     return store
+
+
+def _seconds(value: object, name: str) -> float:
+    """A number of seconds >= 0; infinity means never (simulations never write snapshots)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN fails >= too
+        raise ValidationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _n_learned(state: Any, root: Path) -> int:
+    """How many episodes a saved learner state has learned from."""
+    try:
+        return int(state["n_learned"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStateError(f"{root / 'learner.json'}: no count of learned episodes ({exc!r})") from exc
 
 
 def _check_query(query: object) -> str:

@@ -33,10 +33,13 @@ import numbers
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+from uuid import UUID
 
 from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
 
 __all__ = [
+    "finite_score",
+    "session_text",
     "EXTERNAL_POLICY",
     "SCORE_SCALES",
     "content_id",
@@ -93,7 +96,7 @@ def log_external(
         if chunk_id in seen:
             continue
         seen.add(chunk_id)
-        s = _finite_or_none(score)
+        s = finite_score(score)
         rows.append(
             {
                 "chunk_id": chunk_id,
@@ -321,8 +324,34 @@ def _run_id(run_id: Any) -> str:
     return text
 
 
-def _finite_or_none(score: Any) -> float | None:
+def finite_score(score: Any) -> float | None:
+    """A retrieval score as a finite float, else ``None`` (logged as no score): a NaN, an infinity, an int
+    beyond float range, a bool or a non-number is no usable score.
+
+    >>> finite_score(0.5), finite_score(float("nan")), finite_score(10**400), finite_score("1")
+    (0.5, None, None, None)
+    """
     if score is None or isinstance(score, bool) or not isinstance(score, numbers.Real):
         return None
-    f = float(score)
+    try:
+        f = float(score)
+    except OverflowError:  # an int beyond float range is no usable score
+        return None
     return f if math.isfinite(f) else None
+
+
+def session_text(value: Any) -> str | None:
+    """A session id as the store keeps it, or ``None`` when ``value`` cannot be one.
+
+    A non-empty str is kept; an int or a UUID (a chat thread id) is kept as its
+    text, which is stable. Anything else (``""``, a bool, a float, an object
+    whose text is a repr) would not name the same session twice, so it is none.
+
+    >>> session_text("t1"), session_text(7), session_text(""), session_text(1.5)
+    ('t1', '7', None, None)
+    """
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, UUID) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)):
+        return str(value)
+    return None

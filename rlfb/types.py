@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
-__all__ = ["Chunk", "Hit", "RetrievalResult", "make_chunks", "validate_k"]
+__all__ = ["Chunk", "Hit", "RetrievalResult", "make_chunks", "validate_flag", "validate_k"]
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,24 @@ def validate_k(k: int, name: str = "k") -> int:
     ...
     rlfb.errors.ValidationError: k must be a positive integer, got 0
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k <= 0:  # numpy integers are integers
         raise ValidationError(f"{name} must be a positive integer, got {k!r}")
-    return k
+    return int(k)
+
+
+def validate_flag(value: object, name: str) -> bool:
+    """``value`` if it is a bool (``numpy.bool_`` too); ``"no"`` or ``0`` is a mistake, not False.
+
+    >>> validate_flag(True, "explore")
+    True
+    >>> validate_flag("no", "explore")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: explore must be True or False, got 'no'
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValidationError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def make_chunks(
@@ -110,12 +128,22 @@ def make_chunks(
         raise EmptyCorpusError("cannot index an empty corpus: no texts given")
     if ids is None:
         ids = [str(i) for i in range(len(texts))]
-    ids = [str(i) for i in ids]
+    if isinstance(ids, str):  # a string is a sequence too: "ab" would silently become ids "a" and "b"
+        raise ValidationError("ids must be a sequence of strings, not one string")
+    ids = list(ids)
+    for cid in ids:
+        if not isinstance(cid, str):  # str(7) would index "7" where chunk(7) then finds nothing
+            raise ValidationError(f"chunk ids must be strings, got {type(cid).__name__} {cid!r}")
     if len(ids) != len(texts):
         raise ValidationError(f"got {len(texts)} texts but {len(ids)} ids")
     if metadatas is None:
         metadatas = [None] * len(texts)
+    if isinstance(metadatas, (str, Mapping)):
+        raise ValidationError("metadatas must be a sequence with one mapping (or None) per text")
     metadatas = list(metadatas)
+    for meta in metadatas:
+        if meta is not None and not isinstance(meta, Mapping):
+            raise ValidationError(f"each metadata must be a mapping or None, got {type(meta).__name__}")
     if len(metadatas) != len(texts):
         raise ValidationError(f"got {len(texts)} texts but {len(metadatas)} metadatas")
     seen: set[str] = set()

@@ -195,7 +195,14 @@ class ChunkTable:
         path.mkdir(parents=True, exist_ok=True)
         with open(path / "chunks.jsonl", "w", encoding="utf-8") as fh:
             for cid, text, meta in zip(self.ids, self.texts, self.metadatas, strict=True):
-                fh.write(json.dumps({"id": cid, "text": text, "metadata": meta}, ensure_ascii=False) + "\n")
+                row = {"id": cid, "text": text, "metadata": meta}
+                line = json.dumps(row, ensure_ascii=False)
+                if not line.isascii():
+                    try:
+                        line.encode("utf-8")
+                    except UnicodeEncodeError:  # a lone surrogate: UTF-8 cannot hold it, a \u escape can
+                        line = json.dumps(row)
+                fh.write(line + "\n")
 
     @classmethod
     def load(cls, path: Path) -> ChunkTable:
@@ -260,6 +267,20 @@ def read_meta(path: Path, expected_kind: str) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("kind") != expected_kind:
         raise CorruptStateError(f"{file} does not describe a {expected_kind!r} retriever")
     return meta
+
+
+def model_text(text: str) -> str:
+    """``text`` as a model's tokenizer can take it: a lone surrogate (valid in a Python string, not in
+    UTF-8, and refused by the tokenizers) becomes ``?``; any other text is returned as it is.
+
+    >>> model_text("wing " + chr(0xD800) + " slipstream"), model_text("café")
+    ('wing ? slipstream', 'café')
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def check_query(query: object) -> str:

@@ -24,6 +24,7 @@ from rlfb.retrievers.base import (
     check_query,
     check_texts,
     kept_then_new,
+    model_text,
     read_meta,
     reused_rows,
     write_meta,
@@ -129,7 +130,7 @@ class DenseRetriever(CorpusRetriever):
         model = self.model
         method = getattr(model, f"encode_{side}", None) or model.encode
         out = method(
-            texts,
+            [model_text(t) for t in texts],
             batch_size=self.batch_size,
             convert_to_numpy=True,
             normalize_embeddings=True,

@@ -24,6 +24,7 @@ from rlfb.retrievers.base import (
     check_query,
     check_texts,
     kept_then_new,
+    model_text,
     read_meta,
     reused_rows,
     write_meta,
@@ -183,7 +184,7 @@ class SpladeRetriever(CorpusRetriever):
         model = self.model
         method = getattr(model, f"encode_{side}", None) or model.encode
         out = method(
-            texts,
+            [model_text(t) for t in texts],
             batch_size=self.batch_size,
             convert_to_tensor=True,
             convert_to_sparse_tensor=True,

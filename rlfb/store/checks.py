@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rlfb.errors import InvalidWeightsError, ValidationError
 from rlfb.reward import finite_float
 
 _IN_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
+_MAX_INT = 2**63 - 1  # SQLite's INTEGER is 64-bit signed; a larger Python int raises OverflowError there
+_MEMORY = (":memory:", "")  # sqlite3's in-memory database and its private temporary one
 
 
 def _opt_str(x: Any, name: str) -> str | None:
@@ -22,9 +25,7 @@ def _opt_str(x: Any, name: str) -> str | None:
 
 
 def _req_str(x: Any, name: str) -> str:
-    if not isinstance(x, str) or not x:
-        raise ValidationError(f"{name} must be a non-empty str, got {x!r}")
-    return x
+    return _check_id(x, name)
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -92,13 +93,63 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
+def _check_id(x: Any, name: str, *, allow_empty: bool = False) -> str:
+    """An id argument of a lookup or write: a str (non-empty unless ``allow_empty``).
+
+    Checked before it reaches :func:`~rlfb.store.codec._enc`, which assumes a str.
+    ``allow_empty`` is for ids that may be stored empty (a session or parent id)
+    and for questions whose answer for "" is simply "no" (:meth:`has_event`).
+    """
+    if isinstance(x, str) and (x or allow_empty):
+        return x
+    kind = "a str" if allow_empty else "a non-empty str"
+    raise ValidationError(f"{name} must be {kind}, got {type(x).__name__} {x!r}")
+
+
 def _check_event_id(event_id: Any) -> str:
-    if not isinstance(event_id, str) or not event_id:
-        raise ValidationError(f"event_id must be a non-empty str, got {event_id!r}")
-    return event_id
+    return _check_id(event_id, "event_id")
+
+
+def _check_int(x: Any, name: str, minimum: int = 1) -> int:
+    """An int SQLite can store: from ``minimum`` to 2**63 - 1 (not a bool, not a float)."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or not minimum <= x <= _MAX_INT:
+        raise ValidationError(f"{name} must be an int from {minimum} to 2**63 - 1, got {x!r}")
+    return int(x)
 
 
 def _check_limit(limit: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1:
-        raise ValidationError(f"limit must be a positive int, got {limit!r}")
-    return int(limit)
+    return _check_int(limit, "limit")
+
+
+def _items(items: Any, name: str, what: str) -> Iterable[Any]:
+    """A batch argument: an iterable of items, not None, a str or one lone item (a mapping)."""
+    if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+        raise ValidationError(f"{name} must be an iterable of {what}, got {type(items).__name__} {items!r:.80}")
+    return items
+
+
+def _check_path(path: Any) -> str:
+    """The database path as a str: an in-memory form, or a file whose folder exists.
+
+    Anything but a str or os.PathLike is refused: ``str(None)`` would open a
+    file named ``None`` in the working directory.
+    """
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+        if isinstance(path, bytes):  # a PathLike may give bytes; sqlite3 wants the text
+            path = os.fsdecode(path)
+    if not isinstance(path, str):
+        raise ValidationError(
+            f"path must be a str or os.PathLike (or ':memory:'), got {type(path).__name__} {path!r:.80}"
+        )
+    if path in _MEMORY:
+        return path
+    if "\x00" in path:
+        raise ValidationError(f"path {path!r} contains a NUL character")
+    # sqlite3 says only "unable to open database file" for these; name the path and the reason
+    if os.path.isdir(path):
+        raise ValidationError(f"path {path!r} is a directory, not a database file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValidationError(f"the folder of path {path!r} does not exist (or is not a folder)")
+    return path

@@ -5,7 +5,7 @@ See :mod:`rlfb.store` for what each table keeps and how the file is kept safe.
 
 from __future__ import annotations
 
-import numbers
+import math
 import sqlite3
 import threading
 import time
@@ -35,11 +35,16 @@ from rlfb.errors import (
 from rlfb.reward import RewardFunction, as_timestamp, finite_float
 from rlfb.store import reports
 from rlfb.store.checks import (
+    _MEMORY,
     _batches,
     _check_event_id,
+    _check_id,
+    _check_int,
     _check_limit,
+    _check_path,
     _check_weights,
     _get,
+    _items,
     _marks,
     _number_map,
     _opt_str,
@@ -74,7 +79,9 @@ class FeedbackStore:
     Parameters
     ----------
     path
-        Database file, or ``":memory:"``.
+        Database file (a ``str`` or ``os.PathLike``), or ``":memory:"``. Any other
+        type, a directory, or a file in a folder that does not exist raises
+        :class:`ValidationError`.
     store_text
         Keep the query text. ``False`` keeps only its sha256 (privacy).
     reward
@@ -98,7 +105,8 @@ class FeedbackStore:
         ``"NORMAL"`` (default; survives process crashes) or ``"FULL"`` (also
         survives power loss). See the module docstring.
     clock
-        Source of "now" (``time.time``); tests can pin it.
+        Source of "now" (``time.time``); tests can pin it. It must return a
+        finite number, else the call that reads it raises :class:`ValidationError`.
 
     The store is safe to share between threads (one connection behind a lock).
     Do not carry an open store across ``fork()``; open one per process.
@@ -135,13 +143,18 @@ class FeedbackStore:
         if sync not in _SYNCHRONOUS:
             raise ValidationError(f"synchronous must be one of {_SYNCHRONOUS}, got {synchronous!r}")
         self.synchronous = sync
+        if not callable(clock):
+            raise ValidationError(f"clock must be a callable returning unix seconds, got {type(clock).__name__}")
         self._clock = clock
-        self.path = str(path)
-        self._memory = self.path in (":memory:", "")
+        self.path = _check_path(path)
+        self._memory = self.path in _MEMORY
         self._lock = threading.RLock()
-        conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-        )
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.OperationalError as exc:  # past _check_path: no permission, or a folder removed since
+            raise ValidationError(f"cannot open path {self.path!r}: {exc}") from exc
         self._conn = conn
         self._closed = False
         self.db = Database(conn, execute_plugins=False)
@@ -214,7 +227,8 @@ class FeedbackStore:
         return MIGRATIONS.applied(self.db)
 
     def _now(self) -> float:
-        return float(self._clock())
+        # checked each time it is read: a bad clock would otherwise fail deep inside, as a bare ValueError
+        return finite_float(self._clock(), "clock() value")
 
     def _check_open(self) -> sqlite3.Connection:
         if self._closed:
@@ -305,7 +319,7 @@ class FeedbackStore:
         now = self._now()
         prepared = []
         seen: set[str] = set()
-        for i, kw in enumerate(events):
+        for i, kw in enumerate(_items(events, "events", "mappings of log_event arguments")):
             if not isinstance(kw, Mapping):
                 raise ValidationError(f"event {i} must be a mapping of log_event arguments")
             unknown = set(kw) - _EVENT_PARAMS
@@ -397,12 +411,10 @@ class FeedbackStore:
             if cid in ids:
                 raise DuplicateIdError(f"duplicate chunk id in event: {cid!r}")
             ids.add(cid)
-            rank = _get(c, "rank", pos + 1)
-            if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
-                raise ValidationError(f"chunk {cid!r}: rank must be a positive int, got {rank!r}")
-            if int(rank) in ranks:
+            rank = _check_int(_get(c, "rank", pos + 1), f"chunk {cid!r}: rank")
+            if rank in ranks:
                 raise ValidationError(f"chunk {cid!r}: rank {rank} is used twice")
-            ranks.add(int(rank))
+            ranks.add(rank)
             score = _get(c, "score")
             score = None if score is None else finite_float(score, f"chunk {cid!r} score")
             proposed = _get(c, "proposed_by", ()) or ()
@@ -415,7 +427,7 @@ class FeedbackStore:
                 (
                     enc_eid,
                     _enc(cid),
-                    int(rank),
+                    rank,
                     score,
                     _dumps(_number_map(_get(c, "scores"), f"chunk {cid!r} scores"), "scores"),
                     _dumps(_number_map(_get(c, "normalized"), f"chunk {cid!r} normalized"), "normalized"),
@@ -447,8 +459,9 @@ class FeedbackStore:
 
     def has_event(self, event_id: str) -> bool:
         """Whether ``event_id`` was logged."""
+        enc = _enc(_check_id(event_id, "event_id", allow_empty=True))  # "" is never logged: False
         with self._read() as conn:
-            return conn.execute("SELECT 1 FROM events WHERE id = ?", (_enc(event_id),)).fetchone() is not None
+            return conn.execute("SELECT 1 FROM events WHERE id = ?", (enc,)).fetchone() is not None
 
     def event(self, event_id: str) -> dict[str, Any]:
         """The logged event, decoded, with its ``chunks`` in rank order; :class:`UnknownEventError` if absent.
@@ -473,7 +486,7 @@ class FeedbackStore:
         lim = "" if limit is None else f" LIMIT {_check_limit(limit)}"
         rows = self._select_events(
             "e.session_id = ?",
-            [_enc(session_id)],
+            [_enc(_check_id(session_id, "session_id", allow_empty=True))],  # "" may be logged as a session
             order="e.ts DESC, e.rowid DESC",
             tail=lim,
             with_chunks=with_chunks,
@@ -487,7 +500,8 @@ class FeedbackStore:
 
     def children(self, parent_id: str, *, with_chunks: bool = True) -> list[dict[str, Any]]:
         """Events logged with ``parent_id`` (oldest first)."""
-        return self._select_events("e.parent_id = ?", [_enc(parent_id)], with_chunks=with_chunks)
+        enc = _enc(_check_id(parent_id, "parent_id", allow_empty=True))  # "" may be logged as a parent
+        return self._select_events("e.parent_id = ?", [enc], with_chunks=with_chunks)
 
     def descendants(self, root_id: str, *, with_chunks: bool = True) -> list[dict[str, Any]]:
         """Every event below ``root_id`` in the parent chain (children, their children, ...), oldest first.
@@ -499,12 +513,12 @@ class FeedbackStore:
             "WITH RECURSIVE d(id) AS (SELECT id FROM events WHERE parent_id = ? "
             "UNION SELECT e.id FROM events e JOIN d ON e.parent_id = d.id) "
         )
-        return self._select_events(
-            "e.id IN (SELECT id FROM d)", [_enc(root_id)], with_chunks=with_chunks, cte=cte
-        )
+        enc = _enc(_check_id(root_id, "root_id", allow_empty=True))
+        return self._select_events("e.id IN (SELECT id FROM d)", [enc], with_chunks=with_chunks, cte=cte)
 
     def resolve(self, run_id: str) -> list[str]:
         """Event ids a run id stands for: itself if it is an event, else its descendants' ids."""
+        _check_id(run_id, "run_id", allow_empty=True)  # named as the caller knows it, not as event_id
         if self.has_event(run_id):
             return [run_id]
         return [e["id"] for e in self.descendants(run_id, with_chunks=False)]
@@ -516,12 +530,17 @@ class FeedbackStore:
         retrievals logged below it. A run keeps its first parent; relinking is a
         no-op. Returns the number of new links.
         """
-        rows = []
-        for run_id, parent_id in links:
-            run, parent = _req_str(run_id, "run_id"), _req_str(parent_id, "parent_id")
-            rows.append((_enc(run), _enc(parent), self._now()))
-        if not rows:
+        pairs = []
+        for i, link in enumerate(_items(links, "links", "(run_id, parent_id) pairs")):
+            # a str would unpack too: "ab" as ("a", "b")
+            pair = None if isinstance(link, (str, bytes, Mapping)) or not isinstance(link, Iterable) else tuple(link)
+            if pair is None or len(pair) != 2:
+                raise ValidationError(f"link {i} must be a (run_id, parent_id) pair, got {link!r:.80}")
+            pairs.append((_req_str(pair[0], f"link {i}: run_id"), _req_str(pair[1], f"link {i}: parent_id")))
+        if not pairs:
             return 0
+        now = self._now()
+        rows = [(_enc(run), _enc(parent), now) for run, parent in pairs]
         with self._write() as conn:
             before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO run_links (run_id, parent_id, ts) VALUES (?, ?, ?)", rows)
@@ -534,7 +553,7 @@ class FeedbackStore:
         event whose id or parent is a run below ``run_id``, through links and
         through events' ``parent_id``.
         """
-        root = _enc(_req_str(run_id, "run_id"))
+        root = _enc(_check_id(run_id, "run_id"))
         if self.has_event(run_id):
             return [run_id]
         seen = {root}
@@ -651,7 +670,7 @@ class FeedbackStore:
         """
         now = self._now()
         pendings = []
-        for i, item in enumerate(items):
+        for i, item in enumerate(_items(items, "items", "mappings of record_feedback arguments")):
             if not isinstance(item, Mapping):
                 raise ValidationError(f"feedback item {i} must be a mapping")
             unknown = set(item) - _FEEDBACK_PARAMS
@@ -722,12 +741,16 @@ class FeedbackStore:
                 f"SELECT id, ts, chunk_ids, unused_ids FROM events WHERE id IN ({_marks(len(b))})",
                 [_enc(e) for e in b],
             ):
-                chunks = _loads(chunk_ids)
-                if unused_ids is None:
-                    info[_dec(eid)] = _EventInfo(ts, chunks, chunks)
-                else:
-                    skip = set(_loads(unused_ids))
-                    info[_dec(eid)] = _EventInfo(ts, chunks, [c for c in chunks if c not in skip])
+                try:  # rows written outside rlfb may hold anything: name the event, not a raw error
+                    chunks = _loads(chunk_ids)
+                    skip = set() if unused_ids is None else set(_loads(unused_ids))
+                    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or \
+                            not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks):
+                        raise ValueError("its timestamp or chunk ids are not what rlfb wrote")
+                except (ValueError, TypeError) as exc:
+                    raise CorruptStateError(f"event {_dec(eid)!r} in {self.path} is damaged: {exc}") from exc
+                info[_dec(eid)] = _EventInfo(ts, chunks, chunks if unused_ids is None else
+                                             [c for c in chunks if c not in skip])
         next_id = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM feedback").fetchone()[0]
         rf = self.reward
         created = self._now()
@@ -909,7 +932,7 @@ class FeedbackStore:
         params: list[Any] = [enc]
         if before_feedback_id is not None:
             sql += " AND f.id < ?"
-            params.append(int(before_feedback_id))
+            params.append(_check_int(before_feedback_id, "before_feedback_id", minimum=0))
         with self._read() as conn:
             return {_dec(c): float(r) for c, r in conn.execute(sql + " GROUP BY r.chunk_id", params)}
 

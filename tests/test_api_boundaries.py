@@ -1,0 +1,149 @@
+"""The ensemble at its boundaries: shared stores, loads over a live store, damaged rows, odd input."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlfb import CorruptStateError, FeedbackEnsemble, ValidationError
+from rlfb.members import SearchMember
+from rlfb.retrievers.base import model_text
+from rlfb.store import FeedbackStore
+from rlfb.types import Chunk, make_chunks
+
+from _corpus import IDS, TEXTS
+
+
+def _bm25(store: object = None, **kwargs: object) -> FeedbackEnsemble:
+    return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=store, policy="thompson",
+                                       **kwargs)
+
+
+def _learn(ens: FeedbackEnsemble, n: int) -> None:
+    for i in range(n):
+        r = ens.retrieve(f"what causes tides {i}", k=3)
+        ens.feedback(r.event_id, "explicit_positive", chunk_id=r.hits[0].chunk_id)
+
+
+# -- one store, several ensembles ----------------------------------------------------------------------
+def test_ensembles_of_other_retrievers_share_a_store_without_breaking_each_other(tmp_path: Path) -> None:
+    """Each keeps its own state: a snapshot of another retriever set is skipped, as one of another policy is."""
+    db = tmp_path / "fb.db"
+    both = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), store=db, policy="thompson",
+                                       refresh_interval=0)
+    alone = _bm25(db, refresh_interval=0)
+    _learn(both, 2)
+    _learn(alone, 2)  # reading the other's snapshot raised CorruptStateError, after storing the feedback
+    _learn(both, 1)
+    assert alone.learner.n_learned == 2 and both.learner.n_learned == 3
+    assert alone.retrieve("tides", k=1).hits and set(alone.weights) == {"bm25"}
+    # a new one starts from the newest snapshot only when that is of its kind: here both's, so it starts afresh
+    assert _bm25(db).learner.n_learned == 0
+    assert FeedbackStore(db).counts()["feedback"] == 5  # each feedback stored once
+
+
+def test_loading_an_older_save_does_not_roll_the_live_store_back(tmp_path: Path) -> None:
+    db = tmp_path / "fb.db"
+    ens = _bm25(db)
+    _learn(ens, 3)
+    ens.save(tmp_path / "saved")
+    _learn(ens, 7)
+    ens.close()
+    back = FeedbackEnsemble.load(tmp_path / "saved", store=db)
+    assert back.learner.n_learned == 10  # the store learned more since the save: its state is kept
+    _learn(back, 1)
+    assert _bm25(db).learner.n_learned == 11
+    fresh = FeedbackEnsemble.load(tmp_path / "saved", store=tmp_path / "new.db")
+    assert fresh.learner.n_learned == 3  # a store with less (here nothing) takes the save's state
+
+
+def test_a_save_with_members_asks_for_them_on_load(tmp_path: Path) -> None:
+    member = SearchMember("web", lambda q, k: [(Chunk("w1", "tides on the web"), 1.0)])
+    FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), members=[member]).save(tmp_path / "s")
+    with pytest.raises(ValidationError, match="members="):
+        FeedbackEnsemble.load(tmp_path / "s")
+    assert "web" in FeedbackEnsemble.load(tmp_path / "s", members=[member]).weights
+
+
+# -- damaged rows and files ----------------------------------------------------------------------------
+@pytest.mark.parametrize("sql, stored", [
+    ("UPDATE event_chunks SET normalized = 'zz'", 1),  # the feedback itself can be checked and kept
+    ("UPDATE events SET weights = 'zz'", 1),
+    ("UPDATE events SET features = '[1'", 1),
+    ("UPDATE events SET ts = 'abc'", 0),  # the feedback cannot be checked against the event: refused
+    ("UPDATE events SET chunk_ids = '{'", 0),
+])
+def test_feedback_on_a_damaged_event_row_is_a_named_error_not_a_raw_one(tmp_path: Path, sql: str,
+                                                                        stored: int) -> None:
+    db = tmp_path / "fb.db"
+    ens = _bm25(db)
+    r = ens.retrieve("tides and the moon", k=3)
+    with sqlite3.connect(db) as conn:
+        conn.execute(sql)
+    conn.close()
+    before = ens.learner.n_learned
+    with pytest.raises(CorruptStateError, match="damaged"):
+        ens.feedback(r.event_id, "explicit_positive", idempotency_key="k1")
+    assert ens.learner.n_learned == before
+    assert FeedbackStore(db).counts()["feedback"] == stored
+
+
+def test_lone_surrogates_save_load_and_encode(tmp_path: Path) -> None:
+    """Python strings may hold them, UTF-8 may not: the save escapes them, the models get a stand-in."""
+    ens = FeedbackEnsemble.from_texts(["\ud800 tides", "café"], ids=["\udc00", "b"],
+                                      metadatas=[{"o": "\ud800"}, None], retrievers=("bm25",))
+    ens.save(tmp_path / "s")
+    back = FeedbackEnsemble.load(tmp_path / "s")
+    assert back.chunks.ids == ["\udc00", "b"] and back.chunk("\udc00").metadata == {"o": "\ud800"}
+    assert back.chunk("b").text == "café" and "café" in (tmp_path / "s" / "chunks.jsonl").read_text("utf-8")
+    assert model_text("a \udc00 b") == "a ? b"
+    dense = FeedbackEnsemble.from_texts(["a \udc00 tides text", "volcanoes"], retrievers=("dense",))
+    assert dense.retrieve("\ud800 tides", k=1, log=False).hits[0].chunk_id == "0"
+
+
+# -- bad input at the door -----------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs", [{"store": 5}, {"refresh_interval": "x"}, {"refresh_interval": float("nan")},
+                                    {"persist_interval": -1}, {"persist_interval": True}])
+def test_bad_ensemble_settings_are_validation_errors(kwargs: dict) -> None:
+    with pytest.raises(ValidationError):
+        _bm25(**kwargs)
+
+
+def test_bad_inputs_get_named_errors_and_change_nothing(tmp_path: Path) -> None:
+    ens = _bm25(tmp_path / "fb.db")
+    with pytest.raises(ValidationError, match="query"):
+        ens.weights_for(None)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="one string"):
+        ens.retrieve_batch("abc")  # would have logged one retrieval per character
+    for bad in ("no", 1, None):
+        with pytest.raises(ValidationError, match="explore"):
+            ens.retrieve("tides", explore=bad)  # type: ignore[arg-type]
+    for bad in (None, 5, "doc1"):
+        with pytest.raises(ValidationError):
+            ens.delete_chunks(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="strings"):
+        ens.delete_chunks([7])  # type: ignore[list-item]
+    with pytest.raises(ValidationError):
+        ens.rerank("tides", None)  # type: ignore[arg-type]
+    assert FeedbackStore(tmp_path / "fb.db").counts()["events"] == 0 and len(ens) == len(TEXTS)
+    assert len(ens.retrieve("tides", k=np.int64(2), log=False).hits) == 2  # numpy integers are integers
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"ids": "ab"}, "one string"),
+    ({"ids": [7, 8]}, "strings"),
+    ({"ids": ["a", None]}, "strings"),
+    ({"metadatas": ["abc", None]}, "mapping"),
+    ({"metadatas": [[1, 2], None]}, "mapping"),
+    ({"metadatas": {"a": 1}}, "one mapping"),
+])
+def test_make_chunks_refuses_what_it_would_silently_change(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        make_chunks(["x", "y"], **kwargs)
+
+
+def test_one_retriever_name_is_one_name() -> None:
+    assert FeedbackEnsemble.from_texts(TEXTS, retrievers="bm25").retriever_names == ("bm25",)

@@ -1,0 +1,221 @@
+"""FeedbackStore at its boundary: bad paths, ids, batches, integers and clocks are named errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rlfb.errors import ValidationError
+from rlfb.store import FeedbackStore
+
+NOW = 1_700_000_000.0
+DECISION = {"weights": {"bm25": 0.5, "dense": 0.5}, "arm": "a", "propensity": 1.0, "explored": False}
+
+
+def counts(store: FeedbackStore) -> tuple[int, ...]:
+    c = store.counts()
+    return c["events"], c["chunks"], c["feedback"], c["rewards"]
+
+
+@pytest.fixture
+def store():
+    s = FeedbackStore(clock=lambda: NOW)
+    s.log_event("q", DECISION, [{"chunk_id": "c1"}], event_id="e1", session_id="s1", timestamp=NOW - 60)
+    yield s
+    s.close()
+
+
+# -- 1. paths ----------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [None, 5, 1.5, b"fb.db", ["fb.db"], object()])
+def test_a_path_that_is_not_str_or_pathlike_is_rejected_without_a_stray_file(bad, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError, match="path must be"):
+        FeedbackStore(bad)
+    assert [] == os.listdir(tmp_path)
+
+
+def test_a_directory_is_not_a_database_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError, match="is a directory") as info:
+        FeedbackStore(tmp_path)
+    assert str(tmp_path) in str(info.value)
+    assert [] == os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("rel", ["missing/fb.db", "missing/deeper/fb.db"])
+def test_a_path_whose_folder_does_not_exist_is_named(rel, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError, match="folder") as info:
+        FeedbackStore(tmp_path / rel)
+    assert rel in str(info.value)
+    assert [] == os.listdir(tmp_path)
+
+
+def test_a_path_under_a_file_is_named(tmp_path):
+    (tmp_path / "plain.txt").write_text("x")
+    with pytest.raises(ValidationError, match="plain.txt"):
+        FeedbackStore(tmp_path / "plain.txt" / "fb.db")
+
+
+def test_a_path_with_a_nul_character_is_rejected(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError, match="NUL"):
+        FeedbackStore("fb\x00.db")
+    assert [] == os.listdir(tmp_path)
+
+
+class _FsPath:
+    def __init__(self, p: str) -> None:
+        self.p = p
+
+    def __fspath__(self) -> str:
+        return self.p
+
+
+@pytest.mark.parametrize("make", [str, Path, _FsPath])
+def test_valid_paths_still_open(make, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a path mistaken for its str() would land here, not in the repo
+    target = tmp_path / "fb.db"
+    with FeedbackStore(make(str(target)), clock=lambda: NOW) as s:
+        s.log_event("q", DECISION, [], event_id="e1", timestamp=NOW)
+        assert str(target) == s.path
+    with FeedbackStore(target) as s:
+        assert s.has_event("e1")
+    assert {"fb.db"} == {f for f in os.listdir(tmp_path) if not f.endswith(("-wal", "-shm"))}
+
+
+@pytest.mark.parametrize("memory", [":memory:", "", Path(":memory:")])
+def test_in_memory_forms_still_work_and_write_nothing(memory, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with FeedbackStore(memory, clock=lambda: NOW) as s:
+        s.log_event("q", DECISION, [], event_id="e1", timestamp=NOW)
+        assert s.has_event("e1")
+    assert [] == os.listdir(tmp_path)
+
+
+# -- 2. ids --------------------------------------------------------------------------
+ID_LOOKUPS = [
+    ("has_event", "event_id"),
+    ("event", "event_id"),
+    ("feedback", "event_id"),
+    ("event_reward", "event_id"),
+    ("chunk_reward_sums", "event_id"),
+    ("events_for_session", "session_id"),
+    ("last_event", "session_id"),
+    ("children", "parent_id"),
+    ("descendants", "root_id"),
+    ("resolve", "run_id"),
+    ("resolve_run", "run_id"),
+]
+
+
+@pytest.mark.parametrize(("method", "name"), ID_LOOKUPS)
+@pytest.mark.parametrize("bad", [5, None, b"e1", ("e1",)])
+def test_a_non_str_id_is_a_validation_error_naming_the_argument(store, method, name, bad):
+    with pytest.raises(ValidationError, match=name):
+        getattr(store, method)(bad)
+
+
+def test_record_feedback_with_a_non_str_event_id_writes_nothing(store):
+    with pytest.raises(ValidationError, match="event_id"):
+        store.record_feedback(5, "thumbs_up")
+    assert (1, 1, 0, 0) == counts(store)
+
+
+def test_str_ids_keep_their_answers(store):
+    assert store.has_event("e1") and not store.has_event("nope") and not store.has_event("")
+    assert ["e1"] == [e["id"] for e in store.events_for_session("s1")]
+    assert [] == store.events_for_session("")  # an empty session id may be logged; looking it up is fine
+    assert "e1" == store.last_event("s1")["id"]
+    assert [] == store.children("") == store.descendants("x")
+    assert ["e1"] == store.resolve("e1") == store.resolve_run("e1")
+
+
+# -- 3. batches and integers -----------------------------------------------------------
+@pytest.mark.parametrize("bad", [None, 5, "events", {"query": "q"}])
+def test_log_events_needs_an_iterable_of_events(store, bad):
+    with pytest.raises(ValidationError, match="events"):
+        store.log_events(bad)
+    assert (1, 1, 0, 0) == counts(store)
+
+
+@pytest.mark.parametrize("bad", [None, 5, "items", {"event_id": "e1", "signal": "thumbs_up"}])
+def test_record_feedback_batch_needs_an_iterable_of_items(store, bad):
+    with pytest.raises(ValidationError, match="items"):
+        store.record_feedback_batch(bad)
+    assert (1, 1, 0, 0) == counts(store)
+
+
+@pytest.mark.parametrize(
+    "links",
+    [[("a",)], [("a", "b", "c")], ["ab"], [5], [("a", "b"), ("c",)], None, ("run", "parent"), "ab"],
+)
+def test_link_runs_needs_pairs_and_writes_nothing(store, links):
+    with pytest.raises(ValidationError, match="link"):
+        store.link_runs(links)
+    assert [] == store.resolve_run("a")
+    assert 1 == store.link_runs([("a", "e1")])  # nothing of the bad batch was stored
+
+
+@pytest.mark.parametrize("rank", [2**63, 2**70, -(2**70)])
+def test_a_rank_beyond_sqlite_integer_is_a_validation_error(store, rank):
+    with pytest.raises(ValidationError, match="rank"):
+        store.log_event("q", DECISION, [{"chunk_id": "x", "rank": rank}])
+    assert (1, 1, 0, 0) == counts(store)
+    with pytest.raises(ValidationError, match="rank"):  # in a batch: the good event is not written either
+        store.log_events(
+            [
+                {"query": "q", "decision": DECISION, "chunks": []},
+                {"query": "q", "decision": DECISION, "chunks": [{"chunk_id": "x", "rank": rank}]},
+            ]
+        )
+    assert (1, 1, 0, 0) == counts(store)
+
+
+def test_the_largest_sqlite_integer_rank_is_kept(store):
+    eid = store.log_event("q", DECISION, [{"chunk_id": "x", "rank": 2**63 - 1}])
+    assert 2**63 - 1 == store.event(eid)["chunks"][0]["rank"]
+
+
+@pytest.mark.parametrize("limit", [2**63, 2**70])
+def test_a_limit_beyond_sqlite_integer_is_a_validation_error(store, limit):
+    with pytest.raises(ValidationError, match="limit"):
+        store.events_for_session("s1", limit)
+    with pytest.raises(ValidationError, match="limit"):
+        store.policy_history(limit)
+
+
+@pytest.mark.parametrize("bad", [2**70, "3", 1.5, True])
+def test_before_feedback_id_must_be_an_int(store, bad):
+    with pytest.raises(ValidationError, match="before_feedback_id"):
+        store.chunk_reward_sums("e1", before_feedback_id=bad)
+
+
+# -- 4. the clock ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "value", ["x", None, float("nan"), float("inf"), True, 2**2000], ids=["str", "None", "nan", "inf", "bool", "huge"]
+)
+def test_a_clock_that_returns_no_finite_number_is_named(value):
+    s = FeedbackStore(clock=lambda: value)
+    with pytest.raises(ValidationError, match="clock"):
+        s.log_event("q", DECISION, [])
+    with pytest.raises(ValidationError, match="clock"):
+        s.link_runs([("a", "b")])
+    assert (0, 0, 0, 0) == counts(s) and [] == s.resolve_run("a")  # nothing written
+    s.close()
+
+
+def test_a_clock_that_is_not_callable_is_rejected():
+    with pytest.raises(ValidationError, match="clock"):
+        FeedbackStore(clock=NOW)  # type: ignore[arg-type]
+
+
+def test_numeric_clocks_still_work():
+    import numpy as np
+
+    for clock in (lambda: NOW, lambda: int(NOW), lambda: np.float64(NOW)):
+        with FeedbackStore(clock=clock) as s:
+            eid = s.log_event("q", DECISION, [])
+            assert NOW == s.event(eid)["timestamp"]
