@@ -6,7 +6,9 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   its LangChain ``run_id`` (:func:`rlfb.runs.log_external`), for any retriever:
   ``BM25Retriever``, a vector store retriever, an ``EnsembleRetriever``...
   Chunk ids come from :func:`~langchain_rlfb.retrievers.document_to_chunk`; a
-  numeric ``metadata["score"]`` on a document is kept as its score.
+  finite numeric ``metadata["score"]`` on a document is kept as its score (any
+  other is logged as no score, with a warning: LangChain only prints a
+  callback's errors, so raising would silently lose the retrieval).
   A retriever run nested anywhere below another open retriever run (an
   ensemble's members, also through a chain such as ``bm25.with_retry()``,
   ``rewrite | bm25`` or ``bm25 | trim``) is not logged: what the user saw is
@@ -28,8 +30,10 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
 * ``on_retriever_error`` forgets the run: a failed retrieval logs nothing, and
   the error reaches the caller as usual.
 * The session comes from the run's metadata (``config={"metadata":
-  {"session_id": ...}}``); a follow-up that restates the session's previous
-  query is recorded as a ``"reformulation"`` on it (:func:`rlfb.runs.observe_followup`).
+  {"session_id": ...}}``: a non-empty str, an int or a UUID; any other value is
+  dropped with a warning and the retrieval logged without a session); a
+  follow-up that restates the session's previous query is recorded as a
+  ``"reformulation"`` on it (:func:`rlfb.runs.observe_followup`).
 
 Feedback follows LangSmith's ``create_feedback(run_id, key, score=..., comment=...)``:
 ``handler.record_feedback(run_id, score=1.0, key="user_score")``. Scores are
@@ -40,14 +44,15 @@ with ``score_scale="signed"`` ([-1, 1]); see :func:`rlfb.runs.score_value`.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 
+from langchain_rlfb._checks import check_store, flag, session_text, usable_score
 from langchain_rlfb.retrievers import document_to_chunk
 from rlfb.errors import ValidationError
 from rlfb.runs import (
@@ -96,16 +101,13 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if store is None:
             raise ValidationError("FeedbackCallbackHandler needs a store (a path or a FeedbackStore) "
                                   "or an ensemble")
-        if isinstance(store, (str, Path)):
-            from rlfb.store import FeedbackStore
-
-            store = FeedbackStore(store)
+        store = check_store(store)
         if score_scale not in SCORE_SCALES:
             raise ValidationError(f"score_scale must be one of {SCORE_SCALES}, got {score_scale!r}")
         self.store = store
         self.ensemble = ensemble
         self.score_scale = score_scale
-        self.observe_followups = observe_followups
+        self.observe_followups = flag(observe_followups, "observe_followups")
         self._implicit = implicit
         self._lock = threading.Lock()
         self._parents: dict[str, str | None] = {}  # open runs (chains, tools, models, retrievers) -> parent
@@ -188,7 +190,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             self._parents[str(run_id)] = _str(parent_run_id)
             self._retrievals[str(run_id)] = {
                 "query": query,
-                "session_id": None if session is None else str(session),
+                "session_id": session_text(session),
+                "raw_session_id": session,  # to name in the warning when it is dropped
                 "name": kwargs.get("name") or (metadata or {}).get("ls_retriever_name") or "retriever",
             }
 
@@ -219,10 +222,13 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 self._implicit = default_implicit(self.ensemble)
             observe_followup(self.store, session, info["query"], ensemble=self.ensemble,
                              implicit=self._implicit)
-        results = []
-        for doc in documents:
-            chunk = document_to_chunk(doc)
-            results.append((chunk.id, chunk.metadata.get("score")))
+        results, dropped = _results(documents)
+        if session is None and info["raw_session_id"] is not None:
+            dropped.insert(0, f"its session_id {info['raw_session_id']!r} (not a non-empty str, int or UUID)")
+        if dropped:
+            # LangChain only prints a callback's exception, so failing here would lose the retrieval and every
+            # later feedback on it; log what is usable and say once what was left out.
+            warnings.warn(f"rlfb logged retrieval {rid} without " + "; ".join(dropped), stacklevel=2)
         log_external(
             self.store,
             info["query"],
@@ -302,4 +308,22 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
 
 def _str(run_id: Any) -> str | None:
     return None if run_id is None else str(run_id)
+
+
+def _results(documents: Sequence[Document]) -> tuple[list[tuple[str, float | None]], list[str]]:
+    """``(chunk id, score)`` of each document, and a note on the scores that could not be kept.
+
+    A ``metadata["score"]`` that is not a finite number (an int beyond float range, NaN, a string) is
+    logged as no score, as for a document that has none: the ranking is still what the user saw.
+    """
+    results: list[tuple[str, float | None]] = []
+    bad: list[str] = []
+    for doc in documents:
+        chunk = document_to_chunk(doc)
+        score, usable = usable_score(chunk.metadata.get("score"))
+        if not usable:
+            bad.append(chunk.id)
+        results.append((chunk.id, score))
+    notes = [f"the scores of {len(bad)} documents (not finite numbers: {bad[:5]!r})"] if bad else []
+    return results, notes
 

@@ -25,6 +25,7 @@ the chunk), ``rank`` (1-based), ``event_id`` (``None`` without a store) and
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -40,6 +41,7 @@ from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from langchain_rlfb._checks import flag, positive_count, session_text
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import DuplicateIdError, ValidationError
 from rlfb.members import SearchMember
@@ -193,6 +195,37 @@ def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) 
     return [as_member(m.name, m) for m in members]
 
 
+_CHECKS = {"k": positive_count, "explore": flag, "observe_followups": flag}
+
+
+def _checked_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of ``data`` the retriever checks itself, validated (rlfb's ``ValidationError``)."""
+    out = {name: check(data[name], name) for name, check in _CHECKS.items() if name in data}
+    if data.get("session_id") is not None:
+        session = data["session_id"]
+        if session_text(session) is None:
+            raise ValidationError(f"session_id must be a non-empty str, an int or a UUID, got {session!r}")
+        out["session_id"] = session_text(session)
+    return out
+
+
+def _run_session(metadata: Mapping[str, Any], default: str | None) -> str | None:
+    """The run metadata's session id, else ``default``; one that cannot be a session id is dropped.
+
+    Run metadata is inherited by every run of a chain, so it is not the retriever's argument to refuse:
+    the retrieval goes ahead and is logged without a session, with a warning (as the callback handler does).
+    """
+    if "session_id" not in metadata:
+        return default
+    if metadata["session_id"] is None:  # an explicit None: this call has no session
+        return None
+    session = session_text(metadata["session_id"])
+    if session is None:
+        warnings.warn(f"ignoring run metadata session_id {metadata['session_id']!r}: "
+                      "not a non-empty str, int or UUID", stacklevel=2)
+    return session
+
+
 class FeedbackEnsembleRetriever(BaseRetriever):
     """A LangChain retriever over a :class:`~rlfb.FeedbackEnsemble` whose fusion weights learn from feedback.
 
@@ -226,6 +259,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
 
     _implicit: Any = PrivateAttr(default=None)
 
+    def __init__(self, **data: Any) -> None:
+        # Checked before pydantic, which would read k=2.0 as 2 and explore="no" as False, and would wrap
+        # rlfb's ValidationError in its own; invoke(k=0) raises rlfb's, so construction does too.
+        super().__init__(**{**data, **_checked_fields(data)})
+
     # ------------------------------------------------------------------ LangChain hooks
     def _get_relevant_documents(
         self,
@@ -254,8 +292,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None
     ) -> list[Document]:
         ens = self.ensemble
-        session = run.metadata.get("session_id", self.session_id)
-        session = None if session is None else str(session)
+        k = self.k if k is None else positive_count(k, "k")
+        explore = self.explore if explore is None else flag(explore, "explore")
+        session = _run_session(run.metadata, self.session_id)
         logging = ens.store is not None
         if session is not None and logging and self.observe_followups:
             if self._implicit is None:
@@ -265,9 +304,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         try:
             result = ens.retrieve(
                 query,
-                self.k if k is None else k,
+                k,
                 session_id=session,
-                explore=self.explore if explore is None else explore,
+                explore=explore,
                 event_id=str(run.run_id) if logging else None,
                 parent_id=str(run.parent_run_id) if logging and run.parent_run_id is not None else None,
                 metadata={"framework": "langchain", "run_name": self.get_name()},
@@ -305,8 +344,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         ``retrievers``, ``store``, ``policy``, ``fusion``, ``weights``,
         ``candidate_k``, ``seed``, ...
         """
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore})  # before indexing
         ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, members=_members(members), **ensemble_kwargs)
-        return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
+        return cls(ensemble=ens, **opts)
 
     @classmethod
     def from_documents(
@@ -327,9 +367,10 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         nodes with one id; an id given to two documents raises
         :class:`rlfb.errors.DuplicateIdError` naming both.
         """
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore})  # before indexing
         chunks = _documents_to_chunks(documents)
         ens = FeedbackEnsemble.from_chunks(chunks, members=_members(members), **ensemble_kwargs)
-        return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
+        return cls(ensemble=ens, **opts)
 
     @classmethod
     def from_retrievers(
@@ -348,8 +389,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """
         if not retrievers:
             raise ValidationError("from_retrievers needs at least one retriever")
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore})
         ens = FeedbackEnsemble({}, members=_members(retrievers), **ensemble_kwargs)
-        return cls(ensemble=ens, k=k, session_id=session_id, explore=explore)
+        return cls(ensemble=ens, **opts)
 
     # ------------------------------------------------------------------ a changing corpus
     def add_documents(self, documents: Sequence[Document], *, ids: Sequence[str] | None = None) -> list[str]:

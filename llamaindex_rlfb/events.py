@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -64,6 +65,7 @@ from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent,
 from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
+from llamaindex_rlfb._checks import finite_or_none, session_text
 from llamaindex_rlfb._nodes import event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import UnknownEventError, ValidationError
@@ -75,6 +77,7 @@ __all__ = [
     "instrument",
     "current_query_id",
     "current_tags",
+    "current_session",
 ]
 
 _log = logging.getLogger(__name__)
@@ -98,9 +101,19 @@ def current_tags() -> dict[str, Any]:
     return dict(active_instrument_tags.get() or {})
 
 
-def _tag(tags: dict[str, Any], name: str) -> str | None:
-    value = tags.get(name)
-    return None if value is None else str(value)
+def current_session() -> str | None:
+    """The ``session_id`` instrument tag as a session id; ``None`` without one, or when it cannot be one.
+
+    A tag that cannot be a session id (``""``, a float, an object: see
+    :func:`~llamaindex_rlfb._checks.session_text`) is dropped with a warning,
+    not raised: tags reach every component of the query, and an error in an
+    event handler is swallowed, so raising would lose the retrieval.
+    """
+    value = current_tags().get("session_id")
+    session = None if value is None else session_text(value)
+    if value is not None and session is None:
+        warnings.warn(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID", stacklevel=2)
+    return session
 
 
 class FeedbackRetrievalEvent(BaseEvent):
@@ -127,7 +140,7 @@ def _query_str(query: Any) -> str:
 
 
 def _results(nodes: Sequence[NodeWithScore]) -> list[tuple[str, float | None]]:
-    return [(str(n.node.node_id), n.score) for n in nodes]
+    return [(str(n.node.node_id), finite_or_none(n.score)) for n in nodes]
 
 
 def _component(span_id: str | None, default: str) -> str:
@@ -321,7 +334,6 @@ class FeedbackEventHandler(BaseEventHandler):
                 self._logged.popitem(last=False)
         if self._store.has_event(event_id):  # an rlfb adapter on this store logged it, with its decision
             return
-        tags = current_tags()
         log_external(
             self._store,
             _query_str(query),
@@ -329,7 +341,7 @@ class FeedbackEventHandler(BaseEventHandler):
             source=source,
             event_id=event_id,
             parent_id=parent,
-            session_id=_tag(tags, "session_id"),
+            session_id=current_session(),
             metadata={"framework": "llamaindex", "component": source},
         )
 

@@ -60,9 +60,10 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
+from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
-from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
 from rlfb.runs import record_run_feedback
@@ -173,6 +174,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         not_serialised: Sequence[str] = (),
         **ensemble_kwargs: Any,
     ) -> None:
+        # Checked before pydantic (which reads top_n=2.0 as 2 and explore="no" as False, and raises its own
+        # error for top_n=0) and before any indexing; _rerank relies on a plain positive int.
+        top_n = positive_count(top_n, "top_n")
+        explore = flag(explore, "explore")
         ensemble_kwargs = {**(options or {}), **ensemble_kwargs}  # a dump's options; explicit ones win
         corpus = {"nodes": nodes, "index": index, "docstore": docstore}
         has_corpus = any(v is not None for v in corpus.values())
@@ -351,10 +356,9 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
                                            node_ids=[h.chunk_id for h in result.hits], learner=self)
 
     def _rerank(self, query: str, chunks: list[Any]) -> Any:
-        tags = current_tags()
         kwargs: Mapping[str, Any] = dict(
             explore=self.explore,
-            session_id=None if tags.get("session_id") is None else str(tags["session_id"]),
+            session_id=current_session(),
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},
         )

@@ -19,12 +19,12 @@ from llama_index.core.constants import DEFAULT_SIMILARITY_TOP_K
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
+from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
-from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_tags
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
 from rlfb.runs import record_run_feedback
-from rlfb.types import validate_k
 
 __all__ = ["FeedbackEnsembleRetriever"]
 
@@ -77,8 +77,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         if ensemble.store is None:
             raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
         self.ensemble = ensemble
-        self.similarity_top_k = validate_k(similarity_top_k, "similarity_top_k")
-        self.explore = bool(explore)
+        self.similarity_top_k = positive_count(similarity_top_k, "similarity_top_k")
+        self.explore = flag(explore, "explore")  # bool("no") would be True: a typo must not turn exploring on
         self._nodes = dict(nodes or {})
         super().__init__(
             callback_manager=callback_manager, object_map=object_map, objects=objects, verbose=verbose
@@ -111,6 +111,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """
         from llamaindex_rlfb.postprocessor import _open_store
 
+        similarity_top_k = positive_count(similarity_top_k, "similarity_top_k")  # before indexing the corpus
+        explore = flag(explore, "explore")
         corpus = corpus_nodes(index=index, nodes=nodes, docstore=docstore)
         ens = FeedbackEnsemble.from_chunks(
             nodes_to_chunks(corpus), retrievers=retrievers, store=_open_store(store), policy=policy,
@@ -171,12 +173,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
 
     # ------------------------------------------------------------------ LlamaIndex hooks
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        tags = current_tags()
         result = self.ensemble.retrieve(
             query_bundle.query_str,
             self.similarity_top_k,
             explore=self.explore,
-            session_id=None if tags.get("session_id") is None else str(tags["session_id"]),
+            session_id=current_session(),
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},
         )

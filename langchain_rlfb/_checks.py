@@ -1,0 +1,44 @@
+"""Argument checks of the LangChain adapter: strict where the user passes a value, lenient on run data.
+
+Pydantic's lax mode would read ``k=2.0`` as 2, ``explore="no"`` as ``False`` and
+``k=True`` as 1, and wraps a validator's ``ValueError`` in its own error; these
+checks run before pydantic does, so a bad option raises
+:class:`rlfb.errors.ValidationError` as the core's own checks do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rlfb.errors import ValidationError
+from rlfb.runs import finite_score, session_text
+from rlfb.types import validate_flag, validate_k
+
+# the adapters' shared rules live in the core: validate_k, validate_flag, session_text, finite_score
+__all__ = ["positive_count", "flag", "session_text", "usable_score", "check_store"]
+
+positive_count = validate_k
+flag = validate_flag
+
+
+def usable_score(value: Any) -> tuple[float | None, bool]:
+    """``(score, usable)``: a finite float, or ``None`` with ``usable=False`` for a score that cannot be
+    kept (:func:`rlfb.runs.finite_score`). ``None`` (no score) is usable."""
+    score = finite_score(value)
+    return score, value is None or score is not None
+
+
+def check_store(store: Any) -> Any:
+    """A :class:`rlfb.store.FeedbackStore` for ``store``: a path to open, or a store (anything with ``log_event``).
+
+    The same rule as the LlamaIndex adapter's, so ``FeedbackCallbackHandler(5)`` fails here, not at the
+    first retrieval (whose error LangChain would only print).
+    """
+    if isinstance(store, (str, os.PathLike)):
+        from rlfb.store import FeedbackStore
+
+        return FeedbackStore(os.fspath(store))
+    if not hasattr(store, "log_event"):
+        raise ValidationError(f"store must be a path or a FeedbackStore, got {type(store).__name__}")
+    return store

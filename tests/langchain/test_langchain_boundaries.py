@@ -1,0 +1,156 @@
+"""Boundary inputs of the LangChain adapter: run data that cannot be used is dropped, options are strict.
+
+LangChain only prints a callback's exception, so the handler must log what it
+can rather than raise; options a user passes raise rlfb's ValidationError
+(never pydantic's, never read loosely as ``bool("no")``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import pydantic
+import pytest
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+
+from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
+from rlfb import ValidationError
+from rlfb.store import FeedbackStore
+
+from _lc_corpus import IDS, TEXTS
+
+
+class Fixed(BaseRetriever):
+    """Returns the documents it was given, whatever the query."""
+
+    docs: list[Document]
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        return self.docs
+
+
+def _docs(*scores: Any) -> list[Document]:
+    return [Document(page_content=f"text {i}", id=f"d{i}", metadata={"score": s}) for i, s in enumerate(scores)]
+
+
+def _retrieve(handler: FeedbackCallbackHandler, docs: list[Document], metadata: dict[str, Any] | None = None) -> str:
+    run_id = uuid.uuid4()
+    Fixed(docs=docs).invoke("a query", config={"callbacks": [handler], "metadata": metadata or {}}, run_id=run_id)
+    return str(run_id)
+
+
+@pytest.fixture
+def handler() -> FeedbackCallbackHandler:
+    h = FeedbackCallbackHandler(FeedbackStore())
+    h.raise_error = True  # a callback error would fail the test instead of being printed and swallowed
+    return h
+
+
+@pytest.mark.parametrize("session", ["", 1.5, True, object(), ["s"]])
+def test_an_unusable_session_id_is_dropped_and_the_retrieval_logged(handler: Any, session: Any) -> None:
+    with pytest.warns(UserWarning, match="session_id"):
+        rid = _retrieve(handler, _docs(0.5), {"session_id": session})
+    event = handler.store.event(rid)
+    assert event["session_id"] is None and [c["chunk_id"] for c in event["chunks"]] == ["d0"]
+    (record,) = handler.record_feedback(rid, score=1.0)  # feedback finds it (was UnknownEventError)
+    assert record.event_id == rid
+
+
+@pytest.mark.parametrize(("session", "stored"), [("s-1", "s-1"), (7, "7"), (np.int64(7), "7"),
+                                                 (uuid.UUID(int=1), str(uuid.UUID(int=1)))])
+def test_a_str_int_or_uuid_session_id_is_kept(handler: Any, session: Any, stored: str) -> None:
+    rid = _retrieve(handler, _docs(0.5), {"session_id": session})
+    assert handler.store.event(rid)["session_id"] == stored
+
+
+@pytest.mark.parametrize("bad", [10**400, -(10**400), float("nan"), float("inf"), "0.9", True])
+def test_an_unusable_document_score_is_logged_as_no_score(handler: Any, bad: Any) -> None:
+    with pytest.warns(UserWarning, match="scores of 1 documents"):
+        rid = _retrieve(handler, _docs(0.75, bad, None))
+    chunks = handler.store.event(rid)["chunks"]
+    assert [(c["chunk_id"], c["score"]) for c in chunks] == [("d0", 0.75), ("d1", None), ("d2", None)]
+    assert handler.record_feedback(rid, score=0.0)[0].event_id == rid
+
+
+def test_usable_scores_and_sessions_log_without_a_warning(handler: Any, recwarn: Any) -> None:
+    rid = _retrieve(handler, _docs(1, np.float32(0.5), None, 10**30), {"session_id": "s"})
+    assert [c["score"] for c in handler.store.event(rid)["chunks"]] == [1.0, 0.5, None, 1e30]
+    assert not [w for w in recwarn if "rlfb" in str(w.message)]
+
+
+@pytest.mark.parametrize("store", [5, 1.5, object(), ["fb.db"]])
+def test_handler_store_must_be_a_path_or_a_store(store: Any) -> None:
+    with pytest.raises(ValidationError, match="store must be a path or a FeedbackStore"):
+        FeedbackCallbackHandler(store)
+
+
+def test_handler_observe_followups_must_be_a_bool() -> None:
+    with pytest.raises(ValidationError, match="observe_followups"):
+        FeedbackCallbackHandler(FeedbackStore(), observe_followups="no")
+
+
+# ---------------------------------------------------------------------------------- the retriever's options
+def _from_texts(**kwargs: Any) -> FeedbackEnsembleRetriever:
+    return FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=FeedbackStore(),
+                                                **kwargs)
+
+
+@pytest.fixture(scope="module")
+def retriever() -> FeedbackEnsembleRetriever:
+    return _from_texts(k=2)
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.0, True, "2", None])
+def test_construction_k_raises_rlfbs_validation_error(k: Any) -> None:
+    with pytest.raises(ValidationError, match="k must be a positive integer") as err:
+        _from_texts(k=k)
+    assert not isinstance(err.value, pydantic.ValidationError)
+
+
+@pytest.mark.parametrize("k", [0, 2.0, True])
+def test_every_constructor_checks_k(retriever: Any, k: Any) -> None:
+    with pytest.raises(ValidationError, match="k must be"):
+        FeedbackEnsembleRetriever(ensemble=retriever.ensemble, k=k)
+    with pytest.raises(ValidationError, match="k must be"):
+        FeedbackEnsembleRetriever.from_ensemble(retriever.ensemble, k=k)
+    with pytest.raises(ValidationError, match="k must be"):
+        FeedbackEnsembleRetriever.from_documents([Document("x", id="x")], retrievers=("bm25",), k=k)
+
+
+@pytest.mark.parametrize("explore", ["no", "false", 0, 1, None])
+def test_explore_must_be_a_bool(retriever: Any, explore: Any) -> None:
+    with pytest.raises(ValidationError, match="explore must be True or False"):
+        _from_texts(explore=explore)
+    with pytest.raises(ValidationError, match="explore must be True or False"):
+        FeedbackEnsembleRetriever(ensemble=retriever.ensemble, explore=explore)
+    if explore is not None:  # None per call means "the retriever's own"
+        with pytest.raises(ValidationError, match="explore must be True or False"):
+            retriever.invoke("moon tides", explore=explore)
+
+
+def test_observe_followups_and_session_id_fields_are_checked(retriever: Any) -> None:
+    with pytest.raises(ValidationError, match="observe_followups"):
+        FeedbackEnsembleRetriever(ensemble=retriever.ensemble, observe_followups="yes")
+    with pytest.raises(ValidationError, match="session_id"):
+        FeedbackEnsembleRetriever(ensemble=retriever.ensemble, session_id="")
+
+
+def test_numpy_integers_and_bools_are_accepted(retriever: Any) -> None:
+    r = FeedbackEnsembleRetriever.from_ensemble(retriever.ensemble, k=np.int64(3), explore=np.bool_(False))
+    assert type(r.k) is int and r.k == 3 and r.explore is False
+    assert len(r.invoke("moon tides", k=np.int32(1))) == 1
+    assert len(r.invoke("moon tides", explore=np.bool_(True))) == 3
+    with pytest.raises(ValidationError, match="k must be"):
+        r.invoke("moon tides", k=1.0)
+
+
+def test_run_metadata_session_that_cannot_be_one_is_dropped(retriever: Any) -> None:
+    with pytest.warns(UserWarning, match="session_id"):
+        (doc, *_) = retriever.invoke("moon tides", config={"metadata": {"session_id": ""}})
+    assert retriever.ensemble.store.event(doc.metadata["event_id"])["session_id"] is None
+    (doc, *_) = retriever.invoke("moon tides", config={"metadata": {"session_id": 42}})
+    assert retriever.ensemble.store.event(doc.metadata["event_id"])["session_id"] == "42"
