@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from rlfb.errors import ValidationError
+from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.store import FeedbackStore
 
 NOW = 1_700_000_000.0
@@ -219,3 +220,22 @@ def test_numeric_clocks_still_work():
         with FeedbackStore(clock=clock) as s:
             eid = s.log_event("q", DECISION, [])
             assert NOW == s.event(eid)["timestamp"]
+
+
+@pytest.mark.parametrize("weights", ["[1, 2]", "null", '{"bm25": "x"}', '{"bm25": NaN}', '{"bm25": -1}',
+                                     '{"q": {"bm25": Infinity}}'])
+def test_a_snapshot_with_damaged_weights_is_named_damage(tmp_path: Path, weights: str) -> None:
+    """rlfb writes only checked weights, so a snapshot holding others was changed outside it: every
+    reader (the ensemble's refresh, stats, weights show) gets a CorruptStateError, not a raw error or NaN."""
+    path = tmp_path / "fb.db"
+    store = FeedbackStore(path)
+    store.save_policy_state({}, {"bm25": 0.5, "dense": 0.5}, policy="thompson")
+    store.close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE policy_snapshots SET weights = ?", (weights,))
+    conn.close()
+    store = FeedbackStore(path)
+    for read in (store.load_policy_state, store.stats, store.policy_history):
+        with pytest.raises(CorruptStateError, match="policy snapshot 1 .* is damaged"):
+            read()
+    store.close()

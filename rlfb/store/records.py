@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlfb.errors import RlfbError
+from rlfb.store.checks import _check_weights
 from rlfb.store.codec import _dec, _decode_row, _loads
 
 
@@ -152,7 +153,8 @@ def _snapshot_dict(r: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
         "version": r["version"],
         "updated_at": r["ts"],
         "policy": _dec(r["policy"]),
-        "weights": _loads(r["weights"]),
+        # rlfb writes only checked weights: anything else was written outside it (raises, named as damage)
+        "weights": _check_weights(_loads(r["weights"])),
     }
     if with_state:
         d["state"] = _loads(r["state"])
