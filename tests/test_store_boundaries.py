@@ -239,3 +239,18 @@ def test_a_snapshot_with_damaged_weights_is_named_damage(tmp_path: Path, weights
         with pytest.raises(CorruptStateError, match="policy snapshot 1 .* is damaged"):
             read()
     store.close()
+
+
+def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL)")
+        conn.execute("INSERT INTO orders (total) VALUES (9.5)")
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(CorruptStateError, match=r"not an rlfb feedback store.*orders"):
+        FeedbackStore(path)
+    assert path.read_bytes() == before  # no rlfb schema written into it
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    FeedbackStore(empty).close()  # an empty file is a new store

@@ -160,6 +160,14 @@ class FeedbackStore:
         self.db = Database(conn, execute_plugins=False)
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            theirs = sorted(set(self.db.table_names()) - {MIGRATIONS.table})
+            if theirs and MIGRATIONS.table not in self.db.table_names():
+                # another application's database: writing rlfb's schema into it would change a file
+                # that is not ours (and a look with `rlfb store stats` would do it too)
+                raise CorruptStateError(
+                    f"{self.path} is not an rlfb feedback store: it holds other tables {theirs[:5]}; "
+                    "give rlfb a file of its own"
+                )
             self.journal_mode = "memory" if self._memory else self._enable_wal()
             conn.execute(f"PRAGMA synchronous = {sync}")
             conn.execute("PRAGMA foreign_keys = ON")
