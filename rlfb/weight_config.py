@@ -10,10 +10,13 @@ and damaged learner states are rejected and nothing is written.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.fusion import validate_weights
@@ -51,6 +54,58 @@ def _read(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
+# the keys of an export (see export_weights); any other key in such a file is a mistake
+_EXPORT_KEYS = frozenset({"weights", "policy", "version", "updated_at", "state"})
+
+
+def _numbers(path: str | Path, raw: Mapping[str, Any]) -> dict[str, float]:
+    """The weights as floats, scaled so the largest is 1: JSON numbers only (``true`` is not 1)."""
+    weights: dict[str, float] = {}
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValidationError(f"{path}: weights must be numbers, got {dict(raw)!r}")
+        try:
+            weights[str(k)] = float(v)
+        except OverflowError:  # an integer beyond float range, e.g. 1e400 written out in digits
+            raise ValidationError(f"{path}: weights must be finite numbers, got {dict(raw)!r}") from None
+    values = list(weights.values())
+    top = max(values)
+    # scale down first: 1e308 + 1e308 overflows to inf, and normalising by inf gives all zeros
+    if all(math.isfinite(v) and v >= 0 for v in values) and top > 0:
+        weights = {k: v / top for k, v in weights.items()}
+    return weights
+
+
+def _check_export_fields(path: str | Path, data: Mapping[str, Any]) -> None:
+    """Reject an export's ``policy``, ``version`` or extra keys that the import could not honour."""
+    from rlfb.policies import POLICIES
+
+    unknown = sorted(set(data) - _EXPORT_KEYS)
+    if unknown:
+        raise ValidationError(f"{path}: unknown keys {unknown}; a weights file has {sorted(_EXPORT_KEYS)}")
+    policy = data.get("policy")
+    if policy is not None and policy not in POLICIES:
+        raise ValidationError(f"{path}: unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+    version = data.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        raise ValidationError(f"{path}: version must be a non-negative integer, got {version!r}")
+
+
+def _clamped(learner: Any, weights: Mapping[str, float]) -> dict[str, float] | None:
+    """The weights as ``learner``'s policy clamps them to its bounds, or ``None`` when they are within them."""
+    from rlfb.policies._util import project_simplex
+
+    bounds = getattr(getattr(learner.policy, "hyper", None), "bounds", None)
+    if bounds is None:  # e.g. the fixed policy takes any weights
+        return None
+    names = list(learner.retrievers)
+    wanted = np.array([weights[n] for n in names], dtype=np.float64)
+    got = project_simplex(wanted, *bounds)
+    if np.allclose(got, wanted, rtol=0.0, atol=1e-9):
+        return None
+    return dict(zip(names, got.tolist(), strict=True))
+
+
 def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     """Validate a weights file and append it to the store as the newest snapshot.
 
@@ -58,31 +113,50 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     ``{"weights": {"bm25": 0.3, ...}}`` / a bare ``{"bm25": 0.3, ...}``. With a
     learner state, the state must load; with weights only, they are applied to
     the newest state in the store (or become a ``fixed`` policy's weights).
+    Weights are JSON numbers (not booleans), normalised to sum to 1.
+
+    An export's ``version`` and ``updated_at`` describe the exported snapshot:
+    the store numbers the new one itself (the ``version`` returned). ``version``
+    must still be a non-negative integer and ``policy`` a known policy; a policy
+    other than the one the weights go to is reported in ``notes``, as are
+    weights the policy clamps to its bounds (e.g. 1/0 becomes 0.95/0.05).
+    Returns ``{"weights", "policy", "version", "requested", "notes"}``.
     """
     from rlfb.learner import Learner
 
     data = _read(path)
+    structured = "weights" in data or "state" in data
     raw = data.get("weights", data if "state" not in data else None)
     if not isinstance(raw, Mapping) or not raw:
         raise ValidationError(f"{path}: no weights mapping found")
-    try:
-        weights = {str(k): float(v) for k, v in raw.items()}
-    except (TypeError, ValueError):
-        raise ValidationError(f"{path}: weights must be numbers, got {dict(raw)!r}") from None
+    if structured:
+        _check_export_fields(path, data)
+    weights = _numbers(path, raw)
     names = list(weights)
     normalised = dict(zip(names, validate_weights(weights, names).tolist(), strict=True))
     state = data.get("state")
     if state is not None:
-        learner = Learner.from_state_dict(state)  # CorruptStateError on damage
+        learner, target = Learner.from_state_dict(state), "the file's state"  # CorruptStateError on damage
     else:
         saved = store.load_policy_state()
         if saved and saved.get("state"):
-            learner = Learner.from_state_dict(saved["state"])
+            learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"
         else:  # an empty store: the weights become a fixed policy's
-            learner = Learner(tuple(names), policy="fixed")
+            learner, target = Learner(tuple(names), policy="fixed"), "a new state (the store held none)"
     if set(learner.retrievers) != set(names):
         raise ValidationError(f"{path}: weights name {sorted(names)} but the state is for {list(learner.retrievers)}")
     learner.set_weights({n: normalised[n] for n in learner.retrievers})
-    version = store.save_policy_state(learner.state_dict(), learner.weights(), policy=learner.policy_name,
+    applied = learner.weights()
+    notes = []
+    if structured and data.get("policy") not in (None, learner.policy_name):
+        notes.append(f"the file's policy {data['policy']!r} is not used: the weights go to the "
+                     f"{learner.policy_name!r} policy of {target}")
+    clamped = _clamped(learner, normalised)
+    if clamped is not None:
+        shown = ", ".join(f"{n} {normalised[n]:.4g} -> {clamped[n]:.4g}" for n in learner.retrievers)
+        notes.append(f"the {learner.policy_name!r} policy clamps weights to its bounds "
+                     f"{list(learner.policy.hyper.bounds)}: {shown}")
+    version = store.save_policy_state(learner.state_dict(), applied, policy=learner.policy_name,
                                       timestamp=time.time())
-    return {"weights": learner.weights(), "policy": learner.policy_name, "version": version}
+    return {"weights": applied, "policy": learner.policy_name, "version": version, "requested": normalised,
+            "notes": notes}

@@ -6,7 +6,8 @@ import errno
 import os
 from pathlib import Path
 
-__all__ = ["prepare_output_dir", "prepare_output_file"]
+__all__ = ["prepare_output_dir", "prepare_output_file", "same_file", "refuse_overwriting_store", "check_int",
+           "check_output_name"]
 
 
 def prepare_output_dir(folder: str | Path) -> Path:
@@ -28,3 +29,48 @@ def prepare_output_file(file: str | Path) -> Path:
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     prepare_output_dir(path.parent)
     return path
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same inode when both exist, else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet: compare where it would be
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
+    """Raise :class:`ValidationError` when output ``out`` is the SQLite ``store`` or one of its side files.
+
+    Writing an export over the store it reads from destroys the store ("file is not a database"
+    afterwards), so this runs before anything is opened or written.
+    """
+    from rlfb.errors import ValidationError
+
+    if same_file(out, store):
+        raise ValidationError(f"the output {out} is the store {store} being read: refusing to overwrite it")
+    for side in (f"{store}{tail}" for tail in ("-wal", "-shm", "-journal")):  # SQLite's own files beside it
+        if same_file(out, side):
+            raise ValidationError(f"the output {out} is {side}, part of the store {store}: refusing to overwrite it")
+
+
+def check_int(option: str, value: int | None, low: int, high: int | None = None) -> None:
+    """Raise :class:`ValidationError` unless ``value`` (``None``: not given) lies in ``[low, high]``.
+
+    The CLI checks counts itself: a negative one would otherwise reach Python slices and ranges
+    (``--max-heldout -1`` evaluated all but one query) and a huge one builds huge tuples.
+    """
+    from rlfb.errors import ValidationError
+
+    if value is None or (low <= value and (high is None or value <= high)):
+        return
+    bound = f"at least {low}" if high is None else f"between {low} and {high}"
+    raise ValidationError(f"{option} must be {bound}, got {value}")
+
+
+def check_output_name(option: str, value: str | None) -> None:
+    """Raise :class:`ValidationError` for an empty output name (``--json ''``), which would be silently skipped."""
+    from rlfb.errors import ValidationError
+
+    if value is not None and not value.strip():
+        raise ValidationError(f"{option} needs a file name, got {value!r}")

@@ -9,7 +9,9 @@
     removed is encoded again when next needed. Run it from cron, say, to keep
     a long-lived service's cache bounded.
 
-``DIR`` defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``.
+``DIR`` defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``. A ``--dir`` that does not
+exist or is not a folder is an error; a folder (the default included) that holds no cache file
+yet is reported as an empty cache.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+from rlfb.errors import ValidationError
 
 __all__ = ["register", "cmd_stats", "cmd_prune"]
 
@@ -55,6 +60,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """``cache stats``."""
     from rlfb.retrievers.cache import cache_stats, default_max_mb
 
+    _check_dir(args.dir)
     stats = {**cache_stats(args.dir), "max_mb": default_max_mb()}
     if args.json:
         print(json.dumps(stats, indent=2))
@@ -78,6 +84,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.max_mb is None and args.unused_days is None:
         print("rlfb cache prune: error: give --max-mb, --unused-days or both", file=sys.stderr)
         return 2
+    _check_dir(args.dir)
     report = prune_cache(args.dir, max_mb=args.max_mb, unused_days=args.unused_days, vacuum=not args.no_vacuum)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -86,6 +93,30 @@ def cmd_prune(args: argparse.Namespace) -> int:
           f"{_mb(report['bytes_before'])} -> {_mb(report['bytes_after'])}, on disk "
           f"{_mb(report['file_bytes_before'])} -> {_mb(report['file_bytes_after'])}")
     return 0
+
+
+def _check_dir(directory: str | None) -> None:
+    """Raise :class:`ValidationError` unless ``directory`` (``None``: the default) can hold the cache.
+
+    The cache functions treat any path without a cache file as an empty cache, so a mistyped
+    ``--dir`` would report "no encodings" or "removed 0". A ``--dir`` must be an existing folder.
+    The default folder may not exist yet (nothing was ever encoded): that is an empty cache, not
+    an error; but when it exists it must be a folder too. In either, ``embeddings.sqlite`` must
+    be a file if it exists.
+    """
+    from rlfb.retrievers.cache import _FILE_NAME, default_cache_dir
+
+    if directory is not None and not directory.strip():
+        raise ValidationError("no embedding cache at '': --dir needs a folder")
+    folder = default_cache_dir() if directory is None else Path(directory).expanduser()
+    shown = folder if directory is None else directory
+    if directory is not None and not folder.exists():
+        raise ValidationError(f"no embedding cache at {shown}: no such folder")
+    if folder.exists() and not folder.is_dir():
+        raise ValidationError(f"no embedding cache at {shown}: not a folder")
+    file = folder / _FILE_NAME
+    if file.exists() and not file.is_file():
+        raise ValidationError(f"no embedding cache at {shown}: {file} is not a file")
 
 
 def _mb(n: int) -> str:

@@ -10,25 +10,29 @@ from __future__ import annotations
 import argparse
 import json
 
+from rlfb.commands.simulate import MAX_SEEDS
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="learn from simulated feedback on the embedded demo collection")
     p.add_argument("--retrievers", default="bm25,dense,splade")
     p.add_argument("--policy", default="thompson")
     p.add_argument("--interactions", type=int, default=1500)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
     p.add_argument("--devices", type=int, default=90, help="size of the generated collection (3 chunks each)")
     p.add_argument("--out", default="out/demo", help="folder for results.json and learning_curves.png")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import prepare_output_dir
+    from rlfb.commands import check_int, prepare_output_dir
     from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
 
+    check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
+    check_int("--devices", args.devices, 1)  # 0 or less: an empty collection, reported as an indexing error
     out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation
     data = generate_demo_corpus(n_devices=args.devices)
     names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())

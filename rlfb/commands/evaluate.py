@@ -35,7 +35,7 @@ def parse_weights(text: str | None, names: list[str]) -> list[float] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import prepare_output_file
+    from rlfb.commands import check_output_name, prepare_output_file
     from rlfb.datasets import load_beir
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.offline import evaluate_ensemble
@@ -44,11 +44,18 @@ def run(args: argparse.Namespace) -> int:
     k = validate_k(args.k)
     names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
     weights = parse_weights(args.weights, names)
+    check_output_name("--json", args.json_out)
     if args.json_out:  # a bad output path fails now, not after indexing and evaluation
         prepare_output_file(args.json_out)
     data = load_beir(args.dataset)
     qrels = data.split(args.split)
     queries = data.split_queries(args.split)
+    # no judged query to run: all-zero metrics over "0 queries" would read as a result (simulate refuses too)
+    if not qrels:
+        raise ValidationError(f"{args.dataset}: qrels/{args.split}.tsv judges no queries")
+    if not queries:
+        raise ValidationError(f"{args.dataset}: none of the {len(qrels)} queries judged in qrels/{args.split}.tsv "
+                              "is in queries.jsonl")
     ens = FeedbackEnsemble.from_chunks(
         data.corpus, retrievers=names, fusion=args.fusion, weights=weights, show_progress=True,
         candidate_k=args.candidate_k,

@@ -6,6 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from rlfb.errors import ValidationError
+
+# each seed is a full run; beyond this a typo (--seeds 1000000000) is far likelier than intent
+MAX_SEEDS = 1000
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines")
@@ -17,14 +22,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--noise", type=float, default=0.0, help="probability that an explicit thumb is flipped")
     p.add_argument("--answer-k", type=int, default=3,
                    help="the top chunks the answer is written from, which a thumb judges (default 3)")
-    p.add_argument("--seeds", type=int, default=5, help="number of seeds (0..N-1)")
+    p.add_argument("--seeds", type=int, default=5, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
     p.add_argument("--checkpoints", type=int, default=10)
     p.add_argument("--retrievers", default="bm25,dense,splade")
     p.add_argument("--fusion", default="minmax", choices=["minmax", "rrf", "zscore"])
     p.add_argument("--no-memory", dest="memory", action="store_false", help="turn feedback memory off")
     p.add_argument("--max-heldout", type=int, default=None, help="evaluate at most this many held-out queries")
     p.add_argument("--json", dest="json_out", default=None)
-    p.add_argument("--plot", default=None, help="write the learning curves as a PNG")
+    p.add_argument("--plot", default=None,
+                   help="write the learning curves to this image file; its extension picks the format "
+                        "(png, svg, pdf, ...); without one, .png is appended")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -46,13 +53,45 @@ def print_table(result: dict) -> None:
         print(f"{name:<24}" + "".join("{:>10}".format("-" if v is None else f"{v:.4f}") for v in figures))
 
 
-def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import prepare_output_file
-    from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
+def plot_path(path: str) -> str:
+    """The file ``--plot path`` writes: checked against matplotlib's formats now, not after the simulation.
 
-    for out in (args.json_out, args.plot):  # a bad output path fails now, not after the simulation
+    Without an extension matplotlib itself would append ``.png``; doing it here lets the CLI name
+    the real file.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    p = Path(path)
+    if not p.suffix:  # "out" or "out.": as matplotlib does, name.rstrip(".") + ".png"
+        return str(p.with_name(p.name.rstrip(".") + ".png"))
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if p.suffix[1:].lower() not in supported:
+        raise ValidationError(f"--plot {path}: cannot write {p.suffix} images; use one of "
+                              + ", ".join(f".{ext}" for ext in sorted(supported)))
+    return path
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Fail on a bad output path or option now, not after the simulation; ``args.plot`` becomes the real name."""
+    from rlfb.commands import check_int, check_output_name, prepare_output_file, same_file
+
+    check_output_name("--json", args.json_out)
+    check_output_name("--plot", args.plot)
+    check_int("--seeds", args.seeds, 1, MAX_SEEDS)
+    check_int("--max-heldout", args.max_heldout, 1)  # a Python slice bound: -1 meant "all but one"
+    if args.plot:
+        args.plot = plot_path(args.plot)
+    if args.json_out and args.plot and same_file(args.json_out, args.plot):
+        raise ValidationError(f"--json and --plot name the same file {args.plot}: the plot would overwrite the JSON")
+    for out in (args.json_out, args.plot):
         if out:
             prepare_output_file(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
+
+    check_outputs(args)
     config = SimulationConfig(
         policy=args.policy, user=args.user, interactions=args.interactions, explicit_rate=args.explicit_rate,
         noise=args.noise, seeds=tuple(range(args.seeds)), checkpoints=args.checkpoints,

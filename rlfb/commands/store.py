@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sqlite3
 import sys
 from pathlib import Path
@@ -67,6 +68,9 @@ def _fail(message: str) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``store stats``."""
+    days = args.window_days
+    if days is not None and not (math.isfinite(days) and days > 0):  # checked here to name the days given
+        return _fail(f"--window-days must be a positive number of days, got {days:g}")
     try:
         with _open(args.file) as store:
             window = None if args.window_days is None else args.window_days * 86400.0
@@ -96,7 +100,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``store export``."""
+    from rlfb.commands import refuse_overwriting_store
+
     try:
+        if args.jsonl != "-":  # before the store is opened: exporting onto it would destroy it
+            refuse_overwriting_store(args.jsonl, args.file)
         with _open(args.file) as store:
             if args.jsonl == "-":
                 n = store.export_jsonl(sys.stdout.buffer)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,8 +62,10 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from rlfb.commands import refuse_overwriting_store
     from rlfb.weight_config import export_weights
 
+    refuse_overwriting_store(args.file, args.store)  # before opening: writing JSON over the store destroys it
     with _open(args.store) as store:
         out = export_weights(store, args.file, with_state=not args.weights_only)
     print(f"wrote version {out['version']} to {args.file}")
@@ -74,5 +77,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     with _open(args.store) as store:
         out = import_weights(store, args.file)
+    for note in out["notes"]:  # on stderr, so that stdout stays the one result line
+        print(f"rlfb: note: {note}", file=sys.stderr)
     print(f"imported as version {out['version']}: {out['weights']}")
     return 0

@@ -1,0 +1,232 @@
+"""CLI options at their boundaries: outputs that would overwrite inputs, bad counts, empty inputs, odd files.
+
+Each case ends with exit status 2 and one error line before anything is written or run, or
+(clamped weights, an unused policy) succeeds with a note saying what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rlfb.cli import main
+from rlfb.learner import Learner
+from rlfb.store import FeedbackStore
+
+CORPUS = [
+    {"_id": "d1", "title": "aurora", "text": "charged particles in the sky"},
+    {"_id": "d2", "title": "tides", "text": "the moon pulls the sea"},
+    {"_id": "d3", "title": "volcano", "text": "lava and ash"},
+    {"_id": "d4", "title": "glacier", "text": "ice carves valleys"},
+]
+QUERIES = [{"_id": "q1", "text": "aurora sky"}, {"_id": "q2", "text": "moon tides"},
+           {"_id": "q3", "text": "lava ash"}, {"_id": "q4", "text": "ice valleys"}]
+QRELS = ["query-id\tcorpus-id\tscore", "q1\td1\t1", "q2\td2\t1", "q3\td3\t1", "q4\td4\t1"]
+TINY = ["--retrievers", "bm25", "--interactions", "20", "--seeds", "1", "--quiet"]
+
+
+def write_beir(root: Path, *, queries: list[dict] = QUERIES, qrels: list[str] = QRELS) -> Path:
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in CORPUS), encoding="utf-8")
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries), encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text("".join(line + "\n" for line in qrels), encoding="utf-8")
+    return root
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """Captured stderr, checked to be one ``rlfb...: error: ...`` line; stdout must be empty (nothing ran)."""
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlfb") and ": error: " in lines[0], captured.err
+    assert captured.out == ""
+    return lines[0]
+
+
+def make_store(path: Path, policy: str = "gradient") -> Path:
+    learner = Learner(("bm25", "dense"), policy=policy)
+    with FeedbackStore(path) as store:
+        store.save_policy_state(learner.state_dict(), learner.weights(), policy=learner.policy_name,
+                                timestamp=time.time())
+    return path
+
+
+def store_version(path: Path) -> int:
+    with FeedbackStore(path) as store:
+        return store.load_policy_state()["version"]
+
+
+# -- 1. an export over the store it reads ---------------------------------------------------------------
+@pytest.mark.parametrize("spelling", ["same", "dotdot", "symlink", "wal"])
+@pytest.mark.parametrize("command", ["store", "weights"])
+def test_export_onto_its_own_store_is_refused(tmp_path: Path, capsys, command: str, spelling: str) -> None:
+    db = make_store(tmp_path / "fb.db")
+    before = db.read_bytes()
+    out = {"same": db, "dotdot": tmp_path / "x" / ".." / "fb.db", "wal": tmp_path / "fb.db-wal"}.get(spelling)
+    if spelling == "symlink":
+        out = tmp_path / "link.db"
+        out.symlink_to(db)
+    argv = ["store", "export", str(db), "--jsonl", str(out)] if command == "store" else [
+        "weights", "export", str(db), str(out)]
+    assert main(argv) == 2
+    assert "refusing to overwrite" in one_error_line(capsys)
+    assert db.read_bytes() == before
+    assert store_version(db) == 1  # still a readable store
+
+
+# -- 2, 3. simulate's --plot and --json -------------------------------------------------------------------
+@pytest.mark.parametrize(("plot", "out"), [("out.png", "out.png"), ("out", "out.png"), ("./x/../out.png", "out.png")])
+def test_plot_and_json_on_one_file_is_refused(tmp_path: Path, capsys, plot: str, out: str) -> None:
+    data = write_beir(tmp_path / "beir")
+    argv = ["simulate", "--dataset", str(data), "--plot", str(tmp_path / plot), "--json", str(tmp_path / out), *TINY]
+    assert main(argv) == 2
+    assert "same file" in one_error_line(capsys)
+
+
+def test_plot_with_an_unknown_format_fails_up_front(tmp_path: Path, capsys) -> None:
+    data = write_beir(tmp_path / "beir")
+    out = tmp_path / "curves.txt"
+    assert main(["simulate", "--dataset", str(data), "--plot", str(out), *TINY]) == 2
+    line = one_error_line(capsys)
+    assert ".txt" in line and ".png" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("given", "written"), [("out", "out.png"), ("out.", "out.png"), ("d/c.PDF", "d/c.PDF"),
+                                                ("c.svg", "c.svg")])
+def test_plot_path_names_the_file_matplotlib_writes(given: str, written: str) -> None:
+    from rlfb.commands.simulate import plot_path
+
+    assert plot_path(given) == written
+
+
+def test_plot_without_extension_writes_and_names_a_png(tmp_path: Path, capsys) -> None:
+    data = write_beir(tmp_path / "beir")
+    assert main(["simulate", "--dataset", str(data), "--plot", str(tmp_path / "curves"), "--max-heldout", "1",
+                 *TINY]) == 0
+    assert f"wrote {tmp_path / 'curves.png'}" in capsys.readouterr().out
+    assert (tmp_path / "curves.png").is_file() and not (tmp_path / "curves").exists()
+
+
+# -- 4, 6. counts ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("option", "value"), [("--seeds", "1000000000"), ("--seeds", "0"), ("--seeds", "-2"),
+                                               ("--max-heldout", "-1"), ("--max-heldout", "-200"),
+                                               ("--max-heldout", "0")])
+def test_simulate_counts_out_of_range(tmp_path: Path, capsys, option: str, value: str) -> None:
+    data = write_beir(tmp_path / "beir")
+    assert main(["simulate", "--dataset", str(data), *TINY, option, value]) == 2
+    assert f"{option} must be" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--seeds", "1000000000"), ("--seeds", "0"), ("--devices", "0"),
+                                               ("--devices", "-3")])
+def test_demo_counts_out_of_range(tmp_path: Path, capsys, option: str, value: str) -> None:
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--retrievers", "bm25", option, value]) == 2
+    assert f"{option} must be" in one_error_line(capsys)
+    assert not (tmp_path / "demo").exists()
+
+
+# -- 5. evaluate on a folder with nothing to evaluate ------------------------------------------------------
+@pytest.mark.parametrize("empty", ["queries", "qrels", "qrels-header-only"])
+def test_evaluate_without_judged_queries(tmp_path: Path, capsys, empty: str) -> None:
+    data = write_beir(tmp_path / "beir", queries=[] if empty == "queries" else QUERIES,
+                      qrels={"queries": QRELS, "qrels": [], "qrels-header-only": QRELS[:1]}[empty])
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25"]) == 2
+    assert "queries" in one_error_line(capsys)
+
+
+# -- 7. weights import -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"bm25": True, "dense": False}, "numbers"),
+        ({"weights": {"bm25": 1, "dense": "0.5"}}, "numbers"),
+        ({"weights": {"bm25": 0.3, "dense": 0.7}, "policy": "nope"}, "unknown policy"),
+        ({"weights": {"bm25": 0.3, "dense": 0.7}, "version": -4}, "version"),
+        ({"weights": {"bm25": 0.3, "dense": 0.7}, "version": True}, "version"),
+        ({"weights": {"bm25": 0.3, "dense": 0.7}, "wieghts": {}}, "unknown keys"),
+    ],
+)
+def test_weights_import_rejects(tmp_path: Path, capsys, content: dict, message: str) -> None:
+    db = make_store(tmp_path / "fb.db")
+    src = tmp_path / "w.json"
+    src.write_text(json.dumps(content), encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 2
+    assert message in one_error_line(capsys)
+    assert store_version(db) == 1  # nothing written
+
+
+def test_weights_import_huge_weights_normalise_safely(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db")
+    src = tmp_path / "w.json"
+    src.write_text('{"bm25": 1e308, "dense": 1e308}', encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy overflow warning on the way
+        assert main(["weights", "import", str(db), str(src)]) == 0
+    with FeedbackStore(db) as store:
+        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.5, "dense": 0.5})
+
+
+def test_weights_import_says_when_weights_are_clamped(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db", policy="gradient")
+    src = tmp_path / "w.json"
+    src.write_text('{"bm25": 1, "dense": 0}', encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    err = capsys.readouterr().err
+    assert "clamps" in err and "bm25 1 -> 0.95" in err and "dense 0 -> 0.05" in err
+
+
+def test_weights_import_within_bounds_has_no_note(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db", policy="gradient")
+    src = tmp_path / "w.json"
+    src.write_text('{"weights": {"bm25": 0.3, "dense": 0.7}, "policy": "gradient", "version": 7}', encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    assert capsys.readouterr().err == ""
+    assert store_version(db) == 2  # the store numbers the snapshot, not the file
+
+
+def test_weights_import_says_when_the_files_policy_is_not_used(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db", policy="gradient")
+    src = tmp_path / "w.json"
+    src.write_text('{"weights": {"bm25": 0.3, "dense": 0.7}, "policy": "thompson"}', encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    assert "'thompson' is not used" in capsys.readouterr().err
+
+
+# -- 8. cache --dir that holds no cache -------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["missing", "file", "file-is-a-folder", "empty-name"])
+@pytest.mark.parametrize("action", [["stats"], ["stats", "--json"], ["prune", "--max-mb", "5"]])
+def test_cache_dir_that_is_no_cache(tmp_path: Path, capsys, kind: str, action: list[str]) -> None:
+    target = tmp_path / "cache"
+    if kind == "file":
+        target.write_text("not a folder", encoding="utf-8")
+    elif kind == "file-is-a-folder":
+        (target / "embeddings.sqlite").mkdir(parents=True)
+    name = "" if kind == "empty-name" else str(target)
+    assert main(["cache", action[0], "--dir", name, *action[1:]]) == 2
+    assert "no embedding cache at" in one_error_line(capsys)
+
+
+def test_cache_empty_folder_is_an_empty_cache(tmp_path: Path, capsys) -> None:
+    assert main(["cache", "stats", "--dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["models"] == []
+
+
+# -- 9. small ones -----------------------------------------------------------------------------------------
+def test_store_stats_negative_window_names_the_days(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db")
+    assert main(["store", "stats", str(db), "--window-days", "-1"]) == 2
+    line = one_error_line(capsys)
+    assert "got -1" in line and "86400" not in line
+
+
+@pytest.mark.parametrize(("command", "option"), [("simulate", "--json"), ("simulate", "--plot"),
+                                                 ("evaluate", "--json")])
+def test_empty_output_name_is_refused(tmp_path: Path, capsys, command: str, option: str) -> None:
+    data = write_beir(tmp_path / "beir")
+    extra = TINY if command == "simulate" else ["--retrievers", "bm25"]
+    assert main([command, "--dataset", str(data), option, "", *extra]) == 2
+    assert f"{option} needs a file name" in one_error_line(capsys)
