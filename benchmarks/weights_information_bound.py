@@ -1,0 +1,119 @@
+"""How well can *any* learner choose fusion weights from what 2,000 interactions show?
+
+The evaluation issue asks the learned weights to come within 0.005 nDCG@10 of weights tuned on the
+stream questions with their full judgments. This script bounds what the stream's feedback can tell
+about the weights, generously: instead of clicks it hands the grid search the **true grade of every
+chunk that was shown** (or, in the ``clicks`` row, the cascade-corrected click rate of each chunk: clicks
+over the times it was examined, i.e. shown at or above the user's last click). The grid search then
+ranks every candidate with each of the 66 weight vectors (min-max fusion, step 0.1), which no online
+learner sees, and keeps the best mean nDCG@10 over the stream questions. The chosen weights are scored
+on the held-out questions with their full judgments, as the simulator's ``tuned_fixed`` baseline is.
+
+Two display policies decide which chunks are shown: ``equal`` (equal weights, what the learner shows
+until its evidence gate opens) and ``uniform`` (a uniformly random weight vector every time, far more
+exploration than any deployed system would afford). The stream, the split and the navigational user
+are the simulator's, with the same seeds.
+
+    RLFB_DATASETS=$(realpath ../shared/datasets) HF_HUB_OFFLINE=1 \
+        .venv/bin/python benchmarks/weights_information_bound.py --dataset cranfield --seeds 10
+
+Nothing here is used by rlfb; it measures the data, not the code (see docs/experiments.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from rlfb.datasets import dataset_path, load_beir
+from rlfb.fusion import normalize
+from rlfb.simulation.runner import SimulationConfig, _split, prepare, simplex_grid
+from rlfb.simulation.users import SimulatedUser
+
+K = 10
+DISC = 1.0 / np.log2(np.arange(2, K + 2))
+
+
+def ndcg_per_arm(order: np.ndarray, ids: list[str], gains: Mapping[str, float]) -> np.ndarray | None:
+    """nDCG@10 of each arm's top ``K`` (columns of ``order``) under ``gains``; ``None`` without a gain."""
+    ideal = np.sort(np.fromiter(gains.values(), dtype=float))[::-1][:K]
+    idcg = float(ideal @ DISC[: ideal.size])
+    if idcg <= 0:
+        return None
+    g = np.array([gains.get(c, 0.0) for c in ids])
+    return (g[order] * DISC[:, None]).sum(axis=0) / idcg
+
+
+def mean_ndcg(orders: Mapping[str, np.ndarray], ids: Mapping[str, list[str]],
+              gains_of: Callable[[str], Mapping[str, float]], queries: list[str]) -> np.ndarray:
+    rows = [v for q in queries if (v := ndcg_per_arm(orders[q], ids[q], gains_of(q))) is not None]
+    return np.mean(rows, axis=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="cranfield", help="a folder name under $RLFB_DATASETS, or a path")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--interactions", type=int, default=2000)
+    args = parser.parse_args(argv)
+    folder = Path(args.dataset) if Path(args.dataset).is_dir() else dataset_path(args.dataset)
+    if not folder.is_dir():
+        print(f"no collection at {folder}", file=sys.stderr)
+        return 2
+
+    config = SimulationConfig(policy="thompson", interactions=args.interactions)
+    prep = prepare(load_beir(folder), config, show_progress=False)
+    grid = np.vstack([np.full(3, 1 / 3), simplex_grid(3, 0.1)])  # row 0: exactly equal weights
+    ids = {q: list(c.candidate_ids) for q, c in prep.contexts.items()}
+    orders = {q: np.argsort(-(normalize(c.raw, "minmax") @ grid.T), axis=0, kind="stable")[:K]
+              for q, c in prep.contexts.items()}
+
+    rows: dict[str, list[float]] = {}
+    for seed in range(args.seeds):
+        stream, heldout, judgments = _split(prep, config, seed)
+        full = {q: {c: float(g) for c, g in judgments[q].items() if g > 0} for q in judgments}
+        held = mean_ndcg(orders, ids, full.__getitem__, heldout)
+        tuned = int(mean_ndcg(orders, ids, full.__getitem__, stream).argmax())
+        rows.setdefault("equal weights", []).append(held[0])
+        rows.setdefault("tuned on full judgments", []).append(held[tuned])
+        for display in ("equal", "uniform"):
+            user = SimulatedUser("navigational", explicit_rate=0.0, max_grade=prep.max_grade, seed=seed)
+            rng, arms = random.Random(seed), np.random.default_rng(seed)
+            clicks: dict[str, Counter[str]] = defaultdict(Counter)
+            examined: dict[str, Counter[str]] = defaultdict(Counter)
+            for _ in range(args.interactions):
+                q = rng.choice(stream)
+                arm = 0 if display == "equal" else int(arms.integers(len(grid)))
+                shown = [ids[q][i] for i in orders[q][:, arm]]
+                clicked = user.clicks(shown, judgments[q])
+                last = max((shown.index(c) for c in clicked), default=K - 1)  # cascade: read down to here
+                examined[q].update(shown[: last + 1])
+                clicks[q].update(clicked)
+
+            true_shown = {q: {c: full[q][c] for c in examined[q] if c in full[q]} for q in stream}
+            # clicks per examination, shrunk towards the 0.05 of a non-relevant chunk; above it, scaled to [0, 1]
+            rates = {q: {c: (n + 0.1) / (examined[q][c] + 2) for c, n in clicks[q].items()} for q in stream}
+            click_rate = {q: {c: (r - 0.05) / 0.9 for c, r in rates[q].items() if r > 0.05} for q in stream}
+            for name, gains in (("true grades of shown chunks", true_shown), ("click rates", click_rate)):
+                best = int(mean_ndcg(orders, ids, gains.__getitem__, stream).argmax())
+                rows.setdefault(f"{name}, {display} shown", []).append(held[best])
+
+    first = min(5, args.seeds)
+    print(f"{folder.name}: held-out nDCG@10 of the weights each source of judgments picks, "
+          f"{args.interactions} interactions; mean (and against tuned) over seeds 0-{first - 1} | 0-{args.seeds - 1}")
+    tuned = np.array(rows["tuned on full judgments"])
+    for name, vals in rows.items():
+        v = np.array(vals)
+        print(f"  {name:<44} {v[:first].mean():.4f} ({v[:first].mean() - tuned[:first].mean():+.4f})"
+              f" | {v.mean():.4f} ({v.mean() - tuned.mean():+.4f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
