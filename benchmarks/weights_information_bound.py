@@ -1,9 +1,9 @@
-"""How well can *any* learner choose fusion weights from what 2,000 interactions show?
+"""How well a grid search can choose fusion weights from what 2,000 interactions show, given perfect labels.
 
 The evaluation issue asks the learned weights to come within 0.005 nDCG@10 of weights tuned on the
 stream questions with their full judgments. This script bounds what the stream's feedback can tell
 about the weights, generously: instead of clicks it hands the grid search the **true grade of every
-chunk that was shown** (or, in the ``clicks`` row, the cascade-corrected click rate of each chunk: clicks
+chunk that was shown** (or, in the ``click rates`` rows, the cascade-corrected click rate of each chunk: clicks
 over the times it was examined, i.e. shown at or above the user's last click). The grid search then
 ranks every candidate with each of the 66 weight vectors (min-max fusion, step 0.1), which no online
 learner sees, and keeps the best mean nDCG@10 over the stream questions. The chosen weights are scored
