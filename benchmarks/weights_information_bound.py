@@ -26,34 +26,27 @@ import argparse
 import random
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from rlfb.datasets import dataset_path, load_beir
 from rlfb.fusion import normalize
-from rlfb.simulation.runner import SimulationConfig, _split, prepare, simplex_grid
+from rlfb.simulation.runner import Prepared, SimulationConfig, _Judge, _split, prepare, simplex_grid
 from rlfb.simulation.users import SimulatedUser
 
 K = 10
-DISC = 1.0 / np.log2(np.arange(2, K + 2))
 
 
-def ndcg_per_arm(order: np.ndarray, ids: list[str], gains: Mapping[str, float]) -> np.ndarray | None:
-    """nDCG@10 of each arm's top ``K`` (columns of ``order``) under ``gains``; ``None`` without a gain."""
-    ideal = np.sort(np.fromiter(gains.values(), dtype=float))[::-1][:K]
-    idcg = float(ideal @ DISC[: ideal.size])
-    if idcg <= 0:
-        return None
-    g = np.array([gains.get(c, 0.0) for c in ids])
-    return (g[order] * DISC[:, None]).sum(axis=0) / idcg
+def mean_ndcg(prep: Prepared, scores: Mapping[str, np.ndarray], gains: Mapping[str, Mapping[str, float]],
+              queries: list[str]) -> np.ndarray:
+    """Mean nDCG@10 over ``queries`` of ranking by each column of ``scores[q]`` (one per weight vector).
 
-
-def mean_ndcg(orders: Mapping[str, np.ndarray], ids: Mapping[str, list[str]],
-              gains_of: Callable[[str], Mapping[str, float]], queries: list[str]) -> np.ndarray:
-    rows = [v for q in queries if (v := ndcg_per_arm(orders[q], ids[q], gains_of(q))) is not None]
-    return np.mean(rows, axis=0)
+    The simulator's own nDCG (``_Judge``, checked against pytrec_eval). A query without a positive gain
+    scores 0 for every weight vector, which leaves the best one unchanged.
+    """
+    return np.mean([_Judge(prep.contexts[q], gains[q], K).ndcg(scores[q]) for q in queries], axis=0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,16 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     config = SimulationConfig(policy="thompson", interactions=args.interactions)
     prep = prepare(load_beir(folder), config, show_progress=False)
     grid = np.vstack([np.full(3, 1 / 3), simplex_grid(3, 0.1)])  # row 0: exactly equal weights
-    ids = {q: list(c.candidate_ids) for q, c in prep.contexts.items()}
-    orders = {q: np.argsort(-(normalize(c.raw, "minmax") @ grid.T), axis=0, kind="stable")[:K]
-              for q, c in prep.contexts.items()}
+    scores = {q: normalize(c.raw, "minmax") @ grid.T for q, c in prep.contexts.items()}  # (candidates, arms)
 
     rows: dict[str, list[float]] = {}
     for seed in range(args.seeds):
         stream, heldout, judgments = _split(prep, config, seed)
         full = {q: {c: float(g) for c, g in judgments[q].items() if g > 0} for q in judgments}
-        held = mean_ndcg(orders, ids, full.__getitem__, heldout)
-        tuned = int(mean_ndcg(orders, ids, full.__getitem__, stream).argmax())
+        held = mean_ndcg(prep, scores, full, heldout)
+        tuned = int(mean_ndcg(prep, scores, full, stream).argmax())
         rows.setdefault("equal weights", []).append(held[0])
         rows.setdefault("tuned on full judgments", []).append(held[tuned])
         for display in ("equal", "uniform"):
@@ -90,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.interactions):
                 q = rng.choice(stream)
                 arm = 0 if display == "equal" else int(arms.integers(len(grid)))
-                shown = [ids[q][i] for i in orders[q][:, arm]]
+                top = np.argsort(-scores[q][:, arm], kind="stable")[:K]
+                shown = [prep.contexts[q].candidate_ids[i] for i in top]
                 clicked = user.clicks(shown, judgments[q])
                 last = max((shown.index(c) for c in clicked), default=K - 1)  # cascade: read down to here
                 examined[q].update(shown[: last + 1])
@@ -101,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             rates = {q: {c: (n + 0.1) / (examined[q][c] + 2) for c, n in clicks[q].items()} for q in stream}
             click_rate = {q: {c: (r - 0.05) / 0.9 for c, r in rates[q].items() if r > 0.05} for q in stream}
             for name, gains in (("true grades of shown chunks", true_shown), ("click rates", click_rate)):
-                best = int(mean_ndcg(orders, ids, gains.__getitem__, stream).argmax())
+                best = int(mean_ndcg(prep, scores, gains, stream).argmax())
                 rows.setdefault(f"{name}, {display} shown", []).append(held[best])
 
     first = min(5, args.seeds)
