@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from rlfb.errors import ValidationError
@@ -104,17 +103,17 @@ def _check_dir(directory: str | None) -> None:
     an error; but when it exists it must be a folder too. In either, ``embeddings.sqlite`` must
     be a file if it exists.
     """
-    from rlfb.retrievers.cache import _FILE_NAME, default_cache_dir
+    from rlfb.retrievers.cache import _cache_file
 
     if directory is not None and not directory.strip():
         raise ValidationError("no embedding cache at '': --dir needs a folder")
-    folder = default_cache_dir() if directory is None else Path(directory).expanduser()
+    file = _cache_file(directory)  # where the cache functions look, so the check cannot drift from them
+    folder = file.parent
     shown = folder if directory is None else directory
     if directory is not None and not folder.exists():
         raise ValidationError(f"no embedding cache at {shown}: no such folder")
     if folder.exists() and not folder.is_dir():
         raise ValidationError(f"no embedding cache at {shown}: not a folder")
-    file = folder / _FILE_NAME
     if file.exists() and not file.is_file():
         raise ValidationError(f"no embedding cache at {shown}: {file} is not a file")
 
