@@ -33,7 +33,7 @@ import numpy as np
 from rlfb.errors import CorruptStateError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.fusion import FUSION_METHODS, normalize, rank_matrix
 from rlfb.members import SearchMember
-from rlfb.policies.base import Context, Decision, Episode, Policy
+from rlfb.policies.base import Context, Decision, Episode, Policy, same_hyperparameters
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
 from rlfb.runs import owns_event
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k
@@ -116,7 +116,7 @@ class FeedbackEnsemble:
         for name, r in self._retrievers.items():
             if list(r.ids) != self._table.ids:
                 raise ValidationError(f"retriever {name!r} does not index the ensemble's chunks in the same order")
-        if fusion not in FUSION_METHODS:
+        if not isinstance(fusion, str) or fusion not in FUSION_METHODS:
             raise ValidationError(f"unknown fusion method {fusion!r}; choose one of {sorted(FUSION_METHODS)}")
         self.fusion = fusion
         self.candidate_k = validate_k(candidate_k, "candidate_k")
@@ -130,6 +130,7 @@ class FeedbackEnsemble:
         self._dirty = False
         self._lock = threading.RLock()
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
+        self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
@@ -674,10 +675,13 @@ class FeedbackEnsemble:
                     f"feedback {getattr(record, 'feedback_id', '?')} on event {record.event_id!r} is stored, but "
                     f"the event's logged row is damaged, so it is not learned from: {exc!r}"
                 ) from exc
-            # learn on top of the newest shared state: another process may have learned since
-            self._refresh(force=True)
-            self._learner.learn(episode)
-            self._persist()
+            # learn on top of the newest shared state, holding the store's write lock from reading it to
+            # saving the result: another process learning meanwhile would otherwise start from the same
+            # snapshot, and whichever saved last would drop the other's learning
+            with self._require_store().exclusive():
+                self._refresh(force=True)
+                self._learner.learn(episode)
+                self._persist()
 
     def observe(
         self,
@@ -824,11 +828,22 @@ class FeedbackEnsemble:
             self._state_version = int(saved["version"])
 
     def _is_ours(self, saved: Mapping[str, Any]) -> bool:
-        """Whether a store snapshot is of this ensemble's policy and retrievers (older ones name neither)."""
+        """Whether a store snapshot is of this ensemble's policy, hyperparameters and retrievers.
+
+        Older snapshots name neither policy nor retrievers; a damaged one is read (and refused) by
+        ``load_state_dict``. A snapshot of the same policy with other hyperparameters (another
+        ``step``, other bounds; the weights may differ) has learned state of another shape, so it
+        is not ours either.
+        """
         state = saved.get("state")
         theirs = state.get("retrievers") if isinstance(state, Mapping) else None
-        return saved.get("policy") in (None, self._learner.policy_name) and (
-            not isinstance(theirs, list) or tuple(theirs) == self._learner.retrievers
+        pstate = state.get("policy") if isinstance(state, Mapping) else None
+        params = pstate.get("params") if isinstance(pstate, Mapping) else None
+        ours = getattr(self._learner.policy, "params", None)  # a user's own policy may have none
+        return (
+            saved.get("policy") in (None, self._learner.policy_name)
+            and (not isinstance(theirs, list) or tuple(theirs) == self._learner.retrievers)
+            and (not isinstance(params, Mapping) or not callable(ours) or same_hyperparameters(params, ours()))
         )
 
     def refresh(self) -> dict[str, float]:
@@ -844,41 +859,50 @@ class FeedbackEnsemble:
         complete, so a save that fails (chunk metadata that JSON cannot hold, a full disk) leaves
         the previous save as it was. ``path`` must be new, empty, or an earlier save.
         """
-        self.flush()
-        table, retrievers = self._index()
-        root = Path(path)
-        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / _CONFIG_FILE).exists())):
-            raise ValidationError(f"{root} is not empty and holds no saved ensemble: choose a new folder")
-        config = {
-            "format": _FORMAT,
-            "retrievers": list(retrievers),
-            "members": list(self._members),  # callables are not saved: pass members= to load()
-            "fusion": self.fusion,
-            "candidate_k": self.candidate_k,
-            "rrf_c": self.rrf_c,
-            "seed": self.seed,
-            "policy": self._learner.policy_name,
-        }
-        tmp = root.with_name(f".{root.name}.saving-{os.getpid()}")
-        old = root.with_name(f".{root.name}.old-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            tmp.mkdir(parents=True)
+        with self._save_lock:
+            self.flush()
+            table, retrievers = self._index()
+            root = Path(path)
+            if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / _CONFIG_FILE).exists())):
+                raise ValidationError(f"{root} is not empty and holds no saved ensemble: choose a new folder")
+            config = {
+                "format": _FORMAT,
+                "retrievers": list(retrievers),
+                "members": list(self._members),  # callables are not saved: pass members= to load()
+                "fusion": self.fusion,
+                "candidate_k": self.candidate_k,
+                "rrf_c": self.rrf_c,
+                "seed": self.seed,
+                "policy": self._learner.policy_name,
+            }
+            # names of this call's own: two saves at once (threads or processes) never share a folder
+            tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            tmp = root.with_name(f".{root.name}.saving-{tag}")
+            old = root.with_name(f".{root.name}.old-{tag}")
             try:
-                table.save(tmp)
-            except TypeError as exc:  # json cannot encode some chunk's metadata
-                raise ValidationError(f"cannot save the chunks' metadata as JSON: {exc}") from exc
-            for name, r in retrievers.items():
-                r.save(tmp / "retrievers" / name)
-            (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
-            state = json.dumps(self._learner.state_dict(), allow_nan=False)
-            (tmp / "learner.json").write_text(state, encoding="utf-8")
-            if root.exists():
-                root.rename(old)
-            tmp.rename(root)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                try:
+                    table.save(tmp)
+                except TypeError as exc:  # json cannot encode some chunk's metadata
+                    raise ValidationError(f"cannot save the chunks' metadata as JSON: {exc}") from exc
+                for name, r in retrievers.items():
+                    r.save(tmp / "retrievers" / name)
+                (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
+                state = json.dumps(self._learner.state_dict(), allow_nan=False)
+                (tmp / "learner.json").write_text(state, encoding="utf-8")
+                if root.exists():
+                    root.rename(old)
+                try:
+                    tmp.rename(root)
+                except OSError as exc:  # another save swapped its folder in between our two renames
+                    if not root.exists() and old.exists():
+                        old.rename(root)
+                    raise RlfbError(
+                        f"another save to {root} ran at the same time; this one was not kept: {exc}"
+                    ) from exc
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
     def load(cls, path: str | Path, *, store: Any = None, **kwargs: Any) -> FeedbackEnsemble:

@@ -25,6 +25,7 @@ __all__ = [
     "FeedbackBeforeEventError",
     "DuplicateEventError",
     "IdempotencyConflictError",
+    "ReadOnlyStoreError",
 ]
 
 
@@ -96,3 +97,7 @@ class DuplicateEventError(DuplicateIdError):
 
 class IdempotencyConflictError(ValidationError):
     """An idempotency key was reused for different feedback (another event, signal, chunk or value)."""
+
+
+class ReadOnlyStoreError(RlfbError, PermissionError):
+    """A feedback store's file (or, in WAL mode, its folder) cannot be written: nothing was recorded."""

@@ -281,16 +281,22 @@ class Signal(NamedTuple):
     rating: float | None = None
 
 
+def _shown(x: float) -> str:
+    """``x`` as given: 6 as ``6``, 5.0000001 as ``5.0000001`` (``:g`` alone shows it as an in-range ``5``)."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(float(x))
+
+
 def _rating_value(cfg: RewardConfig, x: float) -> float:
     if not cfg.rating_min <= x <= cfg.rating_max:
-        raise RatingOutOfRangeError(f"rating must lie in [{cfg.rating_min:g}, {cfg.rating_max:g}], got {x:g}")
+        raise RatingOutOfRangeError(f"rating must lie in [{cfg.rating_min:g}, {cfg.rating_max:g}], got {_shown(x)}")
     mid = (cfg.rating_min + cfg.rating_max) / 2
     return _scale(cfg, (x - mid) / ((cfg.rating_max - cfg.rating_min) / 2))
 
 
 def _score_value(cfg: RewardConfig, x: float) -> float:
     if not -1.0 <= x <= 1.0:
-        raise ValidationError(f"score value must lie in [-1, 1], got {x:g}")
+        raise ValidationError(f"score value must lie in [-1, 1], got {_shown(x)}")
     return _scale(cfg, x)
 
 

@@ -106,6 +106,23 @@ def _clamped(learner: Any, weights: Mapping[str, float]) -> dict[str, float] | N
     return dict(zip(names, got.tolist(), strict=True))
 
 
+def _other_hyperparameters(learner: Any, saved: Mapping[str, Any] | None) -> str | None:
+    """How ``saved``'s policy hyperparameters differ from ``learner``'s, when both are of one policy and retrievers."""
+    from rlfb.policies.base import same_hyperparameters
+
+    state = saved.get("state") if saved else None
+    pstate = state.get("policy") if isinstance(state, Mapping) else None
+    if not isinstance(pstate, Mapping) or pstate.get("name") != learner.policy_name:
+        return None
+    if tuple(state.get("retrievers") or ()) != learner.retrievers:
+        return None
+    theirs, ours = pstate.get("params"), learner.policy.params()
+    if not isinstance(theirs, Mapping) or same_hyperparameters(theirs, ours):
+        return None
+    keys = sorted(k for k in set(theirs) | set(ours) if k != "weights" and theirs.get(k) != ours.get(k))
+    return ", ".join(f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in keys)
+
+
 def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     """Validate a weights file and append it to the store as the newest snapshot.
 
@@ -119,7 +136,10 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     the store numbers the new one itself (the ``version`` returned). ``version``
     must still be a non-negative integer and ``policy`` a known policy; a policy
     other than the one the weights go to is reported in ``notes``, as are
-    weights the policy clamps to its bounds (e.g. 1/0 becomes 0.95/0.05).
+    weights the policy clamps to its bounds (e.g. 1/0 becomes 0.95/0.05), and
+    a file state whose policy hyperparameters (``step``, ``bounds``, ...) differ
+    from the store's newest snapshot of that policy: ensembles built like the
+    snapshot treat the imported state as another kind's and keep their own.
     Returns ``{"weights", "policy", "version", "requested", "notes"}``.
     """
     from rlfb.learner import Learner
@@ -135,10 +155,10 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     names = list(weights)
     normalised = dict(zip(names, validate_weights(weights, names).tolist(), strict=True))
     state = data.get("state")
+    saved = store.load_policy_state()
     if state is not None:
         learner, target = Learner.from_state_dict(state), "the file's state"  # CorruptStateError on damage
     else:
-        saved = store.load_policy_state()
         if saved and saved.get("state"):
             learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"
         else:  # an empty store: the weights become a fixed policy's
@@ -156,6 +176,11 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
         shown = ", ".join(f"{n} {normalised[n]:.4g} -> {clamped[n]:.4g}" for n in learner.retrievers)
         notes.append(f"the {learner.policy_name!r} policy clamps weights to its bounds "
                      f"{list(learner.policy.hyper.bounds)}: {shown}")
+    other = _other_hyperparameters(learner, saved)
+    if other is not None:
+        notes.append(f"the file's {learner.policy_name!r} hyperparameters differ from the store's newest "
+                     f"snapshot ({other}): ensembles built like that snapshot keep their own state, not these "
+                     "weights")
     version = store.save_policy_state(learner.state_dict(), applied, policy=learner.policy_name,
                                       timestamp=time.time())
     return {"weights": applied, "policy": learner.policy_name, "version": version, "requested": normalised,

@@ -7,6 +7,7 @@ learned state is private, randomness comes from its own seeded
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Context", "Decision", "Episode", "Policy", "MIN_PROPENSITY"]
+__all__ = ["Context", "Decision", "Episode", "Policy", "MIN_PROPENSITY", "same_hyperparameters"]
 
 #: the smallest propensity a decision logs (the least positive normal float)
 MIN_PROPENSITY = sys.float_info.min
@@ -123,3 +124,21 @@ class Policy(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Policy: ...
+
+
+def same_hyperparameters(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two policies' ``params()`` agree, as JSON (a saved tuple comes back as a list).
+
+    The weights are left out: they are what ``set_weights`` and ``rlfb weights import`` change,
+    while the rest (``step``, ``bounds``, ...) fixes the shape of what the policy learns.
+
+    >>> same_hyperparameters({"step": 0.1, "bounds": (0.05, 0.95), "weights": {"bm25": 1.0}},
+    ...                      {"step": 0.1, "bounds": [0.05, 0.95], "weights": {"bm25": 0.5}})
+    True
+    >>> same_hyperparameters({"step": 0.1}, {"step": 0.5})
+    False
+    """
+    def canonical(p: Mapping[str, Any]) -> str:
+        return json.dumps({k: v for k, v in p.items() if k != "weights"}, sort_keys=True, default=str)
+
+    return canonical(a) == canonical(b)

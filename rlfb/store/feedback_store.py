@@ -27,6 +27,7 @@ from rlfb.errors import (
     FutureTimestampError,
     IdempotencyConflictError,
     InvalidWeightsError,
+    ReadOnlyStoreError,
     RlfbError,
     UnknownChunkError,
     UnknownEventError,
@@ -71,6 +72,11 @@ from rlfb.store.records import (
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _TABLES = frozenset({"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links"})
+
+
+def _read_only(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_READONLY: the file, or the folder its WAL side files go in, cannot be written."""
+    return isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc)
 
 
 class FeedbackStore:
@@ -149,6 +155,7 @@ class FeedbackStore:
         self.path = _check_path(path)
         self._memory = self.path in _MEMORY
         self._lock = threading.RLock()
+        self._exclusive = 0  # depth of exclusive() blocks on this connection
         try:
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
@@ -184,6 +191,10 @@ class FeedbackStore:
             self.close()
             if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
                 raise  # another process holds the file: not damage
+            if _read_only(exc):
+                raise ReadOnlyStoreError(
+                    f"{self.path} is read-only: rlfb writes to its feedback store (in WAL mode, also beside it): {exc}"
+                ) from exc
             raise CorruptStateError(f"cannot open {self.path} as a feedback store: {exc}") from exc
         except BaseException:
             self.close()
@@ -244,9 +255,32 @@ class FeedbackStore:
         return self._conn
 
     @contextmanager
+    def _sql_errors(self) -> Iterator[None]:
+        """Name SQLite's errors about the file: damage after opening, or a file that cannot be written."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if _read_only(exc):
+                raise ReadOnlyStoreError(f"feedback store {self.path} is read-only: {exc}") from exc
+            if type(exc) is sqlite3.DatabaseError:  # SQLITE_CORRUPT / SQLITE_NOTADB, not a constraint or lock
+                raise CorruptStateError(f"feedback store {self.path} is damaged: {exc}") from exc
+            raise
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._lock, self._sql_errors():
             conn = self._check_open()
+            if self._exclusive:
+                # inside exclusive(): the write lock is held already; a savepoint undoes only this write
+                conn.execute("SAVEPOINT rlfb_write")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK TO rlfb_write")
+                    conn.execute("RELEASE rlfb_write")
+                    raise
+                conn.execute("RELEASE rlfb_write")
+                return
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -259,7 +293,7 @@ class FeedbackStore:
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         """A read transaction: every query inside sees one snapshot."""
-        with self._lock:
+        with self._lock, self._sql_errors():
             conn = self._check_open()
             if conn.in_transaction:
                 yield conn
@@ -270,6 +304,36 @@ class FeedbackStore:
             finally:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
+
+    @contextmanager
+    def exclusive(self) -> Iterator[FeedbackStore]:
+        """Hold the store's write lock for the whole block, across threads and processes.
+
+        Reads inside see the newest data and no other writer can commit until the block ends,
+        so a read-modify-write of the policy state (read the newest snapshot, learn, save) is
+        not interleaved with another process's. Writes inside commit together at the end, or
+        none of them on an error. Keep the block short: other writers wait up to ``busy_timeout``.
+        """
+        with self._lock, self._sql_errors():
+            conn = self._check_open()
+            if self._exclusive:  # nested: the outer block holds the lock already
+                self._exclusive += 1
+                try:
+                    yield self
+                finally:
+                    self._exclusive -= 1
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            self._exclusive = 1
+            try:
+                yield self
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            finally:
+                self._exclusive = 0
 
     def _timestamp(self, x: Any, name: str, now: float) -> float:
         ts = now if x is None else as_timestamp(x, name)
@@ -991,7 +1055,7 @@ class FeedbackStore:
 
     def state_version(self) -> int:
         """Version of the newest snapshot (0 if none). Cheap: poll it to notice new weights."""
-        with self._lock:
+        with self._lock, self._sql_errors():
             conn = self._check_open()
             return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM policy_snapshots").fetchone()[0])
 
@@ -1040,7 +1104,8 @@ class FeedbackStore:
         ``n_feedback`` the number of feedback rows on the event. An event that
         returned no chunks yields one row with the chunk fields set to ``None``.
         """
-        return reports.export_rows(self, page=page)
+        # checked here, not in the generator: a bad page fails at the call, not at the first row
+        return reports.export_rows(self, page=_check_int(page, "page"))
 
     def to_dataframe(self, *, flatten: bool = True) -> Any:
         """:meth:`export_rows` as a pandas DataFrame (pandas is imported here, lazily).
@@ -1088,6 +1153,12 @@ class FeedbackStore:
         return result
 
     def integrity_check(self) -> str:
-        """``PRAGMA integrity_check``: ``"ok"`` for a sound file."""
+        """``PRAGMA integrity_check``: ``"ok"`` for a sound file, else what SQLite found wrong."""
         with self._lock:
-            return str(self._check_open().execute("PRAGMA integrity_check").fetchone()[0])
+            conn = self._check_open()
+            try:
+                return "\n".join(str(r[0]) for r in conn.execute("PRAGMA integrity_check"))
+            except sqlite3.DatabaseError as exc:
+                if type(exc) is not sqlite3.DatabaseError:
+                    raise
+                return str(exc)  # too damaged for the check itself to finish

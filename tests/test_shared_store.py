@@ -1,0 +1,261 @@
+"""One feedback store shared by several learners, processes and saves: nothing learned is lost.
+
+Also the store's errors after it was opened: a file damaged since, or one that cannot be written,
+raises a named rlfb error rather than SQLite's own.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlfb import FeedbackEnsemble
+from rlfb.errors import CorruptStateError, RatingOutOfRangeError, ReadOnlyStoreError, RlfbError, ValidationError
+from rlfb.policies.base import same_hyperparameters
+from rlfb.store import FeedbackStore
+from rlfb.weight_config import import_weights
+
+from _corpus import IDS, TEXTS
+
+N_FEEDBACK = 25
+
+
+def _ensemble(store: Any, **kw: Any) -> FeedbackEnsemble:
+    kw.setdefault("policy", "thompson")
+    return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=store, **kw)
+
+
+def _learn_in_process(path: str, tag: str, start: Any) -> None:
+    # refresh_interval=0: each retrieval picks up the other process's newest weights, as a busy app would
+    ens = _ensemble(path, refresh_interval=0)
+    start.wait()
+    for i in range(N_FEEDBACK):
+        r = ens.retrieve(f"what causes the tides {tag} {i}", k=3)
+        ens.feedback(r.event_id, "explicit_positive", chunk_id=r.hits[0].chunk_id)
+    ens.close()
+
+
+def test_two_processes_learning_on_one_store_lose_nothing(tmp_path: Path) -> None:
+    # Each learns on top of the newest snapshot and saves, under the store's write lock: without it, both
+    # started from one snapshot and the later save dropped the other's episodes (65 of 80 were kept).
+    path = str(tmp_path / "fb.db")
+    _ensemble(path).close()
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    procs = [ctx.Process(target=_learn_in_process, args=(path, tag, start)) for tag in "ab"]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join()
+    assert [p.exitcode for p in procs] == [0, 0]
+    with FeedbackStore(path) as store:
+        assert store.counts()["feedback"] == 2 * N_FEEDBACK
+    fresh = _ensemble(path)
+    assert fresh.learner.n_learned == 2 * N_FEEDBACK
+    fresh.close()
+
+
+def test_a_learner_that_reads_the_state_while_another_learns_waits_for_it(tmp_path: Path) -> None:
+    # The interleaving the test above can only hope for, forced: `b` reads the shared state while `a` is
+    # between reading it and saving what it learned. Under the store's write lock `b` cannot read until
+    # `a` has saved (a's wait then times out); without it, whichever saved last dropped the other's episode.
+    path = str(tmp_path / "fb.db")
+    a, b = _ensemble(path, refresh_interval=0), _ensemble(path, refresh_interval=0)
+    ra, rb = a.retrieve("what causes the tides", k=2), b.retrieve("aurora borealis", k=2)
+    a_read, b_reads = threading.Event(), threading.Event()
+    b_refresh, a_learn = b._refresh, a._learner.learn
+
+    def refresh(**kw: Any) -> None:
+        b_reads.set()
+        b_refresh(**kw)
+
+    def learn(episode: Any) -> Any:  # `a` has read the shared state: let `b` go, and wait for it to read too
+        a_read.set()
+        b_reads.wait(timeout=2.0)
+        return a_learn(episode)
+
+    b._refresh, a._learner.learn = refresh, learn  # type: ignore[method-assign]
+    other = threading.Thread(target=lambda: (a_read.wait(), b.feedback(rb.event_id, "thumbs_up")))
+    other.start()
+    a.feedback(ra.event_id, "thumbs_up")
+    other.join()
+    fresh = _ensemble(path)
+    assert fresh.learner.n_learned == 2
+    for e in (a, b, fresh):
+        e.close()
+
+
+def test_exclusive_holds_other_writers_off_and_rolls_back_on_error(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    store = FeedbackStore(path)
+    other = FeedbackStore(path, busy_timeout=0.05)
+    with store.exclusive():
+        store.save_policy_state({"n": 1}, {"bm25": 1.0})
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.save_policy_state({"n": 2}, {"bm25": 1.0})
+        with store.exclusive():  # nested blocks share the outer transaction
+            store.save_policy_state({"n": 3}, {"bm25": 1.0})
+        with pytest.raises(ValidationError):  # a failed write inside undoes only itself
+            store.save_policy_state({"n": 4}, {"bm25": float("nan")})
+    assert [s["state"]["n"] for s in other.policy_history(with_state=True)] == [1, 3]
+    with pytest.raises(KeyError), store.exclusive():
+        store.save_policy_state({"n": 5}, {"bm25": 1.0})
+        raise KeyError("boom")
+    assert other.state_version() == 2  # the block's write was rolled back with it
+    other.save_policy_state({"n": 6}, {"bm25": 1.0})  # and the lock is free again
+    store.close()
+    other.close()
+
+
+def _pair(path: str, **params: Any) -> FeedbackEnsemble:
+    from rlfb.policies import make_policy
+
+    names = ("bm25", "dense")
+    return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=names, store=path, refresh_interval=0,
+                                       policy=make_policy("thompson", names, **params))
+
+
+def test_same_policy_other_hyperparameters_keep_their_own_state(tmp_path: Path) -> None:
+    # Two apps on one store, thompson with another step: arm tables of another shape. Each must go on
+    # retrieving and learning on its own state, instead of refusing the other's snapshot as "malformed".
+    path = str(tmp_path / "fb.db")
+    fine, coarse = _pair(path), _pair(path, step=0.5)
+    assert fine.learner.policy.n_arms != coarse.learner.policy.n_arms
+    r = fine.retrieve("what causes the tides", k=2)
+    fine.feedback(r.event_id, "thumbs_up")
+    r = coarse.retrieve("what causes the tides", k=2)  # the store's newest snapshot is fine's
+    record = coarse.feedback(r.event_id, "thumbs_up")
+    assert not record.duplicate and coarse.learner.n_learned == 1  # learned, not a silent duplicate
+    again = _pair(path, step=0.5)  # a new app like `coarse` builds on the store
+    assert again.retrieve("aurora", k=1).hits and fine.retrieve("aurora", k=1).hits
+    assert fine.learner.n_learned == 1  # and fine did not take coarse's state either
+    for e in (fine, coarse, again):
+        e.close()
+
+
+def test_same_hyperparameters_ignores_weights_and_tuple_lists() -> None:
+    assert same_hyperparameters({"step": 0.1, "bounds": (0.05, 0.95), "weights": {"a": 1.0}},
+                                {"step": 0.1, "bounds": [0.05, 0.95], "weights": {"a": 0.3}})
+    assert not same_hyperparameters({"step": 0.1}, {"step": 0.5})
+    assert not same_hyperparameters({"step": 0.1}, {"step": 0.1, "bounds": [0.0, 1.0]})
+
+
+def test_weights_import_notes_a_state_of_other_hyperparameters(tmp_path: Path) -> None:
+    path = str(tmp_path / "fb.db")
+    fine = _pair(path)
+    fine.flush()
+    coarse = _pair(str(tmp_path / "other.db"), step=0.5)
+    export = tmp_path / "coarse.json"
+    state = coarse.learner.state_dict()
+    export.write_text(json.dumps({"weights": coarse.weights, "state": state, "policy": "thompson"}))
+    with FeedbackStore(path) as store:
+        store.save_policy_state(fine.learner.state_dict(), fine.weights, policy="thompson")
+        out = import_weights(store, export)
+    assert any("hyperparameters differ" in n and "step 0.1 there, 0.5 here" in n for n in out["notes"])
+    assert fine.retrieve("aurora", k=1).hits  # the running app keeps its own state, and works
+    fine.close()
+    coarse.close()
+
+
+def test_saves_from_many_threads_leave_one_whole_save(tmp_path: Path) -> None:
+    ens = _ensemble(None)
+    root = tmp_path / "idx"
+    errors: list[BaseException] = []
+
+    def save() -> None:
+        try:
+            for _ in range(5):
+                ens.save(root)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=save) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no temporary folder left behind
+    assert FeedbackEnsemble.load(root).retrieve("tides", k=1).hits
+
+
+def test_a_store_damaged_after_opening_raises_corrupt_state(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as store:
+        for i in range(400):
+            store.log_event(f"query {i} " + "pad " * 20, {"weights": {"bm25": 1.0}}, event_id=f"e{i:04d}",
+                            chunks=[{"chunk_id": f"c{j}", "score": 1.0} for j in range(5)])
+        store._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store = FeedbackStore(path)  # opens: the damage below is in pages the opening does not read
+    pages = path.stat().st_size // 4096
+    with open(path, "r+b") as f:  # every page but the first few (the header and schema), as by bit rot
+        f.seek(4096 * 4)
+        f.write(bytes(range(256)) * 16 * (pages - 4))
+    with pytest.raises(CorruptStateError, match=r"fb\.db is damaged"):
+        store.counts()
+    with pytest.raises(CorruptStateError, match="damaged"):
+        list(store.export_rows())
+    report = store.integrity_check()
+    assert report != "ok" and report  # what SQLite found, not an exception
+    store.close()
+
+
+def test_a_store_that_cannot_be_written_raises_read_only(tmp_path: Path) -> None:
+    store = FeedbackStore(tmp_path / "fb.db")
+    event = store.log_event("tides", {"weights": {"bm25": 1.0}}, chunks=[{"chunk_id": "c1", "score": 1.0}])
+    store._conn.execute("PRAGMA query_only = ON")  # SQLite answers as for a read-only file (even to root)
+    with pytest.raises(ReadOnlyStoreError, match="read-only"):
+        store.record_feedback(event, "thumbs_up")
+    with pytest.raises(ReadOnlyStoreError):
+        store.save_policy_state({}, {"bm25": 1.0})
+    assert isinstance(ReadOnlyStoreError("x"), (RlfbError, PermissionError))
+    assert store.counts()["feedback"] == 0  # reading still works
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes read-only files")
+def test_a_read_only_file_is_named_at_open(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    FeedbackStore(folder / "fb.db").close()
+    (folder / "fb.db").chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        with pytest.raises(ReadOnlyStoreError, match="read-only"):
+            FeedbackStore(folder / "fb.db")
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("page", [0, -1, 2.5, "x", None, True])
+def test_export_rows_refuses_a_bad_page_at_the_call(page: Any) -> None:
+    with FeedbackStore() as store, pytest.raises(ValidationError, match="page must be an int"):
+        store.export_rows(page=page)  # before the first row: a page of 0 used to export nothing
+
+
+def test_a_rating_just_out_of_range_is_shown_as_given() -> None:
+    with FeedbackStore() as store:
+        event = store.log_event("tides", {"weights": {"bm25": 1.0}}, chunks=[{"chunk_id": "c1", "score": 1.0}])
+        with pytest.raises(RatingOutOfRangeError, match=r"got 5\.0000001"):
+            store.record_feedback(event, "rating", rating=5.0000001)
+        with pytest.raises(ValidationError, match=r"got -1\.0000004"):
+            store.record_feedback(event, "score", value=-1.0000004)
+
+
+@pytest.mark.parametrize("fusion", [[], {}, 3])
+def test_fusion_of_the_wrong_type_is_a_validation_error(fusion: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="unknown fusion method"):
+        _ensemble(None, fusion=fusion)
+    _ensemble(None).save(tmp_path / "idx")
+    config = json.loads((tmp_path / "idx" / "ensemble.json").read_text())
+    (tmp_path / "idx" / "ensemble.json").write_text(json.dumps({**config, "fusion": fusion}))
+    with pytest.raises(CorruptStateError):
+        FeedbackEnsemble.load(tmp_path / "idx")
