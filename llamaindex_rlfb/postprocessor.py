@@ -47,6 +47,8 @@ afresh.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import json
 import threading
 from collections import OrderedDict
@@ -85,6 +87,15 @@ def _open_store(store: Any, store_path: str | None = None) -> Any:
 
     opened = open_store(store, store_path)
     return FeedbackStore(MEMORY) if opened is None else opened
+
+
+@functools.cache
+def _ensemble_options() -> frozenset[str]:
+    """The keyword options FeedbackEnsemble.from_chunks takes, less those the postprocessor passes itself."""
+    params = {**inspect.signature(FeedbackEnsemble.__init__).parameters,
+              **inspect.signature(FeedbackEnsemble.from_chunks).parameters}
+    own = {"store", "policy", "retrievers", "chunks"}
+    return frozenset(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n not in own)
 
 
 def _jsonable(value: Any) -> bool:
@@ -179,6 +190,12 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         top_n = positive_count(top_n, "top_n")
         explore = flag(explore, "explore")
         ensemble_kwargs = {**(options or {}), **ensemble_kwargs}  # a dump's options; explicit ones win
+        ensemble_kwargs.pop("class_name", None)  # every LlamaIndex dump carries it; it is not an ensemble option
+        unknown = sorted(set(ensemble_kwargs) - _ensemble_options())
+        if unknown:  # now, not at the first query (self-indexing builds the ensemble late) nor saved in a dump
+            raise ValidationError(
+                f"unknown ensemble options {unknown}; FeedbackEnsemble takes {sorted(_ensemble_options())}"
+            )
         corpus = {"nodes": nodes, "index": index, "docstore": docstore}
         has_corpus = any(v is not None for v in corpus.values())
         # A rebuild from a dump: what it could not carry must come again, never a silent in-memory store or corpus.
@@ -241,6 +258,12 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     @classmethod
     def class_name(cls) -> str:
         return "FeedbackFusionPostprocessor"
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickling rebuilds from the dumped fields, as from_dict does: the store reopens from store_path, and
+        # a corpus, ensemble or in-memory store the pickle could not carry raises ValidationError here.
+        # (LlamaIndex's BaseComponent would instead fall back to a bare restore without the ensemble.)
+        self.__init__(**state["__dict__"])  # type: ignore[misc]
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -158,6 +158,43 @@ def test_from_dict_reopens_the_same_store_file(tmp_path: Any, nodes: list[TextNo
         FeedbackFusionPostprocessor.from_dict(data, ensemble=make_ensemble())
 
 
+def test_a_dump_rebuilds_through_the_constructor_and_model_validate(tmp_path: Any, nodes: list[TextNode]) -> None:
+    # Every LlamaIndex dump carries "class_name"; it must not be taken for an ensemble option
+    path = tmp_path / "fb.db"
+    alone = FeedbackFusionPostprocessor(store=path, retrievers=("bm25",), top_n=1, seed=3)
+    for data in (alone.to_dict(), alone.model_dump()):
+        assert data["class_name"] == "FeedbackFusionPostprocessor"
+        for twin in (FeedbackFusionPostprocessor(**data), FeedbackFusionPostprocessor.model_validate(data)):
+            assert twin.options == {"seed": 3}
+            [out] = twin.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")
+            assert out.node.metadata[EVENT_ID_KEY]
+
+
+def test_an_unknown_ensemble_option_fails_at_construction(nodes: list[TextNode]) -> None:
+    # Self-indexing builds the ensemble at the first query: a typo used to surface there, as a TypeError
+    with pytest.raises(ValidationError, match=r"unknown ensemble options \['candidat_k'\]"):
+        FeedbackFusionPostprocessor(retrievers=("bm25",), candidat_k=50)
+    with pytest.raises(ValidationError, match="unknown ensemble options"):
+        FeedbackFusionPostprocessor.from_dict({"retrievers": ["bm25"], "options": {"rrf": 60}})
+
+
+def test_unpickling_rebuilds_or_asks_for_what_the_pickle_lacks(tmp_path: Any, nodes: list[TextNode]) -> None:
+    import logging
+    import pickle
+
+    path = tmp_path / "fb.db"
+    logging.disable(logging.WARNING)  # LlamaIndex warns that it drops the unpicklable ensemble and store
+    try:
+        alone = pickle.loads(pickle.dumps(FeedbackFusionPostprocessor(store=path, retrievers=("bm25",), top_n=1)))
+        with_corpus = pickle.dumps(FeedbackFusionPostprocessor(store=path, retrievers=("bm25",), nodes=nodes))
+    finally:
+        logging.disable(logging.NOTSET)
+    assert alone.store.path == str(path)  # reopened from store_path, and it works
+    assert alone.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")
+    with pytest.raises(ValidationError, match="pass nodes= again"):  # not a postprocessor without its ensemble
+        pickle.loads(with_corpus)
+
+
 # ---------------------------------------------------------------------- bad input
 def test_empty_node_list(make_ensemble: Any) -> None:
     pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble())
