@@ -433,9 +433,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         key: str | None = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """Feedback on a retrieval (its ``event_id``, which is its run id) or on a chain run above it.
+        """Feedback on a retrieval (its ``event_id``, which is its run id) or on the chain run just above it.
 
-        The ensemble learns from it.
+        The ensemble learns from it. The retriever knows only its parent run: for a run further
+        up (a whole chain's ``run_id``), pass a :class:`FeedbackCallbackHandler` in the chain's
+        callbacks, which links every run of the chain to its parent.
 
         ``score`` follows LangSmith (``0``/``1`` thumbs by default; see
         :func:`rlfb.runs.score_value`); or give a ``signal`` (``"thumbs_up"``,

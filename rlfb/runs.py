@@ -229,7 +229,9 @@ def record_run_feedback(
         raise UnknownEventError(
             f"no retrieval was logged under run id {run_id!r}, nor under a run below it; "
             "check that the run went through a retriever with feedback logging (a FeedbackEnsembleRetriever, "
-            "or a FeedbackCallbackHandler in the run's callbacks) and that the id is the run's id"
+            "or a FeedbackCallbackHandler in the run's callbacks) and that the id is the run's id; a run above "
+            "the retrieval's parent (a whole chain's run id) resolves only with a FeedbackCallbackHandler in the "
+            "chain's callbacks, which links each run to its parent"
         )
     events = [store.event(e) for e in event_ids]
     if chunk_id is not None:

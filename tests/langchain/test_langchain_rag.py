@@ -23,7 +23,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
-from rlfb import FeedbackEnsemble
+from rlfb import FeedbackEnsemble, UnknownEventError
 from rlfb.datasets import load_beir
 from rlfb.metrics import ndcg_at_k
 from rlfb.simulation.users import SimulatedUser
@@ -71,6 +71,22 @@ def test_lcel_rag_chain_with_feedback_on_the_chain_run(make_ensemble: Any) -> No
     chunks = list(rag_chain(retriever, stream_llm).stream("why do tides happen", config=config))
     assert "".join(chunks) == "Tides follow the moon."
     assert ens.store.counts()["events"] == 2
+
+
+def test_a_chain_run_above_the_parent_needs_the_handler_and_the_error_says_so(make_ensemble: Any) -> None:
+    # The retriever logs only its parent run; the chain's own run id resolves through the handler's links
+    ens = make_ensemble(policy="gradient")
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    chain = rag_chain(retriever, FakeListChatModel(responses=["an answer", "an answer"]))
+    top = uuid.uuid4()
+    chain.invoke("what causes the aurora borealis", config={"run_id": top})
+    with pytest.raises(UnknownEventError, match="FeedbackCallbackHandler in the chain's callbacks"):
+        retriever.feedback(top, score=1.0)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    top = uuid.uuid4()
+    chain.invoke("what causes the aurora borealis", config={"run_id": top, "callbacks": [handler]})
+    (record,) = retriever.feedback(top, score=1.0)
+    assert record.reward > 0
 
 
 class _Clock:
