@@ -70,8 +70,8 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         with open(path, "rb") as fh:
             # decode line by line (not the whole stream) so that an error can name its line
             for lineno, raw in enumerate(fh, start=1):
-                try:
-                    yield lineno, raw.decode("utf-8")
+                try:  # a byte-order mark (files saved by some Windows editors) is not part of the first line
+                    yield lineno, raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
                 except UnicodeDecodeError as exc:
                     raise CorruptStateError(f"{path}:{lineno}: not UTF-8: {exc}") from exc
     except OSError as exc:

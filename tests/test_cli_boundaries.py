@@ -230,3 +230,109 @@ def test_empty_output_name_is_refused(tmp_path: Path, capsys, command: str, opti
     extra = TINY if command == "simulate" else ["--retrievers", "bm25"]
     assert main([command, "--dataset", str(data), option, "", *extra]) == 2
     assert f"{option} needs a file name" in one_error_line(capsys)
+
+
+# -- one error line everywhere, and settings checked before a dataset is indexed --------------------------------
+def test_store_commands_use_the_one_error_prefix(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db")
+    assert main(["store", "export", str(db), "--jsonl", str(db)]) == 2
+    assert one_error_line(capsys).startswith("rlfb: error: ")
+    assert main(["store", "stats", str(tmp_path / "missing.db")]) == 2
+    assert one_error_line(capsys).startswith("rlfb: error: no such store")
+    assert main(["cache", "prune", "--dir", str(tmp_path)]) == 2
+    assert one_error_line(capsys).startswith("rlfb: error: cache prune needs")
+
+
+def test_store_export_makes_the_output_folder_and_refuses_a_folder(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db")
+    out = tmp_path / "new" / "rows.jsonl"
+    assert main(["store", "export", str(db), "--jsonl", str(out)]) == 0
+    assert out.is_file() and not any(p.name.endswith(".tmp") for p in out.parent.iterdir())
+    capsys.readouterr()
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path)]) == 2
+    line = one_error_line(capsys)
+    assert "Is a directory" in line and str(tmp_path) in line and ".tmp" not in line
+
+
+def test_store_export_to_a_reader_that_stops_early_exits_quietly(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    with FeedbackStore(tmp_path / "fb.db") as store:  # more rows than a pipe holds
+        for i in range(300):
+            store.log_event(f"question {i} " + "x" * 200, {"weights": {"bm25": 1.0}},
+                            chunks=[{"chunk_id": f"c{j}", "score": 1.0} for j in range(5)])
+    code = "import sys; from rlfb.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "store", "export", str(tmp_path / "fb.db"), "--jsonl", "-"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()  # as `| head -c 10` does
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and err == ""
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--policy", "thompsn", "unknown policy 'thompsn'"),
+    ("--retrievers", "bm25,splde", "unknown retriever 'splde'"),
+    ("--explicit-rate", "1.5", "explicit_rate must be a probability"),
+    ("--noise", "2", "noise must be a probability"),
+])
+def test_simulate_settings_are_checked_before_indexing(tmp_path: Path, capsys, monkeypatch, option: str,
+                                                       value: str, message: str) -> None:
+    import rlfb.simulation.runner as runner
+
+    def no_indexing(*args, **kwargs):  # the check must come first: reaching here would cost the encoding
+        raise AssertionError("the dataset was indexed before the settings were checked")
+
+    monkeypatch.setattr(runner, "prepare", no_indexing)
+    args = [a for a in TINY if a not in ("--retrievers", "bm25")]
+    args = [*args, "--retrievers", "bm25"] if option != "--retrievers" else args
+    assert main(["simulate", "--dataset", str(write_beir(tmp_path / "ds")), *args, option, value]) == 2
+    assert message in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--retrievers", "bm25,splde", "unknown retriever 'splde'"),
+    ("--weights", "nan,1", "finite"),
+    ("--weights", "-1,2", "negative"),
+])
+def test_evaluate_settings_are_checked_before_indexing(tmp_path: Path, capsys, monkeypatch, option: str,
+                                                       value: str, message: str) -> None:
+    from rlfb.ensemble import FeedbackEnsemble
+
+    def no_indexing(*args, **kwargs):
+        raise AssertionError("the corpus was indexed before the settings were checked")
+
+    monkeypatch.setattr(FeedbackEnsemble, "from_chunks", no_indexing)
+    ds = write_beir(tmp_path / "ds")
+    argv = ["evaluate", "--dataset", str(ds), "--retrievers", "bm25,dense", f"{option}={value}"]
+    assert main(argv) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_plots_without_matplotlib_fail_before_the_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else find_spec(
+        name, *a))
+    ds = write_beir(tmp_path / "ds")
+    assert main(["simulate", "--dataset", str(ds), *TINY, "--plot", str(tmp_path / "c.png")]) == 2
+    assert "pip install 'rlfb[eval]'" in one_error_line(capsys)
+    assert main(["demo", "--retrievers", "bm25", "--interactions", "20", "--seeds", "1",
+                 "--out", str(tmp_path / "demo")]) == 2
+    assert "rlfb demo draws with matplotlib" in one_error_line(capsys)
+    assert not (tmp_path / "demo").exists()
+
+
+def test_a_byte_order_mark_on_the_first_line_is_read_past(tmp_path: Path) -> None:
+    from rlfb.datasets import load_beir
+
+    ds = write_beir(tmp_path / "ds")
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
+        f = ds / name
+        f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())  # as some Windows editors save UTF-8
+    data = load_beir(ds)
+    assert sorted(c.id for c in data.corpus)[0] == "d1"
+    assert data.split("test")["q1"] == {"d1": 1}

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "same_file", "refuse_overwriting_store", "check_int",
-           "check_output_name"]
+           "check_output_name", "require_matplotlib"]
 
 
 def prepare_output_dir(folder: str | Path) -> Path:
@@ -74,3 +74,13 @@ def check_output_name(option: str, value: str | None) -> None:
 
     if value is not None and not value.strip():
         raise ValidationError(f"{option} needs a file name, got {value!r}")
+
+
+def require_matplotlib(option: str) -> None:
+    """Raise :class:`RlfbError` now when ``option`` (a plot) needs matplotlib and it is not installed."""
+    import importlib.util
+
+    from rlfb.errors import RlfbError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise RlfbError(f"{option} draws with matplotlib, which is not installed: pip install 'rlfb[eval]'")

@@ -81,7 +81,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     from rlfb.retrievers.cache import prune_cache
 
     if args.max_mb is None and args.unused_days is None:
-        print("rlfb cache prune: error: give --max-mb, --unused-days or both", file=sys.stderr)
+        print("rlfb: error: cache prune needs --max-mb, --unused-days or both", file=sys.stderr)
         return 2
     _check_dir(args.dir)
     report = prune_cache(args.dir, max_mb=args.max_mb, unused_days=args.unused_days, vacuum=not args.no_vacuum)

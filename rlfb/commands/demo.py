@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import check_int, prepare_output_dir
+    from rlfb.commands import check_int, prepare_output_dir, require_matplotlib
     from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
     check_int("--devices", args.devices, 1)  # 0 or less: an empty collection, reported as an indexing error
+    require_matplotlib("rlfb demo")  # it ends with the plot: fail now, not after the simulation
     out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation
     data = generate_demo_corpus(n_devices=args.devices)
     names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())

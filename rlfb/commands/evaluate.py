@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_weights(text: str | None, names: list[str]) -> list[float] | None:
+    from rlfb.fusion import validate_weights  # here, not at import: `rlfb --help` stays light
+
     if text is None:
         return None
     try:
@@ -31,7 +33,19 @@ def parse_weights(text: str | None, names: list[str]) -> list[float] | None:
         raise ValidationError(f"--weights must be comma-separated numbers, got {text!r}") from None
     if len(values) != len(names):
         raise ValidationError(f"--weights has {len(values)} values for {len(names)} retrievers {names}")
+    validate_weights(values, names)  # NaN, negative or all-zero weights fail now, not after indexing
     return values
+
+
+def check_retriever_names(names: list[str]) -> None:
+    """Refuse an unknown ``--retrievers`` name before any retriever encodes the corpus."""
+    from rlfb.retrievers import retriever_names
+
+    if not names:
+        raise ValidationError("--retrievers names no retriever")
+    unknown = [n for n in names if n not in retriever_names()]
+    if unknown:
+        raise ValidationError(f"unknown retriever {unknown[0]!r}; valid names: {', '.join(retriever_names())}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     k = validate_k(args.k)
     names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
+    check_retriever_names(names)
     weights = parse_weights(args.weights, names)
     check_output_name("--json", args.json_out)
     if args.json_out:  # a bad output path fails now, not after indexing and evaluation

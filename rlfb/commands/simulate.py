@@ -15,7 +15,7 @@ MAX_SEEDS = 1000
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines")
     p.add_argument("--dataset", required=True, help="a BEIR folder, or 'demo' for the generated collection")
-    p.add_argument("--policy", default="gradient", help="fixed, batch, thompson or gradient")
+    p.add_argument("--policy", default="gradient", help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--user", default="navigational", help="perfect, navigational or informational")
     p.add_argument("--interactions", type=int, default=2000)
     p.add_argument("--explicit-rate", type=float, default=0.1)
@@ -59,6 +59,9 @@ def plot_path(path: str) -> str:
     Without an extension matplotlib itself would append ``.png``; doing it here lets the CLI name
     the real file.
     """
+    from rlfb.commands import require_matplotlib
+
+    require_matplotlib("--plot")
     from matplotlib.backend_bases import FigureCanvasBase
 
     p = Path(path)

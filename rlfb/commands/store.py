@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -61,8 +62,11 @@ def _open(path: str) -> Any:
     return FeedbackStore(path)
 
 
-def _fail(message: str) -> int:
-    print(f"rlfb store: error: {message}", file=sys.stderr)
+def _fail(message: str | BaseException) -> int:
+    from rlfb.cli import describe_error
+
+    text = describe_error(message) if isinstance(message, BaseException) else message
+    print(f"rlfb: error: {text}", file=sys.stderr)  # the one error line every rlfb command prints
     return 2
 
 
@@ -76,7 +80,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             window = None if args.window_days is None else args.window_days * 86400.0
             stats = store.stats(window)
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError) as exc:
-        return _fail(str(exc))
+        return _fail(exc)
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=True))
         return 0
@@ -100,19 +104,24 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``store export``."""
-    from rlfb.commands import refuse_overwriting_store
+    from rlfb.commands import prepare_output_file, refuse_overwriting_store
 
     try:
         if args.jsonl != "-":  # before the store is opened: exporting onto it would destroy it
             refuse_overwriting_store(args.jsonl, args.file)
+            prepare_output_file(args.jsonl)  # its folder is made, as for --json; a folder is refused
         with _open(args.file) as store:
             if args.jsonl == "-":
                 n = store.export_jsonl(sys.stdout.buffer)
                 sys.stdout.buffer.flush()
             else:
                 n = store.export_jsonl(args.jsonl)
+    except BrokenPipeError:  # the reader stopped early (`| head`): not an error, as for any Unix filter
+        # stdout is closed on its side: point it at devnull so that Python's exit flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError, OSError) as exc:
-        return _fail(str(exc))
+        return _fail(exc)
     print(f"wrote {n} rows to {args.jsonl}", file=sys.stderr)
     return 0
 

@@ -75,8 +75,26 @@ class SimulationConfig:
     learner: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # every setting is checked here, before a dataset is indexed: a typo must not cost minutes of encoding
+        from rlfb.fusion import FUSION_METHODS
+        from rlfb.policies import POLICIES
+        from rlfb.retrievers import retriever_names
+
         if self.user not in CLICK_MODELS:
             raise ValidationError(f"unknown user {self.user!r}; choose one of {sorted(CLICK_MODELS)}")
+        if isinstance(self.policy, str) and self.policy not in POLICIES:
+            raise ValidationError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
+        if not self.retrievers:
+            raise ValidationError("give at least one retriever")
+        unknown = [r for r in self.retrievers if isinstance(r, str) and r not in retriever_names()]
+        if unknown:
+            raise ValidationError(f"unknown retriever {unknown[0]!r}; valid names: {', '.join(retriever_names())}")
+        if not isinstance(self.fusion, str) or self.fusion not in FUSION_METHODS:
+            raise ValidationError(f"unknown fusion method {self.fusion!r}; choose one of {sorted(FUSION_METHODS)}")
+        for name in ("explicit_rate", "noise", "reformulation_rate", "late_rate"):
+            p = getattr(self, name)
+            if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
+                raise ValidationError(f"{name} must be a probability in [0, 1], got {p!r}")
         if self.interactions <= 0 or self.checkpoints <= 0:
             raise ValidationError("interactions and checkpoints must be positive")
         if not self.seeds:
