@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -221,18 +224,39 @@ def test_a_store_that_cannot_be_written_raises_read_only(tmp_path: Path) -> None
     store.close()
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes read-only files")
+def _as_unprivileged() -> list[str]:
+    """A command prefix under which file modes hold; root ignores them unless it drops DAC override."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: file modes do not bind root")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}", "--"]
+
+
 def test_a_read_only_file_is_named_at_open(tmp_path: Path) -> None:
     folder = tmp_path / "ro"
     folder.mkdir()
     FeedbackStore(folder / "fb.db").close()
     (folder / "fb.db").chmod(0o444)
-    folder.chmod(0o555)
+    folder.chmod(0o555)  # no WAL side files either
+    code = (
+        "import sys\n"
+        "from rlfb.errors import ReadOnlyStoreError\n"
+        "from rlfb.store import FeedbackStore\n"
+        "try:\n"
+        "    FeedbackStore(sys.argv[1])\n"
+        "except ReadOnlyStoreError as exc:\n"
+        "    print('ReadOnlyStoreError', exc)\n"
+    )
     try:
-        with pytest.raises(ReadOnlyStoreError, match="read-only"):
-            FeedbackStore(folder / "fb.db")
+        out = subprocess.run([*_as_unprivileged(), sys.executable, "-c", code, str(folder / "fb.db")],
+                             capture_output=True, text=True, check=False)
     finally:
         folder.chmod(0o755)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ReadOnlyStoreError") and "is read-only" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("page", [0, -1, 2.5, "x", None, True])
