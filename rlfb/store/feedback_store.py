@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -314,26 +314,15 @@ class FeedbackStore:
         not interleaved with another process's. Writes inside commit together at the end, or
         none of them on an error. Keep the block short: other writers wait up to ``busy_timeout``.
         """
-        with self._lock, self._sql_errors():
-            conn = self._check_open()
-            if self._exclusive:  # nested: the outer block holds the lock already
+        with self._lock:
+            # the outermost block is one write transaction (BEGIN IMMEDIATE ... COMMIT or ROLLBACK); the
+            # writes inside become savepoints of it, and nested blocks join it
+            with nullcontext() if self._exclusive else self._write():
                 self._exclusive += 1
                 try:
                     yield self
                 finally:
                     self._exclusive -= 1
-                return
-            conn.execute("BEGIN IMMEDIATE")
-            self._exclusive = 1
-            try:
-                yield self
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            finally:
-                self._exclusive = 0
 
     def _timestamp(self, x: Any, name: str, now: float) -> float:
         ts = now if x is None else as_timestamp(x, name)
