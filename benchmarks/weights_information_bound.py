@@ -3,9 +3,10 @@
 The evaluation issue asks the learned weights to come within 0.005 nDCG@10 of weights tuned on the
 stream questions with their full judgments. This script bounds what the stream's feedback can tell
 about the weights, generously: instead of clicks it hands the grid search the **true grade of every
-chunk that was shown** (or, in the ``click rates`` rows, the cascade-corrected click rate of each chunk: clicks
-over the times it was examined, i.e. shown at or above the user's last click). The grid search then
-ranks every candidate with each of the 66 weight vectors (min-max fusion, step 0.1), which no online
+chunk the user examined** (shown at or above the user's last click: all a cascade user's clicks can
+speak for), or, more generously still, of **every chunk shown**, which no click feedback gives; or, in
+the ``click rates`` rows, the cascade-corrected click rate of each chunk (clicks over the times it was
+examined). The grid search then ranks every candidate with each of the 66 weight vectors (min-max fusion, step 0.1), which no online
 learner sees, and keeps the best mean nDCG@10 over the stream questions. The chosen weights are scored
 on the held-out questions with their full judgments, as the simulator's ``tuned_fixed`` baseline is.
 
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             rng, arms = random.Random(seed), np.random.default_rng(seed)
             clicks: dict[str, Counter[str]] = defaultdict(Counter)
             examined: dict[str, Counter[str]] = defaultdict(Counter)
+            shown_all: dict[str, set[str]] = defaultdict(set)
             for _ in range(args.interactions):
                 q = rng.choice(stream)
                 arm = 0 if display == "equal" else int(arms.integers(len(grid)))
@@ -86,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
                 clicked = user.clicks(shown, judgments[q])
                 last = max((shown.index(c) for c in clicked), default=K - 1)  # cascade: read down to here
                 examined[q].update(shown[: last + 1])
+                shown_all[q].update(shown)
                 clicks[q].update(clicked)
 
-            true_shown = {q: {c: full[q][c] for c in examined[q] if c in full[q]} for q in stream}
+            true_examined = {q: {c: full[q][c] for c in examined[q] if c in full[q]} for q in stream}
+            true_shown = {q: {c: full[q][c] for c in shown_all[q] if c in full[q]} for q in stream}
             # clicks per examination, shrunk towards the 0.05 of a non-relevant chunk; above it, scaled to [0, 1]
             rates = {q: {c: (n + 0.1) / (examined[q][c] + 2) for c, n in clicks[q].items()} for q in stream}
             click_rate = {q: {c: (r - 0.05) / 0.9 for c, r in rates[q].items() if r > 0.05} for q in stream}
-            for name, gains in (("true grades of shown chunks", true_shown), ("click rates", click_rate)):
+            for name, gains in (("true grades of examined chunks", true_examined),
+                                ("true grades of every shown chunk", true_shown), ("click rates", click_rate)):
                 best = int(mean_ndcg(prep, scores, gains, stream).argmax())
                 rows.setdefault(f"{name}, {display} shown", []).append(held[best])
 
