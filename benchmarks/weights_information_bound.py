@@ -6,9 +6,10 @@ about the weights, generously: instead of clicks it hands the grid search the **
 chunk the user examined** (shown at or above the user's last click: all a cascade user's clicks can
 speak for), or, more generously still, of **every chunk shown**, which no click feedback gives; or, in
 the ``click rates`` rows, the cascade-corrected click rate of each chunk (clicks over the times it was
-examined). The grid search then ranks every candidate with each of the 66 weight vectors (min-max fusion, step 0.1), which no online
-learner sees, and keeps the best mean nDCG@10 over the stream questions. The chosen weights are scored
-on the held-out questions with their full judgments, as the simulator's ``tuned_fixed`` baseline is.
+examined). The grid search then ranks every candidate with each of the 66 weight vectors (min-max
+fusion, step 0.1), which no online learner sees, and keeps the best mean nDCG@10 over the stream
+questions. The chosen weights are scored on the held-out questions with their full judgments, as the
+simulator's ``tuned_fixed`` baseline is.
 
 Two display policies decide which chunks are shown: ``equal`` (equal weights, what the learner shows
 until its evidence gate opens) and ``uniform`` (a uniformly random weight vector every time, far more
