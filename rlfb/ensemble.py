@@ -221,6 +221,10 @@ class FeedbackEnsemble:
         show_progress: bool = False,
     ) -> list[str]:
         """:meth:`add_chunks` from raw texts; ``ids`` default to new random ones (uuid4 hex)."""
+        if not isinstance(texts, str):
+            texts = list(texts)  # a generator is read once, for the ids and the chunks alike
+            if not texts:
+                return []  # nothing to index, as add_chunks([])
         if ids is None and not isinstance(texts, str):
             ids = [uuid.uuid4().hex for _ in texts]
         return self.add_chunks(make_chunks(texts, ids, metadatas), show_progress=show_progress)
@@ -327,7 +331,9 @@ class FeedbackEnsemble:
         ids = [table.ids[int(r)] for r in rows]
         raw = np.stack([s[rows] for s in full], axis=1) if full else np.zeros((len(rows), 0))
         ranks = np.zeros_like(raw)
+        proposed = np.zeros(raw.shape, dtype=bool)  # in the retriever's own top list (a pool of depth k)
         for j, (s, top) in enumerate(zip(full, tops, strict=True)):
+            proposed[np.searchsorted(rows, top), j] = True
             # exact 1-based rank inside the retriever's own top list (rows is sorted, so searchsorted
             # finds each top row); candidates below that list keep their order after it
             ranks[np.searchsorted(rows, top), j] = np.arange(1, len(top) + 1)
@@ -336,8 +342,10 @@ class FeedbackEnsemble:
                 order = np.lexsort((outside, -s[rows[outside]]))
                 ranks[outside[order], j] = len(top) + 1 + np.arange(outside.size)
         if self._members:
-            ids, raw, ranks = self._add_member_candidates(query, depth, ids, raw, ranks, table, retrievers)
-        return self._make_context(query, ids, raw, ranks, session_id)
+            ids, raw, ranks, proposed = self._add_member_candidates(
+                query, depth, ids, raw, ranks, proposed, table, retrievers
+            )
+        return self._make_context(query, ids, raw, ranks, session_id, proposed)
 
     def _index(self) -> tuple[ChunkTable, dict[str, Retriever]]:
         with self._lock:
@@ -350,9 +358,10 @@ class FeedbackEnsemble:
         ids: list[str],
         raw: np.ndarray,
         ranks: np.ndarray,
+        proposed: np.ndarray,
         table: ChunkTable,
         retrievers: Mapping[str, Retriever],
-    ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         results = [m.search(query, depth, c=self.rrf_c) for m in self._members.values()]
         known = set(ids)
         new: list[Chunk] = []
@@ -369,20 +378,23 @@ class FeedbackEnsemble:
             # below every ranked candidate, in score order
             tail = rank_matrix(corpus) + (ranks.max(axis=0) if ranks.size else 0)
             ranks = np.vstack([ranks, tail])
+            proposed = np.vstack([proposed, np.zeros((len(new), proposed.shape[1]), dtype=bool)])  # scored only
             ids = ids + [c.id for c in new]
         position = {cid: i for i, cid in enumerate(ids)}
         member_cols = np.full((len(ids), len(results)), np.nan)
         for j, found in enumerate(results):
             for chunk, score in found:
                 member_cols[position[chunk.id], j] = score
-        return ids, np.hstack([raw, member_cols]), np.hstack([ranks, rank_matrix(member_cols)])
+        return (ids, np.hstack([raw, member_cols]), np.hstack([ranks, rank_matrix(member_cols)]),
+                np.hstack([proposed, ~np.isnan(member_cols)]))
 
     def _keep_extra(self, chunk: Chunk) -> None:
         """Remember a chunk found outside the index, so that hits and feedback can name it (bounded)."""
-        self._extra[chunk.id] = chunk
-        self._extra.move_to_end(chunk.id)
-        while len(self._extra) > self._extra_size:
-            self._extra.popitem(last=False)
+        with self._lock:  # searches call this while a corpus update prunes the same dict
+            self._extra[chunk.id] = chunk
+            self._extra.move_to_end(chunk.id)
+            while len(self._extra) > self._extra_size:
+                self._extra.popitem(last=False)
 
     def _score_chunks(
         self, query: str, chunks: Sequence[Chunk], table: ChunkTable, retrievers: Mapping[str, Retriever]
@@ -413,7 +425,8 @@ class FeedbackEnsemble:
         return ctx if key == ctx.query else dataclasses.replace(ctx, query=key)
 
     def _make_context(
-        self, query: str, ids: Sequence[str], raw: np.ndarray, ranks: np.ndarray, session_id: str | None
+        self, query: str, ids: Sequence[str], raw: np.ndarray, ranks: np.ndarray, session_id: str | None,
+        proposed: np.ndarray | None = None,
     ) -> Context:
         from rlfb.features import query_features, query_type
 
@@ -429,6 +442,7 @@ class FeedbackEnsemble:
             query_embedding=self._query_embedding(query),
             session_id=session_id,
             ranks=ranks,
+            proposed=proposed,
         )
 
     def retrieve(
@@ -498,7 +512,9 @@ class FeedbackEnsemble:
         raw = self._score_chunks(query, chunks, table, retrievers)
         if self._members:  # members did not see these chunks: they contribute nothing
             raw = np.hstack([raw, np.full((len(chunks), len(self._members)), np.nan)])
-        ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id)
+        # no retriever proposed these chunks: the caller did
+        ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id,
+                                 np.zeros(raw.shape, dtype=bool))
         return self.rank_context(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
                             metadata=metadata, timestamp=timestamp)
 
@@ -574,7 +590,8 @@ class FeedbackEnsemble:
 
     def _hits(self, ctx: Context, ranking: Any) -> list[Hit]:
         names = ctx.retrievers
-        proposed = ctx.ranks <= self.candidate_k  # NaN (not returned by a member) compares False
+        # which retrievers' own top lists held each candidate; a context built elsewhere may lack the mask
+        proposed = ctx.proposed if ctx.proposed is not None else ctx.ranks <= self.candidate_k
         hits = []
         for rank, idx in enumerate(ranking.order, start=1):
             idx = int(idx)
@@ -883,7 +900,7 @@ class FeedbackEnsemble:
                 tmp.mkdir(parents=True)
                 try:
                     table.save(tmp)
-                except TypeError as exc:  # json cannot encode some chunk's metadata
+                except (TypeError, ValueError) as exc:  # json cannot encode some chunk's metadata (or a cycle)
                     raise ValidationError(f"cannot save the chunks' metadata as JSON: {exc}") from exc
                 for name, r in retrievers.items():
                     r.save(tmp / "retrievers" / name)
@@ -909,16 +926,23 @@ class FeedbackEnsemble:
         """Load what :meth:`save` wrote: the index, the settings, the learner's settings and all it learned.
 
         ``kwargs`` override the saved ensemble settings (``fusion``, ``candidate_k``, ...); the
-        learner comes back with the policy, hyperparameters and learner settings it was saved
-        with. With a ``store`` whose newest snapshot is of the same policy and retrievers and has
-        learned from more feedback than the save (other processes went on learning), the store's
-        state is kept: loading an older save never rolls the store back. Search members are not
-        saved: pass the same ``members=`` again. A damaged file raises :class:`CorruptStateError`.
+        learner comes back with the policy, hyperparameters, weights and learner settings it was
+        saved with (``policy=``, ``learner_config=`` or ``weights=`` is a :class:`ValidationError`).
+        With a ``store`` whose newest snapshot is of the same policy and retrievers and has learned
+        from more feedback than the save (other processes went on learning), the store's state is kept:
+        loading an older save never rolls the store back. Search members are not saved: pass the
+        same ``members=`` again. A damaged file raises :class:`CorruptStateError`.
         """
         from rlfb.learner import Learner
         from rlfb.retrievers import load_retriever
 
         root = Path(path)
+        learned = sorted({"policy", "learner_config", "weights"} & set(kwargs))
+        if learned:  # the saved learner state would overwrite them: refuse rather than drop them unsaid
+            raise ValidationError(
+                f"load() brings back the saved learner, so it takes no {learned}: set weights afterwards with "
+                "ens.learner.set_weights(...), or build a new ensemble for another policy"
+            )
         try:
             config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
             state = json.loads((root / "learner.json").read_text(encoding="utf-8"), parse_constant=_no_constant)

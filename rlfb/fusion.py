@@ -65,6 +65,8 @@ def minmax_normalize(scores: np.ndarray) -> np.ndarray:
     [0.0, 1.0, 0.5]
     """
     arr = _as_matrix(scores)
+    if arr.shape[0] == 0:  # no candidates (a member that found nothing): nothing to scale
+        return np.zeros_like(arr)
     mask, filled = _present(arr)
     lo = np.where(mask, filled, np.inf).min(axis=0)
     hi = np.where(mask, filled, -np.inf).max(axis=0)
@@ -184,8 +186,8 @@ def validate_weights(
         values = list(weights)
     try:
         arr = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise InvalidWeightsError(f"weights must be numbers, got {values!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidWeightsError(f"weights must be finite numbers, got {values!r}") from None
     if arr.ndim != 1 or arr.size == 0:
         raise InvalidWeightsError(f"weights must be a non-empty flat list, got {values!r}")
     if names is not None and arr.size != len(names):
@@ -194,10 +196,10 @@ def validate_weights(
         raise InvalidWeightsError(f"weights must be finite numbers, got {arr.tolist()}")
     if np.any(arr < 0):
         raise InvalidWeightsError(f"weights must be non-negative, got {arr.tolist()}")
-    total = arr.sum()
-    if total <= 0:
+    if not arr.any():
         raise InvalidWeightsError("weights must not all be zero")
-    return arr / total
+    arr = arr / arr.max()  # first: two weights of 1e308 would sum to inf, and every share to 0
+    return arr / arr.sum()
 
 
 def weighted_fusion(normalized: np.ndarray, weights: np.ndarray | Sequence[float]) -> np.ndarray:

@@ -41,7 +41,13 @@ class SearchMember:
         validate_k(k)
         out: list[tuple[Chunk, float]] = []
         seen: set[str] = set()
-        for rank, item in enumerate(self._search(query, k), start=1):
+        found = self._search(query, k)
+        if found is None or isinstance(found, (str, bytes)) or not hasattr(found, "__iter__"):
+            raise ValidationError(
+                f"member {self.name!r} returned {type(found).__name__}: it must return a sequence of "
+                "(Chunk, score or None) pairs"
+            )
+        for rank, item in enumerate(found, start=1):
             try:
                 chunk, score = item
                 score = None if score is None else float(score)

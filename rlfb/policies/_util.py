@@ -164,16 +164,19 @@ def weights_vector(
     for x in raw:
         if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
             raise InvalidWeightsError(f"weights must be numbers, got {weights!r}")
-        vals.append(float(x))
+        try:
+            vals.append(float(x))
+        except OverflowError:  # an int beyond float range
+            raise InvalidWeightsError(f"weights must be finite, got {weights!r}") from None
     vec = np.asarray(vals, dtype=float)
     if not np.all(np.isfinite(vec)):
         raise InvalidWeightsError(f"weights must be finite, got {weights!r}")
     if np.any(vec < 0):
         raise InvalidWeightsError(f"weights must be non-negative, got {weights!r}")
-    total = float(vec.sum())
-    if total <= 0:
+    if not vec.any():
         raise InvalidWeightsError(f"weights must not all be zero, got {weights!r}")
-    return vec / total
+    vec = vec / vec.max()  # first: two weights of 1e308 would sum to inf, and every share to 0
+    return vec / vec.sum()
 
 
 def weights_dict(vec: np.ndarray, retrievers: Sequence[str]) -> dict[str, float]:

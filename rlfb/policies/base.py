@@ -45,6 +45,7 @@ class Context:
     k: int = 10
     offsets: np.ndarray | None = None
     ranks: np.ndarray | None = None  # 1-based rank of each candidate in each retriever's own ranking
+    proposed: np.ndarray | None = None  # bool: the candidate was in that retriever's own top list
 
 
 @dataclass(frozen=True)

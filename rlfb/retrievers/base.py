@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -195,6 +195,7 @@ class ChunkTable:
         path.mkdir(parents=True, exist_ok=True)
         with open(path / "chunks.jsonl", "w", encoding="utf-8") as fh:
             for cid, text, meta in zip(self.ids, self.texts, self.metadatas, strict=True):
+                _check_keys(meta, cid)
                 row = {"id": cid, "text": text, "metadata": meta}
                 line = json.dumps(row, ensure_ascii=False)
                 if not line.isascii():
@@ -376,3 +377,21 @@ class CorpusRetriever:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n_chunks={len(self)})"
+
+
+def _check_keys(value: Any, chunk_id: str, _open: frozenset[int] = frozenset()) -> None:
+    """Refuse metadata JSON cannot hold as it is: a key that is not a string (``{1: "a", "1": "b"}``
+    would come back as one key) or a container that holds itself."""
+    if not isinstance(value, (Mapping, list, tuple)):
+        return
+    if id(value) in _open:
+        raise TypeError(f"chunk {chunk_id!r}: its metadata holds itself (a circular reference)")
+    inside = _open | {id(value)}
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"chunk {chunk_id!r}: metadata key {k!r} is not a string")
+            _check_keys(v, chunk_id, inside)
+    else:
+        for v in value:
+            _check_keys(v, chunk_id, inside)

@@ -308,7 +308,8 @@ class BM25Retriever(CorpusRetriever):
         spans = [(m.indptr[r], m.indptr[r + 1]) for r in rows]
         docs = np.concatenate([m.indices[a:b] for a, b in spans])
         weights = np.concatenate([m.data[a:b] for a, b in spans]).astype(np.float64)
-        return np.bincount(docs, weights=weights, minlength=n_docs)
+        # float64 even when every row is empty (a term deleted chunks held): bincount would give int64
+        return np.bincount(docs, weights=weights, minlength=n_docs).astype(np.float64, copy=False)
 
     def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """BM25 scores of texts outside the index, with the index's IDF and average length.

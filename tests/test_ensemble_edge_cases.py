@@ -1,0 +1,159 @@
+"""The ensemble on odd input: what a hit says proposed it, empty members, huge weights, load overrides,
+metadata JSON cannot hold, and corpus updates while other threads re-rank."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rlfb import FeedbackEnsemble, InvalidWeightsError, ValidationError
+from rlfb.fusion import minmax_normalize, validate_weights
+from rlfb.members import SearchMember
+from rlfb.retrievers.bm25 import BM25Retriever
+from rlfb.types import Chunk, make_chunks
+
+TEXTS = ["the aurora is caused by solar wind", "tides follow the moon", "volcanoes erupt magma",
+         "aurora borealis lights", "aurora seen in norway", "aurora over iceland"]
+
+
+def _ens(**kw: Any) -> FeedbackEnsemble:
+    return FeedbackEnsemble.from_texts(TEXTS, ids=[str(i) for i in range(len(TEXTS))], retrievers=("bm25",), **kw)
+
+
+# -- proposed_by: the retrievers whose own top list held the chunk ------------------------------------------
+def test_a_chunk_only_a_member_found_is_proposed_by_that_member_alone() -> None:
+    kb = SearchMember("kb", lambda q, k: [(Chunk("outside", "aurora aurora aurora"), 3.0)])
+    hits = _ens(members=[kb]).retrieve("aurora", k=3, explore=False, log=False).hits
+    by_id = {h.chunk_id: h.proposed_by for h in hits}
+    assert by_id["outside"] == ("kb",)  # bm25 only scored its text
+    assert all(p == ("bm25",) for cid, p in by_id.items() if cid != "outside")
+
+
+def test_every_hit_of_a_pool_deeper_than_candidate_k_was_proposed() -> None:
+    # k > candidate_k: the pool is bm25's top k, so every hit came from its own list
+    hits = _ens(candidate_k=2).retrieve("aurora", k=4, explore=False, log=False).hits
+    assert len(hits) == 4 and all(h.proposed_by == ("bm25",) for h in hits)
+
+
+def test_reranked_chunks_were_proposed_by_no_retriever() -> None:
+    chunks = [Chunk("ext1", "aurora in a brochure"), Chunk("ext2", "nothing here"), Chunk("0", TEXTS[0])]
+    hits = _ens().rerank("aurora", chunks, explore=False, log=False).hits
+    assert [h.proposed_by for h in hits] == [(), (), ()]
+
+
+# -- empty and malformed member results ---------------------------------------------------------------------
+@pytest.mark.parametrize("fusion", ["minmax", "zscore", "rrf"])
+def test_a_member_only_ensemble_whose_member_finds_nothing_returns_nothing(fusion: str) -> None:
+    ens = FeedbackEnsemble({}, members=[SearchMember("kb", lambda q, k: [])], fusion=fusion)
+    assert ens.retrieve("anything", k=3, log=False).hits == []
+
+
+def test_minmax_of_no_candidates_is_empty() -> None:
+    assert minmax_normalize(np.zeros((0, 3))).shape == (0, 3)
+
+
+@pytest.mark.parametrize("returned", [None, 3, "a string"])
+def test_a_member_returning_no_sequence_is_a_validation_error(returned: Any) -> None:
+    ens = _ens(members=[SearchMember("kb", lambda q, k: returned)])
+    with pytest.raises(ValidationError, match="member 'kb' returned"):
+        ens.retrieve("aurora", k=2, log=False)
+
+
+# -- weights at the edge of float -------------------------------------------------------------------------
+def test_huge_weights_normalise_without_overflow() -> None:
+    assert validate_weights([1e308, 1e308]).tolist() == [0.5, 0.5]  # the sum would be inf, each share 0
+    with pytest.raises(InvalidWeightsError):
+        validate_weights([10**400, 1])  # an int beyond float range
+    with pytest.raises(InvalidWeightsError):
+        _ens(weights=[10**400])
+
+
+def test_two_huge_policy_weights_stay_equal() -> None:
+    from rlfb.policies._util import weights_vector
+
+    assert weights_vector([1e308, 1e308], ("a", "b")).tolist() == [0.5, 0.5]
+    with pytest.raises(InvalidWeightsError):
+        weights_vector([10**400, 1], ("a", "b"))
+
+
+# -- save and load ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override", [{"weights": [1.0]}, {"policy": "fixed"}, {"learner_config": None}])
+def test_load_refuses_settings_the_saved_learner_would_overwrite(tmp_path: Path, override: dict) -> None:
+    _ens(policy="thompson").save(tmp_path / "idx")
+    with pytest.raises(ValidationError, match="brings back the saved learner"):
+        FeedbackEnsemble.load(tmp_path / "idx", **override)
+    assert FeedbackEnsemble.load(tmp_path / "idx", candidate_k=3).candidate_k == 3  # ensemble settings still can
+
+
+def _cyclic() -> dict:
+    meta: dict = {"a": 1}
+    meta["self"] = meta
+    return meta
+
+
+@pytest.mark.parametrize(("meta", "message"), [({1: "a", "1": "b"}, "metadata key 1 is not a string"),
+                                               ({"nested": [{2: "x"}]}, "metadata key 2 is not a string"),
+                                               (None, "holds itself")])
+def test_save_refuses_metadata_json_would_change(tmp_path: Path, meta: Any, message: str) -> None:
+    good = _ens()
+    good.save(tmp_path / "idx")
+    bad = FeedbackEnsemble.from_chunks([Chunk("c", "aurora", _cyclic() if meta is None else meta)],
+                                       retrievers=("bm25",))
+    with pytest.raises(ValidationError, match=message):
+        bad.save(tmp_path / "idx")
+    assert len(FeedbackEnsemble.load(tmp_path / "idx")) == len(TEXTS)  # the earlier save is intact
+    assert json.loads((tmp_path / "idx" / "ensemble.json").read_text())["retrievers"] == ["bm25"]
+
+
+# -- corpus updates -----------------------------------------------------------------------------------------
+def test_add_texts_of_nothing_or_a_generator() -> None:
+    ens = _ens()
+    assert ens.add_texts([]) == []
+    ids = ens.add_texts(t for t in ["glaciers carve valleys", "comets have tails"])  # read once, ids included
+    assert len(ids) == 2 and len(ens) == len(TEXTS) + 2
+
+
+def test_bm25_scores_stay_float_after_a_delete() -> None:
+    bm25 = BM25Retriever().index(make_chunks(["the aurora glows", "tides follow the moon"], ids=["a", "t"]))
+    updated = bm25.updated(bm25._table.changed(deletes=["a"]))  # 'aurora' is now a term no chunk holds
+    assert updated.score_all("aurora").dtype == np.float64
+    assert updated.score_all_batch(["aurora"]).dtype == np.float64
+
+
+def test_updates_while_other_threads_rerank_chunks_outside_the_index() -> None:
+    # rerank remembers chunks outside the index while an update prunes the same record of them
+    ens = _ens()
+    for i in range(50_000):  # a long record, so that an update spends a while going through it
+        ens._keep_extra(Chunk(f"seen-{i}", "aurora elsewhere"))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def rerank() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                ens.rerank("aurora", [Chunk(f"out-{threading.get_ident()}-{i}", "aurora outside")], log=False)
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    readers = [threading.Thread(target=rerank) for _ in range(3)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often, as on a busy many-core server
+    for t in readers:
+        t.start()
+    try:
+        for i in range(300):
+            ens.add_texts([f"new chunk {i} about aurora"], ids=[f"n{i}"])
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+        sys.setswitchinterval(switch)
+    assert errors == [] and len(ens) == len(TEXTS) + 300
