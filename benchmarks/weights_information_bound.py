@@ -35,7 +35,7 @@ import numpy as np
 
 from rlfb.datasets import dataset_path, load_beir
 from rlfb.fusion import normalize
-from rlfb.simulation.runner import Prepared, SimulationConfig, _Judge, _split, prepare, simplex_grid
+from rlfb.simulation.runner import Prepared, SimulationConfig, _Judge, _split, prepare, simplex_grid, stream_seed
 from rlfb.simulation.users import SimulatedUser
 
 K = 10
@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.setdefault("equal weights", []).append(held[0])
         rows.setdefault("tuned on full judgments", []).append(held[tuned])
         for display in ("equal", "uniform"):
-            user = SimulatedUser("navigational", explicit_rate=0.0, max_grade=prep.max_grade, seed=seed)
-            rng, arms = random.Random(seed), np.random.default_rng(seed)
+            user = SimulatedUser("navigational", explicit_rate=0.0, max_grade=prep.max_grade,
+                                 seed=stream_seed(seed, "user"))
+            rng, arms = random.Random(stream_seed(seed, "queries")), np.random.default_rng(seed)
             clicks: dict[str, Counter[str]] = defaultdict(Counter)
             examined: dict[str, Counter[str]] = defaultdict(Counter)
             shown_all: dict[str, set[str]] = defaultdict(set)

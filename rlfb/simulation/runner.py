@@ -40,7 +40,8 @@ from rlfb.fusion import normalize
 from rlfb.policies.base import Context
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
 
-__all__ = ["SimulationConfig", "Prepared", "prepare", "simulate", "simplex_grid", "summarize", "plot_curves"]
+__all__ = ["SimulationConfig", "Prepared", "prepare", "simulate", "simplex_grid", "summarize", "plot_curves",
+           "stream_seed"]
 
 METRIC = "ndcg@10"
 
@@ -99,6 +100,8 @@ class SimulationConfig:
             raise ValidationError("interactions and checkpoints must be positive")
         if not self.seeds:
             raise ValidationError("give at least one seed")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
+            raise ValidationError(f"seeds must be non-negative ints, got {list(self.seeds)!r}")
         if not (0 < self.grid_step <= 0.5):
             raise ValidationError(f"grid_step must be in (0, 0.5], got {self.grid_step}")
         if not (isinstance(self.answer_k, int) and 1 <= self.answer_k <= self.k):
@@ -156,6 +159,22 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
         dataset, dict(ens.retrievers), ens.chunks, contexts, qrels, stream_qrels, max(grades, default=1),
         config.fusion, config.candidate_k, index_seconds, context_seconds,
     )
+
+
+_STREAMS = ("queries", "user")
+
+
+def stream_seed(seed: int, stream: str) -> int:
+    """The seed of one of a run's random streams (which question comes next, what the user does).
+
+    Each stream gets its own seed, derived from the run's: seeded alike, two ``random.Random``
+    would draw the very same numbers, so the next question would follow the user's earlier clicks.
+    The learner keeps ``seed`` itself.
+
+    >>> stream_seed(0, "queries") != stream_seed(0, "user") != 0
+    True
+    """
+    return int(np.random.SeedSequence([seed, _STREAMS.index(stream)]).generate_state(1)[0])
 
 
 def simplex_grid(n: int, step: float = 0.1) -> np.ndarray:
@@ -307,9 +326,9 @@ def run_seed(
         config.user, explicit_rate=config.explicit_rate, noise=config.noise,
         reformulation_rate=config.reformulation_rate, answer_k=config.answer_k, depth=config.k,
         mean_delay=config.mean_delay, late_rate=config.late_rate, late_delay=config.late_delay,
-        max_grade=prep.max_grade, seed=seed,
+        max_grade=prep.max_grade, seed=stream_seed(seed, "user"),
     )
-    rng = random.Random(seed)
+    rng = random.Random(stream_seed(seed, "queries"))
     # the simulated clock runs in the past, so that no feedback has a timestamp in the future
     t0 = time.time() - config.interactions * config.spacing - 5 * 86400
     pending: list[tuple[float, int, str, str, str | None]] = []
