@@ -23,6 +23,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -113,6 +114,9 @@ class FeedbackEnsemble:
             self._table = ChunkTable(chunks)
         self._extra: OrderedDict[str, Chunk] = OrderedDict()  # chunks members found outside the index
         self._extra_size = 100_000
+        # the table each live context was scored against: its hits take their texts from it, not from a
+        # table a corpus update swapped in since (weak: a context let go takes its entry with it)
+        self._scored_on: weakref.WeakKeyDictionary[Context, ChunkTable] = weakref.WeakKeyDictionary()
         for name, r in self._retrievers.items():
             if list(r.ids) != self._table.ids:
                 raise ValidationError(f"retriever {name!r} does not index the ensemble's chunks in the same order")
@@ -345,7 +349,9 @@ class FeedbackEnsemble:
             ids, raw, ranks, proposed = self._add_member_candidates(
                 query, depth, ids, raw, ranks, proposed, table, retrievers
             )
-        return self._make_context(query, ids, raw, ranks, session_id, proposed)
+        ctx = self._make_context(query, ids, raw, ranks, session_id, proposed)
+        self._scored_on[ctx] = table
+        return ctx
 
     def _index(self) -> tuple[ChunkTable, dict[str, Retriever]]:
         with self._lock:
@@ -515,6 +521,7 @@ class FeedbackEnsemble:
         # no retriever proposed these chunks: the caller did
         ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id,
                                  np.zeros(raw.shape, dtype=bool))
+        self._scored_on[ctx] = table
         return self.rank_context(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
                             metadata=metadata, timestamp=timestamp)
 
@@ -592,10 +599,12 @@ class FeedbackEnsemble:
         names = ctx.retrievers
         # which retrievers' own top lists held each candidate; a context built elsewhere may lack the mask
         proposed = ctx.proposed if ctx.proposed is not None else ctx.ranks <= self.candidate_k
+        table = self._scored_on.get(ctx)
         hits = []
         for rank, idx in enumerate(ranking.order, start=1):
             idx = int(idx)
-            chunk = self.chunk(ctx.candidate_ids[idx])
+            row = None if table is None else table.row.get(ctx.candidate_ids[idx])
+            chunk = self.chunk(ctx.candidate_ids[idx]) if row is None else table.chunk(row)
             hits.append(
                 Hit(
                     chunk_id=chunk.id,

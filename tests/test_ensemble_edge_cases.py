@@ -157,3 +157,16 @@ def test_updates_while_other_threads_rerank_chunks_outside_the_index() -> None:
             t.join()
         sys.setswitchinterval(switch)
     assert errors == [] and len(ens) == len(TEXTS) + 300
+
+
+def test_a_hit_takes_its_text_from_the_index_it_was_scored_on() -> None:
+    # a corpus update between scoring and ranking replaced the chunk: text and score must still agree
+    ens = FeedbackEnsemble.from_texts(["the aurora is caused by solar wind", "tides follow the moon"],
+                                      ids=["0", "1"], retrievers=("bm25",))
+    ctx = ens.context("aurora")
+    ens.add_texts(["volcanoes erupt magma"], ids=["0"])
+    hit = ens.rank_context(ctx, 1, explore=False, log=False).hits[0]
+    assert hit.chunk_id == "0" and hit.scores["bm25"] > 0
+    assert hit.text == "the aurora is caused by solar wind"
+    fresh = ens.retrieve("volcanoes", k=1, explore=False, log=False).hits[0]  # new searches: the new text
+    assert (fresh.chunk_id, fresh.text) == ("0", "volcanoes erupt magma")
