@@ -29,6 +29,7 @@ so that an unseen chunk contributes 0, +1 at ``high`` and -1 at ``low``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -157,12 +158,16 @@ class ChunkConfidence:
         ``rewards`` are per-chunk evidence in [-1, 1] (zero leaves a chunk
         unchanged); ``relevance`` defaults to 1.
         """
-        r = np.clip(np.asarray(rewards, dtype=float), -1.0, 1.0)
+        r = np.asarray(rewards, dtype=float)
         if r.shape != (len(chunk_ids),):
             raise ValidationError(f"got {len(chunk_ids)} chunk ids but {r.shape} rewards")
-        rel = np.ones_like(r) if relevance is None else np.clip(np.asarray(relevance, dtype=float), 0.0, 1.0)
+        rel = np.ones_like(r) if relevance is None else np.asarray(relevance, dtype=float)
+        # checked before clipping: clipped, an infinite reward would pass as a full one
         if rel.shape != r.shape or not np.all(np.isfinite(r)) or not np.all(np.isfinite(rel)):
             raise ValidationError("rewards and relevance must be finite and of equal length")
+        if not math.isfinite(float(timestamp)):
+            raise ValidationError(f"timestamp must be finite, got {timestamp!r}")
+        r, rel = np.clip(r, -1.0, 1.0), np.clip(rel, 0.0, 1.0)
         keep = r != 0
         if not np.any(keep):
             return
@@ -255,6 +260,8 @@ class ChunkConfidence:
             now = float(state["now"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStateError(f"cannot read chunk confidences: {exc!r}") from exc
+        if not math.isfinite(now):
+            raise CorruptStateError(f"chunk confidences have a non-finite clock {now!r}")
         n = len(ids)
         if len(set(ids)) != n or any(a.shape != (n,) or not np.all(np.isfinite(a)) for a in arrays):
             raise CorruptStateError("chunk confidence arrays are malformed")

@@ -797,6 +797,7 @@ class FeedbackEnsemble:
             feedback_time=float(record.timestamp) if hasattr(record, "timestamp") else time.time(),
             query_embedding=embedding,
             prior_rewards=prior,
+            response_level=getattr(record, "chunk_id", None) is None,
             scores=scores,
         )
 

@@ -1,7 +1,7 @@
 """``Guardrail``: watch the learned weights against the default weights, and tune the learning.
 
 For every episode with a rewarded chunk, the guardrail re-ranks the shown
-chunks twice, once by the weights that were logged with the decision and once
+chunks twice, once by the policy's current greedy weights and once
 by the baseline (default) weights, and compares the discounted gain of the
 rewarded chunks under the two orders (normalised by the ideal gain, so each
 difference lies in [-1, 1]). This is an interleaving-style paired comparison on

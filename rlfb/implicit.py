@@ -74,14 +74,20 @@ class InferredSignal:
 
     @property
     def idempotency_key(self) -> str:
-        """Stable key, so running inference twice over the same behaviour records the signal once."""
-        return f"implicit:{self.event_id}:{self.signal}:{self.chunk_id or ''}"
+        """Stable key, so running inference twice over the same behaviour records the signal once.
+
+        A chunk's key does not name the signal: a chunk opened in one call and cited (or cited and
+        opened) in a later one is one piece of evidence, recorded once.
+        """
+        if self.chunk_id is not None:
+            return f"implicit:{self.event_id}:chunk:{self.chunk_id}"
+        return f"implicit:{self.event_id}:{self.signal}:"
 
     def as_feedback(self, **extra: Any) -> dict[str, Any]:
         """Keyword arguments for ``FeedbackStore.record_feedback`` (``extra`` adds e.g. ``timestamp``).
 
         >>> InferredSignal("e1", "cited", "c2").as_feedback()["idempotency_key"]
-        'implicit:e1:cited:c2'
+        'implicit:e1:chunk:c2'
         """
         return {
             "event_id": self.event_id,

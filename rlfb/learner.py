@@ -514,7 +514,8 @@ class Learner:
         prior = episode.prior_rewards
         if prior is not None and np.shape(prior) != r.shape:
             raise ValidationError(f"episode has {r.shape[0]} shown chunks but {np.shape(prior)} prior rewards")
-        ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior)
+        ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior,
+                            response_level=episode.response_level)
         if ids and _discovers(cfg) and (prior is None or not np.any(np.asarray(prior) != 0)):
             # the first feedback on an event: was its top chunk one the memory did not know for this
             # repeated question, and was it taken? That click rate sets how often discovery explores.
@@ -530,7 +531,9 @@ class Learner:
             # this question; the confidence, a chunk's standing over all questions, takes it whole. With
             # each of ten chunks taking a whole thumbs up (2.5 clicks), 59-67 % of the chunks with a click's
             # worth of evidence for a cranfield question were not relevant.
-            praise = shared_credit(ev, r)
+            # only the rewards are shared; what reading the clicks adds (a skip, or a skip taken back when the
+            # chunk is rewarded later) is the chunk's own, so the order feedback arrives in does not matter
+            praise = shared_credit(r, r) + (ev - r)
             self._memory.update(episode.query, episode.query_embedding, ids, praise, timestamp=t)
         self._n_learned += 1
         self._explorer.step()

@@ -184,7 +184,9 @@ def test_infer_with_only_a_query_hash_recognises_exact_repeats(imp):
 
 def test_inferred_signals_carry_stable_idempotency_keys():
     s = InferredSignal("e1", "opened", "c2", "chunk opened")
-    assert "implicit:e1:opened:c2" == s.idempotency_key
+    assert "implicit:e1:chunk:c2" == s.idempotency_key  # the chunk's, whichever signal names it
+    assert InferredSignal("e1", "cited", "c2").idempotency_key == s.idempotency_key
+    assert "implicit:e1:reformulation:" == InferredSignal("e1", "reformulation").idempotency_key
     assert {"event_id": "e1", "signal": "opened", "chunk_id": "c2"}.items() <= s.as_feedback().items()
 
 

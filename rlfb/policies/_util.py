@@ -303,43 +303,62 @@ def chunk_evidence(
     skip_weight: float,
     abandon_weight: float,
     prior: np.ndarray | None = None,
+    *,
+    response_level: bool = True,
 ) -> np.ndarray:
     """Per-shown-chunk evidence for confidences and memory, from one piece of feedback.
 
     A rewarded chunk keeps its reward. An unrewarded chunk shown above a
     positive one was read and passed over (a cascade user reads top-down):
-    it gets ``-skip_weight``. When nothing was rewarded and the episode's
+    it gets ``-skip_weight``. When nothing was rewarded and a response-level
     reward is negative, every shown chunk gets ``abandon_weight * reward``
-    (a reformulation, -0.2, is weaker evidence than a thumbs down, -1).
+    (a reformulation, -0.2, is weaker evidence than a thumbs down, -1); a
+    negative on one chunk (``response_level=False``) says nothing of the others.
 
     Feedback on one event arrives one signal at a time. ``prior`` holds the
-    rewards earlier feedback on the same event gave each shown chunk: a chunk
-    rewarded before is never read as skipped, and chunks above an earlier
-    click were already counted as skipped then, so they are not counted twice.
+    rewards earlier feedback on the same event gave each shown chunk; the
+    evidence returned is what the event's rewards so far say, less what they
+    said before this feedback. So a chunk counted as skipped and clicked later
+    ends with its click's reward, whatever order the two arrived in, and no
+    chunk is counted as skipped twice.
 
     >>> chunk_evidence(np.array([0.0, 0.4, 0.0]), 0.4, 0.2, 0.5).tolist()
     [-0.2, 0.4, 0.0]
     >>> chunk_evidence(np.array([0.0, 0.0]), -1.0, 0.2, 0.5).tolist()
     [-0.5, -0.5]
+    >>> chunk_evidence(np.array([0.0, -1.0]), -1.0, 0.2, 0.5, response_level=False).tolist()
+    [0.0, -1.0]
 
     A second click at rank 4, after a first at rank 2: only rank 3 is newly skipped.
 
     >>> chunk_evidence(np.array([0.0, 0.0, 0.0, 0.4]), 0.4, 0.2, 0.5, prior=np.array([0.0, 0.4, 0.0, 0.0])).tolist()
     [0.0, 0.0, -0.2, 0.4]
+
+    Clicks at ranks 3 and 2, in that order: rank 2, read as skipped by the first, takes its skip back.
+
+    >>> chunk_evidence(np.array([0.0, 0.4, 0.0]), 0.4, 0.2, 0.5, prior=np.array([0.0, 0.0, 0.4])).tolist()
+    [0.0, 0.6000000000000001, 0.0]
     """
     r = np.asarray(rewards, dtype=float).copy()
     before = np.zeros_like(r) if prior is None else np.asarray(prior, dtype=float)
     total = before + r
-    pos = np.flatnonzero(total > 0)
-    if pos.size:
-        earlier = np.flatnonzero(before > 0)
-        start = int(earlier[-1]) if earlier.size else 0
-        skipped = np.zeros(r.shape[0], dtype=bool)
-        skipped[start : int(pos[-1])] = True
-        r[skipped & (total == 0)] = -skip_weight
-    elif episode_reward < 0:
+    if np.any(total > 0):
+        return _read_clicks(total, skip_weight) - _read_clicks(before, skip_weight)
+    if response_level and episode_reward < 0:
         r[r == 0] = abandon_weight * max(-1.0, episode_reward)
     return r
+
+
+def _read_clicks(total: np.ndarray, skip_weight: float) -> np.ndarray:
+    """What an event's rewards say of each shown chunk: its reward, or ``-skip_weight`` when it got
+    none and was shown above the last rewarded one (read and passed over)."""
+    out = total.copy()
+    pos = np.flatnonzero(total > 0)
+    if pos.size:
+        above = np.zeros(total.shape[0], dtype=bool)
+        above[: int(pos[-1])] = True
+        out[above & (total == 0)] = -skip_weight
+    return out
 
 
 def shared_credit(evidence: np.ndarray, rewards: np.ndarray) -> np.ndarray:
@@ -502,6 +521,17 @@ class BasePolicy:
             for v in (n_updates, lr_scale, explore_scale):
                 if not math.isfinite(v) or v < 0:
                     raise CorruptStateError("policy state counters must be finite and non-negative")
+            saved, ours = state.get("params"), self.params()
+            if isinstance(saved, Mapping):
+                from rlfb.policies.base import same_hyperparameters  # base imports this module
+
+                shared = [k for k in saved if k in ours]  # a parameter added since the save is not a mismatch
+                if not same_hyperparameters({k: saved[k] for k in shared}, {k: ours[k] for k in shared}):
+                    raise CorruptStateError(
+                        f"state is for {self.name} hyperparameters {dict(saved)}, not {ours}: its learned "
+                        "state does not fit this policy"
+                    )
+            set_rng_state(np.random.default_rng(), state["rng"])  # checked before anything is changed
             self._load_state(state["state"])
             set_rng_state(self._rng, state["rng"])
         except CorruptStateError:

@@ -108,6 +108,9 @@ class Episode:
     # rewards each shown chunk had from earlier feedback on the same event, so that a second click
     # does not read the first clicked chunk as skipped
     prior_rewards: np.ndarray | None = None
+    # the feedback judged the whole answer (a thumbs down on it), not one chunk: only then does a
+    # negative reward say something about the chunks it did not name
+    response_level: bool = True
 
 
 @runtime_checkable

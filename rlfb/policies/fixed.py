@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, InvalidWeightsError
-from rlfb.policies._util import BasePolicy, weights_dict, weights_vector
+from rlfb.policies._util import BasePolicy, check_float, weights_dict, weights_vector
 from rlfb.policies.base import Context, Decision, Episode
 
 __all__ = ["FixedParams", "FixedPolicy"]
@@ -72,7 +72,8 @@ class FixedPolicy(BasePolicy):
 
     def learn(self, episode: Episode, reward: float, *, weight: float = 1.0) -> FixedPolicy:
         """Count the episode; the weights do not change."""
-        self._n_updates += float(weight)
+        check_float("reward", reward)  # checked as every policy does, though unused
+        self._n_updates += check_float("weight", weight, 0.0)
         return self
 
     def weights(self, query_type: str | None = None) -> dict[str, float]:

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, InvalidWeightsError
+from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.policies._util import (
     BasePolicy,
     check_bounds,
@@ -247,9 +247,24 @@ class GradientPolicy(BasePolicy):
         weight = check_float("weight", weight, 0.0)
         X = np.asarray(episode.shown, dtype=float)
         r = np.asarray(episode.chunk_rewards, dtype=float)
+        if tuple(episode.retrievers) != self.retrievers:
+            raise ValidationError(
+                f"episode is for retrievers {list(episode.retrievers)}, not {list(self.retrievers)}"
+            )
+        if X.ndim == 2 and r.shape != (X.shape[0],):
+            raise ValidationError(f"episode has {X.shape[0]} shown chunks but {r.shape} chunk rewards")
+        if not (np.all(np.isfinite(X)) and np.all(np.isfinite(r))):
+            raise ValidationError("episode scores and chunk rewards must be finite")
         if weight == 0.0 or X.ndim != 2 or X.shape[0] < 2 or X.shape[1] != len(self.retrievers):
             return self
-        pos, neg = pdgd_pairs(r)
+        prior = episode.prior_rewards
+        if prior is not None and np.shape(prior) == r.shape and np.any(np.asarray(prior) != 0):
+            # a later click on the same event: read the pairs from all its clicks so far (a chunk clicked
+            # before is no loser), but learn only this click's; the earlier ones were learned from then
+            pos, neg = pdgd_pairs(r + np.asarray(prior, dtype=float))
+            pos = pos[r[pos] > 0]
+        else:
+            pos, neg = pdgd_pairs(r)
         if pos.size == 0 or neg.size == 0:
             self._n_updates += weight
             return self

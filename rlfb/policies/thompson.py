@@ -255,6 +255,9 @@ class ThompsonPolicy(BasePolicy):
         lo, hi = self.hyper.bounds
         self._initial_default = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
         grid = np.asarray([project_simplex(g, lo, hi) for g in simplex_grid(n, self.hyper.step)])
+        # bounds can clip grid points onto one another: one arm each, or the logged propensities lie
+        _, first = np.unique(np.round(grid, 12), axis=0, return_index=True)
+        grid = grid[np.sort(first)]
         self._arms = np.vstack([self._initial_default[None, :], grid])
         self.arm_names: tuple[str, ...] = ("default",) + tuple(
             "/".join(f"{x:.3g}" for x in row) for row in grid
@@ -381,7 +384,8 @@ class ThompsonPolicy(BasePolicy):
     def _cf_gate(self, adv: np.ndarray, var: np.ndarray) -> int:
         # the arm with the best lower confidence bound: the default (bound 0) unless another is
         # surely better, and between two better arms the one we are surer of
-        lcb = adv - self.hyper.cf_gate_z * np.sqrt(var)
+        with np.errstate(invalid="ignore"):  # 0 * inf when cf_gate_z is 0 and an arm has one question
+            lcb = np.where(np.isfinite(var), adv - self.hyper.cf_gate_z * np.sqrt(var), -np.inf)
         lcb[0] = 0.0
         return int(np.argmax(lcb))
 
@@ -472,7 +476,8 @@ class ThompsonPolicy(BasePolicy):
     # ------------------------------------------------------------------ learning
     def _arm_of(self, episode: Episode) -> int | None:
         arm = episode.decision.arm
-        if isinstance(arm, str) and arm in self._arm_index:
+        # an arm's name lists its weights in the logging policy's retriever order: trust it only in ours
+        if isinstance(arm, str) and arm in self._arm_index and tuple(episode.retrievers) == self.retrievers:
             return self._arm_index[arm]
         try:
             w = logged_weights(episode.decision.weights, self.retrievers)

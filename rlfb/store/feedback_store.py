@@ -822,8 +822,9 @@ class FeedbackStore:
             try:
                 if p.idempotency_key is not None and p.idempotency_key in existing:
                     first = existing[p.idempotency_key]
-                    if (first.event_id, first.signal, first.chunk_id, first.value) != (
-                        p.event_id, p.signal, p.chunk_id, p.value
+                    # aliases of one kind ("cited", "opened": implicit positive) with one value are one feedback
+                    if (first.event_id, rf.resolve(first.signal), first.chunk_id, first.value) != (
+                        p.event_id, rf.resolve(p.signal), p.chunk_id, p.value
                     ):
                         raise IdempotencyConflictError(
                             f"idempotency key {p.idempotency_key!r} already recorded {first.signal!r} "
