@@ -194,6 +194,8 @@ class FeedbackEventHandler(BaseEventHandler):
     _dispatchers: list[Any] = PrivateAttr(default_factory=list)
     _last: Any = PrivateAttr(default=None)  # ContextVar: this handler's latest query in the thread or task
     _bare: Any = PrivateAttr(default=None)  # ContextVar: (id, query, node ids) of the latest bare retrieval
+    _thread_last: Any = PrivateAttr(default_factory=dict)  # thread id -> latest query there, in any task
+    _handled: Any = PrivateAttr(default_factory=OrderedDict)  # ids of recent events (attached twice: once)
 
     def __init__(
         self,
@@ -242,6 +244,30 @@ class FeedbackEventHandler(BaseEventHandler):
         """Id of the latest top-level query (or bare retrieval) in the current thread or asyncio task."""
         return self._last.get()
 
+    def _set_last(self, qid: str) -> None:
+        self._last.set(qid)
+        with self._lock:
+            self._thread_last[threading.get_ident()] = qid
+
+    def _implied_query(self) -> str | None:
+        """:attr:`last_query_id`, unless a later query of this thread ran in another task.
+
+        ``asyncio.run(engine.aquery(...))`` and a notebook cell's ``await`` run the query in a task
+        of their own, whose latest query the caller's context never sees: the caller's
+        ``last_query_id`` is then an earlier query, and feedback meant for the later one would
+        rate it. Rather than guess, that is an error asking for the id.
+        """
+        own = self._last.get()
+        with self._lock:
+            latest = self._thread_last.get(threading.get_ident())
+        if latest is not None and latest != own:
+            raise ValidationError(
+                f"the latest query in this thread ({latest!r}) ran in another asyncio task (asyncio.run, a "
+                f"notebook cell's await, asyncio.gather) than this one, whose latest is {own!r}: pass the "
+                "query id (handler.last_query_id read in that task, or a node's metadata['event_id'])"
+            )
+        return own
+
     # ------------------------------------------------------------------ attaching
     def attach(self, dispatcher: Any = None) -> FeedbackEventHandler:
         """Add this handler to ``dispatcher`` (default: the root, which sees all); return it."""
@@ -275,6 +301,14 @@ class FeedbackEventHandler(BaseEventHandler):
         step = next((_STEPS[c] for c in type(event).__mro__ if c in _STEPS), None)
         if step is None:
             return
+        eid = getattr(event, "id_", None)
+        if eid is not None:  # attached to a dispatcher and to one of its parents, it hears each event twice
+            with self._lock:
+                if eid in self._handled:
+                    return
+                self._handled[eid] = None
+                if len(self._handled) > 10_000:
+                    self._handled.popitem(last=False)
         try:
             step(self, event)
         except Exception:  # never break the user's query; the dispatcher would swallow it silently
@@ -291,7 +325,7 @@ class FeedbackEventHandler(BaseEventHandler):
     def _query_start(self, event: QueryStartEvent) -> None:
         qid = _span(event)
         if all(q == qid for q in _QUERIES.get()):  # top-level (another handler may have pushed it already)
-            self._last.set(qid)
+            self._set_last(qid)
         _push(_QUERIES, qid)
 
     def _retrieval_end(self, event: RetrievalEndEvent) -> None:
@@ -302,7 +336,7 @@ class FeedbackEventHandler(BaseEventHandler):
         parent = current_query_id()
         own = event_id_of(event.nodes)  # an rlfb retriever logged it already
         if parent is None:
-            self._last.set(own or rid)
+            self._set_last(own or rid)
             self._bare.set((own or rid, _query_str(event.str_or_query_bundle), _ids(event.nodes)))
         self._log(event.str_or_query_bundle, event.nodes, own or rid, parent, _component(rid, "retriever"))
 
@@ -313,7 +347,7 @@ class FeedbackEventHandler(BaseEventHandler):
         if outer is not None:
             self._store.link_runs([(qid, outer)])
         else:
-            self._last.set(qid)
+            self._set_last(qid)
         nodes = list(getattr(event.response, "source_nodes", None) or [])
         if nodes:
             own = event_id_of(nodes)
@@ -363,14 +397,14 @@ class FeedbackEventHandler(BaseEventHandler):
         bare = self._bare.get()
         if (bare is None or bare[0] != self._last.get() or bare[1] != event.query_str
                 or not set(event.node_ids) <= set(bare[2])):
-            self._last.set(eid)  # not a re-ranking of the latest bare retrieval: it stands alone
+            self._set_last(eid)  # not a re-ranking of the latest bare retrieval: it stands alone
             return
         # It re-ranked the bare retrieval just before it. In a query engine the query id stands for both (the
         # candidates are stored, the re-ranking learns); keep that meaning here. Both are events, which
         # resolve_run never looks below, so a new run id above them links the two.
         run = f"{bare[0]}/reranked"
         self._store.link_runs([(bare[0], run), (eid, run)])
-        self._last.set(run)
+        self._set_last(run)
         self._bare.set((run, event.query_str, tuple(event.node_ids)))  # a second re-ranking joins this run
 
     def _copy_decision(self, event: FeedbackRetrievalEvent) -> None:
@@ -413,6 +447,10 @@ class FeedbackEventHandler(BaseEventHandler):
         ``kwargs``: ``timestamp``, ``session_id``, ``user_id``, ``idempotency_key``.
         The learner that made a decision under the query learns from it.
 
+        Without ``query_id``, a later query of this thread that ran in another asyncio task
+        (``asyncio.run``, a notebook cell's ``await``) is a :class:`rlfb.errors.ValidationError`
+        asking for the id, rather than a silent rating of this task's earlier query.
+
         Raises :class:`rlfb.errors.UnknownEventError` for a query id nothing was
         logged under, :class:`rlfb.errors.UnknownChunkError` for a chunk none of
         its retrievals returned, and the store's validation errors.
@@ -422,7 +460,7 @@ class FeedbackEventHandler(BaseEventHandler):
         if len(given) != 1:
             got = ", ".join(given) or "none"
             raise ValidationError(f"give exactly one of score, rating, signal or value (got {got})")
-        qid = self.last_query_id if query_id is None else query_id
+        qid = self._implied_query() if query_id is None else query_id
         if qid is None:
             raise UnknownEventError("no query was captured in this thread or task; pass the query id")
         qid = str(qid)
@@ -457,7 +495,7 @@ class FeedbackEventHandler(BaseEventHandler):
 
     def retrievals(self, query_id: Any = None) -> list[dict[str, Any]]:
         """The logged retrievals a query id stands for (store event dicts with their ranked ``chunks``)."""
-        qid = self.last_query_id if query_id is None else query_id
+        qid = self._implied_query() if query_id is None else query_id
         if qid is None:
             return []
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]

@@ -298,3 +298,45 @@ async def test_async_manual_postprocessing_teaches_the_postprocessor(
     records = handler.record_feedback(score=1.0)
     assert out[0].node.metadata[EVENT_ID_KEY] in {r.event_id for r in records}
     assert pp.ensemble.learner.n_learned == 1
+
+
+def test_feedback_without_an_id_after_a_query_in_another_task_asks_for_the_id(
+    index: Any, handler: FeedbackEventHandler
+) -> None:
+    # asyncio.run (or a notebook cell's await) runs the query in a task of its own: the caller's latest
+    # query is still the earlier one, and feedback meant for the later query must not rate it
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
+    engine.query("what causes the aurora borealis")
+    first = handler.last_query_id
+
+    async def ask() -> str | None:
+        await engine.aquery("volcano lava")
+        return handler.last_query_id
+
+    later = asyncio.run(ask())
+    assert later != first and handler.last_query_id == first
+    with pytest.raises(ValidationError, match="ran in another asyncio task"):
+        handler.record_feedback(score=0.0)
+    with pytest.raises(ValidationError, match="ran in another asyncio task"):
+        handler.retrievals()
+    [record] = handler.record_feedback(later, score=0.0)  # with the id, as the error says
+    assert record.event_id in [e["id"] for e in handler.retrievals(later)]
+    engine.query("tides")  # a query in this task again: the implied id is back
+    assert handler.record_feedback(score=1.0)
+
+
+def test_a_handler_attached_to_a_dispatcher_and_its_parent_hears_each_event_once(
+    index: Any, tmp_path: Any
+) -> None:
+    pp = FeedbackFusionPostprocessor.from_index(index, store=tmp_path / "pp.db", retrievers=("bm25",), top_n=2)
+    retriever = index.as_retriever(similarity_top_k=4)
+    question = "what causes the aurora"
+    runs = []
+    for children in ((), ("llamaindex_rlfb.postprocessor", "llama_index.core.base.base_retriever")):
+        handler = FeedbackEventHandler(store=pp.store).attach()
+        for name in children:
+            handler.attach(get_dispatcher(name))
+        pp.postprocess_nodes(retriever.retrieve(question), query_str=question)
+        runs.append(handler.last_query_id.count("/reranked"))  # the re-ranking, linked once under its retrieval
+        handler.detach()
+    assert runs == [1, 1]
