@@ -531,9 +531,7 @@ class Learner:
             # this question; the confidence, a chunk's standing over all questions, takes it whole. With
             # each of ten chunks taking a whole thumbs up (2.5 clicks), 59-67 % of the chunks with a click's
             # worth of evidence for a cranfield question were not relevant.
-            # only the rewards are shared; what reading the clicks adds (a skip, or a skip taken back when the
-            # chunk is rewarded later) is the chunk's own, so the order feedback arrives in does not matter
-            praise = shared_credit(r, r) + (ev - r)
+            praise = shared_credit(ev, r)
             self._memory.update(episode.query, episode.query_embedding, ids, praise, timestamp=t)
         self._n_learned += 1
         self._explorer.step()

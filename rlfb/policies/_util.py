@@ -316,11 +316,12 @@ def chunk_evidence(
     negative on one chunk (``response_level=False``) says nothing of the others.
 
     Feedback on one event arrives one signal at a time. ``prior`` holds the
-    rewards earlier feedback on the same event gave each shown chunk; the
-    evidence returned is what the event's rewards so far say, less what they
-    said before this feedback. So a chunk counted as skipped and clicked later
-    ends with its click's reward, whatever order the two arrived in, and no
-    chunk is counted as skipped twice.
+    rewards earlier feedback on the same event gave each shown chunk: a chunk
+    rewarded before is never read as skipped, and chunks above an earlier
+    click were already counted as skipped then, so they are not counted twice.
+    A chunk above an earlier click, counted as skipped then, keeps that skip
+    when it is clicked later, so its evidence depends on the order the two
+    clicks arrive in (see the README's "What is not there yet").
 
     >>> chunk_evidence(np.array([0.0, 0.4, 0.0]), 0.4, 0.2, 0.5).tolist()
     [-0.2, 0.4, 0.0]
@@ -333,32 +334,20 @@ def chunk_evidence(
 
     >>> chunk_evidence(np.array([0.0, 0.0, 0.0, 0.4]), 0.4, 0.2, 0.5, prior=np.array([0.0, 0.4, 0.0, 0.0])).tolist()
     [0.0, 0.0, -0.2, 0.4]
-
-    Clicks at ranks 3 and 2, in that order: rank 2, read as skipped by the first, takes its skip back.
-
-    >>> chunk_evidence(np.array([0.0, 0.4, 0.0]), 0.4, 0.2, 0.5, prior=np.array([0.0, 0.0, 0.4])).tolist()
-    [0.0, 0.6000000000000001, 0.0]
     """
     r = np.asarray(rewards, dtype=float).copy()
     before = np.zeros_like(r) if prior is None else np.asarray(prior, dtype=float)
     total = before + r
-    if np.any(total > 0):
-        return _read_clicks(total, skip_weight) - _read_clicks(before, skip_weight)
-    if response_level and episode_reward < 0:
-        r[r == 0] = abandon_weight * max(-1.0, episode_reward)
-    return r
-
-
-def _read_clicks(total: np.ndarray, skip_weight: float) -> np.ndarray:
-    """What an event's rewards say of each shown chunk: its reward, or ``-skip_weight`` when it got
-    none and was shown above the last rewarded one (read and passed over)."""
-    out = total.copy()
     pos = np.flatnonzero(total > 0)
     if pos.size:
-        above = np.zeros(total.shape[0], dtype=bool)
-        above[: int(pos[-1])] = True
-        out[above & (total == 0)] = -skip_weight
-    return out
+        earlier = np.flatnonzero(before > 0)
+        start = int(earlier[-1]) if earlier.size else 0
+        skipped = np.zeros(r.shape[0], dtype=bool)
+        skipped[start : int(pos[-1])] = True
+        r[skipped & (total == 0)] = -skip_weight
+    elif response_level and episode_reward < 0:
+        r[r == 0] = abandon_weight * max(-1.0, episode_reward)
+    return r
 
 
 def shared_credit(evidence: np.ndarray, rewards: np.ndarray) -> np.ndarray:
