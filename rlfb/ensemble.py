@@ -227,8 +227,8 @@ class FeedbackEnsemble:
         """:meth:`add_chunks` from raw texts; ``ids`` default to new random ones (uuid4 hex)."""
         if not isinstance(texts, str):
             texts = list(texts)  # a generator is read once, for the ids and the chunks alike
-            if not texts:
-                return []  # nothing to index, as add_chunks([])
+            if not texts and (ids is None or len(ids) == 0) and (metadatas is None or len(metadatas) == 0):
+                return []  # nothing to index, as add_chunks([]); ids without texts fail in make_chunks
         if ids is None and not isinstance(texts, str):
             ids = [uuid.uuid4().hex for _ in texts]
         return self.add_chunks(make_chunks(texts, ids, metadatas), show_progress=show_progress)

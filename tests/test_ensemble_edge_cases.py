@@ -170,3 +170,10 @@ def test_a_hit_takes_its_text_from_the_index_it_was_scored_on() -> None:
     assert hit.text == "the aurora is caused by solar wind"
     fresh = ens.retrieve("volcanoes", k=1, explore=False, log=False).hits[0]  # new searches: the new text
     assert (fresh.chunk_id, fresh.text) == ("0", "volcanoes erupt magma")
+
+
+def test_add_texts_of_no_texts_but_some_ids_is_an_error() -> None:
+    from rlfb.errors import EmptyCorpusError
+
+    with pytest.raises(EmptyCorpusError):
+        _ens().add_texts([], ids=["x"])
