@@ -47,6 +47,7 @@ passed again (``FeedbackEventHandler(**data, store=store)``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import warnings
@@ -194,7 +195,7 @@ class FeedbackEventHandler(BaseEventHandler):
     _dispatchers: list[Any] = PrivateAttr(default_factory=list)
     _last: Any = PrivateAttr(default=None)  # ContextVar: this handler's latest query in the thread or task
     _bare: Any = PrivateAttr(default=None)  # ContextVar: (id, query, node ids) of the latest bare retrieval
-    _thread_last: Any = PrivateAttr(default_factory=dict)  # thread id -> latest query there, in any task
+    _thread_last: Any = PrivateAttr(default_factory=dict)  # thread id -> (latest query there, its task)
     _handled: Any = PrivateAttr(default_factory=OrderedDict)  # ids of recent events (attached twice: once)
 
     def __init__(
@@ -242,29 +243,36 @@ class FeedbackEventHandler(BaseEventHandler):
     @property
     def last_query_id(self) -> str | None:
         """Id of the latest top-level query (or bare retrieval) in the current thread or asyncio task."""
-        return self._last.get()
+        last = self._last.get()
+        return None if last is None else last[0]
 
     def _set_last(self, qid: str) -> None:
-        self._last.set(qid)
+        task = _task_key()
+        self._last.set((qid, task))  # and which task set it: a context copied into another task inherits it
         with self._lock:
-            self._thread_last[threading.get_ident()] = qid
+            self._thread_last[threading.get_ident()] = (qid, task)
 
     def _implied_query(self) -> str | None:
-        """:attr:`last_query_id`, unless a later query of this thread ran in another task.
+        """:attr:`last_query_id`, unless a later query of this thread ran in a task the caller never saw.
 
-        ``asyncio.run(engine.aquery(...))`` and a notebook cell's ``await`` run the query in a task
-        of their own, whose latest query the caller's context never sees: the caller's
-        ``last_query_id`` is then an earlier query, and feedback meant for the later one would
-        rate it. Rather than guess, that is an error asking for the id.
+        ``asyncio.run(engine.aquery(...))`` and a notebook cell's ``await`` run the query in a
+        task of their own, whose latest query the calling code never sees: its ``last_query_id``
+        is an earlier query, and feedback meant for the later one would rate it. Rather than
+        guess, that is an error asking for the id. A task that ran its own query (a web server's
+        request) keeps it: another request's query, in a task of its own, is not its.
         """
-        own = self._last.get()
+        last = self._last.get()
+        own, own_task = (None, None) if last is None else last
+        here = _task_key()
+        if own is not None and own_task == here and here is not None:
+            return own  # this very task ran it
         with self._lock:
             latest = self._thread_last.get(threading.get_ident())
-        if latest is not None and latest != own:
+        if latest is not None and latest[0] != own and latest[1] != here:
             raise ValidationError(
-                f"the latest query in this thread ({latest!r}) ran in another asyncio task (asyncio.run, a "
-                f"notebook cell's await, asyncio.gather) than this one, whose latest is {own!r}: pass the "
-                "query id (handler.last_query_id read in that task, or a node's metadata['event_id'])"
+                f"the latest query in this thread ({latest[0]!r}) ran in an asyncio task of its own "
+                f"(asyncio.run, a notebook cell's await), and this code's latest is {own!r}: pass the query id "
+                "(handler.last_query_id read in that task, or a node's metadata['event_id'])"
             )
         return own
 
@@ -395,7 +403,7 @@ class FeedbackEventHandler(BaseEventHandler):
         eid = event.event_id
         self._copy_decision(event)
         bare = self._bare.get()
-        if (bare is None or bare[0] != self._last.get() or bare[1] != event.query_str
+        if (bare is None or bare[0] != self.last_query_id or bare[1] != event.query_str
                 or not set(event.node_ids) <= set(bare[2])):
             self._set_last(eid)  # not a re-ranking of the latest bare retrieval: it stands alone
             return
@@ -447,9 +455,10 @@ class FeedbackEventHandler(BaseEventHandler):
         ``kwargs``: ``timestamp``, ``session_id``, ``user_id``, ``idempotency_key``.
         The learner that made a decision under the query learns from it.
 
-        Without ``query_id``, a later query of this thread that ran in another asyncio task
-        (``asyncio.run``, a notebook cell's ``await``) is a :class:`rlfb.errors.ValidationError`
-        asking for the id, rather than a silent rating of this task's earlier query.
+        Without ``query_id``, a later query of this thread that ran in an asyncio task the
+        calling code never saw (``asyncio.run``, a notebook cell's ``await``) is a
+        :class:`rlfb.errors.ValidationError` asking for the id, rather than a silent rating of the
+        code's earlier query.
 
         Raises :class:`rlfb.errors.UnknownEventError` for a query id nothing was
         logged under, :class:`rlfb.errors.UnknownChunkError` for a chunk none of
@@ -552,3 +561,12 @@ def instrument(store: Any = None, *, dispatcher: Any = None, **kwargs: Any) -> F
     >>> handler.detach(); handler.close()
     """
     return FeedbackEventHandler(store, **kwargs).attach(dispatcher)
+
+
+def _task_key() -> int | None:
+    """The caller's asyncio task (by id), or ``None`` for plain sync code."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
+    return None if task is None else id(task)

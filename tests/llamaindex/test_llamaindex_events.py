@@ -315,9 +315,9 @@ def test_feedback_without_an_id_after_a_query_in_another_task_asks_for_the_id(
 
     later = asyncio.run(ask())
     assert later != first and handler.last_query_id == first
-    with pytest.raises(ValidationError, match="ran in another asyncio task"):
+    with pytest.raises(ValidationError, match="ran in an asyncio task of its own"):
         handler.record_feedback(score=0.0)
-    with pytest.raises(ValidationError, match="ran in another asyncio task"):
+    with pytest.raises(ValidationError, match="ran in an asyncio task of its own"):
         handler.retrievals()
     [record] = handler.record_feedback(later, score=0.0)  # with the id, as the error says
     assert record.event_id in [e["id"] for e in handler.retrievals(later)]
@@ -340,3 +340,29 @@ def test_a_handler_attached_to_a_dispatcher_and_its_parent_hears_each_event_once
         runs.append(handler.last_query_id.count("/reranked"))  # the re-ranking, linked once under its retrieval
         handler.detach()
     assert runs == [1, 1]
+
+
+async def test_code_in_a_task_keeps_its_own_latest_query(index: Any, handler: FeedbackEventHandler) -> None:
+    # a web server's request: another request's query, in a task of its own, is not this one's
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
+    await engine.aquery("what causes the aurora borealis")
+    mine = handler.last_query_id
+    await asyncio.gather(engine.aquery("volcano lava"))  # a concurrent request, finished later
+    [record] = handler.record_feedback(score=1.0)
+    assert record.event_id in [e["id"] for e in handler.retrievals(mine)]
+
+
+def test_a_later_task_asking_after_another_task_queried_asks_for_the_id(
+    index: Any, handler: FeedbackEventHandler
+) -> None:
+    # a notebook: one cell queries, a cell with `await` queries in a task of its own, and the next cell
+    # (another task) asks without an id: its latest query is the first cell's, which it must not rate
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
+    engine.query("what causes the aurora borealis")
+
+    async def next_cells() -> None:
+        await asyncio.create_task(engine.aquery("volcano lava"))
+        with pytest.raises(ValidationError, match="ran in an asyncio task of its own"):
+            handler.record_feedback(score=1.0)
+
+    asyncio.run(next_cells())
