@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
-from rlfb.fusion import FUSION_METHODS, normalize, rank_matrix
+from rlfb.fusion import check_fusion, normalize, rank_matrix
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy, same_hyperparameters
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
@@ -120,9 +120,7 @@ class FeedbackEnsemble:
         for name, r in self._retrievers.items():
             if list(r.ids) != self._table.ids:
                 raise ValidationError(f"retriever {name!r} does not index the ensemble's chunks in the same order")
-        if not isinstance(fusion, str) or fusion not in FUSION_METHODS:
-            raise ValidationError(f"unknown fusion method {fusion!r}; choose one of {sorted(FUSION_METHODS)}")
-        self.fusion = fusion
+        self.fusion = check_fusion(fusion)
         self.candidate_k = validate_k(candidate_k, "candidate_k")
         if isinstance(rrf_c, bool) or not isinstance(rrf_c, (int, float)) or not 0 < rrf_c < math.inf:
             raise ValidationError(f"rrf_c must be a positive finite number, got {rrf_c!r}")

@@ -29,6 +29,7 @@ from rlfb.errors import InvalidWeightsError, ValidationError
 
 __all__ = [
     "FUSION_METHODS",
+    "check_fusion",
     "minmax_normalize",
     "zscore_normalize",
     "rank_matrix",
@@ -149,11 +150,18 @@ def normalize(
     For "rrf", ``ranks`` may give each candidate's 1-based rank in the
     retriever's full ranking (more faithful than its rank inside the pool).
     """
-    try:
-        fn = FUSION_METHODS[method]
-    except KeyError:
-        raise ValidationError(f"unknown fusion method {method!r}; choose one of {sorted(FUSION_METHODS)}") from None
-    return fn(scores, ranks=ranks, c=c)
+    return FUSION_METHODS[check_fusion(method)](scores, ranks=ranks, c=c)
+
+
+def check_fusion(method: object) -> str:
+    """``method`` if it names a fusion method, else :class:`ValidationError` (a list or dict too).
+
+    >>> check_fusion("rrf")
+    'rrf'
+    """
+    if not isinstance(method, str) or method not in FUSION_METHODS:
+        raise ValidationError(f"unknown fusion method {method!r}; choose one of {sorted(FUSION_METHODS)}")
+    return method
 
 
 def validate_weights(

@@ -10,7 +10,6 @@ and damaged learner states are rejected and nothing is written.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,7 +58,7 @@ _EXPORT_KEYS = frozenset({"weights", "policy", "version", "updated_at", "state"}
 
 
 def _numbers(path: str | Path, raw: Mapping[str, Any]) -> dict[str, float]:
-    """The weights as floats, scaled so the largest is 1: JSON numbers only (``true`` is not 1)."""
+    """The weights as floats: JSON numbers only (``true`` is not 1). ``validate_weights`` normalises them."""
     weights: dict[str, float] = {}
     for k, v in raw.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -68,24 +67,22 @@ def _numbers(path: str | Path, raw: Mapping[str, Any]) -> dict[str, float]:
             weights[str(k)] = float(v)
         except OverflowError:  # an integer beyond float range, e.g. 1e400 written out in digits
             raise ValidationError(f"{path}: weights must be finite numbers, got {dict(raw)!r}") from None
-    values = list(weights.values())
-    top = max(values)
-    # scale down first: 1e308 + 1e308 overflows to inf, and normalising by inf gives all zeros
-    if all(math.isfinite(v) and v >= 0 for v in values) and top > 0:
-        weights = {k: v / top for k, v in weights.items()}
     return weights
 
 
 def _check_export_fields(path: str | Path, data: Mapping[str, Any]) -> None:
     """Reject an export's ``policy``, ``version`` or extra keys that the import could not honour."""
-    from rlfb.policies import POLICIES
+    from rlfb.policies import check_policy_name
 
     unknown = sorted(set(data) - _EXPORT_KEYS)
     if unknown:
         raise ValidationError(f"{path}: unknown keys {unknown}; a weights file has {sorted(_EXPORT_KEYS)}")
     policy = data.get("policy")
-    if policy is not None and policy not in POLICIES:
-        raise ValidationError(f"{path}: unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+    if policy is not None:
+        try:
+            check_policy_name(policy)
+        except ValidationError as exc:
+            raise ValidationError(f"{path}: {exc}") from None
     version = data.get("version")
     if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
         raise ValidationError(f"{path}: version must be a non-negative integer, got {version!r}")

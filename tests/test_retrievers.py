@@ -390,7 +390,7 @@ def test_registry() -> None:
     with pytest.raises(ValidationError, match="bm25, dense, splade"):
         make_retriever("colbert")
     expected_all = """Retriever CorpusRetriever ChunkTable top_k BM25Retriever DenseRetriever SpladeRetriever
-        EmbeddingCache RETRIEVERS retriever_names make_retriever load_retriever""".split()
+        EmbeddingCache RETRIEVERS retriever_names check_retriever_names make_retriever load_retriever""".split()
     assert sorted(pkg.__all__) == sorted(expected_all)
     for name in pkg.__all__:
         assert getattr(pkg, name) is not None

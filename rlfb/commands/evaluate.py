@@ -39,13 +39,11 @@ def parse_weights(text: str | None, names: list[str]) -> list[float] | None:
 
 def check_retriever_names(names: list[str]) -> None:
     """Refuse an unknown ``--retrievers`` name before any retriever encodes the corpus."""
-    from rlfb.retrievers import retriever_names
+    from rlfb.retrievers import check_retriever_names as check_names
 
     if not names:
         raise ValidationError("--retrievers names no retriever")
-    unknown = [n for n in names if n not in retriever_names()]
-    if unknown:
-        raise ValidationError(f"unknown retriever {unknown[0]!r}; valid names: {', '.join(retriever_names())}")
+    check_names(names)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ from rlfb.policies.thompson import EpsilonGreedyPolicy, ThompsonParams, Thompson
 __all__ = [
     "POLICIES",
     "make_policy",
+    "check_policy_name",
     "Context",
     "Decision",
     "Episode",
@@ -65,15 +66,24 @@ POLICIES: dict[str, type] = {
 }
 
 
+def check_policy_name(name: str) -> str:
+    """``name`` if it names a policy, else :class:`ValidationError`.
+
+    >>> check_policy_name("thompson")
+    'thompson'
+    """
+    if not isinstance(name, str) or name not in POLICIES:
+        raise ValidationError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
+    return name
+
+
 def make_policy(policy: str | Policy, retrievers: Sequence[str], **kwargs: Any) -> Policy:
     """A policy by name (built with ``retrievers`` and ``kwargs``), or a given instance, checked.
 
     An instance must be for the same retrievers, in the same order.
     """
     if isinstance(policy, str):
-        cls = POLICIES.get(policy)
-        if cls is None:
-            raise ValidationError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+        cls = POLICIES[check_policy_name(policy)]
         try:
             return cls(retrievers, **kwargs)
         except TypeError as exc:  # an option this policy does not take

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "EmbeddingCache",
     "RETRIEVERS",
     "retriever_names",
+    "check_retriever_names",
     "make_retriever",
     "load_retriever",
 ]
@@ -58,11 +60,19 @@ def retriever_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def check_retriever_names(names: Sequence[Any]) -> None:
+    """Raise :class:`ValidationError` for the first of ``names`` that names no retriever.
+
+    >>> check_retriever_names(["bm25", "dense"])
+    """
+    for name in names:
+        if not isinstance(name, str) or name not in _REGISTRY:
+            raise ValidationError(f"unknown retriever {name!r}; valid names: {', '.join(_REGISTRY)}")
+
+
 def _retriever_class(name: str) -> type:
-    try:
-        module, cls = _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValidationError(f"unknown retriever {name!r}; valid names: {', '.join(_REGISTRY)}") from None
+    check_retriever_names([name])
+    module, cls = _REGISTRY[name]
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
 
 

@@ -77,21 +77,18 @@ class SimulationConfig:
 
     def __post_init__(self) -> None:
         # every setting is checked here, before a dataset is indexed: a typo must not cost minutes of encoding
-        from rlfb.fusion import FUSION_METHODS
-        from rlfb.policies import POLICIES
-        from rlfb.retrievers import retriever_names
+        from rlfb.fusion import check_fusion
+        from rlfb.policies import check_policy_name
+        from rlfb.retrievers import check_retriever_names
 
         if self.user not in CLICK_MODELS:
             raise ValidationError(f"unknown user {self.user!r}; choose one of {sorted(CLICK_MODELS)}")
-        if isinstance(self.policy, str) and self.policy not in POLICIES:
-            raise ValidationError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
+        if isinstance(self.policy, str):
+            check_policy_name(self.policy)
         if not self.retrievers:
             raise ValidationError("give at least one retriever")
-        unknown = [r for r in self.retrievers if isinstance(r, str) and r not in retriever_names()]
-        if unknown:
-            raise ValidationError(f"unknown retriever {unknown[0]!r}; valid names: {', '.join(retriever_names())}")
-        if not isinstance(self.fusion, str) or self.fusion not in FUSION_METHODS:
-            raise ValidationError(f"unknown fusion method {self.fusion!r}; choose one of {sorted(FUSION_METHODS)}")
+        check_retriever_names([r for r in self.retrievers if isinstance(r, str)])
+        check_fusion(self.fusion)
         for name in ("explicit_rate", "noise", "reformulation_rate", "late_rate"):
             p = getattr(self, name)
             if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
