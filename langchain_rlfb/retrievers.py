@@ -195,7 +195,7 @@ def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) 
     return [as_member(m.name, m) for m in members]
 
 
-_CHECKS = {"k": positive_count, "explore": flag, "observe_followups": flag}
+_CHECKS = {"k": positive_count, "explore": flag, "log": flag, "observe_followups": flag}
 
 
 def _checked_fields(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -231,8 +231,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
 
     Build it with :meth:`from_texts`, :meth:`from_documents`,
     :meth:`from_retrievers` or :meth:`from_ensemble`. ``k`` is set here and
-    per call (``retriever.invoke(query, k=3)``); so is ``explore``
-    (``explore=False`` for the greedy ranking).
+    per call (``retriever.invoke(query, k=3)``); so are ``explore``
+    (``explore=False`` for the greedy ranking) and ``log`` (``log=False``
+    writes nothing to the store, for evaluation; the documents then carry no
+    ``event_id``, and a :class:`FeedbackCallbackHandler` on the run still logs
+    what it returned, as for any retriever).
 
     Example:
         .. code-block:: python
@@ -254,6 +257,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     """Session of every call whose run metadata has no ``session_id``."""
     explore: bool = True
     """Let the policy explore (overridden by ``invoke(..., explore=...)``)."""
+    log: bool = True
+    """Log each retrieval to the store so feedback can reach it (overridden by ``invoke(..., log=...)``)."""
     observe_followups: bool = True
     """Record a restated follow-up in the same session as a reformulation of the previous query."""
 
@@ -272,8 +277,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         run_manager: CallbackManagerForRetrieverRun,
         k: int | None = None,
         explore: bool | None = None,
+        log: bool | None = None,
     ) -> list[Document]:
-        return self._retrieve(query, run_manager, run_manager.get_child(), k, explore)
+        return self._retrieve(query, run_manager, run_manager.get_child(), k, explore, log)
 
     async def _aget_relevant_documents(
         self,
@@ -282,20 +288,21 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         k: int | None = None,
         explore: bool | None = None,
+        log: bool | None = None,
     ) -> list[Document]:
         # The core is synchronous (numpy, SQLite): run it in a thread, as LangChain's default does.
         return await run_in_executor(
-            None, self._retrieve, query, run_manager, run_manager.get_child(), k, explore
+            None, self._retrieve, query, run_manager, run_manager.get_child(), k, explore, log
         )
 
     def _retrieve(
-        self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None
+        self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None, log: bool | None
     ) -> list[Document]:
         ens = self.ensemble
         k = self.k if k is None else positive_count(k, "k")
         explore = self.explore if explore is None else flag(explore, "explore")
         session = _run_session(run.metadata, self.session_id)
-        logging = ens.store is not None
+        logging = ens.store is not None and (self.log if log is None else flag(log, "log"))
         if session is not None and logging and self.observe_followups:
             if self._implicit is None:
                 self._implicit = default_implicit(ens)
@@ -307,6 +314,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
                 k,
                 session_id=session,
                 explore=explore,
+                log=logging,
                 event_id=str(run.run_id) if logging else None,
                 parent_id=str(run.parent_run_id) if logging and run.parent_run_id is not None else None,
                 metadata={"framework": "langchain", "run_name": self.get_name()},
@@ -334,6 +342,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         k: int = 4,
         session_id: str | None = None,
         explore: bool = True,
+        log: bool = True,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
         """Index ``texts`` with rlfb's retrievers; ``members`` adds LangChain retrievers or vector stores.
@@ -344,7 +353,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         ``retrievers``, ``store``, ``policy``, ``fusion``, ``weights``,
         ``candidate_k``, ``seed``, ...
         """
-        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore})  # before indexing
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
         ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, members=_members(members), **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
@@ -357,6 +366,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         k: int = 4,
         session_id: str | None = None,
         explore: bool = True,
+        log: bool = True,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
         """Index ``documents``; otherwise as :meth:`from_texts`.
@@ -367,7 +377,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         nodes with one id; an id given to two documents raises
         :class:`rlfb.errors.DuplicateIdError` naming both.
         """
-        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore})  # before indexing
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
         chunks = _documents_to_chunks(documents)
         ens = FeedbackEnsemble.from_chunks(chunks, members=_members(members), **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
@@ -380,6 +390,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         k: int = 4,
         session_id: str | None = None,
         explore: bool = True,
+        log: bool = True,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
         """Fuse existing LangChain retrievers / vector stores only (no rlfb index), with learned weights.
@@ -389,7 +400,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """
         if not retrievers:
             raise ValidationError("from_retrievers needs at least one retriever")
-        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore})
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})
         ens = FeedbackEnsemble({}, members=_members(retrievers), **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 

@@ -33,7 +33,7 @@ process, nothing is kept after it.
 
 **Serialising.** ``FeedbackFusionPostprocessor.from_dict(pp.to_dict())`` (or
 ``from_json(pp.to_json())``) gives a postprocessor on the same SQLite file,
-with the same ``top_n``, ``explore``, retriever names, policy name and
+with the same ``top_n``, ``explore``, ``log``, retriever names, policy name and
 JSON-able ensemble options; the learned state is in the store. What a dump
 cannot carry (an in-memory store, the ``nodes``/``index``/``docstore`` corpus,
 an ``ensemble``, retriever or policy objects, options that are objects) is
@@ -125,6 +125,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         At most one: the corpus to index (see the module docstring for none).
     explore
         Let the policy explore; ``False`` gives the greedy ranking (evaluation).
+    log
+        Log each re-ranking to the store, so feedback can reach it (the default).
+        ``False`` for evaluation: nothing is written, and the nodes carry no
+        ``event_id``, so no feedback can be given on them.
     ensemble_kwargs
         Passed to :class:`rlfb.FeedbackEnsemble`: ``fusion``, ``weights``,
         ``candidate_k``, ``seed``, ``refresh_interval``, ``learner_config``,
@@ -149,6 +153,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
 
     top_n: int = Field(default=3, gt=0, description="How many nodes to keep after re-ranking.")
     explore: bool = Field(default=True, description="Let the policy explore (False: greedy ranking).")
+    log: bool = Field(default=True, description="Log each re-ranking to the store (False: evaluation).")
     store_path: str = Field(default=MEMORY, description="The SQLite file of the feedback store.")
     retrievers: list[str] | None = Field(default=None, description="The rlfb retriever names (None: not dumped).")
     policy: str | None = Field(default=None, description="The policy name (None: not dumped).")
@@ -179,6 +184,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         docstore: Any = None,
         ensemble: FeedbackEnsemble | None = None,
         explore: bool = True,
+        log: bool = True,
         callback_manager: CallbackManager | None = None,
         store_path: str | None = None,
         options: Mapping[str, Any] | None = None,
@@ -189,6 +195,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         # error for top_n=0) and before any indexing; _rerank relies on a plain positive int.
         top_n = positive_count(top_n, "top_n")
         explore = flag(explore, "explore")
+        log = flag(log, "log")
         ensemble_kwargs = {**(options or {}), **ensemble_kwargs}  # a dump's options; explicit ones win
         ensemble_kwargs.pop("class_name", None)  # every LlamaIndex dump carries it; it is not an ensemble option
         unknown = sorted(set(ensemble_kwargs) - _ensemble_options())
@@ -218,7 +225,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             if ensemble.store is None:
                 raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
             open_store(ensemble.store, store_path)  # raises when a dump's file is not the ensemble's
-            super().__init__(top_n=top_n, explore=explore, callback_manager=manager,
+            super().__init__(top_n=top_n, explore=explore, log=log, callback_manager=manager,
                              store_path=store_path_of(ensemble.store), not_serialised=["ensemble"])
             self._ensemble = ensemble
             self._store = ensemble.store
@@ -239,7 +246,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             lost.append("policy")
         lost += [k for k, v in ensemble_kwargs.items() if not _jsonable(v)]
         super().__init__(
-            top_n=top_n, explore=explore, callback_manager=manager, store_path=store_path_of(store),
+            top_n=top_n, explore=explore, log=log, callback_manager=manager, store_path=store_path_of(store),
             retrievers=None if "retrievers" in lost else names, policy=policy if isinstance(policy, str) else None,
             options={k: v for k, v in ensemble_kwargs.items() if k not in lost}, not_serialised=lost,
         )
@@ -268,10 +275,13 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_ensemble(
-        cls, ensemble: FeedbackEnsemble, top_n: int = 3, *, explore: bool = True
+        cls, ensemble: FeedbackEnsemble, top_n: int = 3, *, explore: bool = True, log: bool = True
     ) -> FeedbackFusionPostprocessor:
-        """Re-rank with an existing ensemble (its corpus, store, policy and learned state)."""
-        return cls(ensemble=ensemble, top_n=top_n, explore=explore)
+        """Re-rank with an existing ensemble (its corpus, store, policy and learned state).
+
+        ``explore=False, log=False`` evaluates the learned ranking without writing to the store.
+        """
+        return cls(ensemble=ensemble, top_n=top_n, explore=explore, log=log)
 
     @classmethod
     def from_index(cls, index: Any, **kwargs: Any) -> FeedbackFusionPostprocessor:
@@ -381,6 +391,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     def _rerank(self, query: str, chunks: list[Any]) -> Any:
         kwargs: Mapping[str, Any] = dict(
             explore=self.explore,
+            log=self.log,
             session_id=current_session(),
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},

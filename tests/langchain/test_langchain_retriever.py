@@ -76,6 +76,24 @@ def test_k_in_constructor_and_per_call_and_explore_flag(make_ensemble: Any) -> N
         FeedbackEnsembleRetriever(ensemble=make_ensemble(), k=0)
 
 
+def test_log_false_evaluates_without_writing_to_the_store(tmp_path: Any, make_ensemble: Any) -> None:
+    ens = make_ensemble(store=str(tmp_path / "fb.db"))
+    retriever = FeedbackEnsembleRetriever(ensemble=ens, k=4, session_id="s1")
+    want = [d.id for d in retriever.invoke("tides and the moon", explore=False)]
+    before = ens.store.counts()
+    got = retriever.invoke("tides and the moon", explore=False, log=False)  # per call
+    assert [d.id for d in got] == want
+    assert all(d.metadata["event_id"] is None for d in got)
+    quiet = FeedbackEnsembleRetriever.from_ensemble(ens, k=4, log=False, explore=False, session_id="s1")
+    assert asyncio.run(quiet.ainvoke("a restated query about tides and the moon"))  # no follow-up observed
+    assert ens.store.counts() == before  # nothing written, not even a reformulation
+    assert quiet.invoke("tides and the moon", log=True)[0].metadata["event_id"] is not None
+    with pytest.raises(ValidationError, match="log"):
+        retriever.invoke("tides", log="no")
+    with pytest.raises(ValidationError, match="log"):
+        FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), log="no")
+
+
 def test_from_texts_and_from_documents(tmp_path: Any) -> None:
     r = FeedbackEnsembleRetriever.from_texts(
         TEXTS, ids=IDS, metadatas=[{"n": i} for i in range(len(TEXTS))], retrievers=("bm25",),

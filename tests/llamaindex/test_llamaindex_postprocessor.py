@@ -101,6 +101,24 @@ def test_explore_false_is_greedy_and_repeatable(make_ensemble: Any, nodes: list[
     assert scores == sorted(scores, reverse=True)
 
 
+def test_log_false_evaluates_without_writing_to_the_store(
+    tmp_path: Any, make_ensemble: Any, nodes: list[TextNode]
+) -> None:
+    ens = make_ensemble(store=tmp_path / "fb.db", policy="thompson")
+    logged = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=4, explore=False)
+    quiet = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=4, explore=False, log=False)
+    given = [NodeWithScore(node=n) for n in nodes]
+    want = [n.node.node_id for n in logged.postprocess_nodes(given, query_str="moon tides")]
+    before = ens.store.counts()
+    got = quiet.postprocess_nodes(given, query_str="moon tides")
+    assert [n.node.node_id for n in got] == want  # the same greedy ranking
+    assert ens.store.counts() == before  # nothing written
+    assert all(n.node.metadata["event_id"] is None for n in got)
+    assert FeedbackFusionPostprocessor.from_dict(quiet.to_dict(), ensemble=ens).log is False
+    with pytest.raises(ValidationError, match="log"):
+        FeedbackFusionPostprocessor.from_ensemble(ens, log="no")  # type: ignore[arg-type]
+
+
 def test_self_indexing_without_a_corpus(
     tmp_path: Any, nodes: list[TextNode], fast_dense: dict[str, Any]
 ) -> None:
