@@ -14,7 +14,9 @@ process is observed.
   so no learner mistakes it for its own) under the retrieval's span id, with
   the query id as its parent. Retrievals nested inside another retrieval (the
   members of a ``QueryFusionRetriever``) are not logged: the outer result is
-  what the engine used. A retrieval outside any query is its own query id.
+  what the engine used. A retrieval outside any query is its own query id;
+  when rlfb adapters decided inside it, that id is a run above their decisions
+  and the retrieval's result (logged as ``"<retrieval span id>/result"``).
 * An rlfb re-ranking outside any query
   (``pp.postprocess_nodes(retriever.retrieve(q), query_str=q)``) is the latest
   query id; when it re-ranked the bare retrieval just before it, both are
@@ -27,6 +29,10 @@ process is observed.
   :class:`~llamaindex_rlfb.FeedbackEnsembleRetriever`) log their own decision,
   with the query id as parent, and emit a :class:`FeedbackRetrievalEvent`; the
   handler remembers which learner made it, so feedback on the query teaches it.
+  This holds wherever they run, a retriever nested in a ``QueryFusionRetriever``
+  or in a custom retriever included: a decision on a store other than the
+  handler's is copied into the handler's store under the query, and feedback
+  on the query is stored in the learner's own store too, where it learns.
 
 Feedback: ``handler.record_feedback(query_id, score=1.0)`` (a LangSmith-style
 score, ``0`` thumbs down to ``1`` thumbs up), ``rating=`` (1 to 5) or
@@ -197,6 +203,7 @@ class FeedbackEventHandler(BaseEventHandler):
     _bare: Any = PrivateAttr(default=None)  # ContextVar: (id, query, node ids) of the latest bare retrieval
     _thread_last: Any = PrivateAttr(default_factory=dict)  # thread id -> (latest query there, its task)
     _handled: Any = PrivateAttr(default_factory=OrderedDict)  # ids of recent events (attached twice: once)
+    _nested: Any = PrivateAttr(default_factory=OrderedDict)  # open bare retrieval -> learner events inside it
 
     def __init__(
         self,
@@ -329,6 +336,8 @@ class FeedbackEventHandler(BaseEventHandler):
         # a query or retrieval that raised: forget its span
         _pop(_QUERIES, event.span_id)
         _pop(_RETRIEVALS, event.span_id)
+        with self._lock:
+            self._nested.pop(event.span_id, None)
 
     def _query_start(self, event: QueryStartEvent) -> None:
         qid = _span(event)
@@ -343,10 +352,21 @@ class FeedbackEventHandler(BaseEventHandler):
             return
         parent = current_query_id()
         own = event_id_of(event.nodes)  # an rlfb retriever logged it already
+        with self._lock:
+            nested = self._nested.pop(rid, [])
+        logged_as = own or rid
         if parent is None:
-            self._set_last(own or rid)
-            self._bare.set((own or rid, _query_str(event.str_or_query_bundle), _ids(event.nodes)))
-        self._log(event.str_or_query_bundle, event.nodes, own or rid, parent, _component(rid, "retriever"))
+            qid = logged_as
+            if any(e != own for e in nested):
+                # rlfb learners decided inside this bare retrieval (members of a QueryFusionRetriever) and its
+                # result is not simply theirs. Its span id stays the query id, but as a run above their
+                # decisions and its own result: an event id would stand for that one event alone.
+                qid = rid
+                self._store.link_runs([(e, rid) for e in dict.fromkeys([*nested, *([own] if own else [])])])
+                logged_as, parent = own or f"{rid}/result", rid
+            self._set_last(qid)
+            self._bare.set((qid, _query_str(event.str_or_query_bundle), _ids(event.nodes)))
+        self._log(event.str_or_query_bundle, event.nodes, logged_as, parent, _component(rid, "retriever"))
 
     def _query_end(self, event: QueryEndEvent) -> None:
         qid = _span(event)
@@ -393,11 +413,22 @@ class FeedbackEventHandler(BaseEventHandler):
                 self._learners[event.event_id] = event.learner
                 while len(self._learners) > _REMEMBER:
                     self._learners.popitem(last=False)
-        if current_query_id() is None and not _RETRIEVALS.get():
+        query, retrievals = current_query_id(), _RETRIEVALS.get()
+        if query is None and not retrievals:
             # A decision outside any query or retrieval (``pp.postprocess_nodes(...)`` called by hand): no
             # QueryEnd or RetrievalEnd will make it the latest query id, so do it here, or feedback with no
             # id would go to whatever came before and the learner would never learn.
             self._top_level_decision(event)
+            return
+        # Inside a query or a retrieval. The learner logged it in its own store, under the query; when an outer
+        # retrieval returns a list of its own (a QueryFusionRetriever's), nothing else puts the decision under
+        # the query in this store, and feedback by query id would never reach the learner. So copy it now.
+        self._copy_decision(event, parent=query)
+        if query is None:  # inside a bare retrieval: linked under it when it ends (see _retrieval_end)
+            with self._lock:
+                self._nested.setdefault(retrievals[0], []).append(event.event_id)
+                while len(self._nested) > _REMEMBER:
+                    self._nested.popitem(last=False)
 
     def _top_level_decision(self, event: FeedbackRetrievalEvent) -> None:
         eid = event.event_id
@@ -415,8 +446,9 @@ class FeedbackEventHandler(BaseEventHandler):
         self._set_last(run)
         self._bare.set((run, event.query_str, tuple(event.node_ids)))  # a second re-ranking joins this run
 
-    def _copy_decision(self, event: FeedbackRetrievalEvent) -> None:
-        """Log a copy of a learner's decision made on another store, so this store can resolve and rate it."""
+    def _copy_decision(self, event: FeedbackRetrievalEvent, parent: str | None = None) -> None:
+        """Log a copy of a learner's decision made on another store, under ``parent``, so this store can resolve
+        and rate it (the learner learns from its own store's event: :meth:`record_feedback`)."""
         ens = _ensemble_of(event.learner)
         if self._store.has_event(event.event_id) or ens is None or not ens.store.has_event(event.event_id):
             return
@@ -428,6 +460,7 @@ class FeedbackEventHandler(BaseEventHandler):
             [(c["chunk_id"], c["score"]) for c in made["chunks"]],
             source=component,
             event_id=event.event_id,
+            parent_id=parent,
             session_id=made.get("session_id"),
             metadata={"framework": "llamaindex", "component": component},
         )
@@ -453,7 +486,9 @@ class FeedbackEventHandler(BaseEventHandler):
         ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...)
         or a raw ``value`` in [-1, 1]; ``chunk_id`` (a node id) rates one node.
         ``kwargs``: ``timestamp``, ``session_id``, ``user_id``, ``idempotency_key``.
-        The learner that made a decision under the query learns from it.
+        The learner that made a decision under the query learns from it, once, also
+        when it ran nested in another retriever; a learner on another store gets the
+        feedback in its own store too (on the decisions that returned ``chunk_id``).
 
         Without ``query_id``, a later query of this thread that ran in an asyncio task the
         calling code never saw (``asyncio.run``, a notebook cell's ``await``) is a
@@ -487,7 +522,9 @@ class FeedbackEventHandler(BaseEventHandler):
         for ens in learners:  # a learner on another store learns from its own copy of the event
             if not same_store(ens.store, self._store):
                 for eid in event_ids:
-                    if ens.store.has_event(eid):
+                    # about one chunk, only its decisions that returned it: the others would reject it, after
+                    # this store took it (a chunk only another member of a fusion found)
+                    if ens.store.has_event(eid) and _returned(ens.store, eid, chunk_id):
                         records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)
         return records
 
@@ -518,6 +555,11 @@ _STEPS: dict[type, Callable[[FeedbackEventHandler, Any], None]] = {
     QueryEndEvent: FeedbackEventHandler._query_end,
     SpanDropEvent: FeedbackEventHandler._span_drop,
 }
+
+
+def _returned(store: Any, event_id: str, chunk_id: str | None) -> bool:
+    """Whether the event returned ``chunk_id`` (any event does, for ``None``)."""
+    return chunk_id is None or any(c["chunk_id"] == chunk_id for c in store.event(event_id)["chunks"])
 
 
 def _ids(nodes: Sequence[NodeWithScore]) -> tuple[str, ...]:
