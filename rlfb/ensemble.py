@@ -62,7 +62,7 @@ class FeedbackEnsemble:
     fusion
         Score normalisation before the weighted sum: ``"minmax"``, ``"zscore"`` or ``"rrf"``.
     policy
-        A policy name (``"fixed"``, ``"batch"``, ``"thompson"``, ``"gradient"``) or a policy instance.
+        A policy name (``"fixed"``, ``"batch"``, ``"thompson"``, ``"epsilon"``, ``"gradient"``) or a policy instance.
     weights
         Initial weights for the ``fixed`` policy (validated: finite, non-negative).
     store
@@ -784,6 +784,7 @@ class FeedbackEnsemble:
                 propensity=float(decision.get("propensity", 1.0)),
                 explored=bool(decision.get("explored", False)),
                 policy=decision.get("policy") or "",
+                sampling_temperature=decision.get("sampling_temperature"),
             ),
             shown_ids=shown_ids,
             shown=shown,

@@ -92,6 +92,7 @@ def episode_from_dict(d: Mapping[str, Any]) -> Episode:
                 explored=bool(dec.get("explored", False)),
                 policy=str(dec.get("policy", "")),
                 ranking=None if ranking is None else tuple(int(i) for i in ranking),
+                sampling_temperature=dec.get("sampling_temperature"),
             ),
             shown_ids=shown_ids,
             shown=shown,

@@ -116,7 +116,8 @@ def _other_hyperparameters(learner: Any, saved: Mapping[str, Any] | None) -> str
     theirs, ours = pstate.get("params"), learner.policy.params()
     if not isinstance(theirs, Mapping) or same_hyperparameters(theirs, ours):
         return None
-    keys = sorted(k for k in set(theirs) | set(ours) if k != "weights" and theirs.get(k) != ours.get(k))
+    keys = sorted(k for k in set(theirs) & set(ours)
+                  if k != "weights" and not same_hyperparameters({k: theirs[k]}, {k: ours[k]}))
     return ", ".join(f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in keys)
 
 

@@ -28,8 +28,8 @@ def store() -> FeedbackStore:
 
 
 # ---------------------------------------------------------------- store: run links
-def test_run_links_migration_is_applied_last(store: FeedbackStore) -> None:
-    assert store.schema_migrations[-1] == "m006_run_links"
+def test_run_links_migration_is_applied(store: FeedbackStore) -> None:
+    assert store.schema_migrations[-2:] == ["m006_run_links", "m007_sampling_temperature"]
     assert store.db["run_links"].exists()
 
 

@@ -514,8 +514,7 @@ class BasePolicy:
             if isinstance(saved, Mapping):
                 from rlfb.policies.base import same_hyperparameters  # base imports this module
 
-                shared = [k for k in saved if k in ours]  # a parameter added since the save is not a mismatch
-                if not same_hyperparameters({k: saved[k] for k in shared}, {k: ours[k] for k in shared}):
+                if not same_hyperparameters(saved, ours):  # a parameter added since the save is not a mismatch
                     raise CorruptStateError(
                         f"state is for {self.name} hyperparameters {dict(saved)}, not {ours}: its learned "
                         "state does not fit this policy"

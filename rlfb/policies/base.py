@@ -55,6 +55,11 @@ class Decision:
     ``propensity`` is the probability that the policy would take this action;
     off-policy evaluation needs it. ``ranking`` is set only by policies that
     sample a whole ranking (a Plackett-Luce policy); it lists candidate indices.
+    ``sampling_temperature`` is the Plackett-Luce temperature (in score units,
+    the guardrail's exploration multiplier included) that ranking was drawn
+    with, so that a reward arriving after the guardrail has moved is debiased
+    under the distribution the ranking came from; ``None`` where nothing was
+    sampled or a decision was logged without it.
     """
 
     weights: Mapping[str, float]
@@ -63,6 +68,7 @@ class Decision:
     explored: bool = False
     policy: str = "fixed"
     ranking: tuple[int, ...] | None = None
+    sampling_temperature: float | None = None
 
     def __post_init__(self) -> None:
         # A sampled ranking's probability can underflow to 0.0; the action was taken, so it is positive.
@@ -70,13 +76,16 @@ class Decision:
             object.__setattr__(self, "propensity", MIN_PROPENSITY)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "weights": dict(self.weights),
             "arm": self.arm,
             "propensity": float(self.propensity),
             "explored": bool(self.explored),
             "policy": self.policy,
         }
+        if self.sampling_temperature is not None:  # only a sampled ranking has one: other decisions log as before
+            d["sampling_temperature"] = float(self.sampling_temperature)
+        return d
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,18 +140,24 @@ class Policy(Protocol):
 
 
 def same_hyperparameters(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two policies' ``params()`` agree, as JSON (a saved tuple comes back as a list).
+    """Whether two policies' ``params()`` agree on the keys both have, as JSON (a saved tuple comes back as a list).
 
     The weights are left out: they are what ``set_weights`` and ``rlfb weights import`` change,
-    while the rest (``step``, ``bounds``, ...) fixes the shape of what the policy learns.
+    while the rest (``step``, ``bounds``, ...) fixes the shape of what the policy learns. A key only
+    one side has is a hyperparameter added since the other was saved, not a mismatch: the ensemble
+    (which snapshots are its own) and ``load_state_dict`` (which states load) decide alike.
 
     >>> same_hyperparameters({"step": 0.1, "bounds": (0.05, 0.95), "weights": {"bm25": 1.0}},
     ...                      {"step": 0.1, "bounds": [0.05, 0.95], "weights": {"bm25": 0.5}})
     True
     >>> same_hyperparameters({"step": 0.1}, {"step": 0.5})
     False
+    >>> same_hyperparameters({"step": 0.1}, {"step": 0.1, "added_later": 3})
+    True
     """
+    shared = [k for k in a if k in b and k != "weights"]
+
     def canonical(p: Mapping[str, Any]) -> str:
-        return json.dumps({k: v for k, v in p.items() if k != "weights"}, sort_keys=True, default=str)
+        return json.dumps({k: p[k] for k in shared}, sort_keys=True, default=str)
 
     return canonical(a) == canonical(b)

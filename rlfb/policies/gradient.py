@@ -10,7 +10,9 @@ min-max, z-score and RRF normalisation.
 Exploring. With ``explore=True`` a whole ranking is sampled from the
 Plackett-Luce model ``P(d | remaining) = exp f(d) / sum exp f`` (with the
 Gumbel trick) and returned in ``Decision.ranking``; its propensity is the
-probability of the shown top ``k``. ``explore=False`` ranks by ``f``.
+probability of the shown top ``k``. ``explore=False`` ranks by ``f``. The
+guardrail's exploration multiplier scales the sampling temperature, and the
+temperature used is logged as ``Decision.sampling_temperature``.
 
 Learning. From chunk-level rewards PDGD infers preferences: a rewarded chunk
 beats every unrewarded chunk shown above the last rewarded one and the first
@@ -19,7 +21,8 @@ one below it. Each pair ``(i, j)`` contributes the gradient of
 ``rho = P(R*) / (P(R) + P(R*))``, where ``R*`` is the shown ranking with ``i``
 and ``j`` swapped: PDGD's debiasing, which makes a pair that the sampling was
 as likely to show the other way round count fully and a pair that position
-alone explains count little. ``rho`` uses the logged weights, so a late
+alone explains count little. ``rho`` uses the logged weights and the logged
+sampling temperature (multiplier 1 when a decision lacks it), so a late
 reward updates the decision that was made; the memory's offsets in the logged
 fused scores are left out, or a click that the memory explains would teach
 the weights nothing. The mass of the candidates that were not shown is
@@ -113,6 +116,20 @@ def pdgd_debias_weights(scores: np.ndarray, pos: np.ndarray, neg: np.ndarray) ->
     log_ratio = np.where(mask, np.log(D)[None, :] - np.log(np.maximum(swapped, 1e-300)), 0.0).sum(axis=1)
     rho = 1.0 / (1.0 + np.exp(-log_ratio))  # ratio / (1 + ratio)
     return rho.reshape(P.shape)
+
+
+def _sampling_temperature(decision: Decision, fallback: float) -> float:
+    """The temperature the decision's ranking was sampled with; ``fallback`` if it was logged without one.
+
+    A decision logged before the temperature travelled with it (or by another engine) falls back to
+    the policy's temperature at the shown chunks' scale with an exploration multiplier of 1.
+    """
+    t = getattr(decision, "sampling_temperature", None)
+    try:
+        t = float(t) if t is not None else None
+    except (TypeError, ValueError):
+        t = None
+    return t if t is not None and math.isfinite(t) and t > 0 else fallback
 
 
 @dataclass(frozen=True)
@@ -234,6 +251,7 @@ class GradientPolicy(BasePolicy):
             explored=bool(not np.array_equal(ranking, greedy)),
             policy=self.name,
             ranking=tuple(int(i) for i in ranking),
+            sampling_temperature=float(tau),
         )
 
     # ------------------------------------------------------------------ learning
@@ -270,6 +288,7 @@ class GradientPolicy(BasePolicy):
             return self
         scale = score_scale(X)
         tau = self.hyper.temperature * scale
+        tau_log = _sampling_temperature(episode.decision, tau)
         try:
             w_log = logged_weights(episode.decision.weights, self.retrievers)
         except InvalidWeightsError:
@@ -278,7 +297,14 @@ class GradientPolicy(BasePolicy):
         # The logged fused scores (Episode.scores) also hold the memory's and confidence's offsets.
         # They are left out on purpose: a repeated question whose clicked chunk the memory already
         # put first would then explain the click by position alone, and teach the weights nothing.
-        rho = pdgd_debias_weights(base_log / tau, pos, neg)
+        # rho corrects for how the shown ranking was drawn, so it is computed under the distribution it was
+        # drawn from: at the temperature logged with the decision, which holds the guardrail's exploration
+        # multiplier of that moment (the multiplier may have moved by the time the feedback comes).
+        rho = pdgd_debias_weights(base_log / tau_log, pos, neg)
+        # f is the learned model whose pairwise probability P(i > j) the step follows, not the sampling
+        # distribution: it stays at the policy's own temperature, without the exploration multiplier. That
+        # multiplier only widens the sampling (the greedy ranking ignores it); in f it would make how much
+        # each pair counts (sigmoid(d) * sigmoid(-d)) depend on how far the guardrail had turned exploration up.
         f = (X @ self._w) / tau
         fp = f[pos][:, None]
         fn = f[neg][None, :]

@@ -350,8 +350,9 @@ class FeedbackStore:
     ) -> str:
         """Log one retrieval and the chunks it returned; return its event id (uuid4 hex by default).
 
-        ``decision`` is ``{"weights", "arm", "propensity", "explored", "policy"}``
-        (or a :class:`rlfb.policies.base.Decision`). Each chunk is a mapping (or
+        ``decision`` is ``{"weights", "arm", "propensity", "explored", "policy"}``,
+        with ``"sampling_temperature"`` (positive) for a sampled ranking (or a
+        :class:`rlfb.policies.base.Decision`). Each chunk is a mapping (or
         a :class:`rlfb.types.Hit`) with ``chunk_id``, ``rank`` (1-based; defaults
         to its position), ``score``, ``scores``, ``normalized``, ``proposed_by``
         and optionally ``used`` (default true: response-level feedback is spread
@@ -453,6 +454,11 @@ class FeedbackStore:
             raise ValidationError(f"explored must be a bool, got {explored!r}")
         arm = _opt_str(decision.get("arm"), "arm")
         policy = _opt_str(decision.get("policy"), "policy")
+        temp = decision.get("sampling_temperature")
+        if temp is not None:
+            temp = finite_float(temp, "sampling_temperature")
+            if temp <= 0:
+                raise ValidationError(f"sampling_temperature must be positive, got {temp}")
         ts = self._timestamp(timestamp, "timestamp", now)
         if features is not None and not isinstance(features, Mapping):
             raise ValidationError(f"features must be a mapping, got {type(features).__name__}")
@@ -515,6 +521,7 @@ class FeedbackStore:
             _dumps([cid for _, cid, *_ in sorted((r[2], _dec(r[1])) for r in rows)], "chunk_ids"),
             _dumps(unused, "unused_ids") if unused else None,
             now,
+            temp,
         )
         return ev, rows
 

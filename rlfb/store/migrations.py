@@ -223,3 +223,9 @@ def m006_run_links(db: Database) -> None:
         {"run_id": str, "parent_id": str, "ts": float}, pk="run_id", not_null=["parent_id"]
     )
     db["run_links"].create_index(["parent_id"])
+
+
+@MIGRATIONS()
+def m007_sampling_temperature(db: Database) -> None:
+    # the Plackett-Luce temperature a sampled ranking was drawn with (NULL: none, or logged before it was kept)
+    db["events"].add_column("sampling_temperature", float)

@@ -68,7 +68,7 @@ class _EventInfo:
 
 _EVENT_COLS = (
     "id, ts, query, query_hash, session_id, parent_id, query_type, features, weights, arm, policy, "
-    "explored, propensity, metadata, n_chunks, chunk_ids, unused_ids, created_at"
+    "explored, propensity, metadata, n_chunks, chunk_ids, unused_ids, created_at, sampling_temperature"
 )
 _N_EVENT_COLS = len(_EVENT_COLS.split(","))
 _FEEDBACK_PARAMS = frozenset(
@@ -124,8 +124,11 @@ def _event_dict(r: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": _loads(r["metadata"]),
         "n_chunks": r["n_chunks"],
         "created_at": r["created_at"],
+        "sampling_temperature": r["sampling_temperature"],
     }
     d["decision"] = {k: d[k] for k in ("weights", "arm", "propensity", "explored", "policy")}
+    if d["sampling_temperature"] is not None:
+        d["decision"]["sampling_temperature"] = d["sampling_temperature"]
     return d
 
 
