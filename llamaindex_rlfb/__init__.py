@@ -1,7 +1,7 @@
 """LlamaIndex adapter of rlfb: learning by adding one postprocessor to a query engine you already have.
 
 * :class:`FeedbackFusionPostprocessor` re-ranks the nodes of any LlamaIndex
-  retriever with BM25, dense and SPLADE scores fused by learned weights, and
+  retriever with BM25 and dense scores (SPLADE too, if asked) fused by learned weights, and
   logs the retrieval for feedback.
 * :class:`FeedbackEnsembleRetriever` is the whole rlfb ensemble as a
   LlamaIndex retriever (``from_defaults(index=|nodes=|docstore=)``).

@@ -7,9 +7,9 @@ Add it to a query engine you already have::
 
 For the nodes any LlamaIndex retriever returned, the ensemble scores each one
 with every rlfb retriever (nodes in its index by id, others from their text,
-so BM25, dense and SPLADE scores exist for every node), fuses them with the
-learned weights and per-chunk confidence, keeps ``top_n`` and logs the
-retrieval event. Every node it returns is a copy carrying the event id in
+so every node has a BM25 and a dense score, and a SPLADE one when SPLADE is
+among the retrievers), fuses them with the learned weights and per-chunk
+confidence, keeps ``top_n`` and logs the retrieval event. Every node it returns is a copy carrying the event id in
 ``metadata["event_id"]`` (plus its rank, each retriever's raw score and which
 retrievers proposed it; these keys are hidden from the LLM and the embedder).
 
@@ -107,7 +107,7 @@ def _jsonable(value: Any) -> bool:
 
 
 class FeedbackFusionPostprocessor(BaseNodePostprocessor):
-    """Re-ranks nodes by fusing BM25, dense and SPLADE scores with weights learned from feedback.
+    """Re-ranks nodes by fusing BM25 and dense (and optionally SPLADE) scores with weights learned from feedback.
 
     Parameters
     ----------
@@ -119,7 +119,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     top_n
         How many nodes to keep.
     policy
-        The learning policy: ``"gradient"`` (default), ``"thompson"``, ``"batch"`` or ``"fixed"``.
+        The learning policy: ``"gradient"`` (default), ``"thompson"``, ``"epsilon"``, ``"batch"`` or ``"fixed"``.
         (``None`` for ``retrievers`` or ``policy``: the default.)
     nodes, index, docstore
         At most one: the corpus to index (see the module docstring for none).

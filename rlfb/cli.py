@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for bad input, with the reason on stderr).
 
     Bad input (an rlfb error), an unreadable or unwritable path (``OSError``) and a file that is
-    not an SQLite database end with one ``rlfb: error: ...`` line, never a traceback.
+    not an SQLite database end with one ``rlfb: error: ...`` line, never a traceback. A reader
+    that closes the output pipe early (``| head``) is not an error.
     """
     import sqlite3
 
@@ -56,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `rlfb ... --json | head`: the reader has what it wanted
+        from rlfb.commands import reader_gone
+
+        reader_gone()
+        return 0
     except (RlfbError, OSError, sqlite3.DatabaseError) as exc:
         print(f"rlfb: error: {describe_error(exc)}", file=sys.stderr)
         return 2

@@ -336,3 +336,40 @@ def test_a_byte_order_mark_on_the_first_line_is_read_past(tmp_path: Path) -> Non
     data = load_beir(ds)
     assert sorted(c.id for c in data.corpus)[0] == "d1"
     assert data.split("test")["q1"] == {"d1": 1}
+
+
+@pytest.mark.parametrize("command", [["store", "stats", "{db}", "--json"], ["cache", "stats", "--json"]])
+def test_any_command_to_a_reader_gone_exits_quietly(tmp_path: Path, command: list[str]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        store.log_event("question", {"weights": {"bm25": 1.0}}, chunks=[{"chunk_id": "c0", "score": 1.0}])
+    args = [a.format(db=tmp_path / "fb.db") for a in command]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes a byte, as `| head` after its lines
+    code = "import sys; from rlfb.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "RLFB_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code, *args], stdout=write, stderr=subprocess.PIPE, env=env)
+    os.close(write)
+    assert (proc.returncode, proc.stderr.decode()) == (0, "")
+
+
+def test_evaluate_candidate_k_is_checked_before_loading(tmp_path: Path, capsys) -> None:
+    # the dataset does not exist: an error about it would mean the check came after loading and indexing
+    assert main(["evaluate", "--dataset", str(tmp_path / "absent"), "--candidate-k", "0"]) == 2
+    assert "--candidate-k must be at least 1, got 0" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize(("command", "shown"), [
+    ("simulate", ["(default: gradient)", "(default: 2000)", "(default: minmax)"]),
+    ("demo", ["(default: thompson)", "(default: 1500)", "(default: out/demo)"]),
+    ("evaluate", ["(default: rrf)", "(default: 100)", "(default: test)"]),
+])
+def test_help_shows_the_defaults(capsys, command: str, shown: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(s in out for s in shown)
+    assert "(default: None)" not in out and "(default: True)" not in out and "(default: False)" not in out

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 from pathlib import Path
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "same_file", "refuse_overwriting_store", "check_int",
-           "check_output_name", "require_matplotlib"]
+           "check_output_name", "require_matplotlib", "reader_gone", "HelpFormatter"]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default; not for flags, required options or a default of ``None``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.required or action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def prepare_output_dir(folder: str | Path) -> Path:
@@ -84,3 +94,14 @@ def require_matplotlib(option: str) -> None:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise RlfbError(f"{option} draws with matplotlib, which is not installed: pip install 'rlfb[eval]'")
+
+
+def reader_gone() -> None:
+    """Point stdout at devnull after the reader of its pipe stopped early (``rlfb ... | head``).
+
+    Not an error, as for any Unix filter; but stdout is closed on its side, and Python's flush at exit
+    would fail again without this.
+    """
+    import sys
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

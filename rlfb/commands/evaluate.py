@@ -6,16 +6,18 @@ import argparse
 import json
 from pathlib import Path
 
+from rlfb.commands import HelpFormatter
 from rlfb.errors import ValidationError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="nDCG@10, MRR@10, P@10 and Recall@100 of each retriever and the fusion")
+    p = sub.add_parser("evaluate", help="nDCG@10, MRR@10, P@10 and Recall@100 of each retriever and the fusion",
+                       formatter_class=HelpFormatter)
     p.add_argument("--dataset", required=True, help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="the qrels file to judge by: qrels/SPLIT.tsv")
     p.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated: bm25,dense,splade")
-    p.add_argument("--fusion", default="rrf", choices=["rrf", "minmax", "zscore"])
-    p.add_argument("--weights", default=None, help="comma-separated weights, one per retriever (default equal)")
+    p.add_argument("--fusion", default="rrf", choices=["rrf", "minmax", "zscore"], help="how the scores are fused")
+    p.add_argument("--weights", default=None, help="comma-separated weights, one per retriever (default: equal)")
     p.add_argument("--k", type=int, default=10, help="cut-off shown for nDCG, MRR and P (Recall uses 100)")
     p.add_argument("--candidate-k", type=int, default=100, help="each retriever's candidates for the fusion")
     p.add_argument("--json", dest="json_out", default=None, help="write the metrics here, keyed by run name")
@@ -47,13 +49,14 @@ def check_retriever_names(names: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import check_output_name, prepare_output_file
+    from rlfb.commands import check_int, check_output_name, prepare_output_file
     from rlfb.datasets import load_beir
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.offline import evaluate_ensemble
     from rlfb.types import validate_k
 
     k = validate_k(args.k)
+    check_int("--candidate-k", args.candidate_k, 1)  # now, not after BM25 indexed the corpus
     names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
     check_retriever_names(names)
     weights = parse_weights(args.weights, names)

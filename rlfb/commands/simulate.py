@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rlfb.commands import HelpFormatter
 from rlfb.errors import ValidationError
 
 # each seed is a full run; beyond this a typo (--seeds 1000000000) is far likelier than intent
@@ -13,22 +14,26 @@ MAX_SEEDS = 1000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines")
+    p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines",
+                       formatter_class=HelpFormatter)
     p.add_argument("--dataset", required=True, help="a BEIR folder, or 'demo' for the generated collection")
     p.add_argument("--policy", default="gradient", help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--user", default="navigational", help="perfect, navigational or informational")
-    p.add_argument("--interactions", type=int, default=2000)
-    p.add_argument("--explicit-rate", type=float, default=0.1)
+    p.add_argument("--interactions", type=int, default=2000, help="simulated questions per seed")
+    p.add_argument("--explicit-rate", type=float, default=0.1,
+                   help="probability that a user gives a thumb up or down on the answer")
     p.add_argument("--noise", type=float, default=0.0, help="probability that an explicit thumb is flipped")
     p.add_argument("--answer-k", type=int, default=3,
-                   help="the top chunks the answer is written from, which a thumb judges (default 3)")
+                   help="the top chunks the answer is written from, which a thumb judges")
     p.add_argument("--seeds", type=int, default=5, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
-    p.add_argument("--checkpoints", type=int, default=10)
-    p.add_argument("--retrievers", default="bm25,dense,splade")
-    p.add_argument("--fusion", default="minmax", choices=["minmax", "rrf", "zscore"])
+    p.add_argument("--checkpoints", type=int, default=10, help="points of the learning curve")
+    p.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated: bm25,dense,splade")
+    p.add_argument("--fusion", default="minmax", choices=["minmax", "rrf", "zscore"],
+                   help="score normalisation of the learned fusion")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="turn feedback memory off")
-    p.add_argument("--max-heldout", type=int, default=None, help="evaluate at most this many held-out queries")
-    p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--max-heldout", type=int, default=None,
+                   help="evaluate at most this many held-out queries (default: all)")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
     p.add_argument("--plot", default=None,
                    help="write the learning curves to this image file; its extension picks the format "
                         "(png, svg, pdf, ...); without one, .png is appended")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -104,7 +103,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``store export``."""
-    from rlfb.commands import prepare_output_file, refuse_overwriting_store
+    from rlfb.commands import prepare_output_file, reader_gone, refuse_overwriting_store
 
     try:
         if args.jsonl != "-":  # before the store is opened: exporting onto it would destroy it
@@ -117,8 +116,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             else:
                 n = store.export_jsonl(args.jsonl)
     except BrokenPipeError:  # the reader stopped early (`| head`): not an error, as for any Unix filter
-        # stdout is closed on its side: point it at devnull so that Python's exit flush does not fail again
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        reader_gone()
         return 0
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError, OSError) as exc:
         return _fail(exc)
