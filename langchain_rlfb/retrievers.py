@@ -302,7 +302,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         k = self.k if k is None else positive_count(k, "k")
         explore = self.explore if explore is None else flag(explore, "explore")
         session = _run_session(run.metadata, self.session_id)
-        logging = ens.store is not None and (self.log if log is None else flag(log, "log"))
+        wanted = self.log if log is None else flag(log, "log")  # checked also where there is no store
+        logging = ens.store is not None and wanted
         if session is not None and logging and self.observe_followups:
             if self._implicit is None:
                 self._implicit = default_implicit(ens)

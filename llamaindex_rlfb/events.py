@@ -514,30 +514,39 @@ class FeedbackEventHandler(BaseEventHandler):
                 f"nothing was logged under query id {qid!r}: attach the handler (handler.attach()) before "
                 "querying, and pass an id from handler.last_query_id or a node's metadata['event_id']"
             )
-        learners = self._learners_of(event_ids)
-        shared = [ens for ens in learners if same_store(ens.store, self._store)]
+        makers = self._makers_of(event_ids)
+        own = _ensemble_of(self._ensemble)
+        here = {eid: ens for eid, ens in makers.items() if same_store(ens.store, self._store)}
         fb = dict(signal=signal, score=score, score_scale=self.score_scale, value=value, rating=rating,
                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
-        records = record_run_feedback(self._store, qid, ensemble=shared[0] if shared else None, **fb)
-        for ens in learners:  # a learner on another store learns from its own copy of the event
-            if not same_store(ens.store, self._store):
-                for eid in event_ids:
-                    # about one chunk, only its decisions that returned it: the others would reject it, after
-                    # this store took it (a chunk only another member of a fusion found)
-                    if ens.store.has_event(eid) and _returned(ens.store, eid, chunk_id):
-                        records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)
+        # Each decision is learned once, by the learner that made it (two learners on one store may have the
+        # same retrievers, over different corpora); a decision no learner of this process made goes to the
+        # handler's own ensemble, if it owns it.
+        records = record_run_feedback(
+            self._store, qid, ensemble=own if own is not None and same_store(own.store, self._store) else None,
+            ensembles=here, **fb,
+        )
+        for eid, ens in makers.items():  # a learner on another store learns from its own copy of the event
+            # about one chunk, only its decisions that returned it: the others would reject it, after this
+            # store took it (a chunk only another member of a fusion found)
+            if eid not in here and ens.store.has_event(eid) and _returned(ens.store, eid, chunk_id):
+                records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)
         return records
 
-    def _learners_of(self, event_ids: Sequence[str]) -> list[Any]:
-        """The ensembles behind ``event_ids``: those seen deciding in this process, then the handler's own."""
-        found: list[Any] = []
+    def _makers_of(self, event_ids: Sequence[str]) -> dict[str, Any]:
+        """The ensemble behind each of ``event_ids`` that has one: the learner seen making it in this
+        process, else the handler's own ensemble (a decision of another process on its store)."""
         with self._lock:
-            adapters = [self._learners.get(e) for e in event_ids]
-        for candidate in [*adapters, self._ensemble]:
-            ens = _ensemble_of(candidate)
-            if ens is not None and ens.store is not None and not any(ens is f for f in found):
-                found.append(ens)
-        return found
+            adapters = {e: self._learners.get(e) for e in event_ids}
+        own = _ensemble_of(self._ensemble)
+        makers = {}
+        for eid, adapter in adapters.items():
+            ens = _ensemble_of(adapter)
+            if ens is None or ens.store is None:
+                ens = own
+            if ens is not None and ens.store is not None:
+                makers[eid] = ens
+        return makers
 
     def retrievals(self, query_id: Any = None) -> list[dict[str, Any]]:
         """The logged retrievals a query id stands for (store event dicts with their ranked ``chunks``)."""

@@ -186,6 +186,7 @@ def record_run_feedback(
     signal: str | None = None,
     *,
     ensemble: Any = None,
+    ensembles: Mapping[str, Any] | None = None,
     score: float | bool | None = None,
     score_scale: str = "unit",
     value: float | None = None,
@@ -209,6 +210,8 @@ def record_run_feedback(
     in one transaction: when any retrieval rejects it, nothing is written and
     nothing learned. ``ensemble`` then learns from the events it made
     (:func:`owns_event`); other events (:func:`log_external`) are only stored.
+    ``ensembles`` maps event ids to the ensemble that made each (several
+    learners on one store): those events are learned by it instead.
 
     Each event's idempotency key is ``"<idempotency_key>:<event id>"``, however
     many events the run resolves to (so a retry after the chain logged another
@@ -245,9 +248,11 @@ def record_run_feedback(
         for e in events
     ]
     records = store.record_feedback_batch(items)  # all or nothing
+    makers = ensembles or {}
     for event, record in zip(events, records, strict=True):
-        if owns_event(ensemble, event):
-            ensemble._learn(record, event)
+        learner = makers.get(event["id"], ensemble)
+        if owns_event(learner, event):
+            learner._learn(record, event)
     return records
 
 

@@ -151,3 +151,17 @@ def test_the_sampling_temperature_survives_the_store(tmp_path):
     with pytest.raises(Exception, match="sampling_temperature"):
         FeedbackStore(tmp_path / "fb.db").log_event("q", {"weights": {"bm25": 1.0}, "sampling_temperature": -1.0},
                                                     chunks=[{"chunk_id": "c0", "score": 1.0}])
+
+
+def test_the_sampling_temperature_is_exported(tmp_path):
+    from rlfb import FeedbackEnsemble
+
+    texts = [f"chunk {i} about tides moon aurora volcano {'x' * i}" for i in range(12)]
+    with FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), policy="gradient", store=tmp_path / "fb.db") as ens:
+        sampled = ens.retrieve("tides and the moon", k=5, explore=True).event_id
+        greedy = ens.retrieve("tides and the moon", k=5, explore=False).event_id
+        rows = {r["event_id"]: r for r in ens.store.export_rows()}
+        logged = ens.store.event(sampled)["decision"]["sampling_temperature"]
+        assert rows[sampled]["sampling_temperature"] == pytest.approx(logged)
+        assert rows[greedy]["sampling_temperature"] is None
+        assert "sampling_temperature" in ens.store.to_dataframe().columns

@@ -1091,8 +1091,9 @@ class FeedbackStore:
 
         Each row carries the event's fields (``event_id``, ``timestamp``,
         ``query``, ``query_hash``, ``session_id``, ``parent_id``, ``query_type``,
-        ``policy``, ``arm``, ``explored``, ``propensity``, ``weights``,
-        ``features``), the chunk's (``chunk_id``, ``rank``, ``score``,
+        ``policy``, ``arm``, ``explored``, ``propensity``,
+        ``sampling_temperature`` (``None`` unless a ranking was sampled),
+        ``weights``, ``features``), the chunk's (``chunk_id``, ``rank``, ``score``,
         ``scores``, ``normalized``, ``proposed_by``, ``used``), and its feedback:
         ``feedback`` lists the feedback that concerns the chunk (response-level
         feedback on the event, and chunk-level feedback on this chunk) with the

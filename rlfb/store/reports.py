@@ -143,6 +143,7 @@ def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, 
                 "arm": ev["arm"],
                 "explored": ev["explored"],
                 "propensity": ev["propensity"],
+                "sampling_temperature": ev["sampling_temperature"],
                 "weights": ev["weights"],
                 "features": ev["features"],
             }

@@ -90,6 +90,8 @@ def test_log_false_evaluates_without_writing_to_the_store(tmp_path: Any, make_en
     assert quiet.invoke("tides and the moon", log=True)[0].metadata["event_id"] is not None
     with pytest.raises(ValidationError, match="log"):
         retriever.invoke("tides", log="no")
+    with pytest.raises(ValidationError, match="log"):  # checked also where nothing would be logged
+        FeedbackEnsembleRetriever(ensemble=make_ensemble(store=None)).invoke("tides", log="no")
     with pytest.raises(ValidationError, match="log"):
         FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), log="no")
 

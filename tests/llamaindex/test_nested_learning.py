@@ -153,3 +153,37 @@ async def test_postprocessor_in_a_custom_retriever_on_its_own_store_learns(
     handler.record_feedback(handler.last_query_id, rating=5)
     assert pp.ensemble.learner.n_learned == 1
     assert pp.store.counts()["feedback"] == 1 and pp.store.has_event(eid)
+
+
+@pytest.mark.parametrize("where", ["handler's store", "a store of their own"])
+def test_two_nested_learners_on_one_store_each_learn_their_own_decision_once(
+    nodes: list[TextNode], handler: FeedbackEventHandler, tmp_path: Any, where: str
+) -> None:
+    # same retrievers and policy over different corpora: each owns the other's events by name, so only the
+    # handler's memory of who decided what keeps a decision from being stored or learned twice
+    store = handler.store if where == "handler's store" else FeedbackStore(str(tmp_path / "own.db"))
+    first, second = _rlfb(nodes[:5], store), _rlfb(nodes[3:], store)
+    fusion = QueryFusionRetriever([first, second], llm=MockLLM(), num_queries=1, similarity_top_k=4)
+    RetrieverQueryEngine.from_args(fusion, llm=MockLLM()).query(QUESTION)
+    decisions = [e["id"] for e in handler.retrievals(handler.last_query_id)
+                 if store.has_event(e["id"]) and store.event(e["id"])["policy"] == "gradient"]
+    assert len(decisions) == 2
+
+    handler.record_feedback(handler.last_query_id, score=1.0)
+    assert [len(store.feedback(e)) for e in decisions] == [1, 1]  # one row each, not one per learner
+    first.ensemble.refresh()
+    assert first.ensemble.learner.n_learned == 2  # the shared state holds each decision once
+    store.close()
+
+
+def test_learners_with_other_retrievers_on_the_handlers_store_both_learn(
+    nodes: list[TextNode], handler: FeedbackEventHandler, fast_dense: dict[str, Any]
+) -> None:
+    bm25 = _rlfb(nodes, handler.store)
+    both = FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25", "dense"), store=handler.store,
+                                                   similarity_top_k=2, policy="gradient", **fast_dense)
+    fusion = QueryFusionRetriever([bm25, both], llm=MockLLM(), num_queries=1, similarity_top_k=4)
+    RetrieverQueryEngine.from_args(fusion, llm=MockLLM()).query(QUESTION)
+
+    handler.record_feedback(handler.last_query_id, score=1.0)
+    assert (bm25.ensemble.learner.n_learned, both.ensemble.learner.n_learned) == (1, 1)
