@@ -534,13 +534,18 @@ class FeedbackEnsemble:
         parent_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         timestamp: float | None = None,
+        used: int | None = None,
     ) -> RetrievalResult:
         """Decide, rank and log for a context from :meth:`context`.
 
         Retriever scores do not change while the policy learns, so simulations
         compute each query's context once and call this for every interaction.
+        ``used``: the answer is written from the top ``used`` chunks only, so
+        feedback on the answer is spread over those (``None``: every chunk).
         """
         validate_k(k)
+        if used is not None:
+            validate_k(used, "used")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValidationError(f"metadata must be a mapping, got {type(metadata).__name__}")
         validate_flag(explore, "explore")  # "no" is truthy: it would explore
@@ -555,7 +560,7 @@ class FeedbackEnsemble:
                 logged_id = self._store.log_event(
                     ctx.query,
                     decision.to_dict(),
-                    [_chunk_row(h) for h in hits],
+                    [_chunk_row(h, used) for h in hits],
                     session_id=ctx.session_id,
                     features=dict(ctx.features),
                     query_type=ctx.query_type,
@@ -1086,7 +1091,7 @@ def _finite_or_none(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-def _chunk_row(hit: Hit) -> dict[str, Any]:
+def _chunk_row(hit: Hit, used: int | None = None) -> dict[str, Any]:
     return {
         "chunk_id": hit.chunk_id,
         "rank": hit.rank,
@@ -1094,4 +1099,5 @@ def _chunk_row(hit: Hit) -> dict[str, Any]:
         "scores": dict(hit.scores),
         "normalized": dict(hit.normalized),
         "proposed_by": list(hit.proposed_by),
+        "used": used is None or hit.rank <= used,
     }

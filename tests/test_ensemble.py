@@ -144,3 +144,17 @@ def test_bad_member_results_and_metadata_are_named_errors() -> None:
         ens.retrieve("aurora", k=2, metadata=[1, 2])  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="rrf_c"):
         FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), rrf_c="x")  # type: ignore[arg-type]
+
+
+def test_rank_context_used_spreads_praise_of_the_answer_over_the_chunks_it_was_written_from() -> None:
+    from rlfb.store import FeedbackStore
+
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=FeedbackStore())
+    ctx = ens.context("the aurora and the moon tides", k=5)
+    r = ens.rank_context(ctx, 5, explore=False, used=2)
+    record = ens.feedback(r.event_id, "thumbs_up")
+    assert set(record.chunk_rewards) == set(r.chunk_ids[:2])  # not the three chunks the answer did not use
+    everything = ens.rank_context(ctx, 5, explore=False)  # None: every chunk shown was used
+    assert set(ens.feedback(everything.event_id, "thumbs_up").chunk_rewards) == set(everything.chunk_ids)
+    with pytest.raises(ValidationError, match="used"):
+        ens.rank_context(ctx, 5, used=0)

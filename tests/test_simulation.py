@@ -122,6 +122,41 @@ def test_simulate_cli_on_the_demo_collection(tmp_path, capsys) -> None:
     assert json.loads(out.read_text())["config"]["interactions"] == 60
 
 
+def test_simulate_cli_passes_the_users_timing_settings(tmp_path) -> None:
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--dataset", "demo", "--retrievers", "bm25", "--policy", "fixed",
+                 "--interactions", "30", "--seeds", "1", "--checkpoints", "1", "--json", str(out), "--quiet",
+                 "--reformulation-rate", "0.25", "--mean-delay", "600", "--late-rate", "0.1",
+                 "--late-delay", "90000", "--spacing", "15"]) == 0
+    cfg = json.loads(out.read_text())["config"]
+    assert (cfg["reformulation_rate"], cfg["mean_delay"], cfg["late_rate"], cfg["late_delay"], cfg["spacing"]) == (
+        0.25, 600.0, 0.1, 90000.0, 15.0)
+    assert cfg["dataset_path"] == "demo"
+    for option, value in (("--spacing", "0"), ("--mean-delay", "-1"), ("--late-delay", "inf")):
+        assert main(["simulate", "--dataset", "demo", option, value]) == 2  # refused before any indexing
+
+
+def test_the_fixed_baselines_search_the_learners_own_fusion() -> None:
+    """With z-score fusion the grid includes z-score weights: the oracle, chosen on the held-out queries
+    from a grid that holds the learner's equal z-score weights, is never below a learner that keeps them."""
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    config = SimulationConfig(
+        policy="fixed", interactions=100, seeds=(0, 1), checkpoints=1, retrievers=("bm25", "dense"),
+        fusion="zscore", memory=False, learner={"confidence_weight": 0.0, "exploration": "none"},
+    )
+    result = simulate(data, config, show_progress=False)
+    oracle = result["baselines"]["oracle_fixed"]
+    learned = [r["final"]["heldout_ndcg@10"] for r in result["runs"]]
+    assert oracle["heldout_ndcg@10"]["mean"] >= float(np.mean(learned)) - 1e-12
+    assert set(oracle["fusion"]) <= {"minmax", "rrf", "zscore"} and len(oracle["fusion"]) == 2
+    # and the settings the config class does not hold are written out too
+    cfg = result["config"]
+    assert cfg["click_model"] == {"click": list(CLICK_MODELS["navigational"].click),
+                                  "stop": list(CLICK_MODELS["navigational"].stop)}
+    assert cfg["max_grade"] == 2 and cfg["attribution_window"] == 86400.0
+    assert cfg["reward"]["horizon"] == 3600.0 and cfg["models"] == {"dense": "default"}
+
+
 def test_fixed_equal_weights_score_as_the_equal_baseline_on_the_same_queries() -> None:
     """The baselines' seen and online figures are measured on the queries the learned ones are: a learner
     that keeps equal min-max weights, with no memory, confidence or exploration, scores exactly as

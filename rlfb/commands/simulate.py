@@ -23,6 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--explicit-rate", type=float, default=0.1,
                    help="probability that a user gives a thumb up or down on the answer")
     p.add_argument("--noise", type=float, default=0.0, help="probability that an explicit thumb is flipped")
+    p.add_argument("--reformulation-rate", type=float, default=0.5,
+                   help="probability that a user restates the question when nothing relevant is in the top 3")
+    p.add_argument("--mean-delay", type=float, default=120.0,
+                   help="mean seconds before a feedback signal arrives (exponential)")
+    p.add_argument("--late-rate", type=float, default=0.02,
+                   help="probability that a signal arrives --late-delay seconds late instead")
+    p.add_argument("--late-delay", type=float, default=2 * 86400.0,
+                   help="seconds of a late signal's delay (beyond the 24 h attribution window by default)")
+    p.add_argument("--spacing", type=float, default=60.0, help="simulated seconds between two questions")
     p.add_argument("--answer-k", type=int, default=3,
                    help="the top chunks the answer is written from, which a thumb judges")
     p.add_argument("--seeds", type=int, default=5, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
@@ -105,9 +114,12 @@ def run(args: argparse.Namespace) -> int:
         noise=args.noise, seeds=tuple(range(args.seeds)), checkpoints=args.checkpoints,
         retrievers=tuple(n.strip() for n in args.retrievers.split(",") if n.strip()), fusion=args.fusion,
         memory=args.memory, max_heldout=args.max_heldout, answer_k=args.answer_k,
+        reformulation_rate=args.reformulation_rate, mean_delay=args.mean_delay, late_rate=args.late_rate,
+        late_delay=args.late_delay, spacing=args.spacing,
     )
     result = simulate(load_dataset(args.dataset), config, show_progress=not args.quiet)
     result["dataset_path"] = args.dataset if args.dataset == "demo" else str(Path(args.dataset).resolve())
+    result["config"]["dataset_path"] = result["dataset_path"]
     print_table(result)
     t = result["timing"]
     print(f"\nindexing {t['index_seconds']:.1f}s, contexts {t['context_seconds']:.1f}s, "

@@ -28,7 +28,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -99,6 +99,12 @@ class SimulationConfig:
             raise ValidationError("give at least one seed")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ValidationError(f"seeds must be non-negative ints, got {list(self.seeds)!r}")
+        for name, low_open in (("mean_delay", False), ("late_delay", False), ("spacing", True)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                    or (low_open and v == 0):
+                bound = "positive" if low_open else "non-negative"
+                raise ValidationError(f"{name} must be a finite {bound} number of seconds, got {v!r}")
         if not (0 < self.grid_step <= 0.5):
             raise ValidationError(f"grid_step must be in (0, 0.5], got {self.grid_step}")
         if not (isinstance(self.answer_k, int) and 1 <= self.answer_k <= self.k):
@@ -244,20 +250,22 @@ def _baselines(
     names = list(prep.contexts[heldout[0]].retrievers)
     grid = simplex_grid(len(names), config.grid_step)
     equal = np.full(len(names), 1.0 / len(names))
+    # the grid searches min-max and RRF, and the learner's own fusion when it is another (z-score): a
+    # tuned baseline must have had the learner's fusion to choose from
+    modes = tuple(dict.fromkeys(("minmax", "rrf", config.fusion)))
 
     def per_query(qids: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, list] = {n: [] for n in names}
-        out.update(equal=[], rrf=[], grid_minmax=[], grid_rrf=[])
+        out.update(equal=[], rrf=[], **{f"grid_{m}": [] for m in modes})
         for q in qids:
             ctx, judge = prep.contexts[q], judges[q]
             for j, n in enumerate(names):
                 out[n].append(judge.ndcg(ctx.raw[:, [j]])[0])
-            mm = normalize(ctx.raw, "minmax")
-            rr = normalize(ctx.raw, "rrf", ranks=ctx.ranks)
-            out["equal"].append(judge.ndcg((mm @ equal)[:, None])[0])
-            out["rrf"].append(judge.ndcg((rr @ equal)[:, None])[0])
-            out["grid_minmax"].append(judge.ndcg(mm @ grid.T))
-            out["grid_rrf"].append(judge.ndcg(rr @ grid.T))
+            fused = {m: normalize(ctx.raw, m, ranks=ctx.ranks if m == "rrf" else None) for m in modes}
+            out["equal"].append(judge.ndcg((fused["minmax"] @ equal)[:, None])[0])
+            out["rrf"].append(judge.ndcg((fused["rrf"] @ equal)[:, None])[0])
+            for m in modes:
+                out[f"grid_{m}"].append(judge.ndcg(fused[m] @ grid.T))
         return {key: np.array(v) for key, v in out.items()}
 
     held = per_query(heldout)
@@ -278,9 +286,9 @@ def _baselines(
     result: dict[str, dict[str, Any]] = {key: figures(held[key], tune[key]) for key in [*names, "equal", "rrf"]}
 
     def best_fixed(chosen_on: dict[str, np.ndarray]) -> dict[str, Any]:
-        """The grid weights (either fusion mode) with the best mean on ``chosen_on``, scored on both sets."""
+        """The grid weights (any fusion mode) with the best mean on ``chosen_on``, scored on both sets."""
         mode, best = max(
-            ((m, int(chosen_on[f"grid_{m}"].mean(axis=0).argmax())) for m in ("minmax", "rrf")),
+            ((m, int(chosen_on[f"grid_{m}"].mean(axis=0).argmax())) for m in modes),
             key=lambda mb: chosen_on[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
         )
         return {
@@ -290,7 +298,7 @@ def _baselines(
         }
 
     def per_query_oracle(d: dict[str, np.ndarray]) -> np.ndarray:
-        return np.maximum(d["grid_minmax"].max(axis=1), d["grid_rrf"].max(axis=1))
+        return np.max([d[f"grid_{m}"].max(axis=1) for m in modes], axis=0)
 
     result["tuned_fixed"] = best_fixed(tune)  # tuned on the stream queries with full judgments: offline tuning
     result["oracle_fixed"] = best_fixed(held)  # chosen on the held-out queries themselves: an upper bound
@@ -373,7 +381,8 @@ def run_seed(
         deliver(now)
         q = rng.choice(stream)
         ctx = prep.contexts[q]
-        result = ens.rank_context(ctx, config.k, explore=True, log=True, timestamp=now)
+        # the answer is written from the top answer_k chunks: a thumb or a restated question is about those
+        result = ens.rank_context(ctx, config.k, explore=True, log=True, timestamp=now, used=config.answer_k)
         order = [ctx.candidate_ids.index(c) for c in result.chunk_ids] if result.hits else []
         online.append(judges[q].ndcg_order(np.asarray(order)))
         asked[q] = asked.get(q, 0) + 1
@@ -385,6 +394,9 @@ def run_seed(
     deliver(time.time())  # what arrives after the stream ends: mostly outside the attribution window
     ens.flush()
     stats = store.counts() if hasattr(store, "counts") else {}
+    store_settings = {"attribution_window": store.attribution_window,
+                      "reward": {f.name: getattr(store.reward.config, f.name)
+                                 for f in fields(store.reward.config) if f.name != "aliases"}}
     ens.close()
     final = dict(curve[-1])
     final.pop("interactions")
@@ -393,6 +405,7 @@ def run_seed(
         "final": final,
         "baselines": _baselines(prep, config, stream, heldout, judges, seen_sample, asked),
         "learner_config": ens.learner.config.to_dict(),
+        "settings": _fixed_settings(prep, config, store_settings),
         "curve": curve,
         "weights": ens.learner.weights(),
         "stream_queries": len(stream),
@@ -426,6 +439,20 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": [mean - half, mean + half], "n": int(arr.size)}
 
 
+def _fixed_settings(prep: Prepared, config: SimulationConfig, store: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a run used that ``SimulationConfig`` does not hold: the user's click model, the
+    grades read from the data, the store's reward and window, and the retrievers' models."""
+    model = CLICK_MODELS[config.user]
+    # a model retriever's model: its name or path, "default" for the bundled one
+    models = {name: r.model_name or "default" for name, r in prep.retrievers.items() if hasattr(r, "model_name")}
+    return {
+        "click_model": {"click": list(model.click), "stop": list(model.stop)},
+        "max_grade": prep.max_grade,
+        "models": models,
+        **store,
+    }
+
+
 def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra: Mapping[str, Any]) -> dict:
     """Mean and 95% interval over seeds, in the JSON shape scripts read."""
     keys = [f"heldout_{METRIC}", f"seen_{METRIC}", f"online_{METRIC}"]
@@ -435,6 +462,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         entry = {k: _interval([r["baselines"][name][k] for r in runs]) for k in keys}
         if "weights" in runs[0]["baselines"][name]:
             entry["weights"] = [r["baselines"][name]["weights"] for r in runs]
+            entry["fusion"] = [r["baselines"][name]["fusion"] for r in runs]
         baselines[name] = entry
     curve = []
     for i, point in enumerate(runs[0]["curve"]):
@@ -447,9 +475,11 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         "baselines": baselines,
         "curve": curve,
         # every setting; "learner" as the learner ran (defaults filled in), "learner_overrides" as given
-        "config": {**config.to_dict(), "learner": runs[0]["learner_config"], "learner_overrides": dict(config.learner)},
+        "config": {**config.to_dict(), "learner": runs[0]["learner_config"], "learner_overrides": dict(config.learner),
+                   **runs[0]["settings"]},
         "weights": [r["weights"] for r in runs],
-        "runs": [{k: v for k, v in r.items() if k not in ("curve", "baselines", "learner_config")} for r in runs],
+        "runs": [{k: v for k, v in r.items() if k not in ("curve", "baselines", "learner_config", "settings")}
+                 for r in runs],
         **dict(extra),
     }
 
