@@ -322,7 +322,7 @@ class FeedbackEventHandler(BaseEventHandler):
                 if eid in self._handled:
                     return
                 self._handled[eid] = None
-                if len(self._handled) > 10_000:
+                if len(self._handled) > _REMEMBER:
                     self._handled.popitem(last=False)
         try:
             step(self, event)
@@ -515,17 +515,13 @@ class FeedbackEventHandler(BaseEventHandler):
                 "querying, and pass an id from handler.last_query_id or a node's metadata['event_id']"
             )
         makers = self._makers_of(event_ids)
-        own = _ensemble_of(self._ensemble)
         here = {eid: ens for eid, ens in makers.items() if same_store(ens.store, self._store)}
         fb = dict(signal=signal, score=score, score_scale=self.score_scale, value=value, rating=rating,
                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         # Each decision is learned once, by the learner that made it (two learners on one store may have the
-        # same retrievers, over different corpora); a decision no learner of this process made goes to the
-        # handler's own ensemble, if it owns it.
-        records = record_run_feedback(
-            self._store, qid, ensemble=own if own is not None and same_store(own.store, self._store) else None,
-            ensembles=here, **fb,
-        )
+        # same retrievers, over different corpora); _makers_of gives a decision no learner of this process made
+        # to the handler's own ensemble, which learns from it if it owns it.
+        records = record_run_feedback(self._store, qid, ensembles=here, **fb)
         for eid, ens in makers.items():  # a learner on another store learns from its own copy of the event
             # about one chunk, only its decisions that returned it: the others would reject it, after this
             # store took it (a chunk only another member of a fusion found)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from rlfb.errors import InvalidWeightsError, ValidationError
+from rlfb.types import check_choice
 
 __all__ = [
     "FUSION_METHODS",
@@ -159,9 +160,7 @@ def check_fusion(method: object) -> str:
     >>> check_fusion("rrf")
     'rrf'
     """
-    if not isinstance(method, str) or method not in FUSION_METHODS:
-        raise ValidationError(f"unknown fusion method {method!r}; choose one of {sorted(FUSION_METHODS)}")
-    return method
+    return check_choice(method, FUSION_METHODS, "fusion method")
 
 
 def validate_weights(

@@ -11,7 +11,7 @@ import numpy as np
 
 from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
-__all__ = ["Chunk", "Hit", "RetrievalResult", "make_chunks", "validate_flag", "validate_k"]
+__all__ = ["Chunk", "Hit", "RetrievalResult", "check_choice", "make_chunks", "validate_flag", "validate_k"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,21 @@ def validate_flag(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValidationError(f"{name} must be True or False, got {value!r}")
     return bool(value)
+
+
+def check_choice(value: object, choices: Mapping[str, Any], what: str) -> str:
+    """``value`` if it is one of the names in ``choices``, else :class:`ValidationError` naming ``what``.
+
+    >>> check_choice("rrf", {"rrf": None}, "fusion method")
+    'rrf'
+    >>> check_choice(["rrf"], {"rrf": None}, "fusion method")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: unknown fusion method ['rrf']; choose one of ['rrf']
+    """
+    if not isinstance(value, str) or value not in choices:
+        raise ValidationError(f"unknown {what} {value!r}; choose one of {sorted(choices)}")
+    return value
 
 
 def make_chunks(

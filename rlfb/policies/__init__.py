@@ -36,6 +36,7 @@ from rlfb.policies.batch import BatchParams, BatchPolicy
 from rlfb.policies.fixed import FixedParams, FixedPolicy
 from rlfb.policies.gradient import GradientParams, GradientPolicy
 from rlfb.policies.thompson import EpsilonGreedyPolicy, ThompsonParams, ThompsonPolicy
+from rlfb.types import check_choice
 
 __all__ = [
     "POLICIES",
@@ -72,9 +73,7 @@ def check_policy_name(name: str) -> str:
     >>> check_policy_name("thompson")
     'thompson'
     """
-    if not isinstance(name, str) or name not in POLICIES:
-        raise ValidationError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
-    return name
+    return check_choice(name, POLICIES, "policy")
 
 
 def make_policy(policy: str | Policy, retrievers: Sequence[str], **kwargs: Any) -> Policy:
