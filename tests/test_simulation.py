@@ -59,6 +59,39 @@ def test_grades_and_validation() -> None:
         SimulationConfig(user="nobody")
 
 
+def test_grades_on_scales_that_do_not_divide_four_keep_their_spacing() -> None:
+    # rounding mapped a 0-3 scale to grades 1, 3, 4 and a 0-5 one to 1, 2, 2, 3, 4
+    assert [round(to_grade(v, 3), 3) for v in (0, 1, 2, 3)] == [0.0, 1.333, 2.667, 4.0]
+    assert len({to_grade(v, 5) for v in range(1, 6)}) == 5
+    assert to_grade(1, 10) == 1.0  # judged relevant is at least grade 1
+    nav = CLICK_MODELS["navigational"]
+    assert [nav.p_click(g) for g in range(5)] == list(nav.click)  # integer grades read their own entry
+    assert nav.p_click(8 / 3) == pytest.approx(0.5 + (2 / 3) * 0.2)
+    assert nav.p_stop(4 / 3) == pytest.approx(0.3 + (1 / 3) * 0.2)
+    # a grade-2-of-3 chunk is clicked between grade 1's and grade 3's rates
+    user = SimulatedUser("navigational", explicit_rate=0.0, reformulation_rate=0.0, max_grade=3, seed=4)
+    rates = [np.mean([bool(user.clicks(["r"], {"r": v})) for _ in range(4000)]) for v in (1, 2, 3)]
+    assert rates[0] + 0.1 < rates[1] < rates[2] - 0.05
+    assert rates[1] == pytest.approx(nav.p_click(8 / 3), abs=0.03)
+
+
+def test_max_heldout_is_a_seeded_sample_not_the_first_ids() -> None:
+    from types import SimpleNamespace
+
+    from rlfb.simulation.runner import _split
+
+    ids = [f"q{i:03d}" for i in range(200)]
+    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids))
+    config = SimulationConfig(max_heldout=20)
+    stream, heldout, _ = _split(prep, config, seed=0)
+    _, all_heldout, _ = _split(prep, SimulationConfig(), seed=0)
+    assert len(heldout) == 20 and set(heldout) <= set(all_heldout) and not set(heldout) & set(stream)
+    assert heldout != all_heldout[:20]  # the first ids in order can follow topic or date
+    assert heldout == sorted(heldout) and _split(prep, config, seed=0)[1] == heldout
+    assert _split(prep, config, seed=1)[1] != heldout
+    assert _split(prep, SimulationConfig(max_heldout=500), seed=0)[1] == all_heldout
+
+
 def test_simplex_grid() -> None:
     grid = simplex_grid(3, 0.1)
     assert grid.shape == (66, 3)

@@ -229,8 +229,9 @@ def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[st
         half = len(ids) // 2
         stream, heldout = sorted(ids[:half]), sorted(ids[half:])
         judgments = dict(prep.qrels)
-    if config.max_heldout is not None:
-        heldout = heldout[: config.max_heldout]
+    if config.max_heldout is not None and config.max_heldout < len(heldout):
+        # a seeded sample, not the first ids: ids sort by source order, which can follow topic or date
+        heldout = sorted(random.Random(2_000_003 + seed).sample(heldout, config.max_heldout))
     return stream, heldout, judgments
 
 
@@ -420,12 +421,15 @@ def run_seed(
 
 
 def _interval(values: Sequence[float]) -> dict[str, Any]:
-    """Mean and Student-t 95 % interval over seeds (NaN values left out).
+    """Mean and Student-t 95 % interval over seeds (NaN values left out), clipped to [0, 1], the range
+    of every figure it summarises: with few seeds the t interval alone can pass 1.
 
     >>> _interval([0.5])["ci95"]  # one seed gives no interval, not a zero-width one
     [None, None]
     >>> [round(v, 3) for v in _interval([0.4, 0.5, 0.6])["ci95"]]
     [0.252, 0.748]
+    >>> [round(v, 3) for v in _interval([0.9, 1.0])["ci95"]]
+    [0.315, 1.0]
     """
     arr = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
     if arr.size == 0:
@@ -436,7 +440,7 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
     from scipy import stats
 
     half = float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
-    return {"mean": mean, "ci95": [mean - half, mean + half], "n": int(arr.size)}
+    return {"mean": mean, "ci95": [max(0.0, mean - half), min(1.0, mean + half)], "n": int(arr.size)}
 
 
 def _fixed_settings(prep: Prepared, config: SimulationConfig, store: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A cascade user scans the shown list top-down. At each position they click
 with the probability of the chunk's relevance grade, and after a click they
 stop with the stop probability of that grade. Grades are 0 to 4; binary
-judgments map to 0 and 4.
+judgments map to 0 and 4, and other scales are scaled to 4 (a top grade of 3
+gives grades 4/3, 8/3 and 4, whose probabilities are interpolated).
 
 >>> user = SimulatedUser("perfect", explicit_rate=0.0, seed=1)
 >>> inter = user.interact(["a", "b", "c"], {"b": 1})
@@ -38,6 +39,27 @@ class ClickModel:
             if len(probs) != 5 or not all(0.0 <= p <= 1.0 for p in probs):
                 raise ValidationError(f"{self.name}: {what} needs 5 probabilities in [0, 1], got {probs}")
 
+    def p_click(self, grade: float) -> float:
+        """P(click) at ``grade``, linear between the integer grades.
+
+        >>> CLICK_MODELS["navigational"].p_click(4), CLICK_MODELS["navigational"].p_click(2.5)
+        (0.95, 0.6)
+        """
+        return _at(self.click, grade)
+
+    def p_stop(self, grade: float) -> float:
+        """P(stop after a click) at ``grade``, linear between the integer grades."""
+        return _at(self.stop, grade)
+
+
+def _at(probs: Sequence[float], grade: float) -> float:
+    # an integer grade reads its own entry exactly, so the standard scales draw the same clicks
+    lo = min(4, max(0, math.floor(grade)))
+    frac = grade - lo
+    if frac <= 0.0:
+        return probs[lo]
+    return probs[lo] + frac * (probs[lo + 1] - probs[lo])
+
 
 CLICK_MODELS: dict[str, ClickModel] = {
     "perfect": ClickModel("perfect", (0.0, 0.2, 0.4, 0.8, 1.0), (0.0, 0.0, 0.0, 0.0, 0.0)),
@@ -46,17 +68,23 @@ CLICK_MODELS: dict[str, ClickModel] = {
 }
 
 
-def to_grade(value: int, max_grade: int) -> int:
-    """Map a qrel value to a 0..4 grade: binary judgments to 0 or 4, graded ones scaled to 4.
+def to_grade(value: int, max_grade: int) -> float:
+    """Map a qrel value to a grade in [0, 4]: binary judgments to 0 or 4, graded ones scaled to 4.
+
+    Scales whose top grade does not divide 4 keep their spacing (no rounding that would merge two
+    grades or skip one); :class:`ClickModel` interpolates between the integer grades.
 
     >>> to_grade(1, 1), to_grade(0, 1), to_grade(2, 4), to_grade(3, 2)
-    (4, 0, 2, 4)
+    (4.0, 0.0, 2.0, 4.0)
+    >>> [round(to_grade(v, 3), 3) for v in (1, 2, 3)]
+    [1.333, 2.667, 4.0]
     """
     if value <= 0:
-        return 0
+        return 0.0
     if max_grade <= 1:
-        return 4
-    return max(1, min(4, round(value * 4 / max_grade)))
+        return 4.0
+    # a judged-relevant chunk is at least grade 1, on a scale finer than 0-4 too
+    return max(1.0, min(4.0, value * 4 / max_grade))
 
 
 @dataclass(frozen=True)
@@ -148,9 +176,9 @@ class SimulatedUser:
         clicked = []
         for chunk_id in ranking[: self.depth]:
             grade = to_grade(qrel.get(chunk_id, 0), self.max_grade)
-            if self._rng.random() < self.model.click[grade]:
+            if self._rng.random() < self.model.p_click(grade):
                 clicked.append(chunk_id)
-                if self._rng.random() < self.model.stop[grade]:
+                if self._rng.random() < self.model.p_stop(grade):
                     break
         return clicked
 
