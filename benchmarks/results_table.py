@@ -9,8 +9,8 @@ of each collection.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -43,4 +43,11 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "out/results")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("folder", nargs="?", default="out/results",
+                        help="folder of DATASET_POLICY.json files written by rlfb simulate --json")
+    args = parser.parse_args()
+    if not Path(args.folder).is_dir():
+        parser.error(f"no such folder: {args.folder}")
+    main(args.folder)

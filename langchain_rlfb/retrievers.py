@@ -56,6 +56,9 @@ __all__ = [
     "hit_to_document",
 ]
 
+# the adapters learn by default: thompson is the policy whose weights the README measures moving
+_DEFAULT_POLICY = "thompson"
+
 #: Metadata keys every returned Document carries (they override the chunk's own keys of the same name).
 METADATA_KEYS = ("chunk_id", "score", "scores", "rank", "event_id", "proposed_by")
 
@@ -344,18 +347,21 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
         """Index ``texts`` with rlfb's retrievers; ``members`` adds LangChain retrievers or vector stores.
 
         ``members`` maps a name to a retriever or vector store (see :func:`as_member`).
+        ``policy`` is the weights' learner, ``"thompson"`` by default (the one the README's results
+        measure learning with; ``"fixed"`` keeps the weights you give).
 
         ``ensemble_kwargs`` go to :meth:`rlfb.FeedbackEnsemble.from_texts`:
-        ``retrievers``, ``store``, ``policy``, ``fusion``, ``weights``,
-        ``candidate_k``, ``seed``, ...
+        ``retrievers``, ``store``, ``fusion``, ``weights``, ``candidate_k``, ``seed``, ...
         """
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
-        ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, members=_members(members), **ensemble_kwargs)
+        ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, members=_members(members), policy=policy,
+                                          **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
     @classmethod
@@ -368,6 +374,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
         """Index ``documents``; otherwise as :meth:`from_texts`.
@@ -380,7 +387,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
         chunks = _documents_to_chunks(documents)
-        ens = FeedbackEnsemble.from_chunks(chunks, members=_members(members), **ensemble_kwargs)
+        ens = FeedbackEnsemble.from_chunks(chunks, members=_members(members), policy=policy, **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
     @classmethod
@@ -392,17 +399,19 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
         """Fuse existing LangChain retrievers / vector stores only (no rlfb index), with learned weights.
 
         ``retrievers`` maps a member name to a retriever or vector store
-        (see :func:`as_member`); ``ensemble_kwargs`` go to :class:`rlfb.FeedbackEnsemble`.
+        (see :func:`as_member`); ``policy`` as in :meth:`from_texts` (``"thompson"``);
+        ``ensemble_kwargs`` go to :class:`rlfb.FeedbackEnsemble`.
         """
         if not retrievers:
             raise ValidationError("from_retrievers needs at least one retriever")
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})
-        ens = FeedbackEnsemble({}, members=_members(retrievers), **ensemble_kwargs)
+        ens = FeedbackEnsemble({}, members=_members(retrievers), policy=policy, **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
     # ------------------------------------------------------------------ a changing corpus

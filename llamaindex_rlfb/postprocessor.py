@@ -79,7 +79,7 @@ REINDEX_FRACTION = 0.25
 
 
 _DEFAULT_RETRIEVERS = ("bm25", "dense")
-_DEFAULT_POLICY = "gradient"
+_DEFAULT_POLICY = "thompson"  # the policy whose weights the README measures moving, as LangChain's
 
 
 def _open_store(store: Any, store_path: str | None = None) -> Any:
@@ -119,7 +119,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     top_n
         How many nodes to keep.
     policy
-        The learning policy: ``"gradient"`` (default), ``"thompson"``, ``"epsilon"``, ``"batch"`` or ``"fixed"``.
+        The learning policy: ``"thompson"`` (default), ``"gradient"``, ``"epsilon"``, ``"batch"`` or ``"fixed"``.
         (``None`` for ``retrievers`` or ``policy``: the default.)
     nodes, index, docstore
         At most one: the corpus to index (see the module docstring for none).

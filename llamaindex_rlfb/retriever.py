@@ -98,7 +98,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         retrievers: Sequence[Any] = ("bm25", "dense"),
         store: Any = None,
         similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
-        policy: Any = "gradient",
+        policy: Any = "thompson",
         explore: bool = True,
         callback_manager: CallbackManager | None = None,
         **ensemble_kwargs: Any,
@@ -106,7 +106,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """Index exactly one of ``index`` (its docstore), ``nodes`` or ``docstore`` with rlfb's retrievers.
 
         ``store`` is a path, a :class:`rlfb.store.FeedbackStore` or ``None``
-        (in memory); ``ensemble_kwargs`` go to :class:`rlfb.FeedbackEnsemble`
+        (in memory); ``policy`` learns the weights (``"thompson"`` by default, as the postprocessor's);
+        ``ensemble_kwargs`` go to :class:`rlfb.FeedbackEnsemble`
         (``fusion``, ``weights``, ``candidate_k``, ``seed``, ``refresh_interval``, ...).
         """
         from llamaindex_rlfb.postprocessor import _open_store

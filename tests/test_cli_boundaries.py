@@ -129,6 +129,17 @@ def test_demo_counts_out_of_range(tmp_path: Path, capsys, option: str, value: st
     assert not (tmp_path / "demo").exists()
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [("--policy", "foo", "unknown policy"),
+                                                          ("--interactions", "0", "interactions"),
+                                                          ("--retrievers", "bm25,nope", "nope")])
+def test_demo_settings_are_checked_before_the_output_folder_is_made(tmp_path: Path, capsys, option: str,
+                                                                     value: str, message: str) -> None:
+    # one_error_line also checks that nothing reached stdout (the collection's summary was printed first)
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--retrievers", "bm25", option, value]) == 2
+    assert message in one_error_line(capsys)
+    assert not (tmp_path / "demo").exists()
+
+
 # -- 5. evaluate on a folder with nothing to evaluate ------------------------------------------------------
 @pytest.mark.parametrize("empty", ["queries", "qrels", "qrels-header-only"])
 def test_evaluate_without_judged_queries(tmp_path: Path, capsys, empty: str) -> None:
@@ -363,7 +374,7 @@ def test_evaluate_candidate_k_is_checked_before_loading(tmp_path: Path, capsys) 
 
 
 @pytest.mark.parametrize(("command", "shown"), [
-    ("simulate", ["(default: gradient)", "(default: 2000)", "(default: minmax)"]),
+    ("simulate", ["(default: thompson)", "(default: 2000)", "(default: minmax)"]),
     ("demo", ["(default: thompson)", "(default: 1500)", "(default: out/demo)"]),
     ("evaluate", ["(default: rrf)", "(default: 100)", "(default: test)"]),
 ])

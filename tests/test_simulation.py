@@ -75,6 +75,18 @@ def test_grades_on_scales_that_do_not_divide_four_keep_their_spacing() -> None:
     assert rates[1] == pytest.approx(nav.p_click(8 / 3), abs=0.03)
 
 
+def test_the_thumb_and_the_reformulation_judge_the_same_answer() -> None:
+    # the reformulation once looked at the top 3 whatever --answer-k was: a relevant chunk at rank 4 of a
+    # five-chunk answer got a thumbs up and a restated question from the same user
+    user = SimulatedUser("navigational", explicit_rate=1.0, reformulation_rate=1.0, answer_k=5, seed=0)
+    for _ in range(50):
+        inter = user.interact(["a", "b", "c", "d", "e", "f"], {"d": 1})
+        assert inter.explicit == "explicit_positive" and not inter.reformulated
+    short = SimulatedUser("navigational", explicit_rate=1.0, reformulation_rate=1.0, answer_k=2, seed=0)
+    inter = short.interact(["a", "b", "c"], {"c": 1})
+    assert inter.explicit == "explicit_negative" and inter.reformulated
+
+
 def test_max_heldout_is_a_seeded_sample_not_the_first_ids() -> None:
     from types import SimpleNamespace
 
@@ -116,6 +128,8 @@ def test_result_has_the_documented_shape(small_run) -> None:
         assert set(result["baselines"][name]) >= {"heldout_ndcg@10", "seen_ndcg@10"}
     assert [p["interactions"] for p in result["curve"]] == [0, 100, 200, 300]
     assert result["config"]["seeds"] == [0, 1] and result["config"]["policy"] == "gradient"
+    # the policy's own hyperparameters and the RRF constant are settings too
+    assert {"evidence_z", "window"} <= set(result["config"]["policy_params"]) and result["config"]["rrf_c"] == 60.0
     json.dumps(result)  # plain JSON
     b = result["baselines"]
     # an upper bound is an upper bound

@@ -27,6 +27,9 @@ from rlfb.errors import ValidationError
 __all__ = ["register", "cmd_stats", "cmd_prune"]
 
 
+_DIR_HELP = "cache folder (default: $RLFB_CACHE_DIR, else ~/.cache/rlfb)"
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``cache stats`` and ``cache prune`` to argparse ``subparsers``; return the ``cache`` parser."""
     cache = subparsers.add_parser(
@@ -38,12 +41,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     sub.required = True
 
     stats = sub.add_parser("stats", help="the cache's size, and per model its entries, bytes and last use")
-    stats.add_argument("--dir", default=None, metavar="DIR", help="cache folder")
+    stats.add_argument("--dir", default=None, metavar="DIR", help=_DIR_HELP)
     stats.add_argument("--json", action="store_true", help="print JSON")
     stats.set_defaults(func=cmd_stats)
 
     prune = sub.add_parser("prune", help="remove unused or least recently used encodings")
-    prune.add_argument("--dir", default=None, metavar="DIR", help="cache folder")
+    prune.add_argument("--dir", default=None, metavar="DIR", help=_DIR_HELP)
     prune.add_argument("--max-mb", type=float, default=None, metavar="N",
                        help="keep at most N MB of encodings, the most recently used")
     prune.add_argument("--unused-days", type=float, default=None, metavar="D",

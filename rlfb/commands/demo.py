@@ -36,12 +36,13 @@ def run(args: argparse.Namespace) -> int:
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
     check_int("--devices", args.devices, 1)  # 0 or less: an empty collection, reported as an indexing error
     require_matplotlib("rlfb demo")  # it ends with the plot: fail now, not after the simulation
-    out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation
-    data = generate_demo_corpus(n_devices=args.devices)
     names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())
-    print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
+    # every setting is checked before the output folder is made or anything printed
     config = SimulationConfig(policy=args.policy, interactions=args.interactions, seeds=tuple(range(args.seeds)),
                               retrievers=names)
+    out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation
+    data = generate_demo_corpus(n_devices=args.devices)
+    print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
     prepared = prepare(data, config)
     ens = FeedbackEnsemble(prepared.retrievers, prepared.chunks, fusion=config.fusion)
     question = next(iter(data.queries.values()))

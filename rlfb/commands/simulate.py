@@ -17,14 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines",
                        formatter_class=HelpFormatter)
     p.add_argument("--dataset", required=True, help="a BEIR folder, or 'demo' for the generated collection")
-    p.add_argument("--policy", default="gradient", help="fixed, batch, thompson, epsilon or gradient")
+    p.add_argument("--policy", default="thompson", help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--user", default="navigational", help="perfect, navigational or informational")
     p.add_argument("--interactions", type=int, default=2000, help="simulated questions per seed")
     p.add_argument("--explicit-rate", type=float, default=0.1,
                    help="probability that a user gives a thumb up or down on the answer")
     p.add_argument("--noise", type=float, default=0.0, help="probability that an explicit thumb is flipped")
     p.add_argument("--reformulation-rate", type=float, default=0.5,
-                   help="probability that a user restates the question when nothing relevant is in the top 3")
+                   help="probability that a user restates the question when nothing relevant is in the "
+                        "answer's top --answer-k chunks")
     p.add_argument("--mean-delay", type=float, default=120.0,
                    help="mean seconds before a feedback signal arrives (exponential)")
     p.add_argument("--late-rate", type=float, default=0.02,
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds of a late signal's delay (beyond the 24 h attribution window by default)")
     p.add_argument("--spacing", type=float, default=60.0, help="simulated seconds between two questions")
     p.add_argument("--answer-k", type=int, default=3,
-                   help="the top chunks the answer is written from, which a thumb judges")
+                   help="the top chunks the answer is written from, which a thumb and a reformulation judge")
     p.add_argument("--seeds", type=int, default=5, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
     p.add_argument("--checkpoints", type=int, default=10, help="points of the learning curve")
     p.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated: bm25,dense,splade")

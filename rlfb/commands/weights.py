@@ -17,16 +17,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     wsub.required = True
     show = wsub.add_parser("show", help="print the current weights")
     show.add_argument("store", help="the feedback store (SQLite file)")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(func=run_show)
     exp = wsub.add_parser("export", help="write the current weights and learner state to a JSON file")
-    exp.add_argument("store")
-    exp.add_argument("file")
+    exp.add_argument("store", help="the feedback store (SQLite file)")
+    exp.add_argument("file", help="the JSON file to write (not the store itself)")
     exp.add_argument("--weights-only", action="store_true", help="leave the learner state out")
     exp.set_defaults(func=run_export)
     imp = wsub.add_parser("import", help="validate a JSON weights file and make it the current weights")
-    imp.add_argument("store")
-    imp.add_argument("file")
+    imp.add_argument("store", help="the feedback store (SQLite file)")
+    imp.add_argument("file", help="a JSON file written by 'rlfb weights export'")
     imp.set_defaults(func=run_import)
 
 

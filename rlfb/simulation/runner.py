@@ -50,7 +50,7 @@ METRIC = "ndcg@10"
 class SimulationConfig:
     """Every setting of a simulation run; all of it is written to the JSON output."""
 
-    policy: str = "gradient"
+    policy: str = "thompson"
     user: str = "navigational"
     interactions: int = 2000
     explicit_rate: float = 0.1
@@ -406,7 +406,7 @@ def run_seed(
         "final": final,
         "baselines": _baselines(prep, config, stream, heldout, judges, seen_sample, asked),
         "learner_config": ens.learner.config.to_dict(),
-        "settings": _fixed_settings(prep, config, store_settings),
+        "settings": {**_fixed_settings(prep, config, store_settings), **_ensemble_settings(ens)},
         "curve": curve,
         "weights": ens.learner.weights(),
         "stream_queries": len(stream),
@@ -441,6 +441,12 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
 
     half = float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
     return {"mean": mean, "ci95": [max(0.0, mean - half), min(1.0, mean + half)], "n": int(arr.size)}
+
+
+def _ensemble_settings(ens: Any) -> dict[str, Any]:
+    """The policy's hyperparameters (its gate, bounds, step, ...) and the RRF constant the run used."""
+    params = getattr(ens.learner.policy, "params", None)
+    return {"policy_params": params() if callable(params) else None, "rrf_c": ens.rrf_c}
 
 
 def _fixed_settings(prep: Prepared, config: SimulationConfig, store: Mapping[str, Any]) -> dict[str, Any]:

@@ -117,8 +117,11 @@ class SimulatedUser:
     noise
         Probability that a thumb is flipped.
     reformulation_rate
-        When nothing relevant is in the top 3, the probability of a restated
-        follow-up question (an implicit negative on the whole answer).
+        When nothing relevant is in the answer's top ``answer_k`` (3 by default),
+        the probability of a restated follow-up question (an implicit negative
+        on the whole answer).
+    answer_k
+        How many of the top chunks the answer is written from.
     mean_delay
         Mean of the exponential delay, in seconds, before feedback arrives.
     late_rate
@@ -186,15 +189,15 @@ class SimulatedUser:
         """Simulate one user's reaction to a shown ranking."""
         clicked = self.clicks(ranking, qrel)
         feedback = [SimulatedFeedback("implicit_positive", c, self._delay()) for c in clicked]
+        # the thumb and a restated question both judge the answer: the chunks it is written from
+        answered = any(qrel.get(c, 0) > 0 for c in ranking[: self.answer_k])
         explicit = None
         if self._rng.random() < self.explicit_rate:
-            good = any(qrel.get(c, 0) > 0 for c in ranking[: self.answer_k])
-            if self._rng.random() < self.noise:
-                good = not good
+            good = not answered if self._rng.random() < self.noise else answered
             explicit = "explicit_positive" if good else "explicit_negative"
             feedback.append(SimulatedFeedback(explicit, None, self._delay()))
         reformulated = False
-        if not any(qrel.get(c, 0) > 0 for c in ranking[:3]) and self._rng.random() < self.reformulation_rate:
+        if not answered and self._rng.random() < self.reformulation_rate:
             reformulated = True
             feedback.append(SimulatedFeedback("implicit_negative", None, self._delay()))
         return Interaction(clicked, feedback, explicit, reformulated)

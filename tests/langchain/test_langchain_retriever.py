@@ -105,12 +105,16 @@ def test_from_texts_and_from_documents(tmp_path: Any) -> None:
     assert docs[0].id == "doc3" and docs[0].metadata["n"] == 3
     assert r.weights == {"bm25": 1.0}
     assert FeedbackStore(tmp_path / "fb.db").has_event(docs[0].metadata["event_id"])
+    assert r.ensemble.learner.policy_name == "thompson"  # a drop-in retriever whose weights learn by default
 
     documents = [Document(page_content=t, id=i, metadata={"source": "kb"}) for t, i in zip(TEXTS, IDS, strict=True)]
     r2 = FeedbackEnsembleRetriever.from_documents(documents, retrievers=("bm25",), k=1)
     (doc,) = r2.invoke("titanium bolt XK-4471")
     assert doc.id == "doc4" and doc.metadata["source"] == "kb"
     assert doc.metadata["event_id"] is None  # no store: nothing logged
+    assert r2.ensemble.learner.policy_name == "thompson"
+    fixed = FeedbackEnsembleRetriever.from_documents(documents, retrievers=("bm25",), policy="fixed")
+    assert fixed.ensemble.learner.policy_name == "fixed"
 
 
 def test_from_documents_indexes_identical_id_less_documents_once() -> None:
@@ -184,9 +188,10 @@ def test_langchain_retrievers_and_vector_stores_as_members(make_ensemble: Any, e
     vs = InMemoryVectorStore(embeddings)
     vs.add_texts(TEXTS, ids=IDS)
     retriever = FeedbackEnsembleRetriever.from_retrievers(
-        {"lc_bm25": bm25, "vs": vs.as_retriever()}, store=FeedbackStore(), k=3, policy="thompson"
+        {"lc_bm25": bm25, "vs": vs.as_retriever()}, store=FeedbackStore(), k=3
     )
     assert retriever.weights == {"lc_bm25": 0.5, "vs": 0.5}
+    assert retriever.ensemble.learner.policy_name == "thompson"  # "learns their weights" without policy=
     docs = retriever.invoke("what causes the aurora borealis")
     assert docs[0].id in {"doc0", "doc1"}
     assert set(docs[0].metadata["scores"]) == {"lc_bm25", "vs"}

@@ -157,6 +157,7 @@ def test_from_dict_reopens_the_same_store_file(tmp_path: Any, nodes: list[TextNo
 
     # self-indexing: nothing to pass again
     alone = FeedbackFusionPostprocessor(store=path, retrievers=("bm25",))
+    assert alone.policy == "thompson"  # the default learner, as LangChain's
     assert FeedbackFusionPostprocessor.from_dict(alone.to_dict()).store.path == str(path)
 
     # an in-memory store is never silently replaced by a new one

@@ -27,6 +27,7 @@ def test_from_nodes(nodes: list[TextNode], fast_dense: dict[str, Any], tmp_path:
     eid = out[0].node.metadata[EVENT_ID_KEY]
     assert [c["chunk_id"] for c in retriever.store.event(eid)["chunks"]] == [n.node.node_id for n in out]
     assert (tmp_path / "fb.db").is_file()
+    assert retriever.ensemble.learner.policy_name == "thompson"  # learns by default, as the postprocessor
 
 
 def test_from_index_and_docstore(index: Any, fast_dense: dict[str, Any]) -> None:
