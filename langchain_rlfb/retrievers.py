@@ -58,6 +58,8 @@ __all__ = [
 
 # the adapters learn by default: thompson is the policy whose weights the README measures moving
 _DEFAULT_POLICY = "thompson"
+# what rlfb[langchain,dense] installs, and the LlamaIndex adapter's default: one store, shared weights
+_DEFAULT_RETRIEVERS = ("bm25", "dense")
 
 #: Metadata keys every returned Document carries (they override the chunk's own keys of the same name).
 METADATA_KEYS = ("chunk_id", "score", "scores", "rank", "event_id", "proposed_by")
@@ -347,21 +349,24 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        retrievers: Sequence[Any] = _DEFAULT_RETRIEVERS,
         policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
         """Index ``texts`` with rlfb's retrievers; ``members`` adds LangChain retrievers or vector stores.
 
         ``members`` maps a name to a retriever or vector store (see :func:`as_member`).
-        ``policy`` is the weights' learner, ``"thompson"`` by default (the one the README's results
-        measure learning with; ``"fixed"`` keeps the weights you give).
+        ``retrievers`` are rlfb's own, ``("bm25", "dense")`` by default: what ``rlfb[langchain,dense]``
+        installs, and the LlamaIndex adapter's default, so that both share a store's learned weights
+        (add ``"splade"`` with ``rlfb[splade]``). ``policy`` is the weights' learner, ``"thompson"`` by
+        default (the one the README's results measure learning with; ``"fixed"`` keeps the weights you give).
 
         ``ensemble_kwargs`` go to :meth:`rlfb.FeedbackEnsemble.from_texts`:
-        ``retrievers``, ``store``, ``fusion``, ``weights``, ``candidate_k``, ``seed``, ...
+        ``store``, ``fusion``, ``weights``, ``candidate_k``, ``seed``, ...
         """
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
-        ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, members=_members(members), policy=policy,
-                                          **ensemble_kwargs)
+        ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, retrievers=retrievers, members=_members(members),
+                                          policy=policy, **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
     @classmethod
@@ -374,6 +379,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        retrievers: Sequence[Any] = _DEFAULT_RETRIEVERS,
         policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
@@ -387,7 +393,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
         chunks = _documents_to_chunks(documents)
-        ens = FeedbackEnsemble.from_chunks(chunks, members=_members(members), policy=policy, **ensemble_kwargs)
+        ens = FeedbackEnsemble.from_chunks(chunks, retrievers=retrievers, members=_members(members), policy=policy,
+                                           **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
     @classmethod
@@ -437,7 +444,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     # ------------------------------------------------------------------ learning
     @property
     def weights(self) -> dict[str, float]:
-        """The ensemble's current fusion weights, ``{retriever name: weight}``."""
+        """The ensemble's current global fusion weights, ``{retriever name: weight}``.
+
+        A query type with clear evidence of its own (thompson's contextual arms) is ranked with its own
+        weights, which can move while these stay put: ``retriever.ensemble.weights_for(query)``.
+        """
         return self.ensemble.weights
 
     def feedback(

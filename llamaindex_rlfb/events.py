@@ -41,8 +41,9 @@ score, ``0`` thumbs down to ``1`` thumbs up), ``rating=`` (1 to 5) or
 (:func:`rlfb.runs.record_run_feedback`); the learner that made a decision
 learns from it. An unknown query id raises :class:`rlfb.errors.UnknownEventError`.
 
-A session id and a user id can ride on LlamaIndex's instrument tags:
-``with instrument_tags({"session_id": "s1"}): engine.query(q)``.
+A session id can ride on LlamaIndex's instrument tags:
+``with instrument_tags({"session_id": "s1"}): engine.query(q)`` (a user id goes with
+the feedback: ``handler.record_feedback(query_id, score=1.0, user_id="u1")``).
 
 Serialising: ``FeedbackEventHandler(**handler.model_dump())`` (or
 ``model_validate``) gives a handler on the same SQLite file. An in-memory store

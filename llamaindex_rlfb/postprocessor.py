@@ -301,7 +301,11 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
 
     @property
     def weights(self) -> dict[str, float]:
-        """The current fusion weights, ``{retriever name: weight}`` (reloaded when the store has newer)."""
+        """The current global fusion weights, ``{retriever name: weight}`` (reloaded when the store has newer).
+
+        A query type with clear evidence of its own is ranked with its own weights, which can move while
+        these stay put: ``postprocessor.ensemble.weights_for(query)``.
+        """
         if self._ensemble is not None:
             return self._ensemble.weights
         from rlfb.learner import Learner  # self-indexing, before the first call: what the first build loads

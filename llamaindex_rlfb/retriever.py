@@ -45,6 +45,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         without one come back as ``TextNode``.
     explore
         Let the policy explore; ``False`` gives the greedy ranking (evaluation).
+    log
+        Log each retrieval to the store (``False`` with ``explore=False`` evaluates without writing
+        anything; the nodes then carry no ``event_id``).
 
     Examples
     --------
@@ -67,6 +70,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         *,
         nodes: dict[str, BaseNode] | None = None,
         explore: bool = True,
+        log: bool = True,
         callback_manager: CallbackManager | None = None,
         objects: list[Any] | None = None,
         object_map: dict | None = None,
@@ -79,6 +83,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         self.ensemble = ensemble
         self.similarity_top_k = positive_count(similarity_top_k, "similarity_top_k")
         self.explore = flag(explore, "explore")  # bool("no") would be True: a typo must not turn exploring on
+        self.log = flag(log, "log")
         self._nodes = dict(nodes or {})
         super().__init__(
             callback_manager=callback_manager, object_map=object_map, objects=objects, verbose=verbose
@@ -100,6 +105,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
         policy: Any = "thompson",
         explore: bool = True,
+        log: bool = True,
         callback_manager: CallbackManager | None = None,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
@@ -114,6 +120,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
 
         similarity_top_k = positive_count(similarity_top_k, "similarity_top_k")  # before indexing the corpus
         explore = flag(explore, "explore")
+        log = flag(log, "log")
         corpus = corpus_nodes(index=index, nodes=nodes, docstore=docstore)
         ens = FeedbackEnsemble.from_chunks(
             nodes_to_chunks(corpus), retrievers=retrievers, store=_open_store(store), policy=policy,
@@ -122,7 +129,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         by_id: dict[str, BaseNode] = {}
         for node in corpus:
             by_id.setdefault(str(node.node_id), node)
-        return cls(ens, similarity_top_k, nodes=by_id, explore=explore, callback_manager=callback_manager)
+        return cls(ens, similarity_top_k, nodes=by_id, explore=explore, log=log, callback_manager=callback_manager)
 
     def insert_nodes(self, nodes: Sequence[BaseNode]) -> None:
         """Index more nodes, as an index's ``insert_nodes``; a node whose id is indexed replaces it.
@@ -147,7 +154,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
 
     @property
     def weights(self) -> dict[str, float]:
-        """The current fusion weights, ``{retriever name: weight}``."""
+        """The current global fusion weights, ``{retriever name: weight}``.
+
+        A query type with clear evidence of its own is ranked with its own weights, which can move while
+        these stay put: ``retriever.ensemble.weights_for(query)``.
+        """
         return self.ensemble.weights
 
     @property
@@ -178,6 +189,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             query_bundle.query_str,
             self.similarity_top_k,
             explore=self.explore,
+            log=self.log,
             session_id=current_session(),
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},

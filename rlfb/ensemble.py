@@ -43,6 +43,7 @@ __all__ = ["FeedbackEnsemble"]
 
 _CONFIG_FILE = "ensemble.json"
 _FORMAT = 1
+_UNKNOWN = object()  # a cached value not computed yet (None is an answer)
 _HASHED = "sha256:"  # prefix of the learner's key for a question the store keeps only hashed
 
 
@@ -133,11 +134,13 @@ class FeedbackEnsemble:
         self._lock = threading.RLock()
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
         self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
+        self._query_dim_cache: Any = _UNKNOWN
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
         self._store = _open_store(store)
-        self._state_version = 0
+        self._state_version = 0  # the newest snapshot read or written
+        self._own_version = 0  # the newest snapshot of this ensemble's own state read or written
         self._last_refresh = 0.0
         self._implicit: Any = None  # ImplicitSignals, built by observe()
         self._contexts: OrderedDict[str, Context] = OrderedDict()  # recent contexts, for fast episodes
@@ -818,7 +821,7 @@ class FeedbackEnsemble:
         self._dirty = True
         if not force and now - self._last_persist < self.persist_interval:
             return
-        self._state_version = self._store.save_policy_state(
+        self._state_version = self._own_version = self._store.save_policy_state(
             self._learner.state_dict(), self._learner.weights(), policy=self._learner.policy_name
         )
         self._last_persist = now
@@ -850,13 +853,25 @@ class FeedbackEnsemble:
         if saved is None:
             return
         with self._lock:
+            newest = int(saved["version"])
             if not self._is_ours(saved):
-                # another policy, or an ensemble of other retrievers, wrote this store: keep our state
-                # rather than mis-read its, and do not read that snapshot again
-                self._state_version = int(saved["version"])
-                return
+                # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read
+                # its state, nor read that snapshot again; but this policy's own newest snapshot under it
+                # (a store shared by two apps, or a policy switched and switched back) is still ours
+                self._state_version = newest
+                saved = self._own_snapshot()
+                if saved is None or int(saved["version"]) <= self._own_version or not self._is_ours(saved):
+                    return
             self._learner.load_state_dict(saved["state"])
-            self._state_version = int(saved["version"])
+            self._own_version = int(saved["version"])
+            self._state_version = max(newest, self._own_version)
+
+    def _own_snapshot(self) -> Mapping[str, Any] | None:
+        """The store's newest snapshot of this ensemble's policy (``None`` from a store that cannot tell)."""
+        try:
+            return self._store.load_policy_state(policy=self._learner.policy_name)
+        except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
+            return None
 
     def _is_ours(self, saved: Mapping[str, Any]) -> bool:
         """Whether a store snapshot is of this ensemble's policy, hyperparameters and retrievers.
@@ -871,11 +886,23 @@ class FeedbackEnsemble:
         pstate = state.get("policy") if isinstance(state, Mapping) else None
         params = pstate.get("params") if isinstance(pstate, Mapping) else None
         ours = getattr(self._learner.policy, "params", None)  # a user's own policy may have none
+        memory = state.get("memory") if isinstance(state, Mapping) else None
+        dim = memory.get("dim") if isinstance(memory, Mapping) else None
         return (
             saved.get("policy") in (None, self._learner.policy_name)
             and (not isinstance(theirs, list) or tuple(theirs) == self._learner.retrievers)
             and (not isinstance(params, Mapping) or not callable(ours) or same_hyperparameters(params, ours()))
+            # a memory of another dense model's embeddings (a model upgrade on the same store) would make
+            # every retrieval fail on the dimension: that state is not ours either
+            and (not isinstance(dim, int) or dim == self._query_dim())
         )
+
+    def _query_dim(self) -> int | None:
+        """The dimension of this ensemble's query embeddings (``None`` without a dense retriever)."""
+        if self._query_dim_cache is _UNKNOWN:
+            e = self._query_embedding("dimension")
+            self._query_dim_cache = None if e is None else int(e.shape[0])
+        return self._query_dim_cache
 
     def refresh(self) -> dict[str, float]:
         """Reload weights from the store now; returns the current weights."""
@@ -919,7 +946,10 @@ class FeedbackEnsemble:
                 for name, r in retrievers.items():
                     r.save(tmp / "retrievers" / name)
                 (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
-                state = json.dumps(self._learner.state_dict(), allow_nan=False)
+                # learning holds self._lock: read (and encode) the state under it, or a save made while
+                # feedback arrives sees dicts change size mid-read, or half of one update
+                with self._lock:
+                    state = json.dumps(self._learner.state_dict(), allow_nan=False)
                 (tmp / "learner.json").write_text(state, encoding="utf-8")
                 if root.exists():
                     root.rename(old)
@@ -965,8 +995,8 @@ class FeedbackEnsemble:
             if config.get("format") != _FORMAT:
                 raise CorruptStateError(f"{root / _CONFIG_FILE}: unknown format {config.get('format')!r}")
             names = [str(n) for n in config["retrievers"]]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CorruptStateError(f"cannot read an ensemble from {root}: {exc}") from exc
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
+            raise CorruptStateError(f"cannot read an ensemble from {root}: {exc!r}"[:500]) from exc
         saved_members = config.get("members") or []
         given = {m.name for m in kwargs.get("members", ()) if isinstance(m, SearchMember)}
         if isinstance(saved_members, list) and not set(map(str, saved_members)) <= given:
@@ -977,6 +1007,13 @@ class FeedbackEnsemble:
         table = ChunkTable.load(root)
         retrievers = {n: load_retriever(root / "retrievers" / n) for n in names}
         learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads below
+        saved_count = _n_learned(state, root)
+        try:
+            # the whole state is checked now, before a store is opened: also when the store turns out
+            # to be ahead of this save and keeps its own state, a damaged learner.json is an error
+            Learner.untrained_like(state).load_state_dict(state)
+        except CorruptStateError as exc:
+            raise CorruptStateError(f"{root / 'learner.json'}: {exc}") from exc
         options = {
             "fusion": config.get("fusion", "minmax"),
             "candidate_k": config.get("candidate_k", 100),
@@ -992,7 +1029,7 @@ class FeedbackEnsemble:
             if kwargs:  # the caller's own settings may be what is wrong
                 raise
             raise CorruptStateError(f"{root / _CONFIG_FILE}: {exc}") from exc
-        if ens._learner.n_learned > _n_learned(state, root):
+        if ens._learner.n_learned > saved_count:
             # the store already holds this policy's state, learned from more feedback than the
             # save: the store is the live record (other processes may have learned since the save),
             # so the save must not roll it back
@@ -1066,10 +1103,11 @@ def _seconds(value: object, name: str) -> float:
 
 def _n_learned(state: Any, root: Path) -> int:
     """How many episodes a saved learner state has learned from."""
-    try:
-        return int(state["n_learned"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptStateError(f"{root / 'learner.json'}: no count of learned episodes ({exc!r})") from exc
+    count = state.get("n_learned") if isinstance(state, Mapping) else None
+    # a negative count would always lose to the store's and skip this save's state unsaid
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise CorruptStateError(f"{root / 'learner.json'}: n_learned must be a count of episodes, got {count!r}")
+    return count
 
 
 def _check_query(query: object) -> str:

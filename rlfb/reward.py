@@ -241,6 +241,8 @@ class RewardConfig:
     aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.aliases, Mapping):
+            raise ValidationError(f"aliases must map signal names to base signals, got {type(self.aliases).__name__}")
         object.__setattr__(self, "aliases", MappingProxyType(dict(self.aliases)))
         self._validate()
 
@@ -263,7 +265,7 @@ class RewardConfig:
             raise ValidationError(
                 f"rating_min ({self.rating_min}) must be below rating_max ({self.rating_max})"
             )
-        if self.spread not in SPREAD_RULES:
+        if not isinstance(self.spread, str) or self.spread not in SPREAD_RULES:
             raise ValidationError(f"spread must be one of {sorted(SPREAD_RULES)}, got {self.spread!r}")
         for alias, base in dict(self.aliases).items():
             if not isinstance(alias, str) or base not in BASE_SIGNALS:

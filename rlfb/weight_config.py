@@ -46,7 +46,7 @@ def export_weights(store: Any, path: str | Path, *, with_state: bool = True) -> 
 def _read(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
         raise CorruptStateError(f"cannot read weights from {path}: {exc}") from exc
     if not isinstance(data, Mapping):
         raise CorruptStateError(f"{path} must hold a JSON object")
@@ -68,6 +68,12 @@ def _numbers(path: str | Path, raw: Mapping[str, Any]) -> dict[str, float]:
         except OverflowError:  # an integer beyond float range, e.g. 1e400 written out in digits
             raise ValidationError(f"{path}: weights must be finite numbers, got {dict(raw)!r}") from None
     return weights
+
+
+def _naming(path: str | Path, exc: CorruptStateError | ValidationError) -> CorruptStateError | ValidationError:
+    """``exc`` again, of the same type, with ``path`` in front: the checks it comes from do not know which
+    file their values were read from, and "weights must be finite" alone does not say where to look."""
+    return type(exc)(f"{path}: {exc}")
 
 
 def _check_export_fields(path: str | Path, data: Mapping[str, Any]) -> None:
@@ -151,11 +157,17 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
         _check_export_fields(path, data)
     weights = _numbers(path, raw)
     names = list(weights)
-    normalised = dict(zip(names, validate_weights(weights, names).tolist(), strict=True))
+    try:
+        normalised = dict(zip(names, validate_weights(weights, names).tolist(), strict=True))
+    except ValidationError as exc:  # NaN, infinite or negative weights
+        raise _naming(path, exc) from exc
     state = data.get("state")
     saved = store.load_policy_state()
     if state is not None:
-        learner, target = Learner.from_state_dict(state), "the file's state"  # CorruptStateError on damage
+        try:
+            learner, target = Learner.from_state_dict(state), "the file's state"  # CorruptStateError on damage
+        except (CorruptStateError, ValidationError) as exc:
+            raise _naming(path, exc) from exc
     else:
         if saved and saved.get("state"):
             learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"

@@ -159,3 +159,81 @@ def test_a_propensity_too_small_for_a_float_is_logged_as_the_least_positive_one(
     for q in ("topic 3 words", "chunk words 4", "topic 11", "words 2 6"):
         r = ens.retrieve(q, k=80)
         assert 0 < r.propensity <= 1 and r.event_id is not None
+
+
+def test_save_reads_the_learner_under_the_lock_that_learning_holds(tmp_path, monkeypatch) -> None:
+    # a save while feedback arrives once read the state as it changed: "dictionary changed size during
+    # iteration", or half of one update; learning holds ens._lock, so the save must read under it too
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=FeedbackStore(), policy="thompson")
+    _teach(ens, 2, time.time() - 100)
+    read = ens.learner.state_dict
+    held = []
+    monkeypatch.setattr(ens.learner, "state_dict", lambda: held.append(ens._lock._is_owned()) or read())
+    ens.save(tmp_path / "idx")
+    assert held and all(held)
+
+
+def test_a_damaged_learner_json_is_an_error_also_when_the_store_is_ahead(tmp_path) -> None:
+    db = tmp_path / "fb.db"
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=str(db), policy="thompson")
+    t = _teach(ens, 1, time.time() - 100)
+    ens.save(tmp_path / "idx")
+    _teach(ens, 1, t)  # the store learns on after the save
+    ens.close()
+    path = tmp_path / "idx" / "learner.json"
+    state = json.loads(path.read_text())
+    for damage, words in (({"n_learned": -5}, "n_learned"), ({"n_learned": True}, "n_learned"),
+                          ({"memory": {"junk": 1}}, "memory")):
+        path.write_text(json.dumps({**state, **damage}))
+        for store in (None, str(db)):  # a negative count once lost to any store's and loaded as untrained
+            with pytest.raises(CorruptStateError, match=words):
+                FeedbackEnsemble.load(tmp_path / "idx", store=store)
+    path.write_text(json.dumps(state))
+    assert FeedbackEnsemble.load(tmp_path / "idx", store=str(db)).learner.n_learned == 8  # the store's, ahead
+
+
+def test_a_snapshot_of_another_dense_models_memory_is_not_taken(tmp_path, monkeypatch) -> None:
+    # the same retriever names, a new dense model of another dimension on the same store: its memory
+    # would make every retrieval fail on the dimension, so the snapshot is set aside as another policy's
+    import numpy as np
+
+    texts = TEXTS[:6]
+    db = str(tmp_path / "fb.db")
+    old = FeedbackEnsemble.from_texts(texts, retrievers=("bm25", "dense"), store=db, policy="thompson")
+    r = old.retrieve("aurora physics", k=2)
+    old.feedback(r.event_id, "thumbs_up")
+    old.close()
+    narrow = FeedbackEnsemble._dense_encoder
+
+    def wide(self):  # stands in for a 768-dimension model
+        enc = narrow(self)
+        return lambda qs: np.hstack([enc(qs), enc(qs)]) / np.sqrt(2)
+
+    monkeypatch.setattr(FeedbackEnsemble, "_dense_encoder", wide)
+    new = FeedbackEnsemble.from_texts(texts, retrievers=("bm25", "dense"), store=db, policy="thompson")
+    assert new.learner.n_learned == 0
+    r = new.retrieve("aurora physics", k=2)  # raised "query embedding has 768 dimensions" before
+    new.feedback(r.event_id, "thumbs_up")
+    assert new.learner.n_learned == 1
+
+
+def test_a_policy_keeps_its_learning_when_another_policy_wrote_the_store_since(tmp_path) -> None:
+    # the newest snapshot alone was read: after one feedback under another policy (a changed default,
+    # or a second app on the file), switching back started from nothing although its snapshots were there
+    db = str(tmp_path / "fb.db")
+    thompson = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="thompson")
+    t = _teach(thompson, 3, time.time() - 1000)
+    learned = thompson.learner.state_dict()
+    thompson.close()
+    gradient = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="gradient")
+    assert gradient.learner.n_learned == 0  # not thompson's state
+    t = _teach(gradient, 1, t)
+    again = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="thompson")
+    assert again.learner.n_learned == 12
+    assert _without_event_ids(again.learner.state_dict()) == _without_event_ids(learned)
+    # two apps on one file, each learning in turn, pick up their own policy's newest state
+    twin = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="thompson", refresh_interval=0)
+    _teach(again, 1, t)
+    _teach(gradient, 1, t + 100)
+    assert twin.refresh() == again.weights and twin.learner.n_learned == 16
+    assert gradient.learner.n_learned == 8

@@ -1,8 +1,9 @@
 """The policy contract: what a fusion-weight policy sees, decides and learns from.
 
 A policy is river-like and small: hyperparameters are constructor arguments,
-learned state is private, randomness comes from its own seeded
-``random.Random``, and state round-trips through JSON (never pickle).
+learned state is private, randomness comes from its own seeded generator
+(``numpy.random.default_rng``, whose state is saved with the rest), and state
+round-trips through JSON (never pickle).
 """
 
 from __future__ import annotations

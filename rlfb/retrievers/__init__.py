@@ -97,7 +97,7 @@ def _read_kind(path: Path) -> str:
     file = path / "meta.json"
     try:
         kind = json.loads(file.read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError) as exc:
+    except (OSError, ValueError, AttributeError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
         raise CorruptStateError(f"cannot read retriever settings from {file}: {exc}") from exc
     if kind not in _REGISTRY:
         raise CorruptStateError(f"{file} names retriever kind {kind!r}; known kinds: {', '.join(_REGISTRY)}")

@@ -28,6 +28,8 @@ __all__ = [
     "top_k",
     "read_meta",
     "write_meta",
+    "check_format_version",
+    "saved_positive_int",
     "check_query",
     "check_texts",
     "reused_rows",
@@ -212,7 +214,8 @@ class ChunkTable:
             with open(file, encoding="utf-8") as fh:
                 rows = [json.loads(line) for line in fh if line.strip()]
             return cls([Chunk(r["id"], r["text"], r.get("metadata") or {}) for r in rows])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            # RecursionError: json gives up on deeply nested arrays or objects (a damaged line, not a caller's bug)
             raise CorruptStateError(f"cannot read chunks from {file}: {exc}") from exc
 
 
@@ -263,11 +266,47 @@ def read_meta(path: Path, expected_kind: str) -> dict[str, Any]:
     file = Path(path) / "meta.json"
     try:
         meta = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
         raise CorruptStateError(f"cannot read retriever settings from {file}: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("kind") != expected_kind:
         raise CorruptStateError(f"{file} does not describe a {expected_kind!r} retriever")
     return meta
+
+
+def check_format_version(meta: Mapping[str, Any], expected: int, file: Path) -> None:
+    """Raise :class:`CorruptStateError` unless ``meta["format_version"]`` is ``expected``.
+
+    A file of another version is laid out differently: reading it as this one would
+    misread it without an error.
+
+    >>> check_format_version({"format_version": 2}, 1, Path("meta.json"))
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.CorruptStateError: meta.json: unknown format_version 2; this rlfb reads 1
+    """
+    version = meta.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != expected:
+        raise CorruptStateError(f"{file}: unknown format_version {version!r}; this rlfb reads {expected}")
+
+
+def saved_positive_int(meta: Mapping[str, Any], key: str, default: int, file: Path) -> int:
+    """``meta[key]`` (``default`` when absent), checked as a positive JSON integer.
+
+    The value came from a file, so a bad one is :class:`CorruptStateError` naming the file: the
+    constructor's :class:`ValidationError` would blame the caller, and ``int()`` would take ``"7"``
+    or ``7.9`` and raise a bare ``ValueError`` on ``"x"``.
+
+    >>> saved_positive_int({"batch_size": 8}, "batch_size", 64, Path("meta.json"))
+    8
+    >>> saved_positive_int({"batch_size": "x"}, "batch_size", 64, Path("meta.json"))
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.CorruptStateError: meta.json: batch_size must be a positive integer, got 'x'
+    """
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise CorruptStateError(f"{file}: {key} must be a positive integer, got {value!r}")
+    return value
 
 
 def model_text(text: str) -> str:

@@ -176,6 +176,38 @@ def _migrate(conn: sqlite3.Connection) -> int:
     return version
 
 
+def _decode_row(dim: object, idx: object, vals: object) -> Encoding | None:
+    """One stored row as an encoding, or ``None`` where the row is damaged.
+
+    A cache holds nothing that cannot be made again, so a damaged row is a miss, not an error.
+    Each check stands in front of a failure or a silent wrong score: ``np.frombuffer`` raises on
+    a blob whose length is no multiple of 4 bytes; a NaN or infinite value would make every score
+    it enters NaN (reported as no score); a sparse row's term ids must fit its dimension and pair
+    up with its values. SQLite types are loose, so a blob may come back as text and a dimension
+    as a float: those are damage too.
+
+    >>> _decode_row(2, None, np.array([1.0, 2.0], dtype=np.float32).tobytes()).tolist()
+    [1.0, 2.0]
+    >>> _decode_row(2, None, b"12345") is None, _decode_row(1, None, np.float32("nan").tobytes()) is None
+    (True, True)
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+        return None
+    if not isinstance(vals, bytes) or len(vals) % 4:
+        return None
+    values = np.frombuffer(vals, dtype=np.float32)
+    if not np.isfinite(values).all():
+        return None
+    if idx is None:  # dense: one value per dimension
+        return values.copy() if values.shape[0] == dim else None
+    if not isinstance(idx, bytes) or len(idx) != len(vals):  # int32 and float32: as many bytes as each other
+        return None
+    indices = np.frombuffer(idx, dtype=np.int32)
+    if indices.size and (indices.min() < 0 or indices.max() >= dim):
+        return None
+    return SparseVector(indices.copy(), values.copy(), dim)
+
+
 class EmbeddingCache:
     """Encodings of one model, persisted in SQLite.
 
@@ -263,14 +295,10 @@ class EmbeddingCache:
                     [self.model_key, *part],
                 ).fetchall()
                 for h, dim, idx, vals, used_at in rows:
-                    values = np.frombuffer(vals, dtype=np.float32)
-                    if idx is None:
-                        if values.shape[0] != dim:
-                            continue  # damaged row: treat as a miss
-                        out[h] = values.copy()
-                    else:
-                        indices = np.frombuffer(idx, dtype=np.int32).copy()
-                        out[h] = SparseVector(indices, values.copy(), int(dim))
+                    enc = _decode_row(dim, idx, vals)
+                    if enc is None:
+                        continue  # damaged row: treat as a miss (the text is encoded again and the row rewritten)
+                    out[h] = enc
                     if used_at < now - _TOUCH_EVERY:
                         stale.append(h)
             if stale:

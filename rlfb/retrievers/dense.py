@@ -21,12 +21,14 @@ from rlfb.retrievers.base import (
     ChunkTable,
     CorpusRetriever,
     as_table,
+    check_format_version,
     check_query,
     check_texts,
     kept_then_new,
     model_text,
     read_meta,
     reused_rows,
+    saved_positive_int,
     write_meta,
 )
 from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, open_side_caches
@@ -42,6 +44,23 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     norms = np.linalg.norm(x, axis=-1, keepdims=True)
     return x / np.where(norms > 0, norms, 1.0).astype(np.float32)
+
+
+def _check_embeddings(file: Path, embeddings: np.ndarray, n_docs: int) -> None:
+    """Raise :class:`CorruptStateError` unless ``embeddings`` is a finite float matrix with a row per chunk.
+
+    A NaN or infinite value would not fail anywhere: every score of its chunk would be NaN,
+    ranked last and reported as no score, so the damage would go unseen. Strings or integers
+    would fail (or be taken as numbers) only at the conversion to float32.
+    """
+    if embeddings.ndim != 2 or embeddings.dtype.kind != "f":
+        raise CorruptStateError(f"{file}: expected a 2-D float array, got a {embeddings.ndim}-D {embeddings.dtype} one")
+    if embeddings.shape[0] != n_docs:
+        raise CorruptStateError(f"{file}: {embeddings.shape[0]} embeddings for {n_docs} chunks")
+    finite = np.isfinite(embeddings).all(axis=1)
+    if not finite.all():
+        rows = np.flatnonzero(~finite)
+        raise CorruptStateError(f"{file}: rows {rows[:5].tolist()} ({rows.size} in all) hold NaN or infinite values")
 
 
 class DenseRetriever(CorpusRetriever):
@@ -273,21 +292,27 @@ class DenseRetriever(CorpusRetriever):
         """
         path = Path(path)
         meta = read_meta(path, "dense")
+        meta_file = path / "meta.json"
+        check_format_version(meta, _FORMAT_VERSION, meta_file)
+        batch_size = saved_positive_int(meta, "batch_size", 64, meta_file)
         model = saved_model(meta, model, path)
         retriever = cls(
             model,
-            batch_size=int(meta.get("batch_size", 64)),
+            batch_size=batch_size,
             cache_dir=cache_dir,
             device=device,
             model_key=model_key,
         )
+        file = path / "embeddings.npy"
         try:
-            embeddings = np.load(path / "embeddings.npy", allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise CorruptStateError(f"cannot read embeddings from {path}: {exc}") from exc
+            embeddings = np.load(file, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise CorruptStateError(f"cannot read embeddings from {file}: {exc}") from exc
         table = ChunkTable.load(path)
-        if embeddings.ndim != 2 or embeddings.shape[0] != len(table):
-            raise CorruptStateError(f"{path}: {embeddings.shape} embeddings for {len(table)} chunks")
+        _check_embeddings(file, embeddings, len(table))
+        if "dim" in meta and meta["dim"] != embeddings.shape[1]:
+            # one of the two files was changed after the save: which one is right is unknown
+            raise CorruptStateError(f"{meta_file}: dim is {meta['dim']!r}, {file} holds {embeddings.shape[1]}")
         retriever._embeddings = embeddings.astype(np.float32, copy=False)
         retriever._table = table
         return retriever

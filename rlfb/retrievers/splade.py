@@ -10,6 +10,8 @@ cached on disk as (indices, values) blobs, query encodings also in memory.
 from __future__ import annotations
 
 import copy
+import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,14 @@ from rlfb.retrievers.base import (
     ChunkTable,
     CorpusRetriever,
     as_table,
+    check_format_version,
     check_query,
     check_texts,
     kept_then_new,
     model_text,
     read_meta,
     reused_rows,
+    saved_positive_int,
     write_meta,
 )
 from rlfb.retrievers.cache import EmbeddingCache, LRUCache, SparseVector, cached_encode, open_side_caches
@@ -88,6 +92,33 @@ def rows_to_csr(rows: Sequence[SparseVector], n_cols: int) -> Any:
     matrix = sp.csr_matrix((data, indices, indptr), shape=(len(rows), n_cols))
     matrix.sort_indices()
     return matrix
+
+
+# what reading a damaged .npz can raise: a file that is no zip (BadZipFile), a truncated or bit-flipped
+# member (zlib.error, EOFError), a missing array (KeyError), arrays that form no matrix (ValueError, ...)
+_NPZ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile, zlib.error)
+
+
+def _check_matrix(file: Path, matrix: Any, n_docs: int) -> None:
+    """Raise :class:`CorruptStateError` unless ``matrix`` (CSR) is a valid, finite documents x vocabulary matrix.
+
+    scipy builds a CSR matrix from out-of-range term ids or falling row pointers without a
+    word and fails (or scores wrongly) only later, and a NaN or infinite weight makes every
+    score of its document NaN, reported as no score: so the structure and the values are
+    checked here, with whole-array numpy operations.
+    """
+    data, indices, indptr = matrix.data, matrix.indices, matrix.indptr
+    n_rows, n_cols = matrix.shape
+    if data.dtype.kind != "f":
+        raise CorruptStateError(f"{file}: expected float term weights, got {data.dtype}")
+    if n_rows != n_docs:
+        raise CorruptStateError(f"{file}: the SPLADE matrix has {n_rows} rows for {n_docs} chunks")
+    if indptr[0] != 0 or indptr[-1] != indices.shape[0] or np.any(np.diff(indptr) < 0):
+        raise CorruptStateError(f"{file}: row pointers must rise from 0 to the {indices.shape[0]} weights")
+    if indices.size and (indices.min() < 0 or indices.max() >= n_cols):
+        raise CorruptStateError(f"{file}: term ids must be in [0, {n_cols})")
+    if not np.isfinite(data).all():
+        raise CorruptStateError(f"{file}: SPLADE term weights must be finite")
 
 
 class SpladeRetriever(CorpusRetriever):
@@ -315,23 +346,32 @@ class SpladeRetriever(CorpusRetriever):
 
         path = Path(path)
         meta = read_meta(path, "splade")
+        meta_file = path / "meta.json"
+        check_format_version(meta, _FORMAT_VERSION, meta_file)
+        batch_size = saved_positive_int(meta, "batch_size", 32, meta_file)
+        max_active_dims = meta.get("max_active_dims")
+        if max_active_dims is not None:  # null: the model's own setting
+            max_active_dims = saved_positive_int(meta, "max_active_dims", 0, meta_file)
         model = saved_model(meta, model, path)
         retriever = cls(
             model,
-            batch_size=int(meta.get("batch_size", 32)),
+            batch_size=batch_size,
             cache_dir=cache_dir,
-            max_active_dims=meta.get("max_active_dims"),
+            max_active_dims=max_active_dims,
             device=device,
             model_key=model_key,
         )
+        file = path / "doc_matrix.npz"
         try:
-            matrix = sp.load_npz(path / "doc_matrix.npz")
-        except (OSError, ValueError) as exc:
-            raise CorruptStateError(f"cannot read the SPLADE index in {path}: {exc}") from exc
+            matrix = sp.csr_matrix(sp.load_npz(file))
+        except _NPZ_ERRORS as exc:
+            raise CorruptStateError(f"cannot read the SPLADE index in {file}: {exc}") from exc
         table = ChunkTable.load(path)
-        if matrix.shape[0] != len(table):
+        _check_matrix(file, matrix, len(table))
+        if "vocab_size" in meta and meta["vocab_size"] != matrix.shape[1]:
+            # one of the two files was changed after the save: which one is right is unknown
             raise CorruptStateError(
-                f"{path}: the SPLADE matrix has {matrix.shape[0]} rows for {len(table)} chunks"
+                f"{meta_file}: vocab_size is {meta['vocab_size']!r}, {file} has {matrix.shape[1]} columns"
             )
         retriever._matrix = sp.csr_matrix(matrix, dtype=np.float32)
         retriever._vocab_size = int(matrix.shape[1])

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import NonFiniteValueError, ValidationError
+from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 
 
 def _enc(s: str | None) -> str | bytes | None:
@@ -77,7 +77,13 @@ def _dumps(obj: Any, name: str) -> str | bytes:
 
 
 def _loads(s: Any) -> Any:
-    return None if s is None else json.loads(_dec(s))
+    """A JSON column's value; a column damaged outside rlfb is a :class:`CorruptStateError`, not a raw error."""
+    if s is None:
+        return None
+    try:
+        return json.loads(_dec(s))
+    except (ValueError, TypeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise CorruptStateError(f"a stored JSON column is damaged: {exc!r}"[:300]) from exc
 
 
 def _jsonl(obj: Any) -> bytes:

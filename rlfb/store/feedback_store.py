@@ -69,6 +69,7 @@ from rlfb.store.records import (
     _prefixed,
     _snapshot_dict,
 )
+from rlfb.types import validate_flag
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _TABLES = frozenset({"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links"})
@@ -132,7 +133,7 @@ class FeedbackStore:
         synchronous: str = "NORMAL",
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store_text = bool(store_text)
+        self.store_text = validate_flag(store_text, "store_text")  # bool("no") would keep the query text
         self.reward = reward if reward is not None else RewardFunction()
         if not isinstance(self.reward, RewardFunction):
             raise ValidationError(f"reward must be a RewardFunction, got {type(reward).__name__}")
@@ -168,7 +169,10 @@ class FeedbackStore:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             theirs = sorted(set(self.db.table_names()) - {MIGRATIONS.table})
-            if theirs and MIGRATIONS.table not in self.db.table_names():
+            ours = MIGRATIONS.table in self.db.table_names() and {"migration_set", "name"} <= {
+                c.name for c in self.db[MIGRATIONS.table].columns
+            }  # a table of that name with other columns is another tool's
+            if theirs and not ours:
                 # another application's database: writing rlfb's schema into it would change a file
                 # that is not ours (and a look with `rlfb store stats` would do it too)
                 raise CorruptStateError(
@@ -487,7 +491,7 @@ class FeedbackStore:
             proposed = _get(c, "proposed_by", ()) or ()
             if isinstance(proposed, str) or not all(isinstance(p, str) for p in proposed):
                 raise ValidationError(f"chunk {cid!r}: proposed_by must be a sequence of retriever names")
-            used = _get(c, "used", True)
+            used = validate_flag(_get(c, "used", True), f"chunk {cid!r}: used")  # "no" would count as used
             if not used:
                 unused.append(cid)
             rows.append(
@@ -1031,10 +1035,19 @@ class FeedbackStore:
             )
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
-    def load_policy_state(self) -> dict[str, Any] | None:
-        """The newest snapshot as ``{"state", "weights", "version", "updated_at", "policy"}``, or ``None``."""
+    def load_policy_state(self, policy: str | None = None) -> dict[str, Any] | None:
+        """The newest snapshot as ``{"state", "weights", "version", "updated_at", "policy"}``, or ``None``.
+
+        With ``policy``, the newest snapshot that policy wrote (another may have written since).
+        """
         with self._read():
-            rows = list(self.db.query("SELECT * FROM policy_snapshots ORDER BY version DESC LIMIT 1"))
+            if policy is None:
+                rows = list(self.db.query("SELECT * FROM policy_snapshots ORDER BY version DESC LIMIT 1"))
+            else:
+                rows = list(self.db.query(
+                    "SELECT * FROM policy_snapshots WHERE policy = ? ORDER BY version DESC LIMIT 1",
+                    [_enc(_opt_str(policy, "policy"))],
+                ))
         return self._snapshot(rows[0], with_state=True) if rows else None
 
     def policy_history(self, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
@@ -1047,7 +1060,7 @@ class FeedbackStore:
     def _snapshot(self, row: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
         try:
             return _snapshot_dict(row, with_state)
-        except ValueError as exc:  # its JSON was damaged outside rlfb
+        except (ValueError, RecursionError) as exc:  # its JSON was damaged outside rlfb (or nested too deep)
             raise CorruptStateError(f"policy snapshot {row['version']} in {self.path} is damaged: {exc}") from exc
 
     def state_version(self) -> int:

@@ -117,6 +117,15 @@ def test_from_texts_and_from_documents(tmp_path: Any) -> None:
     assert fixed.ensemble.learner.policy_name == "fixed"
 
 
+def test_default_retrievers_are_what_the_langchain_extra_installs_and_llamaindex_uses() -> None:
+    # bm25 + dense + SPLADE before: the splade model is not in rlfb[langchain,dense], and a store learned
+    # with three retrievers was not shared with the LlamaIndex adapter's bm25 + dense
+    r = FeedbackEnsembleRetriever.from_texts(TEXTS[:3])
+    assert r.ensemble.retriever_names == ("bm25", "dense")
+    docs = [Document(page_content=t, id=i) for t, i in zip(TEXTS[:3], IDS[:3], strict=True)]
+    assert FeedbackEnsembleRetriever.from_documents(docs).ensemble.retriever_names == ("bm25", "dense")
+
+
 def test_from_documents_indexes_identical_id_less_documents_once() -> None:
     footer = "Copyright 2024 ACME, all rights reserved"
     documents = [

@@ -30,6 +30,19 @@ def test_from_nodes(nodes: list[TextNode], fast_dense: dict[str, Any], tmp_path:
     assert retriever.ensemble.learner.policy_name == "thompson"  # learns by default, as the postprocessor
 
 
+def test_log_false_evaluates_without_writing_to_the_store(nodes: list[TextNode], tmp_path: Any) -> None:
+    logged = FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), store=tmp_path / "fb.db",
+                                                     similarity_top_k=3, explore=False)
+    quiet = FeedbackEnsembleRetriever(logged.ensemble, 3, explore=False, log=False)
+    want = [n.node.node_id for n in logged.retrieve("moon tides")]
+    before = logged.store.counts()
+    got = quiet.retrieve("moon tides")
+    assert [n.node.node_id for n in got] == want and logged.store.counts() == before  # it wrote an event before
+    assert all(n.node.metadata[EVENT_ID_KEY] is None for n in got)
+    with pytest.raises(ValidationError, match="log"):
+        FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), log="no")
+
+
 def test_from_index_and_docstore(index: Any, fast_dense: dict[str, Any]) -> None:
     from_index = FeedbackEnsembleRetriever.from_defaults(index=index, retrievers=("bm25",),
                                                          similarity_top_k=2)

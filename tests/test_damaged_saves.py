@@ -1,0 +1,318 @@
+"""Damaged saves raise CorruptStateError naming the file, or, in the embedding cache, count as a miss.
+
+A saved dense or SPLADE index, a weights file and a cache row: each case below raised a raw error
+(ValueError, zipfile.BadZipFile, RecursionError), blamed the caller (ValidationError) or loaded
+silently (a NaN vector: its chunk then scored None) before.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlfb.cli import main
+from rlfb.errors import CorruptStateError, InvalidWeightsError
+from rlfb.retrievers import load_retriever
+from rlfb.retrievers.cache import EmbeddingCache, SparseVector, cached_encode, text_hash
+from rlfb.retrievers.dense import DenseRetriever
+from rlfb.retrievers.splade import SpladeRetriever
+from rlfb.store import FeedbackStore
+from rlfb.types import make_chunks
+from rlfb.weight_config import import_weights
+
+TEXTS = [
+    "The aurora is caused by charged particles from the sun hitting the atmosphere.",
+    "Tides are caused by the gravity of the moon.",
+    "Volcanoes erupt when magma rises through the crust.",
+]
+IDS = ["aurora", "tides", "volcano"]
+DEEP = "[" * 100_000 + "]" * 100_000  # json gives up on it with a RecursionError
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """Intact dense and SPLADE indexes of TEXTS, under ``dense`` and ``splade``: copy before damaging."""
+    root = tmp_path_factory.mktemp("saved")
+    chunks = make_chunks(TEXTS, ids=IDS)
+    DenseRetriever(cache_dir=cache_dir).index(chunks).save(root / "dense")
+    SpladeRetriever(cache_dir=cache_dir).index(chunks).save(root / "splade")
+    return root
+
+
+# -- mutations of a saved folder ----------------------------------------------------------------------
+Mutation = Callable[[Path], None]
+
+
+def _meta(key: str, value: object) -> Mutation:
+    def mutate(root: Path) -> None:
+        meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+        meta[key] = value
+        (root / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+
+    return mutate
+
+
+def _write(name: str, content: str | bytes) -> Mutation:
+    def mutate(root: Path) -> None:
+        file = root / name
+        file.write_bytes(content) if isinstance(content, bytes) else file.write_text(content, encoding="utf-8")
+
+    return mutate
+
+
+def _cut(name: str, keep: float) -> Mutation:
+    def mutate(root: Path) -> None:
+        data = (root / name).read_bytes()
+        (root / name).write_bytes(data[: int(len(data) * keep)])
+
+    return mutate
+
+
+def _embeddings(change: Callable[[np.ndarray], np.ndarray]) -> Mutation:
+    def mutate(root: Path) -> None:
+        file = root / "embeddings.npy"
+        np.save(file, change(np.load(file)))
+
+    return mutate
+
+
+def _put(index: tuple[int, ...] | slice, value: float) -> Callable[[np.ndarray], np.ndarray]:
+    def change(a: np.ndarray) -> np.ndarray:
+        a = a.copy()
+        a[index] = value
+        return a
+
+    return change
+
+
+def _matrix(change: Callable[[dict[str, np.ndarray]], None]) -> Mutation:
+    """Edit the arrays scipy's ``save_npz`` wrote (data, indices, indptr, shape, format)."""
+
+    def mutate(root: Path) -> None:
+        file = root / "doc_matrix.npz"
+        with np.load(file) as npz:
+            arrays = dict(npz)
+        change(arrays)
+        np.savez(file, **arrays)
+
+    return mutate
+
+
+def _set(name: str, change: Callable[[np.ndarray], np.ndarray]) -> Callable[[dict[str, np.ndarray]], None]:
+    return lambda arrays: arrays.__setitem__(name, change(arrays[name]))
+
+
+def _falling_pointers(indptr: np.ndarray) -> np.ndarray:
+    """From 0 to the number of weights still, but falling in between: rows that overlap."""
+    out = indptr.copy()
+    out[1], out[2] = out[2], out[1]
+    return out
+
+
+# (kind, mutation, the file the error must name)
+DAMAGE: dict[str, tuple[str, Mutation, str]] = {
+    # dense: non-finite vectors loaded silently, and their chunks scored None
+    "dense embedding NaN": ("dense", _embeddings(_put((0, 0), np.nan)), "embeddings.npy"),
+    "dense embedding row inf": ("dense", _embeddings(_put((2, slice(None)), np.inf)), "embeddings.npy"),
+    # dense: raw ValueError, or a settings error that blamed the caller
+    "dense embeddings strings": ("dense", _embeddings(lambda a: a.astype(str)), "embeddings.npy"),
+    "dense embeddings integers": ("dense", _embeddings(lambda a: (a * 100).astype(np.int64)), "embeddings.npy"),
+    "dense embeddings truncated": ("dense", _cut("embeddings.npy", 0.5), "embeddings.npy"),
+    "dense batch_size garbage": ("dense", _meta("batch_size", "x"), "meta.json"),
+    "dense batch_size negative": ("dense", _meta("batch_size", -1), "meta.json"),
+    "dense batch_size fraction": ("dense", _meta("batch_size", 2.5), "meta.json"),
+    "dense format_version unknown": ("dense", _meta("format_version", 99), "meta.json"),
+    "dense dim disagrees": ("dense", _meta("dim", 17), "meta.json"),
+    "dense meta nested too deep": ("dense", _write("meta.json", DEEP), "meta.json"),
+    "dense chunks nested too deep": ("dense", _write("chunks.jsonl", DEEP + "\n"), "chunks.jsonl"),
+    # SPLADE: non-finite weights loaded silently
+    "splade weight NaN": ("splade", _matrix(_set("data", lambda d: d * np.nan)), "doc_matrix.npz"),
+    "splade weight inf": ("splade", _matrix(_set("data", lambda d: np.where(d > 0, np.inf, d))), "doc_matrix.npz"),
+    # SPLADE: zipfile.BadZipFile, or a structure scipy takes without a word
+    "splade matrix not a zip": ("splade", _write("doc_matrix.npz", b"PK\x03\x04junk"), "doc_matrix.npz"),
+    "splade matrix truncated": ("splade", _cut("doc_matrix.npz", 0.5), "doc_matrix.npz"),
+    "splade term id beyond vocabulary": ("splade", _matrix(_set("indices", lambda i: i + 10**6)), "doc_matrix.npz"),
+    "splade term id negative": ("splade", _matrix(_set("indices", lambda i: i - 10**6)), "doc_matrix.npz"),
+    "splade row pointers falling": ("splade", _matrix(_set("indptr", _falling_pointers)), "doc_matrix.npz"),
+    "splade weights integers": ("splade", _matrix(_set("data", lambda d: (d * 100).astype(np.int64))),
+                                "doc_matrix.npz"),
+    "splade batch_size garbage": ("splade", _meta("batch_size", "x"), "meta.json"),
+    "splade max_active_dims garbage": ("splade", _meta("max_active_dims", "x"), "meta.json"),
+    "splade max_active_dims zero": ("splade", _meta("max_active_dims", 0), "meta.json"),
+    "splade format_version unknown": ("splade", _meta("format_version", "1"), "meta.json"),
+    "splade vocab_size disagrees": ("splade", _meta("vocab_size", 7), "meta.json"),
+    "splade meta nested too deep": ("splade", _write("meta.json", DEEP), "meta.json"),
+}
+LOADERS = {"dense": DenseRetriever.load, "splade": SpladeRetriever.load}
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+@pytest.mark.parametrize("via", ["class", "load_retriever"])
+def test_damaged_index_raises_corrupt_state_naming_the_file(
+    saved: Path, cache_dir: Path, tmp_path: Path, case: str, via: str
+) -> None:
+    kind, mutate, named = DAMAGE[case]
+    folder = tmp_path / kind
+    shutil.copytree(saved / kind, folder)
+    mutate(folder)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    load = LOADERS[kind] if via == "class" else load_retriever
+    with pytest.raises(CorruptStateError, match=re.escape(named)) as info:
+        load(folder, cache_dir=cache_dir)
+    assert str(folder) in str(info.value)
+    assert before == {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}  # loading wrote nothing
+
+
+@pytest.mark.parametrize("kind", ["dense", "splade"])
+def test_intact_index_still_loads_and_scores_every_chunk(saved: Path, cache_dir: Path, kind: str) -> None:
+    loaded = LOADERS[kind](saved / kind, cache_dir=cache_dir)
+    scores = loaded.score_all("what causes the aurora")
+    assert np.isfinite(scores).all()
+    assert loaded.search("what causes the aurora", k=1)[0][0] == "aurora"
+
+
+def test_saved_max_active_dims_null_still_loads(saved: Path, cache_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "splade"
+    shutil.copytree(saved / "splade", folder)
+    _meta("max_active_dims", None)(folder)
+    assert SpladeRetriever.load(folder, cache_dir=cache_dir).max_active_dims is None
+    _meta("max_active_dims", 16)(folder)
+    assert SpladeRetriever.load(folder, cache_dir=cache_dir).max_active_dims == 16
+
+
+def test_deeply_nested_meta_is_corrupt_state_in_the_kind_lookup(tmp_path: Path) -> None:
+    """``load_retriever`` reads the kind before any class does: that read must translate the error too."""
+    (tmp_path / "meta.json").write_text("{\"kind\": " + DEEP + "}", encoding="utf-8")
+    with pytest.raises(CorruptStateError, match=re.escape(str(tmp_path / "meta.json"))):
+        load_retriever(tmp_path)
+
+
+# -- the embedding cache: a damaged row is a miss -------------------------------------------------------
+def _damage_rows(directory: Path, sql: str, params: tuple = ()) -> int:
+    conn = sqlite3.connect(directory / "embeddings.sqlite")
+    try:
+        with conn:
+            return conn.execute(sql, params).rowcount
+    finally:
+        conn.close()
+
+
+BOTH = frozenset({"dense", "sparse"})
+# (SQL, its parameters, the rows it damages)
+ROW_DAMAGE: dict[str, tuple[str, tuple, frozenset[str]]] = {
+    # np.frombuffer raised ValueError on these before the "damaged row" check was reached
+    "dense blob cut to 5 bytes": ("UPDATE encodings SET vals = substr(vals, 1, 5) WHERE indices IS NULL", (),
+                                  frozenset({"dense"})),
+    "sparse values cut to 5 bytes": ("UPDATE encodings SET vals = substr(vals, 1, 5) WHERE indices IS NOT NULL", (),
+                                     frozenset({"sparse"})),
+    "sparse ids cut to 6 bytes": ("UPDATE encodings SET indices = substr(indices, 1, 6)", (), frozenset({"sparse"})),
+    # SQLite's loose types: a blob read back as text (TypeError), a dimension as text (int('x'))
+    "blob stored as text": ("UPDATE encodings SET vals = 'abcd'", (), BOTH),
+    "dim stored as text": ("UPDATE encodings SET dim = 'x'", (), BOTH),
+    # these were accepted: NaN or infinite scores, or ids that do not pair up with the values
+    "dense NaN": ("UPDATE encodings SET vals = ? WHERE indices IS NULL", (np.full(3, np.nan, np.float32).tobytes(),),
+                  frozenset({"dense"})),
+    "sparse inf": ("UPDATE encodings SET vals = ? WHERE indices IS NOT NULL",
+                   (np.full(2, np.inf, np.float32).tobytes(),), frozenset({"sparse"})),
+    "sparse term id beyond dim": ("UPDATE encodings SET indices = ? WHERE indices IS NOT NULL",
+                                  (np.array([1, 99], np.int32).tobytes(),), frozenset({"sparse"})),
+    "sparse fewer ids than values": ("UPDATE encodings SET indices = ? WHERE indices IS NOT NULL",
+                                     (np.array([1], np.int32).tobytes(),), frozenset({"sparse"})),
+}
+
+
+@pytest.mark.parametrize("case", ROW_DAMAGE)
+def test_damaged_cache_row_is_a_miss_and_is_rewritten(tmp_path: Path, case: str) -> None:
+    dense = np.array([0.5, 1.0, 2.0], dtype=np.float32)
+    sparse = SparseVector(np.array([1, 4], dtype=np.int32), np.array([0.25, 3.0], dtype=np.float32), 10)
+    keys = {"dense": text_hash("dense text"), "sparse": text_hash("sparse text")}
+    cache = EmbeddingCache(tmp_path, "toy")
+    cache.put_many({keys["dense"]: dense, keys["sparse"]: sparse})
+    sql, params, damaged = ROW_DAMAGE[case]
+    assert _damage_rows(tmp_path, sql, params) > 0
+    got = cache.get_many(keys.values())
+    assert {name for name, h in keys.items() if h not in got} == damaged  # the other row is still read
+    # the miss is encoded again and its row rewritten: nothing stays lost
+    encoded: list[str] = []
+
+    def encode(texts: list[str]) -> list[object]:
+        encoded.extend(texts)
+        return [dense if t.startswith("dense") else sparse for t in texts]
+
+    texts = [f"{name} text" for name in sorted(damaged)]
+    cached_encode(texts, encode, disk=cache)
+    assert sorted(encoded) == texts
+    assert set(cache.get_many(keys.values())) == set(keys.values())
+    cache.close()
+
+
+@pytest.mark.parametrize("damage", ["substr(vals, 1, 5)", "?"])
+def test_dense_index_over_a_damaged_cache_reencodes(tmp_path: Path, damage: str) -> None:
+    """The audit's case: a truncated (raw ValueError) or NaN (scores silently None) cached vector."""
+    chunks = make_chunks(TEXTS, ids=IDS)
+    fresh = DenseRetriever(cache_dir=tmp_path).index(chunks)
+    nan_blob = np.full(fresh.embeddings.shape[1], np.nan, dtype=np.float32).tobytes()
+    params = (nan_blob,) if damage == "?" else ()
+    assert _damage_rows(tmp_path, f"UPDATE encodings SET vals = {damage}", params) > 0
+    again = DenseRetriever(cache_dir=tmp_path).index(chunks)
+    np.testing.assert_allclose(again.embeddings, fresh.embeddings, rtol=0, atol=1e-5)
+    assert np.isfinite(again.score_all("what causes the aurora")).all()
+
+
+# -- rlfb weights import ----------------------------------------------------------------------------------
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as store:
+        store.save_policy_state({}, {"bm25": 0.5, "dense": 0.5})
+    return path
+
+
+def _version(db: Path) -> int:
+    with FeedbackStore(db) as store:
+        return store.state_version()
+
+
+def test_deeply_nested_weights_file_is_a_clear_error(db: Path, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "deep.json"
+    bad.write_text(DEEP, encoding="utf-8")
+    before = _version(db)
+    with FeedbackStore(db) as store, pytest.raises(CorruptStateError, match=re.escape(str(bad))):
+        import_weights(store, bad)
+    assert main(["weights", "import", str(db), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "rlfb: error: cannot read weights from" in err and str(bad) in err
+    assert _version(db) == before
+
+
+@pytest.mark.parametrize("weights", ["NaN", "Infinity", "-0.5", "1e999"])
+def test_non_finite_or_negative_weights_name_the_file(db: Path, tmp_path: Path, weights: str, capsys) -> None:
+    bad = tmp_path / "bad-weights.json"
+    bad.write_text(f'{{"weights": {{"bm25": {weights}, "dense": 1.0}}}}', encoding="utf-8")
+    before = _version(db)
+    with FeedbackStore(db) as store, pytest.raises(InvalidWeightsError, match=re.escape(str(bad))):
+        import_weights(store, bad)
+    assert main(["weights", "import", str(db), str(bad)]) == 2
+    assert str(bad) in capsys.readouterr().err
+    assert _version(db) == before
+
+
+def test_damaged_state_in_a_weights_file_names_the_file(db: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad-state.json"
+    bad.write_text(json.dumps({"weights": {"bm25": 0.5, "dense": 0.5}, "state": {"format": 99}}), encoding="utf-8")
+    before = _version(db)
+    with FeedbackStore(db) as store, pytest.raises(CorruptStateError, match=re.escape(str(bad))):
+        import_weights(store, bad)
+    assert _version(db) == before

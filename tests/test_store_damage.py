@@ -1,0 +1,94 @@
+"""A store damaged outside rlfb, and loose types at its boundary: named errors, nothing changed."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from rlfb import FeedbackEnsemble
+from rlfb.cli import main
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.reward import RewardConfig
+from rlfb.store import FeedbackStore
+
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads recurses once per level
+
+
+def _logged(path: Path) -> str:
+    store = FeedbackStore(path)
+    eid = store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "a"}, {"chunk_id": "b"}])
+    store.save_policy_state({}, {"bm25": 1.0})
+    store.close()
+    return eid
+
+
+@pytest.mark.parametrize(("table", "column", "text"), [("events", "weights", "{bad"),
+                                                       ("events", "features", DEEP),
+                                                       ("event_chunks", "scores", "{bad")])
+def test_a_damaged_json_column_is_a_corrupt_state_error(tmp_path: Path, capsys, table: str, column: str,
+                                                        text: str) -> None:
+    db = tmp_path / "fb.db"
+    eid = _logged(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE {table} SET {column} = ?", (text,))  # noqa: S608 - constants of the test
+    store = FeedbackStore(db)
+    with pytest.raises(CorruptStateError, match="damaged"):  # was a raw JSONDecodeError / RecursionError
+        store.event(eid)
+    with pytest.raises(CorruptStateError):
+        list(store.export_rows())
+    store.close()
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 2  # not a traceback
+    assert "rlfb: error:" in capsys.readouterr().err
+
+
+def test_a_deeply_nested_snapshot_or_save_is_a_corrupt_state_error(tmp_path: Path) -> None:
+    db = tmp_path / "fb.db"
+    _logged(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE policy_snapshots SET state = ?", (DEEP,))
+    with pytest.raises(CorruptStateError, match="snapshot"):
+        FeedbackStore(db).load_policy_state()
+    FeedbackEnsemble.from_texts(["a b", "c d"], retrievers=("bm25",)).save(tmp_path / "idx")
+    (tmp_path / "idx" / "learner.json").write_text(DEEP)
+    with pytest.raises(CorruptStateError, match="Recursion"):
+        FeedbackEnsemble.load(tmp_path / "idx")
+
+
+def test_a_foreign_file_with_a_migrations_table_is_refused_unchanged(tmp_path: Path) -> None:
+    db = tmp_path / "theirs.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE _migrations (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("CREATE TABLE users (id INT)")
+    before = db.read_bytes()
+    with pytest.raises(CorruptStateError, match="not an rlfb feedback store"):
+        FeedbackStore(db)
+    with sqlite3.connect(db) as conn:  # it was switched to WAL, a lasting change, before being refused
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert db.read_bytes() == before
+
+
+def test_flags_at_the_store_boundary_are_bools() -> None:
+    with pytest.raises(ValidationError, match="store_text"):  # bool("no") kept the query text
+        FeedbackStore(":memory:", store_text="no")
+    store = FeedbackStore(":memory:")
+    with pytest.raises(ValidationError, match="used"):  # "no" counted as used
+        store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "a", "used": "no"}])
+    assert store.counts()["events"] == 0
+    eid = store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "a", "used": False}, {"chunk_id": "b"}])
+    assert [c["used"] for c in store.event(eid)["chunks"]] == [False, True]
+
+
+@pytest.mark.parametrize("kwargs", [{"spread": []}, {"aliases": [1]}, {"aliases": "thumbs"}])
+def test_reward_config_of_the_wrong_type_is_a_validation_error(kwargs: dict) -> None:
+    with pytest.raises(ValidationError):  # a raw TypeError before
+        RewardConfig(**kwargs)
+
+
+def test_intact_json_columns_still_read(tmp_path: Path) -> None:
+    db = tmp_path / "fb.db"
+    eid = _logged(db)
+    event = FeedbackStore(db).event(eid)
+    assert event["weights"] == {"bm25": 1.0} and json.dumps(event)
