@@ -115,7 +115,17 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
 
     @classmethod
     def from_ensemble(cls, ensemble: Any, **kwargs: Any) -> FeedbackCallbackHandler:
-        """A handler on the ensemble's store whose feedback the ensemble learns from."""
+        """A handler on the ensemble's store whose feedback the ensemble learns from.
+
+        ``ensemble`` is an :class:`rlfb.FeedbackEnsemble` or a retriever wrapping one
+        (:class:`langchain_rlfb.FeedbackEnsembleRetriever`: its ``.ensemble`` is taken).
+        """
+        from rlfb.ensemble import FeedbackEnsemble
+
+        ensemble = getattr(ensemble, "ensemble", ensemble)  # the retriever itself is the natural thing to pass
+        if not isinstance(ensemble, FeedbackEnsemble):
+            raise ValidationError(f"from_ensemble needs an rlfb FeedbackEnsemble or a retriever wrapping one, "
+                                  f"got {type(ensemble).__name__}")
         if ensemble.store is None:
             raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
         return cls(ensemble.store, ensemble=ensemble, **kwargs)

@@ -398,7 +398,7 @@ class RewardFunction:
             if number is None:
                 what = "rating=" if base == "rating" else "value="
                 raise ValidationError(f"signal {signal!r} needs a number ({what})")
-            x = finite_float(number, base)
+            x = finite_float(number, "rating" if rating is not None else "value")  # the argument the caller gave
             return signal, base, x, float(_VALUES[base](self.config, x))
         if value is not None or rating is not None:
             raise ValidationError(

@@ -224,8 +224,8 @@ def record_run_feedback(
     """
     run_id = _run_id(run_id)
     if score is not None:
-        if value is not None:
-            raise ValidationError("give score or value, not both")
+        if value is not None or rating is not None:  # the store would name value=, which this caller never gave
+            raise ValidationError(f"give score= or {'value' if value is not None else 'rating'}=, not both")
         value = score_value(score, score_scale)
     event_ids = store.resolve_run(run_id)
     if not event_ids:

@@ -742,7 +742,9 @@ class FeedbackStore:
         """
         now = self._now()
         pendings = []
-        for i, item in enumerate(_items(items, "items", "mappings of record_feedback arguments")):
+        items = list(_items(items, "items", "mappings of record_feedback arguments"))
+        many = len(items) > 1  # "feedback item 0:" says nothing about a batch of one (run feedback on one event)
+        for i, item in enumerate(items):
             if not isinstance(item, Mapping):
                 raise ValidationError(f"feedback item {i} must be a mapping")
             unknown = set(item) - _FEEDBACK_PARAMS
@@ -753,6 +755,8 @@ class FeedbackStore:
             try:
                 pendings.append(self._prepare_feedback(now, **item))
             except RlfbError as exc:
+                if not many:
+                    raise
                 raise _prefixed(exc, f"feedback item {i}: ") from exc
         if not pendings:
             return []

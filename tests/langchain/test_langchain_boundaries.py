@@ -154,3 +154,22 @@ def test_run_metadata_session_that_cannot_be_one_is_dropped(retriever: Any) -> N
     assert retriever.ensemble.store.event(doc.metadata["event_id"])["session_id"] is None
     (doc, *_) = retriever.invoke("moon tides", config={"metadata": {"session_id": 42}})
     assert retriever.ensemble.store.event(doc.metadata["event_id"])["session_id"] == "42"
+
+
+def test_feedback_errors_name_the_arguments_the_caller_gave(handler: Any) -> None:
+    run_id = _retrieve(handler, _docs(0.9, 0.5))
+    before = handler.store.counts()
+    for kwargs, message in (({"score": 1.0, "rating": 4}, "give score= or rating=, not both"),  # named value= before
+                            ({"value": float("nan")}, "^value must be finite"),  # "score must be finite" before
+                            ({"rating": 9}, r"^rating must lie in \[1, 5\]")):  # "feedback item 0: ..." before
+        with pytest.raises(ValidationError, match=message):
+            handler.record_feedback(run_id, **kwargs)
+    assert handler.store.counts() == before
+
+
+def test_from_ensemble_takes_the_retriever_too() -> None:
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=FeedbackStore())
+    handler = FeedbackCallbackHandler.from_ensemble(retriever)  # a raw AttributeError before
+    assert handler.ensemble is retriever.ensemble and handler.store is retriever.ensemble.store
+    with pytest.raises(ValidationError, match="FeedbackEnsemble"):
+        FeedbackCallbackHandler.from_ensemble(object())
