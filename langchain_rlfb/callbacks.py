@@ -230,8 +230,10 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if session is not None and self.observe_followups:
             if self._implicit is None:
                 self._implicit = default_implicit(self.ensemble)
+            # a retrieval under the same run (parent or any run above it) is a restatement on purpose
+            ancestors = {p for _, p in links} | ({parent} if parent is not None else set())
             observe_followup(self.store, session, info["query"], ensemble=self.ensemble,
-                             implicit=self._implicit)
+                             implicit=self._implicit, run_ancestors=ancestors)
         results, dropped = _results(documents)
         if session is None and info["raw_session_id"] is not None:
             dropped.insert(0, f"its session_id {info['raw_session_id']!r} (not a non-empty str, int or UUID)")

@@ -312,7 +312,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         if session is not None and logging and self.observe_followups:
             if self._implicit is None:
                 self._implicit = default_implicit(ens)
-            observe_followup(ens.store, session, query, ensemble=ens, implicit=self._implicit)
+            parent = None if run.parent_run_id is None else str(run.parent_run_id)
+            observe_followup(ens.store, session, query, ensemble=ens, implicit=self._implicit,
+                             run_ancestors=() if parent is None else (parent,))
         token = _MEMBER_CALLBACKS.set(child_callbacks)
         try:
             result = ens.retrieve(

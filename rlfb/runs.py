@@ -31,7 +31,7 @@ import hashlib
 import math
 import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -295,6 +295,7 @@ def observe_followup(
     ensemble: Any = None,
     implicit: Any = None,
     timestamp: float | None = None,
+    run_ancestors: Collection[str] = (),
 ) -> list[Any]:
     """Record what a follow-up ``query`` says about the session's previous retrieval; return the records.
 
@@ -302,11 +303,18 @@ def observe_followup(
     negative); a new topic records nothing. Signals carry the idempotency key of
     :class:`~rlfb.implicit.InferredSignal`, so observing the same follow-up twice
     records it once. Call it before logging the follow-up's own retrieval.
+
+    ``run_ancestors`` are the runs above this retrieval (its parent first, as far
+    as known): a previous retrieval logged under one of them belongs to the same
+    run (a multi-query retriever's variants, parallel branches), which restates
+    the question on purpose, so it is not a follow-up and records nothing.
     """
     if not isinstance(session_id, str) or not session_id:
         raise ValidationError(f"session_id must be a non-empty str, got {session_id!r}")
     previous = store.last_event(session_id)
     if previous is None:
+        return []
+    if previous.get("parent_id") is not None and previous["parent_id"] in run_ancestors:
         return []
     implicit = implicit if implicit is not None else default_implicit(ensemble)
     own = owns_event(ensemble, previous)

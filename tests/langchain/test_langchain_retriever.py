@@ -190,6 +190,30 @@ def test_session_followup_is_a_reformulation(make_ensemble: Any) -> None:
     assert ens.store.last_event("s2") is not None
 
 
+def test_restated_retrievals_inside_one_run_are_not_reformulations(make_ensemble: Any) -> None:
+    # a multi-query retriever asks variants of one question in one run: each variant used to record an
+    # implicit negative on the one before, as though the user had restated a failed question
+    from langchain_core.runnables import RunnableLambda
+
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    external = BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)
+
+    def variants(question: str, config: Any) -> list:
+        return [*retriever.invoke(question, config=config),
+                *retriever.invoke("what really causes the aurora borealis lights", config=config),
+                *external.invoke("what truly causes aurora borealis lights", config=config)]  # the handler logs it
+
+    session = {"metadata": {"session_id": "mq"}, "callbacks": [handler]}
+    RunnableLambda(variants).invoke("what causes the aurora borealis", config=session)
+    events = ens.store.events_for_session("mq")
+    assert len(events) == 3 and not any(ens.store.feedback(e["id"]) for e in events)
+    # the user restating the question in a new run is a follow-up, as before
+    retriever.invoke("what is it that causes the aurora borealis", config={"metadata": {"session_id": "mq"}})
+    assert [f["signal"] for f in ens.store.feedback(events[-1]["id"])] == ["reformulation"]
+
+
 def test_langchain_retrievers_and_vector_stores_as_members(make_ensemble: Any, embeddings: Any) -> None:
     bm25 = BM25Retriever.from_texts(TEXTS, ids=IDS, k=4)
     for d, i in zip(bm25.docs, IDS, strict=True):  # BM25Retriever keeps ids on its documents only when given
