@@ -190,7 +190,7 @@ class LearnerConfig:
     def __post_init__(self) -> None:
         check_float("confidence_weight", self.confidence_weight, 0.0, 10.0)
         check_float("memory_weight", self.memory_weight, 0.0, 10.0)
-        if self.exploration not in EXPLORATIONS:
+        if not isinstance(self.exploration, str) or self.exploration not in EXPLORATIONS:
             raise ValidationError(
                 f"exploration must be one of {sorted(EXPLORATIONS)}, got {self.exploration!r}"
             )
@@ -198,6 +198,8 @@ class LearnerConfig:
         check_float("epsilon", self.epsilon, 0.0, 1.0)
         check_float("epsilon_min", self.epsilon_min, 0.0, 1.0)
         check_float("epsilon_half_life", self.epsilon_half_life, 0.0, None, lo_open=True)
+        check_int("explore_depth", self.explore_depth, 1, 1_000_000)  # as the epsilon explorer checks them
+        check_float("explore_min_position", self.explore_min_position, 0.0, 1.0)
         check_float("thompson_weight", self.thompson_weight, 0.0, 10.0)
         check_float("discovery_rate", self.discovery_rate, 0.0, 1.0)
         check_int("discovery_after", self.discovery_after, 0)
@@ -423,6 +425,8 @@ class Learner:
     def rank(self, context: Context, k: int, *, explore: bool = True) -> Ranking:
         """Decide the weights, fuse, and choose the ``k`` chunks to show (with exploration if asked)."""
         validate_k(k)
+        if not isinstance(context.query, str):  # the memory keys questions by their text
+            raise ValidationError(f"context query must be a str, got {type(context.query).__name__}")
         N, conf, mem, offsets, scale = self._features(context)
         n = N.shape[0]
         ctx = dataclasses.replace(context, retrievers=self.retrievers, normalized=N, k=k, offsets=offsets)
@@ -483,20 +487,33 @@ class Learner:
 
     # ------------------------------------------------------------------ learning
     def _episode(self, episode: Episode) -> tuple[np.ndarray, np.ndarray, float]:
+        """The episode's checked arrays. Everything :meth:`learn` could refuse is refused here, before any
+        part of the learner changes: a refusal halfway would leave the policy updated and the rest not,
+        and a retry would learn the episode twice."""
         ids = tuple(episode.shown_ids)
         X = self._matrix(episode.retrievers, episode.shown, len(ids), "episode.shown")
-        r = np.asarray(episode.chunk_rewards, dtype=float)
+        try:
+            r = np.asarray(episode.chunk_rewards, dtype=float)
+            reward = float(episode.reward)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"episode rewards must be numbers: {exc}") from exc
         if r.shape != (len(ids),):
             raise ValidationError(f"episode has {len(ids)} shown chunks but {r.shape} chunk rewards")
         if not np.all(np.isfinite(r)):
             raise ValidationError("chunk rewards must be finite")
-        reward = float(episode.reward)
         if not math.isfinite(reward):
             raise ValidationError(f"episode reward must be finite, got {episode.reward!r}")
+        prior = episode.prior_rewards
+        if prior is not None and np.shape(prior) != r.shape:
+            raise ValidationError(f"episode has {r.shape[0]} shown chunks but {np.shape(prior)} prior rewards")
+        if not isinstance(episode.query, str):
+            raise ValidationError(f"episode query must be a str, got {type(episode.query).__name__}")
+        self._memory.check_embedding(episode.query_embedding)
         return X, np.clip(r, -1.0, 1.0), max(-1.0, min(1.0, reward))
 
     def learn(self, episode: Episode) -> Learner:
-        """Learn from one logged episode; returns ``self``."""
+        """Learn from one logged episode; returns ``self``. A malformed episode raises
+        :class:`ValidationError` and changes nothing."""
         X, r, reward = self._episode(episode)
         if tuple(episode.retrievers) != self.retrievers or not np.array_equal(X, episode.shown):
             episode = dataclasses.replace(episode, retrievers=self.retrievers, shown=X)
@@ -511,9 +528,7 @@ class Learner:
                 tune(learning_rate=lr_m, exploration=ex_m)
         self.policy.learn(episode, reward)
         ids = tuple(episode.shown_ids)
-        prior = episode.prior_rewards
-        if prior is not None and np.shape(prior) != r.shape:
-            raise ValidationError(f"episode has {r.shape[0]} shown chunks but {np.shape(prior)} prior rewards")
+        prior = episode.prior_rewards  # its shape was checked by _episode
         ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior,
                             response_level=episode.response_level)
         if ids and _discovers(cfg) and (prior is None or not np.any(np.asarray(prior) != 0)):

@@ -163,6 +163,16 @@ class FeedbackMemory:
         return len(self._keys)
 
     # ------------------------------------------------------------------ helpers
+    def check_embedding(self, embedding: Any) -> None:
+        """Raise :class:`ValidationError` where :meth:`update` would refuse ``embedding`` (another
+        dimension than the remembered ones); changes nothing."""
+        try:
+            self._embedding(embedding)
+        except ValidationError:
+            raise
+        except (TypeError, ValueError) as exc:  # not numbers at all
+            raise ValidationError(f"query embedding must be a vector of numbers: {exc}") from exc
+
     def _embedding(self, embedding: Any) -> np.ndarray | None:
         if embedding is None:
             return None

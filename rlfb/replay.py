@@ -65,6 +65,10 @@ def episode_to_dict(ep: Episode, *, embedding: bool = True) -> dict[str, Any]:
             None if (ep.query_embedding is None or not embedding) else _floats(ep.query_embedding)
         ),
         "scores": None if getattr(ep, "scores", None) is None else _floats(ep.scores),
+        # what earlier feedback on the same retrieval had given each chunk, and whether the reward was the
+        # whole answer's: without them a replayed second click takes the first clicked chunk for a loser
+        "prior_rewards": None if ep.prior_rewards is None else _floats(ep.prior_rewards),
+        "response_level": bool(ep.response_level),
     }
 
 
@@ -80,6 +84,11 @@ def episode_from_dict(d: Mapping[str, Any]) -> Episode:
             raise CorruptStateError("replayed episode has mismatched shown chunks and rewards")
         emb = d.get("query_embedding")
         scores = d.get("scores")
+        prior = d.get("prior_rewards")  # absent from episodes saved before it was kept
+        if prior is not None:
+            prior = np.asarray(prior, dtype=float)
+            if prior.shape != rewards.shape or not np.all(np.isfinite(prior)):
+                raise CorruptStateError("replayed episode has prior rewards of another shape, or non-finite")
         ranking = dec.get("ranking")
         return Episode(
             event_id=str(d["event_id"]),
@@ -104,6 +113,8 @@ def episode_from_dict(d: Mapping[str, Any]) -> Episode:
             feedback_time=float(d.get("feedback_time", 0.0)),
             query_embedding=None if emb is None else np.asarray(emb, dtype=np.float32),
             scores=None if scores is None else np.asarray(scores, dtype=float),
+            prior_rewards=prior,
+            response_level=bool(d.get("response_level", True)),  # the Episode default, as older saves read
         )
     except CorruptStateError:
         raise

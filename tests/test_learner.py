@@ -260,6 +260,40 @@ def test_learn_validates_the_episode():
     learner.learn(dataclasses.replace(ok, decision=Decision({})))
 
 
+@pytest.mark.parametrize("name", ["thompson", "gradient", "batch"])
+def test_a_malformed_episode_changes_nothing(name):
+    # the guardrail, the policy and the confidence once learned before a later check refused the episode,
+    # so that a retry learned it twice
+    learner = Learner(RETRIEVERS, name, seed=0)
+    ok = Episode("e", "q", RETRIEVERS, Decision(dict.fromkeys(RETRIEVERS, 1 / 3)), ("a", "b", "c"),
+                 np.eye(3), np.array([0.0, 0.4, 0.0]), 0.4, query_embedding=np.ones(4) / 2)
+    learner.learn(ok)
+    before = json.dumps(learner.state_dict(), sort_keys=True)
+    for bad in (dataclasses.replace(ok, prior_rewards=np.array([0.4, 0.0])),
+                dataclasses.replace(ok, query_embedding=np.ones(8) / 8 ** 0.5),
+                dataclasses.replace(ok, reward="good"),
+                dataclasses.replace(ok, chunk_rewards=np.array(["a", "b", "c"])),
+                dataclasses.replace(ok, query=None)):
+        with pytest.raises(ValidationError):
+            learner.learn(bad)
+        assert json.dumps(learner.state_dict(), sort_keys=True) == before
+
+
+def test_replayed_episodes_keep_their_prior_rewards_across_a_save():
+    # a second click on one retrieval is learned with what the first gave (prior_rewards), so that the
+    # chunk clicked first is not taken for a loser; the saved replay buffer dropped it
+    from rlfb.replay import episode_from_dict, episode_to_dict
+
+    ep = Episode("e", "q", RETRIEVERS, Decision(dict.fromkeys(RETRIEVERS, 1 / 3)), ("a", "b", "c"),
+                 np.eye(3), np.array([0.0, 0.4, 0.0]), 0.4, prior_rewards=np.array([0.4, 0.0, 0.0]),
+                 response_level=False)
+    back = episode_from_dict(json.loads(json.dumps(episode_to_dict(ep))))
+    assert back.prior_rewards.tolist() == [0.4, 0.0, 0.0] and back.response_level is False
+    old = episode_to_dict(ep)
+    del old["prior_rewards"], old["response_level"]  # saved before they were kept
+    assert episode_from_dict(old).prior_rewards is None and episode_from_dict(old).response_level is True
+
+
 def test_replay_and_guardrail_are_wired_in():
     env = ToyEnv(seed=0)
     learner = Learner(RETRIEVERS, "gradient", LearnerConfig(replay_every=20, replay_batch_size=8), seed=0)
@@ -375,6 +409,9 @@ def test_corrupt_state_raises_and_changes_nothing():
         {"replay_half_life": 0.0},
         {"epsilon_half_life": 0.0},
         {"exploration": "epsilon", "explore_depth": 0},
+        {"explore_depth": 0},  # checked whatever the exploration (the default is thompson's)
+        {"explore_min_position": float("nan")},  # was accepted, and the learner's own state then refused
+        {"exploration": [1]},
     ],
 )
 def test_bad_learner_settings_raise(kwargs):

@@ -45,8 +45,13 @@ the best lower bound ``advantage - cf_gate_z * sd`` (the default, whose bound
 is 0, unless another arm is surely better), and that arm is shown: the
 evidence leans towards the weights shown, so sampling arms from it would
 reinforce whichever arm chance showed first. On cranfield this moves the
-weights towards dense retrieval, as tuning on full judgments does; on a toy
-world where no retriever is better it keeps equal weights.
+weights towards dense retrieval, as tuning on full judgments does. On toy
+worlds where no retriever is better it keeps equal weights with the learner's
+default settings (``tests/test_policies.py``); with the feedback memory and
+chunk exploration off it moves on some seeds (12 of 36 weightings over 3 worlds
+x 4 seeds x global and two query types, 0.010 nDCG@10 worse on average): the
+gate (``cf_gate_z``) takes the best of 65 arms without a correction for
+testing that many. The epsilon policy moves with the defaults too.
 """
 
 from __future__ import annotations
