@@ -42,6 +42,7 @@ from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_rlfb._checks import flag, positive_count, session_text
+from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import DuplicateIdError, ValidationError
 from rlfb.members import SearchMember
@@ -56,10 +57,9 @@ __all__ = [
     "hit_to_document",
 ]
 
-# the adapters learn by default: thompson is the policy whose weights the README measures moving
-_DEFAULT_POLICY = "thompson"
-# what rlfb[langchain,dense] installs, and the LlamaIndex adapter's default: one store, shared weights
-_DEFAULT_RETRIEVERS = ("bm25", "dense")
+# the adapters' defaults are rlfb.defaults': a learner, and the retrievers both adapters run (one store, shared)
+_DEFAULT_POLICY = LEARNING_POLICY
+_DEFAULT_RETRIEVERS = ADAPTER_RETRIEVERS
 
 #: Metadata keys every returned Document carries (they override the chunk's own keys of the same name).
 METADATA_KEYS = ("chunk_id", "score", "scores", "rank", "event_id", "proposed_by")

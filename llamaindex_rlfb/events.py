@@ -76,7 +76,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llamaindex_rlfb._checks import finite_or_none, session_text
 from llamaindex_rlfb._nodes import event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
-from rlfb.errors import UnknownEventError, ValidationError
+from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import SCORE_SCALES, log_external, record_run_feedback, same_store
 
 __all__ = [
@@ -524,10 +524,14 @@ class FeedbackEventHandler(BaseEventHandler):
         # to the handler's own ensemble, which learns from it if it owns it.
         records = record_run_feedback(self._store, qid, ensembles=here, **fb)
         for eid, ens in makers.items():  # a learner on another store learns from its own copy of the event
-            # about one chunk, only its decisions that returned it: the others would reject it, after this
-            # store took it (a chunk only another member of a fusion found)
-            if eid not in here and ens.store.has_event(eid) and _returned(ens.store, eid, chunk_id):
+            if eid in here or not ens.store.has_event(eid):
+                continue
+            try:
                 records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)
+            except UnknownChunkError:
+                # about one chunk its decision did not return (only another member of a fusion found it):
+                # record_run_feedback refuses before writing, and this store has taken the feedback
+                continue
         return records
 
     def _makers_of(self, event_ids: Sequence[str]) -> dict[str, Any]:
@@ -561,11 +565,6 @@ _STEPS: dict[type, Callable[[FeedbackEventHandler, Any], None]] = {
     QueryEndEvent: FeedbackEventHandler._query_end,
     SpanDropEvent: FeedbackEventHandler._span_drop,
 }
-
-
-def _returned(store: Any, event_id: str, chunk_id: str | None) -> bool:
-    """Whether the event returned ``chunk_id`` (any event does, for ``None``)."""
-    return chunk_id is None or any(c["chunk_id"] == chunk_id for c in store.event(event_id)["chunks"])
 
 
 def _ids(nodes: Sequence[NodeWithScore]) -> tuple[str, ...]:

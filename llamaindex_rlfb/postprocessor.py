@@ -66,6 +66,7 @@ from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
+from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
 from rlfb.runs import record_run_feedback
@@ -78,8 +79,8 @@ dispatcher = get_dispatcher(__name__)
 REINDEX_FRACTION = 0.25
 
 
-_DEFAULT_RETRIEVERS = ("bm25", "dense")
-_DEFAULT_POLICY = "thompson"  # the policy whose weights the README measures moving, as LangChain's
+_DEFAULT_RETRIEVERS = ADAPTER_RETRIEVERS  # rlfb.defaults: as LangChain's, so that both share a store
+_DEFAULT_POLICY = LEARNING_POLICY
 
 
 def _open_store(store: Any, store_path: str | None = None) -> Any:

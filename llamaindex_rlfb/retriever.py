@@ -22,6 +22,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
+from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
 from rlfb.runs import record_run_feedback
@@ -100,10 +101,10 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         nodes: Sequence[BaseNode] | None = None,
         docstore: Any = None,
         *,
-        retrievers: Sequence[Any] = ("bm25", "dense"),
+        retrievers: Sequence[Any] = ADAPTER_RETRIEVERS,
         store: Any = None,
         similarity_top_k: int = DEFAULT_SIMILARITY_TOP_K,
-        policy: Any = "thompson",
+        policy: Any = LEARNING_POLICY,
         explore: bool = True,
         log: bool = True,
         callback_manager: CallbackManager | None = None,

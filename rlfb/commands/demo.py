@@ -12,13 +12,14 @@ import json
 
 from rlfb.commands import HelpFormatter
 from rlfb.commands.simulate import MAX_SEEDS
+from rlfb.defaults import LEARNING_POLICY
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="learn from simulated feedback on the embedded demo collection",
                        formatter_class=HelpFormatter)
     p.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated: bm25,dense,splade")
-    p.add_argument("--policy", default="thompson", help="fixed, batch, thompson, epsilon or gradient")
+    p.add_argument("--policy", default=LEARNING_POLICY, help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--interactions", type=int, default=1500, help="simulated questions per seed")
     p.add_argument("--seeds", type=int, default=3, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
     p.add_argument("--devices", type=int, default=90, help="size of the generated collection (3 chunks each)")

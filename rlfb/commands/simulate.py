@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from rlfb.commands import HelpFormatter
+from rlfb.defaults import LEARNING_POLICY
 from rlfb.errors import ValidationError
 
 # each seed is a full run; beyond this a typo (--seeds 1000000000) is far likelier than intent
@@ -17,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines",
                        formatter_class=HelpFormatter)
     p.add_argument("--dataset", required=True, help="a BEIR folder, or 'demo' for the generated collection")
-    p.add_argument("--policy", default="thompson", help="fixed, batch, thompson, epsilon or gradient")
+    p.add_argument("--policy", default=LEARNING_POLICY, help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--user", default="navigational", help="perfect, navigational or informational")
     p.add_argument("--interactions", type=int, default=2000, help="simulated questions per seed")
     p.add_argument("--explicit-rate", type=float, default=0.1,

@@ -15,13 +15,12 @@ bm25s nor torch.
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.retrievers.base import ChunkTable, CorpusRetriever, Retriever, top_k
+from rlfb.retrievers.base import ChunkTable, CorpusRetriever, Retriever, load_meta, top_k
 
 if TYPE_CHECKING:
     from rlfb.retrievers.bm25 import BM25Retriever
@@ -94,13 +93,11 @@ def load_retriever(path: str | Path, **kwargs: Any) -> Retriever:
 
 
 def _read_kind(path: Path) -> str:
-    file = path / "meta.json"
-    try:
-        kind = json.loads(file.read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
-        raise CorruptStateError(f"cannot read retriever settings from {file}: {exc}") from exc
+    kind = load_meta(path).get("kind")
     if kind not in _REGISTRY:
-        raise CorruptStateError(f"{file} names retriever kind {kind!r}; known kinds: {', '.join(_REGISTRY)}")
+        raise CorruptStateError(
+            f"{path / 'meta.json'} names retriever kind {kind!r}; known kinds: {', '.join(_REGISTRY)}"
+        )
     return str(kind)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "CorpusRetriever",
     "top_k",
     "read_meta",
+    "load_meta",
     "write_meta",
     "check_format_version",
     "saved_positive_int",
@@ -263,13 +264,21 @@ def write_meta(path: Path, meta: dict[str, Any]) -> None:
 
 def read_meta(path: Path, expected_kind: str) -> dict[str, Any]:
     """Read ``meta.json`` and check that it was written by ``expected_kind``."""
+    meta = load_meta(path)
+    if meta.get("kind") != expected_kind:
+        raise CorruptStateError(f"{Path(path) / 'meta.json'} does not describe a {expected_kind!r} retriever")
+    return meta
+
+
+def load_meta(path: Path) -> dict[str, Any]:
+    """A saved retriever's ``meta.json``, whatever its kind; damage is a :class:`CorruptStateError`."""
     file = Path(path) / "meta.json"
     try:
         meta = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
         raise CorruptStateError(f"cannot read retriever settings from {file}: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("kind") != expected_kind:
-        raise CorruptStateError(f"{file} does not describe a {expected_kind!r} retriever")
+    if not isinstance(meta, dict):
+        raise CorruptStateError(f"{file} holds a {type(meta).__name__}, not retriever settings")
     return meta
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rlfb.datasets import BeirDataset
+from rlfb.defaults import LEARNING_POLICY
 from rlfb.errors import ValidationError
 from rlfb.fusion import normalize
 from rlfb.policies.base import Context
@@ -50,7 +51,7 @@ METRIC = "ndcg@10"
 class SimulationConfig:
     """Every setting of a simulation run; all of it is written to the JSON output."""
 
-    policy: str = "thompson"
+    policy: str = LEARNING_POLICY
     user: str = "navigational"
     interactions: int = 2000
     explicit_rate: float = 0.1
@@ -395,9 +396,7 @@ def run_seed(
     deliver(time.time())  # what arrives after the stream ends: mostly outside the attribution window
     ens.flush()
     stats = store.counts() if hasattr(store, "counts") else {}
-    store_settings = {"attribution_window": store.attribution_window,
-                      "reward": {f.name: getattr(store.reward.config, f.name)
-                                 for f in fields(store.reward.config) if f.name != "aliases"}}
+    settings = _run_settings(prep, config, ens)
     ens.close()
     final = dict(curve[-1])
     final.pop("interactions")
@@ -406,7 +405,7 @@ def run_seed(
         "final": final,
         "baselines": _baselines(prep, config, stream, heldout, judges, seen_sample, asked),
         "learner_config": ens.learner.config.to_dict(),
-        "settings": {**_fixed_settings(prep, config, store_settings), **_ensemble_settings(ens)},
+        "settings": settings,
         "curve": curve,
         "weights": ens.learner.weights(),
         "stream_queries": len(stream),
@@ -443,23 +442,23 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "ci95": [max(0.0, mean - half), min(1.0, mean + half)], "n": int(arr.size)}
 
 
-def _ensemble_settings(ens: Any) -> dict[str, Any]:
-    """The policy's hyperparameters (its gate, bounds, step, ...) and the RRF constant the run used."""
-    params = getattr(ens.learner.policy, "params", None)
-    return {"policy_params": params() if callable(params) else None, "rrf_c": ens.rrf_c}
-
-
-def _fixed_settings(prep: Prepared, config: SimulationConfig, store: Mapping[str, Any]) -> dict[str, Any]:
+def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[str, Any]:
     """The settings a run used that ``SimulationConfig`` does not hold: the user's click model, the
-    grades read from the data, the store's reward and window, and the retrievers' models."""
+    grades read from the data, the store's reward and window, the retrievers' models, the policy's
+    hyperparameters (its gate, bounds, step, ...) and the RRF constant."""
     model = CLICK_MODELS[config.user]
     # a model retriever's model: its name or path, "default" for the bundled one
     models = {name: r.model_name or "default" for name, r in prep.retrievers.items() if hasattr(r, "model_name")}
+    reward = ens.store.reward.config
+    params = getattr(ens.learner.policy, "params", None)
     return {
         "click_model": {"click": list(model.click), "stop": list(model.stop)},
         "max_grade": prep.max_grade,
         "models": models,
-        **store,
+        "attribution_window": ens.store.attribution_window,
+        "reward": {f.name: getattr(reward, f.name) for f in fields(reward) if f.name != "aliases"},
+        "policy_params": params() if callable(params) else None,
+        "rrf_c": ens.rrf_c,
     }
 
 

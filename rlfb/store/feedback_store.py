@@ -1064,7 +1064,7 @@ class FeedbackStore:
     def _snapshot(self, row: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
         try:
             return _snapshot_dict(row, with_state)
-        except (ValueError, RecursionError) as exc:  # its JSON was damaged outside rlfb (or nested too deep)
+        except ValueError as exc:  # its JSON was damaged outside rlfb (_loads names that a CorruptStateError)
             raise CorruptStateError(f"policy snapshot {row['version']} in {self.path} is damaged: {exc}") from exc
 
     def state_version(self) -> int:
