@@ -196,14 +196,22 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         session = (metadata or {}).get("session_id")
+        parent = _str(parent_run_id)
         with self._lock:
-            self._parents[str(run_id)] = _str(parent_run_id)
+            self._parents[str(run_id)] = parent
             self._retrievals[str(run_id)] = {
                 "query": query,
                 "session_id": session_text(session),
                 "raw_session_id": session,  # to name in the warning when it is dropped
                 "name": kwargs.get("name") or (metadata or {}).get("ls_retriever_name") or "retriever",
             }
+            links = self._ancestor_links(parent)
+            nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)
+        if links and not nested:
+            # Linked before the retrieval runs, so that a FeedbackEnsembleRetriever's own follow-up check
+            # (which knows only its parent run) sees the runs above it: an agent's second call of its
+            # retriever tool is then known as the same run as its first.
+            self.store.link_runs(links)
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         with self._lock:
@@ -222,8 +230,6 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)
         if info is None or nested:
             return
-        if links:
-            self.store.link_runs(links)
         if self.store.has_event(rid):  # a FeedbackEnsembleRetriever logged it, and observed the session
             return
         session = info["session_id"]

@@ -305,17 +305,22 @@ def observe_followup(
     records it once. Call it before logging the follow-up's own retrieval.
 
     ``run_ancestors`` are the runs above this retrieval (its parent first, as far
-    as known): a previous retrieval logged under one of them belongs to the same
-    run (a multi-query retriever's variants, parallel branches), which restates
-    the question on purpose, so it is not a follow-up and records nothing.
+    as known). A previous retrieval under one of them, or under a run above one of
+    them in the store's run links (:meth:`~rlfb.store.FeedbackStore.link_runs`),
+    belongs to the same run: a multi-query retriever's variants, parallel branches,
+    an agent calling its retriever tool again. Those restate the question on
+    purpose, so it is not a follow-up and records nothing.
     """
     if not isinstance(session_id, str) or not session_id:
         raise ValidationError(f"session_id must be a non-empty str, got {session_id!r}")
     previous = store.last_event(session_id)
     if previous is None:
         return []
-    if previous.get("parent_id") is not None and previous["parent_id"] in run_ancestors:
-        return []
+    if previous.get("parent_id") is not None and run_ancestors:
+        # the runs above each side, as far as the links go: a shared one is a shared run
+        ours = {run for a in run_ancestors for run in store.run_lineage(a)}
+        if not ours.isdisjoint(store.run_lineage(previous["parent_id"])):
+            return []
     implicit = implicit if implicit is not None else default_implicit(ensemble)
     own = owns_event(ensemble, previous)
     records = []

@@ -53,6 +53,15 @@ def test_resolve_run_survives_cycles_and_finds_linked_events(store: FeedbackStor
     assert store.resolve_run("chain") == ["ev"]
 
 
+def test_run_lineage_walks_up_the_links_and_stops_at_a_cycle(store: FeedbackStore) -> None:
+    store.link_runs([("ret", "tool"), ("tool", "agent"), ("agent", "tool")])
+    assert store.run_lineage("ret") == ["ret", "tool", "agent"]
+    assert store.run_lineage("agent") == ["agent", "tool"]
+    assert store.run_lineage("unknown") == ["unknown"]
+    with pytest.raises(ValidationError):
+        store.run_lineage(None)  # type: ignore[arg-type]
+
+
 def test_run_links_persist_across_connections(tmp_path) -> None:
     path = tmp_path / "fb.db"
     with FeedbackStore(path) as s:
@@ -152,3 +161,15 @@ def test_observe_followup(store: FeedbackStore) -> None:
     assert dup.duplicate  # the same follow-up observed twice is recorded once
     with pytest.raises(ValidationError):
         observe_followup(store, "", "q")
+
+
+def test_observe_followup_in_the_same_run_records_nothing(store: FeedbackStore) -> None:
+    log_external(store, "what causes the aurora", [("a", 1.0)], source="x", event_id="e1", session_id="s",
+                 parent_id="tool1", timestamp=T0)
+    assert observe_followup(store, "s", "why does the aurora happen", run_ancestors=("tool1",)) == []
+    # sibling tool runs: one turn only once the links say both sit under the agent's run
+    store.link_runs([("tool2", "agent")])
+    assert observe_followup(store, "s", "why does the aurora happen", run_ancestors=("tool2",)) != []
+    store.link_runs([("tool1", "agent")])
+    assert observe_followup(store, "s", "why does the aurora happen again", run_ancestors=("tool2",)) == []
+    assert observe_followup(store, "s", "why does the aurora happen again", run_ancestors=("other",)) != []

@@ -618,6 +618,26 @@ class FeedbackStore:
             conn.executemany("INSERT OR IGNORE INTO run_links (run_id, parent_id, ts) VALUES (?, ?, ?)", rows)
             return conn.total_changes - before
 
+    def run_lineage(self, run_id: str) -> list[str]:
+        """``run_id`` and the runs above it through the links of :meth:`link_runs`, nearest first.
+
+        >>> store = FeedbackStore()
+        >>> store.link_runs([("retrieval", "tool"), ("tool", "agent")])
+        2
+        >>> store.run_lineage("retrieval"), store.run_lineage("unlinked")
+        (['retrieval', 'tool', 'agent'], ['unlinked'])
+        """
+        lineage = [_check_id(run_id, "run_id", allow_empty=True)]
+        seen = {run_id}
+        with self._read() as conn:
+            while True:  # one indexed lookup per level; a cycle (links are not checked for one) ends it
+                row = conn.execute("SELECT parent_id FROM run_links WHERE run_id = ?", [_enc(lineage[-1])]).fetchone()
+                parent = None if row is None else _dec(row[0])
+                if parent is None or parent in seen:
+                    return lineage
+                seen.add(parent)
+                lineage.append(parent)
+
     def resolve_run(self, run_id: str) -> list[str]:
         """Like :meth:`resolve`, but also through the run links of :meth:`link_runs` (oldest event first).
 

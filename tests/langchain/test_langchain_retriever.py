@@ -214,6 +214,34 @@ def test_restated_retrievals_inside_one_run_are_not_reformulations(make_ensemble
     assert [f["signal"] for f in ens.store.feedback(events[-1]["id"])] == ["reformulation"]
 
 
+@pytest.mark.parametrize("own_retriever", [True, False], ids=["ensemble-retriever", "handler-logged"])
+def test_an_agent_calling_its_retriever_tool_again_is_not_a_reformulation(
+    make_ensemble: Any, own_retriever: bool
+) -> None:
+    # An agent's tool call sits under a tool run of its own, so the previous retrieval's parent is another
+    # tool run of the same agent run: only the runs above both (linked by the handler) tell it is one turn.
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.tools import create_retriever_tool
+
+    ens = make_ensemble()
+    retriever = (FeedbackEnsembleRetriever.from_ensemble(ens, k=2) if own_retriever
+                 else BM25Retriever.from_texts(TEXTS, ids=IDS, k=2))
+    tool = create_retriever_tool(retriever, "search", "Search the notes.")
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+
+    def agent(question: str, config: Any) -> str:
+        first = tool.invoke({"query": question}, config=config)
+        return first + tool.invoke({"query": "what really causes the aurora borealis lights"}, config=config)
+
+    turn = {"metadata": {"session_id": "agent"}, "callbacks": [handler]}
+    RunnableLambda(agent).invoke("what causes the aurora borealis", config=turn)
+    events = ens.store.events_for_session("agent")
+    assert len(events) == 2 and not any(ens.store.feedback(e["id"]) for e in events)
+    # the user restating the question in the next turn is a follow-up
+    RunnableLambda(agent).invoke("what is it that causes the aurora borealis", config=turn)
+    assert [f["signal"] for f in ens.store.feedback(events[-1]["id"])] == ["reformulation"]
+
+
 def test_langchain_retrievers_and_vector_stores_as_members(make_ensemble: Any, embeddings: Any) -> None:
     bm25 = BM25Retriever.from_texts(TEXTS, ids=IDS, k=4)
     for d, i in zip(bm25.docs, IDS, strict=True):  # BM25Retriever keeps ids on its documents only when given
