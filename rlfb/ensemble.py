@@ -25,14 +25,15 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rlfb.errors import CorruptStateError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
-from rlfb.fusion import check_fusion, normalize, rank_matrix
+from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy, same_hyperparameters
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
@@ -338,14 +339,14 @@ class FeedbackEnsemble:
         ranks = np.zeros_like(raw)
         proposed = np.zeros(raw.shape, dtype=bool)  # in the retriever's own top list (a pool of depth k)
         for j, (s, top) in enumerate(zip(full, tops, strict=True)):
-            proposed[np.searchsorted(rows, top), j] = True
-            # exact 1-based rank inside the retriever's own top list (rows is sorted, so searchsorted
-            # finds each top row); candidates below that list keep their order after it
-            ranks[np.searchsorted(rows, top), j] = np.arange(1, len(top) + 1)
-            outside = np.flatnonzero(ranks[:, j] == 0)
-            if outside.size:
-                order = np.lexsort((outside, -s[rows[outside]]))
-                ranks[outside[order], j] = len(top) + 1 + np.arange(outside.size)
+            at = np.searchsorted(rows, top)  # rows is sorted, so this finds each top row
+            proposed[at, j] = True
+            # the 1-based rank inside the retriever's own top list, then candidates below that list in
+            # their order after it; tied scores share a rank (BM25's zeros are not ranked by corpus position)
+            outside = np.setdiff1d(np.arange(len(rows)), at, assume_unique=True)
+            outside = outside[np.argsort(-s[rows[outside]], kind="stable")]
+            order = np.concatenate([at, outside])
+            ranks[order, j] = shared_ranks(s[rows[order]])
         if self._members:
             ids, raw, ranks, proposed = self._add_member_candidates(
                 query, depth, ids, raw, ranks, proposed, table, retrievers
@@ -353,6 +354,17 @@ class FeedbackEnsemble:
         ctx = self._make_context(query, ids, raw, ranks, session_id, proposed)
         self._scored_on[ctx] = table
         return ctx
+
+    @contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """The store's lock, then this ensemble's: every block that touches the store under ours takes both.
+
+        One order everywhere: a caller inside ``store.exclusive()`` (which holds the store's lock) calling
+        :meth:`feedback` while another thread gave feedback used to wait on each other for ever.
+        """
+        store = self._store
+        with store.lock if store is not None else nullcontext(), self._lock:
+            yield
 
     def _index(self) -> tuple[ChunkTable, dict[str, Retriever]]:
         with self._lock:
@@ -553,7 +565,7 @@ class FeedbackEnsemble:
             raise ValidationError(f"metadata must be a mapping, got {type(metadata).__name__}")
         validate_flag(explore, "explore")  # "no" is truthy: it would explore
         validate_flag(log, "log")
-        with self._lock:
+        with self._guarded():
             self._refresh()
             ranking = self._learner.rank(self._for_learner(ctx), k, explore=explore)
             hits = self._hits(ctx, ranking)
@@ -672,7 +684,11 @@ class FeedbackEnsemble:
         Returns the store's :class:`~rlfb.store.FeedbackRecord`.
         """
         store = self._require_store()
-        with self._lock:
+        damaged = None
+        # one transaction: when learning fails (another process held the write lock too long), the feedback
+        # is not kept either, so a retry with the same idempotency key records it and learns it; kept but
+        # unlearned, the retry was a duplicate and was never learned
+        with self._guarded(), store.exclusive():
             record = store.record_feedback(
                 event_id,
                 signal,
@@ -686,14 +702,19 @@ class FeedbackEnsemble:
                 comment=comment,
                 key=key,
             )
-            self._learn(record)
+            try:
+                self._learn(record)
+            except CorruptStateError as exc:  # the event's logged row is damaged: keep the feedback, unlearned
+                damaged = exc
+        if damaged is not None:
+            raise damaged
         return record
 
     def _learn(self, record: Any, event: Mapping[str, Any] | None = None) -> None:
         """Learn from a stored feedback record, unless it is a retry, out of window, or on another's retrieval."""
         if record.duplicate or not record.in_window:
             return
-        with self._lock:
+        with self._guarded():
             try:
                 event = self._require_store().event(record.event_id) if event is None else event
                 if event is None or not owns_event(self, event):
@@ -744,7 +765,8 @@ class FeedbackEnsemble:
         for sig in self._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened):
             records.append(
                 self.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
-                              session_id=session_id, idempotency_key=sig.idempotency_key)
+                              session_id=session_id, idempotency_key=sig.idempotency_key,
+                              comment=sig.reason or None)
             )
         return records
 
@@ -829,7 +851,7 @@ class FeedbackEnsemble:
 
     def flush(self) -> None:
         """Write the learner's state to the store now if feedback changed it since the last snapshot."""
-        with self._lock:
+        with self._guarded():
             if self._dirty:
                 self._persist(force=True)
 
@@ -844,7 +866,7 @@ class FeedbackEnsemble:
         if self._dirty:
             # never drop local learning that is not written yet: write it (when due) instead of reading
             if now - self._last_persist >= self.persist_interval:
-                with self._lock:
+                with self._guarded():
                     self._persist(force=True)
             return
         if self._store.state_version() <= self._state_version:
@@ -852,7 +874,7 @@ class FeedbackEnsemble:
         saved = self._store.load_policy_state()
         if saved is None:
             return
-        with self._lock:
+        with self._guarded():
             newest = int(saved["version"])
             if not self._is_ours(saved):
                 # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read

@@ -23,7 +23,8 @@ from collections.abc import Mapping
 __all__ = ["QUERY_TYPES", "query_features", "query_type"]
 
 _TOKEN = re.compile(r"\w+(?:[-_./:]\w+)*", re.UNICODE)
-_QUOTE = re.compile(r"\"[^\"]+\"|“[^”]+”|'[^']{2,}'")
+# single quotes only where they stand apart from words: "doesn't" and "the kernel's" quote nothing
+_QUOTE = re.compile(r"\"[^\"]+\"|“[^”]+”|(?<!\w)'[^']{2,}'(?!\w)")
 _CODE = re.compile(
     r"""
     \b(?:[A-Za-z]+[-_]?\d+[A-Za-z0-9]*|\d+[A-Za-z]+\w*)\b   # E1234, v2, 3g, ISO-9001

@@ -14,13 +14,17 @@ are retrievers, and returns a new array; inputs are never modified. Ranks are
 0
 
 A NaN marks a missing score: a candidate that a search-only member did not
-return. Normalisation maps it to 0, so it gets nothing from that member, and
-the member's other scores are normalised over the candidates it did return.
+return. Min-max and RRF map it to 0, and z-scores to the lowest z-score the
+member gave, so it gets nothing from that member beyond what the member's worst
+result gets; the member's other scores are normalised over the candidates it did
+return. Tied scores share a rank (the best of their places), so a ranking never
+depends on the order the corpus was indexed in.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
@@ -34,6 +38,8 @@ __all__ = [
     "minmax_normalize",
     "zscore_normalize",
     "rank_matrix",
+    "shared_ranks",
+    "check_rrf_constant",
     "rrf_normalize",
     "normalize",
     "validate_weights",
@@ -82,39 +88,62 @@ def minmax_normalize(scores: np.ndarray) -> np.ndarray:
 def zscore_normalize(scores: np.ndarray) -> np.ndarray:
     """Centre each column on its mean and divide by its standard deviation (constant column -> 0).
 
-    >>> zscore_normalize(np.array([[1.0], [3.0]])).ravel().tolist()
-    [-1.0, 1.0]
+    A missing (NaN) score takes the column's lowest z-score.
+
+    >>> zscore_normalize(np.array([[1.0], [3.0], [np.nan]])).ravel().tolist()
+    [-1.0, 1.0, -1.0]
+    >>> zscore_normalize(np.array([[0.1], [0.1], [0.1]])).ravel().tolist()
+    [0.0, 0.0, 0.0]
     """
     arr = _as_matrix(scores)
+    if arr.shape[0] == 0:
+        return np.zeros_like(arr)
     mask, filled = _present(arr)
     count = mask.sum(axis=0)
     safe = np.maximum(count, 1)
     mean = filled.sum(axis=0) / safe
     std = np.sqrt((np.where(mask, filled - mean, 0.0) ** 2).sum(axis=0) / safe)
-    ok = std > 0
+    # constant is judged on the values, not on std > 0: the mean's round-off leaves a std of 1e-17 on a
+    # column of 0.1s, which would scale every entry to +-1
+    lo = np.where(mask, filled, np.inf).min(axis=0)
+    hi = np.where(mask, filled, -np.inf).max(axis=0)
+    ok = np.isfinite(hi - lo) & (hi > lo) & (std > 0)
     out = np.zeros_like(arr)
     out[:, ok] = (filled[:, ok] - mean[ok]) / std[ok]
-    return np.where(mask, out, 0.0)
+    # a missing score is no better than the member's worst result (0 would put it at the member's mean)
+    floor = np.where(mask, out, np.inf).min(axis=0)
+    return np.where(mask, out, np.where(np.isfinite(floor), floor, 0.0))
 
 
 def rank_matrix(scores: np.ndarray) -> np.ndarray:
-    """1-based rank of each row within its column, best (highest) first; ties go to the lower row.
+    """1-based rank of each row within its column, best (highest) first; tied scores share the best rank.
 
     A missing (NaN) score has no rank: it stays NaN.
 
-    >>> rank_matrix(np.array([[0.1, 5.0], [0.9, 5.0], [0.5, np.nan]])).tolist()
-    [[3.0, 1.0], [1.0, 2.0], [2.0, nan]]
+    >>> rank_matrix(np.array([[0.1, 5.0], [0.9, 5.0], [0.5, np.nan], [0.0, 1.0]])).tolist()
+    [[3.0, 1.0], [1.0, 1.0], [2.0, nan], [4.0, 3.0]]
     """
     arr = _as_matrix(scores)
     mask, filled = _present(arr)
-    n = arr.shape[0]
     ranks = np.full_like(arr, np.nan)
-    rows = np.arange(n)
     for j in range(arr.shape[1]):  # one column per retriever: a handful of iterations
-        order = np.lexsort((rows, -filled[:, j], ~mask[:, j]))  # present first, then by score
-        order = order[: int(mask[:, j].sum())]
-        ranks[order, j] = np.arange(1, order.size + 1)
+        present = np.flatnonzero(mask[:, j])
+        order = present[np.argsort(-filled[present, j], kind="stable")]
+        ranks[order, j] = shared_ranks(filled[order, j])
     return ranks
+
+
+def shared_ranks(descending: np.ndarray) -> np.ndarray:
+    """1-based ranks of scores sorted best first, where tied scores share the best of their places.
+
+    >>> shared_ranks(np.array([0.9, 0.5, 0.5, 0.1, 0.0, 0.0])).tolist()
+    [1.0, 2.0, 2.0, 4.0, 5.0, 5.0]
+    """
+    s = np.asarray(descending, dtype=np.float64)
+    if s.size == 0:
+        return np.zeros(0)
+    starts = np.r_[True, s[1:] != s[:-1]]  # where a run of equal scores begins
+    return np.maximum.accumulate(np.where(starts, np.arange(s.size), 0)).astype(np.float64) + 1.0
 
 
 def rrf_normalize(ranks: np.ndarray, c: float = 60.0) -> np.ndarray:
@@ -123,13 +152,23 @@ def rrf_normalize(ranks: np.ndarray, c: float = 60.0) -> np.ndarray:
     >>> rrf_normalize(np.array([[1.0], [2.0], [np.nan]]), c=60).ravel().round(5).tolist()
     [0.01639, 0.01613, 0.0]
     """
-    if not (isinstance(c, (int, float)) and math.isfinite(c) and c >= 0):
-        raise ValidationError(f"RRF constant c must be finite and >= 0, got {c!r}")
+    c = check_rrf_constant(c)
     r = np.asarray(ranks, dtype=np.float64)
     mask = ~np.isnan(r)
     if np.any(r[mask] < 1):
         raise ValidationError("ranks are 1-based and must be >= 1")
     return np.where(mask, 1.0 / (c + np.where(mask, r, 1.0)), 0.0)
+
+
+def check_rrf_constant(c: object) -> float:
+    """The RRF constant as a float, or :class:`ValidationError` (a bool, NaN, inf or negative number).
+
+    >>> check_rrf_constant(np.int64(60))
+    60.0
+    """
+    if isinstance(c, bool) or not isinstance(c, numbers.Real) or not math.isfinite(c) or c < 0:
+        raise ValidationError(f"RRF constant c must be finite and >= 0, got {c!r}")
+    return float(c)
 
 
 def _rrf_from_scores(scores: np.ndarray, *, ranks: np.ndarray | None = None, c: float = 60.0) -> np.ndarray:
@@ -240,16 +279,22 @@ def weighted_rrf(
     """Weighted reciprocal rank fusion of ranked id lists (1-based ranks).
 
     Used for members that return ids without scores. An id absent from a list
-    gets nothing from it. The result is ordered best first.
+    gets nothing from it; an id listed twice counts at its first place. The
+    result is ordered best first.
 
     >>> weighted_rrf([["a", "b"], ["b", "c"]], [0.5, 0.5], c=1)
     {'b': 0.5, 'a': 0.25, 'c': 0.16666666666666666}
     """
+    c = check_rrf_constant(c)
     w = validate_weights([1.0] * len(ranked_lists) if weights is None else weights)
     if w.size != len(ranked_lists):
         raise InvalidWeightsError(f"got {w.size} weights for {len(ranked_lists)} ranked lists")
     fused: dict[Hashable, float] = {}
     for weight, ids in zip(w, ranked_lists, strict=True):
+        seen: set[Hashable] = set()
         for rank, doc in enumerate(ids, start=1):
+            if doc in seen:
+                continue
+            seen.add(doc)
             fused[doc] = fused.get(doc, 0.0) + float(weight) / (c + rank)
     return dict(sorted(fused.items(), key=lambda kv: -kv[1]))

@@ -4,7 +4,10 @@ A member is how a user keeps the search engine they have (a vector store over
 Chroma, FAISS, Elasticsearch, Qdrant, ...) and still learns the fusion
 weights. The ensemble asks it for its best chunks; chunks it did not return
 get no score from it (NaN, which normalisation maps to 0). A member that
-returns no scores is fused by rank: its k-th result gets ``1 / (c + k)``.
+returns no scores is fused by rank: its k-th result gets ``1 / (c + k)``. So is
+one that leaves any result without a finite score, for that query: a rank score
+next to raw scores would sit on another scale (a first hit without a score would
+be fused as its worst).
 
 >>> from rlfb.types import Chunk
 >>> m = SearchMember("kb", lambda q, k: [(Chunk("a", "alpha"), None), (Chunk("b", "beta"), None)])
@@ -39,7 +42,7 @@ class SearchMember:
     def search(self, query: str, k: int, *, c: float = 60.0) -> list[tuple[Chunk, float]]:
         """The member's chunks for ``query``, each with a finite score (rank-based where it gave none)."""
         validate_k(k)
-        out: list[tuple[Chunk, float]] = []
+        out: list[tuple[Chunk, float | None]] = []
         seen: set[str] = set()
         found = self._search(query, k)
         if found is None or isinstance(found, (str, bytes)) or not hasattr(found, "__iter__"):
@@ -47,7 +50,7 @@ class SearchMember:
                 f"member {self.name!r} returned {type(found).__name__}: it must return a sequence of "
                 "(Chunk, score or None) pairs"
             )
-        for rank, item in enumerate(found, start=1):
+        for item in found:
             try:
                 chunk, score = item
                 score = None if score is None else float(score)
@@ -60,10 +63,10 @@ class SearchMember:
             if chunk.id in seen:  # a member listing one chunk twice keeps its best position
                 continue
             seen.add(chunk.id)
-            if score is None or not math.isfinite(score):
-                score = 1.0 / (c + rank)
-            out.append((chunk, score))
-        return out
+            out.append((chunk, score if score is not None and math.isfinite(score) else None))
+        if any(score is None for _, score in out):  # by rank, in the member's own order
+            return [(chunk, 1.0 / (c + rank)) for rank, (chunk, _) in enumerate(out, start=1)]
+        return out  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"SearchMember({self.name!r})"

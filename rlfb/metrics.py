@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+from rlfb.errors import ValidationError
 from rlfb.types import validate_k
 
 __all__ = [
@@ -32,25 +33,33 @@ __all__ = [
 Qrel = Mapping[str, int]
 
 
+def _top(ranking: Sequence[str], k: int) -> Sequence[str]:
+    """The top ``k`` of ``ranking``; a document listed twice is an error (it would be counted twice)."""
+    validate_k(k)
+    top = ranking[:k]
+    if len(set(top)) != len(top):
+        twice = next(d for i, d in enumerate(top) if d in top[:i])
+        raise ValidationError(f"a ranking lists each document once; {twice!r} is listed twice")
+    return top
+
+
 def precision_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
     """Fraction of the top ``k`` slots holding a relevant document (the divisor is always ``k``)."""
-    validate_k(k)
-    return sum(1 for d in ranking[:k] if qrel.get(d, 0) > 0) / k
+    return sum(1 for d in _top(ranking, k) if qrel.get(d, 0) > 0) / k
 
 
 def recall_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
     """Fraction of the relevant documents found in the top ``k``."""
-    validate_k(k)
+    top = _top(ranking, k)
     n_rel = sum(1 for g in qrel.values() if g > 0)
     if n_rel == 0:
         return 0.0
-    return sum(1 for d in ranking[:k] if qrel.get(d, 0) > 0) / n_rel
+    return sum(1 for d in top if qrel.get(d, 0) > 0) / n_rel
 
 
 def mrr_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
     """Reciprocal rank of the first relevant document in the top ``k`` (0 if none)."""
-    validate_k(k)
-    for i, d in enumerate(ranking[:k], start=1):
+    for i, d in enumerate(_top(ranking, k), start=1):
         if qrel.get(d, 0) > 0:
             return 1.0 / i
     return 0.0
@@ -62,11 +71,11 @@ def _dcg(gains: Sequence[float]) -> float:
 
 def ndcg_at_k(ranking: Sequence[str], qrel: Qrel, k: int) -> float:
     """Graded nDCG at ``k`` with linear gains (trec_eval ``ndcg_cut``)."""
-    validate_k(k)
+    top = _top(ranking, k)
     ideal = _dcg(sorted((g for g in qrel.values() if g > 0), reverse=True)[:k])
     if ideal == 0:
         return 0.0
-    return _dcg([max(qrel.get(d, 0), 0) for d in ranking[:k]]) / ideal
+    return _dcg([max(qrel.get(d, 0), 0) for d in top]) / ideal
 
 
 METRICS: dict[str, Callable[[Sequence[str], Qrel, int], float]] = {
@@ -94,15 +103,17 @@ def evaluate_run(
 ) -> dict[str, float]:
     """Mean of each measure over the judged queries.
 
-    ``rankings`` maps query id to a ranked list of doc ids. Queries without
-    judgments are ignored; a judged query missing from ``rankings`` scores 0,
-    which is stricter than trec_eval (it skips such queries) and never flatters.
+    ``rankings`` maps query id to a ranked list of doc ids. A query is judged
+    when ``qrels`` has any judgment for it, even only grade 0 (it then scores 0,
+    as in trec_eval and ir-measures); queries without judgments are ignored. A
+    judged query missing from ``rankings`` scores 0, which is stricter than
+    trec_eval (it skips such queries) and never flatters.
 
     >>> evaluate_run({"q1": ["a", "b"]}, {"q1": {"b": 1}}, [("mrr", 10), ("p", 1)])
     {'mrr@10': 0.5, 'p@1': 0.0}
     """
     out: dict[str, float] = {}
-    judged = [q for q, rel in qrels.items() if any(g > 0 for g in rel.values())]
+    judged = [q for q, rel in qrels.items() if rel]
     for name, k in measures:
         fn = METRICS[name]
         vals = [fn(list(rankings.get(q, ())), qrels[q], k) for q in judged]

@@ -65,6 +65,35 @@ def test_a_member_returning_no_sequence_is_a_validation_error(returned: Any) -> 
         ens.retrieve("aurora", k=2, log=False)
 
 
+@pytest.mark.parametrize("missing", [None, float("nan"), float("inf")])
+def test_a_member_leaving_one_result_without_a_score_is_fused_by_rank(missing: Any) -> None:
+    # a rank score (1/61) next to raw scores (0.8, 0.7) was fused as the member's worst, its first hit last
+    found = [(Chunk("x1", "x"), missing), (Chunk("x2", "y"), 0.8), (Chunk("x3", "z"), 0.7)]
+    assert [round(s, 5) for _, s in SearchMember("kb", lambda q, k: found).search("q", 3)] == \
+        [round(1 / 61, 5), round(1 / 62, 5), round(1 / 63, 5)]
+    ens = FeedbackEnsemble({}, members=[SearchMember("kb", lambda q, k: found)])
+    assert [h.chunk_id for h in ens.retrieve("q", k=3, log=False).hits] == ["x1", "x2", "x3"]
+
+
+@pytest.mark.parametrize("fusion", ["minmax", "zscore", "rrf"])
+def test_fused_scores_do_not_depend_on_the_order_the_corpus_was_indexed_in(fusion: str) -> None:
+    # no chunk holds a query term, so BM25 scores every candidate 0: RRF used to rank those zeros by row
+    texts = ["tides follow the pull of the moon", "volcanoes erupt molten rock", "glaciers carve valleys",
+             "bread rises because yeast makes gas"]
+    rankings, scores = [], []
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
+        members = [SearchMember("kb", lambda q, k: [(Chunk("t0", texts[0]), 0.9), (Chunk("t2", texts[2]), 0.4),
+                                                     (Chunk("t1", texts[1]), 0.2)])]
+        ens = FeedbackEnsemble.from_texts([texts[i] for i in order], ids=[f"t{i}" for i in order],
+                                          retrievers=("bm25",), members=members, fusion=fusion)
+        hits = ens.retrieve("lunar attraction", k=4, explore=False, log=False).hits
+        rankings.append([h.chunk_id for h in hits])
+        scores.append({h.chunk_id: h.score for h in hits})
+    # the same fused score for each chunk (equal scores are then listed in index order, as anywhere)
+    assert scores[0] == pytest.approx(scores[1])
+    assert rankings[0][:2] == rankings[1][:2] == ["t0", "t2"]
+
+
 # -- weights at the edge of float -------------------------------------------------------------------------
 def test_huge_weights_normalise_without_overflow() -> None:
     assert validate_weights([1e308, 1e308]).tolist() == [0.5, 0.5]  # the sum would be inf, each share 0

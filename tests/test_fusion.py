@@ -108,9 +108,36 @@ def test_missing_scores_get_nothing_from_that_member(method: str) -> None:
     raw = np.array([[3.0, np.nan], [2.0, 0.9], [1.0, 0.1]])
     out = normalize(raw, method)
     assert not np.isnan(out).any()
-    assert out[0, 1] == 0.0
+    # no better than the member's worst result: 0 for min-max and RRF, the lowest z-score for z-scores
+    # (0 is a z-score's mean: a chunk the member did not return beat every below-average one it did)
+    assert out[0, 1] == out[1:, 1].min() if method == "zscore" else out[0, 1] == 0.0
     present = normalize(raw[1:, 1:], method)
     if method == "rrf":  # ranks among the returned candidates: 1 and 2
         np.testing.assert_allclose(out[1:, 1], present[:, 0])
     else:
         assert out[1, 1] > out[2, 1]
+
+
+@pytest.mark.parametrize("value", [0.1, 0.2, 0.3, 0.7, 1.1])
+@pytest.mark.parametrize("n", [3, 7])
+def test_a_constant_column_normalises_to_zero(value: float, n: int) -> None:
+    # the mean's round-off left a std of 1e-17, which scaled every 0.1 in a column to -1 or +1
+    for method in ("minmax", "zscore"):
+        assert normalize(np.full((n, 1), value), method).tolist() == [[0.0]] * n
+
+
+def test_tied_scores_share_a_rank_whatever_the_row_order() -> None:
+    # BM25 gives 0 to every candidate without a query term: ranked by row, RRF credited the first row
+    raw = np.array([[0.0, 0.50], [0.0, 0.51], [0.0, 0.52]])
+    fused = fuse(raw, [1, 1], "rrf")
+    assert fused.argsort().tolist() == [0, 1, 2]
+    np.testing.assert_allclose(fuse(raw[::-1], [1, 1], "rrf"), fused[::-1])
+    assert rank_matrix(raw)[:, 0].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_weighted_rrf_counts_a_repeated_id_once_and_checks_c() -> None:
+    assert weighted_rrf([["a", "b", "a"], ["b"]], c=1) == weighted_rrf([["a", "b"], ["b"]], c=1)
+    for c in (-1, -1.5, float("nan"), True):
+        with pytest.raises(ValidationError, match="RRF constant"):
+            weighted_rrf([["a"]], c=c)
+    assert weighted_rrf([["a"]], c=np.int64(60)) == {"a": 1 / 61}

@@ -91,3 +91,20 @@ def test_the_simulators_vectorised_ndcg_matches_pytrec_eval() -> None:
         scores = np.array([cut[q][d] for d in ids])
         assert judge.ndcg(scores[:, None])[0] == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-9)
         assert judge.ndcg_order(np.argsort(-scores)) == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-9)
+
+
+def test_a_query_judged_only_irrelevant_counts_as_zero_like_trec_eval() -> None:
+    qrels = {"q1": {"a": 1}, "q2": {"b": 0}}
+    run = {"q1": {"a": 2.0, "b": 1.0}, "q2": {"a": 2.0, "b": 1.0}}
+    ref = ir_measures.calc_aggregate([ir_measures.nDCG @ 10, ir_measures.P @ 10], qrels, run)
+    ours = evaluate_run({q: run_to_ranking(r) for q, r in run.items()}, qrels, [("ndcg", 10), ("p", 10)])
+    assert ours["ndcg@10"] == pytest.approx(ref[ir_measures.nDCG @ 10])
+    assert ours["p@10"] == pytest.approx(ref[ir_measures.P @ 10])
+    assert ours["ndcg@10"] == pytest.approx(0.5)  # it used to leave q2 out: 1.0
+
+
+@pytest.mark.parametrize("metric", [ndcg_at_k, recall_at_k, precision_at_k, mrr_at_k])
+def test_a_ranking_listing_a_document_twice_is_an_error(metric) -> None:
+    with pytest.raises(ValidationError, match="'a' is listed twice"):
+        metric(["a", "b", "a"], {"a": 1}, 10)  # nDCG was 2.13 and recall 2.0
+    assert metric(["a", "b", "a"], {"a": 1}, 2) == metric(["a", "b"], {"a": 1}, 2)  # below the cut-off: unseen

@@ -139,6 +139,9 @@ def test_query_features_and_types():
     assert query_type(query_features("aurora")) == "short|keyword"
     assert query_type(query_features("why is the sky blue")) == "medium|question"
     assert query_type(query_features('"solar wind" particles')) == "short|quoted"
+    assert query_type(query_features("is 'solar wind' the cause")) == "medium|quoted"
+    # apostrophes quote nothing: a possessive and a contraction used to make this "quoted"
+    assert query_type(query_features("why doesn't the kernel's scheduler preempt")) == "medium|question"
     assert query_type(query_features(" ".join(["word"] * 20))) == "long|keyword"
     assert query_type(query_features("")) == "short|keyword"
     assert len(QUERY_TYPES) == 12 and query_type(f) in QUERY_TYPES

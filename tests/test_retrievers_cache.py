@@ -49,7 +49,11 @@ def test_a_model_handed_over_loaded_is_not_cached_on_disk_unless_named(tmp_path)
     handed = LazyModel(Loaded(), kind="dense", loader=loader, default=lambda: str(folder))
     assert handed.name == str(folder) and handed.key is None
     named = LazyModel(Loaded(), kind="dense", loader=loader, default=lambda: str(folder), key="my-tuned-v2")
-    assert named.key == "my-tuned-v2"
+    assert named.key == "dense:my-tuned-v2"  # under its kind, so a SPLADE model of that name is another key
+    assert LazyModel(Loaded(), kind="splade", loader=loader, default=lambda: str(folder), key="my-tuned-v2").key \
+        == "splade:my-tuned-v2"
+    assert LazyModel(Loaded(), kind="dense", loader=loader, default=lambda: str(folder),
+                     key=named.key).key == named.key  # a key read back from a save is not prefixed twice
 
 
 def test_any_str_can_be_hashed_and_nan_scores_rank_last() -> None:

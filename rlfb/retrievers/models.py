@@ -212,7 +212,11 @@ class LazyModel:
     def key(self) -> str | None:
         """Cache key of this model's encodings (``None``: do not cache on disk)."""
         if self._explicit_key is not None:
-            return self._explicit_key
+            # under the kind, as derived keys are: a dense and a SPLADE retriever given one model_key
+            # must not read each other's rows from a shared cache (a key read back from a save has it)
+            prefix = f"{self.kind}:"
+            key = self._explicit_key
+            return key if key.startswith(prefix) else prefix + key
         if self._key is None:
             if self._handed_over:
                 # A model handed over already loaded may differ from the folder it came from (a shorter
