@@ -274,8 +274,8 @@ class ImplicitSignals:
             known = {c["chunk_id"] for c in previous_event["chunks"]}
         seen: dict[str, InferredSignal] = {}
         for signal, ids in (("cited", cited), ("opened", opened)):
-            if isinstance(ids, str):
-                raise ValidationError(f"{signal} must be a sequence of chunk ids, not one string")
+            if isinstance(ids, str) or not isinstance(ids, Iterable):
+                raise ValidationError(f"{signal} must be a sequence of chunk ids, got {type(ids).__name__} {ids!r:.60}")
             for cid in ids:
                 if known is not None and cid not in known:
                     raise UnknownChunkError(f"chunk {cid!r} was not part of event {event_id!r}")

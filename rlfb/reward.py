@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -244,6 +244,10 @@ class RewardConfig:
         if not isinstance(self.aliases, Mapping):
             raise ValidationError(f"aliases must map signal names to base signals, got {type(self.aliases).__name__}")
         object.__setattr__(self, "aliases", MappingProxyType(dict(self.aliases)))
+        for name in _NUMBER_FIELDS:
+            # kept as floats: an np.float32 floor came back from discount() and SQLite stored it as a
+            # 4-byte BLOB, which SUM() then read as 0; a Fraction failed inside the insert
+            object.__setattr__(self, name, finite_float(getattr(self, name), name))
         self._validate()
 
     def _validate(self) -> None:
@@ -272,6 +276,11 @@ class RewardConfig:
                 raise ValidationError(
                     f"alias {alias!r} must map a str to a base signal {BASE_SIGNALS}, got {base!r}"
                 )
+            if alias in BASE_SIGNALS and alias != base:
+                raise ValidationError(f"alias {alias!r} would rename the base signal {alias!r} to {base!r}")
+
+
+_NUMBER_FIELDS = tuple(f.name for f in fields(RewardConfig) if f.type in ("float", float))
 
 
 class Signal(NamedTuple):
@@ -441,11 +450,11 @@ class RewardFunction:
         >>> RewardFunction().clip(1.4)
         1.0
         """
-        return min(self.config.clip_high, max(self.config.clip_low, reward))
+        return min(self.config.clip_high, max(self.config.clip_low, finite_float(reward, "reward")))
 
     def discounted(self, value: float, dt_seconds: float) -> float:
         """``value * discount(dt)``, unclipped."""
-        return value * self.discount(dt_seconds)
+        return finite_float(value, "value") * self.discount(dt_seconds)
 
     def compute(self, event_time: float | datetime, signals: Iterable[Any]) -> float:
         """Sum of the discounted signals of one event, clipped; no signals gives ``no_feedback``.

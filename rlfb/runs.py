@@ -32,10 +32,13 @@ import math
 import numbers
 import os
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 from uuid import UUID
 
-from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
+import numpy as np
+
+from rlfb.errors import CorruptStateError, UnknownChunkError, UnknownEventError, ValidationError
 
 __all__ = [
     "finite_score",
@@ -127,12 +130,13 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
     ``scale="unit"`` (the default) reads the score on [0, 1], LangSmith's usual
     thumbs convention: ``0`` is negative (-1), ``1`` positive (+1), ``0.5``
     neutral, linearly in between (``2 * score - 1``). ``scale="signed"`` takes a
-    score already on [-1, 1] as is. Booleans count as 1 and 0.
+    score already on [-1, 1] as is. A bool is a thumb on either scale: ``True``
+    is +1 and ``False`` -1.
 
     >>> score_value(1), score_value(0), score_value(0.75), score_value(True)
     (1.0, -1.0, 0.5, 1.0)
-    >>> score_value(-0.5, "signed")
-    -0.5
+    >>> score_value(-0.5, "signed"), score_value(False, "signed")
+    (-0.5, -1.0)
     >>> score_value(3)
     Traceback (most recent call last):
     ...
@@ -140,8 +144,8 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
     """
     if scale not in SCORE_SCALES:
         raise ValidationError(f"scale must be one of {SCORE_SCALES}, got {scale!r}")
-    if isinstance(score, bool):
-        score = 1.0 if score else 0.0
+    if isinstance(score, (bool, np.bool_)):  # a thumb; False on the signed scale used to read as neutral
+        return 1.0 if score else -1.0
     if not isinstance(score, numbers.Real):
         raise ValidationError(f"score must be a number or a bool, got {type(score).__name__} {score!r}")
     s = float(score)
@@ -226,6 +230,11 @@ def record_run_feedback(
     if score is not None:
         if value is not None or rating is not None:  # the store would name value=, which this caller never gave
             raise ValidationError(f"give score= or {'value' if value is not None else 'rating'}=, not both")
+        if signal is not None and (base := store.reward.resolve(signal)) != "score":
+            # the score becomes a value in [-1, 1], which a rating signal would read as stars: a thumbs up
+            # (score 1) was stored as one star
+            takes = "a rating (rating=)" if base == "rating" else "no number"
+            raise ValidationError(f"score= goes alone or with a score signal; signal {signal!r} takes {takes}")
         value = score_value(score, score_scale)
     event_ids = store.resolve_run(run_id)
     if not event_ids:
@@ -247,12 +256,23 @@ def record_run_feedback(
              comment=comment, key=key)
         for e in events
     ]
-    records = store.record_feedback_batch(items)  # all or nothing
     makers = ensembles or {}
-    for event, record in zip(events, records, strict=True):
-        learner = makers.get(event["id"], ensemble)
-        if owns_event(learner, event):
-            learner._learn(record, event)
+    learners = [(e, learner) for e in events if owns_event(learner := makers.get(e["id"], ensemble), e)]
+    # Recorded and learned in one transaction, as FeedbackEnsemble.feedback does, when every learner keeps
+    # its state in this store object; a learner on another connection (even to this file) must wait for
+    # this one's write lock, so there the feedback is committed first and learned after.
+    together = all(learner.store is store for _, learner in learners)
+    damaged = None
+    with store.exclusive() if together else nullcontext():
+        records = store.record_feedback_batch(items)  # all or nothing
+        by_event = {r.event_id: r for r in records}
+        for event, learner in learners:
+            try:
+                learner._learn(by_event[event["id"]], event)
+            except CorruptStateError as exc:  # that event's row is damaged: keep the feedback, unlearned
+                damaged = damaged or exc
+    if damaged is not None:
+        raise damaged
     return records
 
 

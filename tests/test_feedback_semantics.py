@@ -94,6 +94,8 @@ def test_observe_on_another_engines_retrieval_is_stored_not_learned(store: Feedb
     (record,) = ens.observe("s", "why does the aurora happen", timestamp=T0 + 10)
     assert record.signal == "reformulation" and record.in_window
     assert _state(ens) == before and store.counts()["policy_snapshots"] == 0
+    # why it was inferred is kept, as observe_followup keeps it (ens.observe dropped it)
+    assert store.feedback(record.event_id)[0]["comment"].startswith("follow-up restates the query")
 
 
 def test_default_implicit_compares_follow_ups_with_the_dense_encoder_not_splade() -> None:
@@ -189,3 +191,80 @@ def test_retention_shorter_than_the_attribution_window_is_rejected(tmp_path) -> 
             s.prune(retention=600)
         assert s.has_event(eid)
         assert s.record_feedback(eid, "thumbs_up").in_window  # half an hour later, still learned from
+
+
+# ---------------------------------------------------------------- recorded and learned together
+class _LockedOut(RuntimeError):
+    """Stands in for another process holding the write lock past busy_timeout while we learn."""
+
+
+def _fail_once(monkeypatch: pytest.MonkeyPatch, ens: FeedbackEnsemble) -> None:
+    learn = ens.learner.learn
+    calls = []
+
+    def flaky(episode: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise _LockedOut("database is locked")
+        learn(episode)
+
+    monkeypatch.setattr(ens.learner, "learn", flaky)
+
+
+def test_feedback_whose_learning_fails_is_not_kept_so_a_retry_learns_it(
+    store: FeedbackStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it used to be committed before learning: the retry with the same key was a duplicate, never learned
+    ens = _ensemble(store)
+    event = ens.retrieve("aurora", k=2, timestamp=T0).event_id
+    _fail_once(monkeypatch, ens)
+    with pytest.raises(_LockedOut):
+        ens.feedback(event, "thumbs_up", timestamp=T0 + 1, idempotency_key="k")
+    assert store.feedback(event) == [] and ens.learner.n_learned == 0
+    record = ens.feedback(event, "thumbs_up", timestamp=T0 + 1, idempotency_key="k")
+    assert not record.duplicate and ens.learner.n_learned == 1 and len(store.feedback(event)) == 1
+
+
+def test_run_feedback_whose_learning_fails_is_not_kept(store: FeedbackStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    ens = _ensemble(store)
+    ens.retrieve("aurora", k=2, timestamp=T0, event_id="a", parent_id="chain")
+    ens.retrieve("tides", k=2, timestamp=T0, event_id="b", parent_id="chain")
+    _fail_once(monkeypatch, ens)
+    with pytest.raises(_LockedOut):
+        record_run_feedback(store, "chain", signal="thumbs_up", ensemble=ens, timestamp=T0 + 1, idempotency_key="k")
+    assert store.counts()["feedback"] == 0 and ens.learner.n_learned == 0
+    records = record_run_feedback(store, "chain", signal="thumbs_up", ensemble=ens, timestamp=T0 + 1,
+                                  idempotency_key="k")
+    assert [r.duplicate for r in records] == [False, False] and ens.learner.n_learned == 2
+
+
+def test_feedback_inside_another_threads_exclusive_block_does_not_deadlock() -> None:
+    # one thread held the store's lock (exclusive()) and waited for the ensemble's; the other, giving
+    # feedback, held the ensemble's and waited for the store's: both waited for ever
+    import threading
+
+    store = FeedbackStore(clock=lambda: T0 + 10_000)  # not the fixture's: closing it would wait on a deadlock
+    ens = _ensemble(store)
+    first, second = (ens.retrieve(q, k=2, timestamp=T0).event_id for q in ("aurora", "tides"))
+    in_block, done = threading.Event(), []
+    record = store.record_feedback
+
+    def slow_record(*args: Any, **kwargs: Any) -> Any:
+        in_block.wait(5)  # the other thread is inside its exclusive block by now (or never will be)
+        return record(*args, **kwargs)
+
+    def app_block() -> None:
+        with store.exclusive():
+            in_block.set()
+            done.append(ens.feedback(second, "thumbs_up", timestamp=T0 + 1))
+
+    store.record_feedback = slow_record  # type: ignore[method-assign]
+    worker = threading.Thread(target=lambda: done.append(ens.feedback(first, "thumbs_up", timestamp=T0 + 1)),
+                              daemon=True)
+    other = threading.Thread(target=app_block, daemon=True)
+    worker.start()
+    other.start()
+    worker.join(60)  # a deadlock detector, not a speed limit: each call takes milliseconds
+    other.join(60)
+    assert not worker.is_alive() and not other.is_alive() and len(done) == 2
+    assert ens.learner.n_learned == 2

@@ -171,6 +171,12 @@ def test_infer_cited_and_opened_chunks(imp):
     assert "cited and opened" in sigs[0].reason
 
 
+@pytest.mark.parametrize("cited", [None, 3, "c1"])
+def test_infer_refuses_cited_that_is_no_sequence_of_ids(imp, cited):
+    with pytest.raises(ValidationError, match="cited must be a sequence of chunk ids"):
+        imp.infer(EVENT, None, cited=cited)  # None was a bare TypeError
+
+
 def test_infer_rejects_chunks_outside_the_event(imp):
     with pytest.raises(UnknownChunkError):
         imp.infer(EVENT, None, cited=["nope"])

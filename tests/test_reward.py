@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 
 from rlfb.errors import NonFiniteValueError, RatingOutOfRangeError, UnknownSignalError, ValidationError
@@ -257,3 +258,26 @@ def test_config_is_frozen_and_hashable():
     with pytest.raises(AttributeError):
         cfg.floor = 0.5  # type: ignore[misc]
     assert hash(cfg) == hash(RewardConfig())
+
+
+def test_config_numbers_are_kept_as_floats():
+    # an np.float32 floor came back from discount() and SQLite stored it as a 4-byte BLOB that SUM() read as 0
+    from fractions import Fraction
+
+    cfg = RewardConfig(floor=np.float32(0.1), horizon=Fraction(3600), grace=np.int64(0))
+    assert all(type(getattr(cfg, f)) is float for f in ("floor", "horizon", "grace"))
+    assert type(RewardFunction(cfg).discount(7200)) is float
+
+
+def test_an_alias_may_not_rename_a_base_signal():
+    with pytest.raises(ValidationError, match="would rename the base signal 'rating'"):
+        RewardConfig(aliases={"rating": "explicit_positive"})
+    assert RewardConfig(aliases={"rating": "rating"}).aliases == {"rating": "rating"}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1", None, True])
+def test_clip_and_discounted_refuse_what_is_no_number(rf, bad):
+    with pytest.raises(ValidationError):
+        rf.clip(bad)  # clip(nan) was -1.0
+    with pytest.raises(ValidationError):
+        rf.discounted(bad, 0.0)  # discounted(nan, 0) was nan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rlfb import FeedbackEnsemble, UnknownChunkError, UnknownEventError, ValidationError
@@ -103,7 +104,8 @@ def test_content_id_is_stable() -> None:
 @pytest.mark.parametrize(
     ("score", "scale", "value"),
     [(1, "unit", 1.0), (0, "unit", -1.0), (0.5, "unit", 0.0), (True, "unit", 1.0), (False, "unit", -1.0),
-     (-1, "signed", -1.0), (0.25, "signed", 0.25)],
+     (-1, "signed", -1.0), (0.25, "signed", 0.25), (False, "signed", -1.0), (True, "signed", 1.0),
+     (np.False_, "unit", -1.0)],
 )
 def test_score_value(score: float, scale: str, value: float) -> None:
     assert score_value(score, scale) == value
@@ -114,6 +116,17 @@ def test_score_value(score: float, scale: str, value: float) -> None:
 def test_bad_scores(score: object, scale: str) -> None:
     with pytest.raises(ValidationError):
         score_value(score, scale)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("signal", ["rating", "stars", "thumbs_up"])
+def test_a_score_with_a_signal_that_takes_no_score_is_refused(store: FeedbackStore, signal: str) -> None:
+    # the score became a value in [-1, 1] that a rating signal read as stars: a thumbs up stored as one star
+    log_external(store, "q", [("a", 1.0)], source="x", event_id="r1", timestamp=T0)
+    with pytest.raises(ValidationError, match=f"signal {signal!r} takes"):
+        record_run_feedback(store, "r1", score=1.0, signal=signal)
+    assert store.feedback("r1") == []
+    (rec,) = record_run_feedback(store, "r1", score=1.0, signal="score")
+    assert rec.value == 1.0
 
 
 def test_record_run_feedback_by_chain_id(store: FeedbackStore) -> None:

@@ -309,6 +309,15 @@ class FeedbackStore:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The in-process lock every operation of this store holds while it runs.
+
+        Code that holds a lock of its own while it calls the store takes this one
+        first, so that every thread takes the two in one order (an ensemble does).
+        """
+        return self._lock
+
     @contextmanager
     def exclusive(self) -> Iterator[FeedbackStore]:
         """Hold the store's write lock for the whole block, across threads and processes.
