@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["main", "build_parser"]
 
@@ -55,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout = sys.stdout
+    sys.stdout = _ReaderMayGo(stdout)  # a report cut short by `| head` must not cut the files' writing short
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # `rlfb ... --json | head`: the reader has what it wanted
@@ -65,6 +68,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RlfbError, OSError, sqlite3.DatabaseError) as exc:
         print(f"rlfb: error: {describe_error(exc)}", file=sys.stderr)
         return 2
+    finally:
+        sys.stdout = stdout
+
+
+class _ReaderMayGo:
+    """stdout that goes on quietly once the reader of its pipe is gone (``rlfb simulate ... | head -1``).
+
+    A command prints its report and then writes its files; a ``BrokenPipeError`` from a print used to end
+    the command there, exit status 0, with the JSON or the plot never written.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return int(self._stream.write(text))
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        from rlfb.commands import reader_gone
+
+        self._gone = True
+        reader_gone()
+
+    def __getattr__(self, name: str) -> Any:  # buffer, fileno, isatty, encoding: the stream's own
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":  # pragma: no cover

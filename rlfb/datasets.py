@@ -47,7 +47,8 @@ class BeirDataset:
 
 
 def _natural(key: str) -> tuple[int, str]:
-    return (0, f"{int(key):012d}") if key.isdigit() else (1, key)
+    # isdigit() alone takes "²", which int() refuses
+    return (0, f"{int(key):012d}") if key.isascii() and key.isdigit() else (1, key)
 
 
 def datasets_dir() -> Path | None:
@@ -156,9 +157,12 @@ def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
         if len(row) < 3:
             raise CorruptStateError(f"{tsv}:{lineno}: expected query-id, corpus-id and score, got {row!r}")
         try:
-            grade = int(float(row[2]))
+            value = float(row[2])
+            grade = int(value)
         except (ValueError, OverflowError):
             raise CorruptStateError(f"{tsv}:{lineno}: score must be a number, got {row[2]!r}") from None
+        if grade != value:  # int() would make 0.5 irrelevant and 1.7 a 1, silently; BEIR's loader refuses it
+            raise CorruptStateError(f"{tsv}:{lineno}: score must be a whole relevance grade, got {row[2]!r}")
         split.setdefault(row[0], {})[row[1]] = grade
     return split
 

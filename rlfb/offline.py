@@ -27,8 +27,10 @@ def evaluate_ensemble(
     """Metrics of each retriever alone (all documents ranked) and of the greedy fused ranking.
 
     Returns ``{"bm25": {...}, "dense": {...}, ..., "fused": {...}}``. Nothing is
-    logged and nothing is explored: this is the policy's greedy ranking.
+    logged and nothing is explored: this is the policy's greedy ranking. Runs are
+    ``depth`` deep, or as deep as the deepest cut-off in ``measures``.
     """
+    depth = max([depth, *(k for _, k in measures)])  # --k 200 was scored on runs cut at 100
     ids = ensemble.chunks.ids
     qids = list(queries)
     texts = [queries[q] for q in qids]

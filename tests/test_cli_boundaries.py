@@ -384,3 +384,103 @@ def test_help_shows_the_defaults(capsys, command: str, shown: list[str]) -> None
     out = " ".join(capsys.readouterr().out.split())
     assert all(s in out for s in shown)
     assert "(default: None)" not in out and "(default: True)" not in out and "(default: False)" not in out
+
+
+# -- from an audit of the CLI ---------------------------------------------------------------------------------
+def test_simulate_to_a_reader_gone_still_writes_its_files(tmp_path: Path) -> None:
+    # the report's print failed with BrokenPipeError and ended the command before the JSON was written, exit 0
+    import os
+    import subprocess
+    import sys
+
+    ds = write_beir(tmp_path / "ds")
+    read, write = os.pipe()
+    os.close(read)
+    code = "import sys; from rlfb.cli import main; sys.exit(main(sys.argv[1:]))"
+    out = tmp_path / "res" / "r.json"
+    proc = subprocess.run([sys.executable, "-c", code, "simulate", "--dataset", str(ds), *TINY, "--json", str(out)],
+                          stdout=write, stderr=subprocess.PIPE, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    os.close(write)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(out.read_text())["final"]["heldout_ndcg@10"]["mean"] is not None
+
+
+def test_a_command_that_fails_leaves_no_output_folder_behind(tmp_path: Path, capsys) -> None:
+    ds = write_beir(tmp_path / "ds")
+    out = tmp_path / "new" / "sub" / "r.json"
+    assert main(["simulate", "--dataset", str(ds), *TINY, "--user", "nobody", "--json", str(out)]) == 2
+    assert "unknown user" in one_error_line(capsys) and not (tmp_path / "new").exists()
+    assert main(["evaluate", "--dataset", str(tmp_path / "absent"), "--json", str(out)]) == 2
+    assert not (tmp_path / "new").exists()
+    capsys.readouterr()
+    assert main(["store", "export", str(tmp_path / "absent.db"), "--jsonl", str(tmp_path / "new" / "x.jsonl")]) == 2
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_output_name_ending_in_a_slash_is_a_folder_not_a_file(tmp_path: Path, capsys) -> None:
+    ds = write_beir(tmp_path / "ds")
+    assert main(["evaluate", "--dataset", str(ds), "--retrievers", "bm25", "--json", f"{tmp_path}/res/"]) == 2
+    assert "Is a directory" in one_error_line(capsys) and not (tmp_path / "res").exists()
+
+
+def test_evaluate_leaves_out_judged_queries_without_a_text_and_says_so(tmp_path: Path, capsys) -> None:
+    # every figure was halved: the two judged queries without a text scored 0, while the header counted two
+    ds = write_beir(tmp_path / "ds", queries=QUERIES[:2])
+    assert main(["evaluate", "--dataset", str(ds), "--retrievers", "bm25", "--json", str(tmp_path / "m.json")]) == 0
+    captured = capsys.readouterr()
+    assert "left out 2 judged queries with no text in queries.jsonl" in captured.err
+    assert "ds / test: 2 queries" in captured.out
+    assert json.loads((tmp_path / "m.json").read_text())["bm25"]["recall@100"] == 1.0
+
+
+def test_evaluate_refuses_judgments_that_find_nothing_relevant(tmp_path: Path, capsys) -> None:
+    ds = write_beir(tmp_path / "ds", qrels=["query-id\tcorpus-id\tscore", "q1\td1\t0"])
+    assert main(["evaluate", "--dataset", str(ds), "--retrievers", "bm25"]) == 2
+    assert "relevant to any document" in one_error_line(capsys)
+
+
+def test_evaluate_runs_are_as_deep_as_the_cut_off(tmp_path: Path) -> None:
+    # runs were cut at 100 whatever --k said: a relevant document at rank 101 scored 0 at @200
+    from rlfb import FeedbackEnsemble
+    from rlfb.offline import evaluate_ensemble
+
+    texts = ["apple"] * 120 + ["pear apple"]
+    ens = FeedbackEnsemble.from_texts(texts, ids=[f"d{i}" for i in range(121)], retrievers=("bm25",))
+    low = evaluate_ensemble(ens, {"q": "apple"}, {"q": {"d120": 1}}, measures=[("mrr", 200)])
+    assert low["bm25"]["mrr@200"] > 0 and low["fused"]["mrr@200"] > 0
+
+
+def test_evaluate_refuses_a_retriever_listed_twice_before_indexing(tmp_path: Path, capsys) -> None:
+    assert main(["evaluate", "--dataset", str(tmp_path / "absent"), "--retrievers", "bm25,bm25"]) == 2
+    assert "retriever 'bm25' is listed twice" in one_error_line(capsys)
+
+
+def test_a_grade_that_is_not_whole_is_refused_with_its_line(tmp_path: Path) -> None:
+    from rlfb.datasets import load_beir
+    from rlfb.errors import CorruptStateError
+
+    ds = write_beir(tmp_path / "ds", qrels=["query-id\tcorpus-id\tscore", "q1\td1\t1.0", "q2\td2\t0.5"])
+    with pytest.raises(CorruptStateError, match=r"test.tsv:3: score must be a whole relevance grade, got '0.5'"):
+        load_beir(ds)
+
+
+def test_query_ids_that_are_digits_in_another_script_sort_without_error(tmp_path: Path) -> None:
+    from rlfb.datasets import load_beir
+
+    queries = [{**q, "_id": i} for q, i in zip(QUERIES, ["²", "10", "9", "x"], strict=True)]
+    qrels = ["query-id\tcorpus-id\tscore", "²\td1\t1", "10\td2\t1", "9\td3\t1", "x\td4\t1"]
+    assert list(load_beir(write_beir(tmp_path / "ds", queries=queries, qrels=qrels)).split_queries("test")) == \
+        ["9", "10", "x", "²"]
+
+
+def test_a_pgf_plot_without_latex_is_refused_before_the_run(tmp_path: Path, capsys) -> None:
+    import shutil
+
+    pytest.importorskip("matplotlib")
+    from matplotlib import rcParams
+
+    if shutil.which(rcParams["pgf.texsystem"]):
+        pytest.skip("a LaTeX install is here: .pgf can be written")
+    ds = write_beir(tmp_path / "ds")
+    assert main(["simulate", "--dataset", str(ds), *TINY, "--plot", str(tmp_path / "c.pgf")]) == 2
+    assert ".pgf images need" in one_error_line(capsys)

@@ -7,8 +7,9 @@ import errno
 import os
 from pathlib import Path
 
-__all__ = ["prepare_output_dir", "prepare_output_file", "same_file", "refuse_overwriting_store", "check_int",
-           "check_output_name", "require_matplotlib", "reader_gone", "HelpFormatter"]
+__all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "write_output", "same_file",
+           "refuse_overwriting_store", "check_int", "check_output_name", "require_matplotlib", "reader_gone",
+           "HelpFormatter"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -21,24 +22,49 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def prepare_output_dir(folder: str | Path) -> Path:
-    """Create ``folder`` now and check it is writable, so a bad ``--out`` fails before a long run, not after it.
+    """Check now that ``folder`` can be made and written, so a bad ``--out`` fails before a long run.
 
+    Nothing is created here (a command that fails later leaves no empty folders behind): the nearest
+    folder that exists must be a writable folder. :func:`write_output` makes the folders when it writes.
     Raises ``OSError`` (``FileExistsError`` when ``folder`` is a regular file), which the CLI reports in one line.
     """
     path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+    probe = path.absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():  # a file where a folder on the way would go
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(probe))
     return path
 
 
 def prepare_output_file(file: str | Path) -> Path:
-    """Prepare the folder of output ``file`` (see :func:`prepare_output_dir`); refuse a folder as the file."""
+    """Check output ``file``'s folder (see :func:`prepare_output_dir`); refuse a folder as the file.
+
+    A name ending in a slash names a folder too: ``pathlib`` would drop the slash and write a file there.
+    """
+    if str(file).endswith(("/", os.sep)):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(file))
     path = Path(file)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     prepare_output_dir(path.parent)
     return path
+
+
+def make_parent(file: str | Path) -> Path:
+    """Create the folder of output ``file`` (checked before by :func:`prepare_output_file`); return the path."""
+    path = Path(file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_output(file: str | Path, text: str) -> None:
+    """Write ``text`` to output ``file``, making its folder first."""
+    make_parent(file).write_text(text, encoding="utf-8")
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

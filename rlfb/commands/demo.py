@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     # every setting is checked before the output folder is made or anything printed
     config = SimulationConfig(policy=args.policy, interactions=args.interactions, seeds=tuple(range(args.seeds)),
                               retrievers=names)
-    out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation
+    out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation (made later)
     data = generate_demo_corpus(n_devices=args.devices)
     print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
     prepared = prepare(data, config)
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nlearning from {args.interactions} simulated users x {args.seeds} seeds ({args.policy} policy)")
     result = simulate(data, config, prepared=prepared)
     print_table(result)
+    out.mkdir(parents=True, exist_ok=True)  # checked before the run, made now that there is something to write
     (out / "results.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     plot_curves(result, str(out / "learning_curves.png"))
     print(f"\nwrote {out / 'results.json'} and {out / 'learning_curves.png'}")

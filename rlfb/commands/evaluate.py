@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+import sys
 
 from rlfb.commands import HelpFormatter
 from rlfb.errors import ValidationError
@@ -49,7 +49,7 @@ def check_retriever_names(names: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import check_int, check_output_name, prepare_output_file
+    from rlfb.commands import check_int, check_output_name, prepare_output_file, write_output
     from rlfb.datasets import load_beir
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.offline import evaluate_ensemble
@@ -64,14 +64,21 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:  # a bad output path fails now, not after indexing and evaluation
         prepare_output_file(args.json_out)
     data = load_beir(args.dataset)
-    qrels = data.split(args.split)
+    judged = data.split(args.split)
     queries = data.split_queries(args.split)
-    # no judged query to run: all-zero metrics over "0 queries" would read as a result (simulate refuses too)
+    # measured over the queries with a text and a relevant document, as simulate does: a judged query without
+    # a text scored 0 and halved every figure, and one judged only irrelevant scores 0 whatever is ranked
+    qrels = {q: r for q, r in judged.items() if q in queries and any(g > 0 for g in r.values())}
+    queries = {q: queries[q] for q in qrels}
     if not qrels:
-        raise ValidationError(f"{args.dataset}: qrels/{args.split}.tsv judges no queries")
-    if not queries:
-        raise ValidationError(f"{args.dataset}: none of the {len(qrels)} queries judged in qrels/{args.split}.tsv "
-                              "is in queries.jsonl")
+        # no judged query to run: all-zero metrics over "0 queries" would read as a result (simulate refuses too)
+        raise ValidationError(f"{args.dataset}: qrels/{args.split}.tsv judges no query of queries.jsonl "
+                              "relevant to any document")
+    textless = sum(q not in data.queries for q in judged)
+    irrelevant = len(judged) - textless - len(qrels)
+    for n, why in ((textless, "no text in queries.jsonl"), (irrelevant, "no document judged relevant")):
+        if n:
+            print(f"rlfb: left out {n} judged queries with {why}", file=sys.stderr)
     ens = FeedbackEnsemble.from_chunks(
         data.corpus, retrievers=names, fusion=args.fusion, weights=weights, show_progress=True,
         candidate_k=args.candidate_k,
@@ -85,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
     for name, metrics in results.items():
         print(f"{name:<10}" + "".join(f"{metrics[c]:>12.4f}" for c in cols))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2), encoding="utf-8")
+        write_output(args.json_out, json.dumps(results, indent=2))
     return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlfb.commands import HelpFormatter
 from rlfb.defaults import LEARNING_POLICY
-from rlfb.errors import ValidationError
+from rlfb.errors import RlfbError, ValidationError
 
 # each seed is a full run; beyond this a typo (--seeds 1000000000) is far likelier than intent
 MAX_SEEDS = 1000
@@ -87,6 +87,14 @@ def plot_path(path: str) -> str:
     if p.suffix[1:].lower() not in supported:
         raise ValidationError(f"--plot {path}: cannot write {p.suffix} images; use one of "
                               + ", ".join(f".{ext}" for ext in sorted(supported)))
+    if p.suffix[1:].lower() == "pgf":  # listed, but matplotlib writes it through a LaTeX install
+        import shutil
+
+        from matplotlib import rcParams
+
+        if shutil.which(rcParams["pgf.texsystem"]) is None:
+            raise ValidationError(f"--plot {path}: .pgf images need {rcParams['pgf.texsystem']}, which is not "
+                                  "installed; use .pdf, .svg or .png")
     return path
 
 
@@ -108,6 +116,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlfb.commands import make_parent, write_output
     from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
 
     check_outputs(args)
@@ -127,9 +136,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nindexing {t['index_seconds']:.1f}s, contexts {t['context_seconds']:.1f}s, "
           f"simulation {t['simulation_seconds']:.1f}s ({', '.join(f'{s:.1f}' for s in t['seconds_per_seed'])} s/seed)")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2), encoding="utf-8")
+        write_output(args.json_out, json.dumps(result, indent=2))
         print(f"wrote {args.json_out}")
     if args.plot:
-        plot_curves(result, args.plot)
+        try:
+            plot_curves(result, str(make_parent(args.plot)))
+        except (RuntimeError, ValueError) as exc:  # matplotlib's own refusal, after the JSON is safe
+            raise RlfbError(f"--plot {args.plot}: {exc}") from exc
         print(f"wrote {args.plot}")
     return 0

@@ -103,18 +103,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``store export``."""
-    from rlfb.commands import prepare_output_file, reader_gone, refuse_overwriting_store
+    from rlfb.commands import make_parent, prepare_output_file, reader_gone, refuse_overwriting_store
 
     try:
         if args.jsonl != "-":  # before the store is opened: exporting onto it would destroy it
             refuse_overwriting_store(args.jsonl, args.file)
-            prepare_output_file(args.jsonl)  # its folder is made, as for --json; a folder is refused
+            prepare_output_file(args.jsonl)  # its folder can be made (made once the store opened); not a folder
         with _open(args.file) as store:
             if args.jsonl == "-":
                 n = store.export_jsonl(sys.stdout.buffer)
                 sys.stdout.buffer.flush()
             else:
-                n = store.export_jsonl(args.jsonl)
+                n = store.export_jsonl(make_parent(args.jsonl))
     except BrokenPipeError:  # the reader stopped early (`| head`): not an error, as for any Unix filter
         reader_gone()
         return 0

@@ -60,13 +60,24 @@ def retriever_names() -> list[str]:
 
 
 def check_retriever_names(names: Sequence[Any]) -> None:
-    """Raise :class:`ValidationError` for the first of ``names`` that names no retriever.
+    """Raise :class:`ValidationError` for the first of ``names`` that names no retriever, or names one again.
+
+    Checked before anything is indexed: a name listed twice used to be refused only after the corpus was
+    encoded for it.
 
     >>> check_retriever_names(["bm25", "dense"])
+    >>> check_retriever_names(["dense", "dense"])
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: retriever 'dense' is listed twice
     """
+    seen: set[str] = set()
     for name in names:
         if not isinstance(name, str) or name not in _REGISTRY:
             raise ValidationError(f"unknown retriever {name!r}; valid names: {', '.join(_REGISTRY)}")
+        if name in seen:
+            raise ValidationError(f"retriever {name!r} is listed twice")
+        seen.add(name)
 
 
 def _retriever_class(name: str) -> type:
