@@ -23,9 +23,12 @@ MEMORY = ":memory:"
 
 
 def store_path_of(store: Any) -> str:
-    """The SQLite file of ``store``, or :data:`MEMORY`."""
+    """The SQLite file of ``store`` as an absolute path, or :data:`MEMORY`.
+
+    Absolute, so that a dump rebuilt from another working directory reopens this file, not a new empty one.
+    """
     path = str(getattr(store, "path", "") or MEMORY)
-    return MEMORY if path in (MEMORY, "") else path
+    return MEMORY if path in (MEMORY, "") else os.path.abspath(path)
 
 
 def open_store(store: Any, store_path: str | None) -> Any:

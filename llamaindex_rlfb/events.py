@@ -58,6 +58,7 @@ import asyncio
 import logging
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -77,7 +78,7 @@ from llamaindex_rlfb._checks import finite_or_none, session_text
 from llamaindex_rlfb._nodes import event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
-from rlfb.runs import SCORE_SCALES, log_external, record_run_feedback, same_store
+from rlfb.runs import SCORE_SCALES, log_external, owns_event, record_run_feedback, same_store
 
 __all__ = [
     "FeedbackEventHandler",
@@ -94,6 +95,7 @@ _log = logging.getLogger(__name__)
 _QUERIES: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_queries", default=())
 _RETRIEVALS: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_retrievals", default=())
 _REMEMBER = 10_000  # queries and learner events kept in memory per handler
+_ADAPTERS = 64  # distinct adapters remembered (weakly), to find the maker of a decision older than that
 
 
 def current_query_id() -> str | None:
@@ -197,7 +199,8 @@ class FeedbackEventHandler(BaseEventHandler):
     _store: Any = PrivateAttr(default=None)
     _ensemble: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
-    _learners: Any = PrivateAttr(default_factory=OrderedDict)  # event id -> adapter that made it
+    _learners: Any = PrivateAttr(default_factory=OrderedDict)  # event id -> weak reference to the adapter
+    _adapters: Any = PrivateAttr(default_factory=OrderedDict)  # id -> weak reference, each adapter seen
     _logged: Any = PrivateAttr(default_factory=OrderedDict)  # query id -> node-id lists logged under it
     _dispatchers: list[Any] = PrivateAttr(default_factory=list)
     _last: Any = PrivateAttr(default=None)  # ContextVar: this handler's latest query in the thread or task
@@ -352,7 +355,7 @@ class FeedbackEventHandler(BaseEventHandler):
         if _RETRIEVALS.get():  # nested in another retrieval: the outer result is what counts
             return
         parent = current_query_id()
-        own = event_id_of(event.nodes)  # an rlfb retriever logged it already
+        own = self._own_event(event.nodes)  # an rlfb retriever logged it already
         with self._lock:
             nested = self._nested.pop(rid, [])
         logged_as = own or rid
@@ -379,8 +382,22 @@ class FeedbackEventHandler(BaseEventHandler):
             self._set_last(qid)
         nodes = list(getattr(event.response, "source_nodes", None) or [])
         if nodes:
-            own = event_id_of(nodes)
+            own = self._own_event(nodes)
             self._log(event.query, nodes, own or f"{qid}/response", qid, "response")
+
+    def _own_event(self, nodes: Sequence[NodeWithScore]) -> str | None:
+        """The rlfb event these nodes are, as logged: the id they carry, when the store has it with these
+        very nodes in this order.
+
+        A document's own ``metadata["event_id"]`` (an incident's, a calendar's) is no rlfb id: taken for
+        one, the retrieval was never logged. Nodes an rlfb step returned and a later step cut or reordered
+        are not what it logged: the user saw other nodes, so they are logged as a retrieval of their own.
+        """
+        eid = event_id_of(nodes)
+        if eid is None or not self._store.has_event(eid):
+            return None
+        logged = self._store.event(eid)
+        return eid if tuple(c["chunk_id"] for c in logged["chunks"]) == _ids(nodes) else None
 
     def _log(
         self, query: Any, nodes: Sequence[NodeWithScore], event_id: str, parent: str | None, source: str
@@ -410,10 +427,15 @@ class FeedbackEventHandler(BaseEventHandler):
 
     def _remember_learner(self, event: FeedbackRetrievalEvent) -> None:
         if event.learner is not None:
+            ref = weakref.ref(event.learner)  # an adapter the app dropped is not kept alive here
             with self._lock:
-                self._learners[event.event_id] = event.learner
+                self._learners[event.event_id] = ref
                 while len(self._learners) > _REMEMBER:
                     self._learners.popitem(last=False)
+                self._adapters[id(event.learner)] = ref
+                self._adapters.move_to_end(id(event.learner))
+                while len(self._adapters) > _ADAPTERS:
+                    self._adapters.popitem(last=False)
         query, retrievals = current_query_id(), _RETRIEVALS.get()
         if query is None and not retrievals:
             # A decision outside any query or retrieval (``pp.postprocess_nodes(...)`` called by hand): no
@@ -536,15 +558,19 @@ class FeedbackEventHandler(BaseEventHandler):
 
     def _makers_of(self, event_ids: Sequence[str]) -> dict[str, Any]:
         """The ensemble behind each of ``event_ids`` that has one: the learner seen making it in this
-        process, else the handler's own ensemble (a decision of another process on its store)."""
+        process; for a decision older than the last :data:`_REMEMBER`, a live adapter seen here whose
+        store holds it and who made it (:func:`rlfb.runs.owns_event`); else the handler's own ensemble
+        (a decision of another process on its store). Late feedback was stored and never learned."""
         with self._lock:
-            adapters = {e: self._learners.get(e) for e in event_ids}
+            refs = {e: self._learners.get(e) for e in event_ids}
+            seen = [r() for r in reversed(self._adapters.values())]
+        live = [ens for ens in (_ensemble_of(a) for a in seen if a is not None) if ens is not None and ens.store]
         own = _ensemble_of(self._ensemble)
         makers = {}
-        for eid, adapter in adapters.items():
-            ens = _ensemble_of(adapter)
+        for eid, ref in refs.items():
+            ens = _ensemble_of(ref() if ref is not None else None)
             if ens is None or ens.store is None:
-                ens = own
+                ens = next((e for e in live if e.store.has_event(eid) and owns_event(e, e.store.event(eid))), own)
             if ens is not None and ens.store is not None:
                 makers[eid] = ens
         return makers
@@ -598,7 +624,8 @@ def _ensemble_of(obj: Any) -> Any:
 
 def _store_of(obj: Any) -> Any:
     ens = _ensemble_of(obj)
-    return None if ens is None else ens.store
+    # a self-indexing postprocessor builds its ensemble on its first call; its store is there from the start
+    return getattr(obj, "store", None) if ens is None else ens.store
 
 
 def instrument(store: Any = None, *, dispatcher: Any = None, **kwargs: Any) -> FeedbackEventHandler:

@@ -53,6 +53,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -63,13 +64,13 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import flag, positive_count
+from llamaindex_rlfb._feedback import adapter_feedback
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
-from rlfb.errors import ValidationError
-from rlfb.runs import record_run_feedback
+from rlfb.errors import CorruptStateError, ValidationError
 
 __all__ = ["FeedbackFusionPostprocessor"]
 
@@ -314,9 +315,13 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         names = [s if isinstance(s, str) else s.name for s in self._specs]
         learner = Learner(names, policy=self._options["policy"], weights=self._options.get("weights"),
                           seed=self._options.get("seed", 0))
-        saved = self._store.load_policy_state()
-        if saved is not None and saved.get("policy") in (None, learner.policy_name):
-            learner.load_state_dict(saved["state"])
+        # this policy's newest snapshot; one of other retrievers on a shared store is not this one's
+        saved = self._store.load_policy_state(policy=learner.policy_name)
+        if saved is not None:
+            try:
+                learner.load_state_dict(saved["state"])
+            except CorruptStateError:
+                pass  # what the first build does too: start from the default weights
         return learner.weights()
 
     def feedback(
@@ -338,8 +343,11 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         ``user_id``, ``idempotency_key``, ``comment``, ``key``. Returns the
         stored :class:`~rlfb.store.FeedbackRecord` of each retrieval rated.
         """
-        return record_run_feedback(self._store, event_id, signal, ensemble=self._ensemble, score=score,
-                                   rating=rating, value=value, chunk_id=chunk_id, **kwargs)
+        # self-indexing: not while a re-index copies the learner's state into the new ensemble (feedback
+        # learned by the old one meanwhile was lost in the copy)
+        with self._lock if self._seen is not None else nullcontext():
+            return adapter_feedback(self._store, event_id, signal, ensemble=self._ensemble, score=score,
+                                    rating=rating, value=value, chunk_id=chunk_id, **kwargs)
 
     # ------------------------------------------------------------------ LlamaIndex hook
     def _postprocess_nodes(

@@ -20,12 +20,12 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import flag, positive_count
+from llamaindex_rlfb._feedback import adapter_feedback
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import ValidationError
-from rlfb.runs import record_run_feedback
 
 __all__ = ["FeedbackEnsembleRetriever"]
 
@@ -181,8 +181,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
 
         As :meth:`llamaindex_rlfb.FeedbackFusionPostprocessor.feedback`.
         """
-        return record_run_feedback(self.ensemble.store, event_id, signal, ensemble=self.ensemble, score=score,
-                                   rating=rating, value=value, chunk_id=chunk_id, **kwargs)
+        return adapter_feedback(self.ensemble.store, event_id, signal, ensemble=self.ensemble, score=score,
+                                rating=rating, value=value, chunk_id=chunk_id, **kwargs)
 
     # ------------------------------------------------------------------ LlamaIndex hooks
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:

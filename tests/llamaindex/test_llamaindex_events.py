@@ -366,3 +366,86 @@ def test_a_later_task_asking_after_another_task_queried_asks_for_the_id(
             handler.record_feedback(score=1.0)
 
     asyncio.run(next_cells())
+
+
+# -- from an audit of the LlamaIndex adapter ----------------------------------------------------------------
+def test_a_documents_own_event_id_is_not_taken_for_an_rlfb_one(embed_model: Any, handler: Any) -> None:
+    # every node carried the incident id "INC-42": the retrieval was taken as logged under it, so it never
+    # was, and feedback on the query raised UnknownEventError
+    from llama_index.core import Document, VectorStoreIndex
+
+    docs = [Document(text="Outage in eu-west: an expired TLS certificate.", metadata={"event_id": "INC-42"}),
+            Document(text="The failover drill lost no data.", metadata={"event_id": "INC-43"})]
+    engine = VectorStoreIndex.from_documents(docs, embed_model=embed_model).as_query_engine(
+        llm=MockLLM(), similarity_top_k=1)
+    for question in ("what caused the outage?", "why did the outage happen?"):
+        engine.query(question)
+        (logged,) = handler.retrievals()
+        assert logged["id"] != "INC-42" and logged["query"] == question
+        assert len(handler.record_feedback(score=1.0)) == 1
+
+
+def test_nodes_cut_after_the_rlfb_step_are_logged_as_what_was_shown(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # the response's nodes still carried the re-ranking's event id, so what the user saw was never logged
+    from llama_index.core.postprocessor import LongContextReorder
+
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=handler.store), top_n=4, explore=False)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=8, node_postprocessors=[pp, LongContextReorder()])
+    response = engine.query("moon tides")
+    shown = [n.node.node_id for n in response.source_nodes]
+    logged = {e["metadata"]["component"]: [c["chunk_id"] for c in e["chunks"]] for e in handler.retrievals()}
+    assert logged["response"] == shown != logged["FeedbackFusionPostprocessor"]
+    # an rlfb step's output shown as it was is not logged twice
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=8, node_postprocessors=[pp])
+    engine.query("moon tides")
+    assert "response" not in {e["metadata"]["component"] for e in handler.retrievals()}
+
+
+def test_late_feedback_still_teaches_the_adapter_that_decided(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # after _REMEMBER newer decisions the handler forgot who made the first one: stored, never learned
+    import llamaindex_rlfb.events as events
+
+    monkeypatch.setattr(events, "_REMEMBER", 3)
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2)
+    nodes = index.as_retriever(similarity_top_k=6).retrieve("aurora")
+    pp.postprocess_nodes(nodes, query_str="aurora borealis")
+    first = handler.last_query_id
+    for question in LEXICAL_QUERIES:
+        pp.postprocess_nodes(nodes, query_str=question)
+    before = ens.learner.n_learned
+    handler.record_feedback(first, score=1.0)
+    assert ens.learner.n_learned == before + 1
+
+
+def test_the_handler_keeps_no_adapter_alive(handler: FeedbackEventHandler, make_ensemble: Any, nodes: Any) -> None:
+    import gc
+    import weakref
+
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=handler.store), top_n=2)
+    pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")
+    gone = weakref.ref(pp)
+    del pp
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_handler_given_a_self_indexing_postprocessor_uses_its_store(tmp_path: Any) -> None:
+    # before its first call the postprocessor has no ensemble: the handler fell back to an in-memory store
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2)
+    handler = FeedbackEventHandler(ensemble=pp)
+    assert handler.store_path == str(tmp_path / "fb.db")
+    handler.close()
+
+
+def test_adapter_feedback_on_an_unknown_id_speaks_llamaindex(make_ensemble: Any) -> None:
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=2)
+    retriever = FeedbackEnsembleRetriever(ensemble=make_ensemble())
+    for adapter in (pp, retriever):
+        with pytest.raises(UnknownEventError, match=r"metadata\['event_id'\]") as info:
+            adapter.feedback("nope", "thumbs_up")
+        assert "LangChain" not in str(info.value) and "FeedbackCallbackHandler" not in str(info.value)

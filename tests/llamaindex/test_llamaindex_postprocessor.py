@@ -267,3 +267,48 @@ def test_unknown_event_id(make_ensemble: Any) -> None:
     pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=FeedbackStore()))
     with pytest.raises(UnknownEventError):
         pp.feedback("no-such-event", "thumbs_up")
+
+
+def test_feedback_during_a_re_index_is_carried_into_the_new_index(
+    tmp_path: Any, nodes: list[TextNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the learner's state was copied before the slow rebuild: feedback learned by the old index meanwhile
+    # was lost from the new one
+    import threading
+
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2, policy="gradient")
+    first = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:2]], query_str="aurora solar wind")
+    event = first[0].node.metadata[EVENT_ID_KEY]
+    build = FeedbackEnsemble.from_chunks
+    giver = threading.Thread(target=lambda: pp.feedback(event, "thumbs_up"))
+
+    def slow_build(*args: Any, **kwargs: Any) -> FeedbackEnsemble:
+        giver.start()
+        giver.join(0.5)  # the old code let the feedback through here, into the index being replaced
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(FeedbackEnsemble, "from_chunks", slow_build)
+    pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
+    giver.join()
+    assert len(pp.ensemble) == len(TEXTS) and pp.ensemble.learner.n_learned == 1
+
+
+def test_weights_before_the_first_call_skip_another_apps_snapshot(tmp_path: Any, nodes: list[TextNode]) -> None:
+    # the store's newest snapshot is a bm25 + dense learner's: reading it raised CorruptStateError
+    from rlfb.learner import Learner
+
+    other = Learner(("bm25", "dense"), policy="thompson")
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        store.save_policy_state(other.state_dict(), other.weights(), policy=other.policy_name)
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2, policy="thompson")
+    assert pp.weights == {"bm25": 1.0}
+
+
+def test_a_dump_names_the_store_file_wherever_it_is_rebuilt(
+    tmp_path: Any, nodes: list[TextNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a relative store path reopened another (new, empty) file when rebuilt from another working directory
+    (tmp_path / "app").mkdir()
+    monkeypatch.chdir(tmp_path / "app")
+    pp = FeedbackFusionPostprocessor(store="fb.db", retrievers=("bm25",), top_n=2)
+    assert pp.to_dict()["store_path"] == str(tmp_path / "app" / "fb.db")
