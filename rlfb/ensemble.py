@@ -863,30 +863,35 @@ class FeedbackEnsemble:
         if not force and now - self._last_refresh < self.refresh_interval:
             return
         self._last_refresh = now
+        # check, read and load under both locks: feedback learned between a read made outside them and the
+        # load was thrown away (the weights property refreshes from any thread)
+        with self._guarded():
+            self._load_newer(now)
+
+    def _load_newer(self, now: float) -> None:
+        """The body of :meth:`_refresh`, under both locks."""
         if self._dirty:
             # never drop local learning that is not written yet: write it (when due) instead of reading
             if now - self._last_persist >= self.persist_interval:
-                with self._guarded():
-                    self._persist(force=True)
+                self._persist(force=True)
             return
         if self._store.state_version() <= self._state_version:
             return
         saved = self._store.load_policy_state()
         if saved is None:
             return
-        with self._guarded():
-            newest = int(saved["version"])
-            if not self._is_ours(saved):
-                # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read
-                # its state, nor read that snapshot again; but this policy's own newest snapshot under it
-                # (a store shared by two apps, or a policy switched and switched back) is still ours
-                self._state_version = newest
-                saved = self._own_snapshot()
-                if saved is None or int(saved["version"]) <= self._own_version or not self._is_ours(saved):
-                    return
-            self._learner.load_state_dict(saved["state"])
-            self._own_version = int(saved["version"])
-            self._state_version = max(newest, self._own_version)
+        newest = int(saved["version"])
+        if not self._is_ours(saved):
+            # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read
+            # its state, nor read that snapshot again; but this policy's own newest snapshot under it
+            # (a store shared by two apps, or a policy switched and switched back) is still ours
+            self._state_version = newest
+            saved = self._own_snapshot()
+            if saved is None or int(saved["version"]) <= self._own_version or not self._is_ours(saved):
+                return
+        self._learner.load_state_dict(saved["state"])
+        self._own_version = int(saved["version"])
+        self._state_version = max(newest, self._own_version)
 
     def _own_snapshot(self) -> Mapping[str, Any] | None:
         """The store's newest snapshot of this ensemble's policy (``None`` from a store that cannot tell)."""

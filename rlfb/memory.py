@@ -278,6 +278,9 @@ class FeedbackMemory:
             acc = self._accumulate(rows, gains, pos, n, squash_each=True)
             out = out + g * acc / max(1.0, float(np.sum(gains)))
         if exact:
+            # a clock tick of its own: stamped with the last update's tick, a read tied with that update
+            # and the eviction's argmin could drop the entry just read
+            self._counter += 1
             self._touch[np.asarray(exact)] = self._counter
         return np.clip(out, -1.0, 1.0)
 
@@ -466,6 +469,12 @@ class FeedbackMemory:
         if (not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch, *asks)) or conc < 0 or disc < 0
                 or any(a < 0 for a in asks)):
             raise CorruptStateError("the feedback memory holds non-finite or negative counters")
+        if len(keys) > self.hyper.max_entries:
+            # a snapshot of a memory with a larger max_entries (another app on the store): keep the most
+            # recently used, or this memory would hold more than its bound for good
+            kept = sorted(np.argsort(np.asarray(touch), kind="stable")[-self.hyper.max_entries:].tolist())
+            keys, values, embs, has, times, touch, asks = (
+                [col[i] for i in kept] for col in (keys, values, embs, has, times, touch, asks))
         m = len(keys)
         cap = max(m, 1)
         self._keys = keys

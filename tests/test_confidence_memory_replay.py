@@ -161,10 +161,11 @@ def test_memory_evicts_the_least_recently_used_and_round_trips():
     mem = FeedbackMemory(max_entries=3)
     for i in range(3):
         mem.update(f"q{i}", _unit(np.eye(4)[i]), ["a"], [0.4], timestamp=10.0 + i)
-    mem.score("q0", None, ["a"])  # touches nothing new; q0 was updated first
+    mem.score("q0", None, ["a"])  # a read is a use: q0 is now more recent than q2
     mem.update("q1", None, ["b"], [0.4])  # q1 used again
     mem.update("q3", _unit([0, 0, 0, 1]), ["c"], [0.4])
-    assert len(mem) == 3 and not mem.has_exact("q0") and mem.has_exact("q1") and mem.has_exact("q3")
+    assert len(mem) == 3 and not mem.has_exact("q2") and mem.has_exact("q0") and mem.has_exact("q1")
+    assert mem.has_exact("q3")
     state = json.loads(json.dumps(mem.state_dict(), allow_nan=False))
     back = FeedbackMemory(max_entries=3).load_state_dict(state)
     for q, e in (("q1", None), ("q3", _unit([0, 0, 0, 1])), ("other", _unit([0, 0, 0, 1]))):
@@ -338,3 +339,24 @@ def test_guardrail_does_not_act_on_noise():
         clicks = np.array([1.0, 0.0, 0.0]) if rng.random() < 0.2 else np.array([0.0, 1.0, 0.0])
         lr, ex = g.observe(shown, clicks, learned, default)
     assert g.lift < -0.1 and ex == 3.0 and lr == 0.1
+
+
+def test_memory_a_read_counts_as_a_use_after_the_last_update():
+    # a read was stamped with the last update's tick, tied with it, and argmin evicted the entry just read
+    m = FeedbackMemory(max_entries=2)
+    m.update("alpha", None, ["a"], [1.0])
+    m.update("beta", None, ["b"], [1.0])
+    m.score("alpha", None, ["a"])
+    m.update("gamma", None, ["g"], [1.0])
+    assert (m.has_exact("alpha"), m.has_exact("beta"), m.has_exact("gamma")) == (True, False, True)
+
+
+def test_memory_loaded_from_a_larger_one_keeps_its_own_bound():
+    big = FeedbackMemory(max_entries=10)
+    for q in ("one", "two", "three", "four", "five"):
+        big.update(q, None, ["c"], [1.0])
+    big.score("two", None, ["c"])  # the most recently used, with "five"
+    small = FeedbackMemory(max_entries=2).load_state_dict(json.loads(json.dumps(big.state_dict())))
+    assert len(small) == 2 and small.has_exact("two") and small.has_exact("five")
+    small.update("six", None, ["c"], [1.0])
+    assert len(small) == 2  # it held all five for good

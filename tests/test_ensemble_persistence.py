@@ -237,3 +237,44 @@ def test_a_policy_keeps_its_learning_when_another_policy_wrote_the_store_since(t
     _teach(gradient, 1, t + 100)
     assert twin.refresh() == again.weights and twin.learner.n_learned == 16
     assert gradient.learner.n_learned == 8
+
+
+def test_reading_the_weights_while_feedback_arrives_keeps_that_feedback(tmp_path) -> None:
+    # the weights property read the store's snapshot outside the locks and loaded it after feedback had been
+    # learned meanwhile: that learning was overwritten, and with persist_interval > 0 never saved
+    import threading
+
+    texts = ["ocean tides follow the moon", "the aurora glows green", "volcanoes erupt magma", "glaciers carve"]
+    db = str(tmp_path / "fb.db")
+    ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=db, policy="thompson",
+                                      refresh_interval=0.0, persist_interval=3600.0)
+    other = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=db, policy="thompson")
+    for e, q in ((ens, "glacier"), (other, "aurora")):  # the store moves past ens's own snapshot
+        r = e.retrieve(q, k=2)
+        e.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    read = ens.store.load_policy_state
+    reached, release = threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):
+        out = read(*args, **kwargs)
+        if threading.current_thread().name == "reader":
+            reached.set()
+            release.wait(30)
+        return out
+
+    ens.store.load_policy_state = held
+    reader = threading.Thread(target=lambda: ens.weights, name="reader")
+    reader.start()
+    assert reached.wait(30)
+
+    def give() -> None:
+        r = ens.retrieve("tides moon", k=2)
+        ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+
+    giver = threading.Thread(target=give)
+    giver.start()
+    giver.join(1.0)  # the old code learned here, between the reader's read and its load
+    release.set()
+    reader.join()
+    giver.join()
+    assert ens.learner.n_learned == 3 and ens.learner.memory.has_exact("tides moon")
