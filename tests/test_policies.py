@@ -439,3 +439,59 @@ def test_policy_state_rejects_damage():
         FixedPolicy(RETRIEVERS).load_state_dict(
             {**FixedPolicy(RETRIEVERS).state_dict(), "state": {"weights": [-1, 1, 1]}}
         )
+
+
+# ---------------------------------------------------------------------------- from an audit of the policies
+def test_plackett_luce_probability_when_the_first_items_dominate():
+    # the remaining mass was the total less what came before, which cancels to 0 once the first items
+    # dominate: every later step then had probability 1, and a 1e-8 ranking was logged with propensity 1
+    scores = np.array([60.0, 0.0, 0.0, 0.0])
+    for ranking in itertools.permutations(range(1, 4), 2):
+        r = np.array([0, *ranking])
+        assert math.exp(plackett_luce_log_prob(scores, r)) == pytest.approx(1 / 6, rel=1e-9)
+    weak = np.array([40.0, 2.0, 1.0, 0.5])
+    exact = 1.0 * math.exp(2.0) / (math.exp(2.0) + math.exp(1.0) + math.exp(0.5))
+    assert math.exp(plackett_luce_log_prob(weak, np.array([0, 1]))) == pytest.approx(exact, rel=1e-9)
+
+
+@pytest.mark.parametrize(("cls", "field"), [(BatchPolicy, "n_batches"), (GradientPolicy, "n_pairs")])
+def test_a_state_refused_late_leaves_the_policy_as_it_was(cls, field):
+    src = cls(RETRIEVERS, seed=0).set_weights(dict(zip(RETRIEVERS, (0.8, 0.1, 0.1), strict=True)))
+    state = json.loads(json.dumps(src.state_dict()))
+    state["state"][field] = "not a number"
+    dst = cls(RETRIEVERS, seed=0)
+    before = dst.weights()
+    with pytest.raises(CorruptStateError):
+        dst.load_state_dict(state)
+    assert dst.weights() == before  # the weights had been replaced before the counter was read
+
+
+def test_thompson_tuned_to_no_exploration_shows_its_gated_arm():
+    # it still drew the default at baseline_share and otherwise the ungated argmax of the posterior mean
+    p = ThompsonPolicy(RETRIEVERS, counterfactual=False, default_after=10**6, seed=0)
+    rng = np.random.default_rng(0)
+    arm = p.arm_names[3]
+    w = list(map(float, arm.split("/")))
+    for _ in range(30):  # a little evidence for one arm, not enough for the gate
+        ep = _episode(w, np.eye(3), [0, 0, 0], float(rng.normal(0.1, 0.5)), arm=arm)
+        p.learn(ep, ep.reward)
+    p.tune(exploration=0.0)
+    ctx = ToyEnv(seed=0).context(0)
+    greedy = p.decide(ctx, explore=False).arm
+    decisions = [p.decide(ctx) for _ in range(50)]
+    assert {(d.arm, d.explored, d.propensity) for d in decisions} == {(greedy, False, 1.0)}
+
+
+def test_an_episode_logged_in_another_retriever_order_credits_the_arm_it_showed():
+    # the learner hands episodes over in its own order, so the arm's name (written in the logging order)
+    # was trusted and the mirror-image arm credited
+    logged = tuple(reversed(RETRIEVERS))
+    weights = dict(zip(logged, (0.2, 0.2, 0.6), strict=True))  # in our order: 0.6/0.2/0.2
+    arm = "/".join(f"{weights[r]:g}" for r in logged)
+    learner = Learner(RETRIEVERS, "thompson", PLAIN, seed=0, counterfactual=False)
+    episode = Episode("e1", "q", logged, Decision(weights, arm=arm), ("a", "b", "c"),
+                      np.eye(3), np.array([1.0, 0.0, 0.0]), 1.0)
+    learner.learn(episode)
+    stats = learner.policy._stats["*"][0]
+    credited = learner.policy._arms[int(np.argmax(stats))]
+    assert dict(zip(RETRIEVERS, credited.round(3), strict=True)) == {r: weights[r] for r in RETRIEVERS}

@@ -520,7 +520,15 @@ class BasePolicy:
                         "state does not fit this policy"
                     )
             set_rng_state(np.random.default_rng(), state["rng"])  # checked before anything is changed
-            self._load_state(state["state"])
+            backup = dict(vars(self))
+            try:
+                self._load_state(state["state"])
+            except BaseException:
+                # a field read after others were set (batch's weights before its counters) left a half-loaded
+                # policy: put every attribute back as it was
+                vars(self).clear()
+                vars(self).update(backup)
+                raise
             set_rng_state(self._rng, state["rng"])
         except CorruptStateError:
             raise

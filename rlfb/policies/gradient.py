@@ -84,10 +84,13 @@ def plackett_luce_log_prob(scores: np.ndarray, ranking: np.ndarray) -> float:
         return 0.0
     top = float(s.max())
     e = np.exp(s - top)
-    total = float(e.sum())
     er = e[r]
-    before = np.concatenate([[0.0], np.cumsum(er)[:-1]])
-    denom = np.maximum(total - before, er)  # the remaining mass includes the chosen item
+    rest = np.ones(s.size, dtype=bool)
+    rest[r] = False
+    # each step's remaining mass as a sum of what remains (the chosen item, those after it, the unchosen),
+    # not the total less what came before: that difference cancels to 0 once the first items dominate,
+    # and a ranking of probability 1e-8 was logged with propensity 1
+    denom = np.cumsum(er[::-1])[::-1] + float(e[rest].sum())
     er = np.maximum(er, 1e-300)
     return float(min(0.0, np.sum(np.log(er) - np.log(np.maximum(denom, 1e-300)))))
 
