@@ -7,24 +7,37 @@ only when used.
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import (
     CorruptStateError,
+    DuplicateEventError,
     DuplicateIdError,
     EmptyCorpusError,
+    FeedbackBeforeEventError,
+    FutureTimestampError,
+    IdempotencyConflictError,
     InvalidWeightsError,
+    ModelNotFoundError,
+    NonFiniteValueError,
+    RatingOutOfRangeError,
+    ReadOnlyStoreError,
     RlfbError,
     UnknownChunkError,
     UnknownEventError,
     UnknownSignalError,
     ValidationError,
 )
+from rlfb.members import SearchMember
 from rlfb.types import Chunk, Hit, RetrievalResult
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FeedbackEnsemble",
+    "FeedbackStore",
+    "SearchMember",
     "Chunk",
     "Hit",
     "RetrievalResult",
@@ -32,10 +45,27 @@ __all__ = [
     "ValidationError",
     "EmptyCorpusError",
     "DuplicateIdError",
+    "DuplicateEventError",
     "UnknownChunkError",
     "UnknownEventError",
     "UnknownSignalError",
     "InvalidWeightsError",
+    "NonFiniteValueError",
+    "RatingOutOfRangeError",
+    "FutureTimestampError",
+    "FeedbackBeforeEventError",
+    "IdempotencyConflictError",
     "CorruptStateError",
+    "ReadOnlyStoreError",
+    "ModelNotFoundError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the store (sqlite-utils) loads on first use, so that `import rlfb` stays cheap
+    if name == "FeedbackStore":
+        from rlfb.store import FeedbackStore
+
+        return FeedbackStore
+    raise AttributeError(f"module 'rlfb' has no attribute {name!r}")

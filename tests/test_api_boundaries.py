@@ -147,3 +147,19 @@ def test_make_chunks_refuses_what_it_would_silently_change(kwargs: dict, match: 
 
 def test_one_retriever_name_is_one_name() -> None:
     assert FeedbackEnsemble.from_texts(TEXTS, retrievers="bm25").retriever_names == ("bm25",)
+
+
+def test_the_package_exports_what_the_readme_uses_and_stays_light_to_import() -> None:
+    # FeedbackStore, SearchMember and ReadOnlyStoreError, which the README uses, were not importable from rlfb
+    import subprocess
+    import sys
+
+    import rlfb
+
+    for name in rlfb.__all__:
+        assert getattr(rlfb, name) is not None, name
+    assert {"FeedbackStore", "SearchMember", "ReadOnlyStoreError", "RatingOutOfRangeError"} <= set(rlfb.__all__)
+    assert issubclass(rlfb.ReadOnlyStoreError, rlfb.RlfbError)
+    code = "import sys, rlfb; print('rlfb.store' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
