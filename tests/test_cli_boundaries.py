@@ -484,3 +484,14 @@ def test_a_pgf_plot_without_latex_is_refused_before_the_run(tmp_path: Path, caps
     ds = write_beir(tmp_path / "ds")
     assert main(["simulate", "--dataset", str(ds), *TINY, "--plot", str(tmp_path / "c.pgf")]) == 2
     assert ".pgf images need" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("command", [["store", "stats"], ["store", "export", "--jsonl", "-"], ["weights", "show"]])
+def test_a_look_at_an_empty_file_leaves_it_empty(tmp_path: Path, capsys, command: list[str]) -> None:
+    # SQLite took the 0-byte file for an empty database and the store wrote its schema into it (86 KB)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    args = [*command[:2], str(empty), *command[2:]]
+    assert main(args) == 2
+    assert "is empty: not an rlfb feedback store" in one_error_line(capsys)
+    assert empty.stat().st_size == 0

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlfb.errors import RlfbError
+from rlfb.errors import RlfbError, ValidationError
 
 __all__ = ["register", "main", "cmd_stats", "cmd_export"]
 
@@ -58,6 +58,10 @@ def _open(path: str) -> Any:
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no such store: {path}")
+    if Path(path).stat().st_size == 0:
+        # SQLite takes an empty file for an empty database, and opening it as a store writes the schema in:
+        # a look at a file must not change it
+        raise ValidationError(f"{path} is empty: not an rlfb feedback store")
     return FeedbackStore(path)
 
 

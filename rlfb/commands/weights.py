@@ -40,6 +40,8 @@ def _open(path: str) -> Iterator[Any]:
 
     if not Path(path).is_file():
         raise ValidationError(f"no feedback store at {path}")
+    if Path(path).stat().st_size == 0:  # SQLite would take it for an empty database and the schema go in
+        raise ValidationError(f"{path} is empty: not an rlfb feedback store")
     try:
         with FeedbackStore(path) as store:
             yield store
