@@ -31,15 +31,19 @@ def current_weights(store: Any) -> dict[str, Any]:
     return {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
 
 
-def export_weights(store: Any, path: str | Path, *, with_state: bool = True) -> dict[str, Any]:
-    """Write the newest snapshot to a JSON file (the learner state too, unless ``with_state=False``)."""
+def export_weights(store: Any, path: str | Path | None, *, with_state: bool = True) -> dict[str, Any]:
+    """Write the newest snapshot to a JSON file (the learner state too, unless ``with_state=False``).
+
+    Returns what was written; with ``path=None`` it only returns it.
+    """
     saved = store.load_policy_state()
     if saved is None:
         raise ValidationError("the store holds no weights yet: nothing to export")
     out = {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
     if with_state:
         out["state"] = saved.get("state")
-    Path(path).write_text(json.dumps(out, indent=2), encoding="utf-8")
+    if path is not None:
+        Path(path).write_text(json.dumps(out, indent=2), encoding="utf-8")
     return out
 
 

@@ -495,3 +495,12 @@ def test_a_look_at_an_empty_file_leaves_it_empty(tmp_path: Path, capsys, command
     assert main(args) == 2
     assert "is empty: not an rlfb feedback store" in one_error_line(capsys)
     assert empty.stat().st_size == 0
+
+
+def test_weights_export_to_a_dash_writes_stdout(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a file named "-" was written, where `store export --jsonl -` writes stdout
+    monkeypatch.chdir(tmp_path)
+    db = make_store(tmp_path / "fb.db")
+    assert main(["weights", "export", str(db), "-", "--weights-only"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"weights", "policy", "version", "updated_at"} and not (tmp_path / "-").exists()

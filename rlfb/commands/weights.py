@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=run_show)
     exp = wsub.add_parser("export", help="write the current weights and learner state to a JSON file")
     exp.add_argument("store", help="the feedback store (SQLite file)")
-    exp.add_argument("file", help="the JSON file to write (not the store itself)")
+    exp.add_argument("file", help="the JSON file to write (not the store itself); - writes to stdout")
     exp.add_argument("--weights-only", action="store_true", help="leave the learner state out")
     exp.set_defaults(func=run_export)
     imp = wsub.add_parser("import", help="validate a JSON weights file and make it the current weights")
@@ -67,6 +67,11 @@ def run_export(args: argparse.Namespace) -> int:
     from rlfb.commands import refuse_overwriting_store
     from rlfb.weight_config import export_weights
 
+    if args.file == "-":  # as `store export --jsonl -`: a file named "-" was written
+        with _open(args.store) as store:
+            out = export_weights(store, None, with_state=not args.weights_only)
+        print(json.dumps(out, indent=2))
+        return 0
     refuse_overwriting_store(args.file, args.store)  # before opening: writing JSON over the store destroys it
     with _open(args.store) as store:
         out = export_weights(store, args.file, with_state=not args.weights_only)
