@@ -427,12 +427,15 @@ class FeedbackEventHandler(BaseEventHandler):
 
     def _remember_learner(self, event: FeedbackRetrievalEvent) -> None:
         if event.learner is not None:
-            ref = weakref.ref(event.learner)  # an adapter the app dropped is not kept alive here
+            # weakly, so that an adapter the app dropped is not kept alive here; its ensemble too, which an
+            # app that builds an adapter per request around one long-lived ensemble keeps alive
+            ensemble = _ensemble_of(event.learner)
+            ref = (weakref.ref(event.learner), None if ensemble is None else weakref.ref(ensemble))
             with self._lock:
                 self._learners[event.event_id] = ref
                 while len(self._learners) > _REMEMBER:
                     self._learners.popitem(last=False)
-                self._adapters[id(event.learner)] = ref
+                self._adapters[id(event.learner)] = ref[0]
                 self._adapters.move_to_end(id(event.learner))
                 while len(self._adapters) > _ADAPTERS:
                     self._adapters.popitem(last=False)
@@ -568,7 +571,8 @@ class FeedbackEventHandler(BaseEventHandler):
         own = _ensemble_of(self._ensemble)
         makers = {}
         for eid, ref in refs.items():
-            ens = _ensemble_of(ref() if ref is not None else None)
+            adapter, ensemble = (None, None) if ref is None else (ref[0](), ref[1] and ref[1]())
+            ens = _ensemble_of(adapter) if adapter is not None else ensemble
             if ens is None or ens.store is None:
                 ens = next((e for e in live if e.store.has_event(eid) and owns_event(e, e.store.event(eid))), own)
             if ens is not None and ens.store is not None:

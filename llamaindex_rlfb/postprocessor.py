@@ -343,9 +343,9 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         ``user_id``, ``idempotency_key``, ``comment``, ``key``. Returns the
         stored :class:`~rlfb.store.FeedbackRecord` of each retrieval rated.
         """
-        # self-indexing: not while a re-index copies the learner's state into the new ensemble (feedback
-        # learned by the old one meanwhile was lost in the copy)
-        with self._lock if self._seen is not None else nullcontext():
+        # under the store's lock, which a re-index holds while it hands the learner's state to the new index
+        lock = getattr(self._store, "lock", None)
+        with lock if lock is not None else nullcontext():
             return adapter_feedback(self._store, event_id, signal, ensemble=self._ensemble, score=score,
                                     rating=rating, value=value, chunk_id=chunk_id, **kwargs)
 
@@ -430,11 +430,14 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         if self._built is None:  # made once, so a dense model is loaded once
             self._built = [make_retriever(s, **retriever_options.get(s, {})) if isinstance(s, str) else s
                            for s in self._specs]
-        state = self._ensemble.learner.state_dict() if self._ensemble is not None else None
         ens = FeedbackEnsemble.from_chunks(
             list(self._seen.values()), retrievers=self._built, store=self._store, **options
         )
-        if state is not None:
-            ens.learner.load_state_dict(state)
-        self._ensemble = ens
+        # the state is handed over under the store's lock, which every learning step holds (the ensemble
+        # takes it first): taken before the slow build, it missed feedback learned meanwhile, by
+        # pp.feedback or through a FeedbackEventHandler alike
+        with self._store.lock:
+            if self._ensemble is not None:
+                ens.learner.load_state_dict(self._ensemble.learner.state_dict())
+            self._ensemble = ens
         self._unindexed = 0

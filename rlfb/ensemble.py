@@ -362,8 +362,8 @@ class FeedbackEnsemble:
         One order everywhere: a caller inside ``store.exclusive()`` (which holds the store's lock) calling
         :meth:`feedback` while another thread gave feedback used to wait on each other for ever.
         """
-        store = self._store
-        with store.lock if store is not None else nullcontext(), self._lock:
+        lock = getattr(self._store, "lock", None)  # a store of the user's own may have none
+        with lock if lock is not None else nullcontext(), self._lock:
             yield
 
     def _index(self) -> tuple[ChunkTable, dict[str, Retriever]]:

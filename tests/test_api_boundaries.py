@@ -163,3 +163,29 @@ def test_the_package_exports_what_the_readme_uses_and_stays_light_to_import() ->
     code = "import sys, rlfb; print('rlfb.store' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_store_of_the_users_own_without_a_lock_still_works() -> None:
+    # the store's lock, taken before the ensemble's, was read from every store: one of the user's own
+    # (log_event, state_version, load_policy_state) raised AttributeError on the first retrieval
+    from rlfb import FeedbackEnsemble
+
+    class MyStore:
+        store_text = True
+
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        def log_event(self, query: str, decision: object, chunks: object, **kwargs: object) -> str:
+            self.events.append(query)
+            return f"e{len(self.events)}"
+
+        def state_version(self) -> int:
+            return 0
+
+        def load_policy_state(self, policy: str | None = None) -> None:
+            return None
+
+    ens = FeedbackEnsemble.from_texts(["alpha beta", "gamma delta", "beta gamma"], retrievers=("bm25",),
+                                      store=MyStore())
+    assert ens.retrieve("beta", k=2).event_id == "e1"

@@ -449,3 +449,46 @@ def test_adapter_feedback_on_an_unknown_id_speaks_llamaindex(make_ensemble: Any)
         with pytest.raises(UnknownEventError, match=r"metadata\['event_id'\]") as info:
             adapter.feedback("nope", "thumbs_up")
         assert "LangChain" not in str(info.value) and "FeedbackCallbackHandler" not in str(info.value)
+
+
+def test_feedback_teaches_the_ensemble_of_an_adapter_built_per_request(make_ensemble: Any) -> None:
+    # the handler held the adapter weakly, and an adapter made for one request was gone by the feedback
+    import gc
+
+    ens = make_ensemble(policy="gradient")
+    handler = instrument(ens.store)  # no ensemble=: the maker is found through the events
+    try:
+        FeedbackEnsembleRetriever(ens, similarity_top_k=2).retrieve("aurora")
+        query = handler.last_query_id
+        gc.collect()
+        before = ens.learner.n_learned
+        handler.record_feedback(query, score=1.0)
+        assert ens.learner.n_learned == before + 1
+    finally:
+        handler.detach()
+
+
+def test_feedback_through_the_handler_during_a_re_index_is_carried_over(
+    tmp_path: Any, nodes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pp.feedback waited for the re-index; the handler's feedback, the usual way, learned on the old index
+    # and the state copied before the build missed it
+    from rlfb import FeedbackEnsemble
+
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2, policy="gradient")
+    handler = FeedbackEventHandler(store=pp.store).attach()
+    try:
+        pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:2]], query_str="aurora solar wind")
+        query = handler.last_query_id
+        build = FeedbackEnsemble.from_chunks
+
+        def build_after_feedback(*args: Any, **kwargs: Any) -> FeedbackEnsemble:
+            handler.record_feedback(query, score=1.0)  # arrives while the new index is being built
+            return build(*args, **kwargs)
+
+        monkeypatch.setattr(FeedbackEnsemble, "from_chunks", build_after_feedback)
+        pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
+        assert len(pp.ensemble) == len(nodes) and pp.ensemble.learner.n_learned == 1
+    finally:
+        handler.detach()
+        handler.close()
