@@ -46,6 +46,8 @@ _CONFIG_FILE = "ensemble.json"
 _FORMAT = 1
 _UNKNOWN = object()  # a cached value not computed yet (None is an answer)
 _HASHED = "sha256:"  # prefix of the learner's key for a question the store keeps only hashed
+#: The event metadata key of the learner's key for a question, logged where the store keeps no text.
+QUERY_KEY = "rlfb_query_key"
 
 
 class FeedbackEnsemble:
@@ -434,10 +436,22 @@ class FeedbackEnsemble:
         (``store_text=False``), the sha256 the store keeps, so that no query text reaches the
         learner's saved state and a rebuilt episode finds the same question after a restart."""
         if self._store is not None and not self._store.store_text:
+            from rlfb.memory import normalize_query
             from rlfb.store import query_hash
 
-            return _HASHED + query_hash(query)
+            # of the normalised text, as the memory keys a question it knows by its text: a hash of the
+            # raw text took "What causes tides?" and "what causes tides" for two questions
+            return _HASHED + query_hash(normalize_query(query))
         return query
+
+    def _logged_metadata(self, query: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The event's metadata; with a store that keeps no text, plus the learner's key of the question,
+        so that an episode rebuilt after a restart finds the question the memory knows (a hash, no text)."""
+        out = dict(metadata or {})
+        key = self._learner_query(query)
+        if key != query:
+            out[QUERY_KEY] = key
+        return out
 
     def _for_learner(self, ctx: Context) -> Context:
         key = self._learner_query(ctx.query)
@@ -581,7 +595,7 @@ class FeedbackEnsemble:
                     query_type=ctx.query_type,
                     event_id=event_id,
                     parent_id=parent_id,
-                    metadata=dict(metadata or {}),
+                    metadata=self._logged_metadata(ctx.query, metadata),
                     timestamp=timestamp,
                 )
                 self._remember(logged_id, ctx)
@@ -801,7 +815,9 @@ class FeedbackEnsemble:
         if ctx is not None:
             query = self._learner_query(ctx.query)
         elif event.get("query_hashed"):
-            query = _HASHED + event["query_hash"]
+            # the learner's key as logged (a hash of the normalised text); events logged before it was kept
+            # are known by the hash of their raw text
+            query = (event.get("metadata") or {}).get(QUERY_KEY) or _HASHED + event["query_hash"]
         else:
             query = event.get("query") or ""
         return Episode(

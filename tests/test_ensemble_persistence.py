@@ -278,3 +278,27 @@ def test_reading_the_weights_while_feedback_arrives_keeps_that_feedback(tmp_path
     reader.join()
     giver.join()
     assert ens.learner.n_learned == 3 and ens.learner.memory.has_exact("tides moon")
+
+
+def test_a_store_without_text_knows_a_repeat_by_its_normalised_text_across_a_restart(tmp_path) -> None:
+    # the learner keyed a hashed question by the sha256 of its raw text: "What causes tides?" and
+    # "what causes tides" were two questions to the memory, where with the text kept they are one
+    from rlfb.store import FeedbackStore
+
+    texts = ["Tides are caused by the gravity of the moon.", "The aurora glows green over the pole.",
+             "Volcanoes erupt when magma rises.", "The moon orbits the earth every month."]
+    path = tmp_path / "fb.db"
+
+    def ensemble() -> FeedbackEnsemble:
+        return FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), policy="thompson",
+                                           store=FeedbackStore(path, store_text=False))
+
+    first = ensemble()
+    event = first.retrieve("What causes tides?", k=3, explore=False).event_id
+    first.close()
+    again = ensemble()  # a restart: the feedback is learned from the logged event alone
+    again.feedback(event, "implicit_positive", chunk_id="0")
+    for repeat in ("What causes tides?", "what causes tides", "What causes  TIDES"):
+        hits = again.retrieve(repeat, k=3, explore=False, log=False).hits
+        assert next(h.memory for h in hits if h.chunk_id == "0") > 0, repeat
+    assert b"tides" not in path.read_bytes().lower()
