@@ -697,13 +697,15 @@ def test_prune_deletes_old_rows_and_their_children(clock):
     store.record_feedback(new, "thumbs_down", timestamp=NOW - DAY + 60)
     store.save_policy_state({}, {"bm25": 1.0}, timestamp=NOW - 50 * DAY)
     store.save_policy_state({}, {"bm25": 0.5}, timestamp=NOW - 45 * DAY)
-    assert {"events": 1, "chunks": 3, "feedback": 2, "rewards": 4, "policy_snapshots": 1} == store.prune()
+    assert {"events": 1, "chunks": 3, "feedback": 2, "rewards": 4, "policy_snapshots": 1, "run_links": 0} \
+        == store.prune()
     assert (1, 1, 1, 1, 1) == rows(store)
     assert not store.has_event(old) and store.has_event(new)
     assert {"bm25": 0.5} == store.load_policy_state()["weights"]  # the newest snapshot is always kept
     assert "ok" == store.integrity_check()
     assert [] == list(store.db.query("PRAGMA foreign_key_check"))
-    assert {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0} == store.prune()
+    assert {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0, "run_links": 0} \
+        == store.prune()
 
 
 def test_retention_prunes_when_the_store_opens(tmp_path, clock):
@@ -851,3 +853,86 @@ def test_a_damaged_file_is_a_named_error(tmp_path) -> None:
     with pytest.raises(CorruptStateError, match="rewards"):
         FeedbackStore(path)
     assert not garbage.read_bytes().startswith(b"SQLite")  # nothing was written over the damaged file
+
+
+
+# -- from an audit of the store ---------------------------------------------------------------------------
+def test_prune_keeps_each_policys_newest_snapshot_and_drops_old_run_links(clock):
+    # only the newest snapshot of the whole table was kept: another policy's later one took a policy's only
+    # state, and a restarted learner started from nothing; run links were never pruned
+    store = FeedbackStore(retention=30 * DAY, clock=clock)
+    store.save_policy_state({"n": 1}, {"bm25": 0.7}, policy="thompson", timestamp=NOW - 60 * DAY)
+    store.save_policy_state({"n": 0}, {"bm25": 0.5}, policy="thompson", timestamp=NOW - 59 * DAY)
+    store.save_policy_state({"n": 2}, {"bm25": 0.4}, policy="gradient", timestamp=NOW - 50 * DAY)
+    store.link_runs([("retrieval-run", "user-42-chain")])
+    clock.t = NOW + 40 * DAY
+    assert store.prune()["policy_snapshots"] == 1
+    assert store.load_policy_state(policy="thompson")["weights"] == {"bm25": 0.5}
+    assert store.load_policy_state(policy="gradient")["weights"] == {"bm25": 0.4}
+    assert store.run_lineage("retrieval-run") == ["retrieval-run"]
+
+
+def test_window_stats_take_each_events_whole_reward(clock):
+    # only the feedback dated inside the window was summed: an event of before the window had its reward cut
+    # in two and was counted as its arm's rewarded event, though not as its event
+    store = FeedbackStore(clock=clock)
+    since = NOW - 10 * DAY
+
+    def event(arm, ts):
+        return store.log_event("q", {"weights": {"bm25": 1.0}, "arm": arm, "propensity": 0.5},
+                               [{"chunk_id": "c1"}], timestamp=ts)
+
+    a = event("A", NOW - 100)
+    store.record_feedback(a, "thumbs_up", timestamp=NOW - 100)
+    b = event("B", since + 10)
+    store.record_feedback(b, "thumbs_up", timestamp=since + 20)
+    store.record_feedback(b, "thumbs_down", timestamp=since + 30)
+    before = event("C", since - 10)
+    store.record_feedback(before, "thumbs_up", timestamp=since - 5)
+    store.record_feedback(before, "thumbs_down", timestamp=since + 5)
+    window = store.stats(window=10 * DAY)["window"]
+    assert window["rewarded_events"] == 2
+    assert window["mean_reward"] == pytest.approx((1.0 + store.event_reward(b)[0]) / 2)
+    assert "C" not in window["by_arm"]
+
+
+def test_a_nested_exclusive_block_that_raises_keeps_none_of_its_writes(fresh_store):
+    with fresh_store.exclusive():
+        fresh_store.save_policy_state({}, {"bm25": 1.0})
+        with pytest.raises(RuntimeError):
+            with fresh_store.exclusive():
+                fresh_store.save_policy_state({}, {"bm25": 0.5})
+                raise RuntimeError("caught by the outer block")
+    assert fresh_store.counts()["policy_snapshots"] == 1  # the inner block's snapshot was committed too
+
+
+def test_a_closed_store_and_a_close_inside_exclusive_are_named_errors(fresh_store):
+    with fresh_store.exclusive():
+        with pytest.raises(RlfbError, match="inside its exclusive"):
+            fresh_store.close()
+        fresh_store.save_policy_state({}, {"bm25": 1.0})
+    assert fresh_store.counts()["policy_snapshots"] == 1  # the block's writes were not dropped
+    fresh_store.close()
+    with pytest.raises(RlfbError, match="closed"):
+        fresh_store.schema_migrations  # noqa: B018
+
+
+def test_two_threads_exporting_to_one_file_both_succeed(tmp_path, fresh_store):
+    import threading
+
+    for _ in range(50):
+        log(fresh_store)
+    errors: list[BaseException] = []
+
+    def export() -> None:
+        try:
+            fresh_store.export_jsonl(tmp_path / "out.jsonl")
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=export) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len((tmp_path / "out.jsonl").read_text().splitlines()) == 150

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -229,8 +229,10 @@ class FeedbackStore:
 
     # -- lifecycle -----------------------------------------------------------------
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent); not inside :meth:`exclusive`, whose writes it would drop."""
         with self._lock:
+            if getattr(self, "_exclusive", 0):
+                raise RlfbError("cannot close a FeedbackStore inside its exclusive() block: its writes would be lost")
             if not getattr(self, "_closed", True):
                 self._closed = True
                 self._conn.close()
@@ -247,7 +249,9 @@ class FeedbackStore:
     @property
     def schema_migrations(self) -> list[str]:
         """Names of the migrations applied to this database."""
-        return MIGRATIONS.applied(self.db)
+        with self._lock:
+            self._check_open()  # closed: the named error, as every other call gives
+            return MIGRATIONS.applied(self.db)
 
     def _now(self) -> float:
         # checked each time it is read: a bad clock would otherwise fail deep inside, as a bare ValueError
@@ -330,7 +334,9 @@ class FeedbackStore:
         with self._lock:
             # the outermost block is one write transaction (BEGIN IMMEDIATE ... COMMIT or ROLLBACK); the
             # writes inside become savepoints of it, and nested blocks join it
-            with nullcontext() if self._exclusive else self._write():
+            # a nested block is a savepoint of it: one that raises undoes its own writes, even when the
+            # outer block catches the error (it used to join the transaction and commit them)
+            with self._write():
                 self._exclusive += 1
                 try:
                     yield self
@@ -1123,8 +1129,9 @@ class FeedbackStore:
         ``flagged`` count the rows in the file. ``window`` holds the statistics
         over the last ``window`` seconds (``stats_window``, 90 days, by
         default): the same counts restricted to it, ``mean_reward`` (mean
-        event reward over the events that received in-window feedback; an event
-        reward is its discounted signals summed and clipped),
+        event reward over the window's events that received in-window feedback;
+        an event reward is all its discounted signals summed and clipped, those
+        that came after the window began or not),
         ``mean_feedback_reward`` (mean per-feedback reward) and ``by_arm``
         (events, explored events, rewarded events and mean reward per arm).
         ``mean_reward`` is repeated at the top level; ``weights``, ``policy``
@@ -1170,13 +1177,15 @@ class FeedbackStore:
     def prune(self, now: float | datetime | None = None, *, retention: float | None = None) -> dict[str, int]:
         """Delete events older than ``retention`` seconds with their chunks, feedback and rewards.
 
-        Policy snapshots older than the cutoff go too, except the newest. With
+        Policy snapshots older than the cutoff go too, except each policy's newest
+        (another policy's later snapshot must not take away a policy's only state),
+        and so do run links older than the cutoff. With
         no retention (the store's or the argument) nothing is deleted; a
         retention shorter than ``attribution_window`` raises :class:`ValidationError`. Returns
         the number of rows deleted per table.
         """
         keep = self.retention if retention is None else self._check_retention(retention)
-        result = {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0}
+        result = {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0, "run_links": 0}
         if keep is None:
             return result
         t = self._now() if now is None else as_timestamp(now, "now")
@@ -1188,8 +1197,9 @@ class FeedbackStore:
             "feedback": f"DELETE FROM feedback WHERE event_id IN ({old})",
             "chunks": f"DELETE FROM event_chunks WHERE event_id IN ({old})",
             "events": "DELETE FROM events WHERE ts < ?",
-            "policy_snapshots": "DELETE FROM policy_snapshots "
-            "WHERE ts < ? AND version < (SELECT MAX(version) FROM policy_snapshots)",
+            "policy_snapshots": "DELETE FROM policy_snapshots WHERE ts < ? "
+            "AND version NOT IN (SELECT MAX(version) FROM policy_snapshots GROUP BY policy)",
+            "run_links": "DELETE FROM run_links WHERE ts < ?",
         }
         with self._write() as conn:
             for table, sql in statements.items():  # children first; the cascades then find nothing left

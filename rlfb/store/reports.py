@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -52,9 +53,12 @@ def stats(
         win["mean_feedback_reward"] = q(
             "SELECT AVG(reward) FROM feedback WHERE ts >= ? AND in_window = 1", (since,)
         ).fetchone()[0]
+        # the window's events, each with its whole reward (every in-window signal, whenever it came): summing
+        # only the feedback dated inside the window cut an event's reward in two at the window's edge, and
+        # counted an event of before the window as an arm's rewarded event without counting it as its event
         per_event = (
-            "SELECT event_id, MAX(?, MIN(?, SUM(discounted))) AS r FROM feedback "
-            "WHERE ts >= ? AND in_window = 1 GROUP BY event_id"
+            "SELECT f.event_id, MAX(?, MIN(?, SUM(f.discounted))) AS r FROM feedback f "
+            "JOIN events e ON e.id = f.event_id WHERE e.ts >= ? AND f.in_window = 1 GROUP BY f.event_id"
         )
         clip_since = (cfg.clip_low, cfg.clip_high, since)
         n, mean = q(f"SELECT COUNT(*), AVG(r) FROM ({per_event})", clip_since).fetchone()
@@ -210,9 +214,11 @@ def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
             n += 1
         return n
     target = Path(path)  # type: ignore[arg-type]
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    # a name of its own: two threads exporting to one target shared a pid-named file and one failed
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        with open(tmp, "wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             n = export_jsonl(store, fh)
         os.replace(tmp, target)
     finally:
