@@ -24,6 +24,7 @@ from rlfb.errors import (
     RatingOutOfRangeError,
     ReadOnlyStoreError,
     RlfbError,
+    StoreBusyError,
     UnknownChunkError,
     UnknownEventError,
     UnknownSignalError,
@@ -57,6 +58,7 @@ __all__ = [
     "IdempotencyConflictError",
     "CorruptStateError",
     "ReadOnlyStoreError",
+    "StoreBusyError",
     "ModelNotFoundError",
     "__version__",
 ]

@@ -8,6 +8,8 @@ built-in exception it refines (``ValueError``, ``KeyError``), so existing
 
 from __future__ import annotations
 
+import sqlite3
+
 __all__ = [
     "RlfbError",
     "ValidationError",
@@ -26,6 +28,7 @@ __all__ = [
     "DuplicateEventError",
     "IdempotencyConflictError",
     "ReadOnlyStoreError",
+    "StoreBusyError",
 ]
 
 
@@ -101,3 +104,12 @@ class IdempotencyConflictError(ValidationError):
 
 class ReadOnlyStoreError(RlfbError, PermissionError):
     """A feedback store's file (or, in WAL mode, its folder) cannot be written: nothing was recorded."""
+
+
+class StoreBusyError(RlfbError, sqlite3.OperationalError):
+    """The feedback store's write lock stayed taken for its whole ``busy_timeout``.
+
+    Another connection to the file holds it: another process, or, in this thread, another
+    ``FeedbackStore`` on the same file inside its ``exclusive()`` block (one that would wait for
+    ever on itself). Still an ``sqlite3.OperationalError``, as it was before it had a name.
+    """

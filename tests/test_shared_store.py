@@ -301,3 +301,17 @@ def test_fusion_of_the_wrong_type_is_a_validation_error(fusion: Any, tmp_path: P
     (tmp_path / "idx" / "ensemble.json").write_text(json.dumps({**config, "fusion": fusion}))
     with pytest.raises(CorruptStateError):
         FeedbackEnsemble.load(tmp_path / "idx")
+
+
+def test_a_second_store_on_the_file_inside_exclusive_is_a_named_error(tmp_path: Path) -> None:
+    # a raw "database is locked" after busy_timeout, which did not say that the holder was this very thread
+    from rlfb import StoreBusyError
+
+    store = FeedbackStore(tmp_path / "fb.db")
+    other = FeedbackStore(tmp_path / "fb.db", busy_timeout=0.05)
+    with store.exclusive():
+        with pytest.raises(StoreBusyError, match="another FeedbackStore on this file inside exclusive"):
+            other.save_policy_state({"n": 1}, {"bm25": 1.0})
+    other.save_policy_state({"n": 1}, {"bm25": 1.0})  # free again once the block ends
+    for s in (store, other):
+        s.close()

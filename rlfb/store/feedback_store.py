@@ -29,6 +29,7 @@ from rlfb.errors import (
     InvalidWeightsError,
     ReadOnlyStoreError,
     RlfbError,
+    StoreBusyError,
     UnknownChunkError,
     UnknownEventError,
     ValidationError,
@@ -272,6 +273,12 @@ class FeedbackStore:
                 raise ReadOnlyStoreError(f"feedback store {self.path} is read-only: {exc}") from exc
             if type(exc) is sqlite3.DatabaseError:  # SQLITE_CORRUPT / SQLITE_NOTADB, not a constraint or lock
                 raise CorruptStateError(f"feedback store {self.path} is damaged: {exc}") from exc
+            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
+                raise StoreBusyError(
+                    f"feedback store {self.path} stayed locked for its busy_timeout ({self.busy_timeout:g} s): "
+                    "another connection holds its write lock (another process, or another FeedbackStore on this "
+                    f"file inside exclusive() in this thread, which would wait on itself): {exc}"
+                ) from exc
             raise
 
     @contextmanager
