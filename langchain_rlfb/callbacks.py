@@ -96,6 +96,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         implicit: Any = None,
         observe_followups: bool = True,
     ) -> None:
+        if ensemble is not None:
+            ensemble = _check_ensemble(ensemble)  # a retriever given as the ensemble, as from_ensemble takes it
         if store is None and ensemble is not None:
             store = ensemble.store
         if store is None:
@@ -120,12 +122,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         ``ensemble`` is an :class:`rlfb.FeedbackEnsemble` or a retriever wrapping one
         (:class:`langchain_rlfb.FeedbackEnsembleRetriever`: its ``.ensemble`` is taken).
         """
-        from rlfb.ensemble import FeedbackEnsemble
-
-        ensemble = getattr(ensemble, "ensemble", ensemble)  # the retriever itself is the natural thing to pass
-        if not isinstance(ensemble, FeedbackEnsemble):
-            raise ValidationError(f"from_ensemble needs an rlfb FeedbackEnsemble or a retriever wrapping one, "
-                                  f"got {type(ensemble).__name__}")
+        ensemble = _check_ensemble(ensemble)
         if ensemble.store is None:
             raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
         return cls(ensemble.store, ensemble=ensemble, **kwargs)
@@ -142,6 +139,12 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         with self._lock:
             self._parents.pop(str(run_id), None)
 
+    def _failed(self, run_id: UUID) -> None:
+        """A run that raised: what was retrieved under it produced no answer (a retry's first attempt, a
+        branch a fallback replaced), so feedback on the runs above it must not rate those retrievals."""
+        self._close(run_id)
+        self.store.unlink_run(str(run_id))
+
     def on_chain_start(
         self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
@@ -151,7 +154,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._close(run_id)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._close(run_id)
+        self._failed(run_id)
 
     def on_tool_start(
         self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None,
@@ -163,7 +166,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._close(run_id)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._close(run_id)
+        self._failed(run_id)
 
     def on_llm_start(
         self, serialized: Any, prompts: list[str], *, run_id: UUID, parent_run_id: UUID | None = None,
@@ -236,8 +239,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if session is not None and self.observe_followups:
             if self._implicit is None:
                 self._implicit = default_implicit(self.ensemble)
-            # a retrieval under the same run (parent or any run above it) is a restatement on purpose
-            ancestors = {p for _, p in links} | ({parent} if parent is not None else set())
+            # a retrieval under the same run (parent or any run above it) is a restatement on purpose; so is one
+            # under this very retrieval (an rlfb retriever inside a wrapper retriever logged it moments ago)
+            ancestors = {p for _, p in links} | ({parent} if parent is not None else set()) | {rid}
             observe_followup(self.store, session, info["query"], ensemble=self.ensemble,
                              implicit=self._implicit, run_ancestors=ancestors)
         results, dropped = _results(documents)
@@ -275,8 +279,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     def record_feedback(
         self,
         run_id: Any,
+        *args: Any,
         score: float | bool | None = None,
-        *,
         rating: float | None = None,
         signal: str | None = None,
         value: float | None = None,
@@ -287,7 +291,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     ) -> list[Any]:
         """Feedback on a run: a retrieval's run id, or a chain's (every retrieval below it is rated).
 
-        LangSmith's shape: ``record_feedback(run_id, score=1.0, key="user_score", comment=...)``.
+        LangSmith's shape: ``record_feedback(run_id, score=1.0, key="user_score", comment=...)``, also with
+        the key second, as ``create_feedback(run_id, "user_score", score=1.0)`` takes it; a number second is
+        the score (``record_feedback(run_id, 1.0)``).
         Or a ``rating`` (1-5), a ``signal`` (``"thumbs_up"``, ``"explicit_negative"``,
         ``"click"``, ...) or a raw ``value`` in [-1, 1]. ``chunk_id`` rates one
         retrieved chunk. ``kwargs``: ``timestamp``, ``session_id``, ``user_id``,
@@ -302,6 +308,18 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
         under ``run_id`` or below it.
         """
+        if len(args) > 1:
+            raise ValidationError(f"record_feedback takes the run id and a key or a score, got {len(args) + 1} "
+                                  "positional arguments")
+        for given in args:  # LangSmith puts the key second; a number there is the score, as before
+            if isinstance(given, str):
+                if key is not None:
+                    raise ValidationError(f"give the key once: {given!r} and key={key!r}")
+                key = given
+            else:
+                if score is not None:
+                    raise ValidationError(f"give the score once: {given!r} and score={score!r}")
+                score = given
         fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         records = record_run_feedback(self.store, run_id, signal, ensemble=self.ensemble, **fb)
@@ -345,3 +363,13 @@ def _results(documents: Sequence[Document]) -> tuple[list[tuple[str, float | Non
     notes = [f"the scores of {len(bad)} documents (not finite numbers: {bad[:5]!r})"] if bad else []
     return results, notes
 
+
+def _check_ensemble(ensemble: Any) -> Any:
+    """The :class:`rlfb.FeedbackEnsemble` given, or the one a retriever wraps; else :class:`ValidationError`."""
+    from rlfb.ensemble import FeedbackEnsemble
+
+    ensemble = getattr(ensemble, "ensemble", ensemble)  # the retriever itself is the natural thing to pass
+    if not isinstance(ensemble, FeedbackEnsemble):
+        raise ValidationError(f"the handler needs an rlfb FeedbackEnsemble or a retriever wrapping one, "
+                              f"got {type(ensemble).__name__}")
+    return ensemble

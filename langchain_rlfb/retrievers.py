@@ -252,7 +252,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             retriever.weights
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    # forbid: a misspelt option (explor=False) was silently ignored, against the checks of every other argument
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     ensemble: FeedbackEnsemble
     """The rlfb ensemble that retrieves, logs and learns."""
@@ -437,7 +438,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
                 raise ValidationError(f"got {len(documents)} documents but {len(ids)} ids")
             documents = [d.model_copy(update={"id": i}) if isinstance(d, Document) else d
                          for d, i in zip(documents, ids, strict=True)]
-        return self.ensemble.add_chunks(_documents_to_chunks(documents))
+        chunks = _documents_to_chunks(documents)
+        self.ensemble.add_chunks(chunks)
+        # one id per document given, as a vector store returns them: a repeated text without an id is indexed
+        # once, and the list used to come back shorter, so zipping it with the documents paired them wrongly
+        return [document_to_chunk(d).id for d in documents]
 
     def delete(self, ids: Sequence[str]) -> None:
         """Remove the documents with these ids from the index (:meth:`rlfb.FeedbackEnsemble.delete_chunks`)."""

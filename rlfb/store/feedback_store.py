@@ -640,6 +640,14 @@ class FeedbackStore:
             conn.executemany("INSERT OR IGNORE INTO run_links (run_id, parent_id, ts) VALUES (?, ?, ?)", rows)
             return conn.total_changes - before
 
+    def unlink_run(self, run_id: str) -> int:
+        """Remove ``run_id``'s link to its parent: a run that failed (a retry's attempt, a branch a fallback
+        replaced) no longer stands under the run above it, so feedback given there does not rate the
+        retrievals made inside it. Returns the number of links removed (0 or 1)."""
+        enc = _enc(_check_id(run_id, "run_id"))
+        with self._write() as conn:
+            return conn.execute("DELETE FROM run_links WHERE run_id = ?", [enc]).rowcount
+
     def run_lineage(self, run_id: str) -> list[str]:
         """``run_id`` and the runs above it through the links of :meth:`link_runs`, nearest first.
 

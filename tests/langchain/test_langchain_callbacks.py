@@ -279,3 +279,66 @@ def test_handler_on_the_ensemble_file_records_once(tmp_path: Any, make_ensemble:
     FeedbackEnsembleRetriever.from_ensemble(ens).invoke("tides", config={"callbacks": [handler]}, run_id=run_id)
     assert len(handler.record_feedback(run_id, score=1.0)) == 1
     assert ens.store.counts()["feedback"] == 1 and ens.store.load_policy_state() is not None
+
+
+# -- from an audit of the LangChain adapter ---------------------------------------------------------------
+def test_an_rlfb_retriever_inside_a_wrapper_retriever_is_not_its_own_follow_up(make_ensemble: Any) -> None:
+    # the handler took the inner retrieval, logged moments before in the same turn, for the session's previous
+    # question and recorded it as a reformulation, which the ensemble learned from
+    ens = make_ensemble(policy="thompson")
+    inner = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    outer = EnsembleRetriever(retrievers=[inner], weights=[1.0])
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    outer.invoke("what causes the aurora borealis", config={"callbacks": [handler],
+                                                            "metadata": {"session_id": "u1"}})
+    assert ens.store.counts()["feedback"] == 0 and ens.store.counts()["policy_snapshots"] == 0
+
+
+def test_feedback_on_a_chain_skips_the_retrieval_of_a_failed_retry_attempt(make_ensemble: Any) -> None:
+    # both attempts' retrievals were linked under the top run, and feedback rated the ranking that never
+    # produced the answer
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    calls = []
+
+    def flaky_llm(prompt: Any) -> str:
+        calls.append(prompt)
+        if len(calls) == 1:
+            raise RuntimeError("429 rate limited")
+        return "answer"
+
+    context = retriever | RunnableLambda(lambda docs: " ".join(d.page_content for d in docs))
+    chain = ({"context": context, "question": RunnablePassthrough()} | RunnableLambda(flaky_llm)).with_retry(
+        stop_after_attempt=2, wait_exponential_jitter=False)
+    top = uuid.uuid4()
+    assert chain.invoke("why do tides happen", config={"callbacks": [handler], "run_id": top}) == "answer"
+    assert ens.store.counts()["events"] == 2
+    assert len(handler.retrievals(top)) == 1
+    (record,) = handler.record_feedback(top, score=1.0)
+    assert record.event_id == handler.retrievals(top)[0]["id"]
+
+
+def test_a_handler_given_a_retriever_as_its_ensemble_unwraps_it(make_ensemble: Any) -> None:
+    # accepted, then every retrieval failed inside the callback and record_feedback raised AttributeError
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler(ens.store, ensemble=retriever)
+    assert handler.ensemble is ens
+    run = uuid.uuid4()
+    retriever.invoke("tides", config={"callbacks": [handler], "metadata": {"session_id": "s"}}, run_id=run)
+    assert len(handler.record_feedback(run, score=1.0)) == 1
+    with pytest.raises(ValidationError, match="FeedbackEnsemble or a retriever"):
+        FeedbackCallbackHandler(ens.store, ensemble="not an ensemble")
+
+
+def test_record_feedback_takes_langsmiths_key_second(bm25: BM25Retriever) -> None:
+    handler = FeedbackCallbackHandler(FeedbackStore())
+    run = uuid.uuid4()
+    bm25.invoke("tides", config={"callbacks": [handler]}, run_id=run)
+    (rec,) = handler.record_feedback(run, "user_score", score=1)  # create_feedback(run_id, key, score=...)
+    assert rec.value == 1.0
+    (again,) = handler.record_feedback(run, 0.0)  # a number second is the score, as before
+    assert again.value == -1.0
+    with pytest.raises(ValidationError, match="key once"):
+        handler.record_feedback(run, "user_score", key="other", score=1)

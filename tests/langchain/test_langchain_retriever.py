@@ -343,3 +343,18 @@ def test_add_documents_and_delete_change_the_index_as_a_vector_store_would(tmp_p
         retriever.add_documents([penguin, note], ids=["x"])
     with pytest.raises(DuplicateIdError):
         retriever.add_documents([penguin, penguin], ids=["x", "x"])
+
+
+def test_add_documents_returns_one_id_per_document_given(make_ensemble: Any) -> None:
+    # a repeated text without an id is indexed once, and the ids came back one short of the documents
+    retriever = FeedbackEnsembleRetriever.from_ensemble(make_ensemble(), k=2)
+    footer = Document(page_content="Legal notice: all rights reserved.")
+    docs = [Document(page_content="Penguins huddle in the Antarctic winter."), footer, footer,
+            Document(page_content="Koalas sleep in eucalyptus trees.")]
+    ids = retriever.add_documents(docs)
+    assert len(ids) == 4 and ids[1] == ids[2] and len(set(ids)) == 3
+
+
+def test_a_misspelt_option_is_an_error_not_ignored(make_ensemble: Any) -> None:
+    with pytest.raises(Exception, match="explor"):
+        FeedbackEnsembleRetriever.from_ensemble(make_ensemble(), explor=False)
