@@ -26,6 +26,7 @@ from rlfb.store import FeedbackStore
 from rlfb.weight_config import import_weights
 
 from _corpus import IDS, TEXTS
+from _threads import errors_in_threads
 
 N_FEEDBACK = 25
 
@@ -189,21 +190,12 @@ def test_weights_import_notes_a_state_of_other_hyperparameters(tmp_path: Path) -
 def test_saves_from_many_threads_leave_one_whole_save(tmp_path: Path) -> None:
     ens = _ensemble(None)
     root = tmp_path / "idx"
-    errors: list[BaseException] = []
 
     def save() -> None:
-        try:
-            for _ in range(5):
-                ens.save(root)
-        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
-            errors.append(exc)
+        for _ in range(5):
+            ens.save(root)
 
-    threads = [threading.Thread(target=save) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert errors_in_threads(save, 6) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no temporary folder left behind
     assert FeedbackEnsemble.load(root).retrieve("tides", k=1).hits
 

@@ -918,21 +918,9 @@ def test_a_closed_store_and_a_close_inside_exclusive_are_named_errors(fresh_stor
 
 
 def test_two_threads_exporting_to_one_file_both_succeed(tmp_path, fresh_store):
-    import threading
+    from _threads import errors_in_threads
 
     for _ in range(50):
         log(fresh_store)
-    errors: list[BaseException] = []
-
-    def export() -> None:
-        try:
-            fresh_store.export_jsonl(tmp_path / "out.jsonl")
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
-            errors.append(exc)
-
-    threads = [threading.Thread(target=export) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and len((tmp_path / "out.jsonl").read_text().splitlines()) == 150
+    assert errors_in_threads(lambda: fresh_store.export_jsonl(tmp_path / "out.jsonl"), 4) == []
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 150
