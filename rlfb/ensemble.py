@@ -433,8 +433,9 @@ class FeedbackEnsemble:
 
     def _learner_query(self, query: str) -> str:
         """What the learner knows a question by: its text, or, with a store that keeps no text
-        (``store_text=False``), the sha256 the store keeps, so that no query text reaches the
-        learner's saved state and a rebuilt episode finds the same question after a restart."""
+        (``store_text=False``), the sha256 of its normalised text, logged with the event
+        (:data:`QUERY_KEY`), so that no query text reaches the learner's saved state and a
+        rebuilt episode finds the same question after a restart."""
         if self._store is not None and not self._store.store_text:
             from rlfb.memory import normalize_query
             from rlfb.store import query_hash

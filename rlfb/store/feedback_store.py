@@ -336,13 +336,14 @@ class FeedbackStore:
         Reads inside see the newest data and no other writer can commit until the block ends,
         so a read-modify-write of the policy state (read the newest snapshot, learn, save) is
         not interleaved with another process's. Writes inside commit together at the end, or
-        none of them on an error. Keep the block short: other writers wait up to ``busy_timeout``.
+        none of them on an error; a nested block that raises undoes its own writes only, when
+        the outer block catches the error. Keep the block short: other writers wait up to
+        ``busy_timeout``.
         """
         with self._lock:
-            # the outermost block is one write transaction (BEGIN IMMEDIATE ... COMMIT or ROLLBACK); the
-            # writes inside become savepoints of it, and nested blocks join it
-            # a nested block is a savepoint of it: one that raises undoes its own writes, even when the
-            # outer block catches the error (it used to join the transaction and commit them)
+            # the outermost block is one write transaction (BEGIN IMMEDIATE ... COMMIT or ROLLBACK); the writes
+            # inside, and nested blocks, are savepoints of it: a nested block that raises undoes its own writes
+            # even when the outer block catches the error (it used to join the transaction and commit them)
             with self._write():
                 self._exclusive += 1
                 try:
