@@ -567,7 +567,7 @@ class FeedbackEventHandler(BaseEventHandler):
         with self._lock:
             refs = {e: self._learners.get(e) for e in event_ids}
             seen = [r() for r in reversed(self._adapters.values())]
-        live = [ens for ens in (_ensemble_of(a) for a in seen if a is not None) if ens is not None and ens.store]
+        live = [e for e in (_ensemble_of(a) for a in seen if a is not None) if e is not None and e.store is not None]
         own = _ensemble_of(self._ensemble)
         makers = {}
         for eid, ref in refs.items():
