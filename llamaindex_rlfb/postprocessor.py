@@ -53,7 +53,6 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -71,6 +70,7 @@ from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, cur
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.runs import store_lock
 
 __all__ = ["FeedbackFusionPostprocessor"]
 
@@ -344,8 +344,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         stored :class:`~rlfb.store.FeedbackRecord` of each retrieval rated.
         """
         # under the store's lock, which a re-index holds while it hands the learner's state to the new index
-        lock = getattr(self._store, "lock", None)
-        with lock if lock is not None else nullcontext():
+        with store_lock(self._store):
             return adapter_feedback(self._store, event_id, signal, ensemble=self._ensemble, score=score,
                                     rating=rating, value=value, chunk_id=chunk_id, **kwargs)
 
@@ -436,7 +435,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         # the state is handed over under the store's lock, which every learning step holds (the ensemble
         # takes it first): taken before the slow build, it missed feedback learned meanwhile, by
         # pp.feedback or through a FeedbackEventHandler alike
-        with self._store.lock:
+        with store_lock(self._store):
             if self._ensemble is not None:
                 ens.learner.load_state_dict(self._ensemble.learner.state_dict())
             self._ensemble = ens

@@ -26,7 +26,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy, same_hyperparameters
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
-from rlfb.runs import owns_event
+from rlfb.runs import owns_event, store_lock
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k
 
 __all__ = ["FeedbackEnsemble"]
@@ -364,8 +364,7 @@ class FeedbackEnsemble:
         One order everywhere: a caller inside ``store.exclusive()`` (which holds the store's lock) calling
         :meth:`feedback` while another thread gave feedback used to wait on each other for ever.
         """
-        lock = getattr(self._store, "lock", None)  # a store of the user's own may have none
-        with lock if lock is not None else nullcontext(), self._lock:
+        with store_lock(self._store), self._lock:
             yield
 
     def _index(self) -> tuple[ChunkTable, dict[str, Retriever]]:
@@ -444,15 +443,6 @@ class FeedbackEnsemble:
             # raw text took "What causes tides?" and "what causes tides" for two questions
             return _HASHED + query_hash(normalize_query(query))
         return query
-
-    def _logged_metadata(self, query: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The event's metadata; with a store that keeps no text, plus the learner's key of the question,
-        so that an episode rebuilt after a restart finds the question the memory knows (a hash, no text)."""
-        out = dict(metadata or {})
-        key = self._learner_query(query)
-        if key != query:
-            out[QUERY_KEY] = key
-        return out
 
     def _for_learner(self, ctx: Context) -> Context:
         key = self._learner_query(ctx.query)
@@ -582,7 +572,8 @@ class FeedbackEnsemble:
         validate_flag(log, "log")
         with self._guarded():
             self._refresh()
-            ranking = self._learner.rank(self._for_learner(ctx), k, explore=explore)
+            learner_ctx = self._for_learner(ctx)
+            ranking = self._learner.rank(learner_ctx, k, explore=explore)
             hits = self._hits(ctx, ranking)
             decision: Decision = ranking.decision
             logged_id = None
@@ -596,7 +587,7 @@ class FeedbackEnsemble:
                     query_type=ctx.query_type,
                     event_id=event_id,
                     parent_id=parent_id,
-                    metadata=self._logged_metadata(ctx.query, metadata),
+                    metadata=_logged_metadata(metadata, ctx.query, learner_ctx.query),
                     timestamp=timestamp,
                 )
                 self._remember(logged_id, ctx)
@@ -1143,6 +1134,16 @@ def _seconds(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN fails >= too
         raise ValidationError(f"{name} must be a number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def _logged_metadata(metadata: Mapping[str, Any] | None, query: str, key: str) -> dict[str, Any]:
+    """An event's metadata; where the learner knows the question by a key other than its text (a store
+    that keeps no text), plus that key, so that an episode rebuilt after a restart finds the question the
+    memory knows (a hash, no text)."""
+    out = dict(metadata or {})
+    if key != query:
+        out[QUERY_KEY] = key
+    return out
 
 
 def _n_learned(state: Any, root: Path) -> int:

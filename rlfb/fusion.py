@@ -76,13 +76,17 @@ def minmax_normalize(scores: np.ndarray) -> np.ndarray:
     if arr.shape[0] == 0:  # no candidates (a member that found nothing): nothing to scale
         return np.zeros_like(arr)
     mask, filled = _present(arr)
-    lo = np.where(mask, filled, np.inf).min(axis=0)
-    hi = np.where(mask, filled, -np.inf).max(axis=0)
-    span = hi - lo
-    ok = np.isfinite(span) & (span > 0)
+    lo, span, ok = _spread(mask, filled)
     out = np.zeros_like(arr)
     out[:, ok] = (filled[:, ok] - lo[ok]) / span[ok]
     return np.where(mask, out, 0.0)
+
+
+def _spread(mask: np.ndarray, filled: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each column's lowest present score, its span, and whether it varies (a finite span above 0)."""
+    lo = np.where(mask, filled, np.inf).min(axis=0)
+    span = np.where(mask, filled, -np.inf).max(axis=0) - lo
+    return lo, span, np.isfinite(span) & (span > 0)
 
 
 def zscore_normalize(scores: np.ndarray) -> np.ndarray:
@@ -105,9 +109,7 @@ def zscore_normalize(scores: np.ndarray) -> np.ndarray:
     std = np.sqrt((np.where(mask, filled - mean, 0.0) ** 2).sum(axis=0) / safe)
     # constant is judged on the values, not on std > 0: the mean's round-off leaves a std of 1e-17 on a
     # column of 0.1s, which would scale every entry to +-1
-    lo = np.where(mask, filled, np.inf).min(axis=0)
-    hi = np.where(mask, filled, -np.inf).max(axis=0)
-    ok = np.isfinite(hi - lo) & (hi > lo) & (std > 0)
+    ok = _spread(mask, filled)[2] & (std > 0)
     out = np.zeros_like(arr)
     out[:, ok] = (filled[:, ok] - mean[ok]) / std[ok]
     # a missing score is no better than the member's worst result (0 would put it at the member's mean)

@@ -32,7 +32,7 @@ import math
 import numbers
 import os
 from collections.abc import Collection, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 from uuid import UUID
 
@@ -50,6 +50,7 @@ __all__ = [
     "score_value",
     "owns_event",
     "same_store",
+    "store_lock",
     "record_run_feedback",
     "observe_followup",
     "default_implicit",
@@ -175,6 +176,15 @@ def same_store(a: Any, b: Any) -> bool:
     if not pa or not pb or ":memory:" in (pa, pb):
         return False
     return os.path.realpath(pa) == os.path.realpath(pb)
+
+
+def store_lock(store: Any) -> AbstractContextManager[Any]:
+    """The in-process lock of ``store`` (:attr:`rlfb.store.FeedbackStore.lock`), to take before one's own.
+
+    A store of the user's own may have none: then nothing is taken.
+    """
+    lock = getattr(store, "lock", None)
+    return lock if lock is not None else nullcontext()
 
 
 def owns_event(ensemble: Any, event: Mapping[str, Any]) -> bool:

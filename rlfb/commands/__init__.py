@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "write_output", "same_file",
-           "refuse_overwriting_store", "check_int", "check_output_name", "require_matplotlib", "reader_gone",
-           "HelpFormatter"]
+           "refuse_overwriting_store", "refuse_empty_store", "check_int", "check_output_name",
+           "require_matplotlib", "reader_gone", "HelpFormatter"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -88,6 +88,18 @@ def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
     for side in (f"{store}{tail}" for tail in ("-wal", "-shm", "-journal")):  # SQLite's own files beside it
         if same_file(out, side):
             raise ValidationError(f"the output {out} is {side}, part of the store {store}: refusing to overwrite it")
+
+
+def refuse_empty_store(path: str | Path) -> None:
+    """Raise :class:`ValidationError` when the store file at ``path`` is empty (0 bytes).
+
+    SQLite takes an empty file for an empty database, and opening it as a store writes the schema in:
+    a command that only looks at a store must not change the file.
+    """
+    from rlfb.errors import ValidationError
+
+    if Path(path).stat().st_size == 0:
+        raise ValidationError(f"{path} is empty: not an rlfb feedback store")
 
 
 def check_int(option: str, value: int | None, low: int, high: int | None = None) -> None:

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlfb.errors import RlfbError, ValidationError
+from rlfb.errors import RlfbError
 
 __all__ = ["register", "main", "cmd_stats", "cmd_export"]
 
@@ -54,14 +54,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _open(path: str) -> Any:
+    from rlfb.commands import refuse_empty_store
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no such store: {path}")
-    if Path(path).stat().st_size == 0:
-        # SQLite takes an empty file for an empty database, and opening it as a store writes the schema in:
-        # a look at a file must not change it
-        raise ValidationError(f"{path} is empty: not an rlfb feedback store")
+    refuse_empty_store(path)
     return FeedbackStore(path)
 
 

@@ -35,13 +35,13 @@ def _open(path: str) -> Iterator[Any]:
     """The feedback store at ``path``; a file that is not one raises :class:`CorruptStateError` naming it."""
     import sqlite3
 
+    from rlfb.commands import refuse_empty_store
     from rlfb.errors import CorruptStateError, ValidationError
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
         raise ValidationError(f"no feedback store at {path}")
-    if Path(path).stat().st_size == 0:  # SQLite would take it for an empty database and the schema go in
-        raise ValidationError(f"{path} is empty: not an rlfb feedback store")
+    refuse_empty_store(path)
     try:
         with FeedbackStore(path) as store:
             yield store
