@@ -142,8 +142,20 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     def _failed(self, run_id: UUID) -> None:
         """A run that raised: what was retrieved under it produced no answer (a retry's first attempt, a
         branch a fallback replaced), so feedback on the runs above it must not rate those retrievals."""
-        self._close(run_id)
-        self.store.unlink_run(str(run_id))
+        rid = str(run_id)
+        with self._lock:
+            # with the open runs under it: a run cancelled in ainvoke fails its chain, but LangChain reports no
+            # error for the retriever or tool that was awaiting (CancelledError is not an Exception), so their
+            # entries would stay for ever; a branch still running under a failed run answers nobody either
+            gone = {rid}
+            under = {r for r, p in self._parents.items() if p in gone} - gone
+            while under:
+                gone |= under
+                under = {r for r, p in self._parents.items() if p in under} - gone
+            for r in gone:
+                self._parents.pop(r, None)
+                self._retrievals.pop(r, None)
+        self.store.unlink_run(rid)
 
     def on_chain_start(
         self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any

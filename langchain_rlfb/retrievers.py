@@ -25,6 +25,8 @@ the chunk), ``rank`` (1-based), ``event_id`` (``None`` without a store) and
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
@@ -297,12 +299,22 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         log: bool | None = None,
     ) -> list[Document]:
         # The core is synchronous (numpy, SQLite): run it in a thread, as LangChain's default does.
-        return await run_in_executor(
-            None, self._retrieve, query, run_manager, run_manager.get_child(), k, explore, log
-        )
+        cancelled = threading.Event()
+        try:
+            return await run_in_executor(
+                None, self._retrieve, query, run_manager, run_manager.get_child(), k, explore, log, cancelled
+            )
+        except asyncio.CancelledError as exc:
+            # A cancelled ainvoke (asyncio.wait_for timing out) is a BaseException, which BaseRetriever.ainvoke
+            # does not pass to the callbacks' error hook: say it here, so a FeedbackCallbackHandler drops the
+            # run's entries and a tracer closes the run. The thread goes on, but logs nothing once it sees the flag.
+            cancelled.set()
+            await asyncio.shield(run_manager.on_retriever_error(exc))
+            raise
 
     def _retrieve(
-        self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None, log: bool | None
+        self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None, log: bool | None,
+        cancelled: threading.Event | None = None,
     ) -> list[Document]:
         ens = self.ensemble
         k = self.k if k is None else positive_count(k, "k")
@@ -318,18 +330,22 @@ class FeedbackEnsembleRetriever(BaseRetriever):
                              run_ancestors=() if parent is None else (parent,))
         token = _MEMBER_CALLBACKS.set(child_callbacks)
         try:
-            result = ens.retrieve(
-                query,
-                k,
-                session_id=session,
-                explore=explore,
-                log=logging,
-                event_id=str(run.run_id) if logging else None,
-                parent_id=str(run.parent_run_id) if logging and run.parent_run_id is not None else None,
-                metadata={"framework": "langchain", "run_name": self.get_name()},
-            )
+            ctx = ens.context(query, session_id=session, k=k)  # the slow part: encoding, scoring, members
         finally:
             _MEMBER_CALLBACKS.reset(token)
+        if cancelled is not None and cancelled.is_set():
+            # nobody will see this ranking: logging it would give the session's next question a "previous
+            # retrieval" to be a reformulation of, and the learner a decision nobody rated
+            return []
+        result = ens.rank_context(
+            ctx,
+            k,
+            explore=explore,
+            log=logging,
+            event_id=str(run.run_id) if logging else None,
+            parent_id=str(run.parent_run_id) if logging and run.parent_run_id is not None else None,
+            metadata={"framework": "langchain", "run_name": self.get_name()},
+        )
         return [hit_to_document(h, result.event_id) for h in result.hits]
 
     # ------------------------------------------------------------------ construction

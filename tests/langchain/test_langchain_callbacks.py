@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -202,6 +203,32 @@ async def test_async_chain_and_abatch_log_every_event(bm25: BM25Retriever) -> No
     assert all(len(handler.retrievals(t)) == 1 for t in tops)
     assert await chain.ainvoke("glaciers", config={"callbacks": [handler]}) == "an answer"
     assert handler.store.counts()["events"] == 7
+
+
+async def test_a_chain_cancelled_in_ainvoke_drops_the_open_retrieval_under_it() -> None:
+    # LangChain reports a cancelled chain (its error hook takes BaseException) but not the retriever that was
+    # awaiting inside it: the handler must not keep that retrieval's entries for ever
+    started = asyncio.Event()
+
+    class Waiting(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+            raise NotImplementedError
+
+        async def _aget_relevant_documents(self, query: str, *, run_manager: Any) -> list[Document]:
+            started.set()
+            await asyncio.Event().wait()  # until cancelled
+            return []
+
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    chain = RunnableLambda(lambda q: q) | Waiting()
+    task = asyncio.create_task(chain.ainvoke("what causes the aurora", config={"callbacks": [handler]}))
+    await started.wait()
+    assert len(handler._retrievals) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert handler._retrievals == {} and handler._parents == {}
+    assert handler.store.counts()["events"] == 0
 
 
 def test_retrieval_through_a_tool_links_up_to_the_root_run(bm25: BM25Retriever) -> None:

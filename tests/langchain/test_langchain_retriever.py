@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -358,3 +360,36 @@ def test_add_documents_returns_one_id_per_document_given(make_ensemble: Any) -> 
 def test_a_misspelt_option_is_an_error_not_ignored(make_ensemble: Any) -> None:
     with pytest.raises(Exception, match="explor"):
         FeedbackEnsembleRetriever.from_ensemble(make_ensemble(), explor=False)
+
+
+async def test_a_cancelled_ainvoke_logs_nothing_and_closes_the_handlers_run(make_ensemble: Any) -> None:
+    # asyncio.wait_for timing out cancels ainvoke, which BaseRetriever.ainvoke does not report to the callbacks
+    # (CancelledError is not an Exception); the worker thread goes on after the coroutine is gone
+    started, release = threading.Event(), threading.Event()
+
+    def slow(query: str, k: int) -> list[tuple[Chunk, None]]:
+        started.set()
+        release.wait()
+        return [(Chunk("doc2", TEXTS[2]), None)]
+
+    base = make_ensemble()
+    ens = FeedbackEnsemble(base.retrievers, base.chunks, members=[SearchMember("kb", slow)], store=base.store)
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler(base.store, ensemble=retriever)
+    loop = asyncio.get_running_loop()
+    workers = ThreadPoolExecutor(2)  # the retrieval, and the sync handler's error hook
+    loop.set_default_executor(workers)  # LangChain's run_in_executor runs the retrieval here
+    task = asyncio.create_task(retriever.ainvoke("tides", config={"callbacks": [handler],
+                                                                   "metadata": {"session_id": "s"}}))
+    while not started.is_set():  # the member is searching, in a pool thread
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    workers.shutdown(wait=True)  # the retrieval's thread has finished
+    assert base.store.counts()["events"] == 0  # nobody saw a ranking: none is logged
+    assert handler._retrievals == {} and handler._parents == {}
+    docs = retriever.invoke("tides", config={"callbacks": [handler], "metadata": {"session_id": "s"}})
+    assert docs and base.store.counts()["events"] == 1  # the next call is the session's first retrieval
+    assert base.store.counts()["feedback"] == 0  # so it restates nothing
