@@ -73,15 +73,19 @@ MemberLike = Any  # a BaseRetriever / Runnable[str, list[Document]], a VectorSto
 
 
 def _given_id(doc: Document) -> Any:
-    """The id the user gave ``doc``: ``doc.id``, else ``metadata["chunk_id"]`` or ``metadata["id"]``."""
+    """The id the user gave ``doc``: ``doc.id``, else ``metadata["chunk_id"]`` (what rlfb's Documents carry).
+
+    ``metadata["id"]`` is not an id here: loaders (Notion, Confluence, ...) set it to the page's id, which
+    every chunk split from the page inherits, and taking it merged those chunks into one.
+    """
     meta = doc.metadata or {}
-    return doc.id or meta.get("chunk_id") or meta.get("id")
+    return doc.id or meta.get("chunk_id")
 
 
 def document_to_chunk(doc: Document) -> Chunk:
     """A ``Document`` as a chunk.
 
-    Its id is ``doc.id``, else ``metadata["chunk_id"]`` or ``metadata["id"]``,
+    Its id is ``doc.id``, else ``metadata["chunk_id"]``,
     else a hash of the content (:func:`rlfb.runs.content_id`).
     """
     cid = _given_id(doc)

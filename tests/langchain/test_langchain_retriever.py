@@ -18,6 +18,7 @@ import langchain_rlfb
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, document_to_chunk
 from rlfb import DuplicateIdError, FeedbackEnsemble, UnknownEventError, ValidationError
 from rlfb.members import SearchMember
+from rlfb.runs import content_id
 from rlfb.store import FeedbackStore
 from rlfb.types import Chunk
 
@@ -150,10 +151,21 @@ def test_from_documents_indexes_identical_id_less_documents_once() -> None:
 def test_document_to_chunk_ids() -> None:
     assert document_to_chunk(Document(page_content="a", id="x")).id == "x"
     assert document_to_chunk(Document(page_content="a", metadata={"chunk_id": "y"})).id == "y"
-    assert document_to_chunk(Document(page_content="a", metadata={"id": 7})).id == "7"
+    # a loader's page id, shared by every chunk split from the page, is not a chunk id
+    assert document_to_chunk(Document(page_content="a", metadata={"id": 7})).id == content_id("a")
     h1 = document_to_chunk(Document(page_content="same text")).id
     assert h1 == document_to_chunk(Document(page_content="same text")).id
     assert h1 != document_to_chunk(Document(page_content="other text")).id
+
+
+def test_chunks_split_from_one_page_stay_apart(tmp_path: Any) -> None:
+    # what a splitter gives for a Notion or Confluence page: every chunk carries the page's metadata["id"]
+    page = [Document(page_content=t, metadata={"id": "page-1", "source": "notion"}) for t in TEXTS[:3]]
+    retriever = FeedbackEnsembleRetriever.from_documents(page, retrievers=("bm25",), store=tmp_path / "fb.db", k=3)
+    assert len(retriever.ensemble) == 3
+    docs = retriever.invoke(TEXTS[1])
+    assert docs[0].page_content == TEXTS[1] and docs[0].metadata["id"] == "page-1"
+    assert len({d.id for d in docs}) == 3
 
 
 def test_feedback_by_run_id_learns_and_weights_are_exposed(make_ensemble: Any) -> None:
