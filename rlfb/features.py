@@ -23,6 +23,12 @@ from collections.abc import Mapping
 __all__ = ["QUERY_TYPES", "query_features", "query_type"]
 
 _TOKEN = re.compile(r"\w+(?:[-_./:]\w+)*", re.UNICODE)
+# Han and kana are written without spaces, so a whole clause is one \w+ token; a word of Chinese or
+# Japanese is about two characters. Hangul is not here: Korean separates its words by spaces.
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff"
+_KANA = "\u3040-\u30ff"
+_CJK_RUN = re.compile(f"[{_HAN}{_KANA}]+")
+_QUESTION_MARKS = ("?", "\uff1f", "\u061f")  # ASCII, full-width (CJK) and Arabic
 # single quotes only where they stand apart from words: "doesn't" and "the kernel's" quote nothing
 _QUOTE = re.compile(r"\"[^\"]+\"|“[^”]+”|(?<!\w)'[^']{2,}'(?!\w)")
 _CODE = re.compile(
@@ -56,17 +62,21 @@ def query_features(query: str) -> dict[str, float]:
 
     Keys: ``n_tokens``, ``n_chars``, ``has_digits``, ``has_code`` (identifiers
     such as ``E1234``, ``snake_case``, ``camelCase``), ``has_quote`` (a quoted
-    phrase), ``is_question`` (a leading question word or a question mark),
-    ``mean_token_length`` and ``upper_ratio`` (share of all-capital tokens).
+    phrase), ``is_question`` (a leading question word or a question mark, also
+    the full-width ``？`` and the Arabic ``؟``), ``mean_token_length`` and
+    ``upper_ratio`` (share of all-capital tokens). Chinese and Japanese text,
+    written without spaces, counts one token per two Han or kana characters.
 
     >>> query_features("How do tides work?")["n_tokens"]
     4.0
+    >>> query_features("极光是什么")["n_tokens"]
+    3.0
     """
     if not isinstance(query, str):
         raise TypeError(f"query must be a string, got {type(query).__name__}")
     text = query.strip()
     tokens = _TOKEN.findall(text)
-    n = len(tokens)
+    n = sum(_n_words(t) for t in tokens)
     first = tokens[0].lower() if tokens else ""
     return {
         "n_tokens": float(n),
@@ -74,10 +84,19 @@ def query_features(query: str) -> dict[str, float]:
         "has_digits": float(any(ch.isdigit() for ch in text)),
         "has_code": float(bool(_CODE.search(text))),
         "has_quote": float(bool(_QUOTE.search(text))),
-        "is_question": float(first in _QUESTION_WORDS or text.endswith("?")),
+        "is_question": float(first in _QUESTION_WORDS or text.endswith(_QUESTION_MARKS)),
         "mean_token_length": float(sum(len(t) for t in tokens) / n) if n else 0.0,
         "upper_ratio": float(sum(t.isupper() and len(t) > 1 for t in tokens) / n) if n else 0.0,
     }
+
+
+def _n_words(token: str) -> int:
+    """Words in one token: 1, or for Han and kana runs about one per two characters (rounded up)."""
+    runs = _CJK_RUN.findall(token)
+    if not runs:
+        return 1
+    rest = _CJK_RUN.sub(" ", token).split()  # the token's other parts ("aurora" in "aurora极光")
+    return len(rest) + sum((len(r) + 1) // 2 for r in runs)
 
 
 def query_type(features: Mapping[str, float]) -> str:

@@ -147,6 +147,29 @@ def test_query_features_and_types():
     assert len(QUERY_TYPES) == 12 and query_type(f) in QUERY_TYPES
 
 
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        # a CJK sentence has no spaces: it was one or two tokens, so always "short|keyword"
+        ("极光是什么原因造成的？为什么在高纬度地区更常见？", "medium|question"),
+        ("オーロラはなぜ発生するのですか？", "medium|question"),
+        ("极光", "short|keyword"),
+        ("太阳风对地球磁场的影响", "medium|keyword"),
+        ("오로라는 왜 발생합니까?", "short|question"),  # Korean words are separated by spaces already
+        ("오로라는 왜 자주 발생합니까？", "medium|question"),
+        ("ما سبب الشفق القطبي؟", "medium|question"),  # Arabic question mark
+        ("what causes the aurora？", "medium|question"),  # full-width question mark
+    ],
+)
+def test_query_types_of_cjk_and_other_scripts(query, expected):
+    assert query_type(query_features(query)) == expected
+
+
+def test_cjk_characters_count_as_about_one_word_per_two():
+    assert 4.0 == query_features("极光 aurora 是什么")["n_tokens"]  # 极光, aurora, 是什么 (3 characters: 2 words)
+    assert 2.0 == query_features("Aurora极光")["n_tokens"]
+
+
 # ---------------------------------------------------------------------------- simplex and arms
 
 
