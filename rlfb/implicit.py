@@ -7,9 +7,10 @@ Rules (every threshold is a constructor argument):
 * **Reformulation.** The next query in the same session restates the previous
   one: ``"reformulation"`` (implicit negative). Without an encoder, "restates"
   means that more than ``overlap_threshold`` (0.4) of the previous query's
-  content words come back in the new one; with an ``encode`` function (a dense
-  model), that the cosine similarity of the two queries is at least
-  ``similarity_threshold`` (0.8).
+  content words come back in the new one (a Chinese or Japanese Han character
+  counts as a word; Japanese hiragana, mostly particles and endings, does not);
+  with an ``encode`` function (a dense model), that the cosine similarity of
+  the two queries is at least ``similarity_threshold`` (0.8).
 * **New topic.** A follow-up that is not a reformulation is neutral: no signal.
 * **Cited / opened.** A chunk the answer cited, or that the user opened, is
   positive for that chunk: ``"cited"`` / ``"opened"`` (implicit positive).
@@ -47,18 +48,26 @@ DEFAULT_STOPWORDS: frozenset[str] = frozenset(
     这 那 么 什 怎 如 何 请 一 个 有 就 也 都 还 要""".split()
 )
 
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
-# A CJK character is one token (no spaces between words); other letters/digits group into words.
-_TOKEN = re.compile(rf"[{_CJK}]|[^\W_{_CJK}]+")
+_HAN = "\u3400-\u4dbf\u4e00-\u9fff"
+# Kana runs (with the long-vowel mark "ー", which both scripts use) are words of their own: katakana
+# writes loanwords (オーロラ), hiragana mostly particles and endings (は, なぜ, のですか).
+_HIRAGANA = "\u3041-\u3096\u309d-\u309f\u30fc"
+_KATAKANA = "\u30a1-\u30fa\u30fc-\u30ff"
+# Chinese and Japanese have no spaces between words, so a Han character is one token; other
+# letters and digits, Hangul included (Korean separates its words by spaces), group into words.
+_TOKEN = re.compile(rf"[{_HAN}]|[{_KATAKANA}]+|[{_HIRAGANA}]+|[^\W_{_HAN}{_HIRAGANA}{_KATAKANA}]+")
+_HIRAGANA_WORD = re.compile(rf"[{_HIRAGANA}]+")
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens; each CJK character is its own token.
+    """Lower-cased word tokens; each Han character is its own token, a kana run one token.
 
     >>> tokenize("What causes the Aurora?")
     ['what', 'causes', 'the', 'aurora']
     >>> tokenize("极光是什么")
     ['极', '光', '是', '什', '么']
+    >>> tokenize("オーロラはなぜ光る")
+    ['オーロラ', 'はなぜ', '光', 'る']
     """
     return _TOKEN.findall(text.lower())
 
@@ -115,7 +124,8 @@ class ImplicitSignals:
     encode
         Optional dense model: ``encode(list_of_texts) -> (n, d)`` array of unit vectors.
     stopwords
-        Words ignored by the overlap rule.
+        Words ignored by the overlap rule. Runs of
+        Japanese hiragana are ignored too: they are mostly particles and endings.
 
     >>> imp = ImplicitSignals()
     >>> imp.classify_followup("what causes the aurora", "why does the aurora happen")
@@ -160,7 +170,7 @@ class ImplicitSignals:
     # -- follow-ups ----------------------------------------------------------------
     def _content(self, text: str) -> set[str]:
         tokens = tokenize(text)
-        content = {t for t in tokens if t not in self.stopwords}
+        content = {t for t in tokens if t not in self.stopwords and not _HIRAGANA_WORD.fullmatch(t)}
         return content or set(tokens)
 
     def overlap(self, previous_query: str, query: str) -> float:

@@ -101,6 +101,36 @@ def test_tokenize_splits_cjk_per_character():
     assert ["aurora", "极", "光", "2024"] == tokenize("Aurora极光 2024")
 
 
+@pytest.mark.parametrize(
+    ("previous", "query", "expected"),
+    [
+        # particles and polite endings (は, なぜ, のですか) are no content: these are different questions
+        ("猫はなぜ鳴くのですか", "空はなぜ青いのですか", "new_topic"),
+        ("猫はなぜ鳴くのですか", "なぜ猫は鳴くの", "reformulation"),
+        ("オーロラはなぜ光るのですか", "オーロラが光る理由", "reformulation"),  # a katakana word is content
+        ("オーロラはなぜ光るのですか", "コーヒーはなぜ苦いのですか", "new_topic"),
+        # Korean separates words by spaces: a shared ending syllable (니, 까) is no shared word
+        ("비는 왜 옵니까", "하늘은 왜 파랗습니까", "new_topic"),
+        ("비는 왜 옵니까", "왜 비는 옵니까", "reformulation"),
+        ("why do cats meow", "why is the sky blue", "new_topic"),
+    ],
+)
+def test_japanese_and_korean_followups_compare_content_words(imp, previous, query, expected):
+    assert imp.classify_followup(previous, query) == expected
+
+
+def test_tokenize_keeps_kana_runs_and_korean_words_whole():
+    assert ["猫", "はなぜ", "鳴", "くのですか"] == tokenize("猫はなぜ鳴くのですか")
+    assert ["オーロラ", "は", "光", "る"] == tokenize("オーロラは光る")
+    assert ["하늘은", "왜", "파랗습니까"] == tokenize("하늘은 왜 파랗습니까")
+
+
+def test_hiragana_only_questions_still_compare_their_words(imp):
+    # with no other content the hiragana runs count, as function words do for "how is it"
+    assert "reformulation" == imp.classify_followup("なぜですか", "なぜですか")
+    assert "new_topic" == imp.classify_followup("なぜですか", "どこですか")
+
+
 # -- dwell ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("dwell", "followup", "expected"),
