@@ -124,7 +124,7 @@ class ImplicitSignals:
     encode
         Optional dense model: ``encode(list_of_texts) -> (n, d)`` array of unit vectors.
     stopwords
-        Words ignored by the overlap rule. Runs of
+        Words ignored by the overlap rule (a collection of words, not one string). Runs of
         Japanese hiragana are ignored too: they are mostly particles and endings.
 
     >>> imp = ImplicitSignals()
@@ -158,6 +158,11 @@ class ImplicitSignals:
         if encode is not None and not callable(encode):
             raise ValidationError("encode must be callable: encode(list[str]) -> np.ndarray")
         self.encode = encode
+        if stopwords is not None and (isinstance(stopwords, (str, bytes)) or not isinstance(stopwords, Iterable)):
+            # a plain string would silently become the set of its characters
+            raise ValidationError(
+                f"stopwords must be a collection of words, got {type(stopwords).__name__} {stopwords!r:.60}"
+            )
         self.stopwords = frozenset(DEFAULT_STOPWORDS if stopwords is None else stopwords)
 
     def __repr__(self) -> str:

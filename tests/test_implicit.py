@@ -171,6 +171,17 @@ def test_constructor_validates_settings(kwargs):
         ImplicitSignals(**kwargs)
 
 
+@pytest.mark.parametrize("stopwords", ["the", b"the", 3])
+def test_stopwords_must_be_a_collection_of_words(stopwords):
+    # a plain string was read as its characters: frozenset({"t", "h", "e"})
+    with pytest.raises(ValidationError, match="stopwords"):
+        ImplicitSignals(stopwords=stopwords)
+
+
+def test_stopwords_are_a_setting():
+    assert {"alpha"} == ImplicitSignals(stopwords=["beta"])._content("alpha beta")
+
+
 # -- infer ---------------------------------------------------------------------------------
 EVENT = {
     "id": "e1",
