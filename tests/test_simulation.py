@@ -61,7 +61,7 @@ def test_grades_and_validation() -> None:
 
 def test_grades_on_scales_that_do_not_divide_four_keep_their_spacing() -> None:
     # rounding mapped a 0-3 scale to grades 1, 3, 4 and a 0-5 one to 1, 2, 2, 3, 4
-    assert [round(to_grade(v, 3), 3) for v in (0, 1, 2, 3)] == [0.0, 1.333, 2.667, 4.0]
+    assert [to_grade(v, 3) for v in (0, 1, 2, 3)] == [0.0, 1.0, 2.5, 4.0]
     assert len({to_grade(v, 5) for v in range(1, 6)}) == 5
     assert to_grade(1, 10) == 1.0  # judged relevant is at least grade 1
     nav = CLICK_MODELS["navigational"]
@@ -72,7 +72,18 @@ def test_grades_on_scales_that_do_not_divide_four_keep_their_spacing() -> None:
     user = SimulatedUser("navigational", explicit_rate=0.0, reformulation_rate=0.0, max_grade=3, seed=4)
     rates = [np.mean([bool(user.clicks(["r"], {"r": v})) for _ in range(4000)]) for v in (1, 2, 3)]
     assert rates[0] + 0.1 < rates[1] < rates[2] - 0.05
-    assert rates[1] == pytest.approx(nav.p_click(8 / 3), abs=0.03)
+    assert rates[1] == pytest.approx(nav.p_click(2.5), abs=0.03)
+
+
+def test_a_fine_scale_keeps_every_grade_apart_and_the_standard_scales_map_as_before() -> None:
+    # a max(1, ...) clamp mapped grades 1 and 2 of a 0-10 scale both to 1.0
+    ten = [to_grade(v, 10) for v in range(11)]
+    assert ten[0] == 0.0 and ten[1] == 1.0 and ten[10] == 4.0
+    assert np.allclose(np.diff(ten[1:]), 1 / 3)  # evenly spaced, none merged
+    # 0-4 (cranfield) onto itself and binary to 0 and 4, exactly: the published figures rest on them
+    assert [to_grade(v, 4) for v in range(5)] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert (to_grade(0, 1), to_grade(1, 1)) == (0.0, 4.0)
+    assert to_grade(12, 10) == 4.0 and to_grade(-1, 10) == 0.0
 
 
 def test_the_thumb_and_the_reformulation_judge_the_same_answer() -> None:

@@ -3,8 +3,9 @@
 A cascade user scans the shown list top-down. At each position they click
 with the probability of the chunk's relevance grade, and after a click they
 stop with the stop probability of that grade. Grades are 0 to 4; binary
-judgments map to 0 and 4, and other scales are scaled to 4 (a top grade of 3
-gives grades 4/3, 8/3 and 4, whose probabilities are interpolated).
+judgments map to 0 and 4, and the relevant grades of other scales spread evenly
+over 1 to 4 (a top grade of 3 gives grades 1, 2.5 and 4, whose probabilities are
+interpolated).
 
 >>> user = SimulatedUser("perfect", explicit_rate=0.0, seed=1)
 >>> inter = user.interact(["a", "b", "c"], {"b": 1})
@@ -69,22 +70,23 @@ CLICK_MODELS: dict[str, ClickModel] = {
 
 
 def to_grade(value: int, max_grade: int) -> float:
-    """Map a qrel value to a grade in [0, 4]: binary judgments to 0 or 4, graded ones scaled to 4.
+    """Map a qrel value to a grade in [0, 4]: 0 and below to 0, relevant ones 1 to ``max_grade`` evenly
+    onto [1, 4] (binary judgments to 4); a value above ``max_grade`` counts as the top grade.
 
-    Scales whose top grade does not divide 4 keep their spacing (no rounding that would merge two
-    grades or skip one); :class:`ClickModel` interpolates between the integer grades.
+    Every scale keeps its spacing (no rounding or clamp that would merge two grades or skip one): a
+    judged-relevant chunk is at least grade 1, on a scale finer than 0-4 too. 0-4 maps onto itself.
+    :class:`ClickModel` interpolates between the integer grades.
 
     >>> to_grade(1, 1), to_grade(0, 1), to_grade(2, 4), to_grade(3, 2)
     (4.0, 0.0, 2.0, 4.0)
-    >>> [round(to_grade(v, 3), 3) for v in (1, 2, 3)]
-    [1.333, 2.667, 4.0]
+    >>> [to_grade(v, 3) for v in (1, 2, 3)]
+    [1.0, 2.5, 4.0]
     """
     if value <= 0:
         return 0.0
     if max_grade <= 1:
         return 4.0
-    # a judged-relevant chunk is at least grade 1, on a scale finer than 0-4 too
-    return max(1.0, min(4.0, value * 4 / max_grade))
+    return min(4.0, 1.0 + 3.0 * (value - 1) / (max_grade - 1))
 
 
 @dataclass(frozen=True)
