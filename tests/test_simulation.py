@@ -266,3 +266,28 @@ def test_the_question_stream_and_the_user_draw_from_streams_of_their_own() -> No
     assert stream_seed(3, "user") == stream_seed(3, "user")  # reproducible from the seed
     with pytest.raises(ValidationError, match="non-negative"):
         SimulationConfig(seeds=(-1,))
+
+
+def test_feedback_later_than_the_clocks_end_is_delivered_too(monkeypatch) -> None:
+    """With a late delay of a week every late signal used to fall after the simulated clock's end and was
+    dropped: no late feedback arrived and none was flagged."""
+    import rlfb.simulation.runner as runner
+
+    generated: list[float] = []
+
+    class Counting(SimulatedUser):
+        def interact(self, ranking, qrel):  # type: ignore[no-untyped-def]
+            inter = super().interact(ranking, qrel)
+            generated.extend(f.delay for f in inter.feedback)
+            return inter
+
+    monkeypatch.setattr(runner, "SimulatedUser", Counting)
+    data = generate_demo_corpus(n_devices=10, seed=2)
+    week = 7 * 86400.0
+    config = SimulationConfig(policy="fixed", interactions=80, seeds=(0,), checkpoints=1, retrievers=("bm25",),
+                              late_rate=0.3, late_delay=week, explicit_rate=0.5)
+    run = simulate(data, config, show_progress=False)["runs"][0]
+    late = sum(d == week for d in generated)
+    assert late > 5
+    assert run["feedback"] == len(generated)
+    assert run["flagged_feedback"] == late  # outside the 24 h window; the others arrive within minutes

@@ -46,6 +46,17 @@ __all__ = ["SimulationConfig", "Prepared", "prepare", "simulate", "simplex_grid"
 
 METRIC = "ndcg@10"
 
+# the default lead covers the default late delay (2 days) with room to spare; it is also the lead of any run whose
+# delays it covers, so the simulated clock, and every figure, stay as they were for those
+_MIN_LEAD = 5 * 86400.0
+# exponential delays longer than this many means are left to chance: e**-50 per signal, about 2e-22
+_DELAY_TAIL = 50.0
+
+
+def _clock_lead(config: SimulationConfig) -> float:
+    """Seconds between the stream's last question and now: every signal is due by then, late ones too."""
+    return max(_MIN_LEAD, config.late_delay, _DELAY_TAIL * config.mean_delay)
+
 
 @dataclass(frozen=True)
 class SimulationConfig:
@@ -336,8 +347,9 @@ def run_seed(
         max_grade=prep.max_grade, seed=stream_seed(seed, "user"),
     )
     rng = random.Random(stream_seed(seed, "queries"))
-    # the simulated clock runs in the past, so that no feedback has a timestamp in the future
-    t0 = time.time() - config.interactions * config.spacing - 5 * 86400
+    # the simulated clock runs in the past, so that no feedback has a timestamp in the future: it ends a lead
+    # before now that every delay fits in (a late signal's too), so all the feedback is delivered
+    t0 = time.time() - config.interactions * config.spacing - _clock_lead(config)
     pending: list[tuple[float, int, str, str, str | None]] = []
     counter = itertools.count()
     marks = sorted({round(config.interactions * (i + 1) / config.checkpoints) for i in range(config.checkpoints)})
@@ -393,7 +405,9 @@ def run_seed(
         if i + 1 in marks:
             checkpoint(i + 1)
     learn_seconds = time.perf_counter() - started
-    deliver(time.time())  # what arrives after the stream ends: mostly outside the attribution window
+    # what arrives after the stream ends, mostly outside the attribution window; all of it is due by now (the
+    # clock's lead), so none is dropped: a signal still pending would be one the counts leave out
+    deliver(math.inf)
     ens.flush()
     stats = store.counts() if hasattr(store, "counts") else {}
     settings = _run_settings(prep, config, ens)
