@@ -291,3 +291,31 @@ def test_feedback_later_than_the_clocks_end_is_delivered_too(monkeypatch) -> Non
     assert late > 5
     assert run["feedback"] == len(generated)
     assert run["flagged_feedback"] == late  # outside the 24 h window; the others arrive within minutes
+
+
+@pytest.mark.parametrize("k", [5, 10])
+def test_the_figures_are_named_by_their_cut_off(capsys, tmp_path, k: int) -> None:
+    # k=5 was labelled ndcg@10 in the JSON keys, the table and the plot
+    from rlfb.commands.simulate import print_table
+    from rlfb.simulation.runner import iter_table
+
+    data = generate_demo_corpus(n_devices=10, seed=2)
+    config = SimulationConfig(policy="fixed", interactions=40, seeds=(0,), checkpoints=2, retrievers=("bm25",),
+                              k=k)
+    result = simulate(data, config, show_progress=False)
+    keys = {f"heldout_ndcg@{k}", f"seen_ndcg@{k}", f"online_ndcg@{k}"}
+    assert set(result["final"]) == keys and set(result["runs"][0]["final"]) == keys
+    assert all(set(p) == {"interactions", *keys} for p in result["curve"])
+    assert all(keys <= set(b) for b in result["baselines"].values())
+    assert all(row[1] is not None for row in iter_table(result))
+    print_table(result)
+    assert f": nDCG@{k}, mean over" in capsys.readouterr().out
+    plot_curves(result, str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").is_file()
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5, True])
+def test_the_cut_off_is_checked_itself(k: object) -> None:
+    # k=0 was reported as "answer_k must be an int in [1, k=0]"
+    with pytest.raises(ValidationError, match="^k must be a positive integer"):
+        SimulationConfig(k=k)

@@ -62,7 +62,7 @@ def load_dataset(name: str):  # noqa: ANN201 - BeirDataset
 def print_table(result: dict) -> None:
     from rlfb.simulation.runner import iter_table
 
-    print(f"\n{result['dataset']}: nDCG@10, mean over {len(result['config']['seeds'])} seed(s)")
+    print(f"\n{result['dataset']}: nDCG@{result['config']['k']}, mean over {len(result['config']['seeds'])} seed(s)")
     print("(seen: the stream queries asked before; online: what the users were shown, as they asked)")
     print(f"{'system':<24}{'held-out':>10}{'seen':>10}{'online':>10}")
     for name, *figures in iter_table(result):

@@ -5,11 +5,11 @@ repetition from the stream split; a cascade user reacts; feedback arrives
 after a delay and is learned from through the real ensemble, store and
 learner. At regular checkpoints the run measures:
 
-* **held-out** nDCG@10 of the greedy policy (no exploration) on queries never
-  asked in the stream;
-* **seen** nDCG@10 of the greedy policy on stream queries asked before, which
+* **held-out** nDCG@k (k = 10 by default) of the greedy policy (no exploration)
+  on queries never asked in the stream;
+* **seen** nDCG@k of the greedy policy on stream queries asked before, which
   shows what feedback memory gives to repeated questions;
-* **online** nDCG@10 of what users were actually shown, exploration included.
+* **online** nDCG@k of what users were actually shown, exploration included.
 
 Baselines come from the same contexts in the same run: each retriever alone,
 equal min-max weights, RRF, weights tuned by grid search on the stream queries
@@ -40,11 +40,26 @@ from rlfb.errors import ValidationError
 from rlfb.fusion import normalize
 from rlfb.policies.base import Context
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
+from rlfb.types import validate_k
 
 __all__ = ["SimulationConfig", "Prepared", "prepare", "simulate", "simplex_grid", "summarize", "plot_curves",
-           "stream_seed"]
+           "stream_seed", "metric_name"]
 
-METRIC = "ndcg@10"
+
+def metric_name(k: int) -> str:
+    """The name of the figures' metric in the JSON keys (``heldout_ndcg@10``, ...), which follows ``k``.
+
+    >>> metric_name(10), metric_name(5)
+    ('ndcg@10', 'ndcg@5')
+    """
+    return f"ndcg@{k}"
+
+
+def _metric_keys(k: int) -> tuple[str, str, str]:
+    """The keys of the held-out, seen and online figures."""
+    m = metric_name(k)
+    return f"heldout_{m}", f"seen_{m}", f"online_{m}"
+
 
 # the default lead covers the default late delay (2 days) with room to spare; it is also the lead of any run whose
 # delays it covers, so the simulated clock, and every figure, stay as they were for those
@@ -107,6 +122,7 @@ class SimulationConfig:
                 raise ValidationError(f"{name} must be a probability in [0, 1], got {p!r}")
         if self.interactions <= 0 or self.checkpoints <= 0:
             raise ValidationError("interactions and checkpoints must be positive")
+        validate_k(self.k)  # before the labels and answer_k's bound read it
         if not self.seeds:
             raise ValidationError("give at least one seed")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
@@ -288,12 +304,14 @@ def _baselines(
     asks = np.array([asked.get(q, 0) for q in stream], dtype=float)
     share = asks / asks.sum() if asks.sum() > 0 else np.full(len(stream), 1.0 / len(stream))
 
+    held_key, seen_key, online_key = _metric_keys(config.k)
+
     def figures(on_heldout: np.ndarray, on_stream: np.ndarray) -> dict[str, float]:
         """The three figures of one fixed system from its per-query nDCG on each query set."""
         return {
-            f"heldout_{METRIC}": float(on_heldout.mean()),
-            f"seen_{METRIC}": float(on_stream[seen_rows].mean()) if seen_rows.size else float("nan"),
-            f"online_{METRIC}": float(share @ on_stream),
+            held_key: float(on_heldout.mean()),
+            seen_key: float(on_stream[seen_rows].mean()) if seen_rows.size else float("nan"),
+            online_key: float(share @ on_stream),
         }
 
     result: dict[str, dict[str, Any]] = {key: figures(held[key], tune[key]) for key in [*names, "equal", "rrf"]}
@@ -379,11 +397,12 @@ def run_seed(
         if len(seen) > config.max_seen:
             seen = random.Random(seed + n).sample(seen, config.max_seen)
         seen_sample[:] = seen
+        held_key, seen_key, online_key = _metric_keys(config.k)
         curve.append({
             "interactions": n,
-            f"heldout_{METRIC}": greedy(heldout),
-            f"seen_{METRIC}": greedy(seen),
-            f"online_{METRIC}": float(np.mean(online)) if online else float("nan"),
+            held_key: greedy(heldout),
+            seen_key: greedy(seen),
+            online_key: float(np.mean(online)) if online else float("nan"),
         })
 
     checkpoint(0)
@@ -478,7 +497,7 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
 
 def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra: Mapping[str, Any]) -> dict:
     """Mean and 95% interval over seeds, in the JSON shape scripts read."""
-    keys = [f"heldout_{METRIC}", f"seen_{METRIC}", f"online_{METRIC}"]
+    keys = _metric_keys(config.k)
     final = {k: _interval([r["final"][k] for r in runs]) for k in keys}
     baselines: dict[str, dict[str, Any]] = {}
     for name in runs[0]["baselines"]:
@@ -537,7 +556,7 @@ def simulate(
 
 def iter_table(result: Mapping[str, Any]) -> Iterator[tuple[str, float | None, float | None, float | None]]:
     """Rows of (name, held-out, seen, online) means: the learned policy first, then the baselines."""
-    keys = (f"heldout_{METRIC}", f"seen_{METRIC}", f"online_{METRIC}")
+    keys = _metric_keys(result["config"]["k"])
     rows = [("learned (" + result["config"]["policy"] + ")", result["final"]), *result["baselines"].items()]
     for name, figures in rows:
         yield (name, *(figures[k]["mean"] if k in figures else None for k in keys))
@@ -550,11 +569,13 @@ def plot_curves(result: Mapping[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    k = result["config"]["k"]
+    held_key, seen_key, online_key = _metric_keys(k)
     x = [p["interactions"] for p in result["curve"]]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
-    for ax, key, title in ((axes[0], f"heldout_{METRIC}", "held-out queries"),
-                           (axes[1], f"seen_{METRIC}", "seen (repeated) queries")):
-        for metric, label, style in ((key, "learned (greedy)", "-"), (f"online_{METRIC}", "online (shown)", ":")):
+    for ax, key, title in ((axes[0], held_key, "held-out queries"),
+                           (axes[1], seen_key, "seen (repeated) queries")):
+        for metric, label, style in ((key, "learned (greedy)", "-"), (online_key, "online (shown)", ":")):
             if metric.startswith("online") and key.startswith("heldout"):
                 continue
             # a missing value (nothing seen before the first query) is a gap in the curve
@@ -569,7 +590,7 @@ def plot_curves(result: Mapping[str, Any], path: str) -> None:
                 ax.axhline(result["baselines"][name][key]["mean"], ls="--", color=colour, lw=1, label=name)
         ax.set_title(f"{result.get('dataset', '')}: {title}")
         ax.set_xlabel("interactions")
-        ax.set_ylabel("nDCG@10")
+        ax.set_ylabel(f"nDCG@{k}")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
