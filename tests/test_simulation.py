@@ -86,6 +86,15 @@ def test_a_fine_scale_keeps_every_grade_apart_and_the_standard_scales_map_as_bef
     assert to_grade(12, 10) == 4.0 and to_grade(-1, 10) == 0.0
 
 
+@pytest.mark.parametrize(("setting", "value"), [("late_delay", -1.0), ("late_delay", float("nan")),
+                                                ("mean_delay", "1"), ("answer_k", 0), ("depth", -1),
+                                                ("max_grade", 0), ("max_grade", 2.5), ("answer_k", True)])
+def test_simulated_user_refuses_bad_settings(setting: str, value: object) -> None:
+    # a negative late delay had feedback arrive before the retrieval it rates
+    with pytest.raises(ValidationError, match=setting):
+        SimulatedUser(**{setting: value})
+
+
 def test_the_thumb_and_the_reformulation_judge_the_same_answer() -> None:
     # the reformulation once looked at the top 3 whatever --answer-k was: a relevant chunk at rank 4 of a
     # five-chunk answer got a thumbs up and a restated question from the same user
@@ -319,3 +328,26 @@ def test_the_cut_off_is_checked_itself(k: object) -> None:
     # k=0 was reported as "answer_k must be an int in [1, k=0]"
     with pytest.raises(ValidationError, match="^k must be a positive integer"):
         SimulationConfig(k=k)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"seeds": (0, 0, 1)}, "seeds must not repeat"),
+    ({"spacing": 1e9}, "time since 1970"),
+    ({"late_delay": 1e10}, "time since 1970"),
+    ({"checkpoints": 2.0}, "checkpoints must be a positive int"),
+    ({"interactions": 0}, "interactions must be a positive int"),
+])
+def test_simulation_config_refuses(settings: dict, message: str) -> None:
+    # a repeated seed gave a zero-width interval claiming n=3; a huge spacing failed after indexing with
+    # "timestamp must not be negative"
+    with pytest.raises(ValidationError, match=message):
+        SimulationConfig(**settings)
+
+
+def test_checkpoints_beyond_one_per_interaction_are_clamped() -> None:
+    # a billion checkpoints built a billion marks (minutes) for the curve points the interactions allow
+    config = SimulationConfig(interactions=20, checkpoints=10**9)
+    assert config.checkpoints == 20
+    data = generate_demo_corpus(n_devices=10, seed=2)
+    run = SimulationConfig(policy="fixed", interactions=6, checkpoints=10**9, seeds=(0,), retrievers=("bm25",))
+    assert [p["interactions"] for p in simulate(data, run, show_progress=False)["curve"]] == list(range(7))

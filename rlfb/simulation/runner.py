@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import numbers
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -120,19 +121,36 @@ class SimulationConfig:
             p = getattr(self, name)
             if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
                 raise ValidationError(f"{name} must be a probability in [0, 1], got {p!r}")
-        if self.interactions <= 0 or self.checkpoints <= 0:
-            raise ValidationError("interactions and checkpoints must be positive")
+        for name in ("interactions", "checkpoints"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
+                raise ValidationError(f"{name} must be a positive int, got {v!r}")
+        # a curve point per interaction is the most there can be (more marks round onto the same ones); clamped,
+        # so that a huge count does not build a huge set of marks
+        object.__setattr__(self, "checkpoints", min(self.checkpoints, self.interactions))
         validate_k(self.k)  # before the labels and answer_k's bound read it
         if not self.seeds:
             raise ValidationError("give at least one seed")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
             raise ValidationError(f"seeds must be non-negative ints, got {list(self.seeds)!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            # a seed run twice gives the same figures twice: an interval over them would claim a precision never
+            # measured
+            raise ValidationError(f"seeds must not repeat, got {list(self.seeds)!r}")
         for name, low_open in (("mean_delay", False), ("late_delay", False), ("spacing", True)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
                     or (low_open and v == 0):
                 bound = "positive" if low_open else "non-negative"
                 raise ValidationError(f"{name} must be a finite {bound} number of seconds, got {v!r}")
+        # the simulated clock runs in the past, ending early enough before now for every delay: it must not start
+        # before 1970, where a timestamp would be negative
+        span = self.interactions * self.spacing + _clock_lead(self)
+        if span >= time.time():
+            raise ValidationError(
+                f"interactions x spacing ({self.interactions} x {self.spacing:g}s) and the feedback delays "
+                f"(late_delay {self.late_delay:g}s, mean_delay {self.mean_delay:g}s) span {span:.3g}s, more "
+                "than the time since 1970 that the simulated clock runs in")
         if not (0 < self.grid_step <= 0.5):
             raise ValidationError(f"grid_step must be in (0, 0.5], got {self.grid_step}")
         if not (isinstance(self.answer_k, int) and 1 <= self.answer_k <= self.k):

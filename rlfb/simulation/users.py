@@ -18,6 +18,7 @@ interpolated).
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -123,14 +124,16 @@ class SimulatedUser:
         the probability of a restated follow-up question (an implicit negative
         on the whole answer).
     answer_k
-        How many of the top chunks the answer is written from.
+        How many of the top chunks the answer is written from (at least 1).
+    depth
+        How many of the shown chunks the user scans for clicks (at least 1).
     mean_delay
-        Mean of the exponential delay, in seconds, before feedback arrives.
+        Mean of the exponential delay, in seconds, before feedback arrives (>= 0).
     late_rate
-        Fraction of feedback that arrives after ``late_delay`` seconds (outside
-        a 24 h attribution window by default), to exercise the window.
+        Fraction of feedback that arrives after ``late_delay`` seconds (>= 0),
+        outside a 24 h attribution window by default, to exercise the window.
     max_grade
-        The collection's highest qrel value; 1 means binary.
+        The collection's highest qrel value (at least 1); 1 means binary.
     """
 
     def __init__(
@@ -157,8 +160,13 @@ class SimulatedUser:
                         ("reformulation_rate", reformulation_rate), ("late_rate", late_rate)):
             if not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
                 raise ValidationError(f"{name} must be a probability in [0, 1], got {p!r}")
-        if not (math.isfinite(mean_delay) and mean_delay >= 0):
-            raise ValidationError(f"mean_delay must be >= 0, got {mean_delay!r}")
+        for name, v in (("mean_delay", mean_delay), ("late_delay", late_delay)):
+            # a negative late delay had feedback arrive before the retrieval it rates
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise ValidationError(f"{name} must be a finite number of seconds >= 0, got {v!r}")
+        for name, n in (("answer_k", answer_k), ("depth", depth), ("max_grade", max_grade)):
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+                raise ValidationError(f"{name} must be an int >= 1, got {n!r}")
         self.model = model
         self.explicit_rate = explicit_rate
         self.noise = noise
