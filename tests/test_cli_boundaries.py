@@ -111,6 +111,27 @@ def test_plot_without_extension_writes_and_names_a_png(tmp_path: Path, capsys) -
     assert (tmp_path / "curves.png").is_file() and not (tmp_path / "curves").exists()
 
 
+def test_simulate_a_folder_without_a_test_split(tmp_path: Path, capsys, monkeypatch) -> None:
+    # without the test split, simulate failed only after the whole corpus was indexed
+    from rlfb.ensemble import FeedbackEnsemble
+
+    data = write_beir(tmp_path / "beir")
+    (data / "qrels" / "test.tsv").rename(data / "qrels" / "dev.tsv")
+    from_chunks = FeedbackEnsemble.from_chunks.__func__  # type: ignore[attr-defined]
+    indexed: list[bool] = []
+
+    def counting(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        indexed.append(True)
+        return from_chunks(cls, *args, **kwargs)
+
+    monkeypatch.setattr(FeedbackEnsemble, "from_chunks", classmethod(counting))
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--dataset", str(data), *TINY, "--json", str(out)]) == 2
+    assert "no split 'test'" in one_error_line(capsys) and not indexed and not out.exists()
+    assert main(["simulate", "--dataset", str(data), *TINY, "--split", "dev", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["config"]["split"] == "dev" and indexed
+
+
 # -- 4, 6. counts ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("option", "value"), [("--seeds", "1000000000"), ("--seeds", "0"), ("--seeds", "-2"),
                                                ("--max-heldout", "-1"), ("--max-heldout", "-200"),

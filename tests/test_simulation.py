@@ -351,3 +351,26 @@ def test_checkpoints_beyond_one_per_interaction_are_clamped() -> None:
     data = generate_demo_corpus(n_devices=10, seed=2)
     run = SimulationConfig(policy="fixed", interactions=6, checkpoints=10**9, seeds=(0,), retrievers=("bm25",))
     assert [p["interactions"] for p in simulate(data, run, show_progress=False)["curve"]] == list(range(7))
+
+
+def test_a_missing_split_fails_before_the_corpus_is_indexed(monkeypatch) -> None:
+    from dataclasses import replace
+
+    from rlfb.ensemble import FeedbackEnsemble
+
+    def no_indexing(*args, **kwargs):  # reaching here would cost the corpus's encoding
+        raise AssertionError("the corpus was indexed before the split was checked")
+
+    data = generate_demo_corpus(n_devices=10, seed=2)
+    dev_only = replace(data, qrels={"dev": data.qrels["test"]})
+    textless = replace(data, qrels={"test": {"nowhere": {"d1-full": 1}}})
+    one = replace(data, qrels={"test": dict(list(data.qrels["test"].items())[:1])})
+    monkeypatch.setattr(FeedbackEnsemble, "from_chunks", no_indexing)
+    with pytest.raises(ValidationError, match="split must name"):
+        SimulationConfig(split="")
+    with pytest.raises(ValidationError, match="no split 'test'"):
+        prepare(dev_only, SimulationConfig(retrievers=("bm25",)), show_progress=False)
+    with pytest.raises(ValidationError, match="judges no query"):
+        prepare(textless, SimulationConfig(retrievers=("bm25",)), show_progress=False)
+    with pytest.raises(ValidationError, match="both the stream and the held-out set"):
+        prepare(one, SimulationConfig(retrievers=("bm25",)), show_progress=False)

@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines",
                        formatter_class=HelpFormatter)
     p.add_argument("--dataset", required=True, help="a BEIR folder, or 'demo' for the generated collection")
+    p.add_argument("--split", default="test",
+                   help="the qrels file of the held-out questions: qrels/SPLIT.tsv (the stream asks those of "
+                        "qrels/train.tsv where there is one, else half of SPLIT's)")
     p.add_argument("--policy", default=LEARNING_POLICY, help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--user", default="navigational", help="perfect, navigational or informational")
     p.add_argument("--interactions", type=int, default=2000, help="simulated questions per seed")
@@ -126,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         retrievers=tuple(n.strip() for n in args.retrievers.split(",") if n.strip()), fusion=args.fusion,
         memory=args.memory, max_heldout=args.max_heldout, answer_k=args.answer_k,
         reformulation_rate=args.reformulation_rate, mean_delay=args.mean_delay, late_rate=args.late_rate,
-        late_delay=args.late_delay, spacing=args.spacing,
+        late_delay=args.late_delay, spacing=args.spacing, split=args.split,
     )
     result = simulate(load_dataset(args.dataset), config, show_progress=not args.quiet)
     result["dataset_path"] = args.dataset if args.dataset == "demo" else str(Path(args.dataset).resolve())

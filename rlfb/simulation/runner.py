@@ -137,6 +137,8 @@ class SimulationConfig:
             # a seed run twice gives the same figures twice: an interval over them would claim a precision never
             # measured
             raise ValidationError(f"seeds must not repeat, got {list(self.seeds)!r}")
+        if not isinstance(self.split, str) or not self.split:
+            raise ValidationError(f"split must name a qrels file, got {self.split!r}")
         for name, low_open in (("mean_delay", False), ("late_delay", False), ("spacing", True)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
@@ -185,19 +187,21 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
     """Index the corpus and compute the context of every judged query (cached embeddings make reruns fast)."""
     from rlfb.ensemble import FeedbackEnsemble
 
-    t = time.perf_counter()
-    ens = FeedbackEnsemble.from_chunks(
-        dataset.corpus, retrievers=config.retrievers, fusion=config.fusion, candidate_k=config.candidate_k,
-        show_progress=show_progress,
-    )
-    index_seconds = time.perf_counter() - t
+    # the splits are checked before the corpus is indexed: a missing one must not cost minutes of encoding
     qrels = {q: dict(r) for q, r in dataset.split(config.split).items() if any(g > 0 for g in r.values())}
     stream_qrels = None
     if config.stream_split in dataset.qrels and config.stream_split != config.split:
         stream_qrels = {
             q: dict(r) for q, r in dataset.split(config.stream_split).items() if any(g > 0 for g in r.values())
         }
+    _check_judged(dataset, config, qrels, stream_qrels)
     wanted = [q for q in itertools.chain(qrels, stream_qrels or {}) if q in dataset.queries]
+    t = time.perf_counter()
+    ens = FeedbackEnsemble.from_chunks(
+        dataset.corpus, retrievers=config.retrievers, fusion=config.fusion, candidate_k=config.candidate_k,
+        show_progress=show_progress,
+    )
+    index_seconds = time.perf_counter() - t
     t = time.perf_counter()
     contexts = {}
     for q in tqdm(wanted, desc="contexts", disable=not show_progress):
@@ -208,6 +212,24 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
         dataset, dict(ens.retrievers), ens.chunks, contexts, qrels, stream_qrels, max(grades, default=1),
         config.fusion, config.candidate_k, index_seconds, context_seconds,
     )
+
+
+def _check_judged(
+    dataset: BeirDataset, config: SimulationConfig, qrels: Mapping[str, Mapping[str, int]],
+    stream_qrels: Mapping[str, Mapping[str, int]] | None,
+) -> None:
+    """Raise :class:`ValidationError` unless the splits give questions (judged relevant, with a text) both to
+    stream and to hold out, as :func:`_split` parts them."""
+    judged = [q for q in qrels if q in dataset.queries]
+    if not judged:
+        raise ValidationError(f"{dataset.name}: split {config.split!r} judges no query of queries.jsonl relevant "
+                              "to any document")
+    if stream_qrels is None:
+        enough = len(judged) >= 2  # seeded halves of the held-out split's questions
+    else:
+        enough = any(q in dataset.queries and q not in qrels for q in stream_qrels)
+    if not enough:
+        raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
 
 
 _STREAMS = ("queries", "user")
