@@ -111,6 +111,17 @@ def test_plot_without_extension_writes_and_names_a_png(tmp_path: Path, capsys) -
     assert (tmp_path / "curves.png").is_file() and not (tmp_path / "curves").exists()
 
 
+@pytest.mark.parametrize("given", ["folder", "folder/", "new/"])
+def test_plot_onto_a_folder_is_refused_as_json_is(tmp_path: Path, capsys, given: str) -> None:
+    # an existing folder, or a name ending in a slash, wrote folder.png beside it
+    data = write_beir(tmp_path / "beir")
+    (tmp_path / "folder").mkdir()
+    assert main(["simulate", "--dataset", str(data), "--plot", str(tmp_path) + "/" + given, *TINY]) == 2
+    assert "Is a directory" in one_error_line(capsys)
+    assert not (tmp_path / "folder.png").exists() and not (tmp_path / "new.png").exists()
+    assert not (tmp_path / "new").exists()
+
+
 def test_simulate_a_folder_without_a_test_split(tmp_path: Path, capsys, monkeypatch) -> None:
     # without the test split, simulate failed only after the whole corpus was indexed
     from rlfb.ensemble import FeedbackEnsemble

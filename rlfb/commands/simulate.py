@@ -110,6 +110,9 @@ def check_outputs(args: argparse.Namespace) -> None:
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)
     check_int("--max-heldout", args.max_heldout, 1)  # a Python slice bound: -1 meant "all but one"
     if args.plot:
+        # the name as given: a folder, or a name ending in a slash, is refused as --json's is; plot_path
+        # would append .png to it and write beside the folder
+        prepare_output_file(args.plot)
         args.plot = plot_path(args.plot)
     if args.json_out and args.plot and same_file(args.json_out, args.plot):
         raise ValidationError(f"--json and --plot name the same file {args.plot}: the plot would overwrite the JSON")
