@@ -413,6 +413,31 @@ def test_bm25_no_known_terms_and_empty_texts() -> None:
     assert BM25Retriever().index(make_chunks(["", " "])).score_all("x").tolist() == [0.0, 0.0]
 
 
+def test_bm25_pattern_with_groups_yields_whole_matches(tmp_path: Path) -> None:
+    """re.findall gave a grouped pattern's groups: the first word of a hyphenated term, or tuples."""
+    texts = ["state-of-the-art retrieval", "state machines", "the art of baking"]
+    r = BM25Retriever(tokenizer=r"([a-z]+)(?:-[a-z]+)*").index(make_chunks(texts, ids=["sota", "fsm", "baking"]))
+    assert r.tokenize("State-of-the-art retrieval") == ["state-of-the-art", "retrieval"]
+    assert r.search("state-of-the-art", 3)[0][0] == "sota" and r.score_all("state-of-the-art")[1] == 0.0
+    two = BM25Retriever(tokenizer=r"(\w+)-(\w+)|\w+").index(make_chunks(texts))
+    assert two.tokenize("state-of-the-art retrieval") == ["state-of", "the-art", "retrieval"]
+    two.save(tmp_path)  # tuples of groups made the vocabulary unsavable
+    assert load_retriever(tmp_path).tokenize("a-b c") == ["a-b", "c"]
+    # the default pattern has no groups: its tokens are what findall gave
+    assert BM25Retriever().tokenize("Solar-wind, AURORA 42!") == ["solar", "wind", "aurora", "42"]
+
+
+@pytest.mark.parametrize("kwargs", [{"k1": 0.0}, {"b": 1.0}, {"k1": 0.0, "method": "atire"}])
+def test_bm25_score_texts_of_texts_without_the_terms_is_zero_not_nan(kwargs: dict) -> None:
+    """With a length norm of 0 (k1=0, or b=1 and an empty text) tf / (norm + tf) was 0/0 for absent terms."""
+    texts = ["aurora glows", "bread starter", "", "!!!"]
+    r = BM25Retriever(**kwargs).index(make_chunks(texts))
+    got = r.score_texts("aurora", texts)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, r.score_all("aurora"), rtol=1e-12, atol=0)
+    assert got[1:].tolist() == [0.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"k1": -1}, {"b": 1.5}, {"method": "bm42"}, {"idf_method": "x"}, {"tokenizer": 3}, {"tokenizer": "("}],

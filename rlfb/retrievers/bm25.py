@@ -45,15 +45,24 @@ _DEFAULT_PATTERN = r"\w+"
 
 
 def regex_tokenizer(pattern: str = _DEFAULT_PATTERN, lowercase: bool = True) -> Callable[[str], list[str]]:
-    """A tokenizer returning the matches of ``pattern`` (after lowercasing, by default).
+    """A tokenizer returning the whole matches of ``pattern`` (after lowercasing, by default).
+
+    A pattern with groups still yields whole matches: ``re.findall`` would return the groups
+    (tuples, or only the first group's text), which are not the tokens the pattern describes.
 
     >>> regex_tokenizer()("Solar wind, AURORA!")
     ['solar', 'wind', 'aurora']
+    >>> regex_tokenizer(r"([a-z]+)(?:-[a-z]+)*")("state-of-the-art retrieval")
+    ['state-of-the-art', 'retrieval']
     """
     regex = re.compile(pattern)
+    whole: Callable[[str], list[str]] = regex.findall  # without groups findall gives whole matches, fastest
+    if regex.groups:
+        def whole(text: str) -> list[str]:
+            return [m.group(0) for m in regex.finditer(text)]
     if lowercase:
-        return lambda text: regex.findall(text.lower())
-    return regex.findall
+        return lambda text: whole(text.lower())
+    return whole
 
 
 def bm25_idf(df: np.ndarray, n_docs: int, method: str) -> np.ndarray:
@@ -78,18 +87,27 @@ def bm25_idf(df: np.ndarray, n_docs: int, method: str) -> np.ndarray:
 def bm25_tfc(
     tf: np.ndarray, doc_len: np.ndarray, avg_len: float, k1: float, b: float, method: str
 ) -> np.ndarray:
-    """Term-frequency component of BM25 (Kamphuis et al., ECIR 2020).
+    """Term-frequency component of BM25 (Kamphuis et al., ECIR 2020); 0 where ``tf`` is 0.
+
+    An absent term contributes nothing, as in the index (which stores only present terms):
+    the formula alone would give 0/0 = NaN there when the length norm is 0 (``k1=0``, or
+    ``b=1`` and an empty text).
 
     >>> float(bm25_tfc(np.array(2.0), np.array(10.0), 10.0, 1.5, 0.75, "atire"))
     1.4285714285714286
+    >>> bm25_tfc(np.array([0.0, 3.0]), np.array([0.0, 3.0]), 2.0, 0.0, 0.75, "lucene").tolist()
+    [0.0, 1.0]
     """
     tf = np.asarray(tf, dtype=np.float64)
     norm = k1 * (1.0 - b + b * np.asarray(doc_len, dtype=np.float64) / avg_len)
-    if method in ("robertson", "lucene"):
-        return tf / (norm + tf)
-    if method == "atire":
-        return tf * (k1 + 1.0) / (tf + norm)
-    raise ValidationError(f"unknown BM25 method {method!r}; choose from {METHODS}")
+    with np.errstate(invalid="ignore", divide="ignore"):  # the 0/0 cells are replaced below
+        if method in ("robertson", "lucene"):
+            tfc = tf / (norm + tf)
+        elif method == "atire":
+            tfc = tf * (k1 + 1.0) / (tf + norm)
+        else:
+            raise ValidationError(f"unknown BM25 method {method!r}; choose from {METHODS}")
+    return np.where(tf == 0, 0.0, tfc)
 
 
 class BM25Retriever(CorpusRetriever):
@@ -102,7 +120,7 @@ class BM25Retriever(CorpusRetriever):
     method
         Term-frequency variant: ``"lucene"`` (default), ``"robertson"`` or ``"atire"``.
     tokenizer
-        A regex pattern (its matches are the tokens; saved with the index) or a
+        A regex pattern (its whole matches are the tokens, groups or not; saved with the index) or a
         callable ``str -> list[str]`` (not saved: pass it again to :meth:`load`).
     idf_method
         IDF variant; ``None`` uses ``method``. ``method="atire", idf_method="robertson"``
