@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,23 @@ def test_load_rejects_other_kind(indexed: dict[str, Retriever], tmp_path: Path) 
     (tmp_path / "meta.json").write_text('{"kind": "colbert"}')
     with pytest.raises(CorruptStateError):
         load_retriever(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "file"),
+    [("bm25", "bm25s/indptr.csc.index.npy"), ("bm25", "bm25s/data.csc.index.npy"), ("dense", "embeddings.npy")],
+)
+def test_a_damaged_npy_header_is_corrupt_state(
+    indexed: dict[str, Retriever], tmp_path: Path, cache_dir: Path, kind: str, file: str
+) -> None:
+    """One byte of the header's dict changed: numpy re-tokenizes it and tokenize.TokenError escaped."""
+    indexed[kind].save(tmp_path)
+    path = tmp_path / file
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b"}", b"(", 1))
+    kwargs = {} if kind == "bm25" else {"cache_dir": cache_dir}
+    with pytest.raises(CorruptStateError, match=re.escape(str(tmp_path))):
+        load_retriever(tmp_path, **kwargs)
 
 
 # -- embedding cache --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tokenize
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -36,7 +37,13 @@ __all__ = [
     "reused_rows",
     "kept_then_new",
     "as_table",
+    "ARRAY_HEADER_ERRORS",
 ]
+
+#: what ``np.load`` lets escape from a damaged ``.npy`` header besides ``ValueError``: a header that
+#: ``ast.literal_eval`` refuses is tokenized again for old files (``tokenize.TokenError``), and the
+#: parser can raise ``SyntaxError`` (or ``RecursionError`` on deep nesting) itself
+ARRAY_HEADER_ERRORS: tuple[type[BaseException], ...] = (tokenize.TokenError, SyntaxError, RecursionError)
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
+    ARRAY_HEADER_ERRORS,
     ChunkTable,
     CorpusRetriever,
     as_table,
@@ -402,7 +403,8 @@ class BM25Retriever(CorpusRetriever):
             return cls._load_checked(path, meta, tokenizer)
         except CorruptStateError:
             raise
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError,
+                *ARRAY_HEADER_ERRORS) as exc:
             raise CorruptStateError(f"cannot read the BM25 index in {path}: {exc}") from exc
 
     @classmethod
@@ -488,7 +490,7 @@ def _load_counts(file: Path, df: np.ndarray, avg_len: float) -> Any:
     try:
         with np.load(file, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in ("data", "indices", "indptr", "shape")}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, *ARRAY_HEADER_ERRORS) as exc:
         raise CorruptStateError(f"{file}: cannot read the term counts: {exc}") from exc
     data, indices, indptr, shape = (arrays[n] for n in ("data", "indices", "indptr", "shape"))
     n_vocab = df.shape[0]

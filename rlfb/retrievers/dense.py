@@ -18,6 +18,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
+    ARRAY_HEADER_ERRORS,
     ChunkTable,
     CorpusRetriever,
     as_table,
@@ -306,7 +307,7 @@ class DenseRetriever(CorpusRetriever):
         file = path / "embeddings.npy"
         try:
             embeddings = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
+        except (OSError, ValueError, EOFError, *ARRAY_HEADER_ERRORS) as exc:
             raise CorruptStateError(f"cannot read embeddings from {file}: {exc}") from exc
         table = ChunkTable.load(path)
         _check_embeddings(file, embeddings, len(table))

@@ -20,6 +20,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
+    ARRAY_HEADER_ERRORS,
     ChunkTable,
     CorpusRetriever,
     as_table,
@@ -95,8 +96,10 @@ def rows_to_csr(rows: Sequence[SparseVector], n_cols: int) -> Any:
 
 
 # what reading a damaged .npz can raise: a file that is no zip (BadZipFile), a truncated or bit-flipped
-# member (zlib.error, EOFError), a missing array (KeyError), arrays that form no matrix (ValueError, ...)
-_NPZ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile, zlib.error)
+# member (zlib.error, EOFError), a missing array (KeyError), arrays that form no matrix (ValueError, ...),
+# a damaged .npy header inside (ARRAY_HEADER_ERRORS)
+_NPZ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile, zlib.error,
+               *ARRAY_HEADER_ERRORS)
 
 
 def _check_matrix(file: Path, matrix: Any, n_docs: int) -> None:
