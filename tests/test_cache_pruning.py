@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +214,69 @@ def test_the_bound_comes_from_rlfb_cache_max_mb(tmp_path: Path, monkeypatch: pyt
     for bad in (-1, float("nan"), True, "5"):
         with pytest.raises(ValidationError, match="max_mb"):
             EmbeddingCache(tmp_path, "m", max_mb=bad)  # type: ignore[arg-type]
+
+
+# -- a damaged file ---------------------------------------------------------------------------------------
+def _damaged_cache(folder: Path) -> Path:
+    """A cache file whose first page (header and schema) is intact and whose table pages are zeroed."""
+    cache = EmbeddingCache(folder, "m")
+    cache.put_many({f"h{i}": np.full(256, i, dtype=np.float32) for i in range(20)})
+    cache.close()  # the last connection checkpoints the WAL into the file
+    data = bytearray(_file(folder).read_bytes())
+    assert len(data) > 4096
+    data[4096:] = bytes(len(data) - 4096)
+    _file(folder).write_bytes(bytes(data))
+    return _file(folder)
+
+
+def test_a_damaged_cache_file_warns_once_and_encoding_goes_on_without_it(tmp_path: Path) -> None:
+    """sqlite3.DatabaseError ("malformed") escaped from every lookup and write, so indexing and search failed."""
+    path = _damaged_cache(tmp_path)
+    reader = EmbeddingCache(tmp_path, "m")
+    with pytest.warns(RuntimeWarning, match="safe to delete") as caught:
+        assert reader.get_many(["h0", "h1"]) == {}
+    assert str(path) in str(caught[0].message)
+    calls: list[list[str]] = []
+
+    def encode(batch: list[str]) -> list[np.ndarray]:
+        calls.append(list(batch))
+        return [np.ones(4, dtype=np.float32) for _ in batch]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file's damage was reported: no second warning
+        out = cached_encode(["a", "b"], encode, disk=reader)
+        assert calls == [["a", "b"]] and [v.tolist() for v in out] == [[1.0] * 4] * 2
+        writer = EmbeddingCache(tmp_path, "m|query")  # another cache on the same file, writing first
+        writer.put_many({"x": np.ones(4)})
+        assert writer.get_many(["x"]) == {}
+
+
+def test_a_damaged_cache_file_found_by_a_write_warns(tmp_path: Path) -> None:
+    path = _damaged_cache(tmp_path)
+    with pytest.warns(RuntimeWarning, match=re.escape(str(path))):
+        EmbeddingCache(tmp_path, "m").put_many({f"n{i}": np.ones(256) for i in range(50)})
+
+
+def test_stats_and_prune_of_a_damaged_cache_file_name_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _damaged_cache(tmp_path)
+    with pytest.raises(CorruptStateError, match=re.escape(str(path))):
+        cache_stats(tmp_path)
+    with pytest.raises(CorruptStateError, match="delete it"):
+        prune_cache(tmp_path, max_mb=0)
+    assert main(["cache", "stats", "--dir", str(tmp_path)]) == 2
+    assert str(path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("option", "value"), [("--max-mb", "1e13"), ("--max-mb", "1e308"),
+                                                ("--unused-days", "1e15"), ("--unused-days", "1e306")])
+def test_prune_bounds_beyond_sqlite_integers_keep_everything(tmp_path: Path, option: str, value: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """int(max_mb * 2**20) or the cutoff passed SQLite's 64-bit integers: OverflowError, exit 1."""
+    cache = EmbeddingCache(tmp_path, "m")
+    cache.put_many({"h": np.zeros(8)})
+    assert main(["cache", "prune", "--dir", str(tmp_path), option, value, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == 0
+    assert len(cache) == 1
+    bounded = EmbeddingCache(tmp_path, "m", max_mb=1e308)  # a write's bound is clamped alike
+    bounded.put_many({"g": np.zeros(8)})
+    assert len(bounded) == 2

@@ -10,6 +10,10 @@ The directory defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``. The file 
 new text unless bounded: ``max_mb`` (default ``$RLFB_CACHE_MAX_MB``, unset: no bound) makes each
 writing process drop the least recently used encodings once the file's entries pass it, and
 :func:`prune_cache` does the same on request.
+
+The cache holds nothing that cannot be encoded again: a damaged row is a miss, and a damaged
+file warns once and is then passed by (lookups miss, writes are dropped), so indexing and
+search go on; :func:`cache_stats` and :func:`prune_cache` name it in a :class:`CorruptStateError`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import sqlite3
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -80,6 +85,11 @@ _ENTRY_BYTES = "length(vals) + coalesce(length(indices), 0) + length(text_hash) 
 
 # an automatic prune keeps this share of max_mb, so that the next writes do not prune again at once
 _PRUNE_TO = 0.9
+# SQLite's integers are signed 64-bit: a bound or cutoff beyond them is clamped, which keeps its meaning
+_SQLITE_MAX = 2**63 - 1
+_SQLITE_MIN = -(2**63)
+# files whose damage has been reported in this process: one warning per file, not per lookup
+_WARNED: set[str] = set()
 
 
 def default_cache_dir() -> Path:
@@ -104,6 +114,25 @@ def _check_nonnegative(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _bytes_of(mb: float) -> int:
+    """``mb`` megabytes in bytes, clamped to SQLite's integers (more than any file can hold).
+
+    >>> _bytes_of(1.5), _bytes_of(1e13) == _bytes_of(1e308) == 2**63 - 1
+    (1572864, True)
+    """
+    n = mb * 1024 * 1024
+    return _SQLITE_MAX if n >= _SQLITE_MAX else int(n)  # compared exactly; int(inf) would raise
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` reports a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB), not a busy or read-only one.
+
+    sqlite3 raises the plain :class:`sqlite3.DatabaseError` for exactly these; locks, I/O and
+    full disks raise its subclass :class:`sqlite3.OperationalError`.
+    """
+    return type(exc) is sqlite3.DatabaseError
 
 
 def text_hash(text: str) -> str:
@@ -208,6 +237,15 @@ def _decode_row(dim: object, idx: object, vals: object) -> Encoding | None:
     return SparseVector(indices.copy(), values.copy(), dim)
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back an open transaction; a rollback that fails too must not hide the error that led to it."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.DatabaseError:
+            pass
+
+
 class EmbeddingCache:
     """Encodings of one model, persisted in SQLite.
 
@@ -249,6 +287,7 @@ class EmbeddingCache:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
+        self._damaged = False  # the file was found damaged: lookups miss and writes are dropped from then on
 
     # -- connection -------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -272,11 +311,28 @@ class EmbeddingCache:
             pass
 
     # -- access -----------------------------------------------------------------------------------
+    def _give_up(self, exc: sqlite3.DatabaseError) -> None:
+        """Go on without the file after ``exc`` showed it damaged; warn once per file and process.
+
+        The cache holds nothing that cannot be encoded again, so its damage must not stop
+        indexing or search: they go on as without a disk cache.
+        """
+        self._damaged = True
+        if str(self.path) not in _WARNED:
+            _WARNED.add(str(self.path))
+            warnings.warn(
+                f"the embedding cache {self.path} is damaged ({exc}): going on without it, encoding "
+                "texts afresh. It holds only encodings that can be made again, so it is safe to delete.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
     def get_many(self, hashes: Iterable[str]) -> dict[str, Encoding]:
         """Cached encodings of ``hashes``; missing hashes are simply absent from the result.
 
         Hits not marked as used for a day are marked now, so that :func:`prune_cache`
-        removes what has gone unused longest.
+        removes what has gone unused longest. A damaged file (SQLite reports it malformed)
+        warns once and answers every lookup with nothing from then on.
         """
         wanted = list(dict.fromkeys(hashes))
         out: dict[str, Encoding] = {}
@@ -285,24 +341,33 @@ class EmbeddingCache:
         now = int(time.time())
         stale: list[str] = []
         with self._lock:
+            if self._damaged:
+                return out
             conn = self._connect()
-            for start in range(0, len(wanted), _BATCH):
-                part = wanted[start : start + _BATCH]
-                marks = ",".join("?" * len(part))
-                rows = conn.execute(
-                    f"SELECT text_hash, dim, indices, vals, used_at FROM encodings "
-                    f"WHERE model_key = ? AND text_hash IN ({marks})",
-                    [self.model_key, *part],
-                ).fetchall()
-                for h, dim, idx, vals, used_at in rows:
-                    enc = _decode_row(dim, idx, vals)
-                    if enc is None:
-                        continue  # damaged row: treat as a miss (the text is encoded again and the row rewritten)
-                    out[h] = enc
-                    if used_at < now - _TOUCH_EVERY:
-                        stale.append(h)
-            if stale:
-                self._touch(conn, stale, now)
+            try:
+                for start in range(0, len(wanted), _BATCH):
+                    part = wanted[start : start + _BATCH]
+                    marks = ",".join("?" * len(part))
+                    rows = conn.execute(
+                        f"SELECT text_hash, dim, indices, vals, used_at FROM encodings "
+                        f"WHERE model_key = ? AND text_hash IN ({marks})",
+                        [self.model_key, *part],
+                    ).fetchall()
+                    for h, dim, idx, vals, used_at in rows:
+                        enc = _decode_row(dim, idx, vals)
+                        if enc is None:
+                            continue  # damaged row: treat as a miss (the text is encoded again and the row rewritten)
+                        out[h] = enc
+                        if used_at < now - _TOUCH_EVERY:
+                            stale.append(h)
+                if stale:
+                    self._touch(conn, stale, now)
+            except sqlite3.DatabaseError as exc:
+                if not _is_damage(exc):
+                    raise
+                _rollback(conn)  # the marks' transaction, if the damage showed there
+                self._give_up(exc)
+                return {}
         return out
 
     def _touch(self, conn: sqlite3.Connection, hashes: list[str], now: int) -> None:
@@ -318,11 +383,14 @@ class EmbeddingCache:
                 )
             conn.execute("COMMIT")
         except sqlite3.OperationalError:  # a read-only or busy file: the marks wait for the next read
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _rollback(conn)
 
     def put_many(self, items: Mapping[str, Encoding] | Sequence[tuple[str, Encoding]]) -> None:
-        """Store encodings, ``{hash: vector}`` or ``{hash: SparseVector}``, in one transaction."""
+        """Store encodings, ``{hash: vector}`` or ``{hash: SparseVector}``, in one transaction.
+
+        Into a damaged file nothing is written: the first write that finds it so warns
+        (once per file and process), and this cache drops writes from then on.
+        """
         pairs = items.items() if isinstance(items, Mapping) else items
         now = int(time.time())
         rows = []
@@ -343,6 +411,8 @@ class EmbeddingCache:
         if not rows:
             return
         with self._lock:
+            if self._damaged:
+                return
             conn = self._connect()
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -354,9 +424,13 @@ class EmbeddingCache:
                 if self.max_mb is not None:
                     self._keep_bound(conn, rows)
                 conn.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                _rollback(conn)
+                if not _is_damage(exc):
+                    raise
+                self._give_up(exc)
             except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
 
     def _keep_bound(self, conn: sqlite3.Connection, rows: list[tuple]) -> None:
@@ -367,7 +441,7 @@ class EmbeddingCache:
         errs towards counting) passes the bound.
         """
         assert self.max_mb is not None
-        limit = int(self.max_mb * 1024 * 1024)
+        limit = _bytes_of(self.max_mb)
         written = sum(len(r[1]) + len(r[0]) + len(r[4]) + (len(r[3]) if r[3] is not None else 0) for r in rows)
         if self._size is not None and self._size + written <= limit:
             self._size += written
@@ -410,6 +484,10 @@ def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
             f"SELECT model_key, COUNT(*), SUM({_ENTRY_BYTES}), MIN(used_at), MAX(used_at) "
             "FROM encodings GROUP BY model_key ORDER BY model_key"
         ).fetchall()
+    except sqlite3.DatabaseError as exc:
+        if not _is_damage(exc):
+            raise
+        raise _damaged_file(path, exc) from exc
     finally:
         conn.close()
     out["models"] = [
@@ -458,23 +536,35 @@ def prune_cache(
         conn.execute("BEGIN IMMEDIATE")
         try:
             if unused_days is not None:
-                cutoff = int(time.time() - unused_days * 86400)
+                # clamped: a cutoff before SQLite's smallest integer removes nothing, as its day count means
+                cutoff = time.time() - unused_days * 86400
+                cutoff = _SQLITE_MIN if cutoff <= _SQLITE_MIN else int(cutoff)
                 removed += conn.execute("DELETE FROM encodings WHERE used_at < ?", (cutoff,)).rowcount
             if max_mb is not None:
-                removed += _drop_least_recent(conn, int(max_mb * 1024 * 1024))
+                removed += _drop_least_recent(conn, _bytes_of(max_mb))
             conn.execute("COMMIT")
         except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
         if vacuum and removed:
             conn.execute("VACUUM")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         bytes_after = _entry_bytes(conn)
+    except sqlite3.DatabaseError as exc:
+        if not _is_damage(exc):
+            raise
+        raise _damaged_file(path, exc) from exc
     finally:
         conn.close()
     return {"path": str(path), "removed": removed, "bytes_before": bytes_before, "bytes_after": bytes_after,
             "file_bytes_before": before, "file_bytes_after": _file_bytes(path)}
+
+
+def _damaged_file(path: Path, exc: sqlite3.DatabaseError) -> CorruptStateError:
+    return CorruptStateError(
+        f"the embedding cache {path} is damaged ({exc}); it holds only encodings that can be made again, "
+        "so delete it and rlfb makes a new one"
+    )
 
 
 def _entry_bytes(conn: sqlite3.Connection) -> int:
