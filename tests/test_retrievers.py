@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -257,6 +258,38 @@ def test_cache_avoids_reencoding(
     # a new text is encoded, alone
     again.index([*chunks, Chunk("new", "Glaciers carve valleys as the ice slowly flows downhill.")])
     assert [t for t in counter.texts if t] == ["Glaciers carve valleys as the ice slowly flows downhill."]
+
+
+def test_a_cached_dense_vector_off_unit_norm_is_a_miss(chunks: list[Chunk], tmp_path: Path) -> None:
+    """Cached vectors were only checked to be finite: a row of norm ~1e18 gave cosine scores of 1e17."""
+    first = DenseRetriever(cache_dir=tmp_path).index(chunks)
+    key = first._doc_cache.model_key  # type: ignore[union-attr]
+    first._doc_cache.close()  # type: ignore[union-attr]
+    conn = sqlite3.connect(tmp_path / "embeddings.sqlite")
+    with conn:
+        blob = conn.execute("SELECT text_hash, vals FROM encodings WHERE model_key = ? LIMIT 1", (key,)).fetchone()
+        vec = np.frombuffer(blob[1], dtype=np.float32).copy()
+        vec[:4] = 3e18
+        conn.execute("UPDATE encodings SET vals = ? WHERE model_key = ? AND text_hash = ?",
+                     (vec.tobytes(), key, blob[0]))
+    conn.close()
+    again = DenseRetriever(cache_dir=tmp_path).index(chunks)
+    np.testing.assert_allclose(again.embeddings, first.embeddings, rtol=0, atol=1e-5)
+    assert again.score_all(QUERIES[0]).max() <= 1.0 + 1e-5
+
+
+def test_a_saved_dense_row_off_unit_norm_is_corrupt_state(
+    indexed: dict[str, Retriever], tmp_path: Path, cache_dir: Path
+) -> None:
+    indexed["dense"].save(tmp_path)
+    file = tmp_path / "embeddings.npy"
+    saved = np.load(file)
+    np.save(file, np.vstack([saved[:2], saved[2:3] * 1e17, saved[3:]]))
+    with pytest.raises(CorruptStateError, match="row.*not unit"):
+        DenseRetriever.load(tmp_path, cache_dir=cache_dir)
+    saved[2] = 0.0  # a zero vector is what normalising one gives: not damage
+    np.save(file, saved)
+    assert DenseRetriever.load(tmp_path, cache_dir=cache_dir).score_all(QUERIES[0])[2] == 0.0
 
 
 def test_dense_restart_does_not_load_model(

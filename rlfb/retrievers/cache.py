@@ -655,13 +655,16 @@ def cached_encode(
     chunk_size: int = 512,
     show_progress: bool = False,
     desc: str = "encoding",
+    accept: Callable[[Encoding], bool] | None = None,
 ) -> list[Encoding]:
     """Encodings of ``texts``, calling ``encode`` only for texts found in neither cache.
 
     Each distinct missing text is encoded once. Missing texts are encoded
     longest first (less padding), ``chunk_size`` at a time, and each chunk is
     written to ``disk`` as soon as it is done, so an interrupted run resumes
-    where it stopped. The result is aligned with ``texts``.
+    where it stopped. The result is aligned with ``texts``. A disk hit that
+    ``accept`` refuses (one ``encode`` could not have made) is a miss: encoded
+    again, and its row rewritten.
 
     >>> calls = []
     >>> def enc(batch):
@@ -685,6 +688,8 @@ def cached_encode(
         rest = [h for h in dict.fromkeys(hashes) if h not in found]
         if rest:
             from_disk = disk.get_many(rest)
+            if accept is not None:
+                from_disk = {h: enc for h, enc in from_disk.items() if accept(enc)}
             found.update(from_disk)
             if memory is not None:
                 for h, enc in from_disk.items():

@@ -39,6 +39,9 @@ from rlfb.types import Chunk
 __all__ = ["DenseRetriever"]
 
 _FORMAT_VERSION = 1
+# every vector is normalised before it is cached or saved, so a norm further than this from 1 is damage
+# (float32 rounding leaves ~1e-7); 0 is allowed: a zero vector stays zero when normalised
+_NORM_TOLERANCE = 1e-3
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -47,12 +50,31 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0).astype(np.float32)
 
 
+def _off_unit(norms: np.ndarray) -> np.ndarray:
+    """Where ``norms`` are neither 1 (within :data:`_NORM_TOLERANCE`) nor 0: not a vector :func:`_normalise` made."""
+    return (np.abs(norms - 1.0) > _NORM_TOLERANCE) & (norms != 0)
+
+
+def _cacheable(vector: object) -> bool:
+    """Whether a cached encoding can be a dense one this retriever wrote (1-D, unit norm or zero).
+
+    A cached row is only checked to be finite: a damaged one of norm 1e18 would give
+    cosine scores of 1e17 and win every query, so it is a miss and is encoded again.
+    """
+    if not isinstance(vector, np.ndarray) or vector.ndim != 1:
+        return False
+    v = vector.astype(np.float64)
+    return not _off_unit(np.sqrt(v @ v))
+
+
 def _check_embeddings(file: Path, embeddings: np.ndarray, n_docs: int) -> None:
-    """Raise :class:`CorruptStateError` unless ``embeddings`` is a finite float matrix with a row per chunk.
+    """Raise :class:`CorruptStateError` unless ``embeddings`` is a finite float matrix of unit rows, one per chunk.
 
     A NaN or infinite value would not fail anywhere: every score of its chunk would be NaN,
-    ranked last and reported as no score, so the damage would go unseen. Strings or integers
-    would fail (or be taken as numbers) only at the conversion to float32.
+    ranked last and reported as no score, so the damage would go unseen; nor would a row of
+    another norm (every row is saved normalised), whose cosine scores would be off scale and
+    win or lose every query. Strings or integers would fail (or be taken as numbers) only at
+    the conversion to float32.
     """
     if embeddings.ndim != 2 or embeddings.dtype.kind != "f":
         raise CorruptStateError(f"{file}: expected a 2-D float array, got a {embeddings.ndim}-D {embeddings.dtype} one")
@@ -62,6 +84,12 @@ def _check_embeddings(file: Path, embeddings: np.ndarray, n_docs: int) -> None:
     if not finite.all():
         rows = np.flatnonzero(~finite)
         raise CorruptStateError(f"{file}: rows {rows[:5].tolist()} ({rows.size} in all) hold NaN or infinite values")
+    off = _off_unit(np.linalg.norm(embeddings.astype(np.float64, copy=False), axis=1))
+    if off.any():
+        rows = np.flatnonzero(off)
+        raise CorruptStateError(
+            f"{file}: rows {rows[:5].tolist()} ({rows.size} in all) are not unit vectors, as every saved row is"
+        )
 
 
 class DenseRetriever(CorpusRetriever):
@@ -168,6 +196,7 @@ class DenseRetriever(CorpusRetriever):
             disk=disk,
             show_progress=show_progress,
             desc=f"{self.name} documents",
+            accept=_cacheable,
         )
         return self._stack(vectors)
 
@@ -182,6 +211,7 @@ class DenseRetriever(CorpusRetriever):
             memory=self._memory,
             show_progress=show_progress,
             desc=f"{self.name} queries",
+            accept=_cacheable,
         )
         return self._stack(vectors)
 
