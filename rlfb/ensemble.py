@@ -1001,10 +1001,22 @@ class FeedbackEnsemble:
                 shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
-    def load(cls, path: str | Path, *, store: Any = None, **kwargs: Any) -> FeedbackEnsemble:
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        store: Any = None,
+        retriever_options: Mapping[str, Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> FeedbackEnsemble:
         """Load what :meth:`save` wrote: the index, the settings, the learner's settings and all it learned.
 
-        ``kwargs`` override the saved ensemble settings (``fusion``, ``candidate_k``, ...); the
+        ``retriever_options`` maps a saved retriever's name to keyword arguments of its ``load``:
+        what a save cannot hold, such as a BM25 ``tokenizer`` callable or a dense or SPLADE
+        ``model`` passed in already loaded (``{"bm25": {"tokenizer": fn}}``), or a setting to
+        change (``{"dense": {"device": "cuda"}}``). A retriever's disk-cache switch, device and
+        ``model_key`` otherwise come back as saved. ``kwargs`` override the saved ensemble
+        settings (``fusion``, ``candidate_k``, ...); the
         learner comes back with the policy, hyperparameters, weights and learner settings it was
         saved with (``policy=``, ``learner_config=`` or ``weights=`` is a :class:`ValidationError`).
         With a ``store`` whose newest snapshot is of the same policy and retrievers and has learned
@@ -1039,8 +1051,17 @@ class FeedbackEnsemble:
                 f"{root} was saved with the search members {saved_members!r}: pass them again, "
                 "load(path, members=[SearchMember(name, search_fn), ...])"
             )
+        if retriever_options is not None and not isinstance(retriever_options, Mapping):
+            raise ValidationError("retriever_options must map retriever names to mappings of load() arguments")
+        options_of = dict(retriever_options or {})
+        unknown = sorted(map(str, set(options_of) - set(names)))
+        if unknown:
+            raise ValidationError(f"retriever_options names {unknown}, but {root} holds the retrievers {names}")
+        for name, opts in options_of.items():
+            if not isinstance(opts, Mapping) or not all(isinstance(k, str) for k in opts):
+                raise ValidationError(f"retriever_options[{name!r}] must be a mapping of load() arguments by name")
         table = ChunkTable.load(root)
-        retrievers = {n: load_retriever(root / "retrievers" / n) for n in names}
+        retrievers = {n: load_retriever(root / "retrievers" / n, **options_of.get(n, {})) for n in names}
         learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads below
         saved_count = _n_learned(state, root)
         try:

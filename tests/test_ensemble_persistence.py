@@ -12,6 +12,7 @@ from rlfb import CorruptStateError, FeedbackEnsemble, ValidationError
 from rlfb.learner import LearnerConfig
 from rlfb.policies import make_policy
 from rlfb.policies.base import MIN_PROPENSITY, Decision
+from rlfb.retrievers import BM25Retriever
 from rlfb.store import FeedbackStore
 
 TEXTS = [
@@ -302,3 +303,40 @@ def test_a_store_without_text_knows_a_repeat_by_its_normalised_text_across_a_res
         hits = again.retrieve(repeat, k=3, explore=False, log=False).hits
         assert next(h.memory for h in hits if h.chunk_id == "0") > 0, repeat
     assert b"tides" not in path.read_bytes().lower()
+
+
+def _split_lower(text: str) -> list[str]:
+    return text.lower().split()
+
+
+def test_load_passes_retriever_options_to_each_retriever(tmp_path) -> None:
+    """An ensemble whose BM25 had a custom tokenizer saved but could never load: load() took no tokenizer."""
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=[BM25Retriever(tokenizer=_split_lower)])
+    ens.save(tmp_path / "idx")
+    with pytest.raises(ValidationError, match=r"retriever_options=\{'bm25': \{'tokenizer'"):
+        FeedbackEnsemble.load(tmp_path / "idx")
+    loaded = FeedbackEnsemble.load(tmp_path / "idx", retriever_options={"bm25": {"tokenizer": _split_lower}})
+    for q in QUERIES:
+        assert loaded.retrieve(q, k=8, log=False).chunk_ids == ens.retrieve(q, k=8, log=False).chunk_ids
+    for bad, words in [({"dense": {}}, "dense"), ({"bm25": {"model": "x"}}, "model"), ({"bm25": 3}, "mapping"),
+                       (["bm25"], "map")]:
+        with pytest.raises(ValidationError, match=words):
+            FeedbackEnsemble.load(tmp_path / "idx", retriever_options=bad)
+
+
+def test_a_dense_retriever_built_without_disk_cache_loads_without_it(tmp_path, monkeypatch) -> None:
+    """cache_dir=False was not saved: the loaded ensemble wrote its encodings to the default cache folder."""
+    cache = tmp_path / "default-cache"
+    monkeypatch.setenv("RLFB_CACHE_DIR", str(cache))
+    ens = FeedbackEnsemble.from_texts(TEXTS[:6], retrievers=("bm25", "dense"),
+                                      retriever_options={"dense": {"cache_dir": False}})
+    ens.retrieve("aurora light", k=2, log=False)
+    ens.save(tmp_path / "idx")
+    loaded = FeedbackEnsemble.load(tmp_path / "idx")
+    assert loaded.retrievers["dense"].cache_dir is False
+    assert loaded.retrieve("a question never seen", k=2, log=False).chunk_ids
+    assert not cache.exists()
+    # a setting given for one retriever overrides the saved one
+    on = FeedbackEnsemble.load(tmp_path / "idx", retriever_options={"dense": {"cache_dir": None}})
+    on.retrieve("another new question", k=2, log=False)
+    assert (cache / "embeddings.sqlite").is_file()

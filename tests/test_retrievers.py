@@ -195,6 +195,65 @@ def test_save_load_identical(retriever: Retriever, tmp_path: Path, cache_dir: Pa
     assert loaded._table.metadatas == retriever._table.metadatas  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("name", ["dense", "splade"])
+def test_an_index_of_a_model_handed_over_loaded_needs_that_model_to_load(
+    name: str, indexed: dict[str, Retriever], chunks: list[Chunk], tmp_path: Path
+) -> None:
+    """The save named the folder the instance seemed to come from, so a load encoded queries with the stock
+    model while the saved vectors came from the (maybe fine-tuned) instance: silently wrong scores."""
+    model = indexed[name].model  # type: ignore[attr-defined]
+    built = RETRIEVERS[name](model=model, cache_dir=False).index(chunks)
+    built.save(tmp_path)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["model"] is None and meta["model_instance"] is True and meta["model_hint"] == built.model_name
+    with pytest.raises(ValidationError, match=f"model=.*retriever_options=.*'{name}'"):
+        load_retriever(tmp_path)
+    loaded = load_retriever(tmp_path, model=model)
+    np.testing.assert_array_equal(loaded.score_all(QUERIES[0]), built.score_all(QUERIES[0]))
+    # a save from before: the guessed name and no flag still loads that folder, as it did
+    for key in ("model_instance", "model_hint"):
+        del meta[key]
+    meta["model"] = built.model_name
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    assert load_retriever(tmp_path).model_name == built.model_name  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["dense", "splade"])
+def test_a_neural_index_loads_with_its_cache_switch_device_and_model_key(
+    name: str, indexed: dict[str, Retriever], chunks: list[Chunk], tmp_path: Path
+) -> None:
+    """cache_dir=False, the device and an explicit model_key were not saved: a loaded index wrote to the
+    default cache folder, on the default device, under a derived key."""
+    extra = {"max_active_dims": 64} if name == "splade" else {}
+    model = indexed[name].model  # type: ignore[attr-defined]
+    built = RETRIEVERS[name](model=model, cache_dir=False, device="cuda:7", model_key="tuned-v2", **extra)
+    built.index(chunks).save(tmp_path)
+    loaded = load_retriever(tmp_path, model=model)
+    assert loaded.cache_dir is False and loaded._caches() == (None, None)  # type: ignore[attr-defined]
+    assert loaded.device == loaded._model.device == "cuda:7"  # type: ignore[attr-defined]
+    assert loaded._model.key == built._model.key == f"{name}:tuned-v2" + (  # type: ignore[attr-defined]
+        "|max_active_dims=64" if extra else "")
+    # what the caller passes wins; a save without these settings loads with the defaults, as before
+    again = load_retriever(tmp_path, model=model, cache_dir=tmp_path / "c", device="cpu", model_key="other")
+    assert (again.cache_dir, again.device) == (tmp_path / "c", "cpu")  # type: ignore[attr-defined]
+    assert again._model.key.startswith(f"{name}:other")  # type: ignore[attr-defined]
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    for key in ("cache_dir_off", "device", "explicit_model_key"):
+        del meta[key]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    old = load_retriever(tmp_path, model=model)
+    assert (old.cache_dir, old.device, old._model.key) == (None, "cpu", None)  # type: ignore[attr-defined]
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "device": 3}))
+    with pytest.raises(CorruptStateError, match="device"):
+        load_retriever(tmp_path, model=model)
+
+
+def test_load_retriever_refuses_arguments_its_kind_does_not_take(indexed: dict[str, Retriever], tmp_path: Path) -> None:
+    indexed["bm25"].save(tmp_path)
+    with pytest.raises(ValidationError, match="bm25.*model"):
+        load_retriever(tmp_path, model="x")
+
+
 def test_load_rejects_other_kind(indexed: dict[str, Retriever], tmp_path: Path) -> None:
     indexed["bm25"].save(tmp_path)
     with pytest.raises(CorruptStateError):

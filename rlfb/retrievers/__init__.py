@@ -15,6 +15,7 @@ bm25s nor torch.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,9 +99,19 @@ def make_retriever(name: str, **kwargs: Any) -> Retriever:
 
 
 def load_retriever(path: str | Path, **kwargs: Any) -> Retriever:
-    """Load a saved retriever of any kind: ``meta.json`` names the class; ``kwargs`` go to its ``load``."""
+    """Load a saved retriever of any kind: ``meta.json`` names the class; ``kwargs`` go to its ``load``.
+
+    An argument that kind's ``load`` does not take is a :class:`ValidationError` (a BM25 index
+    takes ``tokenizer``, a dense or SPLADE one ``model``, ``cache_dir``, ``device``, ``model_key``).
+    """
     path = Path(path)
-    return _retriever_class(_read_kind(path)).load(path, **kwargs)  # type: ignore[no-any-return]
+    kind = _read_kind(path)
+    cls = _retriever_class(kind)
+    try:
+        inspect.signature(cls.load).bind(path, **kwargs)
+    except TypeError as exc:
+        raise ValidationError(f"cannot load the {kind} retriever in {path} with {sorted(kwargs)}: {exc}") from None
+    return cls.load(path, **kwargs)  # type: ignore[no-any-return]
 
 
 def _read_kind(path: Path) -> str:

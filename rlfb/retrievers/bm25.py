@@ -122,7 +122,8 @@ class BM25Retriever(CorpusRetriever):
         Term-frequency variant: ``"lucene"`` (default), ``"robertson"`` or ``"atire"``.
     tokenizer
         A regex pattern (its whole matches are the tokens, groups or not; saved with the index) or a
-        callable ``str -> list[str]`` (not saved: pass it again to :meth:`load`).
+        callable ``str -> list[str]`` (not saved: pass it again to :meth:`load`, or through
+        ``FeedbackEnsemble.load(path, retriever_options={"bm25": {"tokenizer": ...}})``).
     idf_method
         IDF variant; ``None`` uses ``method``. ``method="atire", idf_method="robertson"``
         reproduces ``rank_bm25.BM25Okapi`` (with its ``epsilon=0``).
@@ -396,7 +397,8 @@ class BM25Retriever(CorpusRetriever):
         meta = read_meta(path, "bm25")
         if meta.get("tokenizer") is None and tokenizer is None:
             raise ValidationError(
-                f"{path} was indexed with a custom tokenizer: pass it as load(path, tokenizer=...)"
+                f"{path} was indexed with a custom tokenizer: pass it as load(path, tokenizer=...), or for an "
+                "ensemble FeedbackEnsemble.load(path, retriever_options={'bm25': {'tokenizer': ...}})"
             )
         # past the caller's own arguments everything comes from the files, so any failure means damage
         try:

@@ -33,7 +33,16 @@ from rlfb.retrievers.base import (
     write_meta,
 )
 from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, open_side_caches
-from rlfb.retrievers.models import LazyModel, default_dense_model, load_sentence_transformer, saved_model
+from rlfb.retrievers.models import (
+    AS_SAVED,
+    AsSaved,
+    LazyModel,
+    default_dense_model,
+    load_sentence_transformer,
+    model_meta,
+    saved_model,
+    saved_settings,
+)
 from rlfb.types import Chunk
 
 __all__ = ["DenseRetriever"]
@@ -99,8 +108,9 @@ class DenseRetriever(CorpusRetriever):
     ----------
     model
         ``None`` for the bundled all-MiniLM-L6-v2 (works with ``HF_HUB_OFFLINE=1``),
-        any sentence-transformers name or local path, or a loaded ``SentenceTransformer``.
-        Loaded lazily, on the first text that is not in the cache.
+        any sentence-transformers name or local path, or a loaded ``SentenceTransformer``
+        (not saved by name: pass it again to :meth:`load`). Loaded lazily, on the first text
+        that is not in the cache.
     batch_size
         Encoding batch size.
     cache_dir
@@ -136,6 +146,7 @@ class DenseRetriever(CorpusRetriever):
             raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.batch_size = batch_size
         self.cache_dir = cache_dir
+        self._model_key = model_key  # as given: saved, so that a load keys the cache as this retriever did
         self.device = device
         self._model = LazyModel(
             model,
@@ -299,9 +310,7 @@ class DenseRetriever(CorpusRetriever):
             {
                 "kind": self.name,
                 "format_version": _FORMAT_VERSION,
-                "model": self._model.name,
-                "default_model": self._model.is_default,
-                "model_key": self._model.key,
+                **model_meta(self._model, self.cache_dir, self.device, self._model_key),
                 "dim": int(self._embeddings.shape[1]),
                 "batch_size": self.batch_size,
             },
@@ -313,13 +322,17 @@ class DenseRetriever(CorpusRetriever):
         path: str | Path,
         *,
         model: Any = None,
-        cache_dir: str | Path | bool | None = None,
-        device: str | None = "cpu",
+        cache_dir: str | Path | bool | None | AsSaved = AS_SAVED,
+        device: str | None | AsSaved = AS_SAVED,
         model_key: str | None = None,
     ) -> DenseRetriever:
         """Read an index written by :meth:`save`; ``model`` overrides the saved model name.
 
-        The model itself is loaded only when a query needs encoding.
+        The model itself is loaded only when a query needs encoding. An index built with a
+        model passed in already loaded needs that model again as ``model``: the save names no
+        model (the folder it was loaded from may hold other weights). ``cache_dir``, ``device``
+        and ``model_key`` default to what the index was built with (the disk cache off or the
+        default folder, the device, and a key the caller gave); a value given here overrides it.
         """
         path = Path(path)
         meta = read_meta(path, "dense")
@@ -327,6 +340,9 @@ class DenseRetriever(CorpusRetriever):
         check_format_version(meta, _FORMAT_VERSION, meta_file)
         batch_size = saved_positive_int(meta, "batch_size", 64, meta_file)
         model = saved_model(meta, model, path)
+        cache_dir, device, model_key = saved_settings(
+            meta, meta_file, cache_dir=cache_dir, device=device, model_key=model_key
+        )
         retriever = cls(
             model,
             batch_size=batch_size,

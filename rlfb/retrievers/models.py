@@ -13,14 +13,15 @@ do so on first call.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlfb.errors import ModelNotFoundError
+from rlfb.errors import CorruptStateError, ModelNotFoundError, ValidationError
 
 __all__ = [
     "default_dense_model",
@@ -30,6 +31,10 @@ __all__ = [
     "load_sparse_encoder",
     "LazyModel",
     "saved_model",
+    "saved_settings",
+    "model_meta",
+    "AsSaved",
+    "AS_SAVED",
     "DENSE_INSTALL_HINT",
     "SPLADE_INSTALL_HINT",
 ]
@@ -202,6 +207,11 @@ class LazyModel:
     def loaded(self) -> bool:
         return self._instance is not None
 
+    @property
+    def handed_over(self) -> bool:
+        """Whether the model was given already loaded (then :attr:`name` is only a guess at its origin)."""
+        return self._handed_over
+
     def get(self) -> Any:
         """The loaded model (loading it on first call)."""
         if self._instance is None:
@@ -228,17 +238,93 @@ class LazyModel:
         return self._key
 
 
-def saved_model(meta: dict[str, Any], model: Any, where: object) -> Any:
+class AsSaved(enum.Enum):
+    """Type of :data:`AS_SAVED`, the default of a ``load`` setting that the save records."""
+
+    AS_SAVED = "as saved"
+
+    def __repr__(self) -> str:
+        return "AS_SAVED"
+
+
+#: "as the index was saved with": the default of ``load(cache_dir=..., device=...)``
+AS_SAVED = AsSaved.AS_SAVED
+
+
+def model_meta(model: LazyModel, cache_dir: object, device: str | None, model_key: str | None) -> dict[str, Any]:
+    """What a neural index's ``meta.json`` records of its model and settings.
+
+    A model handed over already loaded is saved as no name (``"model": null`` with
+    ``"model_instance": true``): it may have been changed (fine-tuned, say) since it was
+    loaded from the folder it names, so reloading that folder would encode queries with
+    another model than the saved vectors came from. Its guessed origin is kept as
+    ``model_hint``, for messages only. The disk cache being off, the device and a
+    ``model_key`` the caller gave are recorded so that a load brings them back.
+    """
+    return {
+        "model": None if model.handed_over else model.name,
+        "model_instance": model.handed_over,
+        "model_hint": model.name if model.handed_over else None,
+        "default_model": model.is_default,
+        "model_key": model.key,
+        "explicit_model_key": model_key,
+        "cache_dir_off": cache_dir is False,
+        "device": device,
+    }
+
+
+def saved_model(meta: Mapping[str, Any], model: Any, where: object) -> Any:
     """The model to reload a saved neural index with: ``model`` if given, else the one ``meta`` names.
 
-    ``None`` means the bundled default. An index built from an unnamed model
-    instance cannot name its model, so ``model`` must then be passed.
+    ``None`` means the bundled default. An index built from a model handed over already
+    loaded (or from an unnamed one) cannot name its model, so ``model`` must then be passed:
+    a :class:`ValidationError` says how, also through :meth:`FeedbackEnsemble.load
+    <rlfb.ensemble.FeedbackEnsemble.load>`. A save from before ``model_instance`` was recorded
+    loads the model it names, as it did.
     """
     if model is not None or meta.get("default_model", False):
         return model
     name = meta.get("model")
     if name is None:
-        from rlfb.errors import ValidationError
-
-        raise ValidationError(f"{where} was built with an unnamed model instance: pass load(path, model=...)")
+        kind = meta.get("kind", "dense")
+        hint = meta.get("model_hint")
+        what = (
+            f"a model passed in already loaded (from {hint!r}, maybe changed since)" if meta.get("model_instance")
+            else "an unnamed model instance"
+        )
+        raise ValidationError(
+            f"{where} was built with {what}: its saved vectors are that model's, so pass the same model "
+            f"again: load(path, model=...), or for an ensemble FeedbackEnsemble.load(path, "
+            f"retriever_options={{{kind!r}: {{'model': ...}}}})"
+        )
     return name
+
+
+def saved_settings(
+    meta: Mapping[str, Any],
+    file: Path,
+    *,
+    cache_dir: Any,
+    device: Any,
+    model_key: str | None,
+) -> tuple[Any, str | None, str | None]:
+    """``(cache_dir, device, model_key)`` to load a neural index with: the caller's, else the saved ones.
+
+    ``cache_dir`` and ``device`` are taken from the save when :data:`AS_SAVED`; ``model_key`` when
+    ``None``. A save that records none of them (made before they were saved) loads with the
+    defaults, as it did: the default cache folder, ``"cpu"`` and a key derived from the model.
+    """
+    off = meta.get("cache_dir_off", False)
+    if not isinstance(off, bool):
+        raise CorruptStateError(f"{file}: cache_dir_off must be true or false, got {off!r}")
+    saved_device = meta.get("device", "cpu")
+    if saved_device is not None and not isinstance(saved_device, str):
+        raise CorruptStateError(f"{file}: device must be a string or null, got {saved_device!r}")
+    saved_key = meta.get("explicit_model_key")
+    if saved_key is not None and (not isinstance(saved_key, str) or not saved_key):
+        raise CorruptStateError(f"{file}: explicit_model_key must be a non-empty string or null, got {saved_key!r}")
+    return (
+        (False if off else None) if cache_dir is AS_SAVED else cache_dir,
+        saved_device if device is AS_SAVED else device,
+        saved_key if model_key is None else model_key,
+    )

