@@ -54,9 +54,9 @@ def main() -> None:
     print(f"{len(base):,} synthetic chunks, {len(new)} added one at a time; cache in {cache_dir}")
 
     # both sides get every vector precomputed: model time is out of the comparison
-    doc_cache, _ = open_side_caches(cache_dir, "bench-precomputed")
-    doc_cache.put_many({text_hash(t): v for t, v in zip(texts, vectors, strict=True)})
     dense = DenseRetriever(cache_dir=cache_dir, model_key="bench-precomputed")
+    doc_cache, _ = open_side_caches(cache_dir, dense.cache_key)  # where it looks: the key is kind-prefixed
+    doc_cache.put_many({text_hash(t): v for t, v in zip(texts, vectors, strict=True)})
     chunks = make_chunks(base, [f"c{i}" for i in range(len(base))])
     ours = FeedbackEnsemble.from_chunks(chunks, retrievers=[BM25Retriever(), dense], fusion="rrf")
     rlfb_s = []

@@ -104,7 +104,7 @@ def main() -> None:
 
     # ---- rlfb: the same precomputed vectors, put where DenseRetriever looks for them
     dense = DenseRetriever(cache_dir=cache_dir, model_key="bench-precomputed")
-    doc_cache, query_cache = open_side_caches(cache_dir, "bench-precomputed")
+    doc_cache, query_cache = open_side_caches(cache_dir, dense.cache_key)  # the key is kind-prefixed
     doc_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs, strict=True)})
     query_cache.put_many({text_hash(q): v for q, v in zip(queries, query_vecs, strict=True)})
     t = time.perf_counter()

@@ -209,6 +209,11 @@ class SpladeRetriever(CorpusRetriever):
         return self._model.get()
 
     @property
+    def cache_key(self) -> str | None:
+        """The key its encodings are cached under on disk (kind-prefixed); ``None`` for a model of unknown origin."""
+        return self._model.key
+
+    @property
     def model_name(self) -> str | None:
         """Name or path of the model; ``None`` for the bundled default."""
         return self._model.name
