@@ -391,7 +391,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             payload={EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self.class_name(),
                      EventPayload.QUERY_STR: query, EventPayload.TOP_K: self.top_n},
         ) as cb_event:
-            result = self._rerank(query, chunks)
+            result = self._rerank(query, chunks, query_bundle.custom_embedding_strs)
             out = [hit_to_node(h, result.event_id, originals[h.chunk_id]) for h in result.hits]
             cb_event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
@@ -400,8 +400,9 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         return out, FeedbackRetrievalEvent(event_id=result.event_id, query_str=query,
                                            node_ids=[h.chunk_id for h in result.hits], learner=self)
 
-    def _rerank(self, query: str, chunks: list[Any]) -> Any:
+    def _rerank(self, query: str, chunks: list[Any], embedding_strs: list[str] | None = None) -> Any:
         kwargs: Mapping[str, Any] = dict(
+            embedding_strs=embedding_strs,  # a HyDE transform's text, for the dense scores
             explore=self.explore,
             log=self.log,
             session_id=current_session(),

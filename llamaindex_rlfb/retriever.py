@@ -194,6 +194,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             session_id=current_session(),
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},
+            embedding_strs=query_bundle.custom_embedding_strs,  # a HyDE transform's text, for the dense scores
         )
         out = [hit_to_node(h, result.event_id, self._nodes.get(h.chunk_id)) for h in result.hits]
         if result.event_id is not None:

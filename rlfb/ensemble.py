@@ -25,7 +25,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -321,18 +321,26 @@ class FeedbackEnsemble:
         return len(self._table)
 
     # ------------------------------------------------------------------ retrieval
-    def context(self, query: str, *, session_id: str | None = None, k: int = 0) -> Context:
+    def context(
+        self, query: str, *, session_id: str | None = None, k: int = 0, embedding_strs: Sequence[str] | None = None
+    ) -> Context:
         """Score ``query`` with every retriever over the candidate pool; no decision yet.
 
         The pool is the union of each corpus retriever's best ``max(candidate_k, k)``
         chunks and of each member's results. Every candidate is scored by every
         corpus retriever (chunks a member found outside the index are scored
         from their text); a member scores only what it returned.
+
+        ``embedding_strs``: texts that stand for the question where it is embedded, as LlamaIndex's
+        ``QueryBundle.custom_embedding_strs`` (a HyDE transform's hypothetical answer): a retriever that
+        embeds queries (``embeds_queries``, the dense one) scores each chunk by its mean similarity to them,
+        which ranks as LlamaIndex's averaged query embedding does; the others, and the learner, take ``query``.
         """
         query = _check_query(query)
+        strs = _check_embedding_strs(embedding_strs)
         depth = max(self.candidate_k, k)
         table, retrievers = self._index()  # one consistent pair, even while add_chunks swaps them
-        full = [np.asarray(r.score_all(query), dtype=np.float64) for r in retrievers.values()]
+        full = [_scores(r, query, strs, lambda r, q: r.score_all(q)) for r in retrievers.values()]
         n_docs = len(table)
         tops = [top_k(s, min(depth, n_docs)) for s in full]
         rows = np.unique(np.concatenate(tops)) if tops else np.zeros(0, dtype=np.int64)
@@ -417,17 +425,20 @@ class FeedbackEnsemble:
                 self._extra.popitem(last=False)
 
     def _score_chunks(
-        self, query: str, chunks: Sequence[Chunk], table: ChunkTable, retrievers: Mapping[str, Retriever]
+        self, query: str, chunks: Sequence[Chunk], table: ChunkTable, retrievers: Mapping[str, Retriever],
+        embedding_strs: tuple[str, ...] = (),
     ) -> np.ndarray:
         """Raw scores of ``chunks`` by each corpus retriever: indexed ids by id, others by their text."""
         out = np.zeros((len(chunks), len(retrievers)))
-        inside = [i for i, c in enumerate(chunks) if c.id in table.row]
-        outside = [i for i, c in enumerate(chunks) if c.id not in table.row]
+        at_inside = [i for i, c in enumerate(chunks) if c.id in table.row]
+        at_outside = [i for i, c in enumerate(chunks) if c.id not in table.row]
+        ids = [chunks[i].id for i in at_inside]
+        texts = [chunks[i].text for i in at_outside]
         for j, r in enumerate(retrievers.values()):
-            if inside:
-                out[inside, j] = r.score(query, [chunks[i].id for i in inside])
-            if outside:
-                out[outside, j] = r.score_texts(query, [chunks[i].text for i in outside])
+            if ids:
+                out[at_inside, j] = _scores(r, query, embedding_strs, lambda r, q: r.score(q, ids))
+            if texts:
+                out[at_outside, j] = _scores(r, query, embedding_strs, lambda r, q: r.score_texts(q, texts))
         return out
 
     def _learner_query(self, query: str) -> str:
@@ -481,16 +492,17 @@ class FeedbackEnsemble:
         parent_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         timestamp: float | None = None,
+        embedding_strs: Sequence[str] | None = None,
     ) -> RetrievalResult:
         """Retrieve the ``k`` best chunks for ``query`` and log the event for later feedback.
 
         ``explore=False`` gives the greedy ranking (no exploration), which is
         what evaluation on held-out queries uses. With ``log=False`` nothing is
         written and ``event_id`` is ``None``. ``timestamp`` (unix seconds)
-        overrides the clock, for replaying logs and simulations.
+        overrides the clock, for replaying logs and simulations. ``embedding_strs``: see :meth:`context`.
         """
         validate_k(k)
-        ctx = self.context(query, session_id=session_id, k=k)
+        ctx = self.context(query, session_id=session_id, k=k, embedding_strs=embedding_strs)
         return self.rank_context(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
                             metadata=metadata, timestamp=timestamp)
 
@@ -507,14 +519,16 @@ class FeedbackEnsemble:
         parent_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         timestamp: float | None = None,
+        embedding_strs: Sequence[str] | None = None,
     ) -> RetrievalResult:
         """Re-rank chunks that another retriever found, with the learned weights, and log the event.
 
         Each chunk is scored by every corpus retriever: by id when it is in the
         index, otherwise from its text. An empty list gives an empty result
-        (nothing is logged). ``k`` defaults to all of them.
+        (nothing is logged). ``k`` defaults to all of them. ``embedding_strs``: see :meth:`context`.
         """
         query = _check_query(query)
+        strs = _check_embedding_strs(embedding_strs)
         if chunks is None or isinstance(chunks, (str, Chunk)) or not isinstance(chunks, Iterable):
             raise ValidationError(f"chunks must be a sequence of Chunk objects, got {type(chunks).__name__}")
         chunks = list(chunks)
@@ -533,7 +547,7 @@ class FeedbackEnsemble:
         for c in chunks:
             if c.id not in table.row:
                 self._keep_extra(c)
-        raw = self._score_chunks(query, chunks, table, retrievers)
+        raw = self._score_chunks(query, chunks, table, retrievers, strs)
         if self._members:  # members did not see these chunks: they contribute nothing
             raw = np.hstack([raw, np.full((len(chunks), len(self._members)), np.nan)])
         # no retriever proposed these chunks: the caller did
@@ -1174,6 +1188,29 @@ def _n_learned(state: Any, root: Path) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise CorruptStateError(f"{root / 'learner.json'}: n_learned must be a count of episodes, got {count!r}")
     return count
+
+
+def _check_embedding_strs(strs: Sequence[str] | None) -> tuple[str, ...]:
+    """The texts to embed in place of the question (``()``: the question itself)."""
+    if strs is None:
+        return ()
+    if isinstance(strs, (str, bytes)) or not isinstance(strs, Iterable):
+        raise ValidationError(f"embedding_strs must be a sequence of strings, got {type(strs).__name__}")
+    out = tuple(strs)
+    for s in out:
+        if not isinstance(s, str) or not s.strip():
+            raise ValidationError(f"embedding_strs must hold non-empty strings, got {s!r}")
+    return out
+
+
+def _scores(
+    r: Retriever, query: str, embedding_strs: tuple[str, ...], score: Callable[[Retriever, str], Any]
+) -> np.ndarray:
+    """``score(r, query)`` as float64; for a retriever that embeds queries, the mean over ``embedding_strs``
+    where there are any (normalised embeddings: the mean similarity is the averaged embedding's, scaled)."""
+    if embedding_strs and getattr(r, "embeds_queries", False):
+        return np.mean([np.asarray(score(r, s), dtype=np.float64) for s in embedding_strs], axis=0)
+    return np.asarray(score(r, query), dtype=np.float64)
 
 
 def _check_query(query: object) -> str:

@@ -158,3 +158,23 @@ def test_rank_context_used_spreads_praise_of_the_answer_over_the_chunks_it_was_w
     assert set(ens.feedback(everything.event_id, "thumbs_up").chunk_rewards) == set(everything.chunk_ids)
     with pytest.raises(ValidationError, match="used"):
         ens.rank_context(ctx, 5, used=0)
+
+
+def test_embedding_strs_average_the_dense_scores_only(tmp_path) -> None:
+    ens = FeedbackEnsemble.from_texts(
+        ["tides follow the moon", "the aurora glows green", "volcanoes erupt magma"], ids=["t", "a", "v"],
+        retrievers=("bm25", "dense"), candidate_k=3)
+    strs = ("the moon pulls the sea", "what causes tides")
+    ctx = ens.context("what causes tides", embedding_strs=strs)
+    cols = {n: j for j, n in enumerate(ens.retriever_names)}
+    dense, bm25 = ens.retrievers["dense"], ens.retrievers["bm25"]
+    want = np.mean([dense.score(s, list(ctx.candidate_ids)) for s in strs], axis=0)
+    np.testing.assert_allclose(ctx.raw[:, cols["dense"]], want)
+    np.testing.assert_allclose(ctx.raw[:, cols["bm25"]], bm25.score("what causes tides", list(ctx.candidate_ids)))
+    assert ctx.query == "what causes tides"
+    plain = ens.context("what causes tides", embedding_strs=[])  # none given: the question itself
+    alone = dense.score("what causes tides", list(plain.candidate_ids))
+    np.testing.assert_allclose(plain.raw[:, cols["dense"]], alone)
+    for bad in ("one string", [""], [3]):
+        with pytest.raises(ValidationError, match="embedding_strs"):
+            ens.retrieve("tides", embedding_strs=bad)

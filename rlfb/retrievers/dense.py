@@ -131,6 +131,9 @@ class DenseRetriever(CorpusRetriever):
     """
 
     name = "dense"
+    #: it scores by a query embedding: the ensemble averages its scores over a question's embedding strings
+    #: (LlamaIndex's ``custom_embedding_strs``) where some are given
+    embeds_queries = True
 
     def __init__(
         self,

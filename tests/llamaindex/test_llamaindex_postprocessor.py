@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -312,3 +313,15 @@ def test_a_dump_names_the_store_file_wherever_it_is_rebuilt(
     monkeypatch.chdir(tmp_path / "app")
     pp = FeedbackFusionPostprocessor(store="fb.db", retrievers=("bm25",), top_n=2)
     assert pp.to_dict()["store_path"] == str(tmp_path / "app" / "fb.db")
+
+
+def test_a_hyde_query_bundle_moves_the_dense_scores_of_a_rerank(make_ensemble: Any, nodes: list[Any]) -> None:
+    from llama_index.core.indices.query.query_transform import HyDEQueryTransform
+
+    ens = make_ensemble()
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=len(nodes), explore=False)
+    bundle = HyDEQueryTransform(llm=MockLLM(), include_original=True).run("moon tides")
+    got = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_bundle=bundle)
+    ids = [n.node.node_id for n in got]
+    want = np.mean([ens.retrievers["dense"].score(s, ids) for s in bundle.custom_embedding_strs], axis=0)
+    assert [n.node.metadata["scores"]["dense"] for n in got] == pytest.approx(want.tolist())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -109,3 +110,23 @@ def test_insert_and_delete_nodes_change_the_index_and_return_the_inserted_nodes(
         retriever.delete_nodes("doc0")
     with pytest.raises(ValidationError, match="LlamaIndex nodes"):
         retriever.insert_nodes(["a text"])
+
+
+def test_a_hyde_query_bundle_moves_the_dense_scores_only(make_ensemble: Any) -> None:
+    # HyDE hands the retriever a hypothetical answer as custom_embedding_strs: LlamaIndex's vector retriever
+    # embeds those (averaged) in place of the question; rlfb's dense member does too, BM25 keeps the question
+    from llama_index.core.indices.query.query_transform import HyDEQueryTransform
+
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever(ens, similarity_top_k=len(TEXTS), explore=False)
+    bundle = HyDEQueryTransform(llm=MockLLM(), include_original=True).run("moon tides")
+    strs = bundle.custom_embedding_strs
+    assert len(strs) == 2 and strs[1] == "moon tides"
+    dense, bm25 = ens.retrievers["dense"], ens.retrievers["bm25"]
+    got = retriever.retrieve(bundle)
+    ids = [n.node.node_id for n in got]
+    want_dense = np.mean([dense.score(s, ids) for s in strs], axis=0)
+    assert [n.node.metadata["scores"]["dense"] for n in got] == pytest.approx(want_dense.tolist())
+    assert [n.node.metadata["scores"]["bm25"] for n in got] == pytest.approx(bm25.score("moon tides", ids).tolist())
+    assert not np.allclose(want_dense, dense.score("moon tides", ids))  # the question alone would score otherwise
+    assert ens.store.event(got[0].node.metadata[EVENT_ID_KEY])["query"] == "moon tides"  # the learner's question
