@@ -928,7 +928,7 @@ class FeedbackEnsemble:
         Older snapshots name neither policy nor retrievers; a damaged one is read (and refused) by
         ``load_state_dict``. A snapshot of the same policy with other hyperparameters (another
         ``step``, other bounds; the weights may differ) has learned state of another shape, so it
-        is not ours either.
+        is not ours either, nor is one of another chunk exploration (``LearnerConfig.exploration``).
         """
         state = saved.get("state")
         theirs = state.get("retrievers") if isinstance(state, Mapping) else None
@@ -937,6 +937,8 @@ class FeedbackEnsemble:
         ours = getattr(self._learner.policy, "params", None)  # a user's own policy may have none
         memory = state.get("memory") if isinstance(state, Mapping) else None
         dim = memory.get("dim") if isinstance(memory, Mapping) else None
+        exploration = state.get("exploration") if isinstance(state, Mapping) else None
+        kind = exploration.get("kind") if isinstance(exploration, Mapping) else None
         return (
             saved.get("policy") in (None, self._learner.policy_name)
             and (not isinstance(theirs, list) or tuple(theirs) == self._learner.retrievers)
@@ -944,6 +946,9 @@ class FeedbackEnsemble:
             # a memory of another dense model's embeddings (a model upgrade on the same store) would make
             # every retrieval fail on the dimension: that state is not ours either
             and (not isinstance(dim, int) or dim == self._query_dim())
+            # nor one of another chunk exploration (an evaluation app with exploration="none" beside the
+            # live one): its explorer state would not load, and every retrieval and feedback would fail
+            and (not isinstance(kind, str) or kind == self._learner.config.exploration)
         )
 
     def _query_dim(self) -> int | None:

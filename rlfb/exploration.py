@@ -69,6 +69,10 @@ class NoExploration:
         return {"kind": self.kind}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> NoExploration:
+        """Check that ``state`` is of this kind (there is nothing else to restore)."""
+        kind = state.get("kind") if isinstance(state, Mapping) else None
+        if kind != self.kind:
+            raise CorruptStateError(f"exploration state is for {kind!r}, not {self.kind!r}")
         return self
 
 

@@ -145,6 +145,33 @@ def test_same_policy_other_hyperparameters_keep_their_own_state(tmp_path: Path) 
         e.close()
 
 
+def test_apps_of_other_chunk_explorations_keep_their_own_state(tmp_path: Path) -> None:
+    # A live app (thompson chunk exploration) and an evaluation app (exploration="none") on one store:
+    # the live one took the other's snapshot for its own and failed every retrieval and feedback.
+    path = str(tmp_path / "fb.db")
+    live = _ensemble(path, refresh_interval=0.0)
+    evaluation = _ensemble(path, refresh_interval=0.0, learner_config={"exploration": "none"})
+    r = evaluation.retrieve("what causes the tides", k=2)
+    evaluation.feedback(r.event_id, "implicit_positive", chunk_id=r.hits[0].chunk_id)
+    evaluation.flush()
+    for _ in range(2):
+        r = live.retrieve("aurora", k=2)
+        assert r.hits
+    live.feedback(r.event_id, "thumbs_up")
+    assert live.learner.n_learned == 1 and evaluation.learner.n_learned == 1
+    for e in (live, evaluation):
+        e.close()
+
+
+def test_no_exploration_refuses_another_kinds_state() -> None:
+    from rlfb.exploration import NoExploration, ThompsonChunkExploration
+
+    with pytest.raises(CorruptStateError, match="'thompson', not 'none'"):
+        NoExploration().load_state_dict(ThompsonChunkExploration().state_dict())
+    with pytest.raises(CorruptStateError):
+        NoExploration().load_state_dict("none")  # type: ignore[arg-type]
+
+
 def test_same_hyperparameters_ignores_weights_and_tuple_lists() -> None:
     assert same_hyperparameters({"step": 0.1, "bounds": (0.05, 0.95), "weights": {"a": 1.0}},
                                 {"step": 0.1, "bounds": [0.05, 0.95], "weights": {"a": 0.3}})
