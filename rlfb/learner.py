@@ -508,6 +508,7 @@ class Learner:
             raise ValidationError(f"episode has {r.shape[0]} shown chunks but {np.shape(prior)} prior rewards")
         if not isinstance(episode.query, str):
             raise ValidationError(f"episode query must be a str, got {type(episode.query).__name__}")
+        _check_logged_fields(episode, r.shape[0])
         self._memory.check_embedding(episode.query_embedding)
         return X, np.clip(r, -1.0, 1.0), max(-1.0, min(1.0, reward))
 
@@ -551,7 +552,9 @@ class Learner:
         self._n_learned += 1
         self._explorer.step()
         if cfg.replay:
-            self._replay.add(episode)
+            # with the rewards as the policy took them: a reward of 5 (a rating scale logged as is) would
+            # otherwise be replayed five times as often as a top-of-range one
+            self._replay.add(dataclasses.replace(episode, chunk_rewards=r, reward=reward))
             replays = self._weighted_learn and (cfg.replay_all or self.policy_name in REPLAY_SAFE)
             if replays and self._n_learned % cfg.replay_every == 0:
                 for old in self._replay.sample():
@@ -559,8 +562,29 @@ class Learner:
         return self
 
     def partial_fit(self, episodes: Iterable[Episode]) -> Learner:
-        """Learn from logged episodes in order (replaying a log, as MABWiser's ``partial_fit``)."""
-        for ep in episodes:
+        """Learn from logged episodes in order (replaying a log, as MABWiser's ``partial_fit``).
+
+        Every episode is checked before any is learned: a malformed one raises
+        :class:`ValidationError` naming its index and event id, and changes nothing. The first
+        episode of each event also counts as an asking of its question, as :meth:`rank` counts it
+        online, so that the memory's ask counts and repeat discovery's statistics come out as if
+        the log had been ranked and learned here.
+        """
+        log = list(episodes)
+        dim: int | None = None  # the memory takes one embedding dimension: the log's must agree
+        for i, ep in enumerate(log):
+            try:
+                if not isinstance(ep, Episode):
+                    raise ValidationError(f"expected an Episode, got {type(ep).__name__}")
+                self._episode(ep)
+                dim = _embedding_dim(ep.query_embedding, dim)
+            except ValidationError as exc:
+                raise ValidationError(f"episode {i} (event_id {getattr(ep, 'event_id', None)!r}): {exc}") from None
+        asked: set[str] = set()
+        for ep in log:
+            if ep.shown_ids and _discovers(self.config) and ep.event_id not in asked:
+                asked.add(ep.event_id)
+                self._memory.note_ask(ep.query)
             self.learn(ep)
         return self
 
@@ -714,6 +738,67 @@ def _non_finite(obj: Any, path: str = "state") -> str | None:
         if found is not None:
             return found
     return None
+
+
+def _number(what: str, value: Any) -> None:
+    """Refuse ``value`` unless it is a finite real number."""
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValidationError(f"{what} must be a number, got {value!r}")
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an int beyond float range
+        finite = False
+    if not finite:
+        raise ValidationError(f"{what} must be finite, got {value!r}")
+
+
+def _check_logged_fields(episode: Episode, n_shown: int) -> None:
+    """Refuse an episode whose times, features, scores, prior rewards or decision are not finite numbers.
+
+    They go into the replay buffer as they are, and the buffer is saved with the state: a NaN, an
+    infinity or a value that is not a number would be learned and then make every later save fail.
+    """
+    _number("episode timestamp", episode.timestamp)
+    _number("episode feedback_time", episode.feedback_time)
+    if not isinstance(episode.features, Mapping):
+        raise ValidationError(f"episode features must be a mapping, got {type(episode.features).__name__}")
+    for key, value in episode.features.items():
+        if not isinstance(key, str):
+            raise ValidationError(f"episode feature names must be strings, got {key!r}")
+        _number(f"episode feature {key!r}", value)
+    for name in ("scores", "prior_rewards"):
+        values = getattr(episode, name)
+        if values is None:
+            continue
+        try:
+            arr = np.asarray(values, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"episode {name} must be numbers: {exc}") from exc
+        if arr.shape != (n_shown,):
+            raise ValidationError(f"episode has {n_shown} shown chunks but {arr.shape} {name}")
+        if not np.all(np.isfinite(arr)):
+            raise ValidationError(f"episode {name} must be finite")
+    decision = episode.decision
+    weights = getattr(decision, "weights", None)
+    if not isinstance(weights, Mapping):
+        raise ValidationError(f"episode decision weights must be a mapping, got {weights!r}")
+    for key, value in weights.items():
+        _number(f"episode decision weight {key!r}", value)
+    _number("episode decision propensity", decision.propensity)
+    if decision.sampling_temperature is not None:
+        _number("episode decision sampling_temperature", decision.sampling_temperature)
+
+
+def _embedding_dim(embedding: Any, dim: int | None) -> int | None:
+    """The dimension of a log's query embeddings so far, with ``embedding`` taken in; another raises."""
+    if embedding is None:
+        return dim
+    e = np.asarray(embedding, dtype=np.float32).ravel()
+    if e.size == 0 or not np.all(np.isfinite(e)):  # the memory ignores such an embedding
+        return dim
+    if dim is not None and e.shape[0] != dim:
+        raise ValidationError(f"query embedding has {e.shape[0]} dimensions, earlier ones in the log {dim}")
+    return int(e.shape[0])
 
 
 def _discovers(config: LearnerConfig) -> bool:

@@ -233,13 +233,56 @@ def test_partial_fit_equals_learning_one_by_one():
     recorder = Learner(RETRIEVERS, "fixed", PLAIN, seed=0)
     for i in range(60):
         q = i % 6
-        log.append(env.episode(q, recorder.rank(env.context(q), 10), rng, t=float(i)))
+        log.append(env.episode(q, recorder.rank(env.context(q), 10), rng, t=float(i), event_id=f"e{i}"))
     a = Learner(RETRIEVERS, "gradient", seed=4).partial_fit(log)
     b = Learner(RETRIEVERS, "gradient", seed=4)
     for ep in log:
+        b.memory.note_ask(ep.query)  # each event was an asking of its question, as rank() counts it
         b.learn(ep)
     assert a.weights() == b.weights()
     assert json.dumps(a.state_dict()) == json.dumps(b.state_dict())
+
+
+def test_partial_fit_counts_askings_as_online_learning_does():
+    # partial_fit never counted an asking: repeat discovery's click statistics stayed at zero and every
+    # question looked asked once, unlike the same log ranked and learned online
+    env = ToyEnv(n_queries=10, seed=1)
+    online = Learner(RETRIEVERS, "thompson", seed=0)
+    rng, qrng, log = np.random.default_rng(5), np.random.default_rng(7), []
+    for i in range(400):
+        q = int(qrng.integers(len(env.queries)))
+        ep = env.episode(q, online.rank(env.context(q), 10), rng, t=1e9 + 60 * i, event_id=f"e{i}")
+        online.learn(ep)
+        log.append(ep)
+    offline = Learner(RETRIEVERS, "thompson", seed=0).partial_fit(log)
+    assert online.discovery.state_dict()["tries"] > 0
+    for key in ("tries", "hits"):
+        assert offline.discovery.state_dict()[key] == online.discovery.state_dict()[key]
+    assert [offline.memory.asks(t.text) for t in env.queries] == [online.memory.asks(t.text) for t in env.queries]
+    assert offline.weights() == online.weights()
+
+
+def test_partial_fit_checks_every_episode_before_learning_any():
+    env = ToyEnv(seed=0, n_queries=4)
+    rng = np.random.default_rng(0)
+    recorder = Learner(RETRIEVERS, "fixed", PLAIN, seed=0)
+    log = [env.episode(i % 4, recorder.rank(env.context(i % 4), 10), rng, t=float(i + 1), event_id=f"e{i}")
+           for i in range(100)]
+    learner = Learner(RETRIEVERS, "gradient", seed=0)
+    before = json.dumps(learner.state_dict())
+    bad = list(log)
+    bad[60] = dataclasses.replace(log[60], chunk_rewards=log[60].chunk_rewards[:-1])
+    with pytest.raises(ValidationError, match=r"episode 60 \(event_id 'e60'\)"):
+        learner.partial_fit(bad)
+    assert learner.n_learned == 0 and json.dumps(learner.state_dict()) == before
+    # embeddings of two dimensions in one log: the memory would take the first and refuse the second
+    bad[60] = dataclasses.replace(log[60], query_embedding=np.ones(4) / 2)
+    with pytest.raises(ValidationError, match="episode 60 .*dimensions"):
+        learner.partial_fit(bad)
+    with pytest.raises(ValidationError, match="episode 1 "):
+        learner.partial_fit([log[0], None])
+    assert learner.n_learned == 0 and json.dumps(learner.state_dict()) == before
+    assert learner.partial_fit(log).n_learned == 100
 
 
 def test_learn_validates_the_episode():
@@ -258,6 +301,44 @@ def test_learn_validates_the_episode():
             learner.learn(bad)
     # a decision logged without weights is learned at the current weights
     learner.learn(dataclasses.replace(ok, decision=Decision({})))
+
+
+_LOGGED = Episode("e", "q", ("bm25", "dense"), Decision({"bm25": 0.5, "dense": 0.5}, policy="gradient"),
+                  ("a", "b", "c"), np.array([[1.0, 0.2], [0.5, 0.5], [0.1, 0.9]]), np.array([0.0, 0.4, 0.0]),
+                  0.4, timestamp=1.7e9, feedback_time=1.7e9)
+
+
+@pytest.mark.parametrize("change", [
+    {"timestamp": float("inf")}, {"timestamp": None}, {"feedback_time": float("nan")},
+    {"features": {"len": float("nan")}}, {"features": {"lang": "en"}}, {"features": {"n_tokens": None}},
+    {"scores": np.array([np.nan, 1.0, 1.0])}, {"scores": np.array([1.0, 1.0])},
+    {"prior_rewards": np.array([np.nan, 0.0, 0.0])},
+    {"decision": Decision({"bm25": float("nan"), "dense": 0.5})},
+    {"decision": Decision({"bm25": "x", "dense": 0.5})},
+    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, propensity=float("nan"))},
+    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, sampling_temperature=float("inf"))},
+])
+def test_an_episode_that_the_state_could_not_save_is_refused(change):
+    # these were learned and kept in the replay buffer; from then on every state_dict()/store save failed
+    learner = Learner(("bm25", "dense"), policy="gradient", seed=0)
+    before = json.dumps(learner.state_dict(), sort_keys=True)
+    with pytest.raises(ValidationError):
+        learner.learn(dataclasses.replace(_LOGGED, **change))
+    assert json.dumps(learner.state_dict(), sort_keys=True, allow_nan=False) == before
+    learner.learn(dataclasses.replace(_LOGGED, features={"n_tokens": 3, "len": 1.5}, scores=np.ones(3),
+                                      prior_rewards=np.zeros(3)))
+    json.dumps(learner.state_dict(), allow_nan=False)
+
+
+def test_the_replay_buffer_keeps_rewards_as_the_policy_took_them():
+    # a reward of 5 (a 0-5 rating logged as is) is a reward of 1 to the policy; its replay priority was 5
+    learner = Learner(("bm25", "dense"), policy="gradient", seed=0)
+    for i, reward in enumerate([5.0] + [1.0] * 9):
+        learner.learn(dataclasses.replace(_LOGGED, event_id=f"e{i}", reward=reward,
+                                          chunk_rewards=np.array([0.0, reward, 0.0]), timestamp=1.7e9 + i))
+    assert np.allclose(learner.replay.priorities(), learner.replay.priorities()[-1], rtol=1e-2)
+    first = learner.replay.state_dict()["items"][0]
+    assert first["episode"]["reward"] == 1.0 and first["episode"]["chunk_rewards"] == [0.0, 1.0, 0.0]
 
 
 @pytest.mark.parametrize("name", ["thompson", "gradient", "batch"])
