@@ -131,6 +131,30 @@ def _other_hyperparameters(learner: Any, saved: Mapping[str, Any] | None) -> str
     return ", ".join(f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in keys)
 
 
+def _other_kind(learner: Any, saved: Mapping[str, Any] | None) -> str | None:
+    """How ``learner``'s (the file's) policy, retrievers or chunk exploration differ from ``saved``'s, or ``None``."""
+    state = saved.get("state") if saved else None
+    if not isinstance(state, Mapping):
+        return None
+    pstate = state.get("policy")
+    policy = saved.get("policy") or (pstate.get("name") if isinstance(pstate, Mapping) else None)
+    retrievers = state.get("retrievers")
+    exploration = state.get("exploration")
+    kind = exploration.get("kind") if isinstance(exploration, Mapping) else None
+    diffs = []
+    if isinstance(policy, str) and policy != learner.policy_name:
+        diffs.append(f"policy {learner.policy_name!r} in the file, {policy!r} in the snapshot")
+    if isinstance(retrievers, list) and tuple(retrievers) != learner.retrievers:
+        diffs.append(f"retrievers {list(learner.retrievers)} in the file, {retrievers} in the snapshot")
+    if isinstance(kind, str) and kind != learner.config.exploration:
+        diffs.append(f"exploration {learner.config.exploration!r} in the file, {kind!r} in the snapshot")
+    return ", ".join(diffs) or None
+
+
+def _same(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    return all(abs(float(a[n]) - float(b[n])) <= 1e-9 for n in b)
+
+
 def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     """Validate a weights file and append it to the store as the newest snapshot.
 
@@ -142,11 +166,18 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
 
     An export's ``version`` and ``updated_at`` describe the exported snapshot:
     the store numbers the new one itself (the ``version`` returned). ``version``
-    must still be a non-negative integer and ``policy`` a known policy; a policy
-    other than the one the weights go to is reported in ``notes``, as are
-    weights the policy clamps to its bounds (e.g. 1/0 becomes 0.95/0.05), and
-    a file state whose policy hyperparameters (``step``, ``bounds``, ...) differ
-    from the store's newest snapshot of that policy: ensembles built like the
+    must still be a non-negative integer and ``policy`` a known policy. With a
+    file state, the weights are set only when they differ from those the state
+    serves: an unmodified export is imported as it was exported (setting them
+    would move ``thompson``'s default arm and restart its comparison with it).
+
+    Reported in ``notes``: a policy other than the one the weights go to;
+    weights the policy clamps to its bounds (e.g. 1/0 becomes 0.95/0.05); served
+    weights other than the requested ones (``thompson`` and ``epsilon`` move
+    their default arm to them, but an arm that passed the evidence gate is
+    served still); a file state of another policy, other retrievers or another
+    chunk exploration than the store's newest snapshot, or with other policy
+    hyperparameters (``step``, ``bounds``, ...) than it: ensembles built like the
     snapshot treat the imported state as another kind's and keep their own.
     Returns ``{"weights", "policy", "version", "requested", "notes"}``.
     """
@@ -179,7 +210,9 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
             learner, target = Learner(tuple(names), policy="fixed"), "a new state (the store held none)"
     if set(learner.retrievers) != set(names):
         raise ValidationError(f"{path}: weights name {sorted(names)} but the state is for {list(learner.retrievers)}")
-    learner.set_weights({n: normalised[n] for n in learner.retrievers})
+    requested = {n: normalised[n] for n in learner.retrievers}
+    if state is None or not _same(learner.weights(), requested):
+        learner.set_weights(requested)
     applied = learner.weights()
     notes = []
     if structured and data.get("policy") not in (None, learner.policy_name):
@@ -190,6 +223,16 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
         shown = ", ".join(f"{n} {normalised[n]:.4g} -> {clamped[n]:.4g}" for n in learner.retrievers)
         notes.append(f"the {learner.policy_name!r} policy clamps weights to its bounds "
                      f"{list(learner.policy.hyper.bounds)}: {shown}")
+    if not _same(applied, clamped or requested):
+        shown = ", ".join(f"{n} {applied[n]:.4g}" for n in learner.retrievers)
+        why = ("it takes them as its default arm, but serves the learned arm that passed its evidence gate "
+               "until the evidence turns" if hasattr(learner.policy, "arm_names") else "it serves its own")
+        notes.append(f"the {learner.policy_name!r} policy serves other weights than these ({shown}): {why}")
+    if state is not None:
+        kind = _other_kind(learner, saved)
+        if kind is not None:
+            notes.append(f"the file's state is of another kind than the store's newest snapshot ({kind}): "
+                         "ensembles built like that snapshot ignore it and keep their own state")
     other = _other_hyperparameters(learner, saved)
     if other is not None:
         notes.append(f"the file's {learner.policy_name!r} hyperparameters differ from the store's newest "

@@ -101,3 +101,79 @@ def test_feedback_learned_in_one_process_reaches_another(tmp_path) -> None:
         writer.feedback(r.event_id, "explicit_positive")
     reader.refresh()
     assert reader.learner.state_dict()["n_learned"] == writer.learner.state_dict()["n_learned"] == 3
+
+
+def _thompson_that_left_its_default(seed: int = 123):
+    """A thompson learner whose served weights (an arm past the evidence gate) are not its default arm."""
+    import numpy as np
+
+    from rlfb.learner import Learner
+    from rlfb.policies.base import Context, Episode
+
+    names, rng = ("bm25", "dense"), np.random.default_rng(seed)
+    ids = tuple(f"c{i}" for i in range(40))
+    worlds = [rng.random((40, 2)) for _ in range(7)]  # the bm25 column decides what is relevant
+    learner = Learner(names, policy="thompson", seed=0)
+    for t in range(400):
+        m = worlds[t % 7]
+        good = set(np.argsort(-m[:, 0])[:3].tolist())
+        ranked = learner.rank(Context(f"question {t % 7}", names, ids, m, m), 5)
+        rewards = np.array([0.4 if int(i) in good else 0.0 for i in ranked.order])
+        learner.learn(Episode(f"e{t}", f"question {t % 7}", names, ranked.decision,
+                              tuple(ids[i] for i in ranked.order), m[ranked.order], rewards,
+                              float(rewards.max()), timestamp=1e3 + t))
+    assert learner.weights()["bm25"] > 0.9 > learner.policy.default_weights[0]
+    return learner
+
+
+def test_an_unmodified_export_imports_as_it_was_exported(tmp_path) -> None:
+    # importing the export set its weights again: thompson's default arm moved to the served arm,
+    # 113 of the next 200 rankings changed and the guardrail's comparison with the default restarted
+    from rlfb.learner import Learner
+    from rlfb.weight_config import export_weights, import_weights
+
+    learner = _thompson_that_left_its_default()
+    with FeedbackStore(tmp_path / "a.db") as a:
+        a.save_policy_state(learner.state_dict(), learner.weights(), policy="thompson")
+        export_weights(a, tmp_path / "w.json")
+    with FeedbackStore(tmp_path / "b.db") as b:
+        out = import_weights(b, tmp_path / "w.json")
+        back = Learner.from_state_dict(b.load_policy_state()["state"])
+    assert out["notes"] == [] and out["weights"] == learner.weights()
+    assert json.dumps(back.state_dict()) == json.dumps(learner.state_dict())
+
+
+def test_weights_import_says_when_the_served_weights_are_not_the_requested(tmp_path) -> None:
+    from rlfb.weight_config import import_weights
+
+    learner = _thompson_that_left_its_default()
+    (tmp_path / "w.json").write_text('{"weights": {"bm25": 0.2, "dense": 0.8}}')
+    with FeedbackStore(tmp_path / "a.db") as store:
+        store.save_policy_state(learner.state_dict(), learner.weights(), policy="thompson")
+        out = import_weights(store, tmp_path / "w.json")
+    assert out["weights"]["bm25"] > 0.9 and out["requested"] == pytest.approx({"bm25": 0.2, "dense": 0.8})
+    assert any("serves other weights" in n and "default arm" in n for n in out["notes"])
+
+
+def test_weights_import_says_when_the_state_is_of_another_kind_than_the_store(tmp_path, capsys) -> None:
+    # a gradient state imported into a thompson app's store: the app ignores it, and nothing said so
+    from rlfb.learner import Learner
+
+    db = tmp_path / "fb.db"
+    app = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=str(db), policy="thompson",
+                                      refresh_interval=0.0)
+    r = app.retrieve("aurora", k=2)
+    app.feedback(r.event_id, "thumbs_up")
+    app.flush()
+    src = tmp_path / "w.json"
+    other = Learner(("bm25", "dense"), policy="thompson", config={"exploration": "none"}).state_dict()
+    src.write_text(json.dumps({"weights": {"bm25": 0.5, "dense": 0.5}, "state": other}))
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    err = capsys.readouterr().err
+    assert "another kind" in err and "(exploration 'none' in the file, 'thompson' in the snapshot)" in err
+    src.write_text(json.dumps({"weights": {"bm25": 0.9, "dense": 0.1},
+                               "state": Learner(("bm25", "dense"), policy="gradient").state_dict()}))
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    assert "policy 'gradient' in the file, 'thompson' in the snapshot" in capsys.readouterr().err
+    assert app.retrieve("aurora", k=2).hits
+    app.close()
