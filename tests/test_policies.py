@@ -332,6 +332,37 @@ def test_plackett_luce_ranking_and_propensity():
     assert total == pytest.approx(1.0)
 
 
+def test_gradient_weights_set_stay_where_they_were_set():
+    # set_weights (what `rlfb weights import` does) left the shrinkage target at equal weights, and
+    # uninformative clicks pulled the imported 0.9/0.1 back to 1/3 each within about 50 of them
+    p = GradientPolicy(RETRIEVERS, seed=0)
+    p.set_weights([0.9, 0.05, 0.05])
+    assert _w(p.weights()) == pytest.approx([0.9, 0.05, 0.05])
+    assert p.default_weights.tolist() == _w(p.weights()).tolist()
+    rng = np.random.default_rng(0)
+    for i in range(200):
+        rewards = np.zeros(10)
+        rewards[rng.integers(10)] = 0.4
+        p.learn(_episode(_w(p.weights()), rng.uniform(0, 1, (10, 3)), rewards, 0.4, eid=f"e{i}"), 0.4)
+    assert _w(p.weights())[0] > 0.85
+
+
+def test_gradient_first_click_does_not_move_the_weights():
+    # after one gradient the spread is 0, so the evidence gate let the very first click through at a full step
+    p = GradientPolicy(RETRIEVERS, seed=0)
+    shown = [[1.0, 0.2, 0.0], [0.5, 0.5, 0.5], [0.1, 0.9, 0.2]]
+    p.learn(_episode([1 / 3] * 3, shown, [0.0, 0.4, 0.0], 0.4), 0.4)
+    assert _w(p.weights()) == pytest.approx(np.full(3, 1 / 3))
+    # consistent clicks still move it once there are a few of them
+    for i in range(10):
+        p.learn(_episode([1 / 3] * 3, shown, [0.0, 0.0, 0.4], 0.4, eid=f"e{i}"), 0.4)
+    assert not np.allclose(_w(p.weights()), 1 / 3)
+    # and with evidence_z=0 (no gate) the first click moves it, as before
+    q = GradientPolicy(RETRIEVERS, evidence_z=0.0, seed=0)
+    q.learn(_episode([1 / 3] * 3, shown, [0.0, 0.4, 0.0], 0.4), 0.4)
+    assert not np.allclose(_w(q.weights()), 1 / 3) and np.all(np.isfinite(_w(q.weights())))
+
+
 def test_pdgd_pairs_and_debias_weights_match_brute_force():
     pos, neg = pdgd_pairs(np.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0]))
     assert pos.tolist() == [1, 3] and neg.tolist() == [0, 2, 4]

@@ -32,10 +32,11 @@ Evidence before change. A plain pairwise perceptron on noisy clicks drifts to
 extreme weights, so the per-episode PDGD gradients are not applied one by one.
 The policy keeps exponentially weighted running sums of them (``window``
 episodes) and steps along their mean shrunk towards zero by ``evidence_z``
-standard errors (a coordinate moves only where the mean gradient is clearly
-non-zero), divided by the gradients' root mean square (as in Adam), so the
-direction is a signal-to-noise ratio in [-1, 1] and does not depend on the
-scale of scores or rewards.
+standard errors of the unbiased variance (a coordinate moves only where the
+mean gradient is clearly non-zero; below an effective count of two gradients
+the standard error is infinite), divided by the gradients' root mean square
+(as in Adam), so the direction is a signal-to-noise ratio in [-1, 1] and does
+not depend on the scale of scores or rewards.
 
 Safety. The learning rate decays (``learning_rate / sqrt(1 + t / lr_decay)``,
 never below ``min_learning_rate``); every step is pulled back towards the
@@ -337,9 +338,15 @@ class GradientPolicy(BasePolicy):
         self._s2 = beta * self._s2 + weight * grad * grad
         mean = self._s1 / self._s0
         second = self._s2 / self._s0
-        var = np.maximum(second - mean * mean, 0.0)
-        se = np.sqrt(var / max(self._s0, 1.0))
-        shrunk = np.sign(mean) * np.maximum(np.abs(mean) - self.hyper.evidence_z * se, 0.0)
+        n, z = self._s0, self.hyper.evidence_z
+        if n < 2.0 and z > 0:
+            # one gradient has no spread to measure: its standard error is unknown (infinite), not 0,
+            # which let the very first click through at a full step
+            shrunk = np.zeros_like(mean)
+        else:
+            var = np.maximum(second - mean * mean, 0.0) * n / max(n - 1.0, 1e-12)  # unbiased
+            se = np.sqrt(var / n)
+            shrunk = np.sign(mean) * np.maximum(np.abs(mean) - z * se, 0.0)
         rms = np.sqrt(second)
         return np.where(rms > 1e-12, shrunk / np.maximum(rms, 1e-12), 0.0)
 
@@ -352,9 +359,14 @@ class GradientPolicy(BasePolicy):
         return self._default.copy()
 
     def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> GradientPolicy:
-        """Replace the current weights (validated, clipped to the bounds)."""
+        """Replace the current and the default weights (validated, clipped to the bounds).
+
+        The default is the shrinkage target: left where it was, the weights drifted back to it
+        within about 50 clicks.
+        """
         lo, hi = self.hyper.bounds
-        self._w = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
+        self._default = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
+        self._w = self._default.copy()
         return self
 
     def uncertainty(self, context: Context | None) -> float:
