@@ -425,6 +425,21 @@ def test_batch_perturbations_are_logged_with_their_probability():
     assert not p.decide(None, explore=False).explored
 
 
+def test_batch_actions_that_show_the_same_weights_log_their_summed_probability():
+    # at a bound a step towards the retriever at 0.95 shows the current weights again: both were logged
+    # with propensity 1/3 while those weights were shown two times in three
+    p = BatchPolicy(["bm25", "dense"], seed=0)
+    p.set_weights({"bm25": 0.95, "dense": 0.05})
+    decisions = [p.decide(None) for _ in range(3000)]
+    at_current = [d for d in decisions if abs(d.weights["bm25"] - 0.95) < 1e-9]
+    assert all(d.propensity == pytest.approx(2 / 3) and not d.explored for d in at_current)
+    moved = [d for d in decisions if abs(d.weights["bm25"] - 0.95) >= 1e-9]
+    assert all(d.propensity == pytest.approx(1 / 3) and d.explored for d in moved)
+    assert len(at_current) / len(decisions) == pytest.approx(2 / 3, abs=0.03)
+    # what is shown for a seed is what it was before: the draw is the same, only the logging merges actions
+    assert [round(d.weights["bm25"], 4) for d in decisions[:8]] == [0.95, 0.6813, 0.6813] + [0.95] * 5
+
+
 # ---------------------------------------------------------------------------- determinism and state
 
 

@@ -21,7 +21,9 @@ To have anything to compare, its decisions vary: with ``explore=True`` it
 plays, with equal probability, the current weights or a step from them towards
 one retriever (``concentration`` sets the step, ``4 / sqrt(concentration)``).
 The action set is discrete, so the logged propensity is a true probability,
-``1 / (n_retrievers + 1)``, as off-policy evaluation needs.
+as off-policy evaluation needs: ``1 / (n_retrievers + 1)``, or a multiple of
+it where the bounds make several actions show the same weights (at 0.95, a
+step towards that retriever is the current weights again).
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ class BatchPolicy(BasePolicy):
 
     # ------------------------------------------------------------------ deciding
     def decide(self, context: Context | None, *, explore: bool = True) -> Decision:
-        """The current weights, or with ``explore=True`` a Dirichlet draw around them."""
+        """The current weights, or with ``explore=True`` one of the current weights and a step from them
+        towards each retriever, drawn uniformly."""
         w = self._w
         if not explore or len(self.retrievers) == 1 or self._explore_scale <= 0:
             return Decision(weights_dict(w, self.retrievers), arm=None, propensity=1.0,
@@ -150,17 +153,17 @@ class BatchPolicy(BasePolicy):
         n = len(self.retrievers)
         step = min(0.5, 4.0 / math.sqrt(self.hyper.concentration / self._explore_scale))
         choice = int(self._rng.integers(n + 1))  # uniform over the current weights and n directions
-        if choice == n:
-            return Decision(weights_dict(w, self.retrievers), arm="current",
-                            propensity=1 / (n + 1), explored=False, policy=self.name)
         lo, hi = self.hyper.bounds
-        towards = np.eye(n)[choice]
-        shown = project_simplex(w + step * (towards - w), lo, hi)
+        actions = [project_simplex(w + step * (np.eye(n)[i] - w), lo, hi) for i in range(n)] + [w]
+        shown = actions[choice]
+        # at a bound several actions show the same weights (a step towards a retriever already at 0.95
+        # stays put): they are one action, whose probability is the sum of theirs
+        same = [i for i, a in enumerate(actions) if np.allclose(a, shown, rtol=0.0, atol=1e-12)]
         return Decision(
             weights_dict(shown, self.retrievers),
-            arm=f"towards:{self.retrievers[choice]}",
-            propensity=1 / (n + 1),
-            explored=True,
+            arm="current" if choice == n else f"towards:{self.retrievers[choice]}",
+            propensity=len(same) / (n + 1),
+            explored=n not in same,  # the current weights, however drawn, are no exploration
             policy=self.name,
         )
 
