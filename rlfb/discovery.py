@@ -112,7 +112,7 @@ class RepeatDiscovery:
         seed: int | None = 0,
     ) -> None:
         self.hyper = DiscoveryParams(max_rate, scale, min_asks, depth, forget)
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(None if seed is None else check_int("seed", seed, 0))
         self._tries = 0.0
         self._hits = 0.0
 

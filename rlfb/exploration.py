@@ -128,7 +128,7 @@ class EpsilonGreedyExploration:
         seed: int | None = 0,
     ) -> None:
         self.hyper = EpsilonParams(epsilon, epsilon_min, half_life, depth, min_position)
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(_seed(seed))
         self._t = 0.0
 
     def step(self, n: float = 1.0) -> None:
@@ -165,11 +165,13 @@ class EpsilonGreedyExploration:
             if state["kind"] != self.kind:
                 raise CorruptStateError(f"exploration state is for {state['kind']!r}, not {self.kind!r}")
             t = float(state["t"])
+            if not np.isfinite(t) or t < 0:  # checked before the generator takes the saved state
+                raise CorruptStateError("exploration counter must be finite and non-negative")
             set_rng_state(self._rng, state["rng"])
+        except CorruptStateError:
+            raise
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStateError(f"cannot read exploration state: {exc!r}") from exc
-        if not np.isfinite(t) or t < 0:
-            raise CorruptStateError("exploration counter must be finite and non-negative")
         self._t = t
         return self
 
@@ -203,7 +205,7 @@ class ThompsonChunkExploration:
 
     def __init__(self, weight: float = 0.1, *, draws: int = 16, seed: int | None = 0) -> None:
         self.hyper = ThompsonChunkParams(weight, draws)
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(_seed(seed))
         self._t = 0.0
 
     def step(self, n: float = 1.0) -> None:
@@ -251,11 +253,21 @@ class ThompsonChunkExploration:
         try:
             if state["kind"] != self.kind:
                 raise CorruptStateError(f"exploration state is for {state['kind']!r}, not {self.kind!r}")
-            self._t = float(state["t"])
+            t = float(state["t"])
+            if not np.isfinite(t) or t < 0:  # checked before the generator takes the saved state
+                raise CorruptStateError("exploration counter must be finite and non-negative")
             set_rng_state(self._rng, state["rng"])
+        except CorruptStateError:
+            raise
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStateError(f"cannot read exploration state: {exc!r}") from exc
+        self._t = t
         return self
+
+
+def _seed(seed: int | None) -> int | None:
+    """``seed`` checked as numpy's generators take it: ``None`` or a non-negative integer."""
+    return None if seed is None else check_int("seed", seed, 0)
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:

@@ -67,7 +67,11 @@ class GuardrailParams:
         check_float("z", self.z, 0.0, 10.0)
         check_int("min_episodes", self.min_episodes, 0)
         check_float("factor", self.factor, 1.0, 10.0)
-        for name, (lo, hi) in (("lr_bounds", self.lr_bounds), ("explore_bounds", self.explore_bounds)):
+        for name, bounds in (("lr_bounds", self.lr_bounds), ("explore_bounds", self.explore_bounds)):
+            try:
+                lo, hi = bounds
+            except (TypeError, ValueError):
+                raise ValidationError(f"{name} must be a (low, high) pair, got {bounds!r}") from None
             check_float(f"{name}[0]", lo, 0.0, 10.0)
             check_float(f"{name}[1]", hi, 0.0, 10.0)
             if not lo <= 1.0 <= hi:
@@ -167,7 +171,7 @@ class Guardrail:
             ema, n, lr, ex = float(state["ema"]), int(state["n"]), float(state["lr"]), float(state["explore"])
             # absent in states saved before the guardrail kept it: no spread known yet
             ema2 = float(state.get("ema2", ema * ema))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: an infinite count
             raise CorruptStateError(f"cannot read the guardrail state: {exc!r}") from exc
         p = self.hyper
         if not (-1.0 <= ema <= 1.0 and 0.0 <= ema2 <= 1.0 and n >= 0 and p.lr_bounds[0] <= lr <= p.lr_bounds[1]

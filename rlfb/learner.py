@@ -86,6 +86,7 @@ _PART_SETTINGS = {
     "weight": "thompson_weight",
     "depth": "explore_depth",
     "min_position": "explore_min_position",
+    "min_asks": "discovery_after",
 }
 #: Policies whose update is a gradient step, so a replayed episode is just another (down-weighted) step.
 REPLAY_SAFE = frozenset({"gradient"})

@@ -171,7 +171,7 @@ class PrioritizedReplay:
         seed: int | None = 0,
     ) -> None:
         self.hyper = ReplayParams(capacity, batch_size, half_life, persist)
-        self._rng = np.random.default_rng(seed)
+        self._rng = np.random.default_rng(None if seed is None else check_int("seed", seed, 0))
         self._items: deque[tuple[Episode, float, int]] = deque(maxlen=self.hyper.capacity)
         self._added = 0
 

@@ -290,6 +290,36 @@ def test_thompson_chunk_exploration_moves_uncertain_chunks():
     assert 0 < res.propensity <= 1 and res.order.shape == (5,)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: EpsilonGreedyExploration(seed=-1), lambda: ThompsonChunkExploration(seed=-1),
+    lambda: EpsilonGreedyExploration(seed=1.5), lambda: PrioritizedReplay(seed=-1),
+    lambda: Guardrail(lr_bounds=0.5), lambda: Guardrail(explore_bounds=(1.0,)),
+])
+def test_bad_settings_are_validation_errors(make):
+    # were numpy's ValueError and TypeError, or a TypeError from unpacking
+    with pytest.raises(ValidationError):
+        make()
+
+
+@pytest.mark.parametrize("cls", [EpsilonGreedyExploration, ThompsonChunkExploration])
+@pytest.mark.parametrize("t", [float("nan"), float("inf"), -1.0])
+def test_exploration_state_with_a_bad_counter_is_refused_and_changes_nothing(cls, t):
+    # thompson's took t=nan and kept it
+    ex = cls(seed=0)
+    ex.step(3)
+    other = cls(seed=5).state_dict()
+    before = ex.state_dict()
+    with pytest.raises(CorruptStateError, match="counter"):
+        ex.load_state_dict({**other, "t": t})
+    assert ex.state_dict() == before
+
+
+def test_guardrail_state_with_an_infinite_count_is_corrupt():
+    state = Guardrail().state_dict()
+    with pytest.raises(CorruptStateError):  # was a raw OverflowError
+        Guardrail().load_state_dict({**state, "n": float("inf")})
+
+
 # ---------------------------------------------------------------------------- guardrail
 
 

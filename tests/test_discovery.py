@@ -89,6 +89,12 @@ def test_bad_settings_raise(kwargs):
         RepeatDiscovery(**kwargs)
 
 
+@pytest.mark.parametrize("seed", [1.5, -1, "0"])
+def test_a_bad_seed_is_a_validation_error(seed):
+    with pytest.raises(ValidationError, match="seed"):  # numpy's TypeError or ValueError before
+        RepeatDiscovery(seed=seed)
+
+
 def test_memory_counts_asks_and_keeps_them_in_its_state():
     mem = FeedbackMemory()
     assert mem.note_ask("Tides?") == 0 and mem.asks("tides") == 0  # not remembered: not counted

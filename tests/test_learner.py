@@ -485,6 +485,7 @@ def test_corrupt_state_raises_and_changes_nothing():
         {"replay": "yes"},
         {"discovery_rate": 1.5},
         {"discovery_after": -1},
+        {"discovery_after": 10**7},  # was reported as min_asks, the discovery part's own name
         {"memory_value_scale": 0.0},
         {"guardrail_tolerance": 5.0},
         {"replay_half_life": 0.0},
