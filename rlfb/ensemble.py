@@ -908,19 +908,29 @@ class FeedbackEnsemble:
             # its state, nor read that snapshot again; but this policy's own newest snapshot under it
             # (a store shared by two apps, or a policy switched and switched back) is still ours
             self._state_version = newest
-            saved = self._own_snapshot()
-            if saved is None or int(saved["version"]) <= self._own_version or not self._is_ours(saved):
+            saved = self._own_snapshot(after=self._own_version)
+            if saved is None:
                 return
         self._learner.load_state_dict(saved["state"])
         self._own_version = int(saved["version"])
         self._state_version = max(newest, self._own_version)
 
-    def _own_snapshot(self) -> Mapping[str, Any] | None:
-        """The store's newest snapshot of this ensemble's policy (``None`` from a store that cannot tell)."""
+    def _own_snapshot(self, after: int) -> Mapping[str, Any] | None:
+        """The store's newest snapshot that is this ensemble's own (:meth:`_is_ours`) and newer than version
+        ``after``; ``None`` if there is none, or from a store that cannot tell.
+
+        Snapshots of this policy are read newest first: another app of the same policy with other settings
+        (hyperparameters, chunk exploration) may have written since, and this app's own older state, not a
+        fresh learner, is what it goes on from after a restart.
+        """
+        name = self._learner.policy_name
         try:
-            return self._store.load_policy_state(policy=self._learner.policy_name)
-        except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
+            saved = self._store.load_policy_state(policy=name)
+            while saved is not None and int(saved["version"]) > after and not self._is_ours(saved):
+                saved = self._store.load_policy_state(policy=name, before=int(saved["version"]))
+        except TypeError:  # a store of the user's own, whose load_policy_state takes no policy (or no before)
             return None
+        return saved if saved is not None and int(saved["version"]) > after and self._is_ours(saved) else None
 
     def _is_ours(self, saved: Mapping[str, Any]) -> bool:
         """Whether a store snapshot is of this ensemble's policy, hyperparameters and retrievers.
@@ -1196,16 +1206,20 @@ def _n_learned(state: Any, root: Path) -> int:
 
 
 def _check_embedding_strs(strs: Sequence[str] | None) -> tuple[str, ...]:
-    """The texts to embed in place of the question (``()``: the question itself)."""
+    """The texts to embed in place of the question (``()``: the question itself).
+
+    Blank ones are left out, not refused: a HyDE transform passes its LLM's answer on as it is, and
+    LlamaIndex's own retrievers take an empty one.
+    """
     if strs is None:
         return ()
     if isinstance(strs, (str, bytes)) or not isinstance(strs, Iterable):
         raise ValidationError(f"embedding_strs must be a sequence of strings, got {type(strs).__name__}")
     out = tuple(strs)
     for s in out:
-        if not isinstance(s, str) or not s.strip():
-            raise ValidationError(f"embedding_strs must hold non-empty strings, got {s!r}")
-    return out
+        if not isinstance(s, str):
+            raise ValidationError(f"embedding_strs must hold strings, got {s!r}")
+    return tuple(s for s in out if s.strip())
 
 
 def _scores(

@@ -257,6 +257,25 @@ def test_a_damaged_cache_file_found_by_a_write_warns(tmp_path: Path) -> None:
         EmbeddingCache(tmp_path, "m").put_many({f"n{i}": np.ones(256) for i in range(50)})
 
 
+def test_a_cache_file_that_is_no_database_is_passed_by_too(tmp_path: Path) -> None:
+    # damage to the header shows when the file is opened, before any lookup: it raised CorruptStateError there
+    EmbeddingCache(tmp_path, "m").put_many({"h0": np.ones(4)})
+    EmbeddingCache(tmp_path, "m").close()
+    for wal in tmp_path.glob("*-wal"):
+        wal.unlink()
+    data = bytearray(_file(tmp_path).read_bytes())
+    data[:100] = b"not a database" * 7 + b"xx"
+    _file(tmp_path).write_bytes(bytes(data))
+    cache = EmbeddingCache(tmp_path, "m")
+    with pytest.warns(RuntimeWarning, match="safe to delete"):
+        assert cache.get_many(["h0"]) == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.put_many({"h1": np.ones(4)})  # dropped, without a second warning
+        out = cached_encode(["a"], lambda b: [np.ones(4, dtype=np.float32) for _ in b], disk=cache)
+    assert out[0].tolist() == [1.0] * 4
+
+
 def test_stats_and_prune_of_a_damaged_cache_file_name_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _damaged_cache(tmp_path)
     with pytest.raises(CorruptStateError, match=re.escape(str(path))):

@@ -172,9 +172,10 @@ def test_embedding_strs_average_the_dense_scores_only(tmp_path) -> None:
     np.testing.assert_allclose(ctx.raw[:, cols["dense"]], want)
     np.testing.assert_allclose(ctx.raw[:, cols["bm25"]], bm25.score("what causes tides", list(ctx.candidate_ids)))
     assert ctx.query == "what causes tides"
-    plain = ens.context("what causes tides", embedding_strs=[])  # none given: the question itself
-    alone = dense.score("what causes tides", list(plain.candidate_ids))
-    np.testing.assert_allclose(plain.raw[:, cols["dense"]], alone)
-    for bad in ("one string", [""], [3]):
+    for none in ([], ["", "  "]):  # none given, or only blank ones (an LLM's empty answer): the question itself
+        plain = ens.context("what causes tides", embedding_strs=none)
+        alone = dense.score("what causes tides", list(plain.candidate_ids))
+        np.testing.assert_allclose(plain.raw[:, cols["dense"]], alone)
+    for bad in ("one string", [3], ["ok", None]):
         with pytest.raises(ValidationError, match="embedding_strs"):
             ens.retrieve("tides", embedding_strs=bad)

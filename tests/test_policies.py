@@ -363,6 +363,17 @@ def test_gradient_first_click_does_not_move_the_weights():
     assert not np.allclose(_w(q.weights()), 1 / 3) and np.all(np.isfinite(_w(q.weights())))
 
 
+def test_gradient_window_leaves_room_for_the_gate():
+    # the effective count only approaches the window and the gate needs two gradients: window 1 never moved
+    with pytest.raises(ValidationError, match="window"):
+        GradientPolicy(RETRIEVERS, window=2.0)
+    p = GradientPolicy(RETRIEVERS, window=3.0, seed=0)
+    shown = [[1.0, 0.2, 0.0], [0.5, 0.5, 0.5], [0.1, 0.9, 0.2]]
+    for i in range(30):
+        p.learn(_episode([1 / 3] * 3, shown, [0.0, 0.0, 0.4], 0.4, eid=f"e{i}"), 0.4)
+    assert not np.allclose(_w(p.weights()), 1 / 3)
+
+
 def test_pdgd_pairs_and_debias_weights_match_brute_force():
     pos, neg = pdgd_pairs(np.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0]))
     assert pos.tolist() == [1, 3] and neg.tolist() == [0, 2, 4]

@@ -537,6 +537,20 @@ def test_bm25_pattern_with_groups_yields_whole_matches(tmp_path: Path) -> None:
     assert BM25Retriever().tokenize("Solar-wind, AURORA 42!") == ["solar", "wind", "aurora", "42"]
 
 
+def test_an_older_bm25_save_of_a_grouped_pattern_asks_to_be_built_again(tmp_path: Path) -> None:
+    # its terms are the groups' texts, which whole-match queries would no longer meet: refused, not mis-scored
+    texts = ["state-of-the-art retrieval", "state machines"]
+    BM25Retriever(tokenizer=r"([a-z]+)(?:-[a-z]+)*").index(make_chunks(texts)).save(tmp_path / "g")
+    BM25Retriever(tokenizer=r"[a-z]+").index(make_chunks(texts)).save(tmp_path / "plain")
+    for name in ("g", "plain"):
+        meta = json.loads((tmp_path / name / "meta.json").read_text())
+        assert meta.pop("whole_matches") is True
+        (tmp_path / name / "meta.json").write_text(json.dumps(meta))  # as an older rlfb wrote it
+    with pytest.raises(ValidationError, match="build the index again"):
+        load_retriever(tmp_path / "g")
+    assert load_retriever(tmp_path / "plain").search("state", 1)  # without groups nothing changed
+
+
 @pytest.mark.parametrize("kwargs", [{"k1": 0.0}, {"b": 1.0}, {"k1": 0.0, "method": "atire"}])
 def test_bm25_score_texts_of_texts_without_the_terms_is_zero_not_nan(kwargs: dict) -> None:
     """With a length norm of 0 (k1=0, or b=1 and an empty text) tf / (norm + tf) was 0/0 for absent terms."""

@@ -163,6 +163,25 @@ def test_apps_of_other_chunk_explorations_keep_their_own_state(tmp_path: Path) -
         e.close()
 
 
+def test_an_app_restarted_after_another_explorations_snapshot_goes_on_from_its_own(tmp_path: Path) -> None:
+    # the evaluation app's snapshot is the policy's newest; the restarted live app must not take it, nor start
+    # from nothing: it pages back to its own
+    path = str(tmp_path / "fb.db")
+    live = _ensemble(path, refresh_interval=0.0)
+    for q in ("aurora", "tides", "magma"):
+        r = live.retrieve(q, k=2)
+        live.feedback(r.event_id, "thumbs_up")
+    live.close()
+    evaluation = _ensemble(path, refresh_interval=0.0, learner_config={"exploration": "none"})
+    r = evaluation.retrieve("what causes the tides", k=2)
+    evaluation.feedback(r.event_id, "implicit_positive", chunk_id=r.hits[0].chunk_id)
+    evaluation.close()
+    again = _ensemble(path, refresh_interval=0.0)
+    assert again.learner.n_learned == 3
+    again.close()
+    assert _ensemble(path, learner_config={"exploration": "none"}).learner.n_learned == 1
+
+
 def test_no_exploration_refuses_another_kinds_state() -> None:
     from rlfb.exploration import NoExploration, ThompsonChunkExploration
 

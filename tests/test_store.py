@@ -924,3 +924,16 @@ def test_two_threads_exporting_to_one_file_both_succeed(tmp_path, fresh_store):
         log(fresh_store)
     assert errors_in_threads(lambda: fresh_store.export_jsonl(tmp_path / "out.jsonl"), 4) == []
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 150
+
+
+def test_load_policy_state_pages_back_before_a_version(fresh_store) -> None:
+    w = {"bm25": 0.5, "dense": 0.5}
+    v1 = fresh_store.save_policy_state({"n": 1}, w, policy="thompson")
+    fresh_store.save_policy_state({"n": 2}, w, policy="gradient")
+    v3 = fresh_store.save_policy_state({"n": 3}, w, policy="thompson")
+    assert fresh_store.load_policy_state(policy="thompson")["version"] == v3
+    assert fresh_store.load_policy_state(policy="thompson", before=v3)["version"] == v1
+    assert fresh_store.load_policy_state(before=v3)["state"] == {"n": 2}
+    assert fresh_store.load_policy_state(policy="thompson", before=v1) is None
+    with pytest.raises(ValidationError, match="before"):
+        fresh_store.load_policy_state(before=-1)

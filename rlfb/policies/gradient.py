@@ -31,7 +31,7 @@ not logged and is taken as zero.
 Evidence before change. A plain pairwise perceptron on noisy clicks drifts to
 extreme weights, so the per-episode PDGD gradients are not applied one by one.
 The policy keeps exponentially weighted running sums of them (``window``
-episodes) and steps along their mean shrunk towards zero by ``evidence_z``
+episodes, at least 3) and steps along their mean shrunk towards zero by ``evidence_z``
 standard errors of the unbiased variance (a coordinate moves only where the
 mean gradient is clearly non-zero; below an effective count of two gradients
 the standard error is infinite), divided by the gradients' root mean square
@@ -163,7 +163,9 @@ class GradientParams:
         check_float("temperature", self.temperature, 0.0, 10.0, lo_open=True)
         check_float("shrinkage", self.shrinkage, 0.0, 100.0)
         check_float("evidence_z", self.evidence_z, 0.0, 10.0)
-        check_float("window", self.window, 1.0, 1e7)
+        # the effective count of gradients only approaches the window, and the gate needs two of them: a window
+        # of 2 or less never opened it, so the weights never moved
+        check_float("window", self.window, 3.0, 1e7)
         check_float("max_step", self.max_step, 0.0, 1.0, lo_open=True)
         object.__setattr__(self, "bounds", check_bounds(self.bounds))
 

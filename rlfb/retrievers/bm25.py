@@ -66,6 +66,14 @@ def regex_tokenizer(pattern: str = _DEFAULT_PATTERN, lowercase: bool = True) -> 
     return whole
 
 
+def _has_groups(pattern: str) -> bool:
+    """Whether a saved pattern has groups (a pattern that does not compile is left to the load to refuse)."""
+    try:
+        return re.compile(pattern).groups > 0
+    except re.error:
+        return False
+
+
 def bm25_idf(df: np.ndarray, n_docs: int, method: str) -> np.ndarray:
     """Inverse document frequency of terms seen in ``df`` of ``n_docs`` documents.
 
@@ -379,6 +387,7 @@ class BM25Retriever(CorpusRetriever):
                 "idf_method": self.idf_method,
                 "tokenizer": self.tokenizer if isinstance(self.tokenizer, str) else None,
                 "lowercase": self.lowercase,
+                "whole_matches": True,  # a pattern's tokens are its whole matches (older saves: its groups)
                 "avg_doc_len": self._avg_len,
                 "n_docs": len(table),
             },
@@ -399,6 +408,15 @@ class BM25Retriever(CorpusRetriever):
             raise ValidationError(
                 f"{path} was indexed with a custom tokenizer: pass it as load(path, tokenizer=...), or for an "
                 "ensemble FeedbackEnsemble.load(path, retriever_options={'bm25': {'tokenizer': ...}})"
+            )
+        pattern = meta.get("tokenizer")
+        if tokenizer is None and isinstance(pattern, str) and not meta.get("whole_matches", False) \
+                and _has_groups(pattern):
+            # indexed before a grouped pattern's tokens were its whole matches: its terms are the groups' texts,
+            # which queries tokenised now would no longer meet
+            raise ValidationError(
+                f"{path} was indexed by an older rlfb that took the groups of the pattern {pattern!r} as its "
+                "tokens: build the index again from its chunks"
             )
         # past the caller's own arguments everything comes from the files, so any failure means damage
         try:

@@ -327,6 +327,21 @@ class EmbeddingCache:
                 stacklevel=3,
             )
 
+    def _usable(self) -> sqlite3.Connection | None:
+        """The connection, under the lock; ``None`` once the file is known damaged, also when it is damaged
+        past opening (a header that is no database): that is :meth:`_give_up` as well. A cache of another
+        schema version still raises."""
+        if self._damaged:
+            return None
+        try:
+            return self._connect()
+        except CorruptStateError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, sqlite3.DatabaseError) and _is_damage(cause):
+                self._give_up(cause)
+                return None
+            raise
+
     def get_many(self, hashes: Iterable[str]) -> dict[str, Encoding]:
         """Cached encodings of ``hashes``; missing hashes are simply absent from the result.
 
@@ -341,9 +356,9 @@ class EmbeddingCache:
         now = int(time.time())
         stale: list[str] = []
         with self._lock:
-            if self._damaged:
+            conn = self._usable()
+            if conn is None:
                 return out
-            conn = self._connect()
             try:
                 for start in range(0, len(wanted), _BATCH):
                     part = wanted[start : start + _BATCH]
@@ -411,9 +426,9 @@ class EmbeddingCache:
         if not rows:
             return
         with self._lock:
-            if self._damaged:
+            conn = self._usable()
+            if conn is None:
                 return
-            conn = self._connect()
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 conn.executemany(

@@ -1090,19 +1090,22 @@ class FeedbackStore:
             )
             return int(cur.lastrowid)  # type: ignore[arg-type]
 
-    def load_policy_state(self, policy: str | None = None) -> dict[str, Any] | None:
+    def load_policy_state(self, policy: str | None = None, *, before: int | None = None) -> dict[str, Any] | None:
         """The newest snapshot as ``{"state", "weights", "version", "updated_at", "policy"}``, or ``None``.
 
-        With ``policy``, the newest snapshot that policy wrote (another may have written since).
+        With ``policy``, the newest snapshot that policy wrote (another may have written since); with
+        ``before``, the newest older than that version (to page back through a policy's snapshots).
         """
+        where, params = [], []
+        if policy is not None:
+            where.append("policy = ?")
+            params.append(_enc(_opt_str(policy, "policy")))
+        if before is not None:
+            where.append("version < ?")
+            params.append(_check_int(before, "before", minimum=0))
+        sql = "SELECT * FROM policy_snapshots" + (" WHERE " + " AND ".join(where) if where else "")
         with self._read():
-            if policy is None:
-                rows = list(self.db.query("SELECT * FROM policy_snapshots ORDER BY version DESC LIMIT 1"))
-            else:
-                rows = list(self.db.query(
-                    "SELECT * FROM policy_snapshots WHERE policy = ? ORDER BY version DESC LIMIT 1",
-                    [_enc(_opt_str(policy, "policy"))],
-                ))
+            rows = list(self.db.query(sql + " ORDER BY version DESC LIMIT 1", params))
         return self._snapshot(rows[0], with_state=True) if rows else None
 
     def policy_history(self, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
