@@ -28,7 +28,9 @@ def evaluate_ensemble(
 
     Returns ``{"bm25": {...}, "dense": {...}, ..., "fused": {...}}``. Nothing is
     logged and nothing is explored: this is the policy's greedy ranking. Runs are
-    ``depth`` deep, or as deep as the deepest cut-off in ``measures``.
+    ``depth`` deep, or as deep as the deepest cut-off in ``measures``; the fused run
+    ranks the ensemble's candidate pool (each retriever's ``candidate_k`` best, and
+    the members'), so it is shorter where that pool is.
     """
     depth = max([depth, *(k for _, k in measures)])  # --k 200 was scored on runs cut at 100
     ids = ensemble.chunks.ids
@@ -40,6 +42,8 @@ def evaluate_ensemble(
         runs[name] = {q: [ids[i] for i in top_k(row, depth)] for q, row in zip(qids, scores, strict=True)}
     fused: dict[str, list[str]] = {}
     for q, text in tqdm(list(zip(qids, texts, strict=True)), desc="fused", disable=not show_progress):
-        fused[q] = ensemble.retrieve(text, k=depth, explore=False, log=False).chunk_ids
+        # the pool is each retriever's candidate_k best, as in service: retrieve(k=depth) would widen it to depth
+        ctx = ensemble.context(text)
+        fused[q] = ensemble.rank_context(ctx, depth, explore=False, log=False).chunk_ids
     runs["fused"] = fused
     return {name: evaluate_run(run, qrels, measures) for name, run in runs.items()}

@@ -479,9 +479,26 @@ def test_evaluate_runs_are_as_deep_as_the_cut_off(tmp_path: Path) -> None:
     from rlfb.offline import evaluate_ensemble
 
     texts = ["apple"] * 120 + ["pear apple"]
-    ens = FeedbackEnsemble.from_texts(texts, ids=[f"d{i}" for i in range(121)], retrievers=("bm25",))
+    ens = FeedbackEnsemble.from_texts(texts, ids=[f"d{i}" for i in range(121)], retrievers=("bm25",),
+                                      candidate_k=150)
     low = evaluate_ensemble(ens, {"q": "apple"}, {"q": {"d120": 1}}, measures=[("mrr", 200)])
     assert low["bm25"]["mrr@200"] > 0 and low["fused"]["mrr@200"] > 0
+
+
+def test_evaluate_fuses_the_candidate_pool_the_ensemble_serves_from(tmp_path: Path) -> None:
+    # --candidate-k up to the run's depth had no effect: retrieve(k=depth) widened the pool to the depth
+    from rlfb import FeedbackEnsemble
+    from rlfb.offline import evaluate_ensemble
+
+    texts = ["apple " + "filler " * i for i in range(30)]  # BM25 ranks them by length: d15 is 16th
+    recall = {}
+    for pool in (10, 20):
+        ens = FeedbackEnsemble.from_texts(texts, ids=[f"d{i}" for i in range(30)], retrievers=("bm25",),
+                                          candidate_k=pool)
+        got = evaluate_ensemble(ens, {"q": "apple"}, {"q": {"d15": 1}}, measures=[("recall", 100)])
+        assert got["bm25"]["recall@100"] == 1.0
+        recall[pool] = got["fused"]["recall@100"]
+    assert recall == {10: 0.0, 20: 1.0}
 
 
 def test_evaluate_refuses_a_retriever_listed_twice_before_indexing(tmp_path: Path, capsys) -> None:

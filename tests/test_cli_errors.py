@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sqlite3
 from pathlib import Path
 
@@ -77,11 +78,15 @@ def test_weights_when_sqlite_itself_fails(garbage_db: Path, monkeypatch, capsys)
     assert str(garbage_db) in one_error_line(capsys)
 
 
-def test_weights_export_into_a_missing_folder(good_db: Path, tmp_path: Path, capsys) -> None:
+def test_weights_export_makes_a_missing_folder_as_store_export_does(good_db: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "no" / "such" / "dir" / "out.json"
-    assert main(["weights", "export", str(good_db), str(out)]) == 2
-    assert str(out) in one_error_line(capsys)
-    assert not out.exists()
+    assert main(["weights", "export", str(good_db), str(out)]) == 0
+    assert "weights" in json.loads(out.read_text(encoding="utf-8"))
+    capsys.readouterr()
+    for folder in (str(tmp_path), str(tmp_path / "new") + "/"):  # a folder named as the file is refused
+        assert main(["weights", "export", str(good_db), folder]) == 2
+        assert "Is a directory" in one_error_line(capsys)
+    assert not (tmp_path / "new").exists()
 
 
 # -- demo / simulate / evaluate: a bad output path -----------------------------------------------------

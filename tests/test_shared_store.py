@@ -353,3 +353,25 @@ def test_a_second_store_on_the_file_inside_exclusive_is_a_named_error(tmp_path: 
     other.save_policy_state({"n": 1}, {"bm25": 1.0})  # free again once the block ends
     for s in (store, other):
         s.close()
+
+
+def test_prune_keeps_the_newest_snapshot_of_each_kind_of_ensemble(tmp_path: Path) -> None:
+    # it kept each policy's newest: a thompson ensemble of other retrievers writing later took this one's only state
+    import time
+
+    path = str(tmp_path / "fb.db")
+    alone = _ensemble(path)
+    for q in ("aurora", "tides", "magma"):
+        r = alone.retrieve(q, k=2)
+        alone.feedback(r.event_id, "thumbs_up")
+    alone.close()
+    other = _ensemble(path, learner_config={"exploration": "none"})  # thompson as well
+    r = other.retrieve("tides", k=2)
+    other.feedback(r.event_id, "thumbs_up")
+    other.close()
+    store = FeedbackStore(path)
+    before = store.counts()["policy_snapshots"]
+    deleted = store.prune(now=time.time() + 200 * 86400, retention=90 * 86400)
+    assert deleted["policy_snapshots"] == before - 2  # the newest of each of the two kinds stays
+    store.close()
+    assert _ensemble(path).learner.n_learned == 3

@@ -222,6 +222,8 @@ def test_the_fixed_baselines_search_the_learners_own_fusion() -> None:
                                   "stop": list(CLICK_MODELS["navigational"].stop)}
     assert cfg["max_grade"] == 2 and cfg["attribution_window"] == 86400.0
     assert cfg["reward"]["horizon"] == 3600.0 and cfg["models"] == {"dense": "default"}
+    # the demo collection has no train split: the JSON says where the stream came from instead
+    assert cfg["stream_split"] == "train" and cfg["stream_from"] == "a seeded half of split 'test'"
 
 
 def test_fixed_equal_weights_score_as_the_equal_baseline_on_the_same_queries() -> None:

@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fusion", default="rrf", choices=["rrf", "minmax", "zscore"], help="how the scores are fused")
     p.add_argument("--weights", default=None, help="comma-separated weights, one per retriever (default: equal)")
     p.add_argument("--k", type=int, default=10, help="cut-off shown for nDCG, MRR and P (Recall uses 100)")
-    p.add_argument("--candidate-k", type=int, default=100, help="each retriever's candidates for the fusion")
+    p.add_argument("--candidate-k", type=int, default=100,
+                   help="each retriever's candidates for the fusion: the fused run ranks their pool")
     p.add_argument("--json", dest="json_out", default=None, help="write the metrics here, keyed by run name")
     p.set_defaults(func=run)
 

@@ -64,7 +64,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from rlfb.commands import refuse_overwriting_store
+    from rlfb.commands import prepare_output_file, refuse_overwriting_store, write_output
     from rlfb.weight_config import export_weights
 
     if args.file == "-":  # as `store export --jsonl -`: a file named "-" was written
@@ -73,8 +73,10 @@ def run_export(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     refuse_overwriting_store(args.file, args.store)  # before opening: writing JSON over the store destroys it
+    prepare_output_file(args.file)  # a folder named as the file is refused now; a missing one is made at write
     with _open(args.store) as store:
-        out = export_weights(store, args.file, with_state=not args.weights_only)
+        out = export_weights(store, None, with_state=not args.weights_only)
+    write_output(args.file, json.dumps(out, indent=2))
     print(f"wrote version {out['version']} to {args.file}")
     return 0
 

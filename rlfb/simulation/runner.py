@@ -518,7 +518,7 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
 def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[str, Any]:
     """The settings a run used that ``SimulationConfig`` does not hold: the user's click model, the
     grades read from the data, the store's reward and window, the retrievers' models, the policy's
-    hyperparameters (its gate, bounds, step, ...) and the RRF constant."""
+    hyperparameters (its gate, bounds, step, ...), the RRF constant and where the stream came from."""
     model = CLICK_MODELS[config.user]
     # a model retriever's model: its name or path, "default" for the bundled one
     models = {name: r.model_name or "default" for name, r in prep.retrievers.items() if hasattr(r, "model_name")}
@@ -532,6 +532,10 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
         "reward": {f.name: getattr(reward, f.name) for f in fields(reward) if f.name != "aliases"},
         "policy_params": params() if callable(params) else None,
         "rrf_c": ens.rrf_c,
+        # where the stream's questions came from: config's stream_split names the one wanted, which a
+        # collection without it (cranfield, cisi) replaces by a seeded half of the held-out split
+        "stream_from": (f"split {config.stream_split!r}" if prep.stream_qrels is not None
+                        else f"a seeded half of split {config.split!r}"),
     }
 
 

@@ -81,6 +81,20 @@ def _read_only(exc: sqlite3.DatabaseError) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc)
 
 
+# What tells one ensemble's snapshots from another's (FeedbackEnsemble._is_ours): the policy, and from the state
+# the retrievers, the chunk exploration, the memory's embedding dimension and the policy's hyperparameters (its
+# weights left out, as same_hyperparameters leaves them). A state that is not JSON text is a kind of its own.
+_STATE = "CASE WHEN typeof(state) = 'text' AND json_valid(state) THEN state END"
+_SNAPSHOT_KIND = ", ".join([
+    "policy",
+    f"json_extract({_STATE}, '$.retrievers')",
+    f"json_extract({_STATE}, '$.exploration.kind')",
+    f"json_extract({_STATE}, '$.memory.dim')",
+    f"json_remove(json_extract({_STATE}, '$.policy.params'), '$.weights')",
+    "CASE WHEN typeof(state) = 'text' AND json_valid(state) THEN 0 ELSE version END",
+])
+
+
 class FeedbackStore:
     """Retrieval events, their chunks, feedback, rewards and policy snapshots in one SQLite file.
 
@@ -1196,8 +1210,10 @@ class FeedbackStore:
     def prune(self, now: float | datetime | None = None, *, retention: float | None = None) -> dict[str, int]:
         """Delete events older than ``retention`` seconds with their chunks, feedback and rewards.
 
-        Policy snapshots older than the cutoff go too, except each policy's newest
-        (another policy's later snapshot must not take away a policy's only state),
+        Policy snapshots older than the cutoff go too, except the newest of each kind: of each
+        policy, retrievers, chunk exploration, embedding dimension and hyperparameters, what an
+        ensemble tells its own state by (another kind's later snapshot must not take away an
+        ensemble's only state),
         and so do run links older than the cutoff. With
         no retention (the store's or the argument) nothing is deleted; a
         retention shorter than ``attribution_window`` raises :class:`ValidationError`. Returns
@@ -1217,7 +1233,7 @@ class FeedbackStore:
             "chunks": f"DELETE FROM event_chunks WHERE event_id IN ({old})",
             "events": "DELETE FROM events WHERE ts < ?",
             "policy_snapshots": "DELETE FROM policy_snapshots WHERE ts < ? "
-            "AND version NOT IN (SELECT MAX(version) FROM policy_snapshots GROUP BY policy)",
+            f"AND version NOT IN (SELECT MAX(version) FROM policy_snapshots GROUP BY {_SNAPSHOT_KIND})",
             "run_links": "DELETE FROM run_links WHERE ts < ?",
         }
         with self._write() as conn:
