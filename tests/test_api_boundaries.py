@@ -40,8 +40,8 @@ def test_ensembles_of_other_retrievers_share_a_store_without_breaking_each_other
     _learn(both, 1)
     assert alone.learner.n_learned == 2 and both.learner.n_learned == 3
     assert alone.retrieve("tides", k=1).hits and set(alone.weights) == {"bm25"}
-    # a new one starts from the newest snapshot only when that is of its kind: here both's, so it starts afresh
-    assert _bm25(db).learner.n_learned == 0
+    # a new one goes on from its own newest snapshot, paging back past both's later one (it started afresh)
+    assert _bm25(db).learner.n_learned == 2
     assert FeedbackStore(db).counts()["feedback"] == 5  # each feedback stored once
 
 

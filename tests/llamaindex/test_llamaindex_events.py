@@ -157,7 +157,9 @@ def test_learner_on_another_store_still_learns(index: Any, make_ensemble: Any) -
     pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
     engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=8, node_postprocessors=[pp])
     with FeedbackEventHandler() as handler:  # its own in-memory store
-        for _ in range(10):
+        # 15 rounds: PDGD's gate no longer lets the first click through, so it moves a few rounds later (0.518
+        # after 10, 0.571 after 15)
+        for _ in range(15):
             for question in LEXICAL_QUERIES:
                 response = engine.query(question)
                 lexical = max(response.source_nodes, key=lambda n: n.node.metadata["scores"]["bm25"]).node
@@ -165,7 +167,7 @@ def test_learner_on_another_store_still_learns(index: Any, make_ensemble: Any) -
         # the handler keeps a copy of the re-ranking under the same event id
         assert handler.store.has_event(response.source_nodes[0].node.metadata[EVENT_ID_KEY])
     assert pp.weights["bm25"] > 0.52
-    assert pp.store.counts()["feedback"] == 40
+    assert pp.store.counts()["feedback"] == 60
 
 
 def test_our_retriever_is_not_logged_twice(make_ensemble: Any) -> None:
