@@ -314,15 +314,17 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
 
         names = [s if isinstance(s, str) else s.name for s in self._specs]
         learner = Learner(names, policy=self._options["policy"], weights=self._options.get("weights"),
-                          seed=self._options.get("seed", 0))
-        # this policy's newest snapshot; one of other retrievers on a shared store is not this one's
+                          config=self._options.get("learner_config"), seed=self._options.get("seed", 0))
+        # this policy's newest snapshot this learner can take: one of other retrievers or another chunk
+        # exploration on a shared store is not this one's, and the first build pages back past it too
         saved = self._store.load_policy_state(policy=learner.policy_name)
-        if saved is not None:
+        while saved is not None:
             try:
                 learner.load_state_dict(saved["state"])
+                break
             except CorruptStateError:
-                pass  # what the first build does too: start from the default weights
-        return learner.weights()
+                saved = self._store.load_policy_state(policy=learner.policy_name, before=int(saved["version"]))
+        return learner.weights()  # with no snapshot of its own: the default weights, as the first build starts
 
     def feedback(
         self,

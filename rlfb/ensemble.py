@@ -359,7 +359,7 @@ class FeedbackEnsemble:
             ranks[order, j] = shared_ranks(s[rows[order]])
         if self._members:
             ids, raw, ranks, proposed = self._add_member_candidates(
-                query, depth, ids, raw, ranks, proposed, table, retrievers
+                query, depth, ids, raw, ranks, proposed, table, retrievers, strs
             )
         ctx = self._make_context(query, ids, raw, ranks, session_id, proposed)
         self._scored_on[ctx] = table
@@ -389,6 +389,7 @@ class FeedbackEnsemble:
         proposed: np.ndarray,
         table: ChunkTable,
         retrievers: Mapping[str, Retriever],
+        embedding_strs: tuple[str, ...] = (),
     ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         results = [m.search(query, depth, c=self.rrf_c) for m in self._members.values()]
         known = set(ids)
@@ -401,7 +402,8 @@ class FeedbackEnsemble:
                     if chunk.id not in table.row:
                         self._keep_extra(chunk)
         if new:
-            corpus = self._score_chunks(query, new, table, retrievers)
+            # scored as the pooled candidates are: a dense column of two scales would mis-rank in any fusion
+            corpus = self._score_chunks(query, new, table, retrievers, embedding_strs)
             raw = np.vstack([raw, corpus])
             # below every ranked candidate, in score order
             tail = rank_matrix(corpus) + (ranks.max(axis=0) if ranks.size else 0)
@@ -907,8 +909,9 @@ class FeedbackEnsemble:
             # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read
             # its state, nor read that snapshot again; but this policy's own newest snapshot under it
             # (a store shared by two apps, or a policy switched and switched back) is still ours
-            self._state_version = newest
-            saved = self._own_snapshot(after=self._own_version)
+            # snapshots up to the newest already seen were searched before: page back only through the new ones
+            seen, self._state_version = self._state_version, newest
+            saved = self._own_snapshot(after=max(self._own_version, seen))
             if saved is None:
                 return
         self._learner.load_state_dict(saved["state"])

@@ -23,14 +23,15 @@ def evaluate_ensemble(
     depth: int = 100,
     measures: Sequence[tuple[str, int]] = MEASURES,
     show_progress: bool = False,
+    k: int = 10,
 ) -> dict[str, dict[str, float]]:
     """Metrics of each retriever alone (all documents ranked) and of the greedy fused ranking.
 
     Returns ``{"bm25": {...}, "dense": {...}, ..., "fused": {...}}``. Nothing is
     logged and nothing is explored: this is the policy's greedy ranking. Runs are
     ``depth`` deep, or as deep as the deepest cut-off in ``measures``; the fused run
-    ranks the ensemble's candidate pool (each retriever's ``candidate_k`` best, and
-    the members'), so it is shorter where that pool is.
+    ranks the pool the ensemble serves ``retrieve(query, k)`` from (each retriever's
+    ``max(candidate_k, k)`` best, and the members'), so it is shorter where that pool is.
     """
     depth = max([depth, *(k for _, k in measures)])  # --k 200 was scored on runs cut at 100
     ids = ensemble.chunks.ids
@@ -42,8 +43,8 @@ def evaluate_ensemble(
         runs[name] = {q: [ids[i] for i in top_k(row, depth)] for q, row in zip(qids, scores, strict=True)}
     fused: dict[str, list[str]] = {}
     for q, text in tqdm(list(zip(qids, texts, strict=True)), desc="fused", disable=not show_progress):
-        # the pool is each retriever's candidate_k best, as in service: retrieve(k=depth) would widen it to depth
-        ctx = ensemble.context(text)
+        # the pool retrieve(k) serves from: retrieve(k=depth) would widen it to the run's depth (Recall@100)
+        ctx = ensemble.context(text, k=k)
         fused[q] = ensemble.rank_context(ctx, depth, explore=False, log=False).chunk_ids
     runs["fused"] = fused
     return {name: evaluate_run(run, qrels, measures) for name, run in runs.items()}

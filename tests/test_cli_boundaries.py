@@ -479,9 +479,8 @@ def test_evaluate_runs_are_as_deep_as_the_cut_off(tmp_path: Path) -> None:
     from rlfb.offline import evaluate_ensemble
 
     texts = ["apple"] * 120 + ["pear apple"]
-    ens = FeedbackEnsemble.from_texts(texts, ids=[f"d{i}" for i in range(121)], retrievers=("bm25",),
-                                      candidate_k=150)
-    low = evaluate_ensemble(ens, {"q": "apple"}, {"q": {"d120": 1}}, measures=[("mrr", 200)])
+    ens = FeedbackEnsemble.from_texts(texts, ids=[f"d{i}" for i in range(121)], retrievers=("bm25",))
+    low = evaluate_ensemble(ens, {"q": "apple"}, {"q": {"d120": 1}}, measures=[("mrr", 200)], k=200)
     assert low["bm25"]["mrr@200"] > 0 and low["fused"]["mrr@200"] > 0
 
 

@@ -179,3 +179,21 @@ def test_embedding_strs_average_the_dense_scores_only(tmp_path) -> None:
     for bad in ("one string", [3], ["ok", None]):
         with pytest.raises(ValidationError, match="embedding_strs"):
             ens.retrieve("tides", embedding_strs=bad)
+
+
+def test_embedding_strs_score_a_members_chunks_as_the_pooled_ones() -> None:
+    # a chunk only a member found was scored against the question: one dense column of two scales
+    from rlfb.members import SearchMember
+    from rlfb.types import Chunk
+
+    texts = ["tides follow the moon", "the aurora glows green", "volcanoes erupt magma"]
+    member = SearchMember("kb", lambda q, k: [(Chunk("v", texts[2]), 1.0), (Chunk("out", "the sea rises"), 0.5)])
+    ens = FeedbackEnsemble.from_texts(texts, ids=["t", "a", "v"], retrievers=("bm25", "dense"), candidate_k=1,
+                                      members=[member])
+    strs = ("the moon pulls the sea", "what causes tides")
+    ctx = ens.context("what causes tides", embedding_strs=strs)
+    dense, col = ens.retrievers["dense"], list(ctx.retrievers).index("dense")
+    for i, cid in enumerate(ctx.candidate_ids):
+        want = (np.mean([dense.score(s, [cid])[0] for s in strs]) if cid != "out"
+                else np.mean([dense.score_texts(s, ["the sea rises"])[0] for s in strs]))
+        assert ctx.raw[i, col] == pytest.approx(want), cid

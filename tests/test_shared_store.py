@@ -375,3 +375,28 @@ def test_prune_keeps_the_newest_snapshot_of_each_kind_of_ensemble(tmp_path: Path
     assert deleted["policy_snapshots"] == before - 2  # the newest of each of the two kinds stays
     store.close()
     assert _ensemble(path).learner.n_learned == 3
+
+
+def test_an_app_without_a_snapshot_of_its_own_pages_back_once(tmp_path: Path) -> None:
+    # it paged back through the whole history on every refresh, under both locks, each time the other app wrote
+    path = str(tmp_path / "fb.db")
+    live = _ensemble(path, refresh_interval=0.0)
+    for i in range(12):
+        r = live.retrieve(f"aurora {i}", k=2)
+        live.feedback(r.event_id, "thumbs_up")
+    evaluation = _ensemble(path, refresh_interval=0.0, learner_config={"exploration": "none"})
+    reads: list[Any] = []
+    real = evaluation.store.load_policy_state
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs.get("before"))
+        return real(*args, **kwargs)
+
+    evaluation.store.load_policy_state = counted  # type: ignore[method-assign]
+    for i in range(3):
+        r = live.retrieve(f"tides {i}", k=2)
+        live.feedback(r.event_id, "thumbs_up")  # a new snapshot of the other kind
+        reads.clear()
+        evaluation.retrieve("magma", k=2, log=False)
+        assert len(reads) <= 3  # the newest, its policy's newest, and one step back: not all 13+
+    assert evaluation.learner.n_learned == 0

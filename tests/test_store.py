@@ -937,3 +937,15 @@ def test_load_policy_state_pages_back_before_a_version(fresh_store) -> None:
     assert fresh_store.load_policy_state(policy="thompson", before=v1) is None
     with pytest.raises(ValidationError, match="before"):
         fresh_store.load_policy_state(before=-1)
+
+
+def test_prune_reads_a_snapshot_stored_as_a_blob_as_json(fresh_store) -> None:
+    # a state holding a lone surrogate is a BLOB: each was a kind of its own, so none was ever pruned
+    w = {"bm25": 1.0}
+    for i in range(5):
+        fresh_store.save_policy_state({"memory": {"q": f"bad \ud800 {i}"}, "retrievers": ["bm25"]}, w,
+                                      policy="thompson", timestamp=1_000.0 + i)
+    assert fresh_store.db.execute("SELECT COUNT(*) FROM policy_snapshots WHERE typeof(state) = 'blob'"
+                                  ).fetchone()[0] == 5
+    assert fresh_store.prune(now=1_000.0 + 200 * 86400, retention=90 * 86400)["policy_snapshots"] == 4
+    assert fresh_store.load_policy_state()["state"]["memory"]["q"] == "bad \ud800 4"

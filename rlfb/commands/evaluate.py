@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         candidate_k=args.candidate_k,
     )
     measures = (("ndcg", k), ("mrr", k), ("p", k), ("recall", 100))
-    results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=True)
+    results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=True, k=k)
     cols = [f"{m}@{c}" for m, c in measures]
     print(f"{data.name} / {args.split}: {len(queries)} queries, {len(data.corpus)} documents, "
           f"fusion={args.fusion}, weights={ens.weights}")

@@ -83,15 +83,18 @@ def _read_only(exc: sqlite3.DatabaseError) -> bool:
 
 # What tells one ensemble's snapshots from another's (FeedbackEnsemble._is_ours): the policy, and from the state
 # the retrievers, the chunk exploration, the memory's embedding dimension and the policy's hyperparameters (its
-# weights left out, as same_hyperparameters leaves them). A state that is not JSON text is a kind of its own.
-_STATE = "CASE WHEN typeof(state) = 'text' AND json_valid(state) THEN state END"
+# weights left out, as same_hyperparameters leaves them). A BLOB state (one holding a lone surrogate) is read as
+# text; one that is no JSON at all is a kind of its own.
+_TEXT = "CAST(state AS TEXT)"
+_VALID = f"typeof(state) IN ('text', 'blob') AND json_valid({_TEXT})"
+_STATE = f"CASE WHEN {_VALID} THEN {_TEXT} END"
 _SNAPSHOT_KIND = ", ".join([
     "policy",
     f"json_extract({_STATE}, '$.retrievers')",
     f"json_extract({_STATE}, '$.exploration.kind')",
     f"json_extract({_STATE}, '$.memory.dim')",
     f"json_remove(json_extract({_STATE}, '$.policy.params'), '$.weights')",
-    "CASE WHEN typeof(state) = 'text' AND json_valid(state) THEN 0 ELSE version END",
+    f"CASE WHEN {_VALID} THEN 0 ELSE version END",
 ])
 
 

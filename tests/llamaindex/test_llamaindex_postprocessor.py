@@ -305,6 +305,25 @@ def test_weights_before_the_first_call_skip_another_apps_snapshot(tmp_path: Any,
     assert pp.weights == {"bm25": 1.0}
 
 
+def test_weights_before_the_first_call_page_back_to_this_apps_own(tmp_path: Any, nodes: list[TextNode]) -> None:
+    # its own 0.8/0.2 lay under an evaluation app's later snapshot (exploration "none"): it showed 0.5/0.5 until
+    # the first call, which pages back to it
+    from rlfb.learner import Learner
+
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        for config, weights in (({}, {"bm25": 0.8, "dense": 0.2}), ({"exploration": "none"}, None)):
+            learner = Learner(("bm25", "dense"), policy="gradient", config=config)
+            if weights is not None:
+                learner.set_weights(weights)
+            store.save_policy_state(learner.state_dict(), learner.weights(), policy=learner.policy_name)
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25", "dense"), top_n=2,
+                                     policy="gradient")
+    assert pp.weights == pytest.approx({"bm25": 0.8, "dense": 0.2})
+    evaluation = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25", "dense"), top_n=2,
+                                             policy="gradient", learner_config={"exploration": "none"})
+    assert evaluation.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})  # its own, the newest
+
+
 def test_a_dump_names_the_store_file_wherever_it_is_rebuilt(
     tmp_path: Any, nodes: list[TextNode], monkeypatch: pytest.MonkeyPatch
 ) -> None:
