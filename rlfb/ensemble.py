@@ -929,11 +929,13 @@ class FeedbackEnsemble:
         name = self._learner.policy_name
         try:
             saved = self._store.load_policy_state(policy=name)
-            while saved is not None and int(saved["version"]) > after and not self._is_ours(saved):
+            while saved is not None and int(saved["version"]) > after:
+                if self._is_ours(saved):
+                    return saved
                 saved = self._store.load_policy_state(policy=name, before=int(saved["version"]))
         except TypeError:  # a store of the user's own, whose load_policy_state takes no policy (or no before)
-            return None
-        return saved if saved is not None and int(saved["version"]) > after and self._is_ours(saved) else None
+            pass
+        return None
 
     def _is_ours(self, saved: Mapping[str, Any]) -> bool:
         """Whether a store snapshot is of this ensemble's policy, hyperparameters and retrievers.

@@ -161,18 +161,7 @@ class EpsilonGreedyExploration:
         return {"kind": self.kind, "params": asdict(self.hyper), "t": self._t, "rng": rng_state(self._rng)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> EpsilonGreedyExploration:
-        try:
-            if state["kind"] != self.kind:
-                raise CorruptStateError(f"exploration state is for {state['kind']!r}, not {self.kind!r}")
-            t = float(state["t"])
-            if not np.isfinite(t) or t < 0:  # checked before the generator takes the saved state
-                raise CorruptStateError("exploration counter must be finite and non-negative")
-            set_rng_state(self._rng, state["rng"])
-        except CorruptStateError:
-            raise
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStateError(f"cannot read exploration state: {exc!r}") from exc
-        self._t = t
+        self._t = _restore(self.kind, self._rng, state)
         return self
 
 
@@ -250,19 +239,28 @@ class ThompsonChunkExploration:
         return {"kind": self.kind, "params": asdict(self.hyper), "t": self._t, "rng": rng_state(self._rng)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> ThompsonChunkExploration:
-        try:
-            if state["kind"] != self.kind:
-                raise CorruptStateError(f"exploration state is for {state['kind']!r}, not {self.kind!r}")
-            t = float(state["t"])
-            if not np.isfinite(t) or t < 0:  # checked before the generator takes the saved state
-                raise CorruptStateError("exploration counter must be finite and non-negative")
-            set_rng_state(self._rng, state["rng"])
-        except CorruptStateError:
-            raise
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptStateError(f"cannot read exploration state: {exc!r}") from exc
-        self._t = t
+        self._t = _restore(self.kind, self._rng, state)
         return self
+
+
+def _restore(kind: str, rng: np.random.Generator, state: Mapping[str, Any]) -> float:
+    """Check a saved explorer state of ``kind``, give ``rng`` its generator state and return its counter.
+
+    Everything is checked before the generator takes the saved state, so a refused state
+    (:class:`CorruptStateError`) changes nothing.
+    """
+    try:
+        if state["kind"] != kind:
+            raise CorruptStateError(f"exploration state is for {state['kind']!r}, not {kind!r}")
+        t = float(state["t"])
+        if not np.isfinite(t) or t < 0:
+            raise CorruptStateError("exploration counter must be finite and non-negative")
+        set_rng_state(rng, state["rng"])
+    except CorruptStateError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStateError(f"cannot read exploration state: {exc!r}") from exc
+    return t
 
 
 def _seed(seed: int | None) -> int | None:

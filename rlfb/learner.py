@@ -516,7 +516,10 @@ class Learner:
     def learn(self, episode: Episode) -> Learner:
         """Learn from one logged episode; returns ``self``. A malformed episode raises
         :class:`ValidationError` and changes nothing."""
-        X, r, reward = self._episode(episode)
+        return self._learn_checked(episode, *self._episode(episode))
+
+    def _learn_checked(self, episode: Episode, X: np.ndarray, r: np.ndarray, reward: float) -> Learner:
+        """:meth:`learn` of an episode :meth:`_episode` has checked, with what it returned."""
         if tuple(episode.retrievers) != self.retrievers or not np.array_equal(X, episode.shown):
             episode = dataclasses.replace(episode, retrievers=self.retrievers, shown=X)
         t = episode_time(episode)
@@ -571,22 +574,22 @@ class Learner:
         online, so that the memory's ask counts and repeat discovery's statistics come out as if
         the log had been ranked and learned here.
         """
-        log = list(episodes)
+        checked = []  # each episode with what _episode made of it, so that learning does not check it again
         dim: int | None = None  # the memory takes one embedding dimension: the log's must agree
-        for i, ep in enumerate(log):
+        for i, ep in enumerate(episodes):
             try:
                 if not isinstance(ep, Episode):
                     raise ValidationError(f"expected an Episode, got {type(ep).__name__}")
-                self._episode(ep)
+                checked.append((ep, self._episode(ep)))
                 dim = _embedding_dim(ep.query_embedding, dim)
             except ValidationError as exc:
                 raise ValidationError(f"episode {i} (event_id {getattr(ep, 'event_id', None)!r}): {exc}") from None
         asked: set[str] = set()
-        for ep in log:
+        for ep, parsed in checked:
             if ep.shown_ids and _discovers(self.config) and ep.event_id not in asked:
                 asked.add(ep.event_id)
                 self._memory.note_ask(ep.query)
-            self.learn(ep)
+            self._learn_checked(ep, *parsed)
         return self
 
     # ------------------------------------------------------------------ weights
