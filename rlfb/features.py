@@ -25,9 +25,11 @@ __all__ = ["QUERY_TYPES", "query_features", "query_type"]
 _TOKEN = re.compile(r"\w+(?:[-_./:]\w+)*", re.UNICODE)
 # Han and kana are written without spaces, so a whole clause is one \w+ token; a word of Chinese or
 # Japanese is about two characters. Hangul is not here: Korean separates its words by spaces.
-_HAN = "\u3400-\u4dbf\u4e00-\u9fff"
+#: the Han ideographs (CJK Unified Ideographs and Extension A), as a regex character-class range; rlfb.implicit
+#: tokenises by it too
+HAN = "\u3400-\u4dbf\u4e00-\u9fff"
 _KANA = "\u3040-\u30ff"
-_CJK_RUN = re.compile(f"[{_HAN}{_KANA}]+")
+_CJK_RUN = re.compile(f"[{HAN}{_KANA}]+")
 _QUESTION_MARKS = ("?", "\uff1f", "\u061f")  # ASCII, full-width (CJK) and Arabic
 # single quotes only where they stand apart from words: "doesn't" and "the kernel's" quote nothing
 _QUOTE = re.compile(r"\"[^\"]+\"|“[^”]+”|(?<!\w)'[^']{2,}'(?!\w)")

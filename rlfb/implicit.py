@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from rlfb.errors import UnknownChunkError, ValidationError
+from rlfb.features import HAN
 from rlfb.reward import finite_float
 
 __all__ = ["ImplicitSignals", "InferredSignal", "DEFAULT_STOPWORDS", "tokenize"]
@@ -48,14 +49,13 @@ DEFAULT_STOPWORDS: frozenset[str] = frozenset(
     这 那 么 什 怎 如 何 请 一 个 有 就 也 都 还 要""".split()
 )
 
-_HAN = "\u3400-\u4dbf\u4e00-\u9fff"
 # Kana runs (with the long-vowel mark "ー", which both scripts use) are words of their own: katakana
 # writes loanwords (オーロラ), hiragana mostly particles and endings (は, なぜ, のですか).
 _HIRAGANA = "\u3041-\u3096\u309d-\u309f\u30fc"
 _KATAKANA = "\u30a1-\u30fa\u30fc-\u30ff"
 # Chinese and Japanese have no spaces between words, so a Han character is one token; other
 # letters and digits, Hangul included (Korean separates its words by spaces), group into words.
-_TOKEN = re.compile(rf"[{_HAN}]|[{_KATAKANA}]+|[{_HIRAGANA}]+|[^\W_{_HAN}{_HIRAGANA}{_KATAKANA}]+")
+_TOKEN = re.compile(rf"[{HAN}]|[{_KATAKANA}]+|[{_HIRAGANA}]+|[^\W_{HAN}{_HIRAGANA}{_KATAKANA}]+")
 _HIRAGANA_WORD = re.compile(rf"[{_HIRAGANA}]+")
 
 
