@@ -26,7 +26,8 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -493,18 +494,11 @@ def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"path": str(path), "file_bytes": _file_bytes(path), "models": []}
     if not path.is_file():
         return out
-    conn = _open(path)
-    try:
+    with _report_connection(path) as conn:
         rows = conn.execute(
             f"SELECT model_key, COUNT(*), SUM({_ENTRY_BYTES}), MIN(used_at), MAX(used_at) "
             "FROM encodings GROUP BY model_key ORDER BY model_key"
         ).fetchall()
-    except sqlite3.DatabaseError as exc:
-        if not _is_damage(exc):
-            raise
-        raise _damaged_file(path, exc) from exc
-    finally:
-        conn.close()
     out["models"] = [
         {"model_key": key, "entries": int(n), "bytes": int(size), "oldest_use": int(lo), "latest_use": int(hi)}
         for key, n, size, lo, hi in rows
@@ -544,8 +538,7 @@ def prune_cache(
     if not path.is_file():
         return {"path": str(path), "removed": 0, "bytes_before": 0, "bytes_after": 0,
                 "file_bytes_before": before, "file_bytes_after": before}
-    conn = _open(path)
-    try:
+    with _report_connection(path) as conn:
         bytes_before = _entry_bytes(conn)
         removed = 0
         conn.execute("BEGIN IMMEDIATE")
@@ -565,14 +558,23 @@ def prune_cache(
             conn.execute("VACUUM")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         bytes_after = _entry_bytes(conn)
+    return {"path": str(path), "removed": removed, "bytes_before": bytes_before, "bytes_after": bytes_after,
+            "file_bytes_before": before, "file_bytes_after": _file_bytes(path)}
+
+
+@contextmanager
+def _report_connection(path: Path) -> Iterator[sqlite3.Connection]:
+    """A connection to the cache file for :func:`cache_stats` and :func:`prune_cache`, closed after; damage
+    SQLite finds in the file is a :class:`CorruptStateError` naming it."""
+    conn = _open(path)
+    try:
+        yield conn
     except sqlite3.DatabaseError as exc:
         if not _is_damage(exc):
             raise
         raise _damaged_file(path, exc) from exc
     finally:
         conn.close()
-    return {"path": str(path), "removed": removed, "bytes_before": bytes_before, "bytes_after": bytes_after,
-            "file_bytes_before": before, "file_bytes_after": _file_bytes(path)}
 
 
 def _damaged_file(path: Path, exc: sqlite3.DatabaseError) -> CorruptStateError:
