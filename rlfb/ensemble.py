@@ -35,9 +35,10 @@ import numpy as np
 from rlfb.errors import CorruptStateError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
-from rlfb.policies.base import Context, Decision, Episode, Policy, same_hyperparameters
+from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, top_k
 from rlfb.runs import owns_event, store_lock
+from rlfb.snapshot_kind import SnapshotKind
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k
 
 __all__ = ["FeedbackEnsemble"]
@@ -938,33 +939,20 @@ class FeedbackEnsemble:
         return None
 
     def _is_ours(self, saved: Mapping[str, Any]) -> bool:
-        """Whether a store snapshot is of this ensemble's policy, hyperparameters and retrievers.
+        """Whether a store snapshot is of this ensemble's kind (:class:`~rlfb.snapshot_kind.SnapshotKind`).
 
-        Older snapshots name neither policy nor retrievers; a damaged one is read (and refused) by
-        ``load_state_dict``. A snapshot of the same policy with other hyperparameters (another
-        ``step``, other bounds; the weights may differ) has learned state of another shape, so it
-        is not ours either, nor is one of another chunk exploration (``LearnerConfig.exploration``).
+        Not ours: another policy; other retrievers; the same policy with other hyperparameters
+        (another ``step``, other bounds; the weights may differ), whose learned state has another
+        shape; another chunk exploration (``LearnerConfig.exploration``: an evaluation app with
+        ``exploration="none"`` beside the live one), whose explorer state would not load; a memory of
+        another dense model's embeddings (a model upgrade on the same store), with which every
+        retrieval would fail on the dimension. Older snapshots name neither policy nor retrievers; a
+        damaged one is read (and refused) by ``load_state_dict``.
         """
-        state = saved.get("state")
-        theirs = state.get("retrievers") if isinstance(state, Mapping) else None
-        pstate = state.get("policy") if isinstance(state, Mapping) else None
-        params = pstate.get("params") if isinstance(pstate, Mapping) else None
-        ours = getattr(self._learner.policy, "params", None)  # a user's own policy may have none
-        memory = state.get("memory") if isinstance(state, Mapping) else None
-        dim = memory.get("dim") if isinstance(memory, Mapping) else None
-        exploration = state.get("exploration") if isinstance(state, Mapping) else None
-        kind = exploration.get("kind") if isinstance(exploration, Mapping) else None
-        return (
-            saved.get("policy") in (None, self._learner.policy_name)
-            and (not isinstance(theirs, list) or tuple(theirs) == self._learner.retrievers)
-            and (not isinstance(params, Mapping) or not callable(ours) or same_hyperparameters(params, ours()))
-            # a memory of another dense model's embeddings (a model upgrade on the same store) would make
-            # every retrieval fail on the dimension: that state is not ours either
-            and (not isinstance(dim, int) or dim == self._query_dim())
-            # nor one of another chunk exploration (an evaluation app with exploration="none" beside the
-            # live one): its explorer state would not load, and every retrieval and feedback would fail
-            and (not isinstance(kind, str) or kind == self._learner.config.exploration)
-        )
+        theirs = SnapshotKind.of(saved)
+        # the query dimension costs an embedding the first time: only asked for when the snapshot names one
+        ours = SnapshotKind.of_learner(self._learner, dim=self._query_dim() if theirs.dim is not None else None)
+        return not theirs.differences(ours)
 
     def _query_dim(self) -> int | None:
         """The dimension of this ensemble's query embeddings (``None`` without a dense retriever)."""

@@ -19,6 +19,8 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.fusion import validate_weights
+from rlfb.policies.base import same_hyperparameters
+from rlfb.snapshot_kind import SnapshotKind
 
 __all__ = ["current_weights", "export_weights", "import_weights"]
 
@@ -115,39 +117,24 @@ def _clamped(learner: Any, weights: Mapping[str, float]) -> dict[str, float] | N
 
 def _other_hyperparameters(learner: Any, saved: Mapping[str, Any] | None) -> str | None:
     """How ``saved``'s policy hyperparameters differ from ``learner``'s, when both are of one policy and retrievers."""
-    from rlfb.policies.base import same_hyperparameters
-
-    state = saved.get("state") if saved else None
-    pstate = state.get("policy") if isinstance(state, Mapping) else None
-    if not isinstance(pstate, Mapping) or pstate.get("name") != learner.policy_name:
+    theirs, ours = SnapshotKind.of(saved), SnapshotKind.of_learner(learner)
+    if theirs.policy != ours.policy or theirs.retrievers != ours.retrievers:
         return None
-    if tuple(state.get("retrievers") or ()) != learner.retrievers:
+    differ = theirs.differences(ours).get("params")
+    if differ is None:
         return None
-    theirs, ours = pstate.get("params"), learner.policy.params()
-    if not isinstance(theirs, Mapping) or same_hyperparameters(theirs, ours):
-        return None
-    keys = sorted(k for k in set(theirs) & set(ours)
-                  if k != "weights" and not same_hyperparameters({k: theirs[k]}, {k: ours[k]}))
-    return ", ".join(f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in keys)
+    there, here = differ
+    keys = sorted(k for k in set(there) & set(here)
+                  if k != "weights" and not same_hyperparameters({k: there[k]}, {k: here[k]}))
+    return ", ".join(f"{k} {there.get(k)!r} there, {here.get(k)!r} here" for k in keys)
 
 
 def _other_kind(learner: Any, saved: Mapping[str, Any] | None) -> str | None:
     """How ``learner``'s (the file's) policy, retrievers or chunk exploration differ from ``saved``'s, or ``None``."""
-    state = saved.get("state") if saved else None
-    if not isinstance(state, Mapping):
-        return None
-    pstate = state.get("policy")
-    policy = saved.get("policy") or (pstate.get("name") if isinstance(pstate, Mapping) else None)
-    retrievers = state.get("retrievers")
-    exploration = state.get("exploration")
-    kind = exploration.get("kind") if isinstance(exploration, Mapping) else None
-    diffs = []
-    if isinstance(policy, str) and policy != learner.policy_name:
-        diffs.append(f"policy {learner.policy_name!r} in the file, {policy!r} in the snapshot")
-    if isinstance(retrievers, list) and tuple(retrievers) != learner.retrievers:
-        diffs.append(f"retrievers {list(learner.retrievers)} in the file, {retrievers} in the snapshot")
-    if isinstance(kind, str) and kind != learner.config.exploration:
-        diffs.append(f"exploration {learner.config.exploration!r} in the file, {kind!r} in the snapshot")
+    differ = SnapshotKind.of_learner(learner).differences(SnapshotKind.of(saved))
+    shown = {"policy": repr, "retrievers": lambda r: repr(list(r)), "exploration": repr}
+    diffs = [f"{name} {show(differ[name][0])} in the file, {show(differ[name][1])} in the snapshot"
+             for name, show in shown.items() if name in differ]
     return ", ".join(diffs) or None
 
 

@@ -216,6 +216,22 @@ def test_a_snapshot_from_before_a_hyperparameter_existed_is_ours(tmp_path: Path)
     again.close()
 
 
+def test_an_older_snapshot_without_a_policy_column_is_known_by_its_state(tmp_path: Path) -> None:
+    path = str(tmp_path / "fb.db")
+    other = _ensemble(path, policy="gradient", refresh_interval=0)
+    r = other.retrieve("what causes the tides", k=2)
+    other.feedback(r.event_id, "thumbs_up")
+    other.close()
+    with FeedbackStore(path) as store:  # the newest snapshot, as an rlfb before the policy column wrote it
+        saved = store.load_policy_state()
+        store.save_policy_state(saved["state"], saved["weights"])
+        assert store.load_policy_state()["policy"] is None
+    app = _ensemble(path, refresh_interval=0)  # thompson: the gradient state is another kind's, not loaded
+    assert app.retrieve("aurora", k=1).hits
+    assert app.learner.n_learned == 0
+    app.close()
+
+
 def test_weights_import_notes_a_state_of_other_hyperparameters(tmp_path: Path) -> None:
     path = str(tmp_path / "fb.db")
     fine = _pair(path)

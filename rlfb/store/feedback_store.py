@@ -81,10 +81,11 @@ def _read_only(exc: sqlite3.DatabaseError) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc)
 
 
-# What tells one ensemble's snapshots from another's (FeedbackEnsemble._is_ours): the policy, and from the state
-# the retrievers, the chunk exploration, the memory's embedding dimension and the policy's hyperparameters (its
-# weights left out, as same_hyperparameters leaves them). A BLOB state (one holding a lone surrogate) is read as
-# text; one that is no JSON at all is a kind of its own.
+# What tells one ensemble's snapshots from another's (rlfb.snapshot_kind.SnapshotKind, here in SQL): the
+# policy, and from the state the retrievers, the chunk exploration, the memory's embedding dimension and the
+# policy's hyperparameters (its weights left out, as same_hyperparameters leaves them). A BLOB state (one holding
+# a lone surrogate) is read as text; one that is no JSON at all is a kind of its own. An older snapshot with no
+# policy column is grouped apart from those that name it: prune keeps one more, never one less.
 _TEXT = "CAST(state AS TEXT)"
 _VALID = f"typeof(state) IN ('text', 'blob') AND json_valid({_TEXT})"
 _STATE = f"CASE WHEN {_VALID} THEN {_TEXT} END"

@@ -1,0 +1,83 @@
+"""What a saved learner state says about the ensemble that wrote it.
+
+Two apps can share one feedback store with other policies, retrievers, chunk explorations, dense
+models or hyperparameters. A snapshot of another kind must not be loaded (its state has another
+shape) nor imported silently over one's own. The ensemble (which snapshots are its own), ``rlfb
+weights import`` (which notes to give) and the store's ``prune`` (which snapshot of each kind to
+keep, in SQL over the same fields) read them alike through :class:`SnapshotKind`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rlfb.policies.base import same_hyperparameters
+
+
+def _field(value: Any, key: str) -> Any:
+    return value.get(key) if isinstance(value, Mapping) else None
+
+
+@dataclass(frozen=True)
+class SnapshotKind:
+    """The kind of ensemble a snapshot (or a learner) belongs to; ``None`` where it does not say.
+
+    Older snapshots name neither policy nor retrievers, and a user's own policy may have no
+    hyperparameters: a field one side leaves ``None`` is no difference.
+
+    >>> saved = {"policy": "thompson", "state": {"retrievers": ["bm25", "dense"],
+    ...          "exploration": {"kind": "none"}, "policy": {"name": "thompson", "params": {"step": 0.1}}}}
+    >>> kind = SnapshotKind.of(saved)
+    >>> kind.policy, kind.retrievers, kind.exploration
+    ('thompson', ('bm25', 'dense'), 'none')
+    >>> kind.differences(SnapshotKind(policy="thompson", exploration="thompson", params={"step": 0.5}))
+    {'exploration': ('none', 'thompson'), 'params': ({'step': 0.1}, {'step': 0.5})}
+    """
+
+    policy: str | None = None
+    retrievers: tuple[str, ...] | None = None
+    exploration: str | None = None
+    dim: int | None = None  # the feedback memory's query-embedding dimension: the dense model's
+    params: Mapping[str, Any] | None = None  # the policy's hyperparameters (its weights are left out)
+
+    @classmethod
+    def of(cls, saved: Mapping[str, Any] | None) -> SnapshotKind:
+        """Read a store snapshot (``{"policy": ..., "state": ...}``, as ``load_policy_state`` returns)."""
+        state = _field(saved, "state")
+        pstate = _field(state, "policy")
+        # the snapshot's policy column; an older snapshot has none, and its state names the policy
+        policy = _field(saved, "policy") or _field(pstate, "name")
+        retrievers = _field(state, "retrievers")
+        kind = _field(_field(state, "exploration"), "kind")
+        dim = _field(_field(state, "memory"), "dim")
+        params = _field(pstate, "params")
+        return cls(
+            policy=policy if isinstance(policy, str) else None,
+            retrievers=tuple(retrievers) if isinstance(retrievers, list) else None,
+            exploration=kind if isinstance(kind, str) else None,
+            dim=dim if isinstance(dim, int) else None,
+            params=params if isinstance(params, Mapping) else None,
+        )
+
+    @classmethod
+    def of_learner(cls, learner: Any, dim: int | None = None) -> SnapshotKind:
+        """The kind a :class:`~rlfb.learner.Learner` writes (``dim``: its ensemble's query dimension)."""
+        params = getattr(learner.policy, "params", None)  # a user's own policy may have none
+        return cls(policy=learner.policy_name, retrievers=tuple(learner.retrievers),
+                   exploration=learner.config.exploration, dim=dim,
+                   params=params() if callable(params) else None)
+
+    def differences(self, other: SnapshotKind) -> dict[str, tuple[Any, Any]]:
+        """``{field: (this, other)}`` for each field both name and disagree on (hyperparameters as
+        :func:`~rlfb.policies.base.same_hyperparameters` compares them)."""
+        out: dict[str, tuple[Any, Any]] = {}
+        for name in ("policy", "retrievers", "exploration", "dim"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine is not None and theirs is not None and mine != theirs:
+                out[name] = (mine, theirs)
+        if self.params is not None and other.params is not None \
+                and not same_hyperparameters(self.params, other.params):
+            out["params"] = (self.params, other.params)
+        return out
