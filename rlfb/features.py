@@ -32,7 +32,8 @@ _KANA = "\u3040-\u30ff"
 _CJK_RUN = re.compile(f"[{HAN}{_KANA}]+")
 _QUESTION_MARKS = ("?", "\uff1f", "\u061f")  # ASCII, full-width (CJK) and Arabic
 # single quotes only where they stand apart from words: "doesn't" and "the kernel's" quote nothing
-_QUOTE = re.compile(r"\"[^\"]+\"|“[^”]+”|(?<!\w)'[^']{2,}'(?!\w)")
+# guillemets (French, Russian, ...; German also reverses them), German low-high quotes, and CJK corner brackets
+_QUOTE = re.compile(r"\"[^\"]+\"|“[^”]+”|„[^“”]+[“”]|«[^»]+»|»[^«]+«|「[^」]+」|『[^』]+』|(?<!\w)'[^']{2,}'(?!\w)")
 _CODE = re.compile(
     r"""
     \b(?:[A-Za-z]+[-_]?\d+[A-Za-z0-9]*|\d+[A-Za-z]+\w*)\b   # E1234, v2, 3g, ISO-9001
@@ -64,8 +65,9 @@ def query_features(query: str) -> dict[str, float]:
 
     Keys: ``n_tokens``, ``n_chars``, ``has_digits``, ``has_code`` (identifiers
     such as ``E1234``, ``snake_case``, ``camelCase``), ``has_quote`` (a quoted
-    phrase), ``is_question`` (a leading question word or a question mark, also
-    the full-width ``？`` and the Arabic ``؟``), ``mean_token_length`` and
+    phrase, also in guillemets, German or CJK corner quotes), ``is_question`` (a
+    leading question word or a question mark, also the full-width ``？``, the
+    Arabic ``؟`` and an opening Spanish ``¿``), ``mean_token_length`` and
     ``upper_ratio`` (share of all-capital tokens). Chinese and Japanese text,
     written without spaces, counts one token per two Han or kana characters.
 
@@ -73,6 +75,9 @@ def query_features(query: str) -> dict[str, float]:
     4.0
     >>> query_features("极光是什么")["n_tokens"]
     3.0
+    >>> f = query_features("¿qué es «aurora boreal»")
+    >>> f["is_question"], f["has_quote"]
+    (1.0, 1.0)
     """
     if not isinstance(query, str):
         raise TypeError(f"query must be a string, got {type(query).__name__}")
@@ -86,7 +91,8 @@ def query_features(query: str) -> dict[str, float]:
         "has_digits": float(any(ch.isdigit() for ch in text)),
         "has_code": float(bool(_CODE.search(text))),
         "has_quote": float(bool(_QUOTE.search(text))),
-        "is_question": float(first in _QUESTION_WORDS or text.endswith(_QUESTION_MARKS)),
+        # Spanish opens a question with ¿, and a question typed in haste may never close it
+        "is_question": float(first in _QUESTION_WORDS or text.endswith(_QUESTION_MARKS) or "¿" in text),
         "mean_token_length": float(sum(len(t) for t in tokens) / n) if n else 0.0,
         "upper_ratio": float(sum(t.isupper() and len(t) > 1 for t in tokens) / n) if n else 0.0,
     }
