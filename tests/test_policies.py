@@ -444,6 +444,7 @@ def test_batch_actions_that_show_the_same_weights_log_their_summed_probability()
     decisions = [p.decide(None) for _ in range(3000)]
     at_current = [d for d in decisions if abs(d.weights["bm25"] - 0.95) < 1e-9]
     assert all(d.propensity == pytest.approx(2 / 3) and not d.explored for d in at_current)
+    assert {d.arm for d in at_current} == {"current"}  # drawn as "towards:bm25" too, shown and logged as one
     moved = [d for d in decisions if abs(d.weights["bm25"] - 0.95) >= 1e-9]
     assert all(d.propensity == pytest.approx(1 / 3) and d.explored for d in moved)
     assert len(at_current) / len(decisions) == pytest.approx(2 / 3, abs=0.03)

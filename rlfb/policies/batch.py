@@ -161,7 +161,9 @@ class BatchPolicy(BasePolicy):
         same = [i for i, a in enumerate(actions) if np.allclose(a, shown, rtol=0.0, atol=1e-12)]
         return Decision(
             weights_dict(shown, self.retrievers),
-            arm="current" if choice == n else f"towards:{self.retrievers[choice]}",
+            # one action, one label: the weights as shown, not the direction they happened to be drawn by
+            # (the store's per-arm report would split the current weights over two labels)
+            arm="current" if n in same else f"towards:{self.retrievers[same[0]]}",
             propensity=len(same) / (n + 1),
             explored=n not in same,  # the current weights, however drawn, are no exploration
             policy=self.name,
