@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -654,8 +655,8 @@ class Learner:
             parts["guardrail"].load_state_dict(state["guardrail"])
             n_learned = int(state["n_learned"])
             now = float(state["now"])
-            if n_learned < 0 or not math.isfinite(now):
-                raise CorruptStateError("learner counters are out of range")
+            if n_learned < 0 or not math.isfinite(now) or now > time.time() + FUTURE_TOLERANCE:
+                raise CorruptStateError("learner counters are out of range (or its clock far in the future)")
             backup = self.policy.state_dict()
             try:
                 self.policy.load_state_dict(pstate)
@@ -756,6 +757,19 @@ def _number(what: str, value: Any) -> None:
         raise ValidationError(f"{what} must be finite, got {value!r}")
 
 
+#: How far past the wall clock a logged time may be (clocks of other machines drift; a time in milliseconds,
+#: as JavaScript's Date.now() gives, is 50,000 years ahead)
+FUTURE_TOLERANCE = 86_400.0
+
+
+def _not_future(what: str, t: float) -> None:
+    """Refuse a time far in the future: the learner's clocks only move forward, so one such time would
+    decay everything learned to nothing and weigh every later episode as long past, for good."""
+    if t > time.time() + FUTURE_TOLERANCE:
+        raise ValidationError(f"{what} {t!r} is more than a day in the future: times are seconds since the "
+                              "epoch (a time in milliseconds?)")
+
+
 def _check_logged_fields(episode: Episode, n_shown: int) -> None:
     """Refuse an episode whose times, features, scores, prior rewards or decision are not finite numbers.
 
@@ -764,6 +778,8 @@ def _check_logged_fields(episode: Episode, n_shown: int) -> None:
     """
     _number("episode timestamp", episode.timestamp)
     _number("episode feedback_time", episode.feedback_time)
+    for name in ("timestamp", "feedback_time"):
+        _not_future(f"episode {name}", float(getattr(episode, name)))
     if not isinstance(episode.features, Mapping):
         raise ValidationError(f"episode features must be a mapping, got {type(episode.features).__name__}")
     for key, value in episode.features.items():

@@ -330,6 +330,24 @@ def test_an_episode_that_the_state_could_not_save_is_refused(change):
     json.dumps(learner.state_dict(), allow_nan=False)
 
 
+@pytest.mark.parametrize("name", ["timestamp", "feedback_time"])
+def test_a_time_in_milliseconds_is_refused_before_it_stops_all_learning(name):
+    # one such time moved every clock 50,000 years on: what was learned decayed to nothing, and every later
+    # episode weighed as long past, so the weights never moved again (the state kept the clock)
+    learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
+    learner.learn(_LOGGED)
+    before = json.dumps(learner.state_dict(), sort_keys=True)
+    with pytest.raises(ValidationError, match="milliseconds"):
+        learner.learn(dataclasses.replace(_LOGGED, **{name: 1.7e12}))
+    with pytest.raises(ValidationError, match="milliseconds"):
+        learner.partial_fit([_LOGGED, dataclasses.replace(_LOGGED, **{name: 1.7e12})])
+    assert json.dumps(learner.state_dict(), sort_keys=True) == before
+    state = learner.state_dict()
+    state["now"] = 1.7e12
+    with pytest.raises(CorruptStateError, match="future"):
+        Learner(("bm25", "dense"), policy="thompson", seed=0).load_state_dict(state)
+
+
 def test_the_replay_buffer_keeps_rewards_as_the_policy_took_them():
     # a reward of 5 (a 0-5 rating logged as is) is a reward of 1 to the policy; its replay priority was 5
     learner = Learner(("bm25", "dense"), policy="gradient", seed=0)
