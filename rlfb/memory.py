@@ -55,16 +55,23 @@ from rlfb.policies._util import check_float, check_int
 __all__ = ["MemoryParams", "FeedbackMemory", "normalize_query"]
 
 _SPACE = re.compile(r"\s+")
-_EDGE = re.compile(r"^[\W_]+|[\W_]+$", re.UNICODE)
+# sentence punctuation, quotes and brackets (also Spanish, full-width and CJK ones); not symbols that name
+# things: "C++", "C#", "50%" and "$5" are other questions than "C", "50" and "5"
+_ENDS = "\\s.,;:!?¿¡…\"'“”‘’«»„「」『』()\\[\\]{}（）【】。，；：！？、"
+_EDGE = re.compile(f"^[{_ENDS}]+|[{_ENDS}]+$")
 
 
 def normalize_query(query: str) -> str:
-    """The key of an exact repeat: lower case, single spaces, no punctuation at the ends.
+    """The key of an exact repeat: lower case, single spaces, no sentence punctuation, quotes or
+    brackets at the ends. A query of punctuation alone keeps it ("???" is not "!!!").
 
     >>> normalize_query("  What causes   TIDES? ")
     'what causes tides'
+    >>> normalize_query("¿Intro to C++?"), normalize_query("Intro to C#")
+    ('intro to c++', 'intro to c#')
     """
-    return _EDGE.sub("", _SPACE.sub(" ", query.strip().lower()))
+    spaced = _SPACE.sub(" ", query.strip().lower())
+    return _EDGE.sub("", spaced) or spaced
 
 
 @dataclass(frozen=True)
@@ -374,6 +381,8 @@ class FeedbackMemory:
         ev = np.asarray(evidence, dtype=float)
         if ev.shape != (len(shown_ids),) or not np.all(np.isfinite(ev)):
             raise ValidationError(f"got {len(shown_ids)} shown chunks but evidence of shape {ev.shape}")
+        if not math.isfinite(float(timestamp)):  # an infinite clock would decay everything remembered to 0
+            raise ValidationError(f"timestamp must be finite, got {timestamp!r}")
         if not np.any(ev != 0):
             return
         e = self._embedding(embedding)

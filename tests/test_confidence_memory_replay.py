@@ -117,6 +117,27 @@ def test_memory_exact_repeat_and_negative_evidence():
     assert normalize_query("  Hello,   World!! ") == "hello, world"
 
 
+def test_memory_keeps_questions_apart_that_differ_in_a_symbol_at_the_end():
+    # every non-word character at the ends was stripped: feedback on "C++" was an exact repeat of "C" and "C#",
+    # passed on at full strength with the transfer gate shut, and all punctuation-only queries were one
+    mem = FeedbackMemory(transfer_gate=0.0)
+    mem.update("Intro to C++", None, ["cpp", "c"], [0.4, -0.3])
+    assert not mem.has_exact("Intro to C") and not mem.has_exact("Intro to C#")
+    assert np.all(mem.score("Intro to C#", None, ["cpp", "c"]) == 0)
+    assert mem.has_exact("¿intro to C++?") and mem.has_exact("«Intro to C++»")
+    assert normalize_query("what is 50%?") == "what is 50%" and normalize_query("「极光」") == "极光"
+    assert normalize_query("???") != normalize_query("!!!")
+
+
+def test_memory_refuses_an_infinite_time():
+    mem = FeedbackMemory()
+    mem.update("tides", None, ["a"], [0.4], timestamp=1.7e9)
+    with pytest.raises(ValidationError, match="finite"):
+        mem.update("tides", None, ["a"], [0.4], timestamp=float("inf"))
+    assert mem.known("tides") == {"a": 0.4}
+    FeedbackMemory().load_state_dict(json.loads(json.dumps(mem.state_dict())))
+
+
 def test_memory_transfer_by_similarity_with_a_fixed_gate():
     e1 = _unit([1, 0, 0, 0])
     close = _unit([1, 0.3, 0, 0])  # cosine about 0.96
