@@ -348,6 +348,19 @@ def test_a_time_in_milliseconds_is_refused_before_it_stops_all_learning(name):
         Learner(("bm25", "dense"), policy="thompson", seed=0).load_state_dict(state)
 
 
+def test_chunk_ids_that_a_saved_state_could_not_keep_are_refused():
+    # integer ids came back from JSON as "101": the reloaded learner had forgotten every chunk; a repeated id
+    # was scored by the memory at its last place only
+    learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
+    for ids in [(101, 102, 103), ("a", "b", "a")]:
+        with pytest.raises(ValidationError, match="strings|more than once"):
+            learner.learn(dataclasses.replace(_LOGGED, shown_ids=ids))
+        ctx = Context("q", ("bm25", "dense"), ids, np.ones((3, 2)), np.ones((3, 2)) * 0.5)
+        with pytest.raises(ValidationError, match="strings|more than once"):
+            learner.rank(ctx, 2)
+    assert learner.n_learned == 0
+
+
 def test_the_replay_buffer_keeps_rewards_as_the_policy_took_them():
     # a reward of 5 (a 0-5 rating logged as is) is a reward of 1 to the policy; its replay priority was 5
     learner = Learner(("bm25", "dense"), policy="gradient", seed=0)
