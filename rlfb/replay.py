@@ -179,12 +179,17 @@ class PrioritizedReplay:
         return len(self._items)
 
     def add(self, episode: Episode) -> bool:
-        """Keep the episode if its reward (or any chunk reward) is non-zero; returns whether it was kept."""
+        """Keep the episode if its reward (or any chunk reward) is non-zero; returns whether it was kept.
+
+        Its priority is the reward's magnitude, clipped to 1 as rewards are: two of 1e308 summed to an
+        infinity, every priority became 0 and sampling failed.
+        """
         r = float(episode.reward)
         cr = np.asarray(episode.chunk_rewards, dtype=float)
         mag = abs(r) if r != 0 else (float(np.max(np.abs(cr))) if cr.size else 0.0)
         if not math.isfinite(mag) or mag == 0:
             return False
+        mag = min(1.0, mag)
         self._items.append((episode, mag, self._added))
         self._added += 1
         return True
@@ -223,7 +228,7 @@ class PrioritizedReplay:
     def load_state_dict(self, state: Mapping[str, Any]) -> PrioritizedReplay:
         try:
             items = [
-                (episode_from_dict(it["episode"]), float(it["mag"]), int(it["i"])) for it in state["items"]
+                (episode_from_dict(it["episode"]), min(1.0, float(it["mag"])), int(it["i"])) for it in state["items"]
             ]
             added = int(state["added"])
             set_rng_state(self._rng, state["rng"])

@@ -191,6 +191,26 @@ def _check_range(name: str, x: float, lo: float, hi: float) -> float:
     return x
 
 
+class _ReadOnlyAliases(dict):
+    """A frozen config's aliases: a dict that refuses changes, so that the config can still be copied,
+    pickled and passed to ``dataclasses.asdict`` (a ``MappingProxyType`` could be none of these)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("RewardConfig.aliases cannot be changed: build a new RewardConfig")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> _ReadOnlyAliases:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ReadOnlyAliases:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self),))
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     """Every number of the reward function.
@@ -243,7 +263,7 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.aliases, Mapping):
             raise ValidationError(f"aliases must map signal names to base signals, got {type(self.aliases).__name__}")
-        object.__setattr__(self, "aliases", MappingProxyType(dict(self.aliases)))
+        object.__setattr__(self, "aliases", _ReadOnlyAliases(self.aliases))
         for name in _NUMBER_FIELDS:
             # kept as floats: an np.float32 floor came back from discount() and SQLite stored it as a
             # 4-byte BLOB, which SUM() then read as 0; a Fraction failed inside the insert

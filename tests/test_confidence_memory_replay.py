@@ -247,6 +247,13 @@ def test_replay_priority_is_abs_reward_decayed_with_age():
     assert freq == pytest.approx(raw / raw.sum(), abs=0.03)
 
 
+def test_replay_priorities_stay_a_distribution_for_huge_rewards():
+    # two rewards of 1e308 summed to an infinity: every priority became 0 and sample() raised
+    buf = PrioritizedReplay(capacity=10, batch_size=2, seed=0)
+    assert buf.add(_ep("a", 1e308)) and buf.add(_ep("b", 1e308))
+    assert np.allclose(buf.priorities().sum(), 1.0) and len(buf.sample()) == 2
+
+
 def test_replay_is_seeded_and_round_trips():
     def filled(seed):
         buf = PrioritizedReplay(capacity=50, batch_size=4, seed=seed)

@@ -281,3 +281,17 @@ def test_clip_and_discounted_refuse_what_is_no_number(rf, bad):
         rf.clip(bad)  # clip(nan) was -1.0
     with pytest.raises(ValidationError):
         rf.discounted(bad, 0.0)  # discounted(nan, 0) was nan
+
+
+def test_a_reward_config_can_be_copied_and_turned_into_a_dict():
+    # its aliases were a MappingProxyType: deepcopy, pickle and dataclasses.asdict all raised TypeError
+    import copy
+    import dataclasses
+    import pickle
+
+    config = RewardConfig(aliases={"upvote": "explicit_positive"})
+    assert copy.deepcopy(config) == config and pickle.loads(pickle.dumps(config)) == config
+    assert dataclasses.asdict(config)["aliases"] == {"upvote": "explicit_positive"}
+    with pytest.raises(TypeError):
+        config.aliases["downvote"] = "explicit_negative"  # still frozen
+    assert dict(config.aliases) == {"upvote": "explicit_positive"}
