@@ -128,8 +128,11 @@ class LearnerConfig:
         (45) forgetting of confidences and memory; ``skip_weight`` (0.3) the
         negative evidence for a chunk read and passed over (shown above a
         rewarded one); ``abandon_weight`` (0.5) times the episode's reward for
-        every shown chunk when nothing was rewarded and the reward is negative
-        (-0.1 after a reformulation, -0.5 after a thumbs down).
+        every shown chunk the answer did not use, when nothing was rewarded and
+        the reward is negative (-0.1 after a reformulation, -0.5 after a thumbs
+        down). The chunks it used take the whole of such criticism from the
+        store (-0.2 and -1.0 with the default reward settings): by default the
+        answer uses every shown chunk, and ``abandon_weight`` has no effect.
     Memory
         ``similarity_threshold`` (0.8 cosine), ``memory_max_entries``,
         ``memory_max_neighbors``, ``memory_value_scale`` (3.0: about linear in
@@ -629,9 +632,12 @@ class Learner:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Learner:
-        """Restore :meth:`state_dict`'s output.
+        """Restore what :meth:`state_dict` learned (policy, confidences, memory, exploration, replay, ...).
 
-        On any damage raise :class:`CorruptStateError` and change nothing.
+        The settings stay this learner's own (its :class:`LearnerConfig`; a state of another
+        chunk exploration is refused): two apps of other settings can share a store's snapshots.
+        :meth:`from_state_dict` builds a learner with the saved settings. On any damage raise
+        :class:`CorruptStateError` and change nothing.
         """
         if not isinstance(state, Mapping):
             raise CorruptStateError(f"learner state must be a mapping, got {type(state).__name__}")
