@@ -385,9 +385,9 @@ def test_prune_keeps_the_newest_snapshot_of_each_kind_of_ensemble(tmp_path: Path
     r = other.retrieve("tides", k=2)
     other.feedback(r.event_id, "thumbs_up")
     other.close()
-    store = FeedbackStore(path)
+    store = FeedbackStore(path, clock=lambda: time.time() + 200 * 86400)  # prune refuses a now past the clock
     before = store.counts()["policy_snapshots"]
-    deleted = store.prune(now=time.time() + 200 * 86400, retention=90 * 86400)
+    deleted = store.prune(retention=90 * 86400)
     assert deleted["policy_snapshots"] == before - 2  # the newest of each of the two kinds stays
     store.close()
     assert _ensemble(path).learner.n_learned == 3

@@ -722,6 +722,25 @@ def test_prune_without_retention_keeps_everything(fresh_store):
     assert 1 == fresh_store.prune(retention=DAY)["events"]
 
 
+def test_prune_refuses_a_now_in_the_future(clock):
+    # now was read without the future check: a time in milliseconds put the cutoff far ahead and deleted every
+    # live event, its feedback, the policy's only snapshot and the run links
+    store = FeedbackStore(retention=30 * DAY, clock=clock)
+    eid = log(store)
+    store.record_feedback(eid, "thumbs_up", timestamp=NOW - MIN)
+    store.save_policy_state({}, {"bm25": 1.0}, timestamp=NOW - MIN)
+    store.link_runs([("retrieval-run", "chain-run")])
+    before = store.counts()
+    for now in (NOW * 1000, NOW + 301, datetime.fromtimestamp(NOW + HOUR, tz=timezone.utc)):
+        with pytest.raises(FutureTimestampError, match="now"):
+            store.prune(now=now)
+    assert store.counts() == before and store.run_lineage("retrieval-run") == ["retrieval-run", "chain-run"]
+    assert sum(store.prune(now=NOW + 300).values()) == 0  # within the clock-skew tolerance
+    assert sum(store.prune(now=NOW - 100 * DAY).values()) == 0  # a past now prunes as of then
+    clock.t = NOW + 40 * DAY  # time that has passed: what a later now stands for
+    assert store.prune()["events"] == 1
+
+
 # -- schema, pragmas, lifecycle -----------------------------------------------------------------
 def test_file_store_runs_in_wal_mode_with_busy_timeout(tmp_path):
     with FeedbackStore(tmp_path / "fb.db", busy_timeout=12.5) as store:

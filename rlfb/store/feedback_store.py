@@ -1220,14 +1220,18 @@ class FeedbackStore:
         ensemble's only state),
         and so do run links older than the cutoff. With
         no retention (the store's or the argument) nothing is deleted; a
-        retention shorter than ``attribution_window`` raises :class:`ValidationError`. Returns
-        the number of rows deleted per table.
+        retention shorter than ``attribution_window`` raises :class:`ValidationError`. ``now``
+        (the clock by default) may lie in the past; one more than ``clock_skew`` past the clock
+        raises :class:`FutureTimestampError`, as every other timestamp does. Returns the number
+        of rows deleted per table.
         """
         keep = self.retention if retention is None else self._check_retention(retention)
         result = {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0, "run_links": 0}
         if keep is None:
             return result
-        t = self._now() if now is None else as_timestamp(now, "now")
+        # checked as every other timestamp is: a time in milliseconds by mistake put the cutoff far in the
+        # future and deleted every event, its feedback, the snapshots and the run links, live ones included
+        t = self._timestamp(now, "now", self._now())
         cutoff = t - keep
         old = "SELECT id FROM events WHERE ts < ?"
         old_feedback = f"SELECT id FROM feedback WHERE event_id IN ({old})"
