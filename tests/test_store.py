@@ -915,6 +915,28 @@ def test_window_stats_take_each_events_whole_reward(clock):
     assert "C" not in window["by_arm"]
 
 
+def test_window_stats_with_a_past_now_leave_out_what_came_after_it(clock):
+    # only ts >= since was asked: with a past now, the rows after it were counted in a window said to end there
+    store = FeedbackStore(clock=clock)
+    for eid, t, signal in (("old", 1000.0, "thumbs_up"), ("mid", 2500.0, "thumbs_up"),
+                           ("later", 100_000.0, "thumbs_down")):
+        clock.t = t
+        store.log_event("q", {"weights": {"a": 1.0}, "arm": "x"}, [{"chunk_id": "c"}], event_id=eid, timestamp=t)
+        store.record_feedback(eid, signal, timestamp=t)
+    clock.t = 50_000.0
+    store.record_feedback("mid", "thumbs_down")  # in its attribution window, but after the window's end
+    clock.t = 200_000.0
+    window = store.stats(2000, now=3000.0)["window"]
+    # by hand over [1000, 3000]: the events old and mid, one thumbs_up each (reward 1.0, one reward row each)
+    assert (window["since"], window["until"]) == (1000.0, 3000.0)
+    assert {k: window[k] for k in ("events", "chunks", "feedback", "rewards", "flagged", "rewarded_events")} == {
+        "events": 2, "chunks": 2, "feedback": 2, "rewards": 2, "flagged": 0, "rewarded_events": 2
+    }
+    assert window["mean_reward"] == 1.0 and window["mean_feedback_reward"] == 1.0
+    assert window["by_arm"] == {"x": {"events": 2, "explored": 0, "rewarded_events": 2, "mean_reward": 1.0}}
+    assert store.stats(200_000.0)["window"]["events"] == 3  # up to the clock, everything
+
+
 def test_a_nested_exclusive_block_that_raises_keeps_none_of_its_writes(fresh_store):
     with fresh_store.exclusive():
         fresh_store.save_policy_state({}, {"bm25": 1.0})

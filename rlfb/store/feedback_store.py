@@ -1164,11 +1164,13 @@ class FeedbackStore:
 
         Top-level ``events``, ``chunks``, ``feedback``, ``rewards`` and
         ``flagged`` count the rows in the file. ``window`` holds the statistics
-        over the last ``window`` seconds (``stats_window``, 90 days, by
-        default): the same counts restricted to it, ``mean_reward`` (mean
-        event reward over the window's events that received in-window feedback;
-        an event reward is all its discounted signals summed and clipped, those
-        that came after the window began or not),
+        over the ``window`` seconds (``stats_window``, 90 days, by default) up
+        to ``now`` (the clock by default), from ``since`` to ``until``, both
+        included; rows dated after ``now`` are left out, so a past ``now``
+        gives the figures as they stood then. It holds the same counts
+        restricted to it, ``mean_reward`` (mean event reward over the window's
+        events that received in-window feedback; an event reward is all its
+        discounted signals given by ``until``, summed and clipped),
         ``mean_feedback_reward`` (mean per-feedback reward) and ``by_arm``
         (events, explored events, rewarded events and mean reward per arm).
         ``mean_reward`` is repeated at the top level; ``weights``, ``policy``

@@ -40,34 +40,39 @@ def stats(
             return q(sql, params).fetchone()[0]
 
         totals = store.counts()
+        # every windowed figure is bounded on both sides: with a past now, rows after it (events, feedback,
+        # rewards) were counted although the window reported ends there
+        span = (since, t)
         win: dict[str, Any] = {
             "seconds": w,
             "since": since,
             "until": t,
-            "events": one("SELECT COUNT(*) FROM events WHERE ts >= ?", since),
-            "chunks": one("SELECT COALESCE(SUM(n_chunks), 0) FROM events WHERE ts >= ?", since),
-            "feedback": one("SELECT COUNT(*) FROM feedback WHERE ts >= ?", since),
-            "rewards": one("SELECT COUNT(*) FROM rewards WHERE ts >= ?", since),
-            "flagged": one("SELECT COUNT(*) FROM feedback WHERE ts >= ? AND in_window = 0", since),
+            "events": one("SELECT COUNT(*) FROM events WHERE ts BETWEEN ? AND ?", *span),
+            "chunks": one("SELECT COALESCE(SUM(n_chunks), 0) FROM events WHERE ts BETWEEN ? AND ?", *span),
+            "feedback": one("SELECT COUNT(*) FROM feedback WHERE ts BETWEEN ? AND ?", *span),
+            "rewards": one("SELECT COUNT(*) FROM rewards WHERE ts BETWEEN ? AND ?", *span),
+            "flagged": one("SELECT COUNT(*) FROM feedback WHERE ts BETWEEN ? AND ? AND in_window = 0", *span),
         }
         win["mean_feedback_reward"] = q(
-            "SELECT AVG(reward) FROM feedback WHERE ts >= ? AND in_window = 1", (since,)
+            "SELECT AVG(reward) FROM feedback WHERE ts BETWEEN ? AND ? AND in_window = 1", span
         ).fetchone()[0]
         # the window's events, each with its whole reward (every in-window signal, whenever it came): summing
         # only the feedback dated inside the window cut an event's reward in two at the window's edge, and
-        # counted an event of before the window as an arm's rewarded event without counting it as its event
+        # counted an event of before the window as an arm's rewarded event without counting it as its event.
+        # Feedback after until is left out: the figures are those known at until.
         per_event = (
             "SELECT f.event_id, MAX(?, MIN(?, SUM(f.discounted))) AS r FROM feedback f "
-            "JOIN events e ON e.id = f.event_id WHERE e.ts >= ? AND f.in_window = 1 GROUP BY f.event_id"
+            "JOIN events e ON e.id = f.event_id WHERE e.ts BETWEEN ? AND ? AND f.in_window = 1 AND f.ts <= ? "
+            "GROUP BY f.event_id"
         )
-        clip_since = (cfg.clip_low, cfg.clip_high, since)
-        n, mean = q(f"SELECT COUNT(*), AVG(r) FROM ({per_event})", clip_since).fetchone()
+        clip_span = (cfg.clip_low, cfg.clip_high, since, t, t)
+        n, mean = q(f"SELECT COUNT(*), AVG(r) FROM ({per_event})", clip_span).fetchone()
         win["rewarded_events"] = n
         win["mean_reward"] = mean
         by_arm: dict[Any, dict[str, Any]] = {}
         for arm, n_ev, n_exp in q(
-            "SELECT arm, COUNT(*), SUM(explored) FROM events WHERE ts >= ? GROUP BY arm ORDER BY arm",
-            (since,),
+            "SELECT arm, COUNT(*), SUM(explored) FROM events WHERE ts BETWEEN ? AND ? GROUP BY arm ORDER BY arm",
+            span,
         ):
             by_arm[_dec(arm)] = {
                 "events": n_ev, "explored": n_exp, "rewarded_events": 0, "mean_reward": None
@@ -75,7 +80,7 @@ def stats(
         for arm, n_rw, m in q(
             f"SELECT e.arm, COUNT(*), AVG(x.r) FROM ({per_event}) x JOIN events e ON e.id = x.event_id "
             "GROUP BY e.arm",
-            clip_since,
+            clip_span,
         ):
             entry = by_arm.setdefault(_dec(arm), {"events": 0, "explored": 0})
             entry.update(rewarded_events=n_rw, mean_reward=m)
