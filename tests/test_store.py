@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import sqlite3
+import stat
 import threading
 from datetime import datetime, timezone
 
@@ -684,6 +686,29 @@ def test_export_jsonl(fresh_store, tmp_path):
     assert 3 == fresh_store.export_jsonl(out)
     lines = [json.loads(line) for line in out.read_text("utf-8").splitlines()]
     assert [0.5, 0.5, 0.5] == pytest.approx([line["chunk_reward"] for line in lines])
+    assert [] == [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes and the umask are POSIX")
+def test_export_jsonl_gives_the_file_the_mode_open_would(fresh_store, tmp_path):
+    # written through mkstemp, every export was 0600 whatever the umask, and one over a 0644 file narrowed it
+    log(fresh_store)
+    old = os.umask(0o022)
+    try:
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")  # what open() gives a new file under this umask
+        out = tmp_path / "export.jsonl"
+        fresh_store.export_jsonl(out)
+        assert stat.S_IMODE(out.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o644
+        out.chmod(0o640)
+        fresh_store.export_jsonl(out)  # over an existing file: its mode stays, as open() writing over it keeps it
+        assert stat.S_IMODE(out.stat().st_mode) == 0o640
+        os.umask(0o077)
+        private = tmp_path / "private.jsonl"
+        fresh_store.export_jsonl(private)
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
     assert [] == [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 

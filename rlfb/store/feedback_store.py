@@ -1209,7 +1209,9 @@ class FeedbackStore:
         """Write :meth:`export_rows` as JSON lines (UTF-8; lone surrogates escaped); return the row count.
 
         ``path`` may be a binary file object. A path is written next to its
-        target and renamed into place, so a failed export leaves no partial file.
+        target and renamed into place, so a failed export leaves no partial file;
+        it gets the mode ``open()`` would give it (``0o666`` less the umask for
+        a new file; a file written over keeps its mode).
         """
         return reports.export_jsonl(self, path)
 

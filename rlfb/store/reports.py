@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
+import stat
+import uuid
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -219,12 +220,19 @@ def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
             n += 1
         return n
     target = Path(path)  # type: ignore[arg-type]
-    # a name of its own: two threads exporting to one target shared a pid-named file and one failed
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    tmp = Path(name)
+    # a name of its own: two threads exporting to one target shared a pid-named file and one failed.
+    # Created with mode 0o666, which the kernel narrows by the umask, as open() would: mkstemp's 0o600
+    # left every export readable by its owner alone whatever the umask (reading the umask itself means
+    # setting it, process-wide, a race with other threads creating files).
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             n = export_jsonl(store, fh)
+        try:  # an export over an existing file keeps its mode, as open() writing over it would
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        except FileNotFoundError:
+            pass
         os.replace(tmp, target)
     finally:
         if tmp.exists():
