@@ -180,6 +180,24 @@ def test_log_event_bad_input_writes_nothing(fresh_store, kwargs, error):
     assert (0, 0, 0, 0, 0) == rows(fresh_store)
 
 
+def test_a_decision_key_outside_what_a_decision_writes_is_refused(fresh_store):
+    # unknown keys were ignored: a misspelt propensity logged the default 1.0 for an explored ranking
+    typo = {"weights": {"bm25": 1.0}, "propensty": 0.05, "explord": True}
+    with pytest.raises(ValidationError, match=r"unknown key\(s\) \['explord', 'propensty'\]"):
+        log(fresh_store, decision=typo)
+    with pytest.raises(ValidationError, match="propensty"):
+        fresh_store.log_events([{"query": "q", "decision": typo, "chunks": chunks("a")}])
+    with pytest.raises(ValidationError, match="unknown key"):
+        log(fresh_store, decision={**decision(), 3: "x"})
+    assert (0, 0, 0, 0, 0) == rows(fresh_store)
+    sampled = Decision({"bm25": 1.0}, arm="pl", propensity=0.2, explored=True, policy="pl", ranking=(1, 0),
+                       sampling_temperature=0.5)
+    for d in (decision(), Decision({"bm25": 1.0}), sampled, sampled.to_dict()):
+        eid = log(fresh_store, decision=d)
+        log(fresh_store, decision=fresh_store.event(eid)["decision"])  # what the store gives back logs again
+    assert fresh_store.event(eid)["decision"]["sampling_temperature"] == 0.5
+
+
 def test_log_event_duplicate_id_is_named_error(fresh_store):
     log(fresh_store, event_id="e1")
     with pytest.raises(DuplicateEventError):

@@ -56,6 +56,7 @@ from rlfb.store.checks import (
 from rlfb.store.codec import _dec, _decode_row, _dumps, _enc, _loads, query_hash
 from rlfb.store.migrations import MIGRATIONS
 from rlfb.store.records import (
+    _DECISION_KEYS,
     _EVENT_COLS,
     _EVENT_PARAMS,
     _FEEDBACK_PARAMS,
@@ -397,7 +398,8 @@ class FeedbackStore:
 
         ``decision`` is ``{"weights", "arm", "propensity", "explored", "policy"}``,
         with ``"sampling_temperature"`` (positive) for a sampled ranking (or a
-        :class:`rlfb.policies.base.Decision`). Each chunk is a mapping (or
+        :class:`rlfb.policies.base.Decision`); ``weights`` is required, any other
+        key raises :class:`ValidationError` (a misspelt one would log a default). Each chunk is a mapping (or
         a :class:`rlfb.types.Hit`) with ``chunk_id``, ``rank`` (1-based; defaults
         to its position), ``score``, ``scores``, ``normalized``, ``proposed_by``
         and optionally ``used`` (default true: response-level feedback is spread
@@ -488,6 +490,11 @@ class FeedbackStore:
             decision = decision.to_dict()
         if not isinstance(decision, Mapping):
             raise ValidationError(f"decision must be a mapping, got {type(decision).__name__}")
+        unknown = set(decision) - _DECISION_KEYS
+        if unknown:  # ignored, a misspelt key logged its default: a propensity of 1 for an explored ranking
+            raise ValidationError(
+                f"decision: unknown key(s) {sorted(unknown, key=repr)}; it takes {sorted(_DECISION_KEYS)}"
+            )
         if "weights" not in decision:
             raise InvalidWeightsError("decision must include 'weights'")
         weights = _check_weights(decision["weights"])

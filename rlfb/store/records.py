@@ -100,6 +100,8 @@ _EVENT_PARAMS = frozenset(
         "metadata",
     }
 )
+# the keys rlfb.policies.base.Decision.to_dict() writes: any other is a typo ("propensty") that would log a default
+_DECISION_KEYS = frozenset({"weights", "arm", "propensity", "explored", "policy", "sampling_temperature"})
 
 
 def _event_dict(r: Mapping[str, Any]) -> dict[str, Any]:
