@@ -198,6 +198,22 @@ def test_a_decision_key_outside_what_a_decision_writes_is_refused(fresh_store):
     assert fresh_store.event(eid)["decision"]["sampling_temperature"] == 0.5
 
 
+def test_features_and_metadata_keys_that_are_not_str_are_refused(fresh_store):
+    # JSON turned the keys into strings: {1: "a", "1": "b"} was stored as {"1": "b"}, "a" lost, None as "null"
+    for kwargs, where in (
+        ({"features": {1: "a", "1": "b"}}, r"features keys must be str, got int 1"),
+        ({"metadata": {None: "a"}}, r"metadata keys must be str, got NoneType None"),
+        ({"metadata": {"x": [1, {"y": {True: 2}}]}}, r"metadata\['x'\]\[1\]\['y'\] keys must be str"),
+        ({"features": {"f": {2.5: 1.0}}}, r"features\['f'\] keys must be str"),
+    ):
+        with pytest.raises(ValidationError, match=where):
+            log(fresh_store, **kwargs)
+    assert (0, 0, 0, 0, 0) == rows(fresh_store)
+    nested = {"source": {"tags": ["a", {"k": 1}], "page": 3}, "empty": {}}
+    eid = log(fresh_store, features={"length": 4.0}, metadata=nested)
+    assert fresh_store.event(eid)["metadata"] == nested and fresh_store.event(eid)["features"] == {"length": 4.0}
+
+
 def test_log_event_duplicate_id_is_named_error(fresh_store):
     log(fresh_store, event_id="e1")
     with pytest.raises(DuplicateEventError):

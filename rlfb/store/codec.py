@@ -59,11 +59,13 @@ def _json_default(o: Any) -> Any:
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_json_default)
 
 
-def _dumps(obj: Any, name: str) -> str | bytes:
+def _dumps(obj: Any, name: str, *, str_keys: bool = False) -> str | bytes:
     """JSON text for a column: a str, or (with lone surrogates) the BLOB of its surrogatepass bytes.
 
     Lone surrogates are kept as raw characters, not ``\\uXXXX`` escapes: JSON
     would merge an escaped high+low pair into one character on the way back.
+    With ``str_keys``, a mapping at any depth with a key that is not a str
+    raises :class:`ValidationError`.
     """
     try:
         s = _JSON.encode(obj)
@@ -73,7 +75,27 @@ def _dumps(obj: Any, name: str) -> str | bytes:
         raise NonFiniteValueError(f"{name} contains NaN or infinity") from exc
     except TypeError as exc:
         raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
+    if str_keys:
+        _check_str_keys(obj, name)
     return _enc(s)  # type: ignore[return-value]
+
+
+def _check_str_keys(obj: Any, name: str) -> None:
+    """Refuse a key that is not a str, at any depth: JSON writes 1, None or True as "1", "null", "true", so
+    the value reads back under another key, or is lost where a str key of that name is there too.
+
+    Called once the object encoded, so it holds no cycle; a stack, not recursion, for deep nesting.
+    """
+    stack: list[tuple[Any, str]] = [(obj, name)]
+    while stack:
+        o, where = stack.pop()
+        if isinstance(o, Mapping):
+            for k, v in o.items():
+                if not isinstance(k, str):
+                    raise ValidationError(f"{where} keys must be str, got {type(k).__name__} {k!r:.80}")
+                stack.append((v, f"{where}[{k!r:.40}]"))
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(o))
 
 
 def _loads(s: Any) -> Any:

@@ -404,7 +404,10 @@ class FeedbackStore:
         to its position), ``score``, ``scores``, ``normalized``, ``proposed_by``
         and optionally ``used`` (default true: response-level feedback is spread
         over used chunks). A missing retriever score may be ``None``; NaN and
-        infinity are rejected. A logged id raises :class:`DuplicateEventError`.
+        infinity are rejected. ``features`` and ``metadata`` are JSON mappings
+        whose keys, at any depth, are str (JSON would turn ``1`` into ``"1"``;
+        another key raises :class:`ValidationError`). A logged id raises
+        :class:`DuplicateEventError`.
         """
         return self.log_events(
             [
@@ -562,13 +565,13 @@ class FeedbackStore:
             _enc(_opt_str(session_id, "session_id")),
             _enc(_opt_str(parent_id, "parent_id")),
             _enc(_opt_str(query_type, "query_type")),
-            None if features is None else _dumps(dict(features), "features"),
+            None if features is None else _dumps(dict(features), "features", str_keys=True),
             _dumps(weights, "weights"),
             _enc(arm),
             _enc(policy),
             1 if explored else 0,
             propensity,
-            None if metadata is None else _dumps(dict(metadata), "metadata"),
+            None if metadata is None else _dumps(dict(metadata), "metadata", str_keys=True),
             len(rows),
             _dumps([cid for _, cid, *_ in sorted((r[2], _dec(r[1])) for r in rows)], "chunk_ids"),
             _dumps(unused, "unused_ids") if unused else None,
