@@ -147,3 +147,25 @@ def test_sigkill_mid_stream_loses_no_acknowledged_feedback(tmp_path):
         # at most one unacknowledged feedback per killed writer (committed, killed before the ack)
         assert len(acked) <= counts["feedback"] <= len(acked) + kills
         assert counts["feedback"] * K == counts["rewards"]
+
+
+def test_opening_a_store_another_connection_holds_locked_is_store_busy(tmp_path):
+    # a store that needed a migration (or a new file's switch to WAL) raised SQLite's bare "database is locked"
+    from rlfb.errors import StoreBusyError
+
+    old = tmp_path / "old.db"
+    FeedbackStore(old).close()
+    raw = sqlite3.connect(old, isolation_level=None)  # as an older rlfb left it: before sampling_temperature
+    raw.execute("DELETE FROM _migrations WHERE name = 'm007_sampling_temperature'")
+    raw.execute("ALTER TABLE events DROP COLUMN sampling_temperature")
+    new = tmp_path / "new.db"
+    holder = sqlite3.connect(new, isolation_level=None)
+    for path, conn in ((old, raw), (new, holder)):
+        conn.execute("BEGIN IMMEDIATE")  # another process writing
+        with pytest.raises(StoreBusyError, match="busy_timeout") as caught:
+            FeedbackStore(path, busy_timeout=0.05)
+        assert isinstance(caught.value, sqlite3.OperationalError)  # as it was before it had a name
+        conn.execute("ROLLBACK")
+        conn.close()
+        with FeedbackStore(path) as store:  # free again: the migrations run
+            assert MIGRATIONS.names == store.schema_migrations

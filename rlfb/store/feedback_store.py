@@ -82,6 +82,11 @@ def _read_only(exc: sqlite3.DatabaseError) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc)
 
 
+def _locked(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection held the lock for the whole busy timeout."""
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
 # What tells one ensemble's snapshots from another's (rlfb.snapshot_kind.SnapshotKind, here in SQL): the
 # policy, and from the state the retrievers, the chunk exploration, the memory's embedding dimension and the
 # policy's hyperparameters (its weights left out, as same_hyperparameters leaves them). A BLOB state (one holding
@@ -127,7 +132,9 @@ class FeedbackStore:
         Tolerance, in seconds, for timestamps in the future or feedback slightly
         before its event (300).
     busy_timeout
-        Seconds a writer waits for the lock before giving up (30).
+        Seconds a writer waits for the lock before giving up (30) with
+        :class:`StoreBusyError`; opening a file that needs a migration, or its
+        switch to WAL, is a write and waits likewise.
     synchronous
         ``"NORMAL"`` (default; survives process crashes) or ``"FULL"`` (also
         survives power loss). See the module docstring.
@@ -213,8 +220,10 @@ class FeedbackStore:
             raise
         except sqlite3.DatabaseError as exc:
             self.close()
-            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
-                raise  # another process holds the file: not damage
+            if isinstance(exc, StoreBusyError):  # from prune, named already
+                raise
+            if _locked(exc):  # another connection holds the file: not damage (a migration waits for the lock)
+                raise self._busy(exc) from exc
             if _read_only(exc):
                 raise ReadOnlyStoreError(
                     f"{self.path} is read-only: rlfb writes to its feedback store (in WAL mode, also beside it): {exc}"
@@ -292,13 +301,16 @@ class FeedbackStore:
                 raise ReadOnlyStoreError(f"feedback store {self.path} is read-only: {exc}") from exc
             if type(exc) is sqlite3.DatabaseError:  # SQLITE_CORRUPT / SQLITE_NOTADB, not a constraint or lock
                 raise CorruptStateError(f"feedback store {self.path} is damaged: {exc}") from exc
-            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc)):
-                raise StoreBusyError(
-                    f"feedback store {self.path} stayed locked for its busy_timeout ({self.busy_timeout:g} s): "
-                    "another connection holds its write lock (another process, or another FeedbackStore on this "
-                    f"file inside exclusive() in this thread, which would wait on itself): {exc}"
-                ) from exc
+            if _locked(exc):
+                raise self._busy(exc) from exc
             raise
+
+    def _busy(self, exc: sqlite3.OperationalError) -> StoreBusyError:
+        return StoreBusyError(
+            f"feedback store {self.path} stayed locked for its busy_timeout ({self.busy_timeout:g} s): "
+            "another connection holds its write lock (another process, or another FeedbackStore on this "
+            f"file inside exclusive() in this thread, which would wait on itself): {exc}"
+        )
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
