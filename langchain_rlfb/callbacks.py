@@ -12,7 +12,12 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   A retriever run nested anywhere below another open retriever run (an
   ensemble's members, also through a chain such as ``bm25.with_retry()``,
   ``rewrite | bm25`` or ``bm25 | trim``) is not logged: what the user saw is
-  the outer result.
+  the outer result. A :class:`~langchain_rlfb.FeedbackEnsembleRetriever`
+  nested so (inside a wrapper retriever that trims, compresses or re-ranks
+  its documents) keeps its decision, linked below the outer run: the outer
+  run id then stands for that decision and for the outer result, logged as
+  ``"<run id>/result"`` (not at all when it is the decision as logged), so
+  feedback on it teaches the ensemble.
 * A :class:`~langchain_rlfb.FeedbackEnsembleRetriever` already logs its own
   retrieval under the same run id, with the decision its learner needs. The
   handler sees that event in the store and does not log it again (nor observe
@@ -241,12 +246,40 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             info = self._retrievals.pop(rid, None)
             parent = self._parents.pop(rid, _str(parent_run_id))
             links = self._ancestor_links(parent)
-            # a member of an outer retriever, maybe through a chain (with_retry, rewrite | retriever)
-            nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)
-        if info is None or nested:
+            # the outermost open retriever run above this one, also through a chain (with_retry, rewrite | retriever)
+            outer = next((r for r in reversed([parent, *(p for _, p in links)]) if r in self._retrievals), None)
+        if info is None:
             return
-        if self.store.has_event(rid):  # a FeedbackEnsembleRetriever logged it, and observed the session
+        decided = self.store.has_event(rid)  # a FeedbackEnsembleRetriever logged it, and observed the session
+        if outer is not None:
+            # A member of an outer retriever: the outer result is what the user saw, so a plain member is not
+            # logged. An rlfb retriever's own decision is what its learner learns from: keep it reachable from
+            # the outer run (links through the runs between them), which then stands above it (see below).
+            if not decided and not self._in_ensemble_store(rid):
+                return
+            self.store.link_runs(links)
+            with self._lock:
+                if outer in self._retrievals:
+                    self._retrievals[outer]["decided_below"] = True
+            if decided:
+                return
+            # made on the ensemble's own store: a copy here, as for an outermost one, which feedback resolves to
+        elif decided:
             return
+        event_id = rid
+        if outer is None and info.get("decided_below"):
+            below = self.store.resolve_run(rid)  # the decisions still under it (a failed branch's were unlinked)
+            if below:
+                # rlfb retrievers decided inside this one (a wrapper that trims, compresses or re-ranks their
+                # documents). Logged under the run id, this result would be an event, and resolve_run never looks
+                # below an event: feedback on the run id would rate this copy alone and no learner would learn.
+                # So the run id stays a run above their decisions and this result, logged as "<run id>/result",
+                # as the LlamaIndex handler does with a bare retrieval that had rlfb learners inside.
+                if parent is not None:
+                    self.store.link_runs([(rid, parent)])
+                if self._is_decision(documents, below):
+                    return  # the wrapper returned one decision as it was logged: no copy to add
+                event_id, parent = f"{rid}/result", rid
         session = info["session_id"]
         if session is not None and self.observe_followups:
             if self._implicit is None:
@@ -268,11 +301,27 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             info["query"],
             results,
             source=info["name"],
-            event_id=rid,
+            event_id=event_id,
             parent_id=parent,
             session_id=session,
             metadata={"framework": "langchain", "run_name": info["name"]},
         )
+
+    def _in_ensemble_store(self, rid: str) -> bool:
+        """Whether the handler's ensemble, keeping its log in another store, logged a retrieval under ``rid``."""
+        ens = self.ensemble
+        return (ens is not None and ens.store is not None and not same_store(ens.store, self.store)
+                and ens.store.has_event(rid))
+
+    def _is_decision(self, documents: Sequence[Document], event_ids: Sequence[str]) -> bool:
+        """Whether ``documents`` are one of ``event_ids`` as logged: its Documents, in its order."""
+        eid = (documents[0].metadata or {}).get("event_id") if documents else None
+        if not isinstance(eid, str) or eid not in event_ids:
+            return False
+        if any((d.metadata or {}).get("event_id") != eid for d in documents):
+            return False
+        logged = [c["chunk_id"] for c in self.store.event(eid)["chunks"]]
+        return logged == [cid for cid, _ in _results(documents)[0]]
 
     def _ancestor_links(self, run_id: str | None) -> list[tuple[str, str]]:
         """``(run, parent)`` pairs from ``run_id`` up to the root, as far as this handler saw the tree."""

@@ -369,3 +369,63 @@ def test_record_feedback_takes_langsmiths_key_second(bm25: BM25Retriever) -> Non
     assert again.value == -1.0
     with pytest.raises(ValidationError, match="key once"):
         handler.record_feedback(run, "user_score", key="other", score=1)
+
+
+class Trim(BaseRetriever):
+    """A wrapper retriever (compression, dedup, re-ranking...): calls ``inner`` as a child run, keeps ``keep``."""
+
+    inner: Any
+    keep: int | None = 1
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        docs = self.inner.invoke(query, config={"callbacks": run_manager.get_child()})
+        return docs if self.keep is None else docs[: self.keep]
+
+
+@pytest.mark.parametrize("inner", ["retriever", "behind_a_chain"])
+def test_feedback_on_a_wrapper_retrievers_run_teaches_the_rlfb_retriever_inside(make_ensemble: Any,
+                                                                                 inner: str) -> None:
+    # the handler logged the wrapper's result as an event under its run id; the rlfb decision below it had that
+    # run id as parent, but resolve_run never looks below an event, so feedback rated the copy and nothing learned
+    ens = make_ensemble(policy="gradient")
+    fer = FeedbackEnsembleRetriever.from_ensemble(ens, k=3)
+    wrapper = Trim(inner=fer if inner == "retriever" else RunnableLambda(str.lower) | fer)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    run = uuid.uuid4()
+    (doc,) = wrapper.invoke("What causes the aurora", config={"callbacks": [handler]}, run_id=run)
+    decision = doc.metadata["event_id"]
+    assert [e["id"] for e in handler.retrievals(run)] == [decision, f"{run}/result"]
+    assert handler.store.event(f"{run}/result")["policy"] == EXTERNAL_POLICY
+    assert len(handler.store.event(f"{run}/result")["chunks"]) == 1  # what the wrapper returned
+    records = handler.record_feedback(run, score=1.0)
+    assert {r.event_id for r in records} == {decision, f"{run}/result"}
+    assert ens.store.load_policy_state() is not None  # the ensemble learned from its own decision
+    assert len(fer.feedback(run, score=1.0)) == 2  # the retriever's own feedback by run id too
+    # and from a chain above the wrapper
+    top = uuid.uuid4()
+    (RunnablePassthrough() | wrapper).invoke("tides", config={"callbacks": [handler], "run_id": top})
+    assert len(handler.retrievals(top)) == 2
+
+
+def test_a_wrapper_that_returns_the_rlfb_ranking_as_is_adds_no_copy(make_ensemble: Any) -> None:
+    ens = make_ensemble(policy="gradient")
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    run = uuid.uuid4()
+    docs = Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ens, k=2), keep=None).invoke(
+        "tides", config={"callbacks": [handler]}, run_id=run)
+    (record,) = handler.record_feedback(run, score=1.0)
+    assert record.event_id == docs[0].metadata["event_id"] and ens.store.counts()["events"] == 1
+    assert ens.store.load_policy_state() is not None
+
+
+def test_a_handler_on_another_store_teaches_the_rlfb_retriever_inside_a_wrapper(make_ensemble: Any) -> None:
+    ens = make_ensemble(policy="gradient")
+    handler = FeedbackCallbackHandler(FeedbackStore(), ensemble=ens)
+    run = uuid.uuid4()
+    (doc,) = Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ens, k=3)).invoke(
+        "What causes the aurora", config={"callbacks": [handler]}, run_id=run)
+    decision = doc.metadata["event_id"]
+    assert [e["id"] for e in handler.retrievals(run)] == [decision, f"{run}/result"]  # a copy of the decision
+    records = handler.record_feedback(run, score=1.0)
+    assert sorted(r.event_id for r in records) == sorted([decision, f"{run}/result", decision])
+    assert ens.store.counts()["feedback"] == 1 and ens.store.load_policy_state() is not None
