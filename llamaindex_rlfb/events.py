@@ -19,9 +19,14 @@ process is observed.
   and the retrieval's result (logged as ``"<retrieval span id>/result"``).
 * An rlfb re-ranking outside any query
   (``pp.postprocess_nodes(retriever.retrieve(q), query_str=q)``) is the latest
-  query id; when it re-ranked the bare retrieval just before it, both are
-  linked under one new query id (``"<retrieval span id>/reranked"``), so
-  feedback reaches both retrievals, as it does in a query engine.
+  query id; when it re-ranked the latest bare retrieval, both are linked under
+  a new query id of that re-ranking's own
+  (``"<retrieval span id>/reranked/<its event id>"``), so feedback reaches both
+  retrievals, as it does in a query engine. Each re-ranking of one bare
+  retrieval gets a query id of its own (a second request re-ranking cached
+  first-stage nodes is not the first request's); a re-ranking of what the
+  previous one returned (``pp2.postprocess_nodes(pp1.postprocess_nodes(...))``,
+  told by the ``event_id`` its nodes carry) joins that one's query id.
 * ``QueryEndEvent`` logs the response's source nodes when they differ from
   everything already logged for the query (a reranker changed them), and
   links a nested query (a sub-question) to the query around it.
@@ -63,7 +68,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
@@ -131,11 +136,14 @@ class FeedbackRetrievalEvent(BaseEvent):
 
     ``learner`` is the adapter that made the decision (it has ``ensemble``,
     ``store`` and ``feedback``); it is left out of serialised dumps.
+    ``input_event_id`` is the rlfb event id every node a re-ranking was given
+    carried (they were what that decision returned), else ``None``.
     """
 
     event_id: str
     query_str: str
     node_ids: list[str] = Field(default_factory=list)
+    input_event_id: str | None = None  # the rlfb event the nodes it was given came from (all carried its id)
     learner: Any = Field(default=None, exclude=True)
 
     @classmethod
@@ -204,7 +212,8 @@ class FeedbackEventHandler(BaseEventHandler):
     _logged: Any = PrivateAttr(default_factory=OrderedDict)  # query id -> node-id lists logged under it
     _dispatchers: list[Any] = PrivateAttr(default_factory=list)
     _last: Any = PrivateAttr(default=None)  # ContextVar: this handler's latest query in the thread or task
-    _bare: Any = PrivateAttr(default=None)  # ContextVar: (id, query, node ids) of the latest bare retrieval
+    _bare: Any = PrivateAttr(default=None)  # ContextVar: the latest bare retrieval (a _Bare)
+    _decision: Any = PrivateAttr(default=None)  # ContextVar: (event id, query id) of the latest top-level decision
     _thread_last: Any = PrivateAttr(default_factory=dict)  # thread id -> (latest query there, its task)
     _handled: Any = PrivateAttr(default_factory=OrderedDict)  # ids of recent events (attached twice: once)
     _nested: Any = PrivateAttr(default_factory=OrderedDict)  # open bare retrieval -> learner events inside it
@@ -241,6 +250,7 @@ class FeedbackEventHandler(BaseEventHandler):
         self._ensemble = ensemble
         self._last = ContextVar(f"rlfb_llamaindex_last_query_{id(self)}", default=None)
         self._bare = ContextVar(f"rlfb_llamaindex_bare_retrieval_{id(self)}", default=None)
+        self._decision = ContextVar(f"rlfb_llamaindex_top_level_decision_{id(self)}", default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -369,7 +379,8 @@ class FeedbackEventHandler(BaseEventHandler):
                 self._store.link_runs([(e, rid) for e in dict.fromkeys([*nested, *([own] if own else [])])])
                 logged_as, parent = own or f"{rid}/result", rid
             self._set_last(qid)
-            self._bare.set((qid, _query_str(event.str_or_query_bundle), _ids(event.nodes)))
+            self._bare.set(_Bare(qid, _query_str(event.str_or_query_bundle), tuple(_results(event.nodes)),
+                                 _component(rid, "retriever"), qid))
         self._log(event.str_or_query_bundle, event.nodes, logged_as, parent, _component(rid, "retriever"))
 
     def _query_end(self, event: QueryEndEvent) -> None:
@@ -459,18 +470,31 @@ class FeedbackEventHandler(BaseEventHandler):
     def _top_level_decision(self, event: FeedbackRetrievalEvent) -> None:
         eid = event.event_id
         self._copy_decision(event)
-        bare = self._bare.get()
-        if (bare is None or bare[0] != self.last_query_id or bare[1] != event.query_str
-                or not set(event.node_ids) <= set(bare[2])):
-            self._set_last(eid)  # not a re-ranking of the latest bare retrieval: it stands alone
-            return
-        # It re-ranked the bare retrieval just before it. In a query engine the query id stands for both (the
-        # candidates are stored, the re-ranking learns); keep that meaning here. Both are events, which
-        # resolve_run never looks below, so a new run id above them links the two.
-        run = f"{bare[0]}/reranked"
-        self._store.link_runs([(bare[0], run), (eid, run)])
+        last, bare, before = self.last_query_id, self._bare.get(), self._decision.get()
+        # Both sides are events, which resolve_run never looks below, so a run id above them links them.
+        if before is not None and before[1] == last and event.input_event_id == before[0]:
+            # It re-ranked what the decision just before it returned (pp2 after pp1): in a query engine the
+            # query id stands for both, so it joins that one's query id (made here when it stood alone).
+            run = before[1] if before[1] != before[0] else f"{before[0]}/reranked/{eid}"
+            self._store.link_runs([(before[0], run), (eid, run)])
+        elif (bare is not None and bare.latest == last and bare.query == event.query_str
+              and set(event.node_ids) <= {cid for cid, _ in bare.results}):
+            # It re-ranked the latest bare retrieval: in a query engine the query id stands for both (the
+            # candidates are stored, the re-ranking learns). A run id of its own: another re-ranking of the same
+            # nodes (a second request served from cached first-stage nodes) is another user's decision, and
+            # feedback on one must not rate the other.
+            run = f"{bare.id}/reranked/{eid}"
+            if not self._store.link_runs([(bare.id, run)]):
+                # a run keeps its first parent, an earlier re-ranking's: this one gets a copy of the candidates
+                log_external(self._store, bare.query, bare.results, source=bare.source,
+                             event_id=f"{run}/candidates", parent_id=run, session_id=current_session(),
+                             metadata={"framework": "llamaindex", "component": bare.source})
+            self._store.link_runs([(eid, run)])
+            self._bare.set(bare._replace(latest=run))
+        else:
+            run = eid  # it stands alone
         self._set_last(run)
-        self._bare.set((run, event.query_str, tuple(event.node_ids)))  # a second re-ranking joins this run
+        self._decision.set((eid, run))
 
     def _copy_decision(self, event: FeedbackRetrievalEvent, parent: str | None = None) -> None:
         """Log a copy of a learner's decision made on another store, under ``parent``, so this store can resolve
@@ -585,6 +609,16 @@ class FeedbackEventHandler(BaseEventHandler):
         if qid is None:
             return []
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
+
+
+class _Bare(NamedTuple):
+    """The latest bare retrieval of a thread or task, which a re-ranking by hand may re-rank."""
+
+    id: str  # its query id
+    query: str
+    results: tuple[tuple[str, float | None], ...]  # what it returned, as logged
+    source: str  # the retriever, as logged
+    latest: str  # the latest query id made of it: its own, or the run of a re-ranking of it
 
 
 _STEPS: dict[type, Callable[[FeedbackEventHandler, Any], None]] = {

@@ -64,7 +64,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
-from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb._nodes import corpus_nodes, event_id_of, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
@@ -399,8 +399,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         dispatcher.event(ReRankEndEvent(nodes=out))
         if result.event_id is None:
             return out, None
+        # the event id the given nodes carry, when they are one rlfb decision's: a re-ranking of a re-ranking
         return out, FeedbackRetrievalEvent(event_id=result.event_id, query_str=query,
-                                           node_ids=[h.chunk_id for h in result.hits], learner=self)
+                                           node_ids=[h.chunk_id for h in result.hits],
+                                           input_event_id=event_id_of(nodes), learner=self)
 
     def _rerank(self, query: str, chunks: list[Any], embedding_strs: list[str] | None = None) -> Any:
         kwargs: Mapping[str, Any] = dict(

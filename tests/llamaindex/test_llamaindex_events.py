@@ -494,3 +494,48 @@ def test_feedback_through_the_handler_during_a_re_index_is_carried_over(
     finally:
         handler.detach()
         handler.close()
+
+
+def test_a_second_request_re_ranking_cached_nodes_gets_a_query_id_of_its_own(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # the second re-ranking of the same first-stage nodes was chained under the first's run
+    # ("<id>/reranked/reranked"), and the second user's thumbs down also rated the first user's decision
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=handler.store, policy="gradient"), top_n=2,
+                                                   explore=False)  # both requests get the same ranking
+    question = "what causes the aurora"
+    cached = index.as_retriever(similarity_top_k=4).retrieve(question)
+    first = pp.postprocess_nodes(cached, query_str=question)[0].node.metadata[EVENT_ID_KEY]
+    qid_a = handler.last_query_id
+    second = pp.postprocess_nodes(cached, query_str=question)[0].node.metadata[EVENT_ID_KEY]
+    qid_b = handler.last_query_id
+    records = handler.record_feedback(qid_b, score=0.0)
+    assert second in {r.event_id for r in records} and first not in {r.event_id for r in records}
+    assert handler.store.feedback(first) == []
+    assert qid_a.endswith(f"/reranked/{first}") and qid_b.endswith(f"/reranked/{second}")
+    assert len(records) == 2  # its decision, and the candidates it re-ranked (a copy: the first run holds them)
+    candidates = [e for e in handler.retrievals(qid_b) if e["id"] != second]
+    assert [c["chunk_id"] for c in candidates[0]["chunks"]] == [n.node.node_id for n in cached]
+    assert {r.event_id for r in handler.record_feedback(qid_a, score=1.0)} == {first, qid_a.split("/")[0]}
+    assert pp.ensemble.learner.n_learned == 2
+
+
+@pytest.mark.parametrize("bare", [True, False])
+def test_a_re_ranking_of_a_re_ranking_by_hand_joins_its_query_id(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any, bare: bool
+) -> None:
+    # each on a store of its own (learners on one store share their state), which the handler copies from
+    pp1 = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
+    pp2 = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=2)
+    question = "what causes the aurora"
+    if bare:
+        nodes = index.as_retriever(similarity_top_k=5).retrieve(question)
+    else:  # nodes of the app's own: the first re-ranking stands alone
+        nodes = [NodeWithScore(node=index.docstore.get_node(i)) for i in list(index.docstore.docs)[:5]]
+    middle = pp1.postprocess_nodes(nodes, query_str=question)
+    out = pp2.postprocess_nodes(middle, query_str=question)
+    decisions = {middle[0].node.metadata[EVENT_ID_KEY], out[0].node.metadata[EVENT_ID_KEY]}
+    assert decisions <= {e["id"] for e in handler.retrievals()}
+    assert len(handler.retrievals()) == 2 + bare
+    handler.record_feedback(score=1.0)
+    assert pp1.ensemble.learner.n_learned == pp2.ensemble.learner.n_learned == 1
