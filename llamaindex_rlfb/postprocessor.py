@@ -7,8 +7,10 @@ Add it to a query engine you already have::
 
 For the nodes any LlamaIndex retriever returned, the ensemble scores each one
 with every rlfb retriever (nodes in its index by id, others from their text,
-so every node has a BM25 and a dense score, and a SPLADE one when SPLADE is
-among the retrievers), fuses them with the learned weights and per-chunk
+as is a node whose text changed since it was indexed, say after
+``index.insert_nodes`` replaced it: so every node has a BM25 and a dense
+score, and a SPLADE one when SPLADE is among the retrievers, of the text the
+LLM reads), fuses them with the learned weights and per-chunk
 confidence, keeps ``top_n`` and logs the retrieval event. Every node it returns is a copy carrying the event id in
 ``metadata["event_id"]`` (plus its rank, each retriever's raw score and which
 retrievers proposed it; these keys are hidden from the LLM and the embedder).
@@ -20,13 +22,16 @@ length) to score a text, so the ensemble indexes a corpus:
   nodes (the recommended set-up; every node the engine can return is in the
   index, so it is scored by id);
 * :meth:`from_ensemble`: an :class:`rlfb.FeedbackEnsemble` built elsewhere
-  (shared with a LangChain app, loaded from disk, ...);
+  (shared with a LangChain app, loaded from disk, ...); a node whose content
+  alone (without the metadata LlamaIndex puts in its text) is what its id was
+  indexed with is scored by id;
 * nothing (``FeedbackFusionPostprocessor(store="fb.db")``): the postprocessor
   indexes the nodes it is given. The first call indexes them; later nodes it
-  has not seen are scored from their text with the statistics of the index so
-  far, and once they add up to more than a quarter of it the index is rebuilt over every
-  node seen (dense embeddings are cached, so only new texts are encoded; the
-  learned state carries over). Calls are serialised in this mode.
+  has not seen (or has seen with another text) are scored from their text
+  with the statistics of the index so far, and once they add up to more than
+  a quarter of it the index is rebuilt over every node seen, as last seen
+  (dense embeddings are cached, so only new texts are encoded; the learned
+  state carries over). Calls are serialised in this mode.
 
 Without a ``store`` events go to an in-memory store: feedback works in the
 process, nothing is kept after it.
@@ -60,7 +65,7 @@ from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayloa
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
@@ -69,8 +74,9 @@ from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
-from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.errors import CorruptStateError, UnknownChunkError, ValidationError
 from rlfb.runs import store_lock
+from rlfb.types import Chunk
 
 __all__ = ["FeedbackFusionPostprocessor"]
 
@@ -386,6 +392,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         for n in nodes:
             originals.setdefault(str(n.node.node_id), n.node)
         chunks = nodes_to_chunks(originals.values())
+        if self._seen is None:  # self-indexing indexes the nodes' texts as given
+            chunks = self._content_as_indexed(chunks, originals)
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n,
                                           model_name=self.class_name()))
         with self.callback_manager.event(
@@ -404,6 +412,27 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
                                            node_ids=[h.chunk_id for h in result.hits],
                                            input_event_id=event_id_of(nodes), learner=self)
 
+    def _content_as_indexed(self, chunks: list[Chunk], originals: Mapping[str, BaseNode]) -> list[Chunk]:
+        """``chunks``, each one the ensemble indexed from the node's content alone given with that text.
+
+        A chunk whose text differs from the one its id was indexed with is scored from its own text (an edited
+        node: :meth:`rlfb.FeedbackEnsemble.rerank`). An ensemble built from plain texts (shared with a LangChain
+        app, loaded from disk) indexed the content without the metadata LlamaIndex puts in a node's text: that
+        node is not edited, and is scored by id, as before.
+        """
+        ens = self._ensemble
+        out = []
+        for c in chunks:
+            try:
+                indexed = ens.chunk(c.id).text
+            except UnknownChunkError:  # outside the index: scored from its text
+                indexed = None
+            if (indexed is not None and indexed != c.text
+                    and indexed == originals[c.id].get_content(metadata_mode=MetadataMode.NONE)):
+                c = Chunk(c.id, indexed, c.metadata)
+            out.append(c)
+        return out
+
     def _rerank(self, query: str, chunks: list[Any], embedding_strs: list[str] | None = None) -> Any:
         kwargs: Mapping[str, Any] = dict(
             embedding_strs=embedding_strs,  # a HyDE transform's text, for the dense scores
@@ -421,7 +450,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             return self._ensemble.rerank(query, chunks, k, **kwargs)
 
     def _index_new(self, chunks: Sequence[Any]) -> None:
-        new = [c for c in chunks if c.id not in self._seen]
+        # a node seen before with another text (its document was edited and re-ingested under the same id) is
+        # new too: indexed as it is now, where its feedback history stays with its id; until then the ensemble
+        # scores it from the text given (FeedbackEnsemble.rerank), not from the text it was first seen with
+        new = [c for c in chunks if c.id not in self._seen or self._seen[c.id].text != c.text]
         for c in new:
             self._seen[c.id] = c
         self._unindexed += len(new)

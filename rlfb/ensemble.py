@@ -25,7 +25,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,8 @@ class FeedbackEnsemble:
         # the table each live context was scored against: its hits take their texts from it, not from a
         # table a corpus update swapped in since (weak: a context let go takes its entry with it)
         self._scored_on: weakref.WeakKeyDictionary[Context, ChunkTable] = weakref.WeakKeyDictionary()
+        # chunks given to rerank under an indexed id with another text (edited since): their hits carry them
+        self._given_on: weakref.WeakKeyDictionary[Context, dict[str, Chunk]] = weakref.WeakKeyDictionary()
         for name, r in self._retrievers.items():
             if list(r.ids) != self._table.ids:
                 raise ValidationError(f"retriever {name!r} does not index the ensemble's chunks in the same order")
@@ -429,12 +431,13 @@ class FeedbackEnsemble:
 
     def _score_chunks(
         self, query: str, chunks: Sequence[Chunk], table: ChunkTable, retrievers: Mapping[str, Retriever],
-        embedding_strs: tuple[str, ...] = (),
+        embedding_strs: tuple[str, ...] = (), by_text: Collection[str] = (),
     ) -> np.ndarray:
-        """Raw scores of ``chunks`` by each corpus retriever: indexed ids by id, others by their text."""
+        """Raw scores of ``chunks`` by each corpus retriever: indexed ids by id, others (and the ids in
+        ``by_text``) by their text."""
         out = np.zeros((len(chunks), len(retrievers)))
-        at_inside = [i for i, c in enumerate(chunks) if c.id in table.row]
-        at_outside = [i for i, c in enumerate(chunks) if c.id not in table.row]
+        at_inside = [i for i, c in enumerate(chunks) if c.id in table.row and c.id not in by_text]
+        at_outside = [i for i, c in enumerate(chunks) if c.id not in table.row or c.id in by_text]
         ids = [chunks[i].id for i in at_inside]
         texts = [chunks[i].text for i in at_outside]
         for j, r in enumerate(retrievers.values()):
@@ -527,8 +530,12 @@ class FeedbackEnsemble:
         """Re-rank chunks that another retriever found, with the learned weights, and log the event.
 
         Each chunk is scored by every corpus retriever: by id when it is in the
-        index, otherwise from its text. An empty list gives an empty result
-        (nothing is logged). ``k`` defaults to all of them. ``embedding_strs``: see :meth:`context`.
+        index with this text, otherwise from its text. A chunk whose id is indexed
+        with another text (edited since it was indexed) is scored from the text
+        given, and its hit carries that text and metadata: what the caller passes
+        on is what was ranked. It keeps its id, so the feedback it gets stays with
+        the chunk's history. An empty list gives an empty result (nothing is
+        logged). ``k`` defaults to all of them. ``embedding_strs``: see :meth:`context`.
         """
         query = _check_query(query)
         strs = _check_embedding_strs(embedding_strs)
@@ -547,16 +554,23 @@ class FeedbackEnsemble:
         chunks = list(unique.values())
         k = len(chunks) if k is None else min(validate_k(k), len(chunks))
         table, retrievers = self._index()
+        edited: dict[str, Chunk] = {}
         for c in chunks:
-            if c.id not in table.row:
+            row = table.row.get(c.id)
+            if row is None:
                 self._keep_extra(c)
-        raw = self._score_chunks(query, chunks, table, retrievers, strs)
+            elif table.texts[row] != c.text:
+                # scored by id, it would be ranked (and its scores reported) by a text the caller no longer has
+                edited[c.id] = c
+        raw = self._score_chunks(query, chunks, table, retrievers, strs, by_text=edited)
         if self._members:  # members did not see these chunks: they contribute nothing
             raw = np.hstack([raw, np.full((len(chunks), len(self._members)), np.nan)])
         # no retriever proposed these chunks: the caller did
         ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id,
                                  np.zeros(raw.shape, dtype=bool))
         self._scored_on[ctx] = table
+        if edited:
+            self._given_on[ctx] = edited
         return self.rank_context(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
                             metadata=metadata, timestamp=timestamp)
 
@@ -641,11 +655,14 @@ class FeedbackEnsemble:
         # which retrievers' own top lists held each candidate; a context built elsewhere may lack the mask
         proposed = ctx.proposed if ctx.proposed is not None else ctx.ranks <= self.candidate_k
         table = self._scored_on.get(ctx)
+        given = self._given_on.get(ctx) or {}
         hits = []
         for rank, idx in enumerate(ranking.order, start=1):
             idx = int(idx)
-            row = None if table is None else table.row.get(ctx.candidate_ids[idx])
-            chunk = self.chunk(ctx.candidate_ids[idx]) if row is None else table.chunk(row)
+            chunk = given.get(ctx.candidate_ids[idx])
+            if chunk is None:
+                row = None if table is None else table.row.get(ctx.candidate_ids[idx])
+                chunk = self.chunk(ctx.candidate_ids[idx]) if row is None else table.chunk(row)
             hits.append(
                 Hit(
                     chunk_id=chunk.id,

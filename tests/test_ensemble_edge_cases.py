@@ -47,6 +47,25 @@ def test_reranked_chunks_were_proposed_by_no_retriever() -> None:
     assert [h.proposed_by for h in hits] == [(), (), ()]
 
 
+def test_a_reranked_chunk_edited_since_it_was_indexed_is_scored_and_returned_by_its_new_text() -> None:
+    # it was scored by the text indexed under its id, and its hit carried that old text and metadata, while the
+    # caller passed the new one on to the LLM
+    ens = _ens()
+    edited = Chunk("0", "glaciers carve valleys", {"v": 2})
+    hits = {h.chunk_id: h for h in ens.rerank("aurora solar wind", [edited, Chunk("3", TEXTS[3])],
+                                              explore=False, log=False).hits}
+    assert hits["0"].text == "glaciers carve valleys" and hits["0"].metadata == {"v": 2}
+    assert hits["0"].scores == {"bm25": 0.0}  # as the same text outside the index scores
+    assert [h.chunk_id for h in ens.rerank("aurora solar wind", [edited, Chunk("3", TEXTS[3])],
+                                           explore=False, log=False).hits] == ["3", "0"]
+    fresh = ens.rerank("aurora", [Chunk("elsewhere", "aurora over tromso")], explore=False, log=False).hits[0]
+    moved = ens.rerank("aurora", [Chunk("5", "aurora over tromso")], explore=False, log=False).hits[0]
+    assert moved.scores == fresh.scores and moved.text == "aurora over tromso"
+    unchanged = ens.rerank("aurora", [Chunk("5", TEXTS[5], {"x": 1})], explore=False, log=False).hits[0]
+    assert unchanged.text == TEXTS[5] and unchanged.metadata == {}  # the same text: the indexed chunk, by id
+    assert ens.chunk("0").text == TEXTS[0]  # the index is not changed (add_chunks does that)
+
+
 # -- empty and malformed member results ---------------------------------------------------------------------
 @pytest.mark.parametrize("fusion", ["minmax", "zscore", "rrf"])
 def test_a_member_only_ensemble_whose_member_finds_nothing_returns_nothing(fusion: str) -> None:

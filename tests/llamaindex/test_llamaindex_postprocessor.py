@@ -344,3 +344,40 @@ def test_a_hyde_query_bundle_moves_the_dense_scores_of_a_rerank(make_ensemble: A
     ids = [n.node.node_id for n in got]
     want = np.mean([ens.retrievers["dense"].score(s, ids) for s in bundle.custom_embedding_strs], axis=0)
     assert [n.node.metadata["scores"]["dense"] for n in got] == pytest.approx(want.tolist())
+
+
+def test_a_node_edited_under_the_same_id_is_ranked_by_its_new_text(
+    tmp_path: Any, nodes: list[TextNode], index: Any, make_ensemble: Any
+) -> None:
+    # a known node id that came back with new text was ranked and scored by its old indexed text, while the LLM
+    # read the new one; the self-indexing postprocessor never re-indexed it
+    edited = TextNode(id_="doc0", text="Glaciers carve valleys slowly over millennia.")
+    question = "what causes the aurora borealis"
+
+    def scores(pp: FeedbackFusionPostprocessor, given: list[TextNode]) -> dict[str, Any]:
+        out = pp.postprocess_nodes([NodeWithScore(node=n) for n in given], query_str=question)
+        return {o.node.node_id: o.node.metadata["scores"]["bm25"] for o in out}
+
+    alone = FeedbackFusionPostprocessor(store=tmp_path / "alone.db", retrievers=("bm25",), top_n=len(nodes),
+                                        explore=False)
+    before = scores(alone, nodes)
+    after = scores(alone, [edited, *nodes[1:]])
+    assert before["doc0"] > 0 and after["doc0"] == 0.0  # no aurora in the edited text
+    assert alone.ensemble.chunk("doc0").text != edited.text  # one edit: not re-indexed yet
+    more = [TextNode(id_=n.node_id, text=f"{n.text} (revised)") for n in nodes[1:3]]
+    scores(alone, [edited, *more, *nodes[3:]])  # edits count towards the re-index, which takes them as they are
+    assert alone.ensemble.chunk("doc0").text == edited.text and alone.ensemble.chunk("doc1").text == more[0].text
+
+    # an ensemble of plain texts (the nodes' content without their metadata): by id, unless edited
+    plain = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=len(nodes), explore=False)
+    by_id = dict(zip(IDS, plain.ensemble.retrievers["bm25"].score(question, IDS), strict=True))
+    assert scores(plain, nodes) == pytest.approx(by_id)
+    assert scores(plain, [edited, *nodes[1:]]) == pytest.approx({**by_id, "doc0": 0.0})
+
+    from_index = FeedbackFusionPostprocessor.from_index(index, store=tmp_path / "idx.db", retrievers=("bm25",),
+                                                        top_n=2, explore=False)
+    index.insert_nodes([edited])  # replaces doc0 in the index's docstore; the postprocessor indexed the old one
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=len(nodes), node_postprocessors=[from_index])
+    response = engine.query(question)
+    assert "doc0" not in [n.node.node_id for n in response.source_nodes]
+    assert all("Glaciers" not in n.node.get_content() for n in response.source_nodes)
