@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,8 +28,12 @@ __all__ = [
 EVENT_ID_KEY = "event_id"
 #: Metadata keys the adapters add to the nodes they return (kept out of the LLM's and the embedder's text):
 #: the event id, the 1-based rank, each retriever's raw score (``None`` where it had none) and the
-#: retrievers whose own top list held the chunk.
+#: retrievers whose own top list held the chunk. They replace a node's own keys of the same names (with a
+#: warning, once per set of keys), as ``langchain_rlfb.METADATA_KEYS`` override a Document's.
 METADATA_KEYS = (EVENT_ID_KEY, "rank", "scores", "proposed_by")
+
+_warned: set[tuple[str, ...]] = set()  # the sets of a node's own keys replaced that a warning named already
+_warned_lock = threading.Lock()
 
 
 def node_text(node: BaseNode) -> str:
@@ -101,6 +107,8 @@ def hit_to_node(hit: Hit, event_id: str | None, node: BaseNode | None = None) ->
 
     ``node`` is the original node (copied, never changed); without one a ``TextNode`` is
     built from the hit. The added keys are excluded from the LLM's and the embedder's view.
+    A node's own metadata under one of those keys is replaced in the copy (so also gone
+    from the LLM's view); a warning names such keys, once per set of keys in the process.
     """
     extra = {
         EVENT_ID_KEY: event_id,
@@ -110,12 +118,37 @@ def hit_to_node(hit: Hit, event_id: str | None, node: BaseNode | None = None) ->
     }
     if node is None:
         node = TextNode(id_=hit.chunk_id, text=hit.text, metadata=dict(hit.metadata))
+    _warn_replaced(node)
     update = {
         "metadata": {**(node.metadata or {}), **extra},
         "excluded_llm_metadata_keys": _with_keys(node.excluded_llm_metadata_keys),
         "excluded_embed_metadata_keys": _with_keys(node.excluded_embed_metadata_keys),
     }
     return NodeWithScore(node=node.model_copy(update=update), score=float(hit.score))
+
+
+def _warn_replaced(node: BaseNode) -> None:
+    """Say (once per set of keys) that the node's own metadata under :data:`METADATA_KEYS` is replaced.
+
+    The keys are not renamed: users and the README read ``metadata["scores"]``. But a document's own ``rank``
+    or ``scores`` used to vanish from the LLM's prompt without a word.
+    """
+    meta = node.metadata or {}
+    own = tuple(k for k in METADATA_KEYS if k in meta)
+    if not own:
+        return
+    if len(own) == len(METADATA_KEYS) and set(METADATA_KEYS) <= set(node.excluded_llm_metadata_keys or ()):
+        return  # a node an adapter returned (re-ranked again): the keys are rlfb's already
+    with _warned_lock:
+        if own in _warned:
+            return
+        _warned.add(own)
+    warnings.warn(
+        f"the metadata keys {list(own)} of node {node.node_id!r} (and of any node that has them) are replaced by "
+        f"rlfb's own on the nodes it returns ({', '.join(METADATA_KEYS)}), which the LLM and the embedder do not "
+        "see: rename those keys to keep their values in the prompt",
+        stacklevel=3,
+    )
 
 
 def _with_keys(keys: Sequence[str] | None) -> list[str]:

@@ -13,7 +13,9 @@ score, and a SPLADE one when SPLADE is among the retrievers, of the text the
 LLM reads), fuses them with the learned weights and per-chunk
 confidence, keeps ``top_n`` and logs the retrieval event. Every node it returns is a copy carrying the event id in
 ``metadata["event_id"]`` (plus its rank, each retriever's raw score and which
-retrievers proposed it; these keys are hidden from the LLM and the embedder).
+retrievers proposed it; these keys are hidden from the LLM and the embedder,
+and replace a node's own keys of the same names, with a warning naming them:
+:data:`~llamaindex_rlfb.METADATA_KEYS`).
 
 **Where the corpus comes from.** BM25 needs corpus statistics (IDF, average
 length) to score a text, so the ensemble indexes a corpus:

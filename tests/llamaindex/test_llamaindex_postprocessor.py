@@ -381,3 +381,31 @@ def test_a_node_edited_under_the_same_id_is_ranked_by_its_new_text(
     response = engine.query(question)
     assert "doc0" not in [n.node.node_id for n in response.source_nodes]
     assert all("Glaciers" not in n.node.get_content() for n in response.source_nodes)
+
+
+def test_a_nodes_own_rank_and_scores_are_replaced_with_a_warning(
+    nodes: list[TextNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the adapter's values replaced them and hid them from the LLM without a word
+    import warnings
+
+    from llama_index.core.schema import MetadataMode
+
+    from llamaindex_rlfb import _nodes
+
+    monkeypatch.setattr(_nodes, "_warned", set(), raising=False)  # warned afresh, whatever ran before
+    mine = [TextNode(id_=n.node_id, text=n.text, metadata={"rank": "gold-tier source", "scores": {"editor": 5}})
+            for n in nodes]
+    pp = FeedbackFusionPostprocessor(nodes=mine, retrievers=("bm25",), top_n=2)
+    given = [NodeWithScore(node=n) for n in mine]
+    with pytest.warns(UserWarning, match=r"\['rank', 'scores'\].*rename those keys"):
+        out = pp.postprocess_nodes(given, query_str="aurora")
+    assert out[0].node.metadata["rank"] == 1 and "gold-tier" not in out[0].node.get_content(MetadataMode.LLM)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pp.postprocess_nodes(given, query_str="tides")  # once per set of keys
+        pp.postprocess_nodes(out, query_str="aurora")  # the adapter's own keys on its own nodes: nothing replaced
+        pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")  # no such keys
+    with pytest.warns(UserWarning, match=r"\['event_id'\]"):  # a document's own event id (an incident's)
+        pp.postprocess_nodes([NodeWithScore(node=TextNode(id_="x", text="aurora", metadata={"event_id": "INC-7"}))],
+                             query_str="aurora")
