@@ -542,7 +542,11 @@ class Learner:
         prior = episode.prior_rewards  # its shape was checked by _episode
         ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior,
                             response_level=episode.response_level)
-        if ids and _discovers(cfg) and (prior is None or not np.any(np.asarray(prior) != 0)):
+        # praise of a whole answer spread over its chunks says that one of them helped, not that the top one did
+        # (it was counted as a click on it); criticism of the answer says the top chunk did not help either
+        praised_together = episode.response_level and np.count_nonzero(r > 0) > 1
+        if ids and _discovers(cfg) and not praised_together \
+                and (prior is None or not np.any(np.asarray(prior) != 0)):
             # the first feedback on an event: was its top chunk one the memory did not know for this
             # repeated question, and was it taken? That click rate sets how often discovery explores.
             asks = self._memory.asks(episode.query) - 1  # before the asking this feedback is on

@@ -11,6 +11,7 @@ from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.learner import Learner, LearnerConfig
 from rlfb.memory import FeedbackMemory
+from rlfb.policies.base import Context, Episode
 
 from _toy_env import RETRIEVERS, ToyEnv, simulate
 
@@ -160,3 +161,29 @@ def test_discovery_is_off_without_memory_or_exploration():
                 for _ in range(10):
                     r = learner.rank(env.context(q), 10, explore=True)
                     assert not r.decision.explored and r.order.tolist() == greedy
+
+
+def test_praise_of_the_whole_answer_is_not_a_click_on_its_top_chunk():
+    # the discovery rate is the click rate of unknown top chunks; a thumbs up on the answer spreads its
+    # reward over every chunk used, the top one too, and was counted as a click on it
+    names = ("bm25", "dense")
+    ids = ("good", "u1", "u2", "u3")
+    scores = np.array([[0.9, 0.9], [0.8, 0.8], [0.7, 0.7], [0.6, 0.6]])
+    learner = Learner(names, policy="fixed", config={"exploration": "epsilon", "epsilon": 0.0, "epsilon_min": 0.0})
+    ctx = Context(query="q", retrievers=names, candidate_ids=ids, raw=scores, normalized=scores)
+
+    def episode(eid: str, order: list[int], rewards: list[float], response_level: bool) -> Episode:
+        return Episode(eid, "q", names, learner.rank(ctx, 4, explore=False).decision,
+                       tuple(ids[i] for i in order), scores[order], np.array(rewards), max(rewards),
+                       response_level=response_level)
+
+    learner.learn(episode("e0", [0, 1, 2, 3], [0.4, 0.0, 0.0, 0.0], False))  # the memory knows "good"
+    for _ in range(4):
+        learner.rank(ctx, 4)
+    before = learner.discovery.state_dict()
+    # a thumbs up on an answer written from the top three, unknown u1 on top
+    learner.learn(episode("e1", [1, 0, 2, 3], [1.0, 1.0, 1.0, 0.0], True))
+    assert learner.discovery.state_dict() == before
+    # the thumbs up taught the memory the answer's chunks: a click on u3, still unknown, on top is a click
+    learner.learn(episode("e2", [3, 0, 1, 2], [0.4, 0.0, 0.0, 0.0], False))
+    assert learner.discovery.state_dict() != before
