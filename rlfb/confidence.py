@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, float_list
+from rlfb.policies._util import check_float, float_list, plain_numbers
 
 __all__ = ["ConfidenceParams", "ChunkConfidence"]
 
@@ -61,6 +61,7 @@ class ConfidenceParams:
     prior_beta: float = 1.0
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("learning_rate", self.learning_rate, 0.01, 0.05)
         check_float("low", self.low)
         check_float("high", self.high)

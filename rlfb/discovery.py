@@ -50,7 +50,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError
 from rlfb.exploration import ExplorationResult
-from rlfb.policies._util import check_float, check_int, rng_state, set_rng_state
+from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, set_rng_state
 
 __all__ = ["DiscoveryParams", "RepeatDiscovery"]
 
@@ -72,6 +72,7 @@ class DiscoveryParams:
     forget: float = 0.999
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("max_rate", self.max_rate, 0.0, 1.0)
         check_float("scale", self.scale, 0.0, 100.0, lo_open=True)
         check_int("min_asks", self.min_asks, 0, 1_000_000)

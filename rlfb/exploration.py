@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, check_int, rng_state, set_rng_state
+from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, set_rng_state
 
 __all__ = [
     "EXPLORATIONS",
@@ -87,6 +87,7 @@ class EpsilonParams:
     min_position: float = 0.5
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("epsilon", self.epsilon, 0.0, 1.0)
         check_float("epsilon_min", self.epsilon_min, 0.0, 1.0)
         if self.epsilon_min > self.epsilon:
@@ -173,6 +174,7 @@ class ThompsonChunkParams:
     draws: int = 16
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("weight", self.weight, 0.0, 10.0)
         check_int("draws", self.draws, 1, 10_000)
 

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, check_int
+from rlfb.policies._util import check_float, check_int, plain_numbers
 
 __all__ = ["GuardrailParams", "Guardrail"]
 
@@ -62,6 +62,7 @@ class GuardrailParams:
     z: float = 3.0
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("alpha", self.alpha, 0.0, 1.0, lo_open=True)
         check_float("tolerance", self.tolerance, 0.0, 1.0)
         check_float("z", self.z, 0.0, 10.0)

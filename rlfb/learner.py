@@ -60,6 +60,7 @@ from rlfb.policies._util import (
     chunk_evidence,
     episode_time,
     logged_weights,
+    plain_numbers,
     score_scale,
     shared_credit,
     validate_retrievers,
@@ -193,6 +194,7 @@ class LearnerConfig:
     ask_threshold: float = 0.5
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("confidence_weight", self.confidence_weight, 0.0, 10.0)
         check_float("memory_weight", self.memory_weight, 0.0, 10.0)
         if not isinstance(self.exploration, str) or self.exploration not in EXPLORATIONS:

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, check_int
+from rlfb.policies._util import check_float, check_int, plain_numbers
 
 __all__ = ["MemoryParams", "FeedbackMemory", "normalize_query"]
 
@@ -97,6 +97,7 @@ class MemoryParams:
     half_life_days: float | None = 45.0
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("similarity_threshold", self.similarity_threshold, 0.0, 1.0, hi_open=True)
         check_int("max_entries", self.max_entries, 1, 10_000_000)
         check_int("max_neighbors", self.max_neighbors, 0, 1000)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError
-from rlfb.policies._util import check_float, check_int, rng_state, set_rng_state
+from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, set_rng_state
 from rlfb.policies.base import Decision, Episode
 
 __all__ = ["ReplayParams", "PrioritizedReplay", "episode_to_dict", "episode_from_dict"]
@@ -138,6 +138,7 @@ class ReplayParams:
     persist: int = 200
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_int("capacity", self.capacity, 1, 10_000_000)
         check_int("batch_size", self.batch_size, 1, 100_000)
         check_float("half_life", self.half_life, 0.0, None, lo_open=True)

@@ -5,6 +5,7 @@ Private to rlfb: the public names live in :mod:`rlfb.policies` and :mod:`rlfb.le
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -84,6 +85,15 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise ValidationError(f"{name} must be in [{lo}, {hi}], got {value!r}")
     return v
+
+
+def plain_numbers(params: Any) -> None:
+    """Replace NumPy scalars among a frozen dataclass's fields by Python numbers, so that its ``asdict``
+    (a policy's ``params()``, a learner's config) is JSON: ``batch_size=np.int64(50)`` made every save fail."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if isinstance(value, np.generic):
+            object.__setattr__(params, f.name, value.item())
 
 
 def check_bounds(bounds: Any) -> tuple[float, float]:
@@ -447,6 +457,15 @@ class BasePolicy:
         self._n_updates = 0.0
         self._lr_scale = 1.0
         self._explore_scale = 1.0
+
+    def _check_bounds_fit(self, bounds: tuple[float, float]) -> None:
+        """Refuse an upper bound under ``1/n``: no ``n`` weights under it sum to 1, and the projection widened it
+        to ``1/n``, so the policy kept equal weights for ever while its ``hyper.bounds`` said otherwise. (A lower
+        bound over ``1/n``, as the default 0.05 is for over 20 retrievers, is widened as documented.)"""
+        n = len(self.retrievers)
+        if n > 1 and bounds[1] * n < 1.0 - 1e-12:
+            raise ValidationError(f"bounds {tuple(bounds)} cannot hold {n} weights summing to 1: the upper bound "
+                                  f"must be at least 1/{n}")
 
     # -- tuning by the guardrail
     def tune(self, *, learning_rate: float = 1.0, exploration: float = 1.0) -> BasePolicy:

@@ -155,10 +155,29 @@ def same_hyperparameters(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     False
     >>> same_hyperparameters({"step": 0.1}, {"step": 0.1, "added_later": 3})
     True
+
+    Numbers compare by value, however they were written (``100``, ``100.0``, ``np.int64(100)``): a
+    policy built with ``window=100.0`` did not know its own state saved with ``window=100``.
+
+    >>> same_hyperparameters({"window": 100}, {"window": np.float64(100.0)})
+    True
     """
     shared = [k for k in a if k in b and k != "weights"]
 
     def canonical(p: Mapping[str, Any]) -> str:
-        return json.dumps({k: p[k] for k in shared}, sort_keys=True, default=str)
+        return json.dumps({k: _by_value(p[k]) for k in shared}, sort_keys=True, default=str)
 
     return canonical(a) == canonical(b)
+
+
+def _by_value(value: Any) -> Any:
+    """``value`` with every number a float (bools and strings kept), tuples as lists, for comparison."""
+    if isinstance(value, (bool, np.bool_)) or value is None or isinstance(value, str):
+        return bool(value) if isinstance(value, np.bool_) else value
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {str(k): _by_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_by_value(v) for v in value]
+    return value

@@ -43,6 +43,7 @@ from rlfb.policies._util import (
     check_int,
     float_list,
     logged_weights,
+    plain_numbers,
     project_simplex,
     read_array,
     weights_dict,
@@ -72,6 +73,7 @@ class BatchParams:
     bounds: tuple[float, float] = (0.05, 0.95)
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_int("batch_size", self.batch_size, 1, 100_000)
         check_float("learning_rate", self.learning_rate, 0.0, 1.0)
         check_float("max_step", self.max_step, 0.0, 1.0, lo_open=True)
@@ -132,6 +134,7 @@ class BatchPolicy(BasePolicy):
             concentration=concentration,
             bounds=bounds,
         )
+        self._check_bounds_fit(self.hyper.bounds)
         lo, hi = self.hyper.bounds
         self._default = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
         self._w = self._default.copy()

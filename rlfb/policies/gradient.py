@@ -62,6 +62,7 @@ from rlfb.policies._util import (
     float_list,
     logged_weights,
     pdgd_pairs,
+    plain_numbers,
     project_simplex,
     read_array,
     score_scale,
@@ -157,6 +158,7 @@ class GradientParams:
     bounds: tuple[float, float] = (0.05, 0.95)
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("learning_rate", self.learning_rate, 0.0, 10.0)
         check_float("lr_decay", self.lr_decay, 0.0, None, lo_open=True)
         check_float("min_learning_rate", self.min_learning_rate, 0.0, 10.0)
@@ -219,6 +221,7 @@ class GradientPolicy(BasePolicy):
             temperature=temperature, shrinkage=shrinkage, evidence_z=evidence_z, window=window,
             max_step=max_step, bounds=bounds,
         )
+        self._check_bounds_fit(self.hyper.bounds)
         lo, hi = self.hyper.bounds
         self._default = project_simplex(weights_vector(weights, self.retrievers), lo, hi)
         self._w = self._default.copy()
@@ -279,7 +282,10 @@ class GradientPolicy(BasePolicy):
             raise ValidationError(f"episode has {X.shape[0]} shown chunks but {r.shape} chunk rewards")
         if not (np.all(np.isfinite(X)) and np.all(np.isfinite(r))):
             raise ValidationError("episode scores and chunk rewards must be finite")
-        if weight == 0.0 or X.ndim != 2 or X.shape[0] < 2 or X.shape[1] != len(self.retrievers):
+        if weight == 0.0 or (X.ndim == 2 and X.shape[1] != len(self.retrievers)):
+            return self
+        if X.ndim != 2 or X.shape[0] < 2:  # one chunk shown holds no preference: counted only, as the rest are
+            self._n_updates += weight
             return self
         prior = episode.prior_rewards
         if prior is not None and np.shape(prior) == r.shape and np.any(np.asarray(prior) != 0):

@@ -75,6 +75,7 @@ from rlfb.policies._util import (
     episode_time,
     float_list,
     logged_weights,
+    plain_numbers,
     project_simplex,
     read_array,
     weights_dict,
@@ -146,6 +147,7 @@ class ThompsonParams:
     cf_max_queries: int = 2000
 
     def __post_init__(self) -> None:
+        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         step = check_float("step", self.step, 0.0, 1.0, lo_open=True)
         m = round(1.0 / step)
         if abs(m * step - 1.0) > 1e-9:
@@ -249,6 +251,7 @@ class ThompsonPolicy(BasePolicy):
             bounds=bounds, max_arms=max_arms, counterfactual=counterfactual, cf_min_clicks=cf_min_clicks,
             cf_gate_z=cf_gate_z, cf_max_queries=cf_max_queries,
         )
+        self._check_bounds_fit(self.hyper.bounds)
         n = len(self.retrievers)
         m = round(1.0 / self.hyper.step)
         n_grid = math.comb(m + n - 1, n - 1)
