@@ -99,6 +99,17 @@ def test_demo_out_is_an_existing_file(tmp_path: Path, capsys) -> None:
     assert out.read_text(encoding="utf-8") == "keep me"
 
 
+@pytest.mark.parametrize("name", ["results.json", "learning_curves.png"])
+def test_demo_output_file_is_a_folder(tmp_path: Path, capsys, name: str) -> None:
+    """A folder where demo would write one of its two files is refused before the run, not after it."""
+    out = tmp_path / "demo"
+    (out / name).mkdir(parents=True)
+    assert main(["demo", "--out", str(out), "--devices", "2", *SMALL_RUN]) == 2
+    assert str(out / name) in one_error_line(capsys)
+    assert capsys.readouterr().out == ""  # it failed before the run, not after it
+    assert sorted(p.name for p in out.iterdir()) == [name]  # no partial output beside it
+
+
 def test_simulate_json_under_a_regular_file(tmp_path: Path, capsys) -> None:
     blocker = tmp_path / "blocker"
     blocker.write_text("keep me", encoding="utf-8")

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import check_int, prepare_output_dir, require_matplotlib
+    from rlfb.commands import check_int, prepare_output_dir, prepare_output_file, require_matplotlib
     from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     config = SimulationConfig(policy=args.policy, interactions=args.interactions, seeds=tuple(range(args.seeds)),
                               retrievers=names)
     out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation (made later)
+    # and so do the two files it will hold: a folder in the place of either would fail only after the run,
+    # with results.json written and no plot
+    results, curves = prepare_output_file(out / "results.json"), prepare_output_file(out / "learning_curves.png")
     data = generate_demo_corpus(n_devices=args.devices)
     print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
     prepared = prepare(data, config)
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(data, config, prepared=prepared)
     print_table(result)
     out.mkdir(parents=True, exist_ok=True)  # checked before the run, made now that there is something to write
-    (out / "results.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    plot_curves(result, str(out / "learning_curves.png"))
-    print(f"\nwrote {out / 'results.json'} and {out / 'learning_curves.png'}")
+    results.write_text(json.dumps(result, indent=2), encoding="utf-8")
+    plot_curves(result, str(curves))
+    print(f"\nwrote {results} and {curves}")
     return 0
