@@ -147,6 +147,7 @@ def _read_queries(file: Path) -> dict[str, str]:
 
 def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
     split: dict[str, dict[str, int]] = {}
+    first_line: dict[tuple[str, str], int] = {}
     for lineno, line in _lines(tsv):
         try:  # one reader per line, so that an error can name its line
             row = next(csv.reader([line], delimiter="\t"), [])
@@ -163,7 +164,13 @@ def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
             raise CorruptStateError(f"{tsv}:{lineno}: score must be a number, got {row[2]!r}") from None
         if grade != value:  # int() would make 0.5 irrelevant and 1.7 a 1, silently; BEIR's loader refuses it
             raise CorruptStateError(f"{tsv}:{lineno}: score must be a whole relevance grade, got {row[2]!r}")
-        split.setdefault(row[0], {})[row[1]] = grade
+        # a judgment repeated word for word is harmless; two grades for one pair are not (the last one won)
+        judged = split.setdefault(row[0], {})
+        if row[1] in judged and judged[row[1]] != grade:
+            raise CorruptStateError(f"{tsv}:{lineno}: query {row[0]!r}, document {row[1]!r} graded {grade} here "
+                                    f"and {judged[row[1]]} on line {first_line[row[0], row[1]]}")
+        first_line.setdefault((row[0], row[1]), lineno)
+        judged[row[1]] = grade
     return split
 
 
@@ -172,7 +179,8 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
 
     Chunk text is ``title + " " + text``, as BEIR evaluates it; the title is
     kept in the metadata too. A malformed file raises :class:`CorruptStateError`
-    naming the file and line.
+    naming the file and line, and so does a qrels pair (query, document) given two
+    different grades (naming the earlier line too); a judgment repeated as it was is kept once.
     """
     root = Path(path)
     for required in ("corpus.jsonl", "queries.jsonl"):

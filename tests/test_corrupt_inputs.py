@@ -166,6 +166,7 @@ BAD_BEIR = {
     "query without text": ({"queries": [QUERIES[0], '{"_id": "q2"}']}, "queries.jsonl:2"),
     "qrels score not a number": ({"qrels": [QRELS[0], QRELS[1], "q2\td2\tabc"]}, "qrels/test.tsv:3"),
     "qrels row too short": ({"qrels": [QRELS[0], QRELS[1], "q2\td2"]}, "qrels/test.tsv:3"),
+    "one pair graded twice": ({"qrels": [*QRELS, "q1\td1\t2"]}, "qrels/test.tsv:4"),
 }
 
 
@@ -175,6 +176,16 @@ def test_malformed_beir_folder_names_file_and_line(tmp_path: Path, case: str) ->
     root = write_beir(tmp_path / "beir", **files)
     with pytest.raises(CorruptStateError, match=re.escape(f"{root}/{where}:")):
         load_beir(root)
+
+
+def test_beir_qrels_pair_graded_twice_names_both_lines(tmp_path: Path) -> None:
+    """Two grades for one (query, document) pair are refused (the last one won, silently); a repeat is not."""
+    root = write_beir(tmp_path / "beir", qrels=[*QRELS, "q2\td1\t0", "q1\td1\t1", "q1\td1\t0"])
+    with pytest.raises(CorruptStateError, match=re.escape(f"{root}/qrels/test.tsv:6: query 'q1', document 'd1' "
+                                                          "graded 0 here and 1 on line 2")):
+        load_beir(root)
+    root = write_beir(tmp_path / "again", qrels=[*QRELS, "q1\td1\t1"])  # the same grade repeated: accepted
+    assert load_beir(root).split("test") == {"q1": {"d1": 1}, "q2": {"d2": 1}}
 
 
 def test_beir_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
