@@ -12,7 +12,7 @@ import csv
 import json
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,9 @@ class BeirDataset:
     corpus: list[Chunk]
     queries: Mapping[str, str]
     qrels: Mapping[str, Mapping[str, Mapping[str, int]]]  # split -> query id -> doc id -> grade
+    # split -> how many relevant judgments :func:`load_beir` left out of ``qrels`` because they name a
+    # document that is not in the corpus (such a document can never be ranked: it only lowered every metric)
+    unknown_judgments: Mapping[str, int] = field(default_factory=dict)
 
     def split(self, name: str = "test") -> Mapping[str, Mapping[str, int]]:
         """Judgments of one split; :class:`ValidationError` lists the splits that exist."""
@@ -39,6 +42,21 @@ class BeirDataset:
             return self.qrels[name]
         except KeyError:
             raise ValidationError(f"{self.name} has no split {name!r}; it has {sorted(self.qrels)}") from None
+
+    def check_known_documents(self, name: str = "test") -> None:
+        """Raise :class:`ValidationError` when every relevant judgment of split ``name`` names a document
+        that is not in the corpus (the qrels belong to another corpus: every metric would be 0)."""
+        unknown = self.unknown_judgments.get(name, 0)
+        if unknown and not any(g > 0 for r in self.split(name).values() for g in r.values()):
+            raise ValidationError(f"{self.name}: none of the {unknown} relevant judgments of qrels/{name}.tsv "
+                                  "names a document of corpus.jsonl")
+
+    def unknown_documents_note(self, name: str = "test") -> str | None:
+        """The ``rlfb: left out ...`` line for the relevant judgments of split ``name`` that named unknown
+        documents, or ``None`` when there were none."""
+        n = self.unknown_judgments.get(name, 0)
+        return f"rlfb: left out {n} relevant judgments of qrels/{name}.tsv naming documents not in corpus.jsonl" \
+            if n else None
 
     def split_queries(self, name: str = "test") -> dict[str, str]:
         """Query texts of the judged queries of one split, in a stable order."""
@@ -181,6 +199,10 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     kept in the metadata too. A malformed file raises :class:`CorruptStateError`
     naming the file and line, and so does a qrels pair (query, document) given two
     different grades (naming the earlier line too); a judgment repeated as it was is kept once.
+    Judgments naming a document that is not in the corpus are left out of ``qrels`` and the relevant
+    ones counted per split in ``unknown_judgments``: ``rlfb evaluate`` and ``rlfb simulate`` report the
+    count, and :meth:`BeirDataset.check_known_documents` refuses a split none of whose relevant
+    judgments names a document of the corpus.
     """
     root = Path(path)
     for required in ("corpus.jsonl", "queries.jsonl"):
@@ -191,4 +213,10 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     qrels = {tsv.stem: _read_qrels(tsv) for tsv in sorted((root / "qrels").glob("*.tsv"))}
     if not qrels:
         raise ValidationError(f"{root} has no qrels/*.tsv")
-    return BeirDataset(name or root.name, corpus, queries, qrels)
+    ids = {chunk.id for chunk in corpus}
+    unknown: dict[str, int] = {}
+    for split, judged in qrels.items():
+        for q, docs in judged.items():
+            unknown[split] = unknown.get(split, 0) + sum(g > 0 for d, g in docs.items() if d not in ids)
+            judged[q] = {d: g for d, g in docs.items() if d in ids}
+    return BeirDataset(name or root.name, corpus, queries, qrels, {s: n for s, n in unknown.items() if n})

@@ -126,6 +126,24 @@ def test_evaluate_json_is_a_folder(tmp_path: Path, capsys) -> None:
     assert str(tmp_path) in one_error_line(capsys)
 
 
+# -- evaluate / simulate: qrels naming documents that are not in the corpus ----------------------------
+@pytest.mark.parametrize("command", [["evaluate"], ["simulate", "--quiet", *SMALL_RUN[2:]]], ids=lambda c: c[0])
+def test_qrels_of_another_corpus_are_refused(tmp_path: Path, capsys, command: list[str]) -> None:
+    """Every relevant judgment names an unknown document: a data error, not a run with every metric 0."""
+    data = write_beir(tmp_path / "beir", qrels=[QRELS[0], "q1\tD1\t1", "q2\tD2\t1", "q2\td3\t0"])
+    assert main([command[0], "--dataset", str(data), "--retrievers", "bm25", *command[1:]]) == 2
+    line = one_error_line(capsys)
+    assert "none of the 2 relevant judgments of qrels/test.tsv names a document of corpus.jsonl" in line
+
+
+@pytest.mark.parametrize("command", [["evaluate"], ["simulate", "--quiet", *SMALL_RUN[2:]]], ids=lambda c: c[0])
+def test_judgments_of_unknown_documents_are_left_out_with_a_note(tmp_path: Path, capsys, command: list[str]) -> None:
+    data = write_beir(tmp_path / "beir", qrels=[*QRELS, "q2\tD9\t1", "q1\tD8\t0"])
+    assert main([command[0], "--dataset", str(data), "--retrievers", "bm25", *command[1:]]) == 0
+    err = capsys.readouterr().err
+    assert "rlfb: left out 1 relevant judgments of qrels/test.tsv naming documents not in corpus.jsonl" in err
+
+
 @pytest.mark.parametrize(
     "exc",
     [

@@ -211,6 +211,17 @@ def test_valid_beir_folder_still_loads(tmp_path: Path) -> None:
     assert data.split("test") == {"q1": {"d1": 1}, "q2": {"d2": 1}}
 
 
+def test_beir_leaves_out_and_counts_judgments_of_unknown_documents(tmp_path: Path) -> None:
+    data = load_beir(write_beir(tmp_path / "beir", qrels=[*QRELS, "q1\tD7\t2", "q2\tD8\t1", "q2\tD9\t0"]))
+    assert data.split("test") == {"q1": {"d1": 1}, "q2": {"d2": 1}}  # never rankable: they only lowered metrics
+    assert data.unknown_judgments == {"test": 2}  # the relevant ones
+    data.check_known_documents("test")  # some judgments name known documents: a note, not an error
+    data = load_beir(write_beir(tmp_path / "other", qrels=[QRELS[0], "q1\tD1\t1"]))
+    with pytest.raises(ValidationError, match="none of the 1 relevant judgments of qrels/test.tsv names a document"):
+        data.check_known_documents("test")
+    assert load_beir(write_beir(tmp_path / "ok")).unknown_judgments == {}
+
+
 def test_beir_tolerates_a_repeated_query_and_a_numeric_title(tmp_path: Path) -> None:
     corpus = [CORPUS[0], '{"_id": "d2", "title": 1984, "text": "tides"}']
     data = load_beir(write_beir(tmp_path / "beir", corpus=corpus, queries=[QUERIES[0], QUERIES[0], QUERIES[1]]))

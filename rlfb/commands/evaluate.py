@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         prepare_output_file(args.json_out)
     data = load_beir(args.dataset)
     judged = data.split(args.split)
+    data.check_known_documents(args.split)  # qrels of another corpus: every metric would be 0
     queries = data.split_queries(args.split)
     # measured over the queries with a text and a relevant document, as simulate does: a judged query without
     # a text scored 0 and halved every figure, and one judged only irrelevant scores 0 whatever is ranked
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
                               "relevant to any document")
     textless = sum(q not in data.queries for q in judged)
     irrelevant = len(judged) - textless - len(qrels)
+    if note := data.unknown_documents_note(args.split):  # left out by load_beir: they could never be ranked
+        print(note, file=sys.stderr)
     for n, why in ((textless, "no text in queries.jsonl"), (irrelevant, "no document judged relevant")):
         if n:
             print(f"rlfb: left out {n} judged queries with {why}", file=sys.stderr)

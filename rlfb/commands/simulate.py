@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rlfb.commands import HelpFormatter
@@ -134,7 +135,15 @@ def run(args: argparse.Namespace) -> int:
         reformulation_rate=args.reformulation_rate, mean_delay=args.mean_delay, late_rate=args.late_rate,
         late_delay=args.late_delay, spacing=args.spacing, split=args.split,
     )
-    result = simulate(load_dataset(args.dataset), config, show_progress=not args.quiet)
+    data = load_dataset(args.dataset)
+    if config.split in data.qrels:  # a missing split is named by the runner
+        data.check_known_documents(config.split)  # the error alone, without the note below
+    # the splits the run reads (config's stream split only where the runner streams from it)
+    for split in dict.fromkeys((config.split, config.stream_split) if config.stream_split in data.qrels
+                               else (config.split,)):
+        if note := data.unknown_documents_note(split):
+            print(note, file=sys.stderr)  # left out by load_beir: they could never be ranked
+    result = simulate(data, config, show_progress=not args.quiet)
     result["dataset_path"] = args.dataset if args.dataset == "demo" else str(Path(args.dataset).resolve())
     result["config"]["dataset_path"] = result["dataset_path"]
     print_table(result)

@@ -220,6 +220,7 @@ def _check_judged(
 ) -> None:
     """Raise :class:`ValidationError` unless the splits give questions (judged relevant, with a text) both to
     stream and to hold out, as :func:`_split` parts them."""
+    dataset.check_known_documents(config.split)  # qrels of another corpus: say so, not "judges no query"
     judged = [q for q in qrels if q in dataset.queries]
     if not judged:
         raise ValidationError(f"{dataset.name}: split {config.split!r} judges no query of queries.jsonl relevant "
