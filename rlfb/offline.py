@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
-from rlfb.metrics import evaluate_run
-from rlfb.retrievers.base import top_k
+from rlfb.metrics import evaluate_run, run_to_ranking
 
-__all__ = ["evaluate_ensemble", "MEASURES"]
+__all__ = ["evaluate_ensemble", "trec_top", "MEASURES"]
 
 MEASURES: tuple[tuple[str, int], ...] = (("ndcg", 10), ("mrr", 10), ("p", 10), ("recall", 100))
 
@@ -32,6 +32,10 @@ def evaluate_ensemble(
     ``depth`` deep, or as deep as the deepest cut-off in ``measures``; the fused run
     ranks the pool the ensemble serves ``retrieve(query, k)`` from (each retriever's
     ``max(candidate_k, k)`` best, and the members'), so it is shorter where that pool is.
+
+    Each run is ordered as trec_eval orders it (:func:`rlfb.metrics.run_to_ranking`: score descending,
+    then document id descending), so that the metrics equal ``pytrec_eval``'s on the same scores; see
+    :func:`trec_top` for ties at the run's depth.
     """
     depth = max([depth, *(k for _, k in measures)])  # --k 200 was scored on runs cut at 100
     ids = ensemble.chunks.ids
@@ -40,11 +44,33 @@ def evaluate_ensemble(
     runs: dict[str, dict[str, list[str]]] = {}
     for name, retriever in ensemble.retrievers.items():
         scores = retriever.score_all_batch(texts, show_progress=show_progress)
-        runs[name] = {q: [ids[i] for i in top_k(row, depth)] for q, row in zip(qids, scores, strict=True)}
+        runs[name] = {q: trec_top(ids, row, depth) for q, row in zip(qids, scores, strict=True)}
     fused: dict[str, list[str]] = {}
     for q, text in tqdm(list(zip(qids, texts, strict=True)), desc="fused", disable=not show_progress):
         # the pool retrieve(k) serves from: retrieve(k=depth) would widen it to the run's depth (Recall@100)
         ctx = ensemble.context(text, k=k)
-        fused[q] = ensemble.rank_context(ctx, depth, explore=False, log=False).chunk_ids
+        # the whole pool, ranked greedily (by fused score alone), so that ties at the depth are cut in trec order
+        hits = ensemble.rank_context(ctx, max(1, len(ctx.candidate_ids)), explore=False, log=False).hits
+        fused[q] = trec_top([h.chunk_id for h in hits], np.array([h.score for h in hits], dtype=float), depth)
     runs["fused"] = fused
     return {name: evaluate_run(run, qrels, measures) for name, run in runs.items()}
+
+
+def trec_top(ids: Sequence[str], scores: np.ndarray, depth: int) -> list[str]:
+    """The best ``depth`` of ``ids`` by ``scores``, in trec_eval's order: score descending, then id descending.
+
+    Documents that tie with the last one kept are ordered with the others before the cut, so the cut
+    keeps the ids trec_eval would rank first, not the first in corpus order (``top_k``'s tie-break).
+    A NaN score ranks last.
+
+    >>> trec_top(["a", "b", "c", "d"], np.array([0.5, 1.0, 0.5, 0.5]), 2)
+    ['b', 'd']
+    """
+    s = np.where(np.isnan(scores), -np.inf, np.asarray(scores, dtype=float))
+    n = s.shape[0]
+    if depth < n:
+        kth = np.partition(s, n - depth)[n - depth]  # the depth-th best score; every tie with it is a candidate
+        keep = np.flatnonzero(s >= kth)
+    else:
+        keep = np.arange(n)
+    return run_to_ranking({ids[i]: float(s[i]) for i in keep})[:depth]

@@ -108,3 +108,38 @@ def test_a_ranking_listing_a_document_twice_is_an_error(metric) -> None:
     with pytest.raises(ValidationError, match="'a' is listed twice"):
         metric(["a", "b", "a"], {"a": 1}, 10)  # nDCG was 2.13 and recall 2.0
     assert metric(["a", "b", "a"], {"a": 1}, 2) == metric(["a", "b"], {"a": 1}, 2)  # below the cut-off: unseen
+
+
+@pytest.mark.parametrize("fusion", ["minmax", "rrf"])
+def test_evaluate_ensemble_breaks_score_ties_like_trec_eval(fusion: str) -> None:
+    """``rlfb evaluate``'s runs broke ties by corpus order (top_k), so its metrics differed from pytrec_eval's."""
+    from rlfb import FeedbackEnsemble
+    from rlfb.offline import evaluate_ensemble
+
+    texts = ["apple"] * 5 + ["apple pear"] * 4 + ["banana"] * 3  # two groups of tied BM25 scores
+    ids = ["d0", "d1", "d2", "d3", "d4", "e0", "e1", "e2", "e3", "f0", "f1", "f2"]
+    ens = FeedbackEnsemble.from_texts(texts, ids=ids, retrievers=("bm25",), fusion=fusion)
+    qrels = {"a": {"d0": 1, "d4": 2}, "p": {"e0": 1, "d1": 1}}
+    queries = {"a": "apple", "p": "pear"}
+    measures = [("ndcg", 10), ("mrr", 10), ("p", 3), ("recall", 10)]
+    got = evaluate_ensemble(ens, queries, qrels, measures=measures)
+    scores = ens.retrievers["bm25"].score_all_batch(list(queries.values()))
+    run = {q: {d: float(s) for d, s in zip(ids, row, strict=True)} for q, row in zip(queries, scores, strict=True)}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recip_rank", "P.3", "recall.10"}).evaluate(run)
+    for ours, theirs in (("ndcg@10", "ndcg_cut_10"), ("mrr@10", "recip_rank"), ("p@3", "P_3"),
+                         ("recall@10", "recall_10")):
+        assert got["bm25"][ours] == pytest.approx(sum(r[theirs] for r in ref.values()) / 2, abs=1e-9), ours
+    if fusion == "minmax":  # one retriever: the fused scores tie where BM25's do
+        assert got["fused"] == pytest.approx(got["bm25"], abs=1e-9)
+
+
+def test_evaluate_ensemble_cuts_ties_at_the_depth_in_trec_order() -> None:
+    """Documents tying with the last one of a run compete for its place as trec_eval orders them, not by file order."""
+    from rlfb import FeedbackEnsemble
+    from rlfb.offline import evaluate_ensemble
+
+    ids = ["d0", "d1", "d2", "d3", "d4", "x"]
+    ens = FeedbackEnsemble.from_texts(["apple"] * 5 + ["pear"], ids=ids, retrievers=("bm25",), fusion="minmax")
+    got = evaluate_ensemble(ens, {"q": "apple"}, {"q": {"d4": 1}}, depth=2, measures=[("recall", 2)], k=2)
+    assert got["bm25"]["recall@2"] == 1.0  # trec order: d4, d3, d2, d1, d0 (it took d0, d1)
+    assert got["fused"]["recall@2"] == 1.0
