@@ -51,7 +51,8 @@ def export_weights(store: Any, path: str | Path | None, *, with_state: bool = Tr
 
 def _read(path: str | Path) -> dict[str, Any]:
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark (files saved by some Windows editors) is not JSON; the BEIR loader skips it too
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
         raise CorruptStateError(f"cannot read weights from {path}: {exc}") from exc
     if not isinstance(data, Mapping):

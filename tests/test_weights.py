@@ -77,6 +77,16 @@ def test_corrupt_weights_file_is_a_clear_error(tmp_path, capsys) -> None:
     assert main(["weights", "show", str(tmp_path / "missing.db")]) == 2
 
 
+def test_weights_import_reads_a_file_with_a_utf8_byte_order_mark(tmp_path, capsys) -> None:
+    db = _two_retriever_store(tmp_path)
+    bom = tmp_path / "bom.json"
+    bom.write_text(json.dumps({"weights": {"bm25": 0.7, "dense": 0.3}}), encoding="utf-8-sig")  # as Notepad saves
+    assert bom.read_bytes().startswith(b"\xef\xbb\xbf")
+    assert main(["weights", "import", str(db), str(bom)]) == 0, capsys.readouterr().err
+    with FeedbackStore(db) as store:
+        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.7, "dense": 0.3})
+
+
 def test_a_second_process_picks_up_new_weights_without_restart(tmp_path) -> None:
     db = tmp_path / "fb.db"
     app = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=str(db), refresh_interval=0.2)
