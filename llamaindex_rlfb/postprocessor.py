@@ -394,7 +394,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         for n in nodes:
             originals.setdefault(str(n.node.node_id), n.node)
         chunks = nodes_to_chunks(originals.values())
-        if self._seen is None:  # self-indexing indexes the nodes' texts as given
+        if self._seen is None:  # a corpus given (not self-indexing, which indexes the texts as given)
             chunks = self._content_as_indexed(chunks, originals)
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self.top_n,
                                           model_name=self.class_name()))
