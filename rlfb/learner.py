@@ -68,7 +68,7 @@ from rlfb.policies._util import (
 )
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.replay import PrioritizedReplay
-from rlfb.types import validate_k
+from rlfb.types import check_chunk_ids, validate_k
 
 __all__ = ["LearnerConfig", "Ranking", "Learner"]
 
@@ -434,7 +434,7 @@ class Learner:
         validate_k(k)
         if not isinstance(context.query, str):  # the memory keys questions by their text
             raise ValidationError(f"context query must be a str, got {type(context.query).__name__}")
-        _check_ids("context candidate_ids", context.candidate_ids)
+        check_chunk_ids(context.candidate_ids, "context candidate id")
         N, conf, mem, offsets, scale = self._features(context)
         n = N.shape[0]
         ctx = dataclasses.replace(context, retrievers=self.retrievers, normalized=N, k=k, offsets=offsets)
@@ -499,7 +499,7 @@ class Learner:
         part of the learner changes: a refusal halfway would leave the policy updated and the rest not,
         and a retry would learn the episode twice."""
         ids = tuple(episode.shown_ids)
-        _check_ids("episode shown_ids", ids)
+        check_chunk_ids(ids, "episode shown id")
         X = self._matrix(episode.retrievers, episode.shown, len(ids), "episode.shown")
         try:
             r = np.asarray(episode.chunk_rewards, dtype=float)
@@ -757,18 +757,6 @@ def _non_finite(obj: Any, path: str = "state") -> str | None:
         if found is not None:
             return found
     return None
-
-
-def _check_ids(what: str, ids: Sequence[Any]) -> None:
-    """Refuse chunk ids that are not strings, or repeated: a saved state keys chunks by JSON strings (chunk 101
-    came back as "101" and lost all it had learned), and the memory scores only the last of a repeated id."""
-    bad = next((c for c in ids if not isinstance(c, str)), None)
-    if bad is not None:
-        raise ValidationError(f"{what} must be strings, got {bad!r}")
-    if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        twice = next(c for c in ids if c in seen or seen.add(c))
-        raise ValidationError(f"{what} holds {twice!r} more than once")
 
 
 def _number(what: str, value: Any) -> None:

@@ -119,6 +119,32 @@ def check_choice(value: object, choices: Mapping[str, Any], what: str) -> str:
     return value
 
 
+def check_chunk_ids(ids: Sequence[Any], what: str = "chunk id") -> None:
+    """Refuse chunk ids that are not strings, or repeated.
+
+    A saved state keys chunks by JSON strings (chunk 101 would come back as ``"101"`` and lose all it had
+    learned), and ``str(7)`` would index ``"7"`` where ``chunk(7)`` then finds nothing; of a repeated id only
+    one place would be scored.
+
+    >>> check_chunk_ids(["a", "b"])
+    >>> check_chunk_ids(["a", 7], "shown id")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: shown ids must be strings, got int 7
+    >>> check_chunk_ids(["x", "x"])
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.DuplicateIdError: duplicate chunk id: 'x'
+    """
+    seen: set[str] = set()
+    for cid in ids:
+        if not isinstance(cid, str):
+            raise ValidationError(f"{what}s must be strings, got {type(cid).__name__} {cid!r}")
+        if cid in seen:
+            raise DuplicateIdError(f"duplicate {what}: {cid!r}")
+        seen.add(cid)
+
+
 def make_chunks(
     texts: Sequence[str],
     ids: Sequence[str] | None = None,
@@ -146,9 +172,7 @@ def make_chunks(
     if isinstance(ids, str):  # a string is a sequence too: "ab" would silently become ids "a" and "b"
         raise ValidationError("ids must be a sequence of strings, not one string")
     ids = list(ids)
-    for cid in ids:
-        if not isinstance(cid, str):  # str(7) would index "7" where chunk(7) then finds nothing
-            raise ValidationError(f"chunk ids must be strings, got {type(cid).__name__} {cid!r}")
+    check_chunk_ids(ids)
     if len(ids) != len(texts):
         raise ValidationError(f"got {len(texts)} texts but {len(ids)} ids")
     if metadatas is None:
@@ -161,12 +185,8 @@ def make_chunks(
             raise ValidationError(f"each metadata must be a mapping or None, got {type(meta).__name__}")
     if len(metadatas) != len(texts):
         raise ValidationError(f"got {len(texts)} texts but {len(metadatas)} metadatas")
-    seen: set[str] = set()
     chunks = []
     for cid, text, meta in zip(ids, texts, metadatas, strict=True):
-        if cid in seen:
-            raise DuplicateIdError(f"duplicate chunk id: {cid!r}")
-        seen.add(cid)
         if not isinstance(text, str):
             raise ValidationError(f"text of chunk {cid!r} is {type(text).__name__}, not str")
         chunks.append(Chunk(cid, text, dict(meta or {})))
