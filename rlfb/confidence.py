@@ -38,6 +38,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.policies._util import check_float, float_list, plain_numbers
+from rlfb.reward import finite_float
 
 __all__ = ["ConfidenceParams", "ChunkConfidence"]
 
@@ -166,8 +167,7 @@ class ChunkConfidence:
         # checked before clipping: clipped, an infinite reward would pass as a full one
         if rel.shape != r.shape or not np.all(np.isfinite(r)) or not np.all(np.isfinite(rel)):
             raise ValidationError("rewards and relevance must be finite and of equal length")
-        if not math.isfinite(float(timestamp)):
-            raise ValidationError(f"timestamp must be finite, got {timestamp!r}")
+        timestamp = finite_float(timestamp, "timestamp")  # an infinite clock would decay all it holds to 0
         r, rel = np.clip(r, -1.0, 1.0), np.clip(rel, 0.0, 1.0)
         keep = r != 0
         if not np.any(keep):

@@ -51,6 +51,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.policies._util import check_float, check_int, plain_numbers
+from rlfb.reward import finite_float
 
 __all__ = ["MemoryParams", "FeedbackMemory", "normalize_query"]
 
@@ -382,8 +383,7 @@ class FeedbackMemory:
         ev = np.asarray(evidence, dtype=float)
         if ev.shape != (len(shown_ids),) or not np.all(np.isfinite(ev)):
             raise ValidationError(f"got {len(shown_ids)} shown chunks but evidence of shape {ev.shape}")
-        if not math.isfinite(float(timestamp)):  # an infinite clock would decay everything remembered to 0
-            raise ValidationError(f"timestamp must be finite, got {timestamp!r}")
+        timestamp = finite_float(timestamp, "timestamp")  # an infinite clock would decay all it holds to 0
         if not np.any(ev != 0):
             return
         e = self._embedding(embedding)

@@ -138,6 +138,17 @@ def test_memory_refuses_an_infinite_time():
     FeedbackMemory().load_state_dict(json.loads(json.dumps(mem.state_dict())))
 
 
+@pytest.mark.parametrize("t", [float("inf"), float("nan"), "1.7e9", None])
+def test_confidence_refuses_a_time_that_is_not_a_finite_number(t):
+    # an infinite clock would decay every confidence to its prior; a string read as a float hid a caller's bug
+    conf = ChunkConfidence()
+    conf.update(["a"], [1.0], timestamp=1.7e9)
+    before = conf.state_dict()
+    with pytest.raises(ValidationError, match="timestamp"):
+        conf.update(["a"], [1.0], timestamp=t)
+    assert conf.state_dict() == before
+
+
 def test_memory_transfer_by_similarity_with_a_fixed_gate():
     e1 = _unit([1, 0, 0, 0])
     close = _unit([1, 0.3, 0, 0])  # cosine about 0.96
