@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from numbers import Real
 
 from rlfb.errors import ValidationError
-from rlfb.types import validate_k
+from rlfb.types import check_choice, validate_k
 
 __all__ = [
     "precision_at_k",
@@ -87,7 +88,22 @@ METRICS: dict[str, Callable[[Sequence[str], Qrel, int], float]] = {
 
 
 def run_to_ranking(run: Mapping[str, float]) -> list[str]:
-    """Order a ``{doc_id: score}`` run as trec_eval does: score descending, then doc id descending."""
+    """Order a ``{doc_id: score}`` run as trec_eval does: score descending, then doc id descending.
+
+    A NaN score is refused: it compares false both ways, so one would scramble the whole order.
+
+    >>> run_to_ranking({"a": 1.0, "b": 3.0, "c": 1.0})
+    ['b', 'c', 'a']
+    """
+    if isinstance(run, str) or not isinstance(run, Mapping):
+        raise ValidationError(f"a run maps doc ids to scores, got {type(run).__name__}")
+    for d, score in run.items():
+        if not isinstance(d, str):
+            raise ValidationError(f"doc ids must be strings, got {type(d).__name__} {d!r}")
+        if isinstance(score, bool) or not isinstance(score, Real):
+            raise ValidationError(f"score of {d!r} must be a number, got {type(score).__name__} {score!r}")
+        if math.isnan(score):
+            raise ValidationError(f"score of {d!r} is NaN; give a missing document -inf, or leave it out")
     return [d for d, _ in sorted(run.items(), key=lambda kv: (-kv[1], _neg_key(kv[0])))]
 
 
@@ -109,9 +125,24 @@ def evaluate_run(
     judged query missing from ``rankings`` scores 0, which is stricter than
     trec_eval (it skips such queries) and never flatters.
 
+    A ranking must be a sequence of doc ids: a ``{doc_id: score}`` run, as pytrec_eval takes, is refused
+    (read as its keys in insertion order it would score wrongly without a word); order it first with
+    :func:`run_to_ranking`.
+
     >>> evaluate_run({"q1": ["a", "b"]}, {"q1": {"b": 1}}, [("mrr", 10), ("p", 1)])
     {'mrr@10': 0.5, 'p@1': 0.0}
+    >>> evaluate_run({"q1": {"b": 0.9, "a": 0.1}}, {"q1": {"b": 1}})
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: the ranking of query 'q1' is a dict; give a list of doc ids, best first (run_to_ranking orders a {doc_id: score} run)
     """
+    for name, k in measures:  # checked before any query: with none judged, a bad measure would pass unseen
+        check_choice(name, METRICS, "measure")
+        validate_k(k)
+    for q, ranking in rankings.items():
+        if isinstance(ranking, (str, Mapping)) or not isinstance(ranking, Sequence):
+            raise ValidationError(f"the ranking of query {q!r} is a {type(ranking).__name__}; give a list of doc "
+                                  "ids, best first (run_to_ranking orders a {doc_id: score} run)")
     out: dict[str, float] = {}
     judged = [q for q, rel in qrels.items() if rel]
     for name, k in measures:

@@ -143,3 +143,27 @@ def test_evaluate_ensemble_cuts_ties_at_the_depth_in_trec_order() -> None:
     got = evaluate_ensemble(ens, {"q": "apple"}, {"q": {"d4": 1}}, depth=2, measures=[("recall", 2)], k=2)
     assert got["bm25"]["recall@2"] == 1.0  # trec order: d4, d3, d2, d1, d0 (it took d0, d1)
     assert got["fused"]["recall@2"] == 1.0
+
+
+def test_a_nan_score_is_refused_not_left_to_scramble_the_order() -> None:
+    # NaN compares false both ways: {a: 1, n: nan, b: 3, c: 2} came out as a, n, b, c (b scored best)
+    with pytest.raises(ValidationError, match="NaN"):
+        run_to_ranking({"a": 1.0, "n": float("nan"), "b": 3.0, "c": 2.0})
+    assert run_to_ranking({"a": 1.0, "n": float("-inf"), "b": 3.0, "c": 2.0}) == ["b", "c", "a", "n"]
+
+
+@pytest.mark.parametrize("ranking", [{"b": 0.1, "c": 0.2, "a": 0.9}, "bca"])
+def test_evaluate_run_refuses_a_ranking_that_is_not_a_list_of_doc_ids(ranking) -> None:
+    # a pytrec_eval-style {doc: score} run was read as its keys in insertion order: mrr 0.33 where it is 1.0
+    with pytest.raises(ValidationError, match="run_to_ranking"):
+        evaluate_run({"q": ranking}, {"q": {"a": 1}})
+    assert evaluate_run({"q": run_to_ranking({"b": 0.1, "c": 0.2, "a": 0.9})}, {"q": {"a": 1}},
+                        [("mrr", 10)]) == {"mrr@10": 1.0}
+
+
+@pytest.mark.parametrize("measures", [[("map", 10)], [("ndcg", 0)]])
+def test_evaluate_run_refuses_a_bad_measure_even_with_no_query_judged(measures) -> None:
+    # an unknown name raised a bare KeyError, and ndcg@0 passed unseen when no query was judged
+    for qrels in ({"q": {"a": 1}}, {}):
+        with pytest.raises(ValidationError):
+            evaluate_run({"q": ["a"]}, qrels, measures)
