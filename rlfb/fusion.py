@@ -174,7 +174,11 @@ def check_rrf_constant(c: object) -> float:
 
 
 def _rrf_from_scores(scores: np.ndarray, *, ranks: np.ndarray | None = None, c: float = 60.0) -> np.ndarray:
-    return rrf_normalize(rank_matrix(scores) if ranks is None else ranks, c=c)
+    if ranks is None:
+        return rrf_normalize(rank_matrix(scores), c=c)
+    if np.shape(ranks) != np.shape(scores):  # else one fused score for three candidates, or a weights error
+        raise ValidationError(f"ranks of shape {np.shape(ranks)} do not match scores of shape {np.shape(scores)}")
+    return rrf_normalize(ranks, c=c)
 
 
 FUSION_METHODS: dict[str, Callable[..., np.ndarray]] = {

@@ -43,6 +43,13 @@ def test_rrf_accepts_ranks_from_the_full_ranking() -> None:
     np.testing.assert_allclose(out, 1 / (60 + ranks))
 
 
+@pytest.mark.parametrize("ranks", [[[1.0, 1.0]], [2.0], np.ones((4, 3))])
+def test_rrf_refuses_ranks_of_another_shape_than_the_scores(ranks) -> None:
+    # ranks of one row gave one fused score for four candidates; a flat list failed as a weights error
+    with pytest.raises(ValidationError, match="shape"):
+        fuse(RAW, [0.5, 0.5], "rrf", ranks=np.asarray(ranks))
+
+
 def test_minmax_and_zscore() -> None:
     mm = minmax_normalize(RAW)
     assert mm.min(axis=0).tolist() == [0, 0] and mm.max(axis=0).tolist() == [1, 1]
