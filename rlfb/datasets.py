@@ -141,10 +141,12 @@ def _read_corpus(file: Path) -> list[Chunk]:
         first_line[cid] = lineno
         title = _row_text(row, "title", where, required=False).strip()
         text = _row_text(row, "text", where, required=False)
-        metadata = row.get("metadata") or {}
+        metadata = row.get("metadata")
+        metadata = {} if metadata is None else metadata  # [], 0 or "" are refused as [1] is, not taken as {}
         if not isinstance(metadata, dict):
             raise CorruptStateError(f"{where}: metadata must be a JSON object, got {type(metadata).__name__}")
-        corpus.append(Chunk(cid, f"{title} {text}".strip(), {"title": title, **metadata}))
+        # the title indexed wins over a "title" in metadata, so the metadata says what was indexed
+        corpus.append(Chunk(cid, f"{title} {text}".strip(), {**metadata, "title": title}))
     return corpus
 
 

@@ -160,6 +160,8 @@ BAD_BEIR = {
     "corpus row without _id": ({"corpus": [CORPUS[0], '{"text": "x"}']}, "corpus.jsonl:2"),
     "corpus row is a list": ({"corpus": [CORPUS[0], "[1, 2]"]}, "corpus.jsonl:2"),
     "metadata is a list": ({"corpus": [CORPUS[0], '{"_id": "d2", "text": "x", "metadata": [1]}']}, "corpus.jsonl:2"),
+    "metadata is an empty list": ({"corpus": [CORPUS[0], '{"_id": "d2", "text": "x", "metadata": []}']},
+                                  "corpus.jsonl:2"),
     "title is a list": ({"corpus": [CORPUS[0], '{"_id": "d2", "title": [5], "text": "x"}']}, "corpus.jsonl:2"),
     "one id for two questions": ({"queries": [QUERIES[0], QUERIES[0].replace("aurora", "tides")]}, "queries.jsonl:2"),
     "duplicate corpus id": ({"corpus": [CORPUS[0], CORPUS[0]]}, "corpus.jsonl:2"),
@@ -227,3 +229,10 @@ def test_beir_tolerates_a_repeated_query_and_a_numeric_title(tmp_path: Path) -> 
     data = load_beir(write_beir(tmp_path / "beir", corpus=corpus, queries=[QUERIES[0], QUERIES[0], QUERIES[1]]))
     assert data.queries == {"q1": "aurora", "q2": "tides"}
     assert data.corpus[1].text == "1984 tides"
+
+
+def test_beir_metadata_title_does_not_replace_the_title_indexed(tmp_path: Path) -> None:
+    corpus = ['{"_id": "d1", "title": "Real", "text": "x", "metadata": {"title": "Other", "year": 1990}}', CORPUS[1]]
+    data = load_beir(write_beir(tmp_path / "beir", corpus=corpus))
+    assert data.corpus[0].text == "Real x"
+    assert data.corpus[0].metadata == {"title": "Real", "year": 1990}  # it said "Other", which was never indexed
