@@ -134,15 +134,15 @@ def evaluate_run(
     >>> evaluate_run({"q1": {"b": 0.9, "a": 0.1}}, {"q1": {"b": 1}})
     Traceback (most recent call last):
     ...
-    rlfb.errors.ValidationError: the ranking of query 'q1' is a dict; give a list of doc ids, best first (run_to_ranking orders a {doc_id: score} run)
+    rlfb.errors.ValidationError: the ranking of query 'q1' is a dict, not a list of doc ids (see run_to_ranking)
     """
     for name, k in measures:  # checked before any query: with none judged, a bad measure would pass unseen
         check_choice(name, METRICS, "measure")
         validate_k(k)
     for q, ranking in rankings.items():
         if isinstance(ranking, (str, Mapping)) or not isinstance(ranking, Sequence):
-            raise ValidationError(f"the ranking of query {q!r} is a {type(ranking).__name__}; give a list of doc "
-                                  "ids, best first (run_to_ranking orders a {doc_id: score} run)")
+            raise ValidationError(f"the ranking of query {q!r} is a {type(ranking).__name__}, not a list of doc "
+                                  "ids (see run_to_ranking)")  # which orders a {doc_id: score} run
     out: dict[str, float] = {}
     judged = [q for q, rel in qrels.items() if rel]
     for name, k in measures:

@@ -144,6 +144,15 @@ def test_judgments_of_unknown_documents_are_left_out_with_a_note(tmp_path: Path,
     assert "rlfb: left out 1 relevant judgments of qrels/test.tsv naming documents not in corpus.jsonl" in err
 
 
+def test_a_query_judged_relevant_only_to_unknown_documents_is_not_called_unjudged(tmp_path: Path, capsys) -> None:
+    # it was reported as judged with "no document judged relevant", where its relevant documents are missing
+    data = write_beir(tmp_path / "beir", qrels=[QRELS[0], QRELS[1], "q2\tD7\t2", "q2\tD8\t1"])
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25"]) == 0
+    err = capsys.readouterr().err
+    assert "left out 2 relevant judgments of qrels/test.tsv naming documents not in corpus.jsonl" in err
+    assert "left out 1 judged queries with no document of corpus.jsonl judged relevant" in err
+
+
 @pytest.mark.parametrize(
     "exc",
     [

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     irrelevant = len(judged) - textless - len(qrels)
     if note := data.unknown_documents_note(args.split):  # left out by load_beir: they could never be ranked
         print(note, file=sys.stderr)
-    for n, why in ((textless, "no text in queries.jsonl"), (irrelevant, "no document judged relevant")):
+    for n, why in ((textless, "no text in queries.jsonl"),
+                   (irrelevant, "no document of corpus.jsonl judged relevant")):
         if n:
             print(f"rlfb: left out {n} judged queries with {why}", file=sys.stderr)
     ens = FeedbackEnsemble.from_chunks(
