@@ -113,7 +113,8 @@ def test_max_heldout_is_a_seeded_sample_not_the_first_ids() -> None:
     from rlfb.simulation.runner import _split
 
     ids = [f"q{i:03d}" for i in range(200)]
-    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids))
+    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
+                           dataset=SimpleNamespace(queries={q: f"question {q}?" for q in ids}))
     config = SimulationConfig(max_heldout=20)
     stream, heldout, _ = _split(prep, config, seed=0)
     _, all_heldout, _ = _split(prep, SimulationConfig(), seed=0)
@@ -122,6 +123,27 @@ def test_max_heldout_is_a_seeded_sample_not_the_first_ids() -> None:
     assert heldout == sorted(heldout) and _split(prep, config, seed=0)[1] == heldout
     assert _split(prep, config, seed=1)[1] != heldout
     assert _split(prep, SimulationConfig(max_heldout=500), seed=0)[1] == all_heldout
+
+
+def test_a_stream_question_worded_as_a_held_out_one_is_not_streamed() -> None:
+    # scifact's train claim 1291 is test claim 1292, word for word: streamed, its feedback reached the held-out
+    # one through the memory, which knows a question by its text, so "held-out" was not never asked
+    from types import SimpleNamespace
+
+    from rlfb.simulation.runner import _split
+
+    texts = {"t1": "Obesity decreases life quality.", "t2": "Aspirin thins blood.",
+             "s1": "obesity decreases life quality", "s2": "Statins lower cholesterol.", "s3": "Aspirin thins blood."}
+    prep = SimpleNamespace(stream_qrels={q: {"d": 1} for q in ("s1", "s2", "s3")},
+                           qrels={"t1": {"d": 1}, "t2": {"d": 1}}, contexts=dict.fromkeys(texts),
+                           dataset=SimpleNamespace(queries=texts))
+    stream, heldout, _ = _split(prep, SimulationConfig(), seed=0)
+    assert heldout == ["t1", "t2"] and stream == ["s2"]
+    ids = [f"q{i}" for i in range(8)]  # seeded halves: a twin falling in the other half is not streamed either
+    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
+                           dataset=SimpleNamespace(queries={q: "the same question" for q in ids}))
+    stream, heldout, _ = _split(prep, SimulationConfig(), seed=0)
+    assert len(heldout) == 4 and stream == []
 
 
 def test_simplex_grid() -> None:
@@ -338,12 +360,29 @@ def test_the_cut_off_is_checked_itself(k: object) -> None:
     ({"late_delay": 1e10}, "time since 1970"),
     ({"checkpoints": 2.0}, "checkpoints must be a positive int"),
     ({"interactions": 0}, "interactions must be a positive int"),
+    ({"grid_step": 0.3}, "grid_step must be 1/m"),  # it searched thirds while the JSON said 0.3
+    ({"grid_step": 0.15}, "grid_step must be 1/m"),
 ])
 def test_simulation_config_refuses(settings: dict, message: str) -> None:
     # a repeated seed gave a zero-width interval claiming n=3; a huge spacing failed after indexing with
     # "timestamp must not be negative"
     with pytest.raises(ValidationError, match=message):
         SimulationConfig(**settings)
+
+
+def test_grid_steps_that_divide_one_are_taken() -> None:
+    for step in (0.5, 0.25, 0.2, 0.1, 0.05, 1 / 3):
+        assert SimulationConfig(grid_step=step).grid_step == step
+
+
+def test_the_library_shows_no_progress_bars_unless_asked(capfd) -> None:
+    # prepare, run_seed and simulate drew tqdm bars on stderr by default; only the CLI turned them off
+    data = generate_demo_corpus(n_devices=10, seed=2)
+    run = SimulationConfig(policy="fixed", interactions=5, seeds=(0,), retrievers=("bm25",))
+    simulate(data, run)
+    assert capfd.readouterr().err == ""
+    simulate(data, run, show_progress=True)
+    assert "fixed seed 0" in capfd.readouterr().err
 
 
 def test_checkpoints_beyond_one_per_interaction_are_clamped() -> None:

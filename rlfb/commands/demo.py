@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     results, curves = prepare_output_file(out / "results.json"), prepare_output_file(out / "learning_curves.png")
     data = generate_demo_corpus(n_devices=args.devices)
     print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
-    prepared = prepare(data, config)
+    prepared = prepare(data, config, show_progress=True)
     ens = FeedbackEnsemble(prepared.retrievers, prepared.chunks, fusion=config.fusion)
     question = next(iter(data.queries.values()))
     print(f"\none fused retrieval, equal weights: {question!r}")
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         parts = ", ".join(f"{n}={v:.3f}" for n, v in hit.scores.items())
         print(f"  {hit.rank}. [{hit.chunk_id}] fused={hit.score:.3f} ({parts})  {hit.text[:60]}...")
     print(f"\nlearning from {args.interactions} simulated users x {args.seeds} seeds ({args.policy} policy)")
-    result = simulate(data, config, prepared=prepared)
+    result = simulate(data, config, prepared=prepared, show_progress=True)
     print_table(result)
     out.mkdir(parents=True, exist_ok=True)  # checked before the run, made now that there is something to write
     results.write_text(json.dumps(result, indent=2), encoding="utf-8")

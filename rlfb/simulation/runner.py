@@ -39,6 +39,7 @@ from rlfb.datasets import BeirDataset
 from rlfb.defaults import LEARNING_POLICY
 from rlfb.errors import ValidationError
 from rlfb.fusion import normalize
+from rlfb.memory import normalize_query
 from rlfb.policies.base import Context
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
 from rlfb.types import validate_k
@@ -153,8 +154,10 @@ class SimulationConfig:
                 f"interactions x spacing ({self.interactions} x {self.spacing:g}s) and the feedback delays "
                 f"(late_delay {self.late_delay:g}s, mean_delay {self.mean_delay:g}s) span {span:.3g}s, more "
                 "than the time since 1970 that the simulated clock runs in")
-        if not (0 < self.grid_step <= 0.5):
-            raise ValidationError(f"grid_step must be in (0, 0.5], got {self.grid_step}")
+        if not (0 < self.grid_step <= 0.5) or abs(1 / self.grid_step - round(1 / self.grid_step)) > 1e-9:
+            # the grid steps by 1/round(1/step): 0.3 searched thirds while the JSON said 0.3
+            raise ValidationError(f"grid_step must be 1/m for a whole number m >= 2 (0.5, 0.25, 0.1, ...), "
+                                  f"got {self.grid_step}")
         if not (isinstance(self.answer_k, int) and 1 <= self.answer_k <= self.k):
             raise ValidationError(f"answer_k must be an int in [1, k={self.k}], got {self.answer_k!r}")
 
@@ -183,7 +186,7 @@ class Prepared:
     context_seconds: float
 
 
-def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bool = True) -> Prepared:
+def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bool = False) -> Prepared:
     """Index the corpus and compute the context of every judged query (cached embeddings make reruns fast)."""
     from rlfb.ensemble import FeedbackEnsemble
 
@@ -286,7 +289,8 @@ class _Judge:
 
 
 def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[str], list[str], dict[str, dict]]:
-    """Stream and held-out query ids: the stream split where one exists, else seeded halves."""
+    """Stream and held-out query ids: the stream split where one exists, else seeded halves; a stream
+    question with the text of a held-out one (as the memory normalises it) is left out of the stream."""
     if prep.stream_qrels is not None:
         heldout = sorted(q for q in prep.qrels if q in prep.contexts)
         # a question judged in both splits is held out, never streamed: held-out means never asked
@@ -301,6 +305,10 @@ def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[st
     if config.max_heldout is not None and config.max_heldout < len(heldout):
         # a seeded sample, not the first ids: ids sort by source order, which can follow topic or date
         heldout = sorted(random.Random(2_000_003 + seed).sample(heldout, config.max_heldout))
+    # held-out means never asked, and the memory knows a question by its text, not its id: a stream question
+    # worded as a held-out one (scifact's train claim 1291 is test claim 1292) would hand it its feedback
+    held_texts = {normalize_query(prep.dataset.queries[q]) for q in heldout}
+    stream = [q for q in stream if normalize_query(prep.dataset.queries[q]) not in held_texts]
     return stream, heldout, judgments
 
 
@@ -379,7 +387,7 @@ def _baselines(
 
 
 def run_seed(
-    prep: Prepared, config: SimulationConfig, seed: int, *, show_progress: bool = True
+    prep: Prepared, config: SimulationConfig, seed: int, *, show_progress: bool = False
 ) -> dict[str, Any]:
     """One seed: the learning curve, the final figures and the baselines, as plain numbers."""
     from rlfb.ensemble import FeedbackEnsemble
@@ -575,7 +583,7 @@ def simulate(
     dataset: BeirDataset,
     config: SimulationConfig,
     *,
-    show_progress: bool = True,
+    show_progress: bool = False,
     prepared: Prepared | None = None,
     on_seed: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
