@@ -24,9 +24,10 @@ import random
 from dataclasses import dataclass
 
 from rlfb.datasets import BeirDataset
+from rlfb.errors import ValidationError
 from rlfb.types import Chunk
 
-__all__ = ["generate_demo_corpus"]
+__all__ = ["generate_demo_corpus", "MAX_DEVICES"]
 
 # (what the device does in the documents' words, the same in a question's words)
 _FUNCTIONS = [
@@ -84,17 +85,27 @@ def _device(rng: random.Random, i: int, function: tuple[str, str], material: str
     )
 
 
+MAX_DEVICES = len(_FUNCTIONS) * len(_MATERIALS)  # one device per (function, material) pair: 96
+
+
 def generate_demo_corpus(n_devices: int = 90, seed: int = 7) -> BeirDataset:
     """A seeded BEIR-style collection: 3 documents per device and 2 questions per device.
 
-    The ``test`` split holds every question; simulations split it in halves.
+    The ``test`` split holds every question; simulations split it in halves. ``n_devices`` is 2 to
+    :data:`MAX_DEVICES`: each device has a (function, material) pair of its own, so that a paraphrase
+    question has one right answer, and its comparison note names another device.
     """
+    if isinstance(n_devices, bool) or not isinstance(n_devices, int) or not 2 <= n_devices <= MAX_DEVICES:
+        # past 96 two devices shared a pair: "which carbon fibre machine keeps computer racks from
+        # overheating?" described two devices and judged one of them; two questions could read alike
+        raise ValidationError(f"n_devices must be an int in [2, {MAX_DEVICES}], got {n_devices!r}")
     rng = random.Random(seed)
-    # every (function, material) pair once, so that no two devices share a paraphrase question;
-    # past 96 devices the city is added to keep the questions distinct
+    # every (function, material) pair once, so that no two devices share a paraphrase question
     pairs = [(f, m) for f in _FUNCTIONS for m in _MATERIALS]
     rng.shuffle(pairs)
-    devices = [_device(rng, i, *pairs[i % len(pairs)]) for i in range(n_devices)]
+    devices = [_device(rng, i, *pairs[i]) for i in range(n_devices)]
+    # the comparison note names a device 7 places on, another one (7 devices: 7 places on is itself)
+    step = 7 % n_devices or 1
     corpus: list[Chunk] = []
     queries: dict[str, str] = {}
     qrels: dict[str, dict[str, int]] = {}
@@ -105,7 +116,7 @@ def generate_demo_corpus(n_devices: int = 90, seed: int = 7) -> BeirDataset:
             f"{d.material}. The {attr} of {d.code} is {value} {unit}."
         )
         note = f"Service note for {d.code}: check the {d.material} seals and log the {attr} after each shift."
-        other = devices[(i + 7) % n_devices]
+        other = devices[(i + step) % n_devices]
         distractor = (
             f"Unlike the {other.code}, a unit that {d.function[0]} is often rebuilt in {other.city}; "
             f"engineers compare the {attr} of several models."
@@ -117,8 +128,7 @@ def generate_demo_corpus(n_devices: int = 90, seed: int = 7) -> BeirDataset:
         ]
         queries[f"q{i}-code"] = f"What is the {attr} of {d.code}?"
         # devices share functions and materials, so a paraphrase question is hard, but never repeated
-        where = f" made in {d.city}" if i >= len(pairs) else ""
-        queries[f"q{i}-para"] = f"Which {d.material} machine{where} {d.function[1]}?"
+        queries[f"q{i}-para"] = f"Which {d.material} machine {d.function[1]}?"
         qrels[f"q{i}-code"] = {f"d{i}-full": 2, f"d{i}-note": 1}
         qrels[f"q{i}-para"] = {f"d{i}-full": 2}
     return BeirDataset("rlfb-demo", corpus, queries, {"test": qrels})

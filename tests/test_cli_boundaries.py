@@ -154,7 +154,7 @@ def test_simulate_counts_out_of_range(tmp_path: Path, capsys, option: str, value
 
 
 @pytest.mark.parametrize(("option", "value"), [("--seeds", "1000000000"), ("--seeds", "0"), ("--devices", "0"),
-                                               ("--devices", "-3")])
+                                               ("--devices", "-3"), ("--devices", "1"), ("--devices", "97")])
 def test_demo_counts_out_of_range(tmp_path: Path, capsys, option: str, value: str) -> None:
     assert main(["demo", "--out", str(tmp_path / "demo"), "--retrievers", "bm25", option, value]) == 2
     assert f"{option} must be" in one_error_line(capsys)

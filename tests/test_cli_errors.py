@@ -93,7 +93,7 @@ def test_weights_export_makes_a_missing_folder_as_store_export_does(good_db: Pat
 def test_demo_out_is_an_existing_file(tmp_path: Path, capsys) -> None:
     out = tmp_path / "results"
     out.write_text("keep me", encoding="utf-8")
-    assert main(["demo", "--out", str(out), "--devices", "2", *SMALL_RUN]) == 2
+    assert main(["demo", "--out", str(out), "--devices", "8", *SMALL_RUN]) == 2
     assert str(out) in one_error_line(capsys)
     assert capsys.readouterr().out == ""  # it failed before the run, not after it
     assert out.read_text(encoding="utf-8") == "keep me"
@@ -104,7 +104,7 @@ def test_demo_output_file_is_a_folder(tmp_path: Path, capsys, name: str) -> None
     """A folder where demo would write one of its two files is refused before the run, not after it."""
     out = tmp_path / "demo"
     (out / name).mkdir(parents=True)
-    assert main(["demo", "--out", str(out), "--devices", "2", *SMALL_RUN]) == 2
+    assert main(["demo", "--out", str(out), "--devices", "8", *SMALL_RUN]) == 2
     assert str(out / name) in one_error_line(capsys)
     assert capsys.readouterr().out == ""  # it failed before the run, not after it
     assert sorted(p.name for p in out.iterdir()) == [name]  # no partial output beside it

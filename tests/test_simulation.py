@@ -146,6 +146,23 @@ def test_a_stream_question_worded_as_a_held_out_one_is_not_streamed() -> None:
     assert len(heldout) == 4 and stream == []
 
 
+def test_the_demo_collection_asks_each_question_once_and_compares_each_device_with_another() -> None:
+    # past 96 devices two shared a (function, material) pair: one paraphrase question described both and
+    # judged one, and past 192 two questions read alike; at 7 devices a comparison note named its own device
+    from rlfb.demo_corpus import MAX_DEVICES
+
+    for n in (2, 7, 8, 50, MAX_DEVICES):
+        data = generate_demo_corpus(n_devices=n, seed=3)
+        assert len(set(data.queries.values())) == len(data.queries) == 2 * n
+        for chunk in data.corpus:
+            if chunk.metadata["kind"] == "comparison":
+                own = data.corpus[data.corpus.index(chunk) - 2].metadata["device"]
+                assert chunk.metadata["device"] != own
+    for n in (0, 1, MAX_DEVICES + 1, 2.0, True):
+        with pytest.raises(ValidationError, match="n_devices"):
+            generate_demo_corpus(n_devices=n)
+
+
 def test_simplex_grid() -> None:
     grid = simplex_grid(3, 0.1)
     assert grid.shape == (66, 3)

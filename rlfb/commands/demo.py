@@ -13,6 +13,7 @@ import json
 from rlfb.commands import HelpFormatter
 from rlfb.commands.simulate import MAX_SEEDS
 from rlfb.defaults import LEARNING_POLICY
+from rlfb.demo_corpus import MAX_DEVICES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default=LEARNING_POLICY, help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--interactions", type=int, default=1500, help="simulated questions per seed")
     p.add_argument("--seeds", type=int, default=3, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
-    p.add_argument("--devices", type=int, default=90, help="size of the generated collection (3 chunks each)")
+    p.add_argument("--devices", type=int, default=90, help=f"size of the generated collection (3 chunks each), 2 to {MAX_DEVICES}")
     p.add_argument("--out", default="out/demo", help="folder for results.json and learning_curves.png")
     p.set_defaults(func=run)
 
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
 
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
-    check_int("--devices", args.devices, 1)  # 0 or less: an empty collection, reported as an indexing error
+    check_int("--devices", args.devices, 2, MAX_DEVICES)  # one (function, material) pair each, and another
     require_matplotlib("rlfb demo")  # it ends with the plot: fail now, not after the simulation
     names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())
     # every setting is checked before the output folder is made or anything printed
