@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default=LEARNING_POLICY, help="fixed, batch, thompson, epsilon or gradient")
     p.add_argument("--interactions", type=int, default=1500, help="simulated questions per seed")
     p.add_argument("--seeds", type=int, default=3, help=f"number of seeds (0..N-1), at most {MAX_SEEDS}")
-    p.add_argument("--devices", type=int, default=90, help=f"size of the generated collection (3 chunks each), 2 to {MAX_DEVICES}")
+    p.add_argument("--devices", type=int, default=90,
+                   help=f"size of the generated collection (3 chunks each), 2 to {MAX_DEVICES}")
     p.add_argument("--out", default="out/demo", help="folder for results.json and learning_curves.png")
     p.set_defaults(func=run)
 
