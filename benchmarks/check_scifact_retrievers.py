@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -55,7 +54,10 @@ def load_beir(
 
 
 def main(argv: list[str] | None = None) -> int:
-    default_data = Path(os.environ.get("RLFB_DATASETS", "/work/shared/datasets")) / "scifact"
+    from rlfb.datasets import datasets_dir
+
+    base = datasets_dir()  # RLFB_DATASETS, else the checkout's sibling ../shared/datasets
+    default_data = base / "scifact" if base is not None else None
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=default_data, help="BEIR folder of SciFact")
     parser.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated names")
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splade-batch-size", type=int, default=32)
     parser.add_argument("--progress", action="store_true", help="show encoding progress bars")
     args = parser.parse_args(argv)
+    if args.data is None or not args.data.is_dir():
+        parser.error(f"no SciFact folder at {args.data}: pass --data, or set RLFB_DATASETS to the folder that "
+                     "holds the BEIR collections")
 
     import ir_measures
 

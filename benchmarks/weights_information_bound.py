@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from rlfb.datasets import dataset_path, load_beir
+from rlfb.errors import ValidationError
 from rlfb.fusion import normalize
 from rlfb.simulation.runner import Prepared, SimulationConfig, _Judge, _split, prepare, simplex_grid, stream_seed
 from rlfb.simulation.users import SimulatedUser
@@ -57,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--interactions", type=int, default=2000)
     args = parser.parse_args(argv)
-    folder = Path(args.dataset) if Path(args.dataset).is_dir() else dataset_path(args.dataset)
+    try:  # RLFB_DATASETS, else the checkout's sibling ../shared/datasets
+        folder = Path(args.dataset) if Path(args.dataset).is_dir() else dataset_path(args.dataset)
+    except ValidationError as exc:  # neither is there
+        print(f"{exc}, or give the collection's path", file=sys.stderr)
+        return 2
     if not folder.is_dir():
         print(f"no collection at {folder}", file=sys.stderr)
         return 2

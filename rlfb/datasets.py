@@ -69,14 +69,22 @@ def _natural(key: str) -> tuple[int, str]:
     return (0, f"{int(key):012d}") if key.isascii() and key.isdigit() else (1, key)
 
 
+# in a source checkout, the collections' folder beside it (where the tests and benchmarks look without the
+# setting); an installed package finds nothing there
+_CHECKOUT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
 def datasets_dir() -> Path | None:
-    """The folder named by ``RLFB_DATASETS``, or ``None`` when the setting is absent."""
+    """The folder named by ``RLFB_DATASETS``; without the setting, a source checkout's sibling
+    ``../shared/datasets`` when it exists; else ``None``."""
     value = os.environ.get(DATASETS_ENV)
-    return Path(value) if value else None
+    if value:
+        return Path(value)
+    return _CHECKOUT_DATASETS if _CHECKOUT_DATASETS.is_dir() else None
 
 
 def dataset_path(name: str) -> Path:
-    """Path of collection ``name`` under ``RLFB_DATASETS`` (it may not exist)."""
+    """Path of collection ``name`` under :func:`datasets_dir` (it may not exist)."""
     base = datasets_dir()
     if base is None:
         raise ValidationError(f"set {DATASETS_ENV} to the folder that holds the BEIR collections")

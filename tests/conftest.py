@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from rlfb.datasets import datasets_dir
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-_DEFAULT_DATASETS = REPO.parent / "shared" / "datasets"
-if "RLFB_DATASETS" not in os.environ and _DEFAULT_DATASETS.is_dir():
-    os.environ["RLFB_DATASETS"] = str(_DEFAULT_DATASETS)
+if "RLFB_DATASETS" not in os.environ and (_found := datasets_dir()) is not None:
+    os.environ["RLFB_DATASETS"] = str(_found)  # the checkout's sibling, for the notebooks nbmake runs too
 
 
 def require_dataset(name: str) -> Path:

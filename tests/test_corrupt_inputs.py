@@ -236,3 +236,19 @@ def test_beir_metadata_title_does_not_replace_the_title_indexed(tmp_path: Path) 
     data = load_beir(write_beir(tmp_path / "beir", corpus=corpus))
     assert data.corpus[0].text == "Real x"
     assert data.corpus[0].metadata == {"title": "Real", "year": 1990}  # it said "Other", which was never indexed
+
+
+def test_the_collections_folder_is_the_setting_else_the_checkouts_sibling(tmp_path: Path, monkeypatch) -> None:
+    # the benchmarks read the collections through rlfb.datasets, which knew only RLFB_DATASETS: without it
+    # weights_information_bound.py ended in a traceback where the tests found ../shared/datasets
+    import rlfb.datasets as datasets
+
+    monkeypatch.delenv("RLFB_DATASETS", raising=False)
+    monkeypatch.setattr(datasets, "_CHECKOUT_DATASETS", tmp_path / "shared" / "datasets")
+    assert datasets.datasets_dir() is None
+    with pytest.raises(ValidationError, match="set RLFB_DATASETS"):
+        datasets.dataset_path("cisi")
+    (tmp_path / "shared" / "datasets").mkdir(parents=True)
+    assert datasets.dataset_path("cisi") == tmp_path / "shared" / "datasets" / "cisi"
+    monkeypatch.setenv("RLFB_DATASETS", str(tmp_path / "elsewhere"))
+    assert datasets.dataset_path("cisi") == tmp_path / "elsewhere" / "cisi"
