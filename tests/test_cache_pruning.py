@@ -286,6 +286,58 @@ def test_stats_and_prune_of_a_damaged_cache_file_name_it(tmp_path: Path, capsys:
     assert str(path) in capsys.readouterr().err
 
 
+# -- a cache that cannot be written ----------------------------------------------------------------------
+def _ones(batch: list[str]) -> list[np.ndarray]:
+    return [np.ones(4, dtype=np.float32) for _ in batch]
+
+
+def test_a_cache_folder_that_cannot_be_made_warns_once_and_encoding_goes_on_without_it(tmp_path: Path) -> None:
+    """mkdir raised a raw OSError (FileNotFoundError under /proc, NotADirectoryError here) from every lookup."""
+    (tmp_path / "afile").write_text("a file, not a folder")
+    cache = EmbeddingCache(tmp_path / "afile" / "sub", "m")
+    with pytest.warns(RuntimeWarning, match="cannot be used") as caught:
+        out = cached_encode(["a", "b"], _ones, disk=cache)
+    assert [v.tolist() for v in out] == [[1.0] * 4] * 2
+    message = str(caught[0].message)
+    assert str(cache.path) in message and "Not a directory" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reported once
+        cache.put_many({"c": np.ones(4)})
+        assert cached_encode(["c"], _ones, disk=cache)[0].tolist() == [1.0] * 4
+        assert EmbeddingCache(tmp_path / "afile" / "sub", "m|query").get_many(["c"]) == {}
+
+
+def test_a_cache_file_that_cannot_be_opened_is_passed_by_not_called_damaged(tmp_path: Path) -> None:
+    """SQLite's "unable to open database file" (a read-only folder) was a CorruptStateError saying it was damaged."""
+    _file(tmp_path).mkdir()  # what SQLite cannot open, even as root
+    cache = EmbeddingCache(tmp_path, "m")
+    with pytest.warns(RuntimeWarning, match="unable to open database file"):
+        assert cache.get_many(["h"]) == {}
+    cache.put_many({"h": np.ones(4)})  # dropped
+    assert cached_encode(["a"], _ones, disk=cache)[0].tolist() == [1.0] * 4
+
+
+def test_a_read_only_cache_file_is_still_read_and_its_writes_are_dropped(tmp_path: Path) -> None:
+    """A new text's write raised sqlite3.OperationalError "attempt to write a readonly database", so a
+    retriever over a read-only cache could not search a query it had not seen."""
+    EmbeddingCache(tmp_path, "m").put_many({"h0": np.full(4, 2.0)})
+    EmbeddingCache(tmp_path, "m").close()
+    # SQLite opens a file whose header names a later write format read-only (root included); reads still work
+    data = bytearray(_file(tmp_path).read_bytes())
+    data[18] = 3
+    _file(tmp_path).write_bytes(bytes(data))
+    cache = EmbeddingCache(tmp_path, "m")
+    assert cache.get_many(["h0"])["h0"].tolist() == [2.0] * 4
+    with pytest.warns(RuntimeWarning, match="cannot be written .*readonly") as caught:
+        out = cached_encode(["new text"], _ones, disk=cache)
+    assert str(_file(tmp_path)) in str(caught[0].message) and out[0].tolist() == [1.0] * 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.put_many({"h1": np.ones(4)})  # dropped, without a second warning
+        got = cache.get_many(["h0", "h1"])
+    assert list(got) == ["h0"]
+
+
 @pytest.mark.parametrize(("option", "value"), [("--max-mb", "1e13"), ("--max-mb", "1e308"),
                                                 ("--unused-days", "1e15"), ("--unused-days", "1e306")])
 def test_prune_bounds_beyond_sqlite_integers_keep_everything(tmp_path: Path, option: str, value: str,

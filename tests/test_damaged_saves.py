@@ -271,6 +271,15 @@ def test_dense_index_over_a_damaged_cache_reencodes(tmp_path: Path, damage: str)
     assert np.isfinite(again.score_all("what causes the aurora")).all()
 
 
+def test_dense_index_and_search_go_on_when_the_cache_folder_cannot_be_made(tmp_path: Path) -> None:
+    """A cache folder that cannot be made (here: under a file) raised a raw OSError from index()."""
+    (tmp_path / "afile").write_text("")
+    chunks = make_chunks(TEXTS, ids=IDS)
+    with pytest.warns(RuntimeWarning, match="cannot be used"):
+        retriever = DenseRetriever(cache_dir=tmp_path / "afile" / "sub").index(chunks)
+    assert retriever.search("what causes the aurora", 1)[0][0] == "aurora"
+
+
 # -- rlfb weights import ----------------------------------------------------------------------------------
 @pytest.fixture
 def db(tmp_path: Path) -> Path:

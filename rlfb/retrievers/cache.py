@@ -14,6 +14,9 @@ writing process drop the least recently used encodings once the file's entries p
 The cache holds nothing that cannot be encoded again: a damaged row is a miss, and a damaged
 file warns once and is then passed by (lookups miss, writes are dropped), so indexing and
 search go on; :func:`cache_stats` and :func:`prune_cache` name it in a :class:`CorruptStateError`.
+A cache that cannot be written is passed by alike: a folder that cannot be made or a file that
+cannot be opened (a read-only folder) warns once and is not used; a file that cannot be written
+(read-only, a full disk) warns once, drops writes and is still read.
 """
 
 from __future__ import annotations
@@ -89,8 +92,12 @@ _PRUNE_TO = 0.9
 # SQLite's integers are signed 64-bit: a bound or cutoff beyond them is clamped, which keeps its meaning
 _SQLITE_MAX = 2**63 - 1
 _SQLITE_MIN = -(2**63)
-# files whose damage has been reported in this process: one warning per file, not per lookup
+# files whose damage (or that they cannot be opened or written) has been reported in this process: one
+# warning per file and kind, not per lookup
 _WARNED: set[str] = set()
+# what SQLite says of a file it cannot open or write (SQLITE_READONLY, _CANTOPEN, _FULL, _IOERR, _PERM), as
+# the messages name them: sqlite_errorcode is Python 3.11 or later
+_UNAVAILABLE = ("readonly", "unable to open", "disk is full", "disk i/o error", "permission denied")
 
 
 def default_cache_dir() -> Path:
@@ -136,6 +143,22 @@ def _is_damage(exc: sqlite3.DatabaseError) -> bool:
     return type(exc) is sqlite3.DatabaseError
 
 
+def _is_unavailable(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` reports a file that cannot be opened or written (read-only, a full disk), not a damaged,
+    busy one or wrong SQL.
+
+    >>> _is_unavailable(sqlite3.OperationalError("attempt to write a readonly database"))
+    True
+    >>> _is_unavailable(sqlite3.OperationalError("database is locked"))
+    False
+    """
+    return isinstance(exc, sqlite3.OperationalError) and any(m in str(exc).lower() for m in _UNAVAILABLE)
+
+
+class _CacheUnavailable(OSError):
+    """The cache file cannot be opened: its folder cannot be made, or SQLite cannot open the file."""
+
+
 def text_hash(text: str) -> str:
     """Hex sha256 of a text's UTF-8 bytes, the cache key of one text (a lone surrogate, which
     UTF-8 cannot encode, is hashed through ``surrogatepass`` rather than raising).
@@ -147,8 +170,15 @@ def text_hash(text: str) -> str:
 
 
 def _open(path: Path) -> sqlite3.Connection:
-    """A connection to the cache file at ``path`` (made if missing), in WAL mode, schema up to date."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """A connection to the cache file at ``path`` (made if missing), in WAL mode, schema up to date.
+
+    A file that cannot be opened raises :class:`_CacheUnavailable` naming it, one that is damaged or of
+    another schema :class:`CorruptStateError`.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _CacheUnavailable(f"cannot make the embedding cache's folder {path.parent}: {exc}") from exc
     try:
         conn = sqlite3.connect(path, timeout=60.0, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA busy_timeout=60000")
@@ -168,6 +198,8 @@ def _open(path: Path) -> sqlite3.Connection:
             conn.close()
             raise CorruptStateError(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
     except sqlite3.DatabaseError as exc:
+        if _is_unavailable(exc):  # a read-only folder, a full disk: nothing is wrong with the file
+            raise _CacheUnavailable(f"cannot open the embedding cache {path}: {exc}") from exc
         raise CorruptStateError(f"cannot open embedding cache {path}: {exc}") from exc
     return conn
 
@@ -288,7 +320,9 @@ class EmbeddingCache:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
-        self._damaged = False  # the file was found damaged: lookups miss and writes are dropped from then on
+        # the file was found damaged, or cannot be opened: lookups miss and writes are dropped from then on
+        self._damaged = False
+        self._read_only = False  # the file cannot be written: writes are dropped from then on, lookups still read
 
     # -- connection -------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -319,23 +353,48 @@ class EmbeddingCache:
         indexing or search: they go on as without a disk cache.
         """
         self._damaged = True
-        if str(self.path) not in _WARNED:
-            _WARNED.add(str(self.path))
-            warnings.warn(
-                f"the embedding cache {self.path} is damaged ({exc}): going on without it, encoding "
-                "texts afresh. It holds only encodings that can be made again, so it is safe to delete.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        self._warn_once(
+            "damaged",
+            f"the embedding cache {self.path} is damaged ({exc}): going on without it, encoding "
+            "texts afresh. It holds only encodings that can be made again, so it is safe to delete.",
+        )
+
+    def _go_without(self, exc: Exception, *, readable: bool) -> None:
+        """Go on without writing the file (and without reading it unless ``readable``) after ``exc`` showed
+        that it cannot be opened or written; warn once per file and process.
+
+        The cache is optional, so a read-only file or folder, a full disk or a folder that cannot be made
+        must not stop indexing or search: what cannot be stored is encoded again when next needed.
+        """
+        reason = exc.__cause__ if isinstance(exc, _CacheUnavailable) and exc.__cause__ else exc  # it names the path
+        if readable:
+            self._read_only = True
+        else:
+            self._damaged = True
+        self._warn_once(
+            "unwritable" if readable else "unavailable",
+            f"the embedding cache {self.path} cannot be {'written' if readable else 'used'} ({reason}): going on "
+            + ("reading it but storing no new encodings" if readable else "without it, encoding texts afresh")
+            + " (set cache_dir to a folder that can be written, or False to use no disk cache).",
+        )
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        key = f"{kind}:{self.path}"
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def _usable(self) -> sqlite3.Connection | None:
         """The connection, under the lock; ``None`` once the file is known damaged, also when it is damaged
-        past opening (a header that is no database): that is :meth:`_give_up` as well. A cache of another
-        schema version still raises."""
+        past opening (a header that is no database): that is :meth:`_give_up` as well; and when it cannot be
+        opened (:meth:`_go_without`). A cache of another schema version still raises."""
         if self._damaged:
             return None
         try:
             return self._connect()
+        except _CacheUnavailable as exc:
+            self._go_without(exc, readable=False)
+            return None
         except CorruptStateError as exc:
             cause = exc.__cause__
             if isinstance(cause, sqlite3.DatabaseError) and _is_damage(cause):
@@ -379,10 +438,13 @@ class EmbeddingCache:
                 if stale:
                     self._touch(conn, stale, now)
             except sqlite3.DatabaseError as exc:
-                if not _is_damage(exc):
-                    raise
                 _rollback(conn)  # the marks' transaction, if the damage showed there
-                self._give_up(exc)
+                if _is_damage(exc):
+                    self._give_up(exc)
+                elif _is_unavailable(exc):  # an I/O error reading it
+                    self._go_without(exc, readable=False)
+                else:
+                    raise
                 return {}
         return out
 
@@ -405,7 +467,8 @@ class EmbeddingCache:
         """Store encodings, ``{hash: vector}`` or ``{hash: SparseVector}``, in one transaction.
 
         Into a damaged file nothing is written: the first write that finds it so warns
-        (once per file and process), and this cache drops writes from then on.
+        (once per file and process), and this cache drops writes from then on. So it does
+        when the file cannot be written (read-only, a full disk), reading it still.
         """
         pairs = items.items() if isinstance(items, Mapping) else items
         now = int(time.time())
@@ -427,7 +490,7 @@ class EmbeddingCache:
         if not rows:
             return
         with self._lock:
-            conn = self._usable()
+            conn = None if self._read_only else self._usable()
             if conn is None:
                 return
             try:
@@ -442,9 +505,12 @@ class EmbeddingCache:
                 conn.execute("COMMIT")
             except sqlite3.DatabaseError as exc:
                 _rollback(conn)
-                if not _is_damage(exc):
+                if _is_damage(exc):
+                    self._give_up(exc)
+                elif _is_unavailable(exc):
+                    self._go_without(exc, readable=True)
+                else:
                     raise
-                self._give_up(exc)
             except BaseException:
                 _rollback(conn)
                 raise
