@@ -19,7 +19,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -36,7 +35,7 @@ from rlfb.errors import CorruptStateError, RlfbError, UnknownChunkError, Unknown
 from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
-from rlfb.retrievers.base import ChunkTable, Retriever, top_k
+from rlfb.retrievers.base import ChunkTable, Retriever, saving_into, top_k
 from rlfb.runs import owns_event, store_lock
 from rlfb.snapshot_kind import SnapshotKind
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k
@@ -994,9 +993,6 @@ class FeedbackEnsemble:
         with self._save_lock:
             self.flush()
             table, retrievers = self._index()
-            root = Path(path)
-            if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / _CONFIG_FILE).exists())):
-                raise ValidationError(f"{root} is not empty and holds no saved ensemble: choose a new folder")
             config = {
                 "format": _FORMAT,
                 "retrievers": list(retrievers),
@@ -1007,16 +1003,8 @@ class FeedbackEnsemble:
                 "seed": self.seed,
                 "policy": self._learner.policy_name,
             }
-            # names of this call's own: two saves at once (threads or processes) never share a folder
-            tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            tmp = root.with_name(f".{root.name}.saving-{tag}")
-            old = root.with_name(f".{root.name}.old-{tag}")
-            try:
-                tmp.mkdir(parents=True)
-                try:
-                    table.save(tmp)
-                except (TypeError, ValueError) as exc:  # json cannot encode some chunk's metadata (or a cycle)
-                    raise ValidationError(f"cannot save the chunks' metadata as JSON: {exc}") from exc
+            with saving_into(Path(path), marker=_CONFIG_FILE, what="ensemble") as tmp:
+                table.save(tmp)  # metadata JSON cannot hold is a ValidationError naming the chunk
                 for name, r in retrievers.items():
                     r.save(tmp / "retrievers" / name)
                 (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
@@ -1025,19 +1013,6 @@ class FeedbackEnsemble:
                 with self._lock:
                     state = json.dumps(self._learner.state_dict(), allow_nan=False)
                 (tmp / "learner.json").write_text(state, encoding="utf-8")
-                if root.exists():
-                    root.rename(old)
-                try:
-                    tmp.rename(root)
-                except OSError as exc:  # another save swapped its folder in between our two renames
-                    if not root.exists() and old.exists():
-                        old.rename(root)
-                    raise RlfbError(
-                        f"another save to {root} ran at the same time; this one was not kept: {exc}"
-                    ) from exc
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-                shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
     def load(

@@ -5,6 +5,7 @@ Models load once per module; the embedding cache lives under a temporary folder.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -193,6 +194,31 @@ def test_save_load_identical(retriever: Retriever, tmp_path: Path, cache_dir: Pa
     np.testing.assert_array_equal(loaded.score_all_batch(QUERIES), retriever.score_all_batch(QUERIES))
     assert loaded.search_batch(QUERIES, 3) == retriever.search_batch(QUERIES, 3)
     assert loaded._table.metadatas == retriever._table.metadatas  # type: ignore[attr-defined]
+
+
+def test_a_failed_save_leaves_the_earlier_save_as_it_was(retriever: Retriever, chunks: list[Chunk],
+                                                          tmp_path: Path, cache_dir: Path) -> None:
+    """chunks.jsonl was opened for writing (and the index files overwritten) before a line was made: metadata
+    JSON cannot hold raised a bare TypeError half way, and the folder no longer loaded."""
+    retriever.save(tmp_path / "index")
+    before = sorted(p.name for p in (tmp_path / "index").iterdir())
+    late = Chunk("late", "a chunk about zeppelins", {"topic": "air", "published": datetime.date(2024, 5, 1)})
+    bad = retriever.updated([*chunks, late])
+    with pytest.raises(ValidationError, match=r"chunk 'late': metadata\['published'\] is a date"):
+        bad.save(tmp_path / "index")
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]  # the new folder beside it was removed
+    kwargs = {} if retriever.name == "bm25" else {"cache_dir": cache_dir}
+    loaded = load_retriever(tmp_path / "index", **kwargs)
+    assert loaded.ids == retriever.ids
+    np.testing.assert_array_equal(loaded.score_all_batch(QUERIES), retriever.score_all_batch(QUERIES))
+
+
+def test_a_retriever_save_refuses_a_folder_of_other_files(indexed: dict[str, Retriever], tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")  # a save replaces its folder whole: this must not be lost
+    with pytest.raises(ValidationError, match="holds no saved retriever"):
+        indexed["bm25"].save(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("name", ["dense", "splade"])

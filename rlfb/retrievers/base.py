@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
 import tokenize
+import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, DuplicateIdError, EmptyCorpusError, UnknownChunkError, ValidationError
+from rlfb.errors import (
+    CorruptStateError,
+    DuplicateIdError,
+    EmptyCorpusError,
+    RlfbError,
+    UnknownChunkError,
+    ValidationError,
+)
 from rlfb.types import Chunk, make_chunks, validate_k
 
 __all__ = [
@@ -202,18 +213,22 @@ class ChunkTable:
         return [self.chunk(i) for i in range(len(self))]
 
     def save(self, path: Path) -> None:
+        """Write ``chunks.jsonl``. Every line is made before the file is opened: metadata JSON cannot hold
+        is a :class:`ValidationError` naming the chunk and the key, and leaves no file half written."""
+        lines = []
+        for cid, text, meta in zip(self.ids, self.texts, self.metadatas, strict=True):
+            _check_json(meta, cid)
+            row = {"id": cid, "text": text, "metadata": meta}
+            line = json.dumps(row, ensure_ascii=False)
+            if not line.isascii():
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate: UTF-8 cannot hold it, a \u escape can
+                    line = json.dumps(row)
+            lines.append(line + "\n")
         path.mkdir(parents=True, exist_ok=True)
         with open(path / "chunks.jsonl", "w", encoding="utf-8") as fh:
-            for cid, text, meta in zip(self.ids, self.texts, self.metadatas, strict=True):
-                _check_keys(meta, cid)
-                row = {"id": cid, "text": text, "metadata": meta}
-                line = json.dumps(row, ensure_ascii=False)
-                if not line.isascii():
-                    try:
-                        line.encode("utf-8")
-                    except UnicodeEncodeError:  # a lone surrogate: UTF-8 cannot hold it, a \u escape can
-                        line = json.dumps(row)
-                fh.write(line + "\n")
+            fh.writelines(lines)
 
     @classmethod
     def load(cls, path: Path) -> ChunkTable:
@@ -261,6 +276,36 @@ def kept_then_new(src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.empty(src.size, dtype=np.int64)
     order[kept], order[missing] = np.arange(kept.size), kept.size + np.arange(missing.size)
     return kept, missing, order
+
+
+@contextmanager
+def saving_into(root: Path, *, marker: str, what: str) -> Iterator[Path]:
+    """A new folder beside ``root`` to write a save into, swapped in for ``root`` once the block completes.
+
+    A save that fails part way (metadata JSON cannot hold, a full disk) so leaves the previous
+    save in ``root`` as it was. ``root`` must be new, empty, or an earlier save (it holds
+    ``marker``): it is replaced whole, so a folder of other files is refused by name rather than lost.
+    """
+    if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / marker).exists())):
+        raise ValidationError(f"{root} is not empty and holds no saved {what}: choose a new folder")
+    # names of this call's own: two saves at once (threads or processes) never share a folder
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    tmp = root.with_name(f".{root.name}.saving-{tag}")
+    old = root.with_name(f".{root.name}.old-{tag}")
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        if root.exists():
+            root.rename(old)
+        try:
+            tmp.rename(root)
+        except OSError as exc:  # another save swapped its folder in between our two renames
+            if not root.exists() and old.exists():
+                old.rename(root)
+            raise RlfbError(f"another save to {root} ran at the same time; this one was not kept: {exc}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_meta(path: Path, meta: dict[str, Any]) -> None:
@@ -434,19 +479,31 @@ class CorpusRetriever:
         return f"{type(self).__name__}(n_chunks={len(self)})"
 
 
-def _check_keys(value: Any, chunk_id: str, _open: frozenset[int] = frozenset()) -> None:
-    """Refuse metadata JSON cannot hold as it is: a key that is not a string (``{1: "a", "1": "b"}``
-    would come back as one key) or a container that holds itself."""
-    if not isinstance(value, (Mapping, list, tuple)):
+def _check_json(value: Any, chunk_id: str, where: str = "", _open: frozenset[int] = frozenset()) -> None:
+    """Refuse metadata JSON cannot hold as it is, as a :class:`ValidationError` naming the chunk and the key:
+    a key that is not a string (``{1: "a", "1": "b"}`` would come back as one key), a container that holds
+    itself, or a value of another type than JSON's (a date: ``json.dumps`` raised a bare TypeError).
+
+    >>> import datetime
+    >>> _check_json({"tags": ["a"], "published": datetime.date(2024, 5, 1)}, "c1")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: chunk 'c1': metadata['published'] is a date, which JSON cannot hold
+    """
+    if value is None or isinstance(value, (str, int, float)):  # bool is an int
         return
+    if not isinstance(value, (dict, list, tuple)):  # what json.dumps writes, and only that
+        raise ValidationError(
+            f"chunk {chunk_id!r}: metadata{where} is a {type(value).__name__}, which JSON cannot hold"
+        )
     if id(value) in _open:
-        raise TypeError(f"chunk {chunk_id!r}: its metadata holds itself (a circular reference)")
+        raise ValidationError(f"chunk {chunk_id!r}: its metadata holds itself (a circular reference)")
     inside = _open | {id(value)}
-    if isinstance(value, Mapping):
+    if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"chunk {chunk_id!r}: metadata key {k!r} is not a string")
-            _check_keys(v, chunk_id, inside)
+                raise ValidationError(f"chunk {chunk_id!r}: metadata key {k!r} is not a string")
+            _check_json(v, chunk_id, f"{where}[{k!r}]", inside)
     else:
-        for v in value:
-            _check_keys(v, chunk_id, inside)
+        for i, v in enumerate(value):
+            _check_json(v, chunk_id, f"{where}[{i}]", inside)

@@ -32,6 +32,7 @@ from rlfb.retrievers.base import (
     kept_then_new,
     read_meta,
     reused_rows,
+    saving_into,
     write_meta,
 )
 from rlfb.types import Chunk
@@ -365,33 +366,36 @@ class BM25Retriever(CorpusRetriever):
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         """Write the bm25s arrays (``.npy``, JSON vocabulary, no pickle), the term counts that
-        :meth:`updated` reuses (``term_counts.npz``), chunks and ``meta.json``."""
+        :meth:`updated` reuses (``term_counts.npz``), chunks and ``meta.json``.
+
+        Written into a new folder beside ``path`` and swapped in when complete, so a save that fails
+        (metadata JSON cannot hold: a :class:`ValidationError` naming the chunk) leaves an earlier save
+        as it was. ``path`` must be new, empty, or an earlier save.
+        """
         table = self._require_table()
-        path = Path(path)
-        self._bm25.save(path / "bm25s", allow_pickle=False, show_progress=False)
-        if self._counts is not None:
-            c = self._counts
-            np.savez(path / _COUNTS_FILE, data=c.data, indices=c.indices, indptr=c.indptr,
-                     shape=np.array(c.shape, dtype=np.int64))
-        else:  # loaded from a save without counts: a stale file from an earlier save must not pair with this one
-            (path / _COUNTS_FILE).unlink(missing_ok=True)
-        table.save(path)
-        write_meta(
-            path,
-            {
-                "kind": self.name,
-                "format_version": _FORMAT_VERSION,
-                "k1": self.k1,
-                "b": self.b,
-                "method": self.method,
-                "idf_method": self.idf_method,
-                "tokenizer": self.tokenizer if isinstance(self.tokenizer, str) else None,
-                "lowercase": self.lowercase,
-                "whole_matches": True,  # a pattern's tokens are its whole matches (older saves: its groups)
-                "avg_doc_len": self._avg_len,
-                "n_docs": len(table),
-            },
-        )
+        with saving_into(Path(path), marker="meta.json", what="retriever") as tmp:
+            table.save(tmp)  # first: metadata JSON cannot hold fails before the arrays are written
+            self._bm25.save(tmp / "bm25s", allow_pickle=False, show_progress=False)
+            if self._counts is not None:  # loaded from a save without counts: none are written
+                c = self._counts
+                np.savez(tmp / _COUNTS_FILE, data=c.data, indices=c.indices, indptr=c.indptr,
+                         shape=np.array(c.shape, dtype=np.int64))
+            write_meta(
+                tmp,
+                {
+                    "kind": self.name,
+                    "format_version": _FORMAT_VERSION,
+                    "k1": self.k1,
+                    "b": self.b,
+                    "method": self.method,
+                    "idf_method": self.idf_method,
+                    "tokenizer": self.tokenizer if isinstance(self.tokenizer, str) else None,
+                    "lowercase": self.lowercase,
+                    "whole_matches": True,  # a pattern's tokens are its whole matches (older saves: its groups)
+                    "avg_doc_len": self._avg_len,
+                    "n_docs": len(table),
+                },
+            )
 
     @classmethod
     def load(cls, path: str | Path, *, tokenizer: Callable[[str], list[str]] | None = None) -> BM25Retriever:
