@@ -577,6 +577,35 @@ def test_an_older_bm25_save_of_a_grouped_pattern_asks_to_be_built_again(tmp_path
     assert load_retriever(tmp_path / "plain").search("state", 1)  # without groups nothing changed
 
 
+NFC, NFD = "r\u00e9sum\u00e9", "re\u0301sume\u0301"  # one word: accents composed, and decomposed
+
+
+def test_bm25_matches_a_word_however_its_accents_were_typed(tmp_path: Path) -> None:
+    """\\w+ stopped at a combining accent: an NFD 'résumé' was indexed as 're', 'sume', which the NFC word
+    typed in a query did not meet."""
+    r = BM25Retriever().index(make_chunks([f"my {NFD} and cover letter", "baking bread", f"{NFC} tips"]))
+    assert r.tokenize(NFD) == r.tokenize(NFC) == [NFC]
+    assert r.score_all(NFC)[0] > 0 and r.score_all(NFD)[2] > 0 and r.score_all("sume").tolist() == [0.0] * 3
+    r.save(tmp_path)
+    assert json.loads((tmp_path / "meta.json").read_text())["unicode_nfc"] is True
+    np.testing.assert_array_equal(load_retriever(tmp_path).score_all(NFD), r.score_all(NFD))
+    # off on request; a callable tokenizer is the caller's own, used as given
+    assert BM25Retriever(normalize_unicode=False).tokenize(NFD) == ["re", "sume"]
+    assert BM25Retriever(tokenizer=str.split).tokenize(NFD) == [NFD]
+
+
+def test_a_bm25_save_from_before_normalising_keeps_tokenising_as_it_was_built(tmp_path: Path) -> None:
+    BM25Retriever().index(make_chunks([f"my {NFD}", "bread"])).save(tmp_path)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    del meta["unicode_nfc"]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))  # as an older rlfb wrote it
+    old = load_retriever(tmp_path)
+    assert old.normalize_unicode is False and old.tokenize(NFD) == ["re", "sume"]  # type: ignore[attr-defined]
+    (tmp_path / "meta.json").write_text(json.dumps({**meta, "unicode_nfc": "yes"}))
+    with pytest.raises(CorruptStateError, match="unicode_nfc"):
+        load_retriever(tmp_path)
+
+
 @pytest.mark.parametrize("kwargs", [{"k1": 0.0}, {"b": 1.0}, {"k1": 0.0, "method": "atire"}])
 def test_bm25_score_texts_of_texts_without_the_terms_is_zero_not_nan(kwargs: dict) -> None:
     """With a length norm of 0 (k1=0, or b=1 and an empty text) tf / (norm + tf) was 0/0 for absent terms."""
@@ -590,7 +619,8 @@ def test_bm25_score_texts_of_texts_without_the_terms_is_zero_not_nan(kwargs: dic
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"k1": -1}, {"b": 1.5}, {"method": "bm42"}, {"idf_method": "x"}, {"tokenizer": 3}, {"tokenizer": "("}],
+    [{"k1": -1}, {"b": 1.5}, {"method": "bm42"}, {"idf_method": "x"}, {"tokenizer": 3}, {"tokenizer": "("},
+     {"normalize_unicode": "no"}],
 )
 def test_bm25_bad_settings(kwargs: dict) -> None:
     with pytest.raises(ValidationError):

@@ -5,7 +5,7 @@ and stores them as a sparse documents x vocabulary matrix. Scoring a query is
 then a sparse product of that matrix with the query's term counts, so a query
 only touches the postings of its own terms.
 
-Default tokenisation: lowercase ``\\w+`` tokens, no stemming, no stopwords.
+Default tokenisation: NFC-normalised, lowercase ``\\w+`` tokens, no stemming, no stopwords.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import unicodedata
 import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from rlfb.retrievers.base import (
     saving_into,
     write_meta,
 )
-from rlfb.types import Chunk
+from rlfb.types import Chunk, validate_flag
 
 __all__ = ["BM25Retriever", "bm25_idf", "bm25_tfc", "regex_tokenizer", "METHODS"]
 
@@ -46,22 +47,32 @@ _COUNTS_FILE = "term_counts.npz"  # optional: a save without it loads, and its f
 _DEFAULT_PATTERN = r"\w+"
 
 
-def regex_tokenizer(pattern: str = _DEFAULT_PATTERN, lowercase: bool = True) -> Callable[[str], list[str]]:
-    """A tokenizer returning the whole matches of ``pattern`` (after lowercasing, by default).
+def regex_tokenizer(
+    pattern: str = _DEFAULT_PATTERN, lowercase: bool = True, *, normalize_unicode: bool = True
+) -> Callable[[str], list[str]]:
+    """A tokenizer returning the whole matches of ``pattern`` (after NFC normalisation and lowercasing, by default).
 
     A pattern with groups still yields whole matches: ``re.findall`` would return the groups
     (tuples, or only the first group's text), which are not the tokens the pattern describes.
+    NFC normalisation makes one word one token however its accents were typed: ``\\w`` does not
+    match a combining accent, so a decomposed (NFD) "résumé" split into "re" and "sume".
 
     >>> regex_tokenizer()("Solar wind, AURORA!")
     ['solar', 'wind', 'aurora']
     >>> regex_tokenizer(r"([a-z]+)(?:-[a-z]+)*")("state-of-the-art retrieval")
     ['state-of-the-art', 'retrieval']
+    >>> regex_tokenizer()("re\u0301sume\u0301") == regex_tokenizer()("r\u00e9sum\u00e9") == ["r\u00e9sum\u00e9"]
+    True
     """
     regex = re.compile(pattern)
     whole: Callable[[str], list[str]] = regex.findall  # without groups findall gives whole matches, fastest
     if regex.groups:
         def whole(text: str) -> list[str]:
             return [m.group(0) for m in regex.finditer(text)]
+    if normalize_unicode and lowercase:
+        return lambda text: whole(unicodedata.normalize("NFC", text).lower())
+    if normalize_unicode:
+        return lambda text: whole(unicodedata.normalize("NFC", text))
     if lowercase:
         return lambda text: whole(text.lower())
     return whole
@@ -138,6 +149,13 @@ class BM25Retriever(CorpusRetriever):
         reproduces ``rank_bm25.BM25Okapi`` (with its ``epsilon=0``).
     lowercase
         Lowercase texts before matching a pattern tokenizer.
+    normalize_unicode
+        NFC-normalise texts before matching a pattern tokenizer (saved with the index), so that a word
+        matches whether its accents were typed composed or decomposed: ``\\w+`` stops at a combining
+        accent. An index saved by an older rlfb, which did not normalise, loads without it. Words of scripts
+        whose vowel signs stay combining marks in NFC (Devanagari, Tamil) still split at those signs under
+        the default pattern; pass a ``tokenizer`` pattern or callable of your own for them. A callable
+        tokenizer is used as given, not normalised.
 
     Examples
     --------
@@ -164,6 +182,7 @@ class BM25Retriever(CorpusRetriever):
         *,
         idf_method: str | None = None,
         lowercase: bool = True,
+        normalize_unicode: bool = True,
     ) -> None:
         if not (isinstance(k1, (int, float)) and math.isfinite(k1) and k1 >= 0):
             raise ValidationError(f"k1 must be a finite number >= 0, got {k1!r}")
@@ -173,9 +192,10 @@ class BM25Retriever(CorpusRetriever):
             raise ValidationError(f"unknown BM25 method {method!r}; choose from {METHODS}")
         if idf_method is not None and idf_method not in METHODS:
             raise ValidationError(f"unknown BM25 idf method {idf_method!r}; choose from {METHODS}")
+        normalize_unicode = validate_flag(normalize_unicode, "normalize_unicode")
         if isinstance(tokenizer, str):
             try:
-                self._tokenize = regex_tokenizer(tokenizer, lowercase)
+                self._tokenize = regex_tokenizer(tokenizer, lowercase, normalize_unicode=normalize_unicode)
             except re.error as exc:
                 raise ValidationError(f"invalid tokenizer pattern {tokenizer!r}: {exc}") from exc
         elif callable(tokenizer):
@@ -188,6 +208,7 @@ class BM25Retriever(CorpusRetriever):
         self.idf_method = idf_method or method
         self.tokenizer = tokenizer
         self.lowercase = bool(lowercase)
+        self.normalize_unicode = normalize_unicode
         self._table: ChunkTable | None = None
         self._bm25: Any = None  # bm25s.BM25
         self._vocab: dict[str, int] = {}
@@ -391,6 +412,7 @@ class BM25Retriever(CorpusRetriever):
                     "idf_method": self.idf_method,
                     "tokenizer": self.tokenizer if isinstance(self.tokenizer, str) else None,
                     "lowercase": self.lowercase,
+                    "unicode_nfc": self.normalize_unicode,
                     "whole_matches": True,  # a pattern's tokens are its whole matches (older saves: its groups)
                     "avg_doc_len": self._avg_len,
                     "n_docs": len(table),
@@ -448,8 +470,9 @@ class BM25Retriever(CorpusRetriever):
             value = meta.get(key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise CorruptStateError(f"{meta_file}: {key} must be a finite number, got {value!r}")
-        if not isinstance(meta.get("lowercase", True), bool):
-            raise CorruptStateError(f"{meta_file}: lowercase must be true or false, got {meta['lowercase']!r}")
+        for key, default in (("lowercase", True), ("unicode_nfc", False)):
+            if not isinstance(meta.get(key, default), bool):
+                raise CorruptStateError(f"{meta_file}: {key} must be true or false, got {meta[key]!r}")
         if meta["avg_doc_len"] < 0:
             raise CorruptStateError(f"{meta_file}: avg_doc_len must be >= 0, got {meta['avg_doc_len']!r}")
         try:
@@ -460,6 +483,8 @@ class BM25Retriever(CorpusRetriever):
                 idf_method=meta["idf_method"],
                 tokenizer=tokenizer if tokenizer is not None else meta["tokenizer"],
                 lowercase=meta.get("lowercase", True),
+                # an index saved before texts were normalised keeps tokenising as it was built
+                normalize_unicode=meta.get("unicode_nfc", False),
             )
         except ValidationError as exc:  # the settings came from the file, not from the caller
             raise CorruptStateError(f"{meta_file}: {exc}") from exc
