@@ -6,7 +6,9 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 
+from rlfb.errors import ValidationError
 from rlfb.retrievers.base import top_k
 from rlfb.retrievers.cache import text_hash
 from rlfb.retrievers.models import LazyModel, model_fingerprint
@@ -77,3 +79,21 @@ def test_vectors_put_under_cache_key_are_the_ones_used(tmp_path) -> None:
     query_cache.put_many({text_hash(query): np.array([0.6, 0.8, 0.0], dtype=np.float32)})
     dense.index(make_chunks(texts, ["a", "b"]))
     np.testing.assert_allclose(dense.score_all(query), [0.6, 0.8], rtol=1e-6)  # no model was asked
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_an_empty_cache_dir_is_refused_not_the_working_directory(tmp_path, monkeypatch, blank: str) -> None:
+    """Path("") is ".": cache_dir="" wrote embeddings.sqlite into the working directory without a word."""
+    from rlfb.retrievers.cache import EmbeddingCache, cache_stats, cached_encode, open_side_caches
+    from rlfb.retrievers.dense import DenseRetriever
+    from rlfb.retrievers.splade import SpladeRetriever
+
+    monkeypatch.chdir(tmp_path)
+    for make in (lambda: DenseRetriever(cache_dir=blank), lambda: SpladeRetriever(cache_dir=blank),
+                 lambda: EmbeddingCache(blank, "m"), lambda: open_side_caches(blank, "m"),
+                 lambda: cache_stats(blank)):
+        with pytest.raises(ValidationError, match="cache_dir must name a folder"):
+            make()
+    cached_encode(["a"], lambda b: [np.ones(2, dtype=np.float32) for _ in b],
+                  disk=EmbeddingCache(tmp_path / "c", "m"))  # a named folder still works
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]

@@ -106,6 +106,28 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "rlfb"
 
 
+def check_cache_dir(value: object) -> None:
+    """Refuse an empty or blank ``cache_dir`` string: ``Path("")`` is the working directory, where the cache
+    file would be written unasked (an empty ``$RLFB_CACHE_DIR`` means the default, and ``rlfb cache --dir ''``
+    is refused).
+
+    >>> check_cache_dir(" ")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: cache_dir must name a folder, got ' ' (None uses the default folder, ...
+    """
+    if isinstance(value, str) and not value.strip():
+        raise ValidationError(
+            f"cache_dir must name a folder, got {value!r} (None uses the default folder, False no disk cache)"
+        )
+
+
+def _cache_folder(directory: str | Path | None) -> Path:
+    """``directory`` as a folder (``~`` expanded), ``None`` as :func:`default_cache_dir`."""
+    check_cache_dir(directory)
+    return Path(directory).expanduser() if directory is not None else default_cache_dir()
+
+
 def default_max_mb() -> float | None:
     """``$RLFB_CACHE_MAX_MB`` as a number of megabytes, or ``None`` (no bound) when unset or empty."""
     env = os.environ.get("RLFB_CACHE_MAX_MB", "").strip()
@@ -312,7 +334,7 @@ class EmbeddingCache:
     def __init__(self, directory: str | Path | None, model_key: str, *, max_mb: float | None = None) -> None:
         if not isinstance(model_key, str) or not model_key:
             raise ValidationError("model_key must be a non-empty string")
-        self.directory = Path(directory).expanduser() if directory is not None else default_cache_dir()
+        self.directory = _cache_folder(directory)
         self.path = self.directory / _FILE_NAME
         self.model_key = model_key
         self.max_mb = default_max_mb() if max_mb is None else _check_nonnegative("max_mb", max_mb)
@@ -669,7 +691,7 @@ def _drop_least_recent(conn: sqlite3.Connection, keep_bytes: int) -> int:
 
 
 def _cache_file(directory: str | Path | None) -> Path:
-    return (Path(directory).expanduser() if directory is not None else default_cache_dir()) / _FILE_NAME
+    return _cache_folder(directory) / _FILE_NAME
 
 
 def _file_bytes(path: Path) -> int:
@@ -722,10 +744,12 @@ def open_side_caches(
 
     ``cache_dir`` is a folder, ``None``/``True`` for :func:`default_cache_dir`, or
     ``False`` to disable; a ``None`` ``model_key`` (a model of unknown origin) also disables.
+    An empty or blank string is a :class:`ValidationError` (see :func:`check_cache_dir`).
     """
+    check_cache_dir(cache_dir)
     if cache_dir is False or model_key is None:
         return None, None
-    directory = None if cache_dir is None or cache_dir is True else Path(cache_dir)
+    directory = None if cache_dir is None or cache_dir is True else cache_dir
     return EmbeddingCache(directory, model_key + "|document"), EmbeddingCache(directory, model_key + "|query")
 
 

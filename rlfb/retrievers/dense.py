@@ -33,7 +33,7 @@ from rlfb.retrievers.base import (
     saving_into,
     write_meta,
 )
-from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, open_side_caches
+from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, check_cache_dir, open_side_caches
 from rlfb.retrievers.models import (
     AS_SAVED,
     AsSaved,
@@ -117,7 +117,8 @@ class DenseRetriever(CorpusRetriever):
         Encoding batch size.
     cache_dir
         Folder of the embedding cache; ``None`` uses ``$RLFB_CACHE_DIR`` or
-        ``~/.cache/rlfb``; ``False`` turns the disk cache off.
+        ``~/.cache/rlfb``; ``False`` turns the disk cache off. An empty string is refused
+        (it would be the working directory).
     device
         Torch device for a model loaded by name.
     model_key
@@ -149,6 +150,7 @@ class DenseRetriever(CorpusRetriever):
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_cache_dir(cache_dir)  # here, not at the first encoding: "" would be the working directory
         self.batch_size = batch_size
         self.cache_dir = cache_dir
         self._model_key = model_key  # as given: saved, so that a load keys the cache as this retriever did

@@ -35,7 +35,14 @@ from rlfb.retrievers.base import (
     saving_into,
     write_meta,
 )
-from rlfb.retrievers.cache import EmbeddingCache, LRUCache, SparseVector, cached_encode, open_side_caches
+from rlfb.retrievers.cache import (
+    EmbeddingCache,
+    LRUCache,
+    SparseVector,
+    cached_encode,
+    check_cache_dir,
+    open_side_caches,
+)
 from rlfb.retrievers.models import (
     AS_SAVED,
     AsSaved,
@@ -147,7 +154,8 @@ class SpladeRetriever(CorpusRetriever):
         Encoding batch size.
     cache_dir
         Folder of the encoding cache; ``None`` uses ``$RLFB_CACHE_DIR`` or
-        ``~/.cache/rlfb``; ``False`` turns the disk cache off.
+        ``~/.cache/rlfb``; ``False`` turns the disk cache off. An empty string is refused
+        (it would be the working directory).
     max_active_dims
         Keep only the largest this-many weights of each encoding (``None``: the model's setting).
     device
@@ -180,6 +188,7 @@ class SpladeRetriever(CorpusRetriever):
             raise ValidationError(
                 f"max_active_dims must be a positive integer or None, got {max_active_dims!r}"
             )
+        check_cache_dir(cache_dir)  # here, not at the first encoding: "" would be the working directory
         self.batch_size = batch_size
         self.cache_dir = cache_dir
         self._model_key = model_key  # as given: saved, so that a load keys the cache as this retriever did
