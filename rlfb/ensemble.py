@@ -300,6 +300,23 @@ class FeedbackEnsemble:
         self._refresh()
         return self._learner.weights()
 
+    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> FeedbackEnsemble:
+        """Set the policy's (default) fusion weights and write them to the store now.
+
+        Validated as the learner's ``set_weights`` is (NaN, negative or all-zero weights are refused).
+        Set on ``ens.learner`` itself they were not written: the next snapshot another process wrote,
+        or a restart, brought the old weights back.
+
+        >>> ens = FeedbackEnsemble.from_texts(["solar wind", "sourdough"], retrievers=("bm25",), policy="fixed")
+        >>> ens.set_weights({"bm25": 1.0}).weights
+        {'bm25': 1.0}
+        """
+        with self._guarded():
+            self._refresh(force=True)  # onto the newest state: the new weights must not be overwritten by it
+            self._learner.set_weights(weights)
+            self._persist(force=True)
+        return self
+
     def weights_for(self, query: str) -> dict[str, float]:
         """The weights the greedy policy would use for ``query``'s query type."""
         from rlfb.features import query_features, query_type
@@ -1046,7 +1063,7 @@ class FeedbackEnsemble:
         if learned:  # the saved learner state would overwrite them: refuse rather than drop them unsaid
             raise ValidationError(
                 f"load() brings back the saved learner, so it takes no {learned}: set weights afterwards with "
-                "ens.learner.set_weights(...), or build a new ensemble for another policy"
+                "ens.set_weights(...), or build a new ensemble for another policy"
             )
         try:
             config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)

@@ -416,3 +416,24 @@ def test_an_app_without_a_snapshot_of_its_own_pages_back_once(tmp_path: Path) ->
         evaluation.retrieve("magma", k=2, log=False)
         assert len(reads) <= 3  # the newest, its policy's newest, and one step back: not all 13+
     assert evaluation.learner.n_learned == 0
+
+
+@pytest.mark.parametrize("policy", ["fixed", "thompson", "gradient"])
+def test_weights_set_on_the_ensemble_are_written_to_the_store(tmp_path: Path, policy: str) -> None:
+    # set on ens.learner (as load()'s error advised) they were never written: a restart, or the next snapshot
+    # of another process sharing the store, brought 0.5/0.5 back
+    path = str(tmp_path / "fb.db")
+    a = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), store=path, policy=policy,
+                                    refresh_interval=0)
+    b = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), store=path, policy=policy,
+                                    refresh_interval=0)
+    a.set_weights({"bm25": 0.2, "dense": 0.8})
+    assert b.weights == pytest.approx({"bm25": 0.2, "dense": 0.8})  # b picks them up
+    a.close()
+    b.close()
+    again = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), store=path, policy=policy)
+    assert again.weights == pytest.approx({"bm25": 0.2, "dense": 0.8})
+    with pytest.raises(ValidationError):
+        again.set_weights({"bm25": float("nan"), "dense": 1.0})
+    assert again.weights == pytest.approx({"bm25": 0.2, "dense": 0.8})
+    again.close()
