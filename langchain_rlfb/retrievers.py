@@ -49,7 +49,7 @@ from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import DuplicateIdError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
-from rlfb.types import Chunk, Hit
+from rlfb.types import Chunk, Hit, copy_metadata
 
 __all__ = [
     "FeedbackEnsembleRetriever",
@@ -90,7 +90,7 @@ def document_to_chunk(doc: Document) -> Chunk:
     """
     cid = _given_id(doc)
     return Chunk(str(cid) if cid is not None else content_id(doc.page_content), doc.page_content,
-                 dict(doc.metadata or {}))
+                 copy_metadata(doc.metadata))
 
 
 def _documents_to_chunks(documents: Sequence[Document]) -> list[Chunk]:

@@ -11,7 +11,7 @@ from typing import Any
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from rlfb.errors import EmptyCorpusError, ValidationError
-from rlfb.types import Chunk, Hit
+from rlfb.types import Chunk, Hit, copy_metadata
 
 __all__ = [
     "EVENT_ID_KEY",
@@ -51,7 +51,7 @@ def node_text(node: BaseNode) -> str:
 
 def node_to_chunk(node: BaseNode) -> Chunk:
     """A node as an rlfb chunk: its ``node_id``, :func:`node_text` and a copy of its metadata."""
-    return Chunk(str(node.node_id), node_text(node), dict(node.metadata or {}))
+    return Chunk(str(node.node_id), node_text(node), copy_metadata(node.metadata))
 
 
 def nodes_to_chunks(nodes: Iterable[BaseNode]) -> list[Chunk]:
@@ -120,7 +120,7 @@ def hit_to_node(hit: Hit, event_id: str | None, node: BaseNode | None = None) ->
         node = TextNode(id_=hit.chunk_id, text=hit.text, metadata=dict(hit.metadata))
     _warn_replaced(node)
     update = {
-        "metadata": {**(node.metadata or {}), **extra},
+        "metadata": {**copy_metadata(node.metadata), **extra},  # the original node's lists stay its own
         "excluded_llm_metadata_keys": _with_keys(node.excluded_llm_metadata_keys),
         "excluded_embed_metadata_keys": _with_keys(node.excluded_embed_metadata_keys),
     }

@@ -38,7 +38,7 @@ from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, saving_into, top_k
 from rlfb.runs import owns_event, store_lock
 from rlfb.snapshot_kind import SnapshotKind
-from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k
+from rlfb.types import Chunk, Hit, RetrievalResult, copy_metadata, make_chunks, validate_flag, validate_k
 
 __all__ = ["FeedbackEnsemble"]
 
@@ -687,7 +687,7 @@ class FeedbackEnsemble:
                     rank=rank,
                     scores={n: _finite_or_none(ctx.raw[idx, j]) for j, n in enumerate(names)},
                     normalized={n: float(ctx.normalized[idx, j]) for j, n in enumerate(names)},
-                    metadata=dict(chunk.metadata),
+                    metadata=copy_metadata(chunk.metadata),  # a caller changing it must not change the index
                     proposed_by=tuple(n for j, n in enumerate(names) if proposed[idx, j]),
                     confidence=float(ranking.confidence[idx]) if ranking.confidence is not None else None,
                     memory=float(ranking.memory[idx]) if ranking.memory is not None else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,10 @@ import numpy as np
 
 from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
-__all__ = ["Chunk", "Hit", "RetrievalResult", "check_choice", "make_chunks", "validate_flag", "validate_k"]
+__all__ = [
+    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk_ids", "copy_metadata", "make_chunks", "validate_flag",
+    "validate_k",
+]
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,27 @@ class Chunk:
     id: str
     text: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+def copy_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A deep copy of ``metadata`` (``{}`` for ``None``), so that nothing nested is shared.
+
+    A chunk's metadata is taken in and handed out through this: with a shallow copy, appending to a
+    result's ``metadata["authors"]`` changed the indexed chunk, every later result and the caller's own
+    documents. A value that cannot be deep-copied (a lock, a handle) is shared as it is.
+
+    >>> given = {"authors": ["ann"]}
+    >>> copy_metadata(given)["authors"].append("bob")
+    >>> given
+    {'authors': ['ann']}
+    """
+    out = {}
+    for key, value in (metadata or {}).items():
+        try:
+            out[key] = copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - whatever a user's object raises: share it, as before
+            out[key] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -189,5 +214,5 @@ def make_chunks(
     for cid, text, meta in zip(ids, texts, metadatas, strict=True):
         if not isinstance(text, str):
             raise ValidationError(f"text of chunk {cid!r} is {type(text).__name__}, not str")
-        chunks.append(Chunk(cid, text, dict(meta or {})))
+        chunks.append(Chunk(cid, text, copy_metadata(meta)))
     return chunks

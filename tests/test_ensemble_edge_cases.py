@@ -225,3 +225,17 @@ def test_add_texts_of_no_texts_but_some_ids_is_an_error() -> None:
 
     with pytest.raises(EmptyCorpusError):
         _ens().add_texts([], ids=["x"])
+
+
+def test_a_hits_nested_metadata_is_its_own() -> None:
+    # appending to hit.metadata["authors"] changed the indexed chunk, so every later result, and the
+    # caller's own mapping given at indexing
+    from rlfb import FeedbackEnsemble
+
+    given = [{"authors": ["ann"]}, {"authors": ["bob"]}]
+    ens = FeedbackEnsemble.from_texts(["solar wind aurora", "sourdough bread"], metadatas=given, retrievers=("bm25",))
+    hit = ens.retrieve("aurora", k=1, log=False).hits[0]
+    hit.metadata["authors"].append("INJECTED")
+    given[0]["authors"].append("LATER")
+    assert ens.retrieve("aurora", k=1, log=False).hits[0].metadata["authors"] == ["ann"]
+    assert ens.chunk(hit.chunk_id).metadata["authors"] == ["ann"]

@@ -405,3 +405,16 @@ async def test_a_cancelled_ainvoke_logs_nothing_and_closes_the_handlers_run(make
     docs = retriever.invoke("tides", config={"callbacks": [handler], "metadata": {"session_id": "s"}})
     assert docs and base.store.counts()["events"] == 1  # the next call is the session's first retrieval
     assert base.store.counts()["feedback"] == 0  # so it restates nothing
+
+
+def test_nested_metadata_is_copied_in_and_out() -> None:
+    # a shallow copy shared metadata["authors"]: appending to a returned Document's list changed the user's
+    # own Document, the indexed chunk and every later result
+    documents = [Document(page_content=t, id=i, metadata={"authors": ["ann"]}) for t, i in zip(TEXTS, IDS, strict=True)]
+    r = FeedbackEnsembleRetriever.from_documents(documents, retrievers=("bm25",), k=1)
+    (doc,) = r.invoke("titanium bolt XK-4471")
+    doc.metadata["authors"].append("INJECTED")
+    assert documents[4].metadata["authors"] == ["ann"]
+    assert r.invoke("titanium bolt XK-4471")[0].metadata["authors"] == ["ann"]
+    documents[4].metadata["authors"].append("LATER")
+    assert r.invoke("titanium bolt XK-4471")[0].metadata["authors"] == ["ann"]

@@ -409,3 +409,14 @@ def test_a_nodes_own_rank_and_scores_are_replaced_with_a_warning(
     with pytest.warns(UserWarning, match=r"\['event_id'\]"):  # a document's own event id (an incident's)
         pp.postprocess_nodes([NodeWithScore(node=TextNode(id_="x", text="aurora", metadata={"event_id": "INC-7"}))],
                              query_str="aurora")
+
+
+def test_the_nodes_given_keep_their_own_nested_metadata(make_ensemble: Any) -> None:
+    # the output node was a copy whose metadata lists were the input node's: appending to one changed both
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=2)
+    given = [NodeWithScore(node=TextNode(id_=i, text=t, metadata={"tags": ["kb"]}), score=0.5)
+             for i, t in zip(IDS[:4], TEXTS[:4], strict=True)]
+    out = pp.postprocess_nodes(given, query_str="moon tides")
+    out[0].node.metadata["tags"].append("INJECTED")
+    assert all(n.node.metadata["tags"] == ["kb"] for n in given)
+    assert all(n.node.metadata["tags"] == ["kb"] for n in pp.postprocess_nodes(given, query_str="moon tides"))
