@@ -13,8 +13,8 @@ import numpy as np
 from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
 __all__ = [
-    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk_ids", "copy_metadata", "make_chunks", "validate_flag",
-    "validate_k",
+    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk_ids", "copy_metadata", "make_chunks",
+    "validate_flag", "validate_k",
 ]
 
 
