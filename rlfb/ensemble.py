@@ -808,6 +808,10 @@ class FeedbackEnsemble:
         is a negative reformulation, a new topic is neutral. ``dwell_seconds``
         over the threshold with no follow-up is positive; ``cited`` and
         ``opened`` chunks are positive for those chunks.
+
+        Call it *before* retrieving for the follow-up in the same session: the session's latest
+        retrieval is the one judged, so called after, the follow-up would be compared with itself
+        and judged a restatement of itself.
         """
         from rlfb.implicit import ImplicitSignals
 
