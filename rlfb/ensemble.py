@@ -620,11 +620,20 @@ class FeedbackEnsemble:
         with self._guarded():
             self._refresh()
             learner_ctx = self._for_learner(ctx)
+            logging = log and self._store is not None
+            if logging:
+                logged_metadata = _logged_metadata(metadata, ctx.query, learner_ctx.query)
+                # before ranking: a retrieval refused only when logged (a future timestamp, an id already
+                # logged) had moved the policy's random state and the memory's count of asks all the same
+                check = getattr(self._store, "check_event_args", None)  # a store of the user's own may lack it
+                if check is not None:
+                    check(event_id=event_id, session_id=ctx.session_id, parent_id=parent_id, timestamp=timestamp,
+                          metadata=logged_metadata)
             ranking = self._learner.rank(learner_ctx, k, explore=explore)
             hits = self._hits(ctx, ranking)
             decision: Decision = ranking.decision
             logged_id = None
-            if log and self._store is not None:
+            if logging:
                 logged_id = self._store.log_event(
                     ctx.query,
                     decision.to_dict(),
@@ -634,7 +643,7 @@ class FeedbackEnsemble:
                     query_type=ctx.query_type,
                     event_id=event_id,
                     parent_id=parent_id,
-                    metadata=_logged_metadata(metadata, ctx.query, learner_ctx.query),
+                    metadata=logged_metadata,
                     timestamp=timestamp,
                 )
                 self._remember(logged_id, ctx)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from rlfb import FeedbackEnsemble, InvalidWeightsError, ValidationError
+from rlfb.errors import RlfbError
 from rlfb.fusion import minmax_normalize, validate_weights
 from rlfb.members import SearchMember
 from rlfb.retrievers.bm25 import BM25Retriever
@@ -230,8 +231,6 @@ def test_add_texts_of_no_texts_but_some_ids_is_an_error() -> None:
 def test_a_hits_nested_metadata_is_its_own() -> None:
     # appending to hit.metadata["authors"] changed the indexed chunk, so every later result, and the
     # caller's own mapping given at indexing
-    from rlfb import FeedbackEnsemble
-
     given = [{"authors": ["ann"]}, {"authors": ["bob"]}]
     ens = FeedbackEnsemble.from_texts(["solar wind aurora", "sourdough bread"], metadatas=given, retrievers=("bm25",))
     hit = ens.retrieve("aurora", k=1, log=False).hits[0]
@@ -239,3 +238,16 @@ def test_a_hits_nested_metadata_is_its_own() -> None:
     given[0]["authors"].append("LATER")
     assert ens.retrieve("aurora", k=1, log=False).hits[0].metadata["authors"] == ["ann"]
     assert ens.chunk(hit.chunk_id).metadata["authors"] == ["ann"]
+
+
+@pytest.mark.parametrize("bad", [{"timestamp": 4e9}, {"event_id": "taken"}, {"metadata": {"when": object()}}])
+def test_a_retrieval_refused_when_logged_leaves_the_learner_as_it_was(bad: dict) -> None:
+    # it was ranked before the store refused it: the policy's random state, the exploration's and the memory's
+    # count of asks had moved for a retrieval that never happened
+    ens = FeedbackEnsemble.from_texts(["solar wind aurora", "sourdough bread", "moon tides"], retrievers=("bm25",),
+                                      store=":memory:", policy="thompson", seed=0)
+    ens.retrieve("aurora", k=2, event_id="taken")
+    before = ens.learner.state_dict()
+    with pytest.raises(RlfbError):
+        ens.retrieve("aurora", k=2, **bad)
+    assert ens.learner.state_dict() == before

@@ -500,7 +500,8 @@ class FeedbackStore:
     ) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
         if not isinstance(query, str):
             raise ValidationError(f"query must be a str, got {type(query).__name__}")
-        eid = uuid.uuid4().hex if event_id is None else _req_str(event_id, "event_id")
+        eid, ts, session_id, parent_id, meta_json = self._event_args(event_id, session_id, parent_id, timestamp,
+                                                                     metadata, now)
         if hasattr(decision, "to_dict") and not isinstance(decision, Mapping):
             decision = decision.to_dict()
         if not isinstance(decision, Mapping):
@@ -526,11 +527,8 @@ class FeedbackStore:
             temp = finite_float(temp, "sampling_temperature")
             if temp <= 0:
                 raise ValidationError(f"sampling_temperature must be positive, got {temp}")
-        ts = self._timestamp(timestamp, "timestamp", now)
         if features is not None and not isinstance(features, Mapping):
             raise ValidationError(f"features must be a mapping, got {type(features).__name__}")
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise ValidationError(f"metadata must be a mapping, got {type(metadata).__name__}")
         if isinstance(chunks, (str, Mapping)) or not isinstance(chunks, Iterable):
             raise ValidationError("chunks must be a sequence of chunk mappings")
         rows = []
@@ -574,8 +572,8 @@ class FeedbackStore:
             ts,
             _enc(query) if self.store_text else None,
             query_hash(query),
-            _enc(_opt_str(session_id, "session_id")),
-            _enc(_opt_str(parent_id, "parent_id")),
+            _enc(session_id),
+            _enc(parent_id),
             _enc(_opt_str(query_type, "query_type")),
             None if features is None else _dumps(dict(features), "features", str_keys=True),
             _dumps(weights, "weights"),
@@ -583,7 +581,7 @@ class FeedbackStore:
             _enc(policy),
             1 if explored else 0,
             propensity,
-            None if metadata is None else _dumps(dict(metadata), "metadata", str_keys=True),
+            meta_json,
             len(rows),
             _dumps([cid for _, cid, *_ in sorted((r[2], _dec(r[1])) for r in rows)], "chunk_ids"),
             _dumps(unused, "unused_ids") if unused else None,
@@ -591,6 +589,35 @@ class FeedbackStore:
             temp,
         )
         return ev, rows
+
+    def _event_args(
+        self, event_id: Any, session_id: Any, parent_id: Any, timestamp: Any, metadata: Any, now: float
+    ) -> tuple[str, float, str | None, str | None, str | None]:
+        """An event's id (a new one for ``None``), timestamp, session and parent ids and metadata JSON, checked."""
+        eid = uuid.uuid4().hex if event_id is None else _req_str(event_id, "event_id")
+        ts = self._timestamp(timestamp, "timestamp", now)
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValidationError(f"metadata must be a mapping, got {type(metadata).__name__}")
+        meta_json = None if metadata is None else _dumps(dict(metadata), "metadata", str_keys=True)
+        return eid, ts, _opt_str(session_id, "session_id"), _opt_str(parent_id, "parent_id"), meta_json
+
+    def check_event_args(
+        self,
+        *,
+        event_id: str | None = None,
+        session_id: str | None = None,
+        parent_id: str | None = None,
+        timestamp: float | datetime | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Raise what :meth:`log_event` would for these arguments (an id already logged included), writing nothing.
+
+        An ensemble checks them before it ranks: a retrieval refused only when logged had already moved
+        the policy's random state and the memory's count of asks.
+        """
+        self._event_args(event_id, session_id, parent_id, timestamp, metadata, self._now())
+        if event_id is not None and self.has_event(event_id):
+            raise DuplicateEventError(f"event id {event_id!r} was already logged")
 
     def has_event(self, event_id: str) -> bool:
         """Whether ``event_id`` was logged."""
