@@ -134,7 +134,9 @@ class FeedbackEnsemble:
         self.seed = seed
         self.refresh_interval = _seconds(refresh_interval, "refresh_interval")
         self.persist_interval = _seconds(persist_interval, "persist_interval")
-        self._last_persist = 0.0
+        # never written nor read yet: the first of each is due at once. 0.0 read as "at the clock's start", and
+        # time.monotonic() counts from boot, so within persist_interval of a boot nothing was written at all
+        self._last_persist = -math.inf
         self._dirty = False
         self._lock = threading.RLock()
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
@@ -146,7 +148,7 @@ class FeedbackEnsemble:
         self._store = _open_store(store)
         self._state_version = 0  # the newest snapshot read or written
         self._own_version = 0  # the newest snapshot of this ensemble's own state read or written
-        self._last_refresh = 0.0
+        self._last_refresh = -math.inf
         self._implicit: Any = None  # ImplicitSignals, built by observe()
         self._contexts: OrderedDict[str, Context] = OrderedDict()  # recent contexts, for fast episodes
         self._context_cache_size = 10_000
@@ -912,13 +914,18 @@ class FeedbackEnsemble:
             return
         now = time.monotonic()
         self._dirty = True
-        if not force and now - self._last_persist < self.persist_interval:
+        if not force and not self._persist_due(now):
             return
         self._state_version = self._own_version = self._store.save_policy_state(
             self._learner.state_dict(), self._learner.weights(), policy=self._learner.policy_name
         )
         self._last_persist = now
         self._dirty = False
+
+    def _persist_due(self, now: float) -> bool:
+        """Whether a snapshot is due at ``now`` (monotonic): ``persist_interval`` after the last, or none was
+        written yet; an infinite interval writes only when forced (flush, close, save)."""
+        return self.persist_interval < math.inf and now - self._last_persist >= self.persist_interval
 
     def flush(self) -> None:
         """Write the learner's state to the store now if feedback changed it since the last snapshot."""
@@ -943,7 +950,7 @@ class FeedbackEnsemble:
         """The body of :meth:`_refresh`, under both locks."""
         if self._dirty:
             # never drop local learning that is not written yet: write it (when due) instead of reading
-            if now - self._last_persist >= self.persist_interval:
+            if self._persist_due(now):
                 self._persist(force=True)
             return
         if self._store.state_version() <= self._state_version:

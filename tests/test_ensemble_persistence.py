@@ -340,3 +340,29 @@ def test_a_dense_retriever_built_without_disk_cache_loads_without_it(tmp_path, m
     on = FeedbackEnsemble.load(tmp_path / "idx", retriever_options={"dense": {"cache_dir": None}})
     on.retrieve("another new question", k=2, log=False)
     assert (cache / "embeddings.sqlite").is_file()
+
+
+def test_the_first_snapshot_is_written_however_recently_the_machine_booted(tmp_path, monkeypatch) -> None:
+    # the last snapshot's time started at 0.0 on time.monotonic()'s clock, which counts from boot: within
+    # persist_interval of a boot no feedback was written (a reader saw none), nor did a refresh read any
+    import types
+
+    import rlfb.ensemble
+
+    clock = types.SimpleNamespace(monotonic=lambda: 5.0, time=time.time, perf_counter=time.perf_counter)
+    monkeypatch.setattr(rlfb.ensemble, "time", clock)
+    texts = ["ocean tides follow the moon", "the aurora glows green", "volcanoes erupt magma"]
+    db = str(tmp_path / "fb.db")
+    ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=db, policy="thompson",
+                                      persist_interval=3600.0, refresh_interval=60.0)
+    r = ens.retrieve("tides", k=2)
+    ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    assert FeedbackStore(db).state_version() == 1  # written at once: the first snapshot is always due
+    other = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=db, policy="thompson",
+                                        refresh_interval=60.0)
+    assert other.learner.n_learned == 1
+    r = ens.retrieve("aurora", k=2)
+    ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    assert FeedbackStore(db).state_version() == 1  # the next one waits for persist_interval
+    ens.flush()
+    assert FeedbackStore(db).state_version() == 2
