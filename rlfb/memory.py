@@ -43,6 +43,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -59,7 +60,9 @@ _SPACE = re.compile(r"\s+")
 # sentence punctuation, quotes and brackets (also Spanish, full-width and CJK ones); not symbols that name
 # things: "C++", "C#", "50%" and "$5" are other questions than "C", "50" and "5"
 _ENDS = "\\s.,;:!?¿¡…\"'“”‘’«»„「」『』()\\[\\]{}（）【】。，；：！？、"
-_EDGE = re.compile(f"^[{_ENDS}]+|[{_ENDS}]+$")
+# at the start a lone dot before a letter is part of a name (".NET" is not "NET"); "..." or ". " is not
+_LEAD = _ENDS.replace(".", "")
+_EDGE = re.compile(f"^(?:[{_LEAD}]|\\.{{2,}}|\\.(?=\\s|$))+|[{_ENDS}]+$")
 
 
 def normalize_query(query: str) -> str:
@@ -70,8 +73,13 @@ def normalize_query(query: str) -> str:
     'what causes tides'
     >>> normalize_query("¿Intro to C++?"), normalize_query("Intro to C#")
     ('intro to c++', 'intro to c#')
+    >>> normalize_query(".NET?"), normalize_query("... and tides")
+    ('.net', 'and tides')
+
+    Text is NFC-normalised first, so an accent typed as a combining mark (as some keyboards and macOS
+    file names give it) is the same question as one typed whole.
     """
-    spaced = _SPACE.sub(" ", query.strip().lower())
+    spaced = _SPACE.sub(" ", unicodedata.normalize("NFC", query).strip().lower())
     return _EDGE.sub("", spaced) or spaced
 
 

@@ -129,6 +129,18 @@ def test_memory_keeps_questions_apart_that_differ_in_a_symbol_at_the_end():
     assert normalize_query("???") != normalize_query("!!!")
 
 
+def test_a_question_is_one_key_however_its_accents_were_typed_and_a_leading_dot_names_a_thing():
+    # an NFD question (accents as combining marks) had a key of its own, so its repeats found no feedback;
+    # ".NET" lost its dot and became the question "NET"
+    import unicodedata
+
+    mem = FeedbackMemory()
+    mem.update("Qu'est-ce que la marée ?", None, ["a"], [0.8])
+    assert mem.known(unicodedata.normalize("NFD", "Qu'est-ce que la marée ?")) == {"a": 0.8}
+    assert normalize_query(".NET?") == ".net" != normalize_query("NET?")
+    assert normalize_query("... and the tides?") == normalize_query("and the tides")
+
+
 def test_memory_refuses_an_infinite_time():
     mem = FeedbackMemory()
     mem.update("tides", None, ["a"], [0.4], timestamp=1.7e9)
