@@ -528,8 +528,11 @@ class Learner:
 
     def _learn_checked(self, episode: Episode, X: np.ndarray, r: np.ndarray, reward: float) -> Learner:
         """:meth:`learn` of an episode :meth:`_episode` has checked, with what it returned."""
-        if tuple(episode.retrievers) != self.retrievers or not np.array_equal(X, episode.shown):
-            episode = dataclasses.replace(episode, retrievers=self.retrievers, shown=X)
+        if tuple(episode.retrievers) != self.retrievers or not np.array_equal(X, episode.shown) \
+                or not np.array_equal(r, episode.chunk_rewards):
+            # the policy learns from the rewards as checked and clipped to [-1, 1]: given 1e308, thompson's
+            # click evidence overflowed to NaN and no state could be saved again
+            episode = dataclasses.replace(episode, retrievers=self.retrievers, shown=X, chunk_rewards=r)
         t = episode_time(episode)
         self._now = max(self._now, t)
         cfg = self.config
@@ -812,7 +815,20 @@ def _check_logged_fields(episode: Episode, n_shown: int) -> None:
             raise ValidationError(f"episode has {n_shown} shown chunks but {arr.shape} {name}")
         if not np.all(np.isfinite(arr)):
             raise ValidationError(f"episode {name} must be finite")
+    # ids and names are saved as JSON strings: a UUID event id, an np.int64 arm or rank made every save fail
+    if not isinstance(episode.event_id, str):
+        raise ValidationError(f"episode event_id must be a str, got {type(episode.event_id).__name__}")
+    if not isinstance(episode.query_type, str):  # a list failed inside the policy, after the learner's clock moved
+        raise ValidationError(f"episode query_type must be a str, got {episode.query_type!r}")
     decision = episode.decision
+    if decision.arm is not None and not isinstance(decision.arm, str):
+        raise ValidationError(f"episode decision arm must be a str or None, got {decision.arm!r}")
+    if not isinstance(decision.policy, str):
+        raise ValidationError(f"episode decision policy must be a str, got {decision.policy!r}")
+    ranking = decision.ranking
+    if ranking is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking):
+        raise ValidationError("episode decision ranking must list ints (candidate indices); NumPy ints "
+                              "are not saved as JSON: convert them with int()")
     weights = getattr(decision, "weights", None)
     if not isinstance(weights, Mapping):
         raise ValidationError(f"episode decision weights must be a mapping, got {weights!r}")

@@ -317,6 +317,13 @@ _LOGGED = Episode("e", "q", ("bm25", "dense"), Decision({"bm25": 0.5, "dense": 0
     {"decision": Decision({"bm25": "x", "dense": 0.5})},
     {"decision": Decision({"bm25": 0.5, "dense": 0.5}, propensity=float("nan"))},
     {"decision": Decision({"bm25": 0.5, "dense": 0.5}, sampling_temperature=float("inf"))},
+    # ids and names are saved as JSON strings: a UUID event id or a NumPy int in the ranking made every save
+    # fail; a query type that is not a str failed inside the policy after the learner's clock had moved
+    {"event_id": __import__("uuid").UUID(int=7)},
+    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, ranking=tuple(np.arange(3)))},
+    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, arm=np.int64(3))},
+    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, policy=None)},
+    {"query_type": ["long"]}, {"query_type": None},
 ])
 def test_an_episode_that_the_state_could_not_save_is_refused(change):
     # these were learned and kept in the replay buffer; from then on every state_dict()/store save failed
@@ -547,3 +554,15 @@ def test_learner_construction():
     assert learner.policy_name == "gradient" and learner.weights()["r0"] == pytest.approx(0.5)
     assert Learner(RETRIEVERS, "thompson", step=0.25).policy.n_arms == 16
     assert "thompson" in repr(Learner(RETRIEVERS, "thompson"))
+
+
+@pytest.mark.parametrize("policy", ["thompson", "gradient", "batch", "epsilon"])
+def test_the_policy_learns_from_the_rewards_as_clipped(policy):
+    # the learner clipped its own copy of the chunk rewards and handed the policy the originals: 1e308 made
+    # thompson's click evidence NaN, and no state could be saved again
+    learner = Learner(("bm25", "dense"), policy=policy, seed=0)
+    learner.learn(dataclasses.replace(_LOGGED, chunk_rewards=np.array([1e308, 1e308, 0.0])))
+    state = json.dumps(learner.state_dict())  # it raised "state contains a non-finite number"
+    twin = Learner(("bm25", "dense"), policy=policy, seed=0)
+    twin.learn(dataclasses.replace(_LOGGED, chunk_rewards=np.array([1.0, 1.0, 0.0])))
+    assert json.loads(state)["policy"] == json.loads(json.dumps(twin.state_dict()))["policy"]

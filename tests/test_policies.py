@@ -611,3 +611,42 @@ def test_gradient_counts_an_episode_of_one_shown_chunk():
                   np.array([0.4]), 0.4)
     p.learn(one, 0.4)
     assert p.n_updates == 1.0
+
+
+def test_thompson_refuses_a_chunk_reward_that_is_not_finite() -> None:
+    # one NaN made every arm's click evidence NaN for good, and no state could be saved again
+    policy = ThompsonPolicy(RETRIEVERS, seed=0)
+    before = json.dumps(policy.state_dict(), sort_keys=True)
+    ep = _episode((1 / 3, 1 / 3, 1 / 3), np.eye(3), [np.nan, 1.0, 0.0], 1.0, arm="default")
+    with pytest.raises(ValidationError, match="finite"):
+        policy.learn(ep, 1.0)
+    assert json.dumps(policy.state_dict(), sort_keys=True) == before
+
+
+def test_pdgd_with_a_learning_rate_of_zero_does_not_learn() -> None:
+    # the rate used never fell below min_learning_rate's default 0.005: learning_rate=0 still moved the weights
+    policy = GradientPolicy(RETRIEVERS, learning_rate=0.0, evidence_z=0.0, seed=0)
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, policy=policy)
+    simulate(learner, env, 200, seed=1)
+    assert learner.weights() == pytest.approx(dict.fromkeys(RETRIEVERS, 1 / 3))
+
+
+@pytest.mark.parametrize(("make", "name"), [
+    (lambda: GradientPolicy(RETRIEVERS, lr_decay=10**400), "lr_decay"),
+    (lambda: ThompsonPolicy(RETRIEVERS, prior_strength=10**400), "prior_strength"),
+    (lambda: ThompsonPolicy(RETRIEVERS, step=1e-320), "step"),
+])
+def test_a_setting_beyond_float_range_is_a_validation_error(make, name) -> None:
+    # float(10**400) raised a bare OverflowError, and a step of 1e-320 one from round(inf)
+    with pytest.raises(ValidationError, match=name):
+        make()
+
+
+def test_thompson_arm_names_stay_apart_on_a_fine_grid() -> None:
+    # names had three significant digits: at step 0.0005, 446 arms shared a name, merged in logs and reports
+    policy = ThompsonPolicy(("a", "b"), step=0.0005, seed=0)
+    assert len(set(policy.arm_names)) == len(policy.arm_names)
+    # the default grid's names are as before (logged arms keep their names)
+    assert ThompsonPolicy(RETRIEVERS, seed=0).arm_names[1:4] == ("0.05/0.05/0.9", "0.05/0.075/0.875",
+                                                                 "0.05/0.175/0.775")

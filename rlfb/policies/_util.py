@@ -61,7 +61,10 @@ def check_float(
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValidationError(f"{name} must be a number, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float range
+        raise ValidationError(f"{name} must be finite, got an int beyond float range") from None
     if not math.isfinite(v):
         raise ValidationError(f"{name} must be finite, got {value!r}")
     bad = (

@@ -39,7 +39,7 @@ the standard error is infinite), divided by the gradients' root mean square
 not depend on the scale of scores or rewards.
 
 Safety. The learning rate decays (``learning_rate / sqrt(1 + t / lr_decay)``,
-never below ``min_learning_rate``); every step is pulled back towards the
+never below ``min_learning_rate`` unless ``learning_rate`` itself is lower); every step is pulled back towards the
 default weights with strength ``shrinkage`` (at equilibrium the weights sit
 ``signal / shrinkage`` away from the default) and bounded by ``max_step``; the
 weights are projected back onto the simplex with ``bounds`` (0.05, 0.95).
@@ -266,7 +266,9 @@ class GradientPolicy(BasePolicy):
     # ------------------------------------------------------------------ learning
     def _lr(self) -> float:
         p = self.hyper
-        return max(p.min_learning_rate, p.learning_rate / math.sqrt(1.0 + self._n_updates / p.lr_decay))
+        # the floor is never above the rate itself: learning_rate=0 learned at the default floor of 0.005
+        floor = min(p.min_learning_rate, p.learning_rate)
+        return max(floor, p.learning_rate / math.sqrt(1.0 + self._n_updates / p.lr_decay))
 
     def learn(self, episode: Episode, reward: float, *, weight: float = 1.0) -> GradientPolicy:
         """One PDGD step from the episode's chunk rewards (episodes without a preference are counted only)."""

@@ -149,6 +149,8 @@ class ThompsonParams:
     def __post_init__(self) -> None:
         plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         step = check_float("step", self.step, 0.0, 1.0, lo_open=True)
+        if not math.isfinite(1.0 / step):  # 1e-320: round(inf) raised OverflowError
+            raise ValidationError(f"step must divide 1 into a whole number of parts, got {self.step!r}")
         m = round(1.0 / step)
         if abs(m * step - 1.0) > 1e-9:
             raise ValidationError(f"step must divide 1 into a whole number of parts, got {self.step!r}")
@@ -267,9 +269,7 @@ class ThompsonPolicy(BasePolicy):
         _, first = np.unique(np.round(grid, 12), axis=0, return_index=True)
         grid = grid[np.sort(first)]
         self._arms = np.vstack([self._initial_default[None, :], grid])
-        self.arm_names: tuple[str, ...] = ("default",) + tuple(
-            "/".join(f"{x:.3g}" for x in row) for row in grid
-        )
+        self.arm_names: tuple[str, ...] = ("default",) + _arm_names(grid)
         self._arm_index = {a: i for i, a in enumerate(self.arm_names)}
         self._kernel()
         self._stats: dict[str, np.ndarray] = {}
@@ -416,7 +416,10 @@ class ThompsonPolicy(BasePolicy):
         are its weights plus the offsets (memory, confidence) that the logged
         fused scores held, so a chunk the memory put on top earns no arm credit.
         """
-        gains = np.clip(np.asarray(episode.chunk_rewards, dtype=float), 0.0, None)
+        rewards = np.asarray(episode.chunk_rewards, dtype=float)
+        if not np.all(np.isfinite(rewards)):  # one NaN made every arm's click evidence NaN for good
+            raise ValidationError("episode chunk rewards must be finite")
+        gains = np.clip(rewards, 0.0, 1.0)  # rewards live in [-1, 1]: a larger one overflowed the sums
         X = np.asarray(episode.shown, dtype=float)
         if gains.size == 0 or not np.any(gains > 0) or X.shape != (gains.size, len(self.retrievers)):
             return None
@@ -634,3 +637,17 @@ class EpsilonGreedyPolicy(ThompsonPolicy):
     def __init__(self, retrievers: Sequence[str], weights: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("exploration", "epsilon")
         super().__init__(retrievers, weights, **kwargs)
+
+
+def _arm_names(grid: np.ndarray) -> tuple[str, ...]:
+    """Each grid arm's weights as a name, with as many digits as keep the names apart (three on the default
+    grid): at step 0.0005, 446 arms shared a name, so logs and per-arm reports merged them.
+
+    >>> _arm_names(np.array([[0.1005, 0.8995], [0.101, 0.899]]))
+    ('0.1005/0.8995', '0.101/0.899')
+    """
+    for digits in range(3, 18):
+        names = tuple("/".join(f"{x:.{digits}g}" for x in row) for row in grid)
+        if len(set(names)) == len(names):
+            return names
+    return tuple(f"arm {i}" for i in range(len(grid)))  # points closer than floats print: not on a grid
