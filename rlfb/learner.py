@@ -395,7 +395,10 @@ class Learner:
     # ------------------------------------------------------------------ checking inputs
     def _matrix(self, retrievers: Sequence[str], matrix: Any, rows: int, what: str) -> np.ndarray:
         names = tuple(retrievers)
-        M = np.asarray(matrix, dtype=float)
+        try:
+            M = np.asarray(matrix, dtype=float)
+        except (TypeError, ValueError) as exc:  # strings, ragged rows: a bare ValueError before
+            raise ValidationError(f"{what} must be a matrix of numbers: {exc}") from exc
         if M.ndim != 2 or M.shape[0] != rows or M.shape[1] != len(names):
             raise ValidationError(f"{what} must have shape ({rows}, {len(names)}), got {M.shape}")
         if names != self.retrievers:

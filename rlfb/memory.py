@@ -183,17 +183,15 @@ class FeedbackMemory:
     def check_embedding(self, embedding: Any) -> None:
         """Raise :class:`ValidationError` where :meth:`update` would refuse ``embedding`` (another
         dimension than the remembered ones); changes nothing."""
-        try:
-            self._embedding(embedding)
-        except ValidationError:
-            raise
-        except (TypeError, ValueError) as exc:  # not numbers at all
-            raise ValidationError(f"query embedding must be a vector of numbers: {exc}") from exc
+        self._embedding(embedding)
 
     def _embedding(self, embedding: Any) -> np.ndarray | None:
         if embedding is None:
             return None
-        e = np.asarray(embedding, dtype=np.float32).ravel()
+        try:
+            e = np.asarray(embedding, dtype=np.float32).ravel()
+        except (TypeError, ValueError) as exc:  # not numbers at all; ranking with one raised a bare ValueError
+            raise ValidationError(f"query embedding must be a vector of numbers: {exc}") from exc
         if e.size == 0 or not np.all(np.isfinite(e)):
             return None
         if self._dim is not None and e.shape[0] != self._dim:

@@ -566,3 +566,17 @@ def test_the_policy_learns_from_the_rewards_as_clipped(policy):
     twin = Learner(("bm25", "dense"), policy=policy, seed=0)
     twin.learn(dataclasses.replace(_LOGGED, chunk_rewards=np.array([1.0, 1.0, 0.0])))
     assert json.loads(state)["policy"] == json.loads(json.dumps(twin.state_dict()))["policy"]
+
+
+def test_scores_or_an_embedding_that_are_not_numbers_are_a_validation_error():
+    # both raised a bare ValueError from NumPy when ranking
+    learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
+    ctx = Context("q", ("bm25", "dense"), ("a", "b"), np.ones((2, 2)), np.array([["x", "1"], ["1", "1"]]))
+    with pytest.raises(ValidationError, match="numbers"):
+        learner.rank(ctx, 2)
+    from rlfb.memory import FeedbackMemory
+
+    mem = FeedbackMemory()
+    mem.update("tides", [1.0, 0.0], ["a"], [0.5])
+    with pytest.raises(ValidationError, match="numbers"):
+        mem.score("waves", ["x", "y"], ["a"])
