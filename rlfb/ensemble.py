@@ -36,7 +36,7 @@ from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, saving_into, top_k
-from rlfb.runs import owns_event, store_lock
+from rlfb.runs import owns_event, remember_maker, store_lock
 from rlfb.snapshot_kind import SnapshotKind
 from rlfb.types import Chunk, Hit, RetrievalResult, copy_metadata, make_chunks, validate_flag, validate_k
 
@@ -720,6 +720,7 @@ class FeedbackEnsemble:
         return None if encode is None else np.asarray(encode([query])[0], dtype=np.float32)
 
     def _remember(self, event_id: str, ctx: Context) -> None:
+        remember_maker(event_id, self)  # feedback given through another learner's adapter comes back here
         self._contexts[event_id] = ctx
         if len(self._contexts) > self._context_cache_size:
             self._contexts.popitem(last=False)

@@ -31,6 +31,9 @@ import hashlib
 import math
 import numbers
 import os
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -49,6 +52,8 @@ __all__ = [
     "log_external",
     "score_value",
     "owns_event",
+    "remember_maker",
+    "maker_of",
     "same_store",
     "store_lock",
     "record_run_feedback",
@@ -194,6 +199,33 @@ def owns_event(ensemble: Any, event: Mapping[str, Any]) -> bool:
     return set(event.get("retrievers") or ()) == set(ensemble.retriever_names)
 
 
+# The ensemble that logged each recent decision in this process. Several learners may share a store with
+# the same retrievers (a two-corpus app, an rlfb retriever and an rlfb postprocessor in one engine): feedback on
+# a run covering their decisions, given through one adapter, taught that one both decisions and the other none.
+_MAKERS: OrderedDict[str, weakref.ref[Any]] = OrderedDict()
+_MAKERS_LOCK = threading.Lock()
+_MAKERS_KEPT = 100_000  # the newest decisions; older feedback falls back to owns_event (as after a restart)
+
+
+def remember_maker(event_id: str, ensemble: Any) -> None:
+    """Note that ``ensemble`` logged the decision ``event_id`` in this process (weakly: it may go away)."""
+    with _MAKERS_LOCK:
+        _MAKERS[event_id] = weakref.ref(ensemble)
+        _MAKERS.move_to_end(event_id)
+        while len(_MAKERS) > _MAKERS_KEPT:
+            _MAKERS.popitem(last=False)
+
+
+def maker_of(event_id: str, store: Any) -> Any:
+    """The live ensemble of this process that logged ``event_id`` into ``store`` (the same file), else ``None``."""
+    with _MAKERS_LOCK:
+        ref = _MAKERS.get(event_id)
+    ensemble = ref() if ref is not None else None
+    if ensemble is None or not same_store(getattr(ensemble, "store", None), store):
+        return None
+    return ensemble
+
+
 def record_run_feedback(
     store: Any,
     run_id: str,
@@ -225,7 +257,9 @@ def record_run_feedback(
     nothing learned. ``ensemble`` then learns from the events it made
     (:func:`owns_event`); other events (:func:`log_external`) are only stored.
     ``ensembles`` maps event ids to the ensemble that made each (several
-    learners on one store): those events are learned by it instead.
+    learners on one store): those events are learned by it instead. Without
+    such an entry, an event a live ensemble of this process logged on this
+    store (:func:`maker_of`) is learned by that one, not by ``ensemble``.
 
     Each event's idempotency key is ``"<idempotency_key>:<event id>"``, however
     many events the run resolves to (so a retry after the chain logged another
@@ -267,7 +301,7 @@ def record_run_feedback(
         for e in events
     ]
     makers = ensembles or {}
-    learners = [(e, learner) for e in events if owns_event(learner := makers.get(e["id"], ensemble), e)]
+    learners = [(e, learner) for e in events if owns_event(learner := _learner_of(e["id"], makers, store, ensemble), e)]
     # Recorded and learned in one transaction, as FeedbackEnsemble.feedback does, when every learner keeps
     # its state in this store object; a learner on another connection (even to this file) must wait for
     # this one's write lock, so there the feedback is committed first and learned after.
@@ -284,6 +318,15 @@ def record_run_feedback(
     if damaged is not None:
         raise damaged
     return records
+
+
+def _learner_of(event_id: str, makers: Mapping[str, Any], store: Any, ensemble: Any) -> Any:
+    """Who learns from feedback on ``event_id``: the one ``makers`` names, else its maker in this process, else
+    ``ensemble`` (compared with ``is None``: an ensemble of no chunks has length 0)."""
+    for learner in (makers.get(event_id), maker_of(event_id, store)):
+        if learner is not None:
+            return learner
+    return ensemble
 
 
 def _event_key(store: Any, key: str | None, event_id: str) -> str | None:

@@ -429,3 +429,36 @@ def test_a_handler_on_another_store_teaches_the_rlfb_retriever_inside_a_wrapper(
     records = handler.record_feedback(run, score=1.0)
     assert sorted(r.event_id for r in records) == sorted([decision, f"{run}/result", decision])
     assert ens.store.counts()["feedback"] == 1 and ens.store.load_policy_state() is not None
+
+
+def _spy_learning(retriever: FeedbackEnsembleRetriever, name: str, learned: list) -> None:
+    learn = retriever.ensemble._learn
+
+    def spy(record: Any, event: Any = None) -> Any:
+        learned.append((name, tuple(c["chunk_id"] for c in (event or {}).get("chunks", []))))
+        return learn(record, event)
+
+    retriever.ensemble._learn = spy
+
+
+def test_two_retrievers_of_one_store_each_learn_their_own_decision_from_feedback_on_the_chain(tmp_path) -> None:
+    # two corpora with the same retrievers on one store: feedback on the chain's run through a handler made
+    # from_ensemble of one taught that one both decisions and the other none; a handler made from the store
+    # alone taught neither
+    store = FeedbackStore(tmp_path / "fb.db")
+    manual = [Document(page_content=f"manual page {i} valve pressure rating {i}", id=f"A{i}") for i in range(8)]
+    faq = [Document(page_content=f"faq entry {i} valve pressure question {i}", id=f"B{i}") for i in range(8)]
+    ra = FeedbackEnsembleRetriever.from_documents(manual, retrievers=("bm25",), store=store, k=2)
+    rb = FeedbackEnsembleRetriever.from_documents(faq, retrievers=("bm25",), store=store, k=2)
+    learned: list = []
+    _spy_learning(ra, "A", learned)
+    _spy_learning(rb, "B", learned)
+    ids = RunnableLambda(lambda docs: [d.id for d in docs])
+    chain = RunnablePassthrough() | {"manual": ra | ids, "faq": rb | ids}
+    for handler in (FeedbackCallbackHandler.from_ensemble(ra), FeedbackCallbackHandler(store=store)):
+        learned.clear()
+        run = uuid.uuid4()
+        chain.invoke("valve pressure", config={"callbacks": [handler], "run_id": run})
+        assert len(handler.record_feedback(run, score=1.0)) == 2
+        assert sorted(name for name, _ in learned) == ["A", "B"]
+        assert all(all(c.startswith(name) for c in chunks) for name, chunks in learned)

@@ -57,3 +57,36 @@ def test_langchain_and_llamaindex_share_one_learner(
     assert response.source_nodes[0].node.metadata[EVENT_ID_KEY] is not None
     events = pp.store.counts()["events"]
     assert events >= 40 + 80  # both apps' retrievals in one file
+
+
+def test_an_adapters_feedback_on_a_query_teaches_each_decision_to_the_learner_that_made_it(tmp_path) -> None:
+    # an rlfb retriever and an rlfb postprocessor of the same retrievers on one store: pp.feedback(query id)
+    # taught the postprocessor both decisions, the retriever's too, and the retriever none
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.schema import TextNode
+
+    from llamaindex_rlfb import FeedbackEnsembleRetriever
+    from rlfb.store import FeedbackStore
+
+    store = FeedbackStore(tmp_path / "fb.db")
+    nodes = [TextNode(id_=i, text=t) for i, t in zip(IDS, TEXTS, strict=True)]
+    retriever = FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), store=store,
+                                                        similarity_top_k=6)
+    pp = FeedbackFusionPostprocessor(store=store, retrievers=("bm25",), top_n=2, nodes=nodes)
+    learned: list = []
+    for name, ens in (("retriever", retriever.ensemble), ("postprocessor", pp.ensemble)):
+        def spy(record: Any, event: Any = None, _name: str = name, _learn: Any = ens._learn) -> Any:
+            learned.append((_name, (event or {}).get("metadata", {}).get("component")))
+            return _learn(record, event)
+        ens._learn = spy
+    handler = FeedbackEventHandler(store=store).attach()
+    try:
+        engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM(), node_postprocessors=[pp])
+        for adapter in (pp, retriever):
+            learned.clear()
+            engine.query("what causes the northern lights aurora")
+            adapter.feedback(handler.last_query_id, score=1.0)
+            assert sorted(learned) == [("postprocessor", "FeedbackFusionPostprocessor"),
+                                       ("retriever", "FeedbackEnsembleRetriever")]
+    finally:
+        handler.detach()
