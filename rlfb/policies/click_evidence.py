@@ -138,7 +138,9 @@ class ClickEvidence:
             "s": float_list(self._s),
             "clock": float(self.clock),
             "gone": float_list(self._gone),
-            "queries": [[k, float_list(self._q[r])] for k, r in self._rows.items()],
+            # each query's row too: the clustered variance sums the rows in row order, and a reload that put
+            # them in this (least recently used) order summed them otherwise, a few last bits apart
+            "queries": [[k, float_list(self._q[r]), r] for k, r in self._rows.items()],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> ClickEvidence:
@@ -147,15 +149,19 @@ class ClickEvidence:
             n, clock = float(state["n"]), float(state["clock"])
             s = np.asarray(state["s"], dtype=float)
             gone = np.asarray(state["gone"], dtype=float)
-            entries = [(str(key), np.asarray(row, dtype=float)) for key, row in state["queries"]]
-        except (KeyError, TypeError, ValueError) as exc:
+            entries = [(str(item[0]), np.asarray(item[1], dtype=float)) for item in state["queries"]]
+            # where each query's row was (saves before 2026-12-04 have none: then in the order saved)
+            places = [item[2] if len(item) > 2 else None for item in state["queries"]]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise CorruptStateError(f"click evidence is malformed: {exc!r}") from exc
+        if sorted(p for p in places if isinstance(p, int) and not isinstance(p, bool)) != list(range(len(places))):
+            places = list(range(len(entries)))
         q = np.zeros((max(len(entries), 1), k + 1))
-        for i, (_, row) in enumerate(entries):
+        for place, (_, row) in zip(places, entries, strict=True):
             if row.shape != (k + 1,):
                 raise CorruptStateError("click evidence is malformed: a query row has the wrong size")
-            q[i] = row
-        rows = {key: i for i, (key, _) in enumerate(entries)}
+            q[place] = row
+        rows = {key: place for place, (key, _) in zip(places, entries, strict=True)}
         if (s.shape != (k,) or gone.shape != (k,) or len(rows) != len(entries)
                 or not all(np.all(np.isfinite(a)) for a in (s, gone, q))
                 or not np.isfinite(n) or n < 0 or not np.isfinite(clock)):
