@@ -650,3 +650,12 @@ def test_thompson_arm_names_stay_apart_on_a_fine_grid() -> None:
     # the default grid's names are as before (logged arms keep their names)
     assert ThompsonPolicy(RETRIEVERS, seed=0).arm_names[1:4] == ("0.05/0.05/0.9", "0.05/0.075/0.875",
                                                                  "0.05/0.175/0.775")
+
+
+@pytest.mark.parametrize("normalized", [np.full((3, 3), np.nan), np.ones((3, 2)), None])
+def test_pdgd_refuses_a_context_it_cannot_rank(normalized) -> None:
+    # NaN scores sampled a ranking with a made-up propensity of 1.0; another shape or None raised from NumPy
+    policy = GradientPolicy(RETRIEVERS, seed=0)
+    ctx = Context("q", RETRIEVERS, ("a", "b", "c"), np.ones((3, 3)), normalized)
+    with pytest.raises(ValidationError, match="context"):
+        policy.decide(ctx, explore=True)

@@ -235,13 +235,22 @@ class GradientPolicy(BasePolicy):
     def decide(self, context: Context, *, explore: bool = True) -> Decision:
         """Current weights; with ``explore=True`` also a Plackett-Luce sampled ranking."""
         wd = weights_dict(self._w, self.retrievers)
-        N = np.asarray(context.normalized, dtype=float)
+        try:
+            N = np.asarray(context.normalized, dtype=float)
+            offsets = None if context.offsets is None else np.asarray(context.offsets, dtype=float)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ValidationError(f"context must hold a matrix of normalised scores: {exc}") from exc
+        # checked here too, not only by the Learner: NaN scores sampled a ranking with a made-up propensity
+        if N.ndim != 2 or N.shape[1] != len(self.retrievers) or not np.all(np.isfinite(N)) \
+                or (offsets is not None and (offsets.shape != (N.shape[0],) or not np.all(np.isfinite(offsets)))):
+            raise ValidationError(f"context scores must be finite, of shape (n, {len(self.retrievers)}), and its "
+                                  "offsets one finite number per candidate")
         n = N.shape[0]
         if not explore or n == 0 or self._explore_scale <= 0:
             return Decision(wd, arm=None, propensity=1.0, explored=False, policy=self.name)
         s = N @ self._w
-        if context.offsets is not None:
-            s = s + np.asarray(context.offsets, dtype=float)
+        if offsets is not None:
+            s = s + offsets
         tau = self.hyper.temperature * score_scale(N) * self._explore_scale
         u = s / tau
         k = max(1, min(int(context.k), n))
