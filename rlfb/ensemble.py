@@ -36,7 +36,7 @@ from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, saving_into, top_k
-from rlfb.runs import owns_event, remember_maker, store_lock
+from rlfb.runs import maker_of, owns_event, remember_maker, store_lock
 from rlfb.snapshot_kind import SnapshotKind
 from rlfb.types import Chunk, Hit, RetrievalResult, copy_metadata, make_chunks, validate_flag, validate_k
 
@@ -748,11 +748,14 @@ class FeedbackEnsemble:
         ``chunk_id`` the feedback is about that chunk; otherwise it is spread
         over the retrieved chunks. Feedback outside the attribution window is
         stored and flagged but not learned from, and so is feedback on a
-        retrieval this ensemble did not make (:func:`rlfb.runs.owns_event`).
+        retrieval this ensemble did not make (:func:`rlfb.runs.owns_event`);
+        a retrieval another live ensemble of this process logged on this store
+        is learned by that one (:func:`rlfb.runs.maker_of`).
         Returns the store's :class:`~rlfb.store.FeedbackRecord`.
         """
         store = self._require_store()
         damaged = None
+        learner: FeedbackEnsemble = self
         # one transaction: when learning fails (another process held the write lock too long), the feedback
         # is not kept either, so a retry with the same idempotency key records it and learns it; kept but
         # unlearned, the retry was a duplicate and was never learned
@@ -770,9 +773,18 @@ class FeedbackEnsemble:
                 comment=comment,
                 key=key,
             )
+            # two ensembles of the same retrievers on one store: the one that made the decision learns it
+            maker = maker_of(record.event_id, store)
+            learner = self if maker is None else maker
+            if learner.store is store:
+                try:
+                    learner._learn(record)
+                except CorruptStateError as exc:  # the event's logged row is damaged: keep the feedback, unlearned
+                    damaged = exc
+        if learner.store is not store:  # its own connection to this file waits for this one's write lock
             try:
-                self._learn(record)
-            except CorruptStateError as exc:  # the event's logged row is damaged: keep the feedback, unlearned
+                learner._learn(record)
+            except CorruptStateError as exc:
                 damaged = exc
         if damaged is not None:
             raise damaged

@@ -217,12 +217,14 @@ def remember_maker(event_id: str, ensemble: Any) -> None:
 
 
 def maker_of(event_id: str, store: Any) -> Any:
-    """The live ensemble of this process that logged ``event_id`` into ``store`` (the same file), else ``None``."""
+    """The live ensemble of this process that logged ``event_id`` into ``store`` (the same file) and has not
+    closed it, else ``None``."""
     with _MAKERS_LOCK:
         ref = _MAKERS.get(event_id)
     ensemble = ref() if ref is not None else None
-    if ensemble is None or not same_store(getattr(ensemble, "store", None), store):
-        return None
+    theirs = getattr(ensemble, "store", None)
+    if ensemble is None or getattr(theirs, "closed", False) or not same_store(theirs, store):
+        return None  # gone, closed (an app restarted in this process), or on another store
     return ensemble
 
 

@@ -437,3 +437,21 @@ def test_weights_set_on_the_ensemble_are_written_to_the_store(tmp_path: Path, po
         again.set_weights({"bm25": float("nan"), "dense": 1.0})
     assert again.weights == pytest.approx({"bm25": 0.2, "dense": 0.8})
     again.close()
+
+
+@pytest.mark.parametrize("shared_object", [True, False])
+def test_feedback_given_to_another_ensemble_is_learned_by_the_one_that_made_the_decision(tmp_path: Path,
+                                                                                          shared_object: bool) -> None:
+    # two ensembles of the same retrievers over two corpora on one store: b.feedback(a's event) taught b a's
+    # decision (its chunks are not even b's) and a nothing
+    path = tmp_path / "fb.db"
+    store_a = FeedbackStore(path)
+    store_b = store_a if shared_object else FeedbackStore(path)
+    a = FeedbackEnsemble.from_texts(["valve pressure manual", "pump manual", "seal manual"], ids=["A1", "A2", "A3"],
+                                    retrievers=("bm25",), store=store_a, policy="thompson")
+    b = FeedbackEnsemble.from_texts(["valve pressure faq", "pump faq", "seal faq"], ids=["B1", "B2", "B3"],
+                                    retrievers=("bm25",), store=store_b, policy="thompson")
+    r = a.retrieve("valve pressure", k=2)
+    record = b.feedback(r.event_id, "explicit_positive")
+    assert record.event_id == r.event_id
+    assert a.learner.n_learned == 1 and b.learner.n_learned == 0

@@ -266,6 +266,11 @@ class FeedbackStore:
                 self._closed = True
                 self._conn.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return getattr(self, "_closed", True)
+
     def __enter__(self) -> FeedbackStore:
         return self
 
