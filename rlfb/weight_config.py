@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from rlfb.fusion import validate_weights
 from rlfb.policies.base import same_hyperparameters
 from rlfb.snapshot_kind import SnapshotKind
 
-__all__ = ["current_weights", "export_weights", "import_weights"]
+__all__ = ["current_weights", "export_weights", "import_weights", "read_weights_file", "WeightsFile"]
 
 
 def current_weights(store: Any) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def _same(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
     return all(abs(float(a[n]) - float(b[n])) <= 1e-9 for n in b)
 
 
-def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
+def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, Any]:
     """Validate a weights file and append it to the store as the newest snapshot.
 
     The file is either an export (``{"weights": ..., "state": ...}``) or just
@@ -171,6 +172,38 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
     """
     from rlfb.learner import Learner
 
+    wf = source if isinstance(source, WeightsFile) else read_weights_file(source)
+    path, data, structured, names, normalised, state = (wf.path, wf.data, wf.structured, list(wf.normalised),
+                                                        wf.normalised, wf.data.get("state"))
+    # one read-modify-write of the newest snapshot: a snapshot an app saved between the read and the save
+    # was overwritten by one built from the older state
+    with store.exclusive():
+        saved = store.load_policy_state()
+        if state is not None:
+            learner, target = Learner.from_state_dict(state), "the file's state"  # checked by read_weights_file
+        elif saved and saved.get("state"):
+            learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"
+        else:  # an empty store: the weights become a fixed policy's
+            learner, target = Learner(tuple(names), policy="fixed"), "a new state (the store held none)"
+        return _apply(store, learner, target, saved, path, data, structured, normalised, state is not None)
+
+
+@dataclass(frozen=True)
+class WeightsFile:
+    """A weights file read and checked (:func:`read_weights_file`), before any store is opened."""
+
+    path: str
+    data: Mapping[str, Any]
+    structured: bool  # an export's shape ({"weights": ..., "state": ...}), not a bare mapping
+    normalised: dict[str, float]  # the weights, summing to 1, in the file's order
+
+
+def read_weights_file(path: str | Path) -> WeightsFile:
+    """Read and check a weights file for :func:`import_weights`: its JSON, its fields, its weights and, when it
+    holds one, that its learner state loads. A bad file is refused before any store is opened (``rlfb
+    weights import`` migrated an older store, then refused the file)."""
+    from rlfb.learner import Learner
+
     data = _read(path)
     structured = "weights" in data or "state" in data
     raw = data.get("weights", data if "state" not in data else None)
@@ -184,22 +217,24 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
         normalised = dict(zip(names, validate_weights(weights, names).tolist(), strict=True))
     except ValidationError as exc:  # NaN, infinite or negative weights
         raise _naming(path, exc) from exc
-    state = data.get("state")
-    saved = store.load_policy_state()
-    if state is not None:
+    if data.get("state") is not None:
         try:
-            learner, target = Learner.from_state_dict(state), "the file's state"  # CorruptStateError on damage
+            Learner.from_state_dict(data["state"])  # CorruptStateError on damage
         except (CorruptStateError, ValidationError) as exc:
             raise _naming(path, exc) from exc
-    else:
-        if saved and saved.get("state"):
-            learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"
-        else:  # an empty store: the weights become a fixed policy's
-            learner, target = Learner(tuple(names), policy="fixed"), "a new state (the store held none)"
+    return WeightsFile(str(path), data, structured, normalised)
+
+
+def _apply(
+    store: Any, learner: Any, target: str, saved: Mapping[str, Any] | None, path: str, data: Mapping[str, Any],
+    structured: bool, normalised: dict[str, float], from_file: bool,
+) -> dict[str, Any]:
+    """The body of :func:`import_weights` once the learner the weights go to is chosen, under the store's lock."""
+    names = list(normalised)
     if set(learner.retrievers) != set(names):
         raise ValidationError(f"{path}: weights name {sorted(names)} but the state is for {list(learner.retrievers)}")
     requested = {n: normalised[n] for n in learner.retrievers}
-    if state is None or not _same(learner.weights(), requested):
+    if not from_file or not _same(learner.weights(), requested):
         learner.set_weights(requested)
     applied = learner.weights()
     notes = []
@@ -216,7 +251,7 @@ def import_weights(store: Any, path: str | Path) -> dict[str, Any]:
         why = ("it takes them as its default arm, but serves the learned arm that passed its evidence gate "
                "until the evidence turns" if hasattr(learner.policy, "arm_names") else "it serves its own")
         notes.append(f"the {learner.policy_name!r} policy serves other weights than these ({shown}): {why}")
-    if state is not None:
+    if from_file:
         kind = _other_kind(learner, saved)
         if kind is not None:
             notes.append(f"the file's state is of another kind than the store's newest snapshot ({kind}): "

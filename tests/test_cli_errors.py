@@ -59,6 +59,8 @@ def good_db(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("action", [["show"], ["show", "--json"], ["export", "OUT"], ["import", "OUT"]])
 def test_weights_on_a_garbage_file(garbage_db: Path, tmp_path: Path, capsys, action: list[str]) -> None:
     before = garbage_db.read_bytes()
+    if action[0] == "import":  # a good file, so that the store is what is refused (a bad file is refused first)
+        (tmp_path / "w.json").write_text('{"bm25": 0.5, "dense": 0.5}', encoding="utf-8")
     argv = ["weights", action[0], str(garbage_db), *[str(tmp_path / "w.json") if a == "OUT" else a for a in action[1:]]]
     assert main(argv) == 2
     assert str(garbage_db) in one_error_line(capsys)

@@ -187,3 +187,60 @@ def test_weights_import_says_when_the_state_is_of_another_kind_than_the_store(tm
     assert "policy 'gradient' in the file, 'thompson' in the snapshot" in capsys.readouterr().err
     assert app.retrieve("aurora", k=2).hits
     app.close()
+
+
+def test_an_import_holds_the_stores_write_lock_from_its_read_to_its_save(tmp_path) -> None:
+    # read and save were two transactions: a snapshot an app saved in between was overwritten by one built on
+    # the older state, and what the app had learned meanwhile was lost
+    from rlfb.errors import StoreBusyError
+    from rlfb.weight_config import import_weights
+
+    path = tmp_path / "fb.db"
+    (tmp_path / "w.json").write_text('{"bm25": 0.3, "dense": 0.7}', encoding="utf-8")
+    from rlfb.learner import Learner
+
+    state = Learner(("bm25", "dense"), policy="fixed").state_dict()
+    with FeedbackStore(path) as store, FeedbackStore(path, busy_timeout=0.2) as app:
+        store.save_policy_state(state, {"bm25": 0.5, "dense": 0.5}, policy="fixed")
+        read = store.load_policy_state
+        blocked = []
+
+        def read_then_app_saves(*args, **kwargs):
+            out = read(*args, **kwargs)
+            try:
+                app.save_policy_state(state, {"bm25": 0.4, "dense": 0.6}, policy="fixed")
+            except StoreBusyError:
+                blocked.append(True)
+            return out
+
+        store.load_policy_state = read_then_app_saves
+        import_weights(store, tmp_path / "w.json")
+        assert blocked == [True]
+
+
+def test_a_bad_weights_file_is_refused_before_the_store_is_opened(tmp_path, capsys) -> None:
+    # the store was opened first, which migrates an older one, and only then was the file refused
+    store = tmp_path / "missing.db"
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]", encoding="utf-8")
+    assert main(["weights", "import", str(store), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and str(store) not in err
+
+
+def test_a_busy_store_is_called_busy_not_unreadable(tmp_path, monkeypatch, capsys) -> None:
+    # every sqlite3 error became "is not a readable feedback store", a StoreBusyError (another writer holding
+    # the lock past busy_timeout) too
+    import rlfb.store
+    from rlfb.errors import StoreBusyError
+
+    path = tmp_path / "fb.db"
+    FeedbackStore(path).close()
+
+    def busy(*args, **kwargs):
+        raise StoreBusyError(f"feedback store {path} stayed locked for its busy_timeout (30 s)")
+
+    monkeypatch.setattr(rlfb.store, "FeedbackStore", busy)
+    assert main(["weights", "show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "stayed locked" in err and "not a readable" not in err

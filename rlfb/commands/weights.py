@@ -36,7 +36,7 @@ def _open(path: str) -> Iterator[Any]:
     import sqlite3
 
     from rlfb.commands import refuse_empty_store
-    from rlfb.errors import CorruptStateError, ValidationError
+    from rlfb.errors import CorruptStateError, RlfbError, ValidationError
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
@@ -45,6 +45,8 @@ def _open(path: str) -> Iterator[Any]:
     try:
         with FeedbackStore(path) as store:
             yield store
+    except RlfbError:  # already named: a busy store (StoreBusyError) is not a damaged one
+        raise
     except sqlite3.DatabaseError as exc:  # sqlite's message ("file is not a database") does not say which file
         raise CorruptStateError(f"{path} is not a readable feedback store: {exc}") from exc
 
@@ -82,10 +84,11 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from rlfb.weight_config import import_weights
+    from rlfb.weight_config import import_weights, read_weights_file
 
+    weights_file = read_weights_file(args.file)  # a bad file is refused before the store is opened (and migrated)
     with _open(args.store) as store:
-        out = import_weights(store, args.file)
+        out = import_weights(store, weights_file)
     for note in out["notes"]:  # on stderr, so that stdout stays the one result line
         print(f"rlfb: note: {note}", file=sys.stderr)
     print(f"imported as version {out['version']}: {out['weights']}")
