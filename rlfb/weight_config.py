@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.files import write_text_atomically
 from rlfb.fusion import validate_weights
 from rlfb.policies.base import same_hyperparameters
 from rlfb.snapshot_kind import SnapshotKind
@@ -46,7 +47,7 @@ def export_weights(store: Any, path: str | Path | None, *, with_state: bool = Tr
     if with_state:
         out["state"] = saved.get("state")
     if path is not None:
-        Path(path).write_text(json.dumps(out, indent=2), encoding="utf-8")
+        write_text_atomically(path, json.dumps(out, indent=2))  # a failed write leaves an earlier export whole
     return out
 
 

@@ -42,6 +42,9 @@ def test_a_damaged_json_column_is_a_corrupt_state_error(tmp_path: Path, capsys, 
     store.close()
     assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 2  # not a traceback
     assert "rlfb: error:" in capsys.readouterr().err
+    # into folders that did not exist: they were made before the export and left behind, empty
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "new" / "sub" / "out.jsonl")]) == 2
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_deeply_nested_snapshot_or_save_is_a_corrupt_state_error(tmp_path: Path) -> None:

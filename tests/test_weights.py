@@ -244,3 +244,22 @@ def test_a_busy_store_is_called_busy_not_unreadable(tmp_path, monkeypatch, capsy
     assert main(["weights", "show", str(path)]) == 2
     err = capsys.readouterr().err
     assert "stayed locked" in err and "not a readable" not in err
+
+
+def test_an_export_that_fails_part_way_leaves_the_earlier_file_whole(tmp_path, monkeypatch, capsys) -> None:
+    # the file was emptied first and then written: a full disk left half of a JSON document over a good one
+    import rlfb.files
+
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as store:
+        store.save_policy_state({"n": 1}, {"bm25": 0.5, "dense": 0.5}, policy="fixed")
+    out = tmp_path / "w.json"
+    out.write_text('{"earlier": true}', encoding="utf-8")
+
+    def disk_full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rlfb.files.os, "replace", disk_full)
+    assert main(["weights", "export", str(path), str(out)]) == 2
+    assert out.read_text(encoding="utf-8") == '{"earlier": true}'
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left

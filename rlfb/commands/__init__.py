@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
-__all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "write_output", "same_file",
+__all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
            "refuse_overwriting_store", "refuse_empty_store", "check_int", "check_output_name",
            "require_matplotlib", "reader_gone", "HelpFormatter"]
 
@@ -62,9 +64,33 @@ def make_parent(file: str | Path) -> Path:
     return path
 
 
+@contextmanager
+def parent_made(file: str | Path) -> Iterator[Path]:
+    """:func:`make_parent` for a block that writes ``file``: the folders it made are removed again (when still
+    empty) if the block raises, so a command that fails leaves no empty folders behind."""
+    path = Path(file)
+    missing = []
+    folder = path.parent
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    make_parent(path)
+    try:
+        yield path
+    except BaseException:
+        for made in missing:  # deepest first
+            with suppress(OSError):  # not empty (another writer's file): left
+                made.rmdir()
+        raise
+
+
 def write_output(file: str | Path, text: str) -> None:
-    """Write ``text`` to output ``file``, making its folder first."""
-    make_parent(file).write_text(text, encoding="utf-8")
+    """Write ``text`` to output ``file`` whole or not at all, making its folder first (and removing the
+    folders made if the write fails)."""
+    from rlfb.files import write_text_atomically
+
+    with parent_made(file) as path:
+        write_text_atomically(path, text)
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

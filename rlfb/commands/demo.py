@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
+    from rlfb.files import write_text_atomically
     from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
 
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     result = simulate(data, config, prepared=prepared, show_progress=True)
     print_table(result)
     out.mkdir(parents=True, exist_ok=True)  # checked before the run, made now that there is something to write
-    results.write_text(json.dumps(result, indent=2), encoding="utf-8")
+    write_text_atomically(results, json.dumps(result, indent=2))  # a failed write leaves an earlier file whole
     plot_curves(result, str(curves))
     print(f"\nwrote {results} and {curves}")
     return 0

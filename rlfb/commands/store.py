@@ -105,7 +105,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``store export``."""
-    from rlfb.commands import make_parent, prepare_output_file, reader_gone, refuse_overwriting_store
+    from rlfb.commands import parent_made, prepare_output_file, reader_gone, refuse_overwriting_store
 
     try:
         if args.jsonl != "-":  # before the store is opened: exporting onto it would destroy it
@@ -116,7 +116,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 n = store.export_jsonl(sys.stdout.buffer)
                 sys.stdout.buffer.flush()
             else:
-                n = store.export_jsonl(make_parent(args.jsonl))
+                with parent_made(args.jsonl) as out:  # a failed export leaves no new empty folders
+                    n = store.export_jsonl(out)
     except BrokenPipeError:  # the reader stopped early (`| head`): not an error, as for any Unix filter
         reader_gone()
         return 0

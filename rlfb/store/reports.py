@@ -8,14 +8,12 @@ own read transactions.
 from __future__ import annotations
 
 import math
-import os
-import stat
-import uuid
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from rlfb.files import write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
 from rlfb.store.codec import _dec, _jsonl
@@ -219,22 +217,5 @@ def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
             path.write(_jsonl(row))  # type: ignore[union-attr]
             n += 1
         return n
-    target = Path(path)  # type: ignore[arg-type]
-    # a name of its own: two threads exporting to one target shared a pid-named file and one failed.
-    # Created with mode 0o666, which the kernel narrows by the umask, as open() would: mkstemp's 0o600
-    # left every export readable by its owner alone whatever the umask (reading the umask itself means
-    # setting it, process-wide, a race with other threads creating files).
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            n = export_jsonl(store, fh)
-        try:  # an export over an existing file keeps its mode, as open() writing over it would
-            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
-        except FileNotFoundError:
-            pass
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return n
+    # whole or not at all: a failure part way leaves an earlier export as it was
+    return write_atomically(Path(path), lambda fh: export_jsonl(store, fh))  # type: ignore[arg-type]

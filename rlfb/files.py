@@ -1,0 +1,56 @@
+"""Output files written whole or not at all.
+
+A file is written beside its target under a name of its own and renamed over it once complete
+(``os.replace``, atomic on one file system), so a failure part way (a full disk, an error while the
+rows are produced) leaves the earlier file as it was, never half of a new one. Used by ``rlfb store
+export``, ``rlfb weights export``, the JSON of ``simulate``, ``evaluate`` and ``demo``.
+
+>>> import tempfile, pathlib
+>>> out = pathlib.Path(tempfile.mkdtemp()) / "w.json"
+>>> write_text_atomically(out, '{"bm25": 1.0}')
+>>> out.read_text()
+'{"bm25": 1.0}'
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, TypeVar
+
+__all__ = ["write_atomically", "write_text_atomically"]
+
+T = TypeVar("T")
+
+
+def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:
+    """Call ``write`` on a new file beside ``path``, then rename it over ``path``; return what it returned.
+
+    The new file is created with mode 0o666, narrowed by the umask, as ``open()`` would make it (mkstemp's
+    0o600 left every output readable by its owner alone, and reading the umask means setting it, process-wide);
+    over an existing file it takes that file's mode. Its name is unique, so two writers to one target never
+    share it. On any error it is removed and ``path`` is left as it was.
+    """
+    target = Path(path)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            out = write(fh)
+        try:  # over an existing file: keep its mode, as open() writing over it would
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        except FileNotFoundError:
+            pass
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all (:func:`write_atomically`)."""
+    write_atomically(path, lambda fh: fh.write(text.encode("utf-8")))
