@@ -16,7 +16,7 @@ import shutil
 import tokenize
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -437,6 +437,20 @@ class CorpusRetriever:
         if self._table is None:
             raise EmptyCorpusError(f"the {self.name} retriever has no index yet: call index(chunks) first")
         return self._table
+
+    def _save_with(self, path: str | Path, write_index: Callable[[Path], None], meta: dict[str, Any]) -> None:
+        """The built-in retrievers' :meth:`save`: the chunks, then ``write_index(folder)``, then ``meta.json``
+        (``kind`` added), into a new folder beside ``path`` swapped in when complete (:func:`saving_into`).
+
+        So a save that fails (metadata JSON cannot hold: a :class:`ValidationError` naming the chunk, checked
+        first, before any array is written) leaves an earlier save as it was. ``path`` must be new, empty, or
+        an earlier save.
+        """
+        table = self._require_table()
+        with saving_into(Path(path), marker="meta.json", what="retriever") as tmp:
+            table.save(tmp)
+            write_index(tmp)
+            write_meta(tmp, {"kind": self.name, **meta})
 
     def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         raise NotImplementedError

@@ -33,8 +33,6 @@ from rlfb.retrievers.base import (
     kept_then_new,
     read_meta,
     reused_rows,
-    saving_into,
-    write_meta,
 )
 from rlfb.types import Chunk, validate_flag
 
@@ -387,37 +385,30 @@ class BM25Retriever(CorpusRetriever):
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         """Write the bm25s arrays (``.npy``, JSON vocabulary, no pickle), the term counts that
-        :meth:`updated` reuses (``term_counts.npz``), chunks and ``meta.json``.
-
-        Written into a new folder beside ``path`` and swapped in when complete, so a save that fails
-        (metadata JSON cannot hold: a :class:`ValidationError` naming the chunk) leaves an earlier save
-        as it was. ``path`` must be new, empty, or an earlier save.
-        """
+        :meth:`updated` reuses (``term_counts.npz``), chunks and ``meta.json``; whole or not at all
+        (:meth:`CorpusRetriever._save_with`)."""
         table = self._require_table()
-        with saving_into(Path(path), marker="meta.json", what="retriever") as tmp:
-            table.save(tmp)  # first: metadata JSON cannot hold fails before the arrays are written
-            self._bm25.save(tmp / "bm25s", allow_pickle=False, show_progress=False)
+
+        def write_index(folder: Path) -> None:
+            self._bm25.save(folder / "bm25s", allow_pickle=False, show_progress=False)
             if self._counts is not None:  # loaded from a save without counts: none are written
                 c = self._counts
-                np.savez(tmp / _COUNTS_FILE, data=c.data, indices=c.indices, indptr=c.indptr,
+                np.savez(folder / _COUNTS_FILE, data=c.data, indices=c.indices, indptr=c.indptr,
                          shape=np.array(c.shape, dtype=np.int64))
-            write_meta(
-                tmp,
-                {
-                    "kind": self.name,
-                    "format_version": _FORMAT_VERSION,
-                    "k1": self.k1,
-                    "b": self.b,
-                    "method": self.method,
-                    "idf_method": self.idf_method,
-                    "tokenizer": self.tokenizer if isinstance(self.tokenizer, str) else None,
-                    "lowercase": self.lowercase,
-                    "unicode_nfc": self.normalize_unicode,
-                    "whole_matches": True,  # a pattern's tokens are its whole matches (older saves: its groups)
-                    "avg_doc_len": self._avg_len,
-                    "n_docs": len(table),
-                },
-            )
+
+        self._save_with(path, write_index, {
+            "format_version": _FORMAT_VERSION,
+            "k1": self.k1,
+            "b": self.b,
+            "method": self.method,
+            "idf_method": self.idf_method,
+            "tokenizer": self.tokenizer if isinstance(self.tokenizer, str) else None,
+            "lowercase": self.lowercase,
+            "unicode_nfc": self.normalize_unicode,
+            "whole_matches": True,  # a pattern's tokens are its whole matches (older saves: its groups)
+            "avg_doc_len": self._avg_len,
+            "n_docs": len(table),
+        })
 
     @classmethod
     def load(cls, path: str | Path, *, tokenizer: Callable[[str], list[str]] | None = None) -> BM25Retriever:

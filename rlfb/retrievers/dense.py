@@ -30,8 +30,6 @@ from rlfb.retrievers.base import (
     read_meta,
     reused_rows,
     saved_positive_int,
-    saving_into,
-    write_meta,
 )
 from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, check_cache_dir, open_side_caches
 from rlfb.retrievers.models import (
@@ -311,26 +309,19 @@ class DenseRetriever(CorpusRetriever):
 
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Write ``embeddings.npy`` (no pickle), the chunks and ``meta.json`` (model name, not weights).
-
-        Written into a new folder beside ``path`` and swapped in when complete, so a save that fails
-        (metadata JSON cannot hold: a :class:`ValidationError` naming the chunk) leaves an earlier save
-        as it was. ``path`` must be new, empty, or an earlier save.
-        """
-        table = self._require_table()
-        with saving_into(Path(path), marker="meta.json", what="retriever") as tmp:
-            table.save(tmp)  # first: metadata JSON cannot hold fails before the vectors are written
-            np.save(tmp / "embeddings.npy", self._embeddings, allow_pickle=False)
-            write_meta(
-                tmp,
-                {
-                    "kind": self.name,
-                    "format_version": _FORMAT_VERSION,
-                    **model_meta(self._model, self.cache_dir, self.device, self._model_key),
-                    "dim": int(self._embeddings.shape[1]),
-                    "batch_size": self.batch_size,
-                },
-            )
+        """Write ``embeddings.npy`` (no pickle), the chunks and ``meta.json`` (model name, not weights); whole or
+        not at all (:meth:`CorpusRetriever._save_with`)."""
+        self._require_table()
+        self._save_with(
+            path,
+            lambda folder: np.save(folder / "embeddings.npy", self._embeddings, allow_pickle=False),
+            {
+                "format_version": _FORMAT_VERSION,
+                **model_meta(self._model, self.cache_dir, self.device, self._model_key),
+                "dim": int(self._embeddings.shape[1]),
+                "batch_size": self.batch_size,
+            },
+        )
 
     @classmethod
     def load(

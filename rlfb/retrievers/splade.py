@@ -32,8 +32,6 @@ from rlfb.retrievers.base import (
     read_meta,
     reused_rows,
     saved_positive_int,
-    saving_into,
-    write_meta,
 )
 from rlfb.retrievers.cache import (
     EmbeddingCache,
@@ -334,29 +332,22 @@ class SpladeRetriever(CorpusRetriever):
 
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        """Write ``doc_matrix.npz`` (``scipy.sparse.save_npz``, no pickle), the chunks and ``meta.json``.
-
-        Written into a new folder beside ``path`` and swapped in when complete, so a save that fails
-        (metadata JSON cannot hold: a :class:`ValidationError` naming the chunk) leaves an earlier save
-        as it was. ``path`` must be new, empty, or an earlier save.
-        """
+        """Write ``doc_matrix.npz`` (``scipy.sparse.save_npz``, no pickle), the chunks and ``meta.json``; whole or
+        not at all (:meth:`CorpusRetriever._save_with`)."""
         import scipy.sparse as sp
 
-        table = self._require_table()
-        with saving_into(Path(path), marker="meta.json", what="retriever") as tmp:
-            table.save(tmp)  # first: metadata JSON cannot hold fails before the matrix is written
-            sp.save_npz(tmp / "doc_matrix.npz", self._matrix, compressed=True)
-            write_meta(
-                tmp,
-                {
-                    "kind": self.name,
-                    "format_version": _FORMAT_VERSION,
-                    **model_meta(self._model, self.cache_dir, self.device, self._model_key),
-                    "vocab_size": int(self._matrix.shape[1]),
-                    "max_active_dims": self.max_active_dims,
-                    "batch_size": self.batch_size,
-                },
-            )
+        self._require_table()
+        self._save_with(
+            path,
+            lambda folder: sp.save_npz(folder / "doc_matrix.npz", self._matrix, compressed=True),
+            {
+                "format_version": _FORMAT_VERSION,
+                **model_meta(self._model, self.cache_dir, self.device, self._model_key),
+                "vocab_size": int(self._matrix.shape[1]),
+                "max_active_dims": self.max_active_dims,
+                "batch_size": self.batch_size,
+            },
+        )
 
     @classmethod
     def load(
