@@ -149,10 +149,8 @@ class ThompsonParams:
     def __post_init__(self) -> None:
         plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         step = check_float("step", self.step, 0.0, 1.0, lo_open=True)
-        if not math.isfinite(1.0 / step):  # 1e-320: round(inf) raised OverflowError
-            raise ValidationError(f"step must divide 1 into a whole number of parts, got {self.step!r}")
-        m = round(1.0 / step)
-        if abs(m * step - 1.0) > 1e-9:
+        parts = 1.0 / step  # inf for a step of 1e-320, which round() cannot take
+        if not math.isfinite(parts) or abs(round(parts) * step - 1.0) > 1e-9:
             raise ValidationError(f"step must divide 1 into a whole number of parts, got {self.step!r}")
         if self.exploration not in EXPLORATIONS:
             raise ValidationError(f"exploration must be one of {EXPLORATIONS}, got {self.exploration!r}")
