@@ -174,19 +174,17 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
     from rlfb.learner import Learner
 
     wf = source if isinstance(source, WeightsFile) else read_weights_file(source)
-    path, data, structured, names, normalised, state = (wf.path, wf.data, wf.structured, list(wf.normalised),
-                                                        wf.normalised, wf.data.get("state"))
     # one read-modify-write of the newest snapshot: a snapshot an app saved between the read and the save
     # was overwritten by one built from the older state
     with store.exclusive():
         saved = store.load_policy_state()
-        if state is not None:
-            learner, target = Learner.from_state_dict(state), "the file's state"  # checked by read_weights_file
+        if wf.state is not None:  # loaded once more: read_weights_file only checked it, and this one changes
+            learner, target = Learner.from_state_dict(wf.state), "the file's state"
         elif saved and saved.get("state"):
             learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"
         else:  # an empty store: the weights become a fixed policy's
-            learner, target = Learner(tuple(names), policy="fixed"), "a new state (the store held none)"
-        return _apply(store, learner, target, saved, path, data, structured, normalised, state is not None)
+            learner, target = Learner(tuple(wf.normalised), policy="fixed"), "a new state (the store held none)"
+        return _apply(store, learner, target, saved, wf)
 
 
 @dataclass(frozen=True)
@@ -197,6 +195,11 @@ class WeightsFile:
     data: Mapping[str, Any]
     structured: bool  # an export's shape ({"weights": ..., "state": ...}), not a bare mapping
     normalised: dict[str, float]  # the weights, summing to 1, in the file's order
+
+    @property
+    def state(self) -> Any:
+        """The learner state the file holds (an export's), or ``None``."""
+        return self.data.get("state")
 
 
 def read_weights_file(path: str | Path) -> WeightsFile:
@@ -226,11 +229,10 @@ def read_weights_file(path: str | Path) -> WeightsFile:
     return WeightsFile(str(path), data, structured, normalised)
 
 
-def _apply(
-    store: Any, learner: Any, target: str, saved: Mapping[str, Any] | None, path: str, data: Mapping[str, Any],
-    structured: bool, normalised: dict[str, float], from_file: bool,
-) -> dict[str, Any]:
+def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | None, wf: WeightsFile) -> dict[str, Any]:
     """The body of :func:`import_weights` once the learner the weights go to is chosen, under the store's lock."""
+    path, data, structured, normalised = wf.path, wf.data, wf.structured, wf.normalised
+    from_file = wf.state is not None
     names = list(normalised)
     if set(learner.retrievers) != set(names):
         raise ValidationError(f"{path}: weights name {sorted(names)} but the state is for {list(learner.retrievers)}")
