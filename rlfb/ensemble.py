@@ -36,7 +36,7 @@ from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, saving_into, top_k
-from rlfb.runs import maker_of, owns_event, remember_maker, store_lock
+from rlfb.runs import in_callers_block, maker_of, owns_event, remember_maker, store_lock
 from rlfb.snapshot_kind import SnapshotKind
 from rlfb.types import Chunk, Hit, RetrievalResult, copy_metadata, make_chunks, validate_flag, validate_k
 
@@ -778,7 +778,7 @@ class FeedbackEnsemble:
             learner = self if maker is None else maker
             if learner.store is store:
                 try:
-                    learner._learn(record)
+                    learner._learn(record, undo=in_callers_block(store))
                 except CorruptStateError as exc:  # the event's logged row is damaged: keep the feedback, unlearned
                     damaged = exc
         if learner.store is not store:  # its own connection to this file waits for this one's write lock
@@ -790,8 +790,12 @@ class FeedbackEnsemble:
             raise damaged
         return record
 
-    def _learn(self, record: Any, event: Mapping[str, Any] | None = None) -> None:
-        """Learn from a stored feedback record, unless it is a retry, out of window, or on another's retrieval."""
+    def _learn(self, record: Any, event: Mapping[str, Any] | None = None, *, undo: bool = False) -> None:
+        """Learn from a stored feedback record, unless it is a retry, out of window, or on another's retrieval.
+
+        ``undo``: the record was written inside a caller's ``store.exclusive()`` block, which may still roll
+        it back; the learning is then taken back with it (:meth:`_undo_on_rollback`).
+        """
         if record.duplicate or not record.in_window:
             return
         with self._guarded():
@@ -811,10 +815,35 @@ class FeedbackEnsemble:
             # learn on top of the newest shared state, holding the store's write lock from reading it to
             # saving the result: another process learning meanwhile would otherwise start from the same
             # snapshot, and whichever saved last would drop the other's learning
-            with self._require_store().exclusive():
+            with self._require_store().exclusive() as store:
+                if undo:
+                    self._undo_on_rollback(store)
                 self._refresh(force=True)
                 self._learner.learn(episode)
                 self._persist()
+
+    def _undo_on_rollback(self, store: Any) -> None:
+        """Before learning inside ``store.exclusive()``: take the learning back if the block's writes are undone.
+
+        A caller's own block around :meth:`feedback` that then fails rolls the feedback row and the snapshot
+        back; the in-memory learner kept what it learned, so a retry with the same idempotency key learned
+        it twice. A copy of the learner's state is taken first, not the last snapshot: retrievals since then
+        changed it too (the memory's count of asks, the random state). The copy costs about as much as a
+        snapshot, so it is taken only inside a caller's block (a ``gradient`` learner's replay buffer comes
+        back as a reload would, with its newest ``replay_persist`` episodes).
+        """
+        on_rollback = getattr(store, "on_rollback", None)
+        if on_rollback is None:  # a store of the user's own, without rollback callbacks
+            return
+        marks = (self._own_version, self._state_version, self._dirty, self._last_persist)
+        state = self._learner.state_dict()
+        on_rollback(lambda: self._take_back(state, marks))
+
+    def _take_back(self, state: Mapping[str, Any], marks: tuple[int, int, bool, float]) -> None:
+        """Restore the learner, and its snapshot bookkeeping, as :meth:`_undo_on_rollback` found them."""
+        with self._guarded():
+            self._learner.load_state_dict(state)
+            self._own_version, self._state_version, self._dirty, self._last_persist = marks
 
     def observe(
         self,

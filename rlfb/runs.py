@@ -192,6 +192,13 @@ def store_lock(store: Any) -> AbstractContextManager[Any]:
     return lock if lock is not None else nullcontext()
 
 
+def in_callers_block(store: Any) -> bool:
+    """Inside one ``store.exclusive()`` block of rlfb's own: whether the caller holds another around it, which
+    may still roll back what is written in this one. A store of the user's own without
+    :attr:`~rlfb.store.FeedbackStore.exclusive_depth` is taken as not."""
+    return getattr(store, "exclusive_depth", 0) > 1
+
+
 def owns_event(ensemble: Any, event: Mapping[str, Any]) -> bool:
     """Whether ``ensemble`` made the logged decision (so it may learn from feedback on it)."""
     if ensemble is None or event.get("policy") == EXTERNAL_POLICY:
@@ -312,9 +319,10 @@ def record_run_feedback(
     with store.exclusive() if together else nullcontext():
         records = store.record_feedback_batch(items)  # all or nothing
         by_event = {r.event_id: r for r in records}
+        undo = together and in_callers_block(store)
         for event, learner in learners:
             try:
-                learner._learn(by_event[event["id"]], event)
+                learner._learn(by_event[event["id"]], event, undo=undo)
             except CorruptStateError as exc:  # that event's row is damaged: keep the feedback, unlearned
                 damaged = damaged or exc
     if damaged is not None:

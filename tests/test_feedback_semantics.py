@@ -74,6 +74,21 @@ def test_run_feedback_rejected_by_one_retrieval_writes_and_learns_nothing(store:
     assert rec.in_window and _state(ens) != before
 
 
+def test_run_feedback_in_a_callers_block_that_rolls_back_is_not_learned(store: FeedbackStore) -> None:
+    # as FeedbackEnsemble.feedback (tests/test_shared_store.py): the rows go, so must the learning, or the retry
+    # with the same key (no longer a duplicate) was learned twice
+    ens = _ensemble(store)
+    ens.retrieve("aurora", 2, event_id="mine", parent_id="chain", timestamp=T0)
+    before = _state(ens)
+    with pytest.raises(RuntimeError), store.exclusive():
+        record_run_feedback(store, "chain", "thumbs_up", ensemble=ens, timestamp=T0 + 100, idempotency_key="K")
+        assert _state(ens) != before
+        raise RuntimeError("the caller's own write failed")
+    assert _state(ens) == before and store.counts()["feedback"] == 0
+    (rec,) = record_run_feedback(store, "chain", "thumbs_up", ensemble=ens, timestamp=T0 + 100, idempotency_key="K")
+    assert not rec.duplicate and ens.learner.n_learned == 1
+
+
 # ---------------------------------------------------------------- who learns
 def test_feedback_on_another_engines_retrieval_is_stored_not_learned(store: FeedbackStore) -> None:
     ens = _ensemble(store)

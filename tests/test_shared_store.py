@@ -455,3 +455,62 @@ def test_feedback_given_to_another_ensemble_is_learned_by_the_one_that_made_the_
     record = b.feedback(r.event_id, "explicit_positive")
     assert record.event_id == r.event_id
     assert a.learner.n_learned == 1 and b.learner.n_learned == 0
+
+
+def test_on_rollback_runs_for_the_writes_undone_only(tmp_path: Path) -> None:
+    store = FeedbackStore(tmp_path / "fb.db")
+    ran: list[str] = []
+    with pytest.raises(RlfbError, match="exclusive"):
+        store.on_rollback(lambda: ran.append("outside"))
+    with store.exclusive():
+        with pytest.raises(ValidationError, match="callable"):
+            store.on_rollback("not callable")  # type: ignore[arg-type]
+        store.on_rollback(lambda: ran.append("committed"))
+    assert ran == []  # the outermost commit drops them
+    with pytest.raises(KeyError), store.exclusive():
+        store.on_rollback(lambda: ran.append("outer"))
+        with store.exclusive():  # commits into the outer block: its rollback undoes these writes too
+            store.on_rollback(lambda: ran.append("inner, committed"))
+        with pytest.raises(ValueError), store.exclusive():  # undoes its own writes only, at once
+            store.on_rollback(lambda: ran.append("inner, failed"))
+            raise ValueError
+        assert ran == ["inner, failed"]
+        raise KeyError("boom")
+    assert ran == ["inner, failed", "inner, committed", "outer"]  # newest first
+
+    def broken() -> None:
+        raise OSError("disk gone")
+
+    with pytest.raises(KeyError) as info, store.exclusive():
+        store.on_rollback(lambda: ran.append("still run"))
+        store.on_rollback(broken)
+        raise KeyError("the block's own error")
+    assert ran[-1] == "still run" and "disk gone" in "".join(info.value.__notes__)
+    store.close()
+
+
+@pytest.mark.parametrize("persist_interval", [0.0, 3600.0])
+def test_feedback_in_a_callers_block_that_rolls_back_is_not_learned(tmp_path: Path,
+                                                                     persist_interval: float) -> None:
+    # The feedback row and the snapshot are undone with the caller's block; the in-memory learner kept what it
+    # learned, so the retry with the same idempotency key (no longer a duplicate) was learned a second time.
+    path = str(tmp_path / "fb.db")
+    ens = _ensemble(path, persist_interval=persist_interval)
+    store = ens.store
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.feedback(r.event_id, "explicit_positive", chunk_id=r.hits[1].chunk_id)  # something learned before
+    before = json.dumps(ens.learner.state_dict(), sort_keys=True)
+    version = store.state_version()
+    with pytest.raises(RuntimeError), store.exclusive():
+        ens.feedback(r.event_id, "thumbs_up", idempotency_key="K")
+        ens.feedback(r.event_id, "explicit_negative", chunk_id=r.hits[0].chunk_id)
+        assert ens.learner.n_learned == 3
+        raise RuntimeError("the caller's own write failed")
+    assert json.dumps(ens.learner.state_dict(), sort_keys=True) == before
+    assert ens.learner.n_learned == 1 and store.state_version() == version
+    record = ens.feedback(r.event_id, "thumbs_up", idempotency_key="K")  # the retry
+    assert not record.duplicate and ens.learner.n_learned == 2
+    ens.close()
+    fresh = _ensemble(path)
+    assert fresh.learner.n_learned == 2  # and the snapshot written after the rollback holds both
+    fresh.close()

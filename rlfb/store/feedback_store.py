@@ -184,6 +184,7 @@ class FeedbackStore:
         self._memory = self.path in _MEMORY
         self._lock = threading.RLock()
         self._exclusive = 0  # depth of exclusive() blocks on this connection
+        self._undo: list[list[Callable[[], None]]] = []  # per open exclusive() block: on_rollback callbacks
         try:
             conn = sqlite3.connect(
                 self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
@@ -377,15 +378,57 @@ class FeedbackStore:
         ``busy_timeout``.
         """
         with self._lock:
-            # the outermost block is one write transaction (BEGIN IMMEDIATE ... COMMIT or ROLLBACK); the writes
-            # inside, and nested blocks, are savepoints of it: a nested block that raises undoes its own writes
-            # even when the outer block catches the error (it used to join the transaction and commit them)
-            with self._write():
-                self._exclusive += 1
-                try:
-                    yield self
-                finally:
-                    self._exclusive -= 1
+            self._undo.append([])
+            try:
+                # the outermost block is one write transaction (BEGIN IMMEDIATE ... COMMIT or ROLLBACK); the
+                # writes inside, and nested blocks, are savepoints of it: a nested block that raises undoes its
+                # own writes even when the outer block catches the error (it used to join the transaction and
+                # commit them)
+                with self._write():
+                    self._exclusive += 1
+                    try:
+                        yield self
+                    finally:
+                        self._exclusive -= 1
+            except BaseException as exc:
+                self._run_undo(self._undo.pop(), exc)
+                raise
+            undo = self._undo.pop()
+            if self._undo:  # committed into the enclosing block, whose rollback undoes these writes too
+                self._undo[-1].extend(undo)
+
+    @property
+    def exclusive_depth(self) -> int:
+        """How many :meth:`exclusive` blocks are open on this connection (0 outside them).
+
+        Read it inside a block of one's own (holding the store's lock): there, a depth above 1 says the
+        caller holds a block around it.
+        """
+        return self._exclusive
+
+    def on_rollback(self, undo: Callable[[], None]) -> None:
+        """Call ``undo`` if the writes made so far in the current :meth:`exclusive` block are rolled back.
+
+        That is when the block, or any block around it, ends with an error, or the commit fails; a block
+        that commits into an enclosing one hands its callbacks on to it, and the outermost commit drops
+        them. An ensemble uses it to take back what its in-memory learner learned from feedback whose rows
+        were undone, so that a retry with the same idempotency key is not learned twice. Callbacks run
+        newest first, holding the store's lock; an error in one is added to the block's error as a note.
+        """
+        if not callable(undo):
+            raise ValidationError(f"on_rollback takes a callable, got {type(undo).__name__}")
+        with self._lock:
+            if not self._exclusive:
+                raise RlfbError("on_rollback is only meaningful inside an exclusive() block")
+            self._undo[-1].append(undo)
+
+    @staticmethod
+    def _run_undo(undo: list[Callable[[], None]], exc: BaseException) -> None:
+        for fn in reversed(undo):
+            try:
+                fn()
+            except Exception as err:  # the block's own error is what the caller must see; keep this one beside it
+                exc.add_note(f"and an on_rollback callback failed: {err!r}")
 
     def _timestamp(self, x: Any, name: str, now: float) -> float:
         ts = now if x is None else as_timestamp(x, name)

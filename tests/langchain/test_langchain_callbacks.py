@@ -434,9 +434,9 @@ def test_a_handler_on_another_store_teaches_the_rlfb_retriever_inside_a_wrapper(
 def _spy_learning(retriever: FeedbackEnsembleRetriever, name: str, learned: list) -> None:
     learn = retriever.ensemble._learn
 
-    def spy(record: Any, event: Any = None) -> Any:
+    def spy(record: Any, event: Any = None, **kw: Any) -> Any:
         learned.append((name, tuple(c["chunk_id"] for c in (event or {}).get("chunks", []))))
-        return learn(record, event)
+        return learn(record, event, **kw)
 
     retriever.ensemble._learn = spy
 
