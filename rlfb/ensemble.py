@@ -755,7 +755,6 @@ class FeedbackEnsemble:
         """
         store = self._require_store()
         damaged = None
-        learner: FeedbackEnsemble = self
         # one transaction: when learning fails (another process held the write lock too long), the feedback
         # is not kept either, so a retry with the same idempotency key records it and learns it; kept but
         # unlearned, the retry was a duplicate and was never learned
@@ -775,20 +774,23 @@ class FeedbackEnsemble:
             )
             # two ensembles of the same retrievers on one store: the one that made the decision learns it
             maker = maker_of(record.event_id, store)
-            learner = self if maker is None else maker
-            if learner.store is store:
-                try:
-                    learner._learn(record, undo=in_callers_block(store))
-                except CorruptStateError as exc:  # the event's logged row is damaged: keep the feedback, unlearned
-                    damaged = exc
-        if learner.store is not store:  # its own connection to this file waits for this one's write lock
-            try:
-                learner._learn(record)
-            except CorruptStateError as exc:
-                damaged = exc
+            learner: FeedbackEnsemble = self if maker is None else maker
+            together = learner.store is store
+            if together:
+                damaged = learner._learn_keeping(record, undo=in_callers_block(store))
+        if not together:  # its own connection to this file waits for this one's write lock
+            damaged = learner._learn_keeping(record)
         if damaged is not None:
             raise damaged
         return record
+
+    def _learn_keeping(self, record: Any, *, undo: bool = False) -> CorruptStateError | None:
+        """:meth:`_learn`; a damaged logged row of the event is returned, not raised: the feedback is kept."""
+        try:
+            self._learn(record, undo=undo)
+        except CorruptStateError as exc:
+            return exc
+        return None
 
     def _learn(self, record: Any, event: Mapping[str, Any] | None = None, *, undo: bool = False) -> None:
         """Learn from a stored feedback record, unless it is a retry, out of window, or on another's retrieval.

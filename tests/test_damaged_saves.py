@@ -325,3 +325,19 @@ def test_damaged_state_in_a_weights_file_names_the_file(db: Path, tmp_path: Path
     with FeedbackStore(db) as store, pytest.raises(CorruptStateError, match=re.escape(str(bad))):
         import_weights(store, bad)
     assert _version(db) == before
+
+
+def test_feedback_on_an_event_whose_logged_row_is_damaged_is_kept_unlearned(tmp_path: Path) -> None:
+    from rlfb import FeedbackEnsemble
+
+    path = tmp_path / "fb.db"
+    ens = FeedbackEnsemble.from_texts(["aurora lights", "tides moon", "sun wind"], retrievers=("bm25",),
+                                      store=str(path))
+    r = ens.retrieve("aurora", k=2)
+    with sqlite3.connect(path) as conn:  # damaged outside rlfb: a chunk's normalised scores are not a mapping
+        conn.execute("UPDATE event_chunks SET normalized = ? WHERE event_id = ?", ('"not a mapping"', r.event_id))
+    with pytest.raises(CorruptStateError, match="is stored, but the event's logged row is damaged"):
+        ens.feedback(r.event_id, "thumbs_up", idempotency_key="K")
+    assert ens.store.counts()["feedback"] == 1 and ens.learner.n_learned == 0  # nothing lost, nothing mis-learned
+    assert ens.feedback(r.event_id, "thumbs_up", idempotency_key="K").duplicate
+    ens.close()
