@@ -303,6 +303,25 @@ def test_epsilon_greedy_propensity_is_exact():
     assert seen[False] == {round(eps / n, 12)}
 
 
+def test_propensity_of_weights_the_default_and_a_grid_arm_share_is_their_chance_together():
+    # with two retrievers the default 0.5/0.5 is also a grid arm: the weights shown most of the time were
+    # logged with the chance of one arm alone (0.0015 for weights shown 90 % of the time), which off-policy
+    # estimates from the logs take at face value
+    eps = 0.2
+    p = EpsilonGreedyPolicy(("a", "b"), epsilon=eps, epsilon_min=eps, seed=0)
+    n = p.n_arms
+    decisions = [p.decide(None) for _ in range(2000)]
+    equal = [d for d in decisions if d.weights == {"a": 0.5, "b": 0.5}]
+    assert {round(d.propensity, 12) for d in equal} == {round(1 - eps + 2 * eps / n, 12)}
+    assert len(equal) / len(decisions) == pytest.approx(1 - eps + 2 * eps / n, abs=0.03)
+    assert not any(d.explored for d in equal)  # the grid arm of the greedy weights explores nothing
+    t = ThompsonPolicy(("a", "b"), counterfactual=False, seed=0)
+    drawn = [t.decide(None) for _ in range(300)]
+    shown = sum(d.weights == {"a": 0.5, "b": 0.5} for d in drawn) / len(drawn)
+    logged = np.mean([d.propensity for d in drawn if d.weights == {"a": 0.5, "b": 0.5}])
+    assert logged == pytest.approx(shown, abs=0.05)  # the two arms' chance, not one's
+
+
 def test_thompson_propensity_and_late_reward_credit_the_logged_arm():
     p = ThompsonPolicy(RETRIEVERS, seed=0)
     d = p.decide(Context("q", RETRIEVERS, (), np.zeros((0, 3)), np.zeros((0, 3))))

@@ -466,7 +466,8 @@ class ThompsonPolicy(BasePolicy):
         elif self.hyper.exploration == "epsilon":
             eps = self._epsilon()
             arm = int(self._rng.integers(self.n_arms)) if self._rng.random() < eps else greedy
-            prop = (1.0 - eps) * (arm == greedy) + eps / self.n_arms
+            same = self._same_weights(arm)
+            prop = (1.0 - eps) * same[greedy] + eps * np.count_nonzero(same) / self.n_arms
         elif self._explore_scale <= 0:  # tuned to no exploration, as the other policies read it
             arm, prop = greedy, 1.0
         else:
@@ -479,15 +480,22 @@ class ThompsonPolicy(BasePolicy):
                 arm = int(np.argmax(draw))
             m = self.hyper.propensity_draws
             more = mean[None, :] + sd[None, :] * self._rng.standard_normal((m, self.n_arms))
-            hits = int(np.sum(np.argmax(more, axis=1) == arm))
-            prop = share * (arm == 0) + (1.0 - share) * (hits + 1.0) / (m + 1.0)
+            same = self._same_weights(arm)
+            hits = int(np.count_nonzero(same[np.argmax(more, axis=1)]))
+            prop = share * same[0] + (1.0 - share) * (hits + 1.0) / (m + 1.0)
         return Decision(
             weights_dict(self._arms[arm], self.retrievers),
             arm=self.arm_names[arm],
             propensity=float(prop),
-            explored=bool(explore and arm != greedy),
+            explored=bool(explore and not self._same_weights(arm)[greedy]),
             policy=self.name,
         )
+
+    def _same_weights(self, arm: int) -> np.ndarray:
+        """Which arms show the weights of ``arm``: the default can sit on a grid point (0.5/0.5 with two
+        retrievers, or weights set there), and what the user saw was drawn with the two arms' chances together
+        (one logged 0.0015 for weights shown 90 % of the time)."""
+        return np.all(np.abs(self._arms - self._arms[arm]) <= 1e-12, axis=1)
 
     # ------------------------------------------------------------------ learning
     def _arm_of(self, episode: Episode) -> int | None:
