@@ -160,7 +160,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             for r in gone:
                 self._parents.pop(r, None)
                 self._retrievals.pop(r, None)
-        self.store.unlink_run(rid)
+        self.store.fail_run(rid)
 
     def on_chain_start(
         self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any

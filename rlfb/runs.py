@@ -399,6 +399,9 @@ def observe_followup(
     previous = store.last_event(session_id)
     if previous is None:
         return []
+    run_failed = getattr(store, "run_failed", None)
+    if previous.get("parent_id") is not None and run_failed is not None and run_failed(previous["parent_id"]):
+        return []  # retrieved under a run that raised (a retry's attempt, a fallback's branch): it answered nobody
     if previous.get("parent_id") is not None and run_ancestors:
         # the runs above each side, as far as the links go: a shared one is a shared run
         ours = {run for a in run_ancestors for run in store.run_lineage(a)}

@@ -30,8 +30,26 @@ def store() -> FeedbackStore:
 
 # ---------------------------------------------------------------- store: run links
 def test_run_links_migration_is_applied(store: FeedbackStore) -> None:
-    assert store.schema_migrations[-2:] == ["m006_run_links", "m007_sampling_temperature"]
-    assert store.db["run_links"].exists()
+    assert store.schema_migrations[-3:] == ["m006_run_links", "m007_sampling_temperature", "m008_failed_runs"]
+    assert store.db["run_links"].exists() and store.db["failed_runs"].exists()
+
+
+def test_a_failed_run_is_passed_by_for_feedback_but_kept_in_the_lineage(store: FeedbackStore) -> None:
+    # a retry's first attempt: its retrieval must not be rated by feedback on the chain, nor judged by the
+    # session's next retrieval (the second attempt), but the attempt is still a run of the chain
+    store.log_event("q", DECISION, [{"chunk_id": "a"}], event_id="ret1", parent_id="attempt1", timestamp=T0)
+    store.log_event("q", DECISION, [{"chunk_id": "b"}], event_id="ret2", parent_id="attempt2", timestamp=T0 + 1)
+    store.link_runs([("attempt1", "retry"), ("attempt2", "retry"), ("retry", "chain")])
+    assert store.resolve_run("chain") == ["ret1", "ret2"]
+    assert store.fail_run("attempt1") and not store.fail_run("attempt1")  # marked once
+    assert store.resolve_run("chain") == ["ret2"] and store.resolve_run("attempt1") == ["ret1"]
+    assert store.run_lineage("attempt1") == ["attempt1", "retry", "chain"]
+    assert store.run_failed("attempt1") and store.run_failed("ret1-child-of-nothing") is False
+    store.link_runs([("inner", "attempt1")])
+    assert store.run_failed("inner") and not store.run_failed("attempt2") and not store.run_failed("chain")
+    assert store.fail_run("top-level-attempt") and store.run_failed("top-level-attempt")  # needs no link
+    with pytest.raises(ValidationError):
+        store.fail_run("")
 
 
 def test_resolve_run_follows_links_down_to_nested_events(store: FeedbackStore) -> None:
@@ -186,3 +204,16 @@ def test_observe_followup_in_the_same_run_records_nothing(store: FeedbackStore) 
     store.link_runs([("tool1", "agent")])
     assert observe_followup(store, "s", "why does the aurora happen again", run_ancestors=("tool2",)) == []
     assert observe_followup(store, "s", "why does the aurora happen again", run_ancestors=("other",)) != []
+
+
+def test_a_store_of_before_failed_runs_is_migrated(tmp_path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    FeedbackStore(path).close()
+    with sqlite3.connect(path) as raw:  # as rlfb left a store before the marks of failed runs
+        raw.execute("DELETE FROM _migrations WHERE name = 'm008_failed_runs'")
+        raw.execute("DROP TABLE failed_runs")
+    with FeedbackStore(path) as store:
+        assert store.migrations_applied == ["m008_failed_runs"]
+        assert store.fail_run("attempt") and store.run_failed("attempt")

@@ -943,8 +943,11 @@ def test_prune_keeps_each_policys_newest_snapshot_and_drops_old_run_links(clock)
     store.save_policy_state({"n": 0}, {"bm25": 0.5}, policy="thompson", timestamp=NOW - 59 * DAY)
     store.save_policy_state({"n": 2}, {"bm25": 0.4}, policy="gradient", timestamp=NOW - 50 * DAY)
     store.link_runs([("retrieval-run", "user-42-chain")])
+    store.fail_run("failed-attempt")
     clock.t = NOW + 40 * DAY
-    assert store.prune()["policy_snapshots"] == 1
+    pruned = store.prune()
+    assert pruned["policy_snapshots"] == 1 and pruned["run_links"] == 2  # the link and the failed run's mark
+    assert not store.run_failed("failed-attempt")
     assert store.load_policy_state(policy="thompson")["weights"] == {"bm25": 0.5}
     assert store.load_policy_state(policy="gradient")["weights"] == {"bm25": 0.4}
     assert store.run_lineage("retrieval-run") == ["retrieval-run"]

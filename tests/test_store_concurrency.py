@@ -156,8 +156,9 @@ def test_opening_a_store_another_connection_holds_locked_is_store_busy(tmp_path)
     old = tmp_path / "old.db"
     FeedbackStore(old).close()
     raw = sqlite3.connect(old, isolation_level=None)  # as an older rlfb left it: before sampling_temperature
-    raw.execute("DELETE FROM _migrations WHERE name = 'm007_sampling_temperature'")
+    raw.execute("DELETE FROM _migrations WHERE name IN ('m007_sampling_temperature', 'm008_failed_runs')")
     raw.execute("ALTER TABLE events DROP COLUMN sampling_temperature")
+    raw.execute("DROP TABLE failed_runs")
     new = tmp_path / "new.db"
     holder = sqlite3.connect(new, isolation_level=None)
     for path, conn in ((old, raw), (new, holder)):

@@ -74,7 +74,9 @@ from rlfb.store.records import (
 from rlfb.types import validate_flag
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-_TABLES = frozenset({"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links"})
+_TABLES = frozenset(
+    {"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links", "failed_runs"}
+)
 
 
 def _read_only(exc: sqlite3.DatabaseError) -> bool:
@@ -756,6 +758,27 @@ class FeedbackStore:
             conn.executemany("INSERT OR IGNORE INTO run_links (run_id, parent_id, ts) VALUES (?, ?, ?)", rows)
             return conn.total_changes - before
 
+    def fail_run(self, run_id: str) -> bool:
+        """Mark ``run_id`` as a run that raised (a retry's attempt, a branch a fallback replaced): feedback on
+        the runs above it no longer rates the retrievals made inside it (:meth:`resolve_run` passes it by),
+        and a follow-up question does not judge them (:meth:`run_failed`); its links stay, so a retry's next
+        attempt is still known as the same run. Returns whether it was not marked before.
+        """
+        enc = _enc(_check_id(run_id, "run_id"))
+        with self._write() as conn:
+            return conn.execute("INSERT OR IGNORE INTO failed_runs (run_id, ts) VALUES (?, ?)",
+                                [enc, self._now()]).rowcount == 1
+
+    def run_failed(self, run_id: str) -> bool:
+        """Whether ``run_id``, or a run above it through the links (:meth:`run_lineage`), was marked by
+        :meth:`fail_run`."""
+        lineage = [_enc(r) for r in self.run_lineage(run_id)]
+        with self._read() as conn:
+            return any(
+                conn.execute(f"SELECT 1 FROM failed_runs WHERE run_id IN ({_marks(len(b))}) LIMIT 1", b).fetchone()
+                for b in _batches(lineage)
+            )
+
     def unlink_run(self, run_id: str) -> int:
         """Remove ``run_id``'s link to its parent: a run that failed (a retry's attempt, a branch a fallback
         replaced) no longer stands under the run above it, so feedback given there does not rate the
@@ -803,7 +826,8 @@ class FeedbackStore:
                     m = _marks(len(b))
                     for (child,) in conn.execute(
                         f"SELECT run_id FROM run_links WHERE parent_id IN ({m}) "
-                        f"UNION SELECT id FROM events WHERE parent_id IN ({m})",
+                        f"UNION SELECT id FROM events WHERE parent_id IN ({m}) "
+                        "EXCEPT SELECT run_id FROM failed_runs",
                         [*b, *b],
                     ):
                         if child not in seen:
@@ -1319,7 +1343,7 @@ class FeedbackStore:
         policy, retrievers, chunk exploration, embedding dimension and hyperparameters, what an
         ensemble tells its own state by (another kind's later snapshot must not take away an
         ensemble's only state),
-        and so do run links older than the cutoff. With
+        and so do run links (and the marks of failed runs, counted with them) older than the cutoff. With
         no retention (the store's or the argument) nothing is deleted; a
         retention shorter than ``attribution_window`` raises :class:`ValidationError`. ``now``
         (the clock by default) may lie in the past; one more than ``clock_skew`` past the clock
@@ -1344,10 +1368,13 @@ class FeedbackStore:
             "policy_snapshots": "DELETE FROM policy_snapshots WHERE ts < ? "
             f"AND version NOT IN (SELECT MAX(version) FROM policy_snapshots GROUP BY {_SNAPSHOT_KIND})",
             "run_links": "DELETE FROM run_links WHERE ts < ?",
+            "failed_runs": "DELETE FROM failed_runs WHERE ts < ?",
         }
         with self._write() as conn:
             for table, sql in statements.items():  # children first; the cascades then find nothing left
-                result[table] = conn.execute(sql, (cutoff,)).rowcount
+                # a failed run's mark is part of the run tree: counted with the run links
+                key = "run_links" if table == "failed_runs" else table
+                result[key] = result[key] + conn.execute(sql, (cutoff,)).rowcount
         return result
 
     def integrity_check(self) -> str:

@@ -229,3 +229,11 @@ def m006_run_links(db: Database) -> None:
 def m007_sampling_temperature(db: Database) -> None:
     # the Plackett-Luce temperature a sampled ranking was drawn with (NULL: none, or logged before it was kept)
     db["events"].add_column("sampling_temperature", float)
+
+
+@MIGRATIONS()
+def m008_failed_runs(db: Database) -> None:
+    # Runs that raised (a retry's attempt, a branch a fallback replaced; LangChain runs a fallback's attempts
+    # as top-level runs, which have no link to mark): feedback on the runs above skips what was retrieved
+    # inside, and a follow-up question does not judge it, since nobody saw an answer from it.
+    db["failed_runs"].create({"run_id": str, "ts": float}, pk="run_id", not_null=["ts"])

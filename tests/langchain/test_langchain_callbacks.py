@@ -346,6 +346,43 @@ def test_feedback_on_a_chain_skips_the_retrieval_of_a_failed_retry_attempt(make_
     assert record.event_id == handler.retrievals(top)[0]["id"]
 
 
+@pytest.mark.parametrize("wrap", ["with_fallbacks", "with_retry"])
+def test_a_retry_or_fallback_in_a_session_is_no_reformulation_of_the_failed_attempt(make_ensemble: Any,
+                                                                                     wrap: str) -> None:
+    # the failed attempt's run was unlinked from the run above it, so the second attempt's retrieval shared no
+    # run with the first and was taken for the user restating it: a -0.2 reformulation was learned on a
+    # ranking nobody saw an answer from
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    calls = []
+
+    def flaky_llm(docs: Any) -> str:
+        calls.append(docs)
+        if len(calls) == 1:
+            raise RuntimeError("model A down")
+        return "answer"
+
+    attempt = retriever | RunnableLambda(flaky_llm)
+    chain = (attempt.with_fallbacks([retriever | RunnableLambda(flaky_llm)]) if wrap == "with_fallbacks"
+             else attempt.with_retry(stop_after_attempt=2, wait_exponential_jitter=False))
+    top = uuid.uuid4()
+    config = {"callbacks": [handler], "run_id": top, "metadata": {"session_id": "s"}}
+    assert chain.invoke("why do tides happen", config=config) == "answer"
+    assert ens.store.counts()["events"] == 2 and ens.store.counts()["feedback"] == 0
+    assert ens.learner.n_learned == 0
+    first, answered = ens.store.events_for_session("s")
+    assert ens.store.run_failed(first["parent_id"]) and not ens.store.run_failed(answered["parent_id"])
+    if wrap == "with_retry":  # feedback on the chain rates the attempt that answered only
+        (record,) = handler.record_feedback(top, score=1.0)
+        assert record.event_id == answered["id"]
+    # (LangChain runs a fallback's attempts as top-level runs, under no run of the chain's)
+    # the session's next question, restating this one, is a reformulation of the attempt that answered
+    retriever.invoke("why do the tides happen", config={"callbacks": [handler], "metadata": {"session_id": "s"}})
+    assert [f["signal"] for f in ens.store.feedback(answered["id"]) if f["signal"] != "score"] == ["reformulation"]
+    assert ens.store.feedback(first["id"]) == []
+
+
 def test_a_handler_given_a_retriever_as_its_ensemble_unwraps_it(make_ensemble: Any) -> None:
     # accepted, then every retrieval failed inside the callback and record_feedback raised AttributeError
     ens = make_ensemble()
