@@ -19,6 +19,11 @@ Usage::
     .venv/bin/python benchmarks/bench_feedback.py --synchronous FULL
 
 Targets on 2 cores: >= 2,000 single/s, >= 20,000 batched/s.
+
+No framework has a feedback store to time against. The peer timed in the same run is what an app would write
+without one: each feedback inserted as a row by sqlite-utils (``Table.insert``, one transaction each, no
+checks, no reward rows) into a WAL file of the same settings; the single-feedback rate is printed as a ratio
+of it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -33,6 +39,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sqlite_utils import Database  # noqa: E402
 
 from rlfb.store import FeedbackStore  # noqa: E402
 
@@ -84,6 +92,16 @@ def _summary(rounds: list[tuple[float, float]]) -> dict:
     }
 
 
+def _naive_store(path: str, synchronous: str) -> Database:
+    """The peer: a bare sqlite-utils table of feedback rows on a WAL file, autocommitting each insert."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    db = Database(conn)
+    db["feedback"].create({"id": int, "event_id": str, "signal": str, "timestamp": float}, pk="id")
+    return db
+
+
 def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rounds: int) -> dict:
     """Ingest in ``rounds`` equal rounds per mode; report best and median wall throughput.
 
@@ -129,6 +147,17 @@ def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rou
 
             counts = store.counts()
             ok = store.integrity_check()
+        peer_rounds = []
+        peer = _naive_store(os.path.join(tmp, "naive.db"), synchronous)
+        per_round = n_single // rounds
+        for r in range(rounds):
+            items = [_feedback(i, t0) for i in range(r * per_round, (r + 1) * per_round)]
+            start, cpu = time.perf_counter(), time.process_time()
+            for item in items:
+                peer["feedback"].insert(item)
+            wall, used = time.perf_counter() - start, time.process_time() - cpu
+            peer_rounds.append(_rate(len(items), wall, used))
+        peer.conn.close()
     return {
         "synchronous": synchronous,
         "chunks_per_event": k,
@@ -136,6 +165,7 @@ def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rou
         "rounds": rounds,
         "feedback_single_per_s": _summary(single_rounds),
         "feedback_batched_per_s": _summary(batched_rounds),
+        "naive_insert_single_per_s": _summary(peer_rounds),
         "log_event_single_per_s": _summary([log_single]),
         "log_events_batched_per_s": _summary([log_batched]),
         "rows": counts,
@@ -171,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name, fig, note in rows:
         print(f"  {name:<18}{fig['best']:>10,}{fig['median']:>10,}{fig['per_cpu_second']:>11,}   {note}")
+    naive = res["naive_insert_single_per_s"]
+    ratio = res["feedback_single_per_s"]["median"] / max(naive["median"], 1)
+    print(f"  {'peer: bare insert':<18}{naive['best']:>10,}{naive['median']:>10,}{naive['per_cpu_second']:>11,}   "
+          f"sqlite-utils Table.insert, no checks; rlfb single feedback runs at {ratio:.2f}x its rate")
     print(f"  rows {res['rows']}, integrity {res['integrity']}")
     return 0
 
