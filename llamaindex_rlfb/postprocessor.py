@@ -447,7 +447,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         k = min(self.top_n, len(chunks))
         if self._seen is None:
             return self._ensemble.rerank(query, chunks, k, **kwargs)
-        with self._lock:  # self-indexing: the retrievers may be re-indexed, so one call at a time
+        # self-indexing: the retrievers may be re-indexed, so one call at a time; the store's lock first, as every
+        # other path takes it (taken second, a caller inside store.exclusive() and a thread re-indexing here
+        # waited on each other for ever). A re-index holds it through the build: this process's feedback waits.
+        with store_lock(self._store), self._lock:
             self._index_new(chunks)
             return self._ensemble.rerank(query, chunks, k, **kwargs)
 

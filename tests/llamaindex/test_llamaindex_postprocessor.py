@@ -420,3 +420,46 @@ def test_the_nodes_given_keep_their_own_nested_metadata(make_ensemble: Any) -> N
     out[0].node.metadata["tags"].append("INJECTED")
     assert all(n.node.metadata["tags"] == ["kb"] for n in given)
     assert all(n.node.metadata["tags"] == ["kb"] for n in pp.postprocess_nodes(given, query_str="moon tides"))
+
+
+def test_self_indexing_under_a_callers_store_block_while_another_thread_indexes(
+    tmp_path: Any, nodes: list[TextNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The re-ranking thread held the postprocessor's lock through the build and then wanted the store's; a thread
+    # inside store.exclusive() (holding the store's) re-ranking meanwhile wanted the postprocessor's: for ever.
+    import threading
+    import time
+
+    import llamaindex_rlfb.postprocessor as module
+
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2)
+    building, release = threading.Event(), threading.Event()
+    build = module.FeedbackEnsemble.from_chunks
+
+    def slow_build(*args: Any, **kwargs: Any) -> Any:
+        building.set()
+        release.wait(60)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(module.FeedbackEnsemble, "from_chunks", slow_build)
+    results: dict[str, Any] = {}
+
+    def rerank(name: str, hold_store: bool) -> None:
+        listed = [NodeWithScore(node=n) for n in nodes]
+        if hold_store:
+            with pp.store.exclusive():
+                results[name] = pp.postprocess_nodes(listed, query_str="aurora")
+        else:
+            results[name] = pp.postprocess_nodes(listed, query_str="aurora")
+
+    indexing = threading.Thread(target=rerank, args=("indexing", False), daemon=True)
+    indexing.start()
+    assert building.wait(60)
+    in_block = threading.Thread(target=rerank, args=("in_block", True), daemon=True)
+    in_block.start()
+    time.sleep(0.2)  # lets the second thread take whatever lock it can before the build goes on
+    release.set()
+    for t in (indexing, in_block):
+        t.join(60)  # a deadlock leaves the threads waiting; daemons, they do not keep the test run alive
+    assert not indexing.is_alive() and not in_block.is_alive(), "the two re-rankings waited on each other"
+    assert len(results["indexing"]) == len(results["in_block"]) == 2
