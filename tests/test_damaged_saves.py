@@ -341,3 +341,48 @@ def test_feedback_on_an_event_whose_logged_row_is_damaged_is_kept_unlearned(tmp_
     assert ens.store.counts()["feedback"] == 1 and ens.learner.n_learned == 0  # nothing lost, nothing mis-learned
     assert ens.feedback(r.event_id, "thumbs_up", idempotency_key="K").duplicate
     ens.close()
+
+
+def _batch_ensemble(tmp_path: Path, **kwargs: object):
+    from rlfb import FeedbackEnsemble
+
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="batch", **kwargs)
+    r = ens.retrieve("aurora", k=2)
+    ens.feedback(r.event_id, "thumbs_up")
+    return ens
+
+
+def test_weights_import_refuses_a_negative_batch_counter(tmp_path: Path, capsys) -> None:
+    # it was imported (rc 0), and every ensemble on the store then failed at retrieve: sqrt(1 + n_batches)
+    from rlfb import FeedbackEnsemble
+
+    path = tmp_path / "bst.db"
+    _batch_ensemble(tmp_path, store=str(path)).close()
+    exported, damaged = tmp_path / "b.json", tmp_path / "b-damaged.json"
+    assert main(["weights", "export", str(path), str(exported)]) == 0
+    data = json.loads(exported.read_text(encoding="utf-8"))
+    data["state"]["policy"]["state"]["n_batches"] = -5
+    damaged.write_text(json.dumps(data), encoding="utf-8")
+    before = _version(path)
+    capsys.readouterr()
+    assert main(["weights", "import", str(path), str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert "rlfb: error:" in err and "n_batches" in err and "Traceback" not in err
+    assert _version(path) == before
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="batch", store=str(path))
+    assert ens.retrieve("aurora", k=2).hits  # the store's state is still the intact one
+    ens.close()
+
+
+def test_load_refuses_a_save_with_a_negative_batch_counter(tmp_path: Path) -> None:
+    from rlfb import FeedbackEnsemble
+
+    folder = tmp_path / "saved"
+    ens = _batch_ensemble(tmp_path, store=str(tmp_path / "fb.db"))
+    ens.save(folder)
+    ens.close()
+    state = json.loads((folder / "learner.json").read_text(encoding="utf-8"))
+    state["policy"]["state"]["n_batches"] = -5
+    (folder / "learner.json").write_text(json.dumps(state), encoding="utf-8")
+    with pytest.raises(CorruptStateError, match="n_batches"):
+        FeedbackEnsemble.load(folder)

@@ -554,6 +554,43 @@ def test_plackett_luce_probability_when_the_first_items_dominate():
     assert math.exp(plackett_luce_log_prob(weak, np.array([0, 1]))) == pytest.approx(exact, rel=1e-9)
 
 
+def _learned_state(cls):
+    """A JSON round-tripped state of ``cls`` after a batch's worth of learning (a clock, counters, a move)."""
+    p = cls(RETRIEVERS, seed=0, **({"batch_size": 2} if cls is BatchPolicy else {}))
+    for i, reward in enumerate((1.0, -1.0, 1.0)):
+        weights = (0.6, 0.2, 0.2) if reward > 0 else (0.2, 0.2, 0.6)
+        ep = _episode(weights, np.eye(3), [reward, 0, 0], reward, eid=f"e{i}")
+        p.learn(dataclass_replace(ep, timestamp=1_700_000_000.0 + i), reward)
+    return p, json.loads(json.dumps(p.state_dict()))
+
+
+@pytest.mark.parametrize(("cls", "field", "value"), [
+    (BatchPolicy, "n_batches", -5),  # sqrt(1 + n) then failed at every retrieval
+    (BatchPolicy, "n_batches", 2.7),
+    (BatchPolicy, "n_batches", "5"),
+    (BatchPolicy, "n_batches", True),
+    (BatchPolicy, "n_moves", -1),
+    (BatchPolicy, "n_moves", 7),  # more moves than batches
+    (BatchPolicy, "last_mean", 1e999),
+    (BatchPolicy, "last_mean", 3.0),
+    (BatchPolicy, "buffer", [[[0.2, 0.2, 0.6], 1.0, -1.0]]),  # a negative weight could make the batch mean NaN
+    (BatchPolicy, "buffer", [[[0.2, 0.2, 0.6], 9.0, 1.0]]),
+    (GradientPolicy, "n_pairs", 1e999),  # saving it then failed
+    (GradientPolicy, "n_pairs", -1.0),
+    (ThompsonPolicy, "clock", {"*": 1e999}),  # every later reward then counted infinitely late, weight 0
+    (ThompsonPolicy, "clock", {"*": "5"}),
+])
+def test_damaged_policy_counters_are_corrupt_state(cls, field, value):
+    src, state = _learned_state(cls)
+    assert field in state["state"]
+    state["state"][field] = value
+    dst = cls(RETRIEVERS, seed=0, **({"batch_size": 2} if cls is BatchPolicy else {}))
+    with pytest.raises(CorruptStateError, match="policy state|malformed|moves in only"):
+        dst.load_state_dict(state)
+    _, intact = _learned_state(cls)
+    assert dst.load_state_dict(intact).weights() == src.weights()  # the intact state still loads
+
+
 @pytest.mark.parametrize(("cls", "field"), [(BatchPolicy, "n_batches"), (GradientPolicy, "n_pairs")])
 def test_a_state_refused_late_leaves_the_policy_as_it_was(cls, field):
     src = cls(RETRIEVERS, seed=0).set_weights(dict(zip(RETRIEVERS, (0.8, 0.1, 0.1), strict=True)))

@@ -439,6 +439,29 @@ def read_array(state: Mapping[str, Any], key: str, length: int | None = None) ->
     return arr
 
 
+def read_count(state: Mapping[str, Any], key: str) -> int:
+    """Read a non-negative int counter from a state dict, or raise :class:`CorruptStateError`.
+
+    ``int()`` took -5 (then ``sqrt(1 + n)`` failed at every retrieval), 2.7 and "5" alike.
+    """
+    try:
+        return check_int(f"policy state field {key!r}", state[key], 0)
+    except KeyError as exc:
+        raise CorruptStateError(f"policy state field {key!r} is missing") from exc
+    except ValidationError as exc:  # damaged saved state, not a bad argument
+        raise CorruptStateError(str(exc)) from exc
+
+
+def read_number(state: Mapping[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> float:
+    """Read a finite number in ``[lo, hi]`` from a state dict, or raise :class:`CorruptStateError`."""
+    try:
+        return check_float(f"policy state field {key!r}", state[key], lo, hi)
+    except KeyError as exc:
+        raise CorruptStateError(f"policy state field {key!r} is missing") from exc
+    except ValidationError as exc:
+        raise CorruptStateError(str(exc)) from exc
+
+
 # --------------------------------------------------------------------------- base policy
 
 

@@ -46,6 +46,8 @@ from rlfb.policies._util import (
     plain_numbers,
     project_simplex,
     read_array,
+    read_count,
+    read_number,
     weights_dict,
     weights_vector,
 )
@@ -258,10 +260,18 @@ class BatchPolicy(BasePolicy):
         for item in state["buffer"]:
             bw, br, bo = item
             bw = [float(x) for x in bw]
-            if len(bw) != n or not all(math.isfinite(x) for x in [*bw, float(br), float(bo)]):
+            # learn() buffers rewards clipped to [-1, 1] and positive weights: a weight of 0 or less could make
+            # the batch's weight sum 0, and its mean NaN
+            if (len(bw) != n or not all(math.isfinite(x) for x in [*bw, float(br), float(bo)])
+                    or not -1.0 <= float(br) <= 1.0 or float(bo) <= 0.0):
                 raise CorruptStateError("a buffered batch event is malformed")
             buffer.append((bw, float(br), float(bo)))
+        # counted, never negative: a negative n_batches passed, and uncertainty()'s sqrt(1 + n) then failed at every
+        # retrieval of every ensemble on the store; each batch moves the weights at most once
+        n_batches = read_count(state, "n_batches")
+        n_moves = read_count(state, "n_moves")
+        if n_moves > n_batches:
+            raise CorruptStateError(f"saved batch state has {n_moves} moves in only {n_batches} batches")
+        last_mean = read_number(state, "last_mean", -1.0, 1.0)  # a weighted mean of rewards in [-1, 1]
         self._w, self._default, self._buffer = w, default, buffer
-        self._n_batches = int(state["n_batches"])
-        self._n_moves = int(state["n_moves"])
-        self._last_mean = float(state["last_mean"])
+        self._n_batches, self._n_moves, self._last_mean = n_batches, n_moves, last_mean

@@ -65,6 +65,7 @@ from rlfb.policies._util import (
     plain_numbers,
     project_simplex,
     read_array,
+    read_number,
     score_scale,
     weights_dict,
     weights_vector,
@@ -419,6 +420,8 @@ class GradientPolicy(BasePolicy):
         if (not math.isfinite(s0) or s0 < 0 or s1.shape != (n,) or s2.shape != (n,)
                 or not np.all(np.isfinite(s1)) or not np.all(np.isfinite(s2)) or np.any(s2 < 0)):
             raise CorruptStateError("saved gradient statistics are malformed")
+        # only reported and saved, but an infinite count (1e999 reads as inf) made every later save fail
+        n_pairs = read_number(state, "n_pairs", 0.0)
         self._w, self._default = w, default
-        self._n_pairs = float(state["n_pairs"])
+        self._n_pairs = n_pairs
         self._s0, self._s1, self._s2 = s0, s1, s2

@@ -78,6 +78,7 @@ from rlfb.policies._util import (
     plain_numbers,
     project_simplex,
     read_array,
+    read_number,
     weights_dict,
     weights_vector,
 )
@@ -620,7 +621,10 @@ class ThompsonPolicy(BasePolicy):
             if arr.shape != (3, self.n_arms) or not np.all(np.isfinite(arr)) or np.any(arr[0] < 0):
                 raise CorruptStateError(f"arm statistics for {key!r} are malformed")
             stats[str(key)] = arr
-        clock = {str(k): float(v) for k, v in dict(state["clock"]).items()}
+        # a clock is the time of the latest reward: an infinite one (1e999 reads as inf) made every later reward
+        # count as infinitely late, weight 0, so the policy silently stopped learning
+        saved_clock = dict(state["clock"])
+        clock = {str(k): read_number(saved_clock, k) for k in saved_clock}
         clicks = {
             str(k): ClickEvidence(self.n_arms, self.hyper.cf_max_queries).load_state_dict(v)
             for k, v in dict(state.get("clicks") or {}).items()  # absent in states saved before clicks counted
