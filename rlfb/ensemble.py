@@ -1083,6 +1083,8 @@ class FeedbackEnsemble:
                 "rrf_c": self.rrf_c,
                 "seed": self.seed,
                 "policy": self._learner.policy_name,
+                "refresh_interval": _interval_json(self.refresh_interval),
+                "persist_interval": _interval_json(self.persist_interval),
             }
             with saving_into(Path(path), marker=_CONFIG_FILE, what="ensemble") as tmp:
                 table.save(tmp)  # metadata JSON cannot hold is a ValidationError naming the chunk
@@ -1111,7 +1113,7 @@ class FeedbackEnsemble:
         ``model`` passed in already loaded (``{"bm25": {"tokenizer": fn}}``), or a setting to
         change (``{"dense": {"device": "cuda"}}``). A retriever's disk-cache switch, device and
         ``model_key`` otherwise come back as saved. ``kwargs`` override the saved ensemble
-        settings (``fusion``, ``candidate_k``, ...); the
+        settings (``fusion``, ``candidate_k``, ``persist_interval``, ``refresh_interval``, ...); the
         learner comes back with the policy, hyperparameters, weights and learner settings it was
         saved with (``policy=``, ``learner_config=`` or ``weights=`` is a :class:`ValidationError`).
         With a ``store`` whose newest snapshot is of the same policy and retrievers and has learned
@@ -1173,6 +1175,9 @@ class FeedbackEnsemble:
             "policy": learner.policy,
             "learner_config": learner.config,
         }
+        for name in ("refresh_interval", "persist_interval"):  # older saves have neither: the defaults
+            if name in config:
+                options[name] = _interval_from_json(config[name], name, root / _CONFIG_FILE)
         options.update(kwargs)
         try:
             ens = cls(retrievers, table, store=store, **options)
@@ -1250,6 +1255,21 @@ def _seconds(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN fails >= too
         raise ValidationError(f"{name} must be a number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def _interval_json(seconds: float) -> float | str:
+    """An interval as JSON holds it: infinity ("writes only when forced") is the string ``"inf"``, as JSON has none."""
+    return "inf" if seconds == math.inf else seconds
+
+
+def _interval_from_json(value: object, name: str, file: Path) -> float:
+    """A saved interval back in seconds; a damaged one is a :class:`CorruptStateError` naming the file."""
+    if value == "inf":
+        return math.inf
+    try:
+        return _seconds(value, name)
+    except ValidationError as exc:  # damaged saved settings, not the caller's argument
+        raise CorruptStateError(f"{file}: {exc}") from exc
 
 
 def _logged_metadata(metadata: Mapping[str, Any] | None, query: str, key: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import time
 
 import pytest
@@ -99,6 +100,40 @@ def test_damaged_saves_are_named_errors(tmp_path) -> None:
             FeedbackEnsemble.load(root)
         (root / name).write_text(original)
     FeedbackEnsemble.load(root)  # intact again
+
+
+@pytest.mark.parametrize(("persist", "refresh"), [(1.0, 30.0), (math.inf, math.inf), (0.0, 0.0)])
+def test_load_brings_back_the_saved_intervals(tmp_path, persist, refresh) -> None:
+    # they came back at the defaults (0.0 and 5.0): ensemble.json left them out
+    ens = FeedbackEnsemble.from_texts(TEXTS[:4], retrievers=("bm25",), persist_interval=persist,
+                                      refresh_interval=refresh)
+    root = tmp_path / "idx"
+    ens.save(root)
+    json.loads((root / "ensemble.json").read_text(), parse_constant=_no_constant)  # infinity is JSON too
+    loaded = FeedbackEnsemble.load(root)
+    assert (loaded.persist_interval, loaded.refresh_interval) == (persist, refresh)
+    overridden = FeedbackEnsemble.load(root, persist_interval=2.0, refresh_interval=3.0)  # explicit ones win
+    assert (overridden.persist_interval, overridden.refresh_interval) == (2.0, 3.0)
+
+
+def test_a_save_without_intervals_or_with_damaged_ones(tmp_path) -> None:
+    root = tmp_path / "idx"
+    FeedbackEnsemble.from_texts(TEXTS[:4], retrievers=("bm25",), persist_interval=1.0).save(root)
+    config = json.loads((root / "ensemble.json").read_text())
+    old = {k: v for k, v in config.items() if k not in ("persist_interval", "refresh_interval")}
+    (root / "ensemble.json").write_text(json.dumps(old))  # as saved before the intervals were
+    loaded = FeedbackEnsemble.load(root)
+    assert (loaded.persist_interval, loaded.refresh_interval) == (0.0, 5.0)
+    for bad in (-1.0, "forever", None, True):
+        (root / "ensemble.json").write_text(json.dumps({**config, "persist_interval": bad}))
+        with pytest.raises(CorruptStateError, match="ensemble.json.*persist_interval"):
+            FeedbackEnsemble.load(root)
+        with pytest.raises(CorruptStateError, match="persist_interval"):  # also with other settings given
+            FeedbackEnsemble.load(root, candidate_k=5)
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON")
 
 
 def test_a_failed_save_leaves_the_previous_one(tmp_path) -> None:
