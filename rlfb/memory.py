@@ -451,7 +451,13 @@ class FeedbackMemory:
     def load_state_dict(self, state: Mapping[str, Any]) -> FeedbackMemory:
         try:
             dim = state["dim"]
-            dim = None if dim is None else int(dim)
+            if dim is not None:
+                # checked before anything is allocated: int() took 10**12, and the (entries x dim) array then
+                # failed with numpy's ArrayMemoryError. Each saved embedding must also have this length (below)
+                try:
+                    dim = check_int("the feedback memory's dim", dim, 1, _MAX_DIM)
+                except ValidationError as exc:
+                    raise CorruptStateError(str(exc)) from exc
             entries = list(state["entries"])
             conc, disc = (float(x) for x in state["gate_counts"])
             counter = int(state["counter"])
@@ -511,6 +517,11 @@ class FeedbackMemory:
         self._asks[:m] = asks
         self._counter, self._now, self._conc, self._disc = counter, now, conc, disc
         return self
+
+
+# the largest query-embedding dimension a saved memory may declare: eight times the widest text embedding models'
+# (4,096 to 8,192), so a real one always loads, while a damaged 10**12 is refused before it sizes an array
+_MAX_DIM = 65_536
 
 
 def _grow1(arr: np.ndarray, cap: int) -> np.ndarray:

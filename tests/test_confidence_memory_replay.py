@@ -224,6 +224,22 @@ def test_memory_evicts_the_least_recently_used_and_round_trips():
         FeedbackMemory().load_state_dict(bad)
 
 
+@pytest.mark.parametrize("dim", [10**12, 0, -4, 2.5, "4", True, 3])
+def test_memory_refuses_a_damaged_dim_before_allocating(dim):
+    # int(dim) took 10**12, and the array it sized failed with numpy's ArrayMemoryError; 3 is not the length
+    # of the saved embedding
+    mem = FeedbackMemory()
+    mem.update("q0", _unit(np.eye(4)[0]), ["a"], [0.4])
+    state = json.loads(json.dumps(mem.state_dict(), allow_nan=False))
+    with pytest.raises(CorruptStateError, match="dim|wrong size"):
+        FeedbackMemory().load_state_dict({**state, "dim": dim})
+    without_entries = {**state, "entries": []}  # a memory whose embedded entries were all evicted keeps its dim
+    assert FeedbackMemory().load_state_dict(without_entries).state_dict()["dim"] == 4
+    if dim != 3:
+        with pytest.raises(CorruptStateError, match="dim"):
+            FeedbackMemory().load_state_dict({**without_entries, "dim": dim})
+
+
 def test_memory_forgets_with_time():
     mem = FeedbackMemory(half_life_days=1.0)
     mem.update("q", None, ["a"], [0.3], timestamp=1000.0)

@@ -92,6 +92,8 @@ def test_damaged_saves_are_named_errors(tmp_path) -> None:
         ("ensemble.json", json.dumps({**config, "rrf_c": None}), "rrf_c"),
         ("learner.json", json.dumps({**state, "now": float("nan")}), "NaN"),
         ("learner.json", json.dumps({**state, "n_learned": 0}).replace(": 0,", ": 1e400,", 1), "non-finite"),
+        # int() took it, and the memory's array then failed with numpy's ArrayMemoryError
+        ("learner.json", json.dumps({**state, "memory": {**state["memory"], "dim": 10**12}}), "dim"),
     ]
     for name, text, words in damaged:
         original = (root / name).read_text()
