@@ -47,6 +47,33 @@ def test_a_damaged_json_column_is_a_corrupt_state_error(tmp_path: Path, capsys, 
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize(("table", "column", "value"), [("rewards", "reward", "abc"),
+                                                        ("feedback", "discounted", "abc"),
+                                                        ("feedback", "value", "x"),
+                                                        ("feedback", "reward", 9e999)])
+def test_a_damaged_reward_number_is_a_corrupt_state_error(tmp_path: Path, capsys, table: str, column: str,
+                                                          value: object) -> None:
+    # export failed with a raw TypeError from sum(); stats took the text as 0 in its averages, unsaid
+    db = tmp_path / "fb.db"
+    eid = _logged(db)
+    with FeedbackStore(db) as store:
+        store.record_feedback(eid, "thumbs_up")
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = 1", (value,))  # noqa: S608 - constants of the test
+    store = FeedbackStore(db)
+    with pytest.raises(CorruptStateError, match=f"{table} row 1 in .* is damaged: its {column} is"):
+        list(store.export_rows())
+    with pytest.raises(CorruptStateError, match=f"{table} row 1"):
+        store.stats()
+    store.close()
+    capsys.readouterr()
+    assert main(["store", "export", str(db), "--jsonl", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("rlfb: error:") and f"{table} row 1" in err  # no row, no traceback
+    assert main(["store", "stats", str(db)]) == 2
+    assert f"{table} row 1" in capsys.readouterr().err
+
+
 def test_a_deeply_nested_snapshot_or_save_is_a_corrupt_state_error(tmp_path: Path) -> None:
     db = tmp_path / "fb.db"
     _logged(db)

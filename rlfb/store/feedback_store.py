@@ -1295,7 +1295,9 @@ class FeedbackStore:
         ``mean_feedback_reward`` (mean per-feedback reward) and ``by_arm``
         (events, explored events, rewarded events and mean reward per arm).
         ``mean_reward`` is repeated at the top level; ``weights``, ``policy``
-        and ``policy_version`` come from the newest policy snapshot.
+        and ``policy_version`` come from the newest policy snapshot. A feedback or
+        reward row whose number was damaged outside rlfb (text, infinity) raises
+        :class:`CorruptStateError` naming it, rather than counting as 0.
         """
         return reports.stats(self, window, now=now)
 
@@ -1314,6 +1316,8 @@ class FeedbackStore:
         (``None`` without feedback), ``event_reward`` the event's reward and
         ``n_feedback`` the number of feedback rows on the event. An event that
         returned no chunks yields one row with the chunk fields set to ``None``.
+        A feedback or reward row whose number was damaged outside rlfb raises
+        :class:`CorruptStateError` naming it, before the first row is yielded.
         """
         # checked here, not in the generator: a bad page fails at the call, not at the first row
         return reports.export_rows(self, page=_check_int(page, "page"))

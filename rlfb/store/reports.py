@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from rlfb.errors import CorruptStateError
 from rlfb.files import write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
@@ -21,6 +22,36 @@ from rlfb.store.records import _EVENT_COLS, _chunk_dict, _event_dict, _feedback_
 
 if TYPE_CHECKING:
     from rlfb.store.feedback_store import FeedbackStore
+
+
+# The numeric columns the reports add up and average. rlfb writes finite floats there; a row written outside it may
+# hold text ('abc'), which SQL's SUM and AVG take as 0 (stats showed a wrong mean unsaid) and Python's sum() refuses
+# with a raw TypeError (export). Only NULL-able in raw_value, which no report adds up.
+_NUMBER_COLUMNS = {"feedback": ("value", "discounted", "reward"), "rewards": ("reward",)}
+
+
+def _check_numbers(store: FeedbackStore, conn: Any) -> None:
+    """Raise :class:`CorruptStateError` naming the first feedback or reward row whose number is not a finite one.
+
+    One scan of each table (its figures are read over the same rows): a report of a damaged file must say so
+    rather than count text as 0.
+    """
+    for table, cols in _NUMBER_COLUMNS.items():
+        # table and column names are this module's constants, never input
+        bad = " OR ".join(f"typeof({c}) NOT IN ('real', 'integer') OR abs({c}) = 9e999" for c in cols)
+        row = conn.execute(f"SELECT id, {', '.join(cols)} FROM {table} WHERE {bad} LIMIT 1").fetchone()
+        if row is not None:
+            for col, value in zip(cols, row[1:], strict=True):
+                _finite(store, value, f"{table} row {row[0]}", col)
+
+
+def _finite(store: FeedbackStore, value: Any, row: str, col: str) -> Any:
+    """``value`` when it is a finite number; else :class:`CorruptStateError` naming the row and column."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CorruptStateError(
+            f"{row} in {store.path} is damaged: its {col} is {value!r}, not a finite number"[:300]
+        )
+    return value
 
 
 def stats(
@@ -33,6 +64,7 @@ def stats(
     since = t - w
     cfg = store.reward.config
     with store._read() as conn:
+        _check_numbers(store, conn)
         q = conn.execute
 
         def one(sql: str, *params: Any) -> Any:
@@ -100,6 +132,8 @@ def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, 
     """One dict per (event, retrieved chunk) of ``store``: see :meth:`FeedbackStore.export_rows`."""
     cfg = store.reward.config
     last: tuple[float, int] = (-math.inf, -1)
+    with store._read() as conn:
+        _check_numbers(store, conn)  # before the first row: a stream to stdout is not left half written
     while True:
         with store._read() as conn:
             ev_rows = list(
@@ -126,13 +160,15 @@ def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, 
             fb_sql = f"SELECT * FROM feedback WHERE event_id IN ({m}) ORDER BY ts, id"
             for f in store.db.query(fb_sql, enc_ids):
                 fd = _feedback_dict(f)
+                for col in _NUMBER_COLUMNS["feedback"]:  # checked again: rows written since the check above
+                    _finite(store, fd[col], f"feedback row {fd['id']}", col)
                 feedback.setdefault(fd["event_id"], []).append(fd)
-            for eid, cid, fid, r in conn.execute(
-                "SELECT f.event_id, r.chunk_id, r.feedback_id, r.reward FROM feedback f "
+            for eid, cid, fid, rid, r in conn.execute(
+                "SELECT f.event_id, r.chunk_id, r.feedback_id, r.id, r.reward FROM feedback f "
                 f"JOIN rewards r ON r.feedback_id = f.id WHERE f.event_id IN ({m})",
                 enc_ids,
             ):
-                shares[(_dec(eid), _dec(cid), fid)] = r
+                shares[(_dec(eid), _dec(cid), fid)] = _finite(store, r, f"rewards row {rid}", "reward")
         for r in ev_rows:
             ev = _event_dict(r)
             eid = ev["id"]
