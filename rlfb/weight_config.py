@@ -27,24 +27,46 @@ from rlfb.snapshot_kind import SnapshotKind
 __all__ = ["current_weights", "export_weights", "import_weights", "read_weights_file", "WeightsFile"]
 
 
+def _sound_state(store: Any, saved: Mapping[str, Any]) -> None:
+    """Raise :class:`CorruptStateError` when a snapshot's learner state is not a JSON object.
+
+    rlfb writes only objects (``save_policy_state`` refuses anything else), so another value was written outside
+    it: every ensemble on the store refuses it, an export of it (``"state": 5``) was refused by the import, and
+    showing its weights as sound hid the damage.
+    """
+    state = saved.get("state")
+    if not isinstance(state, Mapping):
+        raise CorruptStateError(
+            f"policy snapshot {saved.get('version')} in {getattr(store, 'path', 'the store')} is damaged: its "
+            f"learner state is {type(state).__name__} {state!r}, not an object"[:300]
+        )
+
+
 def current_weights(store: Any) -> dict[str, Any]:
-    """``{"weights", "policy", "version", "updated_at"}`` of the newest snapshot (empty weights if none)."""
+    """``{"weights", "policy", "version", "updated_at"}`` of the newest snapshot (empty weights if none).
+
+    A snapshot whose learner state was damaged outside rlfb (not an object) raises :class:`CorruptStateError`.
+    """
     saved = store.load_policy_state()
     if saved is None:
         return {"weights": {}, "policy": None, "version": 0, "updated_at": None}
+    _sound_state(store, saved)
     return {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
 
 
 def export_weights(store: Any, path: str | Path | None, *, with_state: bool = True) -> dict[str, Any]:
     """Write the newest snapshot to a JSON file (the learner state too, unless ``with_state=False``).
 
-    Returns what was written; with ``path=None`` it only returns it.
+    Returns what was written; with ``path=None`` it only returns it. With the state, a snapshot whose state
+    was damaged outside rlfb (not an object) raises :class:`CorruptStateError` and nothing is written; its
+    weights alone, still sound, export with ``with_state=False``.
     """
     saved = store.load_policy_state()
     if saved is None:
         raise ValidationError("the store holds no weights yet: nothing to export")
     out = {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
     if with_state:
+        _sound_state(store, saved)
         out["state"] = saved.get("state")
     if path is not None:
         write_text_atomically(path, json.dumps(out, indent=2))  # a failed write leaves an earlier export whole

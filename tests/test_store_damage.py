@@ -74,6 +74,25 @@ def test_a_damaged_reward_number_is_a_corrupt_state_error(tmp_path: Path, capsys
     assert f"{table} row 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("state", ["5", "[1,2]", "null", '"text"'])
+def test_a_snapshot_state_that_is_not_an_object_is_reported(tmp_path: Path, capsys, state: str) -> None:
+    # show and export exited 0; export wrote "state": 5, which weights import then refused
+    db = tmp_path / "fb.db"
+    _logged(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE policy_snapshots SET state = ?", (state,))
+    out = tmp_path / "w.json"
+    capsys.readouterr()
+    for argv in (["weights", "show", str(db)], ["weights", "export", str(db), str(out)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("rlfb: error: policy snapshot 1 in") and "not an object" in err
+    assert not out.exists()
+    assert main(["weights", "export", str(db), str(out), "--weights-only"]) == 0  # the weights are still sound
+    exported = json.loads(out.read_text())
+    assert exported["weights"] == {"bm25": 1.0} and "state" not in exported
+
+
 def test_a_deeply_nested_snapshot_or_save_is_a_corrupt_state_error(tmp_path: Path) -> None:
     db = tmp_path / "fb.db"
     _logged(db)
