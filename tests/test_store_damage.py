@@ -93,6 +93,24 @@ def test_a_snapshot_state_that_is_not_an_object_is_reported(tmp_path: Path, caps
     assert exported["weights"] == {"bm25": 1.0} and "state" not in exported
 
 
+@pytest.mark.parametrize(("table", "column"), [("events", "sampling_temperature"), ("feedback", "comment"),
+                                               ("policy_snapshots", "policy")])
+def test_a_store_missing_a_column_is_refused_at_open(tmp_path: Path, table: str, column: str) -> None:
+    # its migration still recorded, the store opened, and the first retrieve (or feedback) that named the
+    # column failed with a raw sqlite3.OperationalError
+    db = tmp_path / "fb.db"
+    _logged(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")  # noqa: S608 - constants of the test
+    before = db.read_bytes()
+    with pytest.raises(CorruptStateError, match=rf"fb.db is a feedback store whose tables lack the columns "
+                                                rf"\{{'{table}': \['{column}'\]\}}"):
+        FeedbackStore(db)
+    with pytest.raises(CorruptStateError, match=column):
+        FeedbackEnsemble.from_texts(["a b", "c d"], retrievers=("bm25",), store=str(db))
+    assert db.read_bytes() == before
+
+
 def test_a_deeply_nested_snapshot_or_save_is_a_corrupt_state_error(tmp_path: Path) -> None:
     db = tmp_path / "fb.db"
     _logged(db)

@@ -54,7 +54,7 @@ from rlfb.store.checks import (
     _req_str,
 )
 from rlfb.store.codec import _dec, _decode_row, _dumps, _enc, _loads, query_hash
-from rlfb.store.migrations import MIGRATIONS
+from rlfb.store.migrations import MIGRATIONS, expected_columns
 from rlfb.store.records import (
     _DECISION_KEYS,
     _EVENT_COLS,
@@ -216,6 +216,15 @@ class FeedbackStore:
             missing = sorted(_TABLES.difference(self.db.table_names()))
             if missing:  # recorded as migrated, yet gone: dropped by hand
                 raise CorruptStateError(f"{self.path} is a feedback store without its tables {missing}")
+            # a column dropped by hand (its migration still recorded) failed later, at the first write or read
+            # that named it, as a raw OperationalError: one PRAGMA table_info per table finds it now
+            lacking = {
+                table: sorted(cols.difference(c.name for c in self.db[table].columns))
+                for table, cols in sorted(expected_columns().items()) if table in _TABLES
+            }
+            lacking = {table: cols for table, cols in lacking.items() if cols}
+            if lacking:
+                raise CorruptStateError(f"{self.path} is a feedback store whose tables lack the columns {lacking}")
             if self.retention is not None:
                 self.prune()
         except CorruptStateError:

@@ -6,6 +6,7 @@ record their applied steps under it.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 
@@ -98,6 +99,22 @@ class Migrations:
 
 
 MIGRATIONS = Migrations("rlfb.store")
+
+
+@functools.cache
+def expected_columns() -> dict[str, frozenset[str]]:
+    """Each table's columns once every step of :data:`MIGRATIONS` is applied (read off an in-memory database
+    migrated once per process, so a new step needs no second list to keep in step).
+
+    >>> sorted(expected_columns()["run_links"])
+    ['parent_id', 'run_id', 'ts']
+    """
+    db = Database(memory=True)
+    try:
+        MIGRATIONS.apply(db)
+        return {t.name: frozenset(c.name for c in t.columns) for t in db.tables if t.name != MIGRATIONS.table}
+    finally:
+        db.conn.close()
 
 
 @MIGRATIONS()
