@@ -376,15 +376,25 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         # The core is synchronous (numpy, SQLite), so it runs in a thread; but the decision is announced from
         # this task: a handler keeps the latest query id in the task's context, and a thread's copy is lost.
-        out, decided = await asyncio.to_thread(self._reranked, nodes, query_bundle)
+        # A cancelled await (asyncio.wait_for timing out) leaves the thread running: the flag tells it to log nothing.
+        cancelled = threading.Event()
+        try:
+            out, decided = await asyncio.to_thread(self._reranked, nodes, query_bundle, cancelled)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
         if decided is not None:
             dispatcher.event(decided)
         return out
 
     def _reranked(
-        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None,
+        cancelled: threading.Event | None = None,
     ) -> tuple[list[NodeWithScore], FeedbackRetrievalEvent | None]:
-        """The re-ranked nodes, and the event announcing the logged decision (``None``: nothing logged)."""
+        """The re-ranked nodes, and the event announcing the logged decision (``None``: nothing logged).
+
+        Once ``cancelled`` is set (the async caller is gone), nothing is ranked after the scoring: no nodes.
+        """
         if query_bundle is None:
             raise ValidationError("the postprocessor needs the query: give query_bundle or query_str")
         if not nodes:
@@ -403,11 +413,12 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             payload={EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self.class_name(),
                      EventPayload.QUERY_STR: query, EventPayload.TOP_K: self.top_n},
         ) as cb_event:
-            result = self._rerank(query, chunks, query_bundle.custom_embedding_strs)
-            out = [hit_to_node(h, result.event_id, originals[h.chunk_id]) for h in result.hits]
+            result = self._rerank(query, chunks, query_bundle.custom_embedding_strs, cancelled)
+            out = [] if result is None else [hit_to_node(h, result.event_id, originals[h.chunk_id])
+                                             for h in result.hits]
             cb_event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
-        if result.event_id is None:
+        if result is None or result.event_id is None:
             return out, None
         # the event id the given nodes carry, when they are one rlfb decision's: a re-ranking of a re-ranking
         return out, FeedbackRetrievalEvent(event_id=result.event_id, query_str=query,
@@ -435,24 +446,40 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             out.append(c)
         return out
 
-    def _rerank(self, query: str, chunks: list[Any], embedding_strs: list[str] | None = None) -> Any:
-        kwargs: Mapping[str, Any] = dict(
-            embedding_strs=embedding_strs,  # a HyDE transform's text, for the dense scores
-            explore=self.explore,
-            log=self.log,
-            session_id=current_session(),
-            parent_id=current_query_id(),
-            metadata={"framework": "llamaindex", "component": self.class_name()},
-        )
-        k = min(self.top_n, len(chunks))
+    def _rerank(
+        self, query: str, chunks: list[Any], embedding_strs: list[str] | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> Any:
+        """The ensemble's re-ranking of ``chunks`` (ids unique), logged; ``None`` once ``cancelled`` is set."""
         if self._seen is None:
-            return self._ensemble.rerank(query, chunks, k, **kwargs)
+            return self._scored_and_ranked(self._ensemble, query, chunks, embedding_strs, cancelled)
         # self-indexing: the retrievers may be re-indexed, so one call at a time; the store's lock first, as every
         # other path takes it (taken second, a caller inside store.exclusive() and a thread re-indexing here
         # waited on each other for ever). A re-index holds it through the build: this process's feedback waits.
         with store_lock(self._store), self._lock:
             self._index_new(chunks)
-            return self._ensemble.rerank(query, chunks, k, **kwargs)
+            return self._scored_and_ranked(self._ensemble, query, chunks, embedding_strs, cancelled)
+
+    def _scored_and_ranked(
+        self, ens: FeedbackEnsemble, query: str, chunks: list[Any], embedding_strs: list[str] | None,
+        cancelled: threading.Event | None,
+    ) -> Any:
+        # ens.rerank in its two steps: the scoring (the slow part) and the decision it logs, so that a cancelled
+        # apostprocess_nodes can stop in between
+        ctx = ens.rerank_context(query, chunks, session_id=current_session(),
+                                 embedding_strs=embedding_strs)  # a HyDE transform's text, for the dense scores
+        if cancelled is not None and cancelled.is_set():
+            # nobody will see this ranking: logged, it would be the session's "previous retrieval" for the next
+            # question to be a reformulation of, and a decision nobody rates
+            return None
+        return ens.rank_context(
+            ctx,
+            min(self.top_n, len(chunks)),
+            explore=self.explore,
+            log=self.log,
+            parent_id=current_query_id(),
+            metadata={"framework": "llamaindex", "component": self.class_name()},
+        )
 
     def _index_new(self, chunks: Sequence[Any]) -> None:
         # a node seen before with another text (its document was edited and re-ingested under the same id) is

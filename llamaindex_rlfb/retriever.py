@@ -10,6 +10,7 @@ the fused score and the event id in ``metadata["event_id"]``.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -185,16 +186,24 @@ class FeedbackEnsembleRetriever(BaseRetriever):
                                 rating=rating, value=value, chunk_id=chunk_id, **kwargs)
 
     # ------------------------------------------------------------------ LlamaIndex hooks
-    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        result = self.ensemble.retrieve(
-            query_bundle.query_str,
+    def _retrieve(
+        self, query_bundle: QueryBundle, cancelled: threading.Event | None = None
+    ) -> list[NodeWithScore]:
+        ens = self.ensemble
+        # the slow part (encoding, scoring) before the decision, so a cancelled aretrieve can stop in between
+        ctx = ens.context(query_bundle.query_str, session_id=current_session(), k=self.similarity_top_k,
+                          embedding_strs=query_bundle.custom_embedding_strs)  # a HyDE transform's text (dense)
+        if cancelled is not None and cancelled.is_set():
+            # nobody will see this ranking: logged, it would be the session's "previous retrieval" for the next
+            # question to be a reformulation of, and a decision nobody rates
+            return []
+        result = ens.rank_context(
+            ctx,
             self.similarity_top_k,
             explore=self.explore,
             log=self.log,
-            session_id=current_session(),
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},
-            embedding_strs=query_bundle.custom_embedding_strs,  # a HyDE transform's text, for the dense scores
         )
         out = [hit_to_node(h, result.event_id, self._nodes.get(h.chunk_id)) for h in result.hits]
         if result.event_id is not None:
@@ -203,5 +212,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         return out
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        # The core is synchronous (numpy, SQLite): run it in a thread so the event loop stays free.
-        return await asyncio.to_thread(self._retrieve, query_bundle)
+        # The core is synchronous (numpy, SQLite): run it in a thread so the event loop stays free. A cancelled
+        # await (asyncio.wait_for timing out) leaves the thread running: the flag tells it to log nothing.
+        cancelled = threading.Event()
+        try:
+            return await asyncio.to_thread(self._retrieve, query_bundle, cancelled)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise

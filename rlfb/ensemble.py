@@ -556,21 +556,38 @@ class FeedbackEnsemble:
         logged). ``k`` defaults to all of them. ``embedding_strs``: see :meth:`context`.
         """
         query = _check_query(query)
-        strs = _check_embedding_strs(embedding_strs)
-        if chunks is None or isinstance(chunks, (str, Chunk)) or not isinstance(chunks, Iterable):
-            raise ValidationError(f"chunks must be a sequence of Chunk objects, got {type(chunks).__name__}")
-        chunks = list(chunks)
+        chunks = _check_rerank_chunks(chunks)
         if not chunks:
+            _check_embedding_strs(embedding_strs)
             return RetrievalResult(query=query, hits=[], weights=self.weights)
+        if k is not None:
+            k = validate_k(k)  # before the scoring, which is the slow part
+        ctx = self.rerank_context(query, chunks, session_id=session_id, embedding_strs=embedding_strs)
+        n = len(ctx.candidate_ids)  # a chunk id given twice is ranked once
+        return self.rank_context(ctx, n if k is None else min(k, n), explore=explore, log=log, event_id=event_id,
+                                 parent_id=parent_id, metadata=metadata, timestamp=timestamp)
+
+    def rerank_context(
+        self,
+        query: str,
+        chunks: Sequence[Chunk],
+        *,
+        session_id: str | None = None,
+        embedding_strs: Sequence[str] | None = None,
+    ) -> Context:
+        """Score chunks as :meth:`rerank` does, with no decision yet: rank it with :meth:`rank_context`.
+
+        :meth:`rerank` in two steps, as :meth:`context` is :meth:`retrieve`'s first: a caller can drop a
+        re-ranking between them (an adapter whose async call was cancelled while the chunks were scored)
+        without logging it. Its candidates are the chunks, in order, each id once; an empty list is an error.
+        """
+        query = _check_query(query)
+        strs = _check_embedding_strs(embedding_strs)
+        chunks = _check_rerank_chunks(chunks)
+        if not chunks:
+            raise ValidationError("rerank_context needs at least one chunk")
         if not self._retrievers:
             raise ValidationError("rerank needs at least one corpus retriever to score the chunks")
-        unique: dict[str, Chunk] = {}
-        for c in chunks:
-            if not isinstance(c, Chunk):
-                raise ValidationError(f"rerank takes Chunk objects, got {type(c).__name__}")
-            unique.setdefault(c.id, c)
-        chunks = list(unique.values())
-        k = len(chunks) if k is None else min(validate_k(k), len(chunks))
         table, retrievers = self._index()
         edited: dict[str, Chunk] = {}
         for c in chunks:
@@ -589,8 +606,7 @@ class FeedbackEnsemble:
         self._scored_on[ctx] = table
         if edited:
             self._given_on[ctx] = edited
-        return self.rank_context(ctx, k, explore=explore, log=log, event_id=event_id, parent_id=parent_id,
-                            metadata=metadata, timestamp=timestamp)
+        return ctx
 
     def rank_context(
         self,
@@ -1316,6 +1332,18 @@ def _scores(
     if embedding_strs and getattr(r, "embeds_queries", False):
         return np.mean([np.asarray(score(r, s), dtype=np.float64) for s in embedding_strs], axis=0)
     return np.asarray(score(r, query), dtype=np.float64)
+
+
+def _check_rerank_chunks(chunks: Any) -> list[Chunk]:
+    """``chunks`` to re-rank as a list, each id once (the first chunk given with it); else ValidationError."""
+    if chunks is None or isinstance(chunks, (str, Chunk)) or not isinstance(chunks, Iterable):
+        raise ValidationError(f"chunks must be a sequence of Chunk objects, got {type(chunks).__name__}")
+    unique: dict[str, Chunk] = {}
+    for c in chunks:
+        if not isinstance(c, Chunk):
+            raise ValidationError(f"rerank takes Chunk objects, got {type(c).__name__}")
+        unique.setdefault(c.id, c)
+    return list(unique.values())
 
 
 def _check_query(query: object) -> str:

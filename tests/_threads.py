@@ -1,9 +1,13 @@
-"""Run one function on several threads at once and collect what they raised (for concurrency tests)."""
+"""Helpers for concurrency tests: run one function on several threads at once and collect what they raised;
+hold a call in its worker thread while its async caller is cancelled."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 
 def errors_in_threads(target: Callable[[], object], n: int) -> list[BaseException]:
@@ -22,3 +26,39 @@ def errors_in_threads(target: Callable[[], object], n: int) -> list[BaseExceptio
     for t in threads:
         t.join()
     return errors
+
+
+class Gate:
+    """Wraps ``fn``: each call says it has started, then waits in its thread until the test opens the gate."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        self.opened.wait()
+        return self.fn(*args, **kwargs)
+
+
+async def cancel_inside(call: Coroutine[Any, Any, Any], gate: Gate) -> None:
+    """Run ``call`` (which reaches ``gate`` in an ``asyncio.to_thread`` worker), cancel it while the worker waits
+    at the gate, as ``asyncio.wait_for`` timing out does, then open the gate and wait until the worker is done.
+    """
+    loop = asyncio.get_running_loop()
+    workers = ThreadPoolExecutor(1)
+    loop.set_default_executor(workers)  # where asyncio.to_thread runs the work
+    task = asyncio.create_task(call)
+    while not gate.entered.is_set():
+        await asyncio.sleep(0.01)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the call finished before it was cancelled")
+    gate.opened.set()
+    workers.shutdown(wait=True)  # the worker went on after the cancellation; now it has finished
+    loop.set_default_executor(ThreadPoolExecutor(1))  # for the test's next async call

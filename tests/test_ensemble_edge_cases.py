@@ -67,6 +67,21 @@ def test_a_reranked_chunk_edited_since_it_was_indexed_is_scored_and_returned_by_
     assert ens.chunk("0").text == TEXTS[0]  # the index is not changed (add_chunks does that)
 
 
+def test_rerank_context_then_rank_context_is_rerank_in_two_steps() -> None:
+    # an adapter whose async call was cancelled during the scoring drops the re-ranking between the two steps
+    chunks = [Chunk("ext1", "aurora in a brochure"), Chunk("0", TEXTS[0]), Chunk("ext1", "a repeat, not ranked")]
+    ens = _ens(store=":memory:")
+    whole = ens.rerank("aurora", chunks, 2, explore=False, log=False)
+    ctx = ens.rerank_context("aurora", chunks)
+    assert ctx.candidate_ids == ("ext1", "0") and ens.store.counts()["events"] == 0  # scored, nothing logged
+    steps = ens.rank_context(ctx, 2, explore=False)
+    assert [(h.chunk_id, h.text, h.score) for h in steps.hits] == [(h.chunk_id, h.text, h.score) for h in whole.hits]
+    assert ens.store.counts()["events"] == 1
+    with pytest.raises(ValidationError, match="at least one chunk"):
+        ens.rerank_context("aurora", [])
+    assert ens.rerank("aurora", []).hits == []  # rerank itself still takes an empty list
+
+
 # -- empty and malformed member results ---------------------------------------------------------------------
 @pytest.mark.parametrize("fusion", ["minmax", "zscore", "rrf"])
 def test_a_member_only_ensemble_whose_member_finds_nothing_returns_nothing(fusion: str) -> None:

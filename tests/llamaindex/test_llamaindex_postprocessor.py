@@ -16,6 +16,7 @@ from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
 from rlfb.store import FeedbackStore
 
 from _li_corpus import IDS, TEXTS
+from _threads import Gate, cancel_inside
 
 QUERY = "what causes the northern lights aurora"
 
@@ -64,6 +65,23 @@ async def test_aquery(index: Any, make_ensemble: Any) -> None:
     eid = _check_reranked(response.source_nodes, pp, 2)
     assert response.source_nodes[0].node.node_id in {"doc3", "doc8"}
     assert pp.feedback(eid, "thumbs_up")[0].reward > 0
+
+
+async def test_a_cancelled_apostprocess_nodes_logs_nothing(
+    nodes: list[TextNode], make_ensemble: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncio.wait_for timing out cancels apostprocess_nodes, but its worker thread went on and logged the
+    # re-ranking nobody saw: the session's "previous retrieval" from then on, and a decision nobody rates
+    ens = make_ensemble()
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2)
+    scoring = Gate(ens.rerank_context)
+    monkeypatch.setattr(ens, "rerank_context", scoring)  # the slow part waits until the caller is gone
+    given = [NodeWithScore(node=n, score=1.0) for n in nodes[:5]]
+    await cancel_inside(pp.apostprocess_nodes(given, query_str="why do tides happen"), scoring)
+    assert ens.store.counts()["events"] == 0
+    out = await pp.apostprocess_nodes(given, query_str="why do tides happen")  # the next call is logged as ever
+    assert ens.store.counts()["events"] == 1
+    _check_reranked(out, pp, 2)
 
 
 def test_from_index_and_nodes_outside_the_index(index: Any, fast_dense: dict[str, Any]) -> None:

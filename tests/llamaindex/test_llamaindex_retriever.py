@@ -6,15 +6,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import QueryBundle, TextNode
 from llama_index.core.storage.docstore import SimpleDocumentStore
 
-from llamaindex_rlfb import EVENT_ID_KEY, FeedbackEnsembleRetriever
+from llamaindex_rlfb import EVENT_ID_KEY, FeedbackEnsembleRetriever, FeedbackRetrievalEvent
 from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
 
 from _li_corpus import IDS, TEXTS
+from _threads import Gate, cancel_inside
 
 
 def test_from_nodes(nodes: list[TextNode], fast_dense: dict[str, Any], tmp_path: Any) -> None:
@@ -79,6 +82,36 @@ async def test_aretrieve_and_feedback(make_ensemble: Any) -> None:
     record = retriever.feedback(out[0].node.metadata[EVENT_ID_KEY], rating=5)[0]
     assert record.reward > 0
     assert retriever.store.counts()["feedback"] == 1
+
+
+async def test_a_cancelled_aretrieve_logs_nothing(make_ensemble: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # asyncio.wait_for timing out cancels aretrieve, but its worker thread goes on: it logged the ranking nobody
+    # saw (the session's "previous retrieval" from then on, and a decision nobody rates) and announced it
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever(ens, similarity_top_k=2)
+    scoring = Gate(ens.context)
+    monkeypatch.setattr(ens, "context", scoring)  # the slow part waits until the caller is gone
+    announced = _Announced()
+    get_dispatcher().add_event_handler(announced)  # the conftest takes it off again
+    await cancel_inside(retriever.aretrieve("why do tides happen"), scoring)
+    assert ens.store.counts()["events"] == 0 and announced.events == []
+    out = await retriever.aretrieve("why do tides happen")  # the next call is logged as ever
+    assert ens.store.counts()["events"] == 1 and len(announced.events) == 1
+    assert out[0].node.metadata[EVENT_ID_KEY] == announced.events[0].event_id
+
+
+class _Announced(BaseEventHandler):
+    """The FeedbackRetrievalEvents dispatched."""
+
+    events: list[Any] = []
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Announced"
+
+    def handle(self, event: Any, **kwargs: Any) -> None:
+        if isinstance(event, FeedbackRetrievalEvent):
+            self.events.append(event)
 
 
 def test_in_a_query_engine(make_ensemble: Any) -> None:
