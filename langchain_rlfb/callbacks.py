@@ -31,7 +31,8 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   written to the store (:meth:`~rlfb.store.FeedbackStore.link_runs`), so
   feedback given on the top-level run id of a chain or an agent finds the
   retrieval inside it (also one made through a tool, as with
-  ``create_retriever_tool``), in any process.
+  ``create_retriever_tool``), in any process. It keeps the newest 100,000
+  open runs: LangChain reports no end for some (an ``ainvoke`` cancelled early).
 * ``on_retriever_error`` forgets the run: a failed retrieval logs nothing, and
   the error reaches the caller as usual.
 * The session comes from the run's metadata (``config={"metadata":
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -70,6 +72,11 @@ from rlfb.runs import (
 )
 
 __all__ = ["FeedbackCallbackHandler"]
+
+#: Open runs a handler keeps at most; past it the oldest are forgotten. LangChain reports no end nor error for
+#: some runs (a chain whose ainvoke is cancelled before it starts: its start hook runs in a worker thread after
+#: the cancellation), so without a bound their entries would pile up for the life of the handler.
+_OPEN_RUNS = 100_000
 
 
 class FeedbackCallbackHandler(BaseCallbackHandler):
@@ -117,8 +124,10 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self.observe_followups = flag(observe_followups, "observe_followups")
         self._implicit = implicit
         self._lock = threading.Lock()
-        self._parents: dict[str, str | None] = {}  # open runs (chains, tools, models, retrievers) -> parent
-        self._retrievals: dict[str, dict[str, Any]] = {}  # open retriever runs -> query, session, name
+        # open runs (chains, tools, models, retrievers) -> parent, and open retriever runs -> query, session,
+        # name; oldest first, so that past _OPEN_RUNS the oldest (most likely never to end) are forgotten
+        self._parents: OrderedDict[str, str | None] = OrderedDict()
+        self._retrievals: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     @classmethod
     def from_ensemble(cls, ensemble: Any, **kwargs: Any) -> FeedbackCallbackHandler:
@@ -138,7 +147,21 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     # so the links written when a retrieval ends reach the top-level run.
     def _open(self, run_id: UUID, parent_run_id: UUID | None) -> None:
         with self._lock:
-            self._parents[str(run_id)] = _str(parent_run_id)
+            self._opened(str(run_id), _str(parent_run_id))
+
+    def _opened(self, rid: str, parent: str | None, retrieval: dict[str, Any] | None = None) -> None:
+        """Keep ``rid`` open (under ``self._lock``), dropping the oldest open runs past :data:`_OPEN_RUNS`.
+
+        A run forgotten so that later ends without being logged (a retrieval) or linked above it: one open
+        while 100,000 newer runs started is almost surely one whose end LangChain never reports.
+        """
+        self._parents[rid] = parent
+        while len(self._parents) > _OPEN_RUNS:
+            self._parents.popitem(last=False)
+        if retrieval is not None:
+            self._retrievals[rid] = retrieval
+            while len(self._retrievals) > _OPEN_RUNS:
+                self._retrievals.popitem(last=False)
 
     def _close(self, run_id: UUID) -> None:
         with self._lock:
@@ -218,13 +241,12 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         session = (metadata or {}).get("session_id")
         parent = _str(parent_run_id)
         with self._lock:
-            self._parents[str(run_id)] = parent
-            self._retrievals[str(run_id)] = {
+            self._opened(str(run_id), parent, {
                 "query": query,
                 "session_id": session_text(session),
                 "raw_session_id": session,  # to name in the warning when it is dropped
                 "name": kwargs.get("name") or (metadata or {}).get("ls_retriever_name") or "retriever",
-            }
+            })
             links = self._ancestor_links(parent)
             nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)
         if links and not nested:

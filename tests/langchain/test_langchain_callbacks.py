@@ -19,7 +19,7 @@ from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member
+from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, callbacks
 from rlfb import UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import EXTERNAL_POLICY
 from rlfb.store import FeedbackStore
@@ -229,6 +229,28 @@ async def test_a_chain_cancelled_in_ainvoke_drops_the_open_retrieval_under_it() 
         await task
     assert handler._retrievals == {} and handler._parents == {}
     assert handler.store.counts()["events"] == 0
+
+
+def test_open_runs_that_never_end_are_bounded(bm25: BM25Retriever, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An ainvoke cancelled before its chain starts (asyncio.wait_for with a tiny timeout): the sync handler's
+    # start hook runs in a worker thread after the cancellation, and LangChain sends no end nor error for it,
+    # so every such run's entry stayed for the life of the handler
+    monkeypatch.setattr(callbacks, "_OPEN_RUNS", 10, raising=False)
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    chains = [uuid.uuid4() for _ in range(12)]
+    for run in chains:
+        handler.on_chain_start({}, "what causes the aurora", run_id=run)
+    assert list(handler._parents) == [str(r) for r in chains[2:]]  # the two oldest are forgotten
+    retrievals = [uuid.uuid4() for _ in range(12)]
+    for run in retrievals:
+        handler.on_retriever_start({}, "what causes the aurora", run_id=run)
+    assert list(handler._retrievals) == list(handler._parents) == [str(r) for r in retrievals[2:]]
+    top = uuid.uuid4()  # a run as ever: its own entries are the newest
+    assert rag_chain(bm25).invoke("ocean tides", config={"callbacks": [handler], "run_id": top}) == "an answer"
+    (event,) = handler.retrievals(top)
+    (record,) = handler.record_feedback(top, score=1.0)
+    assert record.event_id == event["id"] and event["query"] == "ocean tides"
+    assert len(handler._parents) <= 10 and set(handler._parents) <= {str(r) for r in retrievals}
 
 
 def test_retrieval_through_a_tool_links_up_to_the_root_run(bm25: BM25Retriever) -> None:
