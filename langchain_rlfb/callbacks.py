@@ -78,6 +78,8 @@ __all__ = ["FeedbackCallbackHandler"]
 #: the cancellation), so without a bound their entries would pile up for the life of the handler.
 _OPEN_RUNS = 100_000
 
+_NO_ENSEMBLE_STORE = "the ensemble has no feedback store; build it with store='fb.db'"
+
 
 class FeedbackCallbackHandler(BaseCallbackHandler):
     """Logs every retrieval of a run by its run id and records feedback given on a run id later.
@@ -111,6 +113,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if ensemble is not None:
             ensemble = _check_ensemble(ensemble)  # a retriever given as the ensemble, as from_ensemble takes it
         if store is None and ensemble is not None:
+            if ensemble.store is None:  # an ensemble was given: "needs a store or an ensemble" would mislead
+                raise ValidationError(_NO_ENSEMBLE_STORE)
             store = ensemble.store
         if store is None:
             raise ValidationError("FeedbackCallbackHandler needs a store (a path or a FeedbackStore) "
@@ -138,7 +142,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         """
         ensemble = _check_ensemble(ensemble)
         if ensemble.store is None:
-            raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+            raise ValidationError(_NO_ENSEMBLE_STORE)
         return cls(ensemble.store, ensemble=ensemble, **kwargs)
 
     # ------------------------------------------------------------------ run tree

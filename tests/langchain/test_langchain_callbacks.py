@@ -418,6 +418,20 @@ def test_a_handler_given_a_retriever_as_its_ensemble_unwraps_it(make_ensemble: A
         FeedbackCallbackHandler(ens.store, ensemble="not an ensemble")
 
 
+def test_a_handler_given_an_ensemble_without_a_store_says_so() -> None:
+    # it said "needs a store (a path or a FeedbackStore) or an ensemble", though an ensemble was given
+    no_store = FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+    for given in (no_store, no_store.ensemble):
+        with pytest.raises(ValidationError, match="the ensemble has no feedback store"):
+            FeedbackCallbackHandler(ensemble=given)
+        with pytest.raises(ValidationError, match="the ensemble has no feedback store"):
+            FeedbackCallbackHandler.from_ensemble(given)
+    handler = FeedbackCallbackHandler(FeedbackStore(), ensemble=no_store)  # a store of the handler's own: taken
+    assert handler.ensemble is no_store.ensemble
+    with pytest.raises(ValidationError, match="needs a store"):
+        FeedbackCallbackHandler()
+
+
 def test_record_feedback_takes_langsmiths_key_second(bm25: BM25Retriever) -> None:
     handler = FeedbackCallbackHandler(FeedbackStore())
     run = uuid.uuid4()
