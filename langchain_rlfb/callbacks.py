@@ -37,7 +37,9 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   the error reaches the caller as usual.
 * The session comes from the run's metadata (``config={"metadata":
   {"session_id": ...}}``: a non-empty str, an int or a UUID; any other value is
-  dropped with a warning and the retrieval logged without a session); a
+  dropped with a warning and the retrieval logged without a session), else
+  from a :class:`~langchain_rlfb.FeedbackEnsembleRetriever`'s own
+  ``session_id``, as the retriever takes it; a
   follow-up that restates the session's previous query is recorded as a
   ``"reformulation"`` on it (:func:`rlfb.runs.observe_followup`).
 
@@ -60,7 +62,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 
 from langchain_rlfb._checks import check_store, flag, session_text, usable_score
-from langchain_rlfb.retrievers import document_to_chunk
+from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
 from rlfb.errors import ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
@@ -242,14 +244,16 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        session = (metadata or {}).get("session_id")
+        metadata = metadata or {}
+        # the run's session, else the one a FeedbackEnsembleRetriever falls back to (its session_id), as it does
+        session = metadata["session_id"] if "session_id" in metadata else metadata.get(SESSION_KEY)
         parent = _str(parent_run_id)
         with self._lock:
             self._opened(str(run_id), parent, {
                 "query": query,
                 "session_id": session_text(session),
                 "raw_session_id": session,  # to name in the warning when it is dropped
-                "name": kwargs.get("name") or (metadata or {}).get("ls_retriever_name") or "retriever",
+                "name": kwargs.get("name") or metadata.get("ls_retriever_name") or "retriever",
             })
             links = self._ancestor_links(parent)
             nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)

@@ -10,9 +10,10 @@ and maps LangChain's run ids, run metadata and retrievers onto the core.
   name the same event, and feedback can be given by run id.
 * The **session** comes from the run's metadata
   (``config={"metadata": {"session_id": ...}}``), else from the retriever's
-  ``session_id`` field. A follow-up in the same session that restates the
-  previous query is recorded as a ``"reformulation"`` on the previous retrieval
-  (:func:`rlfb.runs.observe_followup`).
+  ``session_id`` field (reported in the run's metadata as ``rlfb_session_id``,
+  so that a handler's copy of the retrieval has it too). A follow-up in the
+  same session that restates the previous query is recorded as a
+  ``"reformulation"`` on the previous retrieval (:func:`rlfb.runs.observe_followup`).
 * Any LangChain retriever or vector store can join the ensemble as a
   search-only member (:func:`as_member`): the ensemble learns a weight for it.
 
@@ -65,6 +66,10 @@ _DEFAULT_RETRIEVERS = ADAPTER_RETRIEVERS
 
 #: Metadata keys every returned Document carries (they override the chunk's own keys of the same name).
 METADATA_KEYS = ("chunk_id", "score", "scores", "rank", "event_id", "proposed_by")
+
+#: The run metadata key under which a retriever reports its own ``session_id`` (the session of a call whose run
+#: metadata has none), for a :class:`~langchain_rlfb.FeedbackCallbackHandler` to log its copy under it too.
+SESSION_KEY = "rlfb_session_id"
 
 # Callbacks for members' runs, so a member retriever's run nests under the ensemble's run.
 _MEMBER_CALLBACKS: ContextVar[Any] = ContextVar("rlfb_member_callbacks", default=None)
@@ -282,6 +287,13 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         super().__init__(**{**data, **_checked_fields(data)})
 
     # ------------------------------------------------------------------ LangChain hooks
+    def _get_ls_params(self, **kwargs: Any) -> Any:
+        # LangChain adds these to the run's metadata, which is all a callback handler sees of the retriever: a
+        # FeedbackCallbackHandler on another store then logged its copy without the session this retriever used,
+        # and saw no follow-up in it
+        params = super()._get_ls_params(**kwargs)
+        return params if self.session_id is None else {**params, SESSION_KEY: self.session_id}
+
     def _get_relevant_documents(
         self,
         query: str,

@@ -180,6 +180,25 @@ def test_our_retriever_is_not_logged_twice(make_ensemble: Any) -> None:
     assert ens.store.has_event(str(run_id))
 
 
+def test_a_copy_on_another_store_has_the_session_the_retriever_used(make_ensemble: Any) -> None:
+    # the handler read the session from the run's metadata alone: its copy of a retrieval made with the
+    # retriever's own session_id had none, so no follow-up was seen in the handler's store
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=3, session_id="chat-1")
+    elsewhere = FeedbackCallbackHandler(FeedbackStore(), ensemble=retriever)
+    first, second = uuid.uuid4(), uuid.uuid4()
+    retriever.invoke("what causes the aurora borealis", config={"callbacks": [elsewhere]}, run_id=first)
+    retriever.invoke("the aurora borealis, what causes it?", config={"callbacks": [elsewhere]}, run_id=second)
+    for store in (ens.store, elsewhere.store):
+        assert [store.event(str(r))["session_id"] for r in (first, second)] == ["chat-1", "chat-1"]
+        assert [f["signal"] for f in store.feedback(str(first))] == ["reformulation"]
+    # the run's own session comes first, as for the retriever; an explicit None is no session
+    for meta, want in ({"session_id": "chat-2"}, "chat-2"), ({"session_id": None}, None):
+        run = uuid.uuid4()
+        retriever.invoke("tides", config={"callbacks": [elsewhere], "metadata": meta}, run_id=run)
+        assert elsewhere.store.event(str(run))["session_id"] == ens.store.event(str(run))["session_id"] == want
+
+
 def test_session_followups_with_a_plain_retriever(bm25: BM25Retriever) -> None:
     handler = FeedbackCallbackHandler(store=FeedbackStore())
     config = {"callbacks": [handler], "metadata": {"session_id": "chat-1"}}
