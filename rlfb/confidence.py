@@ -195,6 +195,11 @@ class ChunkConfidence:
             self._time[rows] = now
 
     # ------------------------------------------------------------------ reading
+    def read(self, chunk_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each chunk's ``(confidence, alpha, beta)`` at once: what :meth:`confidence` and :meth:`posterior`
+        give, read in one pass (a decision needs both for all its candidates)."""
+        return self._read(chunk_ids)
+
     def _read(self, chunk_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         h = self.hyper
         rows = self._rows(chunk_ids, create=False)
@@ -231,8 +236,11 @@ class ChunkConfidence:
 
     def uncertainty(self, chunk_ids: Sequence[str]) -> np.ndarray:
         """Posterior standard deviation relative to the prior's, in (0, 1]."""
+        return self.uncertainty_of(*self.posterior(chunk_ids))
+
+    def uncertainty_of(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`uncertainty` from posteriors already read (:meth:`read`)."""
         h = self.hyper
-        a, b = self.posterior(chunk_ids)
         sd = np.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
         a0, b0 = h.prior_alpha, h.prior_beta
         sd0 = np.sqrt(a0 * b0 / ((a0 + b0) ** 2 * (a0 + b0 + 1)))

@@ -233,8 +233,7 @@ class ThompsonChunkExploration:
         d = self.hyper.draws
         thetas = self._rng.beta(alpha[None, :], beta[None, :], size=(d, n))
         sims = fused[None, :] + w * (thetas - mean[None, :])
-        shown = set(order.tolist())
-        hits = sum(set(_top(row, k).tolist()) == shown for row in sims)
+        hits = _same_top(sims, order, k)
         return ExplorationResult(order, (hits + 1.0) / (d + 1.0), explored)
 
     def state_dict(self) -> dict[str, Any]:
@@ -268,6 +267,19 @@ def _restore(kind: str, rng: np.random.Generator, state: Mapping[str, Any]) -> f
 def _seed(seed: int | None) -> int | None:
     """``seed`` checked as numpy's generators take it: ``None`` or a non-negative integer."""
     return None if seed is None else check_int("seed", seed, 0)
+
+
+def _same_top(sims: np.ndarray, shown: np.ndarray, k: int) -> int:
+    """How many rows of ``sims`` put the same set of candidates as ``shown`` in their top ``k``.
+
+    One ``argpartition`` over all rows, as :func:`_top` picks each row's set (a loop over the rows was
+    half the cost of a decision at 100 candidates).
+    """
+    d, n = sims.shape
+    if k >= n:
+        return d
+    tops = np.sort(np.argpartition(-sims, k - 1, axis=1)[:, :k], axis=1)
+    return int(np.count_nonzero(np.all(tops == np.sort(shown)[None, :], axis=1)))
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:

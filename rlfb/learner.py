@@ -418,11 +418,15 @@ class Learner:
             return weights_vector(self.policy.weights(), self.retrievers)
 
     # ------------------------------------------------------------------ ranking
-    def _features(self, context: Context) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    def _features(self, context: Context) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray],
+                                                   np.ndarray, np.ndarray, float]:
+        """The normalised scores, each candidate's ``(confidence, alpha, beta)``, memory score, offsets and score
+        scale (confidences and posteriors read once: exploration and the ask for feedback use them too)."""
         ids = tuple(context.candidate_ids)
         N = self._matrix(context.retrievers, context.normalized, len(ids), "context.normalized")
         cfg = self.config
-        conf = self._confidence.confidence(ids)
+        read = self._confidence.read(ids)
+        conf = read[0]
         conf_feat = self._confidence.as_feature(conf) if cfg.confidence_weight > 0 else np.zeros(len(ids))
         if cfg.memory_weight > 0:
             mem = self._memory.score(context.query, context.query_embedding, ids)
@@ -430,7 +434,7 @@ class Learner:
             mem = np.zeros(len(ids))
         scale = score_scale(N)
         offsets = scale * (cfg.confidence_weight * conf_feat + cfg.memory_weight * mem)
-        return N, conf, mem, offsets, scale
+        return N, read, mem, offsets, scale
 
     def rank(self, context: Context, k: int, *, explore: bool = True) -> Ranking:
         """Decide the weights, fuse, and choose the ``k`` chunks to show (with exploration if asked)."""
@@ -438,7 +442,7 @@ class Learner:
         if not isinstance(context.query, str):  # the memory keys questions by their text
             raise ValidationError(f"context query must be a str, got {type(context.query).__name__}")
         check_chunk_ids(context.candidate_ids, "context candidate id")
-        N, conf, mem, offsets, scale = self._features(context)
+        N, (conf, alpha, beta), mem, offsets, scale = self._features(context)
         n = N.shape[0]
         ctx = dataclasses.replace(context, retrievers=self.retrievers, normalized=N, k=k, offsets=offsets)
         decision = self.policy.decide(ctx, explore=explore)
@@ -458,8 +462,7 @@ class Learner:
             if explore and kk > 0 and not isinstance(self._explorer, NoExploration):
                 extra: dict[str, Any] = {}
                 if isinstance(self._explorer, ThompsonChunkExploration):
-                    a, b = self._confidence.posterior(context.candidate_ids)
-                    extra = {"fused": fused, "alpha": a, "beta": b, "score_scale": scale}
+                    extra = {"fused": fused, "alpha": alpha, "beta": beta, "score_scale": scale}
                 res = self._explorer.explore(ranked, kk, scale=self._guardrail.multipliers[1], **extra)
                 order = res.order
                 decision = _explored(decision, res)
@@ -473,19 +476,20 @@ class Learner:
             if found is not None:
                 order = found.order
                 decision = _explored(decision, found)
-        ask = self._ask(context, order)
+        ask = self._ask(context, order, alpha, beta)
         return Ranking(order=order, fused=fused, decision=decision, confidence=conf, memory=mem,
                        ask_for_feedback=ask)
 
-    def _uncertainty(self, context: Context, order: np.ndarray) -> float:
-        ids = [context.candidate_ids[int(i)] for i in order]
-        chunk = float(np.mean(self._confidence.uncertainty(ids))) if ids else 1.0
+    def _uncertainty(self, context: Context, order: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> float:
+        """Of the chunks shown (``order``), from the candidates' posteriors ``alpha``, ``beta``."""
+        order = np.asarray(order, dtype=np.int64)
+        chunk = float(np.mean(self._confidence.uncertainty_of(alpha[order], beta[order]))) if order.size else 1.0
         unc = getattr(self.policy, "uncertainty", None)
         pol = float(unc(context)) if unc is not None else 0.0
         return 0.5 * chunk + 0.5 * min(1.0, max(0.0, pol))
 
-    def _ask(self, context: Context, order: np.ndarray) -> bool:
-        return self._uncertainty(context, order) >= self.config.ask_threshold
+    def _ask(self, context: Context, order: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> bool:
+        return self._uncertainty(context, order, alpha, beta) >= self.config.ask_threshold
 
     def should_ask_for_feedback(self, context: Context, k: int = 10) -> bool:
         """Whether feedback on this retrieval would be informative (its posterior is uncertain).
