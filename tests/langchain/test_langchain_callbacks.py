@@ -362,12 +362,9 @@ def test_an_rlfb_retriever_inside_a_wrapper_retriever_is_not_its_own_follow_up(m
     assert ens.store.counts()["feedback"] == 0 and ens.store.counts()["policy_snapshots"] == 0
 
 
-def test_feedback_on_a_chain_skips_the_retrieval_of_a_failed_retry_attempt(make_ensemble: Any) -> None:
-    # both attempts' retrievals were linked under the top run, and feedback rated the ranking that never
-    # produced the answer
+def _flaky_setup(make_ensemble: Any) -> tuple[Any, FeedbackEnsembleRetriever, FeedbackCallbackHandler, Any]:
+    """An ensemble, its retriever and handler, and an "LLM" that fails its first call (rate limited) only."""
     ens = make_ensemble()
-    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
-    handler = FeedbackCallbackHandler.from_ensemble(ens)
     calls = []
 
     def flaky_llm(prompt: Any) -> str:
@@ -376,6 +373,13 @@ def test_feedback_on_a_chain_skips_the_retrieval_of_a_failed_retry_attempt(make_
             raise RuntimeError("429 rate limited")
         return "answer"
 
+    return ens, FeedbackEnsembleRetriever.from_ensemble(ens, k=2), FeedbackCallbackHandler.from_ensemble(ens), flaky_llm
+
+
+def test_feedback_on_a_chain_skips_the_retrieval_of_a_failed_retry_attempt(make_ensemble: Any) -> None:
+    # both attempts' retrievals were linked under the top run, and feedback rated the ranking that never
+    # produced the answer
+    ens, retriever, handler, flaky_llm = _flaky_setup(make_ensemble)
     context = retriever | RunnableLambda(lambda docs: " ".join(d.page_content for d in docs))
     chain = ({"context": context, "question": RunnablePassthrough()} | RunnableLambda(flaky_llm)).with_retry(
         stop_after_attempt=2, wait_exponential_jitter=False)
@@ -393,17 +397,7 @@ def test_a_retry_or_fallback_in_a_session_is_no_reformulation_of_the_failed_atte
     # the failed attempt's run was unlinked from the run above it, so the second attempt's retrieval shared no
     # run with the first and was taken for the user restating it: a -0.2 reformulation was learned on a
     # ranking nobody saw an answer from
-    ens = make_ensemble()
-    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
-    handler = FeedbackCallbackHandler.from_ensemble(ens)
-    calls = []
-
-    def flaky_llm(docs: Any) -> str:
-        calls.append(docs)
-        if len(calls) == 1:
-            raise RuntimeError("model A down")
-        return "answer"
-
+    ens, retriever, handler, flaky_llm = _flaky_setup(make_ensemble)
     attempt = retriever | RunnableLambda(flaky_llm)
     chain = (attempt.with_fallbacks([retriever | RunnableLambda(flaky_llm)]) if wrap == "with_fallbacks"
              else attempt.with_retry(stop_after_attempt=2, wait_exponential_jitter=False))
