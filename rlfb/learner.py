@@ -418,10 +418,11 @@ class Learner:
             return weights_vector(self.policy.weights(), self.retrievers)
 
     # ------------------------------------------------------------------ ranking
-    def _features(self, context: Context) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray],
-                                                   np.ndarray, np.ndarray, float]:
+    def _features(self, context: Context, *, touch: bool = True) -> tuple[
+            np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray, float]:
         """The normalised scores, each candidate's ``(confidence, alpha, beta)``, memory score, offsets and score
-        scale (confidences and posteriors read once: exploration and the ask for feedback use them too)."""
+        scale (confidences and posteriors read once: exploration and the ask for feedback use them too).
+        ``touch``: the memory counts the read as a use (not in a greedy evaluation)."""
         ids = tuple(context.candidate_ids)
         N = self._matrix(context.retrievers, context.normalized, len(ids), "context.normalized")
         cfg = self.config
@@ -429,7 +430,7 @@ class Learner:
         conf = read[0]
         conf_feat = self._confidence.as_feature(conf) if cfg.confidence_weight > 0 else np.zeros(len(ids))
         if cfg.memory_weight > 0:
-            mem = self._memory.score(context.query, context.query_embedding, ids)
+            mem = self._memory.score(context.query, context.query_embedding, ids, touch=touch)
         else:
             mem = np.zeros(len(ids))
         scale = score_scale(N)
@@ -442,7 +443,8 @@ class Learner:
         if not isinstance(context.query, str):  # the memory keys questions by their text
             raise ValidationError(f"context query must be a str, got {type(context.query).__name__}")
         check_chunk_ids(context.candidate_ids, "context candidate id")
-        N, (conf, alpha, beta), mem, offsets, scale = self._features(context)
+        # a greedy ranking (explore=False) changes no state: no ask counted, no memory entry touched
+        N, (conf, alpha, beta), mem, offsets, scale = self._features(context, touch=explore)
         n = N.shape[0]
         ctx = dataclasses.replace(context, retrievers=self.retrievers, normalized=N, k=k, offsets=offsets)
         decision = self.policy.decide(ctx, explore=explore)

@@ -277,8 +277,12 @@ class FeedbackMemory:
         acc = self._accumulate(rows, gains, pos, len(candidate_ids), squash_each=True)
         return acc / max(1.0, float(np.sum(gains)))
 
-    def score(self, query: str, embedding: Any, candidate_ids: Sequence[str]) -> np.ndarray:
-        """Per-candidate memory score in [-1, 1] (0 where nothing is remembered)."""
+    def score(self, query: str, embedding: Any, candidate_ids: Sequence[str], *, touch: bool = True) -> np.ndarray:
+        """Per-candidate memory score in [-1, 1] (0 where nothing is remembered).
+
+        ``touch``: count the read as a use of the entries read, which keeps them from eviction longest; a
+        greedy evaluation (``explore=False``) reads without it and changes nothing.
+        """
         n = len(candidate_ids)
         if not self._keys or n == 0:
             return np.zeros(n)
@@ -292,7 +296,7 @@ class FeedbackMemory:
         if rows.size and g > 0:
             acc = self._accumulate(rows, gains, pos, n, squash_each=True)
             out = out + g * acc / max(1.0, float(np.sum(gains)))
-        if exact:
+        if exact and touch:
             # a clock tick of its own: stamped with the last update's tick, a read tied with that update
             # and the eviction's argmin could drop the entry just read
             self._counter += 1

@@ -67,6 +67,22 @@ def test_rank_validates_the_context():
     assert learner.rank(dataclasses.replace(good, normalized=nan), 5).order.shape == (5,)
 
 
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_greedy_ranking_changes_no_state(name):
+    # the simulator measures held-out and seen figures with explore=False between interactions: the memory
+    # stamped each read entry as used (its eviction order and clock), so the evaluation changed the learner
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, name, LearnerConfig(), seed=0)
+    simulate(learner, env, 200, seed=1)
+    before = json.dumps(learner.state_dict(), sort_keys=True)
+    for q in range(len(env.queries)):
+        learner.rank(env.context(q), 10, explore=False)
+        learner.should_ask_for_feedback(env.context(q))
+    assert json.dumps(learner.state_dict(), sort_keys=True) == before
+    learner.rank(env.context(0), 10)  # a ranking shown to a user counts as a use
+    assert json.dumps(learner.state_dict(), sort_keys=True) != before
+
+
 def test_exploration_is_logged_with_its_propensity():
     env = ToyEnv(seed=0, n_queries=4)
     learner = Learner(RETRIEVERS, "fixed", LearnerConfig(exploration="epsilon", epsilon=1.0, epsilon_min=1.0), seed=0)
