@@ -146,6 +146,30 @@ def test_a_stream_question_worded_as_a_held_out_one_is_not_streamed() -> None:
     assert len(heldout) == 4 and stream == []
 
 
+def test_a_stream_question_the_memory_takes_for_a_held_out_one_is_not_streamed() -> None:
+    # the memory takes a question within cosine 0.995 of a remembered one for the same question (an exact
+    # repeat, ungated): 14 of scifact's test claims had such a train claim ("X increases Y" / "X decreases Y")
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from rlfb.memory import MemoryParams
+    from rlfb.simulation.runner import _split
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(3, 16))
+    twin = base[0] + 0.01 * rng.normal(size=16)  # cosine ~0.9998 with t1's
+    emb = {"t1": base[0], "t2": base[1], "s1": twin, "s2": base[2], "s3": None}
+    assert float(twin @ base[0] / np.linalg.norm(twin) / np.linalg.norm(base[0])) >= MemoryParams().exact_similarity
+    texts = {q: f"question {q}" for q in emb}
+    prep = SimpleNamespace(stream_qrels={q: {"d": 1} for q in ("s1", "s2", "s3")},
+                           qrels={"t1": {"d": 1}, "t2": {"d": 1}},
+                           contexts={q: SimpleNamespace(query_embedding=e) for q, e in emb.items()},
+                           dataset=SimpleNamespace(queries=texts))
+    stream, heldout, _ = _split(prep, SimulationConfig(), seed=0)
+    assert heldout == ["t1", "t2"] and stream == ["s2", "s3"]
+
+
 def test_the_demo_collection_asks_each_question_once_and_compares_each_device_with_another() -> None:
     # past 96 devices two shared a (function, material) pair: one paraphrase question described both and
     # judged one, and past 192 two questions read alike; at 7 devices a comparison note named its own device
