@@ -4,7 +4,8 @@
 
 reads RESULTS_DIR/DATASET_POLICY.json for DATASET in scifact, cranfield, cisi and POLICY in thompson,
 gradient, batch and thompson_nomem (thompson with ``--no-memory``); the baselines come from the first file
-of each collection.
+of each collection. A second table splits the thompson runs' held-out figure between the held-out queries
+that share a relevant document with a stream query and those that share none.
 """
 
 from __future__ import annotations
@@ -40,6 +41,21 @@ def main(folder: str) -> None:
             b = first["baselines"][name]
             print(f"| {ds} | {name} | {fmt(b['heldout_ndcg@10'])} | {fmt(b['seen_ndcg@10'])} "
                   f"| {fmt(b.get('online_ndcg@10'))} |")
+    print()
+    print("| collection | held-out queries | count | thompson | equal | rrf | tuned_fixed |")
+    print("|---|---|---|---|---|---|---|")
+    for ds in ("scifact", "cranfield", "cisi"):
+        path = root / f"{ds}_thompson.json"
+        if not path.is_file():
+            continue
+        overlap = json.loads(path.read_text()).get("heldout_overlap") or {}  # absent from older outputs
+        for group, label in (("shares_an_answer", "sharing a relevant document with the stream"),
+                             ("shares_none", "sharing none")):
+            g = overlap.get(group)
+            if g is None:
+                continue
+            print(f"| {ds} | {label} | {g['queries']:.0f} | {fmt(g['learned'])} | {fmt(g['equal'])} "
+                  f"| {fmt(g['rrf'])} | {fmt(g['tuned_fixed'])} |")
 
 
 if __name__ == "__main__":

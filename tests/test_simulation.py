@@ -10,7 +10,7 @@ import pytest
 from rlfb.cli import main
 from rlfb.demo_corpus import generate_demo_corpus
 from rlfb.errors import ValidationError
-from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simplex_grid, simulate
+from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, run_seed, simplex_grid, simulate
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser, to_grade
 
 
@@ -218,6 +218,36 @@ def test_result_has_the_documented_shape(small_run) -> None:
     # an upper bound is an upper bound
     assert b["oracle_fixed"]["heldout_ndcg@10"]["mean"] >= b["rrf"]["heldout_ndcg@10"]["mean"] - 1e-12
     assert b["per_query_oracle"]["heldout_ndcg@10"]["mean"] >= b["oracle_fixed"]["heldout_ndcg@10"]["mean"] - 1e-12
+
+
+def test_the_held_out_figure_splits_by_what_the_stream_answered(small_run) -> None:
+    # how much of a held-out gain is feedback on documents that answered a question asked in the stream
+    _, result, _ = small_run
+    overlap = result["heldout_overlap"]
+    assert set(overlap) == {"shares_an_answer", "shares_none"}
+    for run in result["runs"]:
+        assert "heldout_overlap" not in run  # summarised above, once
+    assert all(overlap[g][name]["n"] == 2 for g in overlap for name in ("learned", "equal", "rrf", "tuned_fixed"))
+    config, _, prep = small_run
+    run = run_seed(prep, config, 0)
+    for name in ("learned", "equal", "rrf", "tuned_fixed"):
+        parts = [(run["heldout_overlap"][g]["queries"], run["heldout_overlap"][g][name]) for g in overlap]
+        whole = (run["final"] if name == "learned" else run["baselines"][name])["heldout_ndcg@10"]
+        # the learned part is the final held-out figure's, the fixed ones the baselines': together the whole
+        total = sum(n for n, _ in parts)
+        assert sum(n * m for n, m in parts if n) / total == pytest.approx(whole, abs=1e-9)
+
+
+def test_overlap_groups_held_out_queries_by_a_shared_relevant_document() -> None:
+    import numpy as np
+
+    from rlfb.simulation.runner import _overlap
+
+    judgments = {"s1": {"a": 1, "b": 0}, "s2": {"c": 2}, "h1": {"a": 1}, "h2": {"b": 1}, "h3": {"c": 0, "d": 3}}
+    out = _overlap(["h1", "h2", "h3"], ["s1", "s2"], judgments, {"learned": np.array([0.9, 0.2, 0.4])})
+    # h1 shares "a" (relevant to s1); h2's "b" was judged not relevant for s1; h3's "c" is not relevant to h3
+    assert out["shares_an_answer"] == {"queries": 1, "learned": 0.9}
+    assert out["shares_none"] == {"queries": 2, "learned": pytest.approx(0.3)}
 
 
 def test_feedback_memory_lifts_repeated_queries(small_run) -> None:

@@ -345,11 +345,13 @@ def _baselines(
     judges: Mapping[str, _Judge],
     seen_sample: Sequence[str],
     asked: Mapping[str, int],
+    per_heldout: dict[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Every fixed system's figures, on the same queries as the learned ones: held-out on ``heldout``,
     seen on ``seen_sample`` (the stream queries the learned seen figure was measured on) and online
     over the stream as it was asked (each query weighted by its asks). Tuned weights are chosen on all
-    of ``stream`` with full judgments."""
+    of ``stream`` with full judgments. ``per_heldout``, if given, receives the per-query held-out nDCG of
+    ``equal``, ``rrf`` and ``tuned_fixed``."""
     names = list(prep.contexts[heldout[0]].retrievers)
     grid = simplex_grid(len(names), config.grid_step)
     equal = np.full(len(names), 1.0 / len(names))
@@ -390,12 +392,14 @@ def _baselines(
 
     result: dict[str, dict[str, Any]] = {key: figures(held[key], tune[key]) for key in [*names, "equal", "rrf"]}
 
-    def best_fixed(chosen_on: dict[str, np.ndarray]) -> dict[str, Any]:
+    def best_fixed(chosen_on: dict[str, np.ndarray], name: str) -> dict[str, Any]:
         """The grid weights (any fusion mode) with the best mean on ``chosen_on``, scored on both sets."""
         mode, best = max(
             ((m, int(chosen_on[f"grid_{m}"].mean(axis=0).argmax())) for m in modes),
             key=lambda mb: chosen_on[f"grid_{mb[0]}"].mean(axis=0)[mb[1]],
         )
+        if per_heldout is not None:
+            per_heldout[name] = held[f"grid_{mode}"][:, best]
         return {
             **figures(held[f"grid_{mode}"][:, best], tune[f"grid_{mode}"][:, best]),
             "weights": dict(zip(names, grid[best].tolist(), strict=True)),
@@ -405,8 +409,11 @@ def _baselines(
     def per_query_oracle(d: dict[str, np.ndarray]) -> np.ndarray:
         return np.max([d[f"grid_{m}"].max(axis=1) for m in modes], axis=0)
 
-    result["tuned_fixed"] = best_fixed(tune)  # tuned on the stream queries with full judgments: offline tuning
-    result["oracle_fixed"] = best_fixed(held)  # chosen on the held-out queries themselves: an upper bound
+    if per_heldout is not None:
+        per_heldout.update(equal=held["equal"], rrf=held["rrf"])
+    # tuned on the stream queries with full judgments: offline tuning
+    result["tuned_fixed"] = best_fixed(tune, "tuned_fixed")
+    result["oracle_fixed"] = best_fixed(held, "oracle_fixed")  # chosen on the held-out queries: an upper bound
     result["per_query_oracle"] = figures(per_query_oracle(held), per_query_oracle(tune))
     return result
 
@@ -459,11 +466,15 @@ def run_seed(
             n_feedback += 1
             n_flagged += not record.in_window
 
-    def greedy(qids: Sequence[str]) -> float:
+    held_values: list[float] = []  # the latest held-out figure, per query
+
+    def greedy(qids: Sequence[str], keep: list[float] | None = None) -> float:
         if not qids:
             return float("nan")
         vals = [judges[q].ndcg_order(ens.learner.rank(prep.contexts[q], config.k, explore=False).order)
                 for q in qids]
+        if keep is not None:
+            keep[:] = vals
         return float(np.mean(vals))
 
     def checkpoint(n: int) -> None:
@@ -474,7 +485,7 @@ def run_seed(
         held_key, seen_key, online_key = _metric_keys(config.k)
         curve.append({
             "interactions": n,
-            held_key: greedy(heldout),
+            held_key: greedy(heldout, held_values),
             seen_key: greedy(seen),
             online_key: float(np.mean(online)) if online else float("nan"),
         })
@@ -507,10 +518,13 @@ def run_seed(
     ens.close()
     final = dict(curve[-1])
     final.pop("interactions")
+    per_heldout: dict[str, np.ndarray] = {"learned": np.asarray(held_values)}
+    baselines = _baselines(prep, config, stream, heldout, judges, seen_sample, asked, per_heldout)
     return {
         "seed": seed,
         "final": final,
-        "baselines": _baselines(prep, config, stream, heldout, judges, seen_sample, asked),
+        "baselines": baselines,
+        "heldout_overlap": _overlap(heldout, stream, judgments, per_heldout),
         "learner_config": ens.learner.config.to_dict(),
         "settings": settings,
         "curve": curve,
@@ -524,6 +538,21 @@ def run_seed(
         "store": stats,
         "seconds": learn_seconds,
     }
+
+
+def _overlap(heldout: Sequence[str], stream: Sequence[str], judgments: Mapping[str, Mapping[str, int]],
+             per_heldout: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Held-out nDCG of the learned and some fixed systems on the held-out queries that share a relevant
+    document with a stream query, and on those that share none: what the memory can carry over to a new
+    question is the feedback on documents that answered an asked one."""
+    answered = {d for q in stream for d, g in judgments[q].items() if g > 0}
+    shared = np.array([any(g > 0 and d in answered for d, g in judgments[q].items()) for q in heldout])
+    out: dict[str, dict[str, float]] = {}
+    for group, mask in (("shares_an_answer", shared), ("shares_none", ~shared)):
+        out[group] = {"queries": int(mask.sum()),
+                      **{name: float(v[mask].mean()) if mask.any() else float("nan")
+                         for name, v in per_heldout.items()}}
+    return out
 
 
 def _interval(values: Sequence[float]) -> dict[str, Any]:
@@ -584,6 +613,12 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
             entry["weights"] = [r["baselines"][name]["weights"] for r in runs]
             entry["fusion"] = [r["baselines"][name]["fusion"] for r in runs]
         baselines[name] = entry
+    overlap = {
+        group: {"queries": _interval([r["heldout_overlap"][group]["queries"] for r in runs])["mean"],
+                **{name: _interval([r["heldout_overlap"][group][name] for r in runs])
+                   for name in runs[0]["heldout_overlap"][group] if name != "queries"}}
+        for group in runs[0]["heldout_overlap"]
+    }
     curve = []
     for i, point in enumerate(runs[0]["curve"]):
         row: dict[str, Any] = {"interactions": point["interactions"]}
@@ -594,11 +629,14 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         "final": final,
         "baselines": baselines,
         "curve": curve,
+        # held-out nDCG@k on the held-out queries that share a relevant document with the stream, and the rest
+        "heldout_overlap": overlap,
         # every setting; "learner" as the learner ran (defaults filled in), "learner_overrides" as given
         "config": {**config.to_dict(), "learner": runs[0]["learner_config"], "learner_overrides": dict(config.learner),
                    **runs[0]["settings"]},
         "weights": [r["weights"] for r in runs],
-        "runs": [{k: v for k, v in r.items() if k not in ("curve", "baselines", "learner_config", "settings")}
+        "runs": [{k: v for k, v in r.items()
+                  if k not in ("curve", "baselines", "learner_config", "settings", "heldout_overlap")}
                  for r in runs],
         **dict(extra),
     }
