@@ -54,7 +54,7 @@ def main(folder: str) -> None:
             g = overlap.get(group)
             if g is None:
                 continue
-            print(f"| {ds} | {label} | {g['queries']:.0f} | {fmt(g['learned'])} | {fmt(g['equal'])} "
+            print(f"| {ds} | {label} | {g['queries']:.1f} | {fmt(g['learned'])} | {fmt(g['equal'])} "
                   f"| {fmt(g['rrf'])} | {fmt(g['tuned_fixed'])} |")
 
 
