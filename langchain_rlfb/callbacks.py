@@ -298,7 +298,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             return
         event_id = rid
         if outer is None and info.get("decided_below"):
-            below = self.store.resolve_run(rid)  # the decisions still under it (a failed branch's were unlinked)
+            below = self.store.resolve_run(rid)  # the decisions still under it (a failed branch's are passed by)
             if below:
                 # rlfb retrievers decided inside this one (a wrapper that trims, compresses or re-ranks their
                 # documents). Logged under the run id, this result would be an event, and resolve_run never looks

@@ -647,7 +647,9 @@ class FeedbackEnsemble:
                 if check is not None:
                     check(event_id=event_id, session_id=ctx.session_id, parent_id=parent_id, timestamp=timestamp,
                           metadata=logged_metadata)
-            ranking = self._learner.rank(learner_ctx, k, explore=explore)
+            # a ranking not logged (an evaluation: no feedback can reach it) does not count as a use of the
+            # memory's entries, which keeps them from eviction
+            ranking = self._learner.rank(learner_ctx, k, explore=explore, touch=log)
             hits = self._hits(ctx, ranking)
             decision: Decision = ranking.decision
             logged_id = None
@@ -847,20 +849,21 @@ class FeedbackEnsemble:
         back; the in-memory learner kept what it learned, so a retry with the same idempotency key learned
         it twice. A copy of the learner's state is taken first, not the last snapshot: retrievals since then
         changed it too (the memory's count of asks, the random state). The copy costs about as much as a
-        snapshot, so it is taken only inside a caller's block (a ``gradient`` learner's replay buffer comes
-        back as a reload would, with its newest ``replay_persist`` episodes).
+        snapshot, so it is taken only inside a caller's block; the replay buffer, of which a snapshot keeps the
+        newest ``replay_persist`` episodes, is kept whole beside it.
         """
         on_rollback = getattr(store, "on_rollback", None)
         if on_rollback is None:  # a store of the user's own, without rollback callbacks
             return
         marks = (self._own_version, self._state_version, self._dirty, self._last_persist)
-        state = self._learner.state_dict()
-        on_rollback(lambda: self._take_back(state, marks))
+        state, replay = self._learner.state_dict(), self._learner.replay.held()
+        on_rollback(lambda: self._take_back(state, replay, marks))
 
-    def _take_back(self, state: Mapping[str, Any], marks: tuple[int, int, bool, float]) -> None:
+    def _take_back(self, state: Mapping[str, Any], replay: Any, marks: tuple[int, int, bool, float]) -> None:
         """Restore the learner, and its snapshot bookkeeping, as :meth:`_undo_on_rollback` found them."""
         with self._guarded():
             self._learner.load_state_dict(state)
+            self._learner.replay.restore_held(replay)
             self._own_version, self._state_version, self._dirty, self._last_persist = marks
 
     def observe(
@@ -1192,7 +1195,7 @@ class FeedbackEnsemble:
             "learner_config": learner.config,
         }
         for name in ("refresh_interval", "persist_interval"):  # older saves have neither: the defaults
-            if name in config:
+            if name in config and name not in kwargs:  # one given explicitly wins, a damaged saved one too
                 options[name] = _interval_from_json(config[name], name, root / _CONFIG_FILE)
         options.update(kwargs)
         try:

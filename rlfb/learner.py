@@ -437,14 +437,18 @@ class Learner:
         offsets = scale * (cfg.confidence_weight * conf_feat + cfg.memory_weight * mem)
         return N, read, mem, offsets, scale
 
-    def rank(self, context: Context, k: int, *, explore: bool = True) -> Ranking:
-        """Decide the weights, fuse, and choose the ``k`` chunks to show (with exploration if asked)."""
+    def rank(self, context: Context, k: int, *, explore: bool = True, touch: bool = True) -> Ranking:
+        """Decide the weights, fuse, and choose the ``k`` chunks to show (with exploration if asked).
+
+        ``touch=False`` reads without counting the read as a use of the feedback memory's entries (which keeps
+        them from eviction longest): an evaluation's ranking, which no user sees. With ``explore=False`` too,
+        ranking changes no state at all.
+        """
         validate_k(k)
         if not isinstance(context.query, str):  # the memory keys questions by their text
             raise ValidationError(f"context query must be a str, got {type(context.query).__name__}")
         check_chunk_ids(context.candidate_ids, "context candidate id")
-        # a greedy ranking (explore=False) changes no state: no ask counted, no memory entry touched
-        N, (conf, alpha, beta), mem, offsets, scale = self._features(context, touch=explore)
+        N, (conf, alpha, beta), mem, offsets, scale = self._features(context, touch=touch)
         n = N.shape[0]
         ctx = dataclasses.replace(context, retrievers=self.retrievers, normalized=N, k=k, offsets=offsets)
         decision = self.policy.decide(ctx, explore=explore)
@@ -500,7 +504,7 @@ class Learner:
         chunks and the policy's uncertainty about its weights, averaged,
         against ``config.ask_threshold``. Uses no randomness.
         """
-        return bool(self.rank(context, k, explore=False).ask_for_feedback)
+        return bool(self.rank(context, k, explore=False, touch=False).ask_for_feedback)
 
     # ------------------------------------------------------------------ learning
     def _episode(self, episode: Episode) -> tuple[np.ndarray, np.ndarray, float]:

@@ -216,6 +216,17 @@ class PrioritizedReplay:
         idx = self._rng.choice(p.size, size=n, replace=False, p=p)
         return [self._items[int(i)][0] for i in idx]
 
+    def held(self) -> tuple[tuple[Any, ...], int]:
+        """Every episode held and the count added, for :meth:`restore_held` in this process (an undo): a
+        :meth:`state_dict` keeps only the newest ``persist`` of them."""
+        return tuple(self._items), self._added
+
+    def restore_held(self, held: tuple[tuple[Any, ...], int]) -> None:
+        """Put back what :meth:`held` returned (the episodes are immutable, so they are not copied)."""
+        items, added = held
+        self._items = deque(items, maxlen=self.hyper.capacity)
+        self._added = added
+
     def state_dict(self) -> dict[str, Any]:
         keep = list(self._items)[-self.hyper.persist :] if self.hyper.persist else []
         return {

@@ -132,6 +132,8 @@ def test_a_save_without_intervals_or_with_damaged_ones(tmp_path) -> None:
             FeedbackEnsemble.load(root)
         with pytest.raises(CorruptStateError, match="persist_interval"):  # also with other settings given
             FeedbackEnsemble.load(root, candidate_k=5)
+        # the setting given explicitly wins, as every keyword does, over a damaged saved one too
+        assert FeedbackEnsemble.load(root, persist_interval=2.0).persist_interval == 2.0
 
 
 def _no_constant(name: str) -> None:

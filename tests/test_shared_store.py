@@ -514,3 +514,19 @@ def test_feedback_in_a_callers_block_that_rolls_back_is_not_learned(tmp_path: Pa
     fresh = _ensemble(path)
     assert fresh.learner.n_learned == 2  # and the snapshot written after the rollback holds both
     fresh.close()
+
+
+def test_a_rolled_back_feedback_leaves_the_whole_replay_buffer(tmp_path: Path) -> None:
+    # the learner was restored from a state copy, of whose replay buffer a save keeps the newest replay_persist:
+    # a rollback in a long-running app dropped up to 9,800 replayed episodes
+    ens = _ensemble(str(tmp_path / "fb.db"), policy="gradient", learner_config={"replay_persist": 3})
+    for i in range(8):
+        r = ens.retrieve(f"what causes the tides {i}", k=3)
+        ens.feedback(r.event_id, "explicit_positive", chunk_id=r.hits[0].chunk_id)
+    held = len(ens.learner.replay)
+    assert held > 3
+    with pytest.raises(RuntimeError), ens.store.exclusive():
+        ens.feedback(r.event_id, "thumbs_up")
+        raise RuntimeError("the caller's own write failed")
+    assert len(ens.learner.replay) == held
+    ens.close()

@@ -471,7 +471,8 @@ def run_seed(
     def greedy(qids: Sequence[str], keep: list[float] | None = None) -> float:
         if not qids:
             return float("nan")
-        vals = [judges[q].ndcg_order(ens.learner.rank(prep.contexts[q], config.k, explore=False).order)
+        # an evaluation: greedy, and read without touching the memory's entries, so it changes no state
+        vals = [judges[q].ndcg_order(ens.learner.rank(prep.contexts[q], config.k, explore=False, touch=False).order)
                 for q in qids]
         if keep is not None:
             keep[:] = vals

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -439,7 +440,12 @@ class FeedbackStore:
             try:
                 fn()
             except Exception as err:  # the block's own error is what the caller must see; keep this one beside it
-                exc.add_note(f"and an on_rollback callback failed: {err!r}")
+                note = f"and an on_rollback callback failed: {err!r}"
+                add_note = getattr(exc, "add_note", None)  # Python 3.11+; on 3.10 a warning says it instead
+                if add_note is not None:
+                    add_note(note)
+                else:
+                    warnings.warn(note, RuntimeWarning, stacklevel=2)
 
     def _timestamp(self, x: Any, name: str, now: float) -> float:
         ts = now if x is None else as_timestamp(x, name)
