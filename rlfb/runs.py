@@ -399,13 +399,13 @@ def observe_followup(
     previous = store.last_event(session_id)
     if previous is None:
         return []
-    run_failed = getattr(store, "run_failed", None)
-    if previous.get("parent_id") is not None and run_failed is not None and run_failed(previous["parent_id"]):
-        return []  # retrieved under a run that raised (a retry's attempt, a fallback's branch): it answered nobody
-    if previous.get("parent_id") is not None and run_ancestors:
+    if previous.get("parent_id") is not None:
+        theirs = store.run_lineage(previous["parent_id"])
+        any_failed = getattr(store, "any_failed", None)  # a store of the user's own may lack it
+        if any_failed is not None and any_failed(theirs):
+            return []  # retrieved under a run that raised (a retry's attempt, a fallback's branch): answered nobody
         # the runs above each side, as far as the links go: a shared one is a shared run
-        ours = {run for a in run_ancestors for run in store.run_lineage(a)}
-        if not ours.isdisjoint(store.run_lineage(previous["parent_id"])):
+        if run_ancestors and not {run for a in run_ancestors for run in store.run_lineage(a)}.isdisjoint(theirs):
             return []
     implicit = implicit if implicit is not None else default_implicit(ensemble)
     own = owns_event(ensemble, previous)

@@ -787,11 +787,15 @@ class FeedbackStore:
     def run_failed(self, run_id: str) -> bool:
         """Whether ``run_id``, or a run above it through the links (:meth:`run_lineage`), was marked by
         :meth:`fail_run`."""
-        lineage = [_enc(r) for r in self.run_lineage(run_id)]
+        return self.any_failed(self.run_lineage(run_id))
+
+    def any_failed(self, run_ids: Iterable[str]) -> bool:
+        """Whether any of ``run_ids`` was marked by :meth:`fail_run` (a lineage already walked)."""
+        ids = [_enc(_check_id(r, "run_id", allow_empty=True)) for r in run_ids]
         with self._read() as conn:
             return any(
                 conn.execute(f"SELECT 1 FROM failed_runs WHERE run_id IN ({_marks(len(b))}) LIMIT 1", b).fetchone()
-                for b in _batches(lineage)
+                for b in _batches(ids)
             )
 
     def unlink_run(self, run_id: str) -> int:
