@@ -280,8 +280,8 @@ class FeedbackMemory:
     def score(self, query: str, embedding: Any, candidate_ids: Sequence[str], *, touch: bool = True) -> np.ndarray:
         """Per-candidate memory score in [-1, 1] (0 where nothing is remembered).
 
-        ``touch``: count the read as a use of the entries read, which keeps them from eviction longest; a
-        greedy evaluation (``explore=False``) reads without it and changes nothing.
+        ``touch``: count the read as a use of the entries read, which keeps them from eviction longest; an
+        evaluation's ranking (``Learner.rank(..., touch=False)``) reads without it and changes nothing.
         """
         n = len(candidate_ids)
         if not self._keys or n == 0:
