@@ -557,12 +557,12 @@ class FeedbackEnsemble:
         """
         query = _check_query(query)
         chunks = _check_rerank_chunks(chunks)
+        strs = _check_embedding_strs(embedding_strs)
         if not chunks:
-            _check_embedding_strs(embedding_strs)
             return RetrievalResult(query=query, hits=[], weights=self.weights)
         if k is not None:
             k = validate_k(k)  # before the scoring, which is the slow part
-        ctx = self.rerank_context(query, chunks, session_id=session_id, embedding_strs=embedding_strs)
+        ctx = self._rerank_context(query, chunks, session_id, strs)
         n = len(ctx.candidate_ids)  # a chunk id given twice is ranked once
         return self.rank_context(ctx, n if k is None else min(k, n), explore=explore, log=log, event_id=event_id,
                                  parent_id=parent_id, metadata=metadata, timestamp=timestamp)
@@ -586,6 +586,12 @@ class FeedbackEnsemble:
         chunks = _check_rerank_chunks(chunks)
         if not chunks:
             raise ValidationError("rerank_context needs at least one chunk")
+        return self._rerank_context(query, chunks, session_id, strs)
+
+    def _rerank_context(
+        self, query: str, chunks: list[Chunk], session_id: str | None, strs: tuple[str, ...]
+    ) -> Context:
+        """:meth:`rerank_context` on arguments already checked (``chunks`` non-empty, each id once)."""
         if not self._retrievers:
             raise ValidationError("rerank needs at least one corpus retriever to score the chunks")
         table, retrievers = self._index()
