@@ -422,7 +422,7 @@ class Learner:
             np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray, float]:
         """The normalised scores, each candidate's ``(confidence, alpha, beta)``, memory score, offsets and score
         scale (confidences and posteriors read once: exploration and the ask for feedback use them too).
-        ``touch``: the memory counts the read as a use (not in a greedy evaluation)."""
+        ``touch``: the memory counts the read as a use (not in an evaluation's ranking)."""
         ids = tuple(context.candidate_ids)
         N = self._matrix(context.retrievers, context.normalized, len(ids), "context.normalized")
         cfg = self.config

@@ -351,7 +351,7 @@ def _baselines(
     seen on ``seen_sample`` (the stream queries the learned seen figure was measured on) and online
     over the stream as it was asked (each query weighted by its asks). Tuned weights are chosen on all
     of ``stream`` with full judgments. ``per_heldout``, if given, receives the per-query held-out nDCG of
-    ``equal``, ``rrf`` and ``tuned_fixed``."""
+    ``equal``, ``rrf``, ``tuned_fixed`` and ``oracle_fixed``."""
     names = list(prep.contexts[heldout[0]].retrievers)
     grid = simplex_grid(len(names), config.grid_step)
     equal = np.full(len(names), 1.0 / len(names))

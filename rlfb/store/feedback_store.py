@@ -425,7 +425,8 @@ class FeedbackStore:
         that commits into an enclosing one hands its callbacks on to it, and the outermost commit drops
         them. An ensemble uses it to take back what its in-memory learner learned from feedback whose rows
         were undone, so that a retry with the same idempotency key is not learned twice. Callbacks run
-        newest first, holding the store's lock; an error in one is added to the block's error as a note.
+        newest first, holding the store's lock; an error in one is added to the block's error as a note (a
+        warning on Python 3.10), and the others still run.
         """
         if not callable(undo):
             raise ValidationError(f"on_rollback takes a callable, got {type(undo).__name__}")
