@@ -53,7 +53,6 @@ afresh.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import json
@@ -73,6 +72,7 @@ from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
 from llamaindex_rlfb._nodes import corpus_nodes, event_id_of, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
+from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
@@ -376,13 +376,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         # The core is synchronous (numpy, SQLite), so it runs in a thread; but the decision is announced from
         # this task: a handler keeps the latest query id in the task's context, and a thread's copy is lost.
-        # A cancelled await (asyncio.wait_for timing out) leaves the thread running: the flag tells it to log nothing.
-        cancelled = threading.Event()
-        try:
-            out, decided = await asyncio.to_thread(self._reranked, nodes, query_bundle, cancelled)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+        out, decided = await in_thread(self._reranked, nodes, query_bundle)
         if decided is not None:
             dispatcher.event(decided)
         return out

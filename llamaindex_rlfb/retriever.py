@@ -9,7 +9,6 @@ the fused score and the event id in ``metadata["event_id"]``.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
@@ -212,11 +212,4 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         return out
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        # The core is synchronous (numpy, SQLite): run it in a thread so the event loop stays free. A cancelled
-        # await (asyncio.wait_for timing out) leaves the thread running: the flag tells it to log nothing.
-        cancelled = threading.Event()
-        try:
-            return await asyncio.to_thread(self._retrieve, query_bundle, cancelled)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
+        return await in_thread(self._retrieve, query_bundle)
