@@ -31,9 +31,10 @@ length) to score a text, so the ensemble indexes a corpus:
   indexes the nodes it is given. The first call indexes them; later nodes it
   has not seen (or has seen with another text) are scored from their text
   with the statistics of the index so far, and once they add up to more than
-  a quarter of it the index is rebuilt over every node seen, as last seen
-  (dense embeddings are cached, so only new texts are encoded; the learned
-  state carries over). Calls are serialised in this mode.
+  a quarter of it they are indexed too, as last seen
+  (:meth:`rlfb.FeedbackEnsemble.add_chunks`: only new texts are encoded, and
+  other calls score with the index as it was until the new one is complete;
+  the learned state stays in the ensemble).
 
 Without a ``store`` events go to an in-memory store: feedback works in the
 process, nothing is kept after it.
@@ -53,6 +54,7 @@ afresh.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
@@ -77,14 +79,13 @@ from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, cur
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import CorruptStateError, UnknownChunkError, ValidationError
-from rlfb.runs import store_lock
 from rlfb.types import Chunk
 
 __all__ = ["FeedbackFusionPostprocessor"]
 
 dispatcher = get_dispatcher(__name__)
 
-#: Self-indexing: rebuild once the nodes scored from text exceed this fraction of the index.
+#: Self-indexing: index the nodes scored from their text once they exceed this fraction of the index.
 REINDEX_FRACTION = 0.25
 
 
@@ -177,7 +178,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     _lock: Any = PrivateAttr(default_factory=threading.RLock)
     # self-indexing mode only
     _seen: Any = PrivateAttr(default=None)  # chunk id -> chunk, every node seen so far
-    _unindexed: int = PrivateAttr(default=0)
+    _pending: Any = PrivateAttr(default=None)  # chunk id -> chunk, seen and not indexed yet (as last seen)
     _specs: tuple[Any, ...] = PrivateAttr(default=())
     _built: list[Any] | None = PrivateAttr(default=None)
     _options: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -269,6 +270,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             )
         else:
             self._seen = OrderedDict()
+            self._pending = OrderedDict()
             self._specs = tuple(retrievers)
             self._options = options
 
@@ -353,10 +355,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         ``user_id``, ``idempotency_key``, ``comment``, ``key``. Returns the
         stored :class:`~rlfb.store.FeedbackRecord` of each retrieval rated.
         """
-        # under the store's lock, which a re-index holds while it hands the learner's state to the new index
-        with store_lock(self._store):
-            return adapter_feedback(self._store, event_id, signal, ensemble=self._ensemble, score=score,
-                                    rating=rating, value=value, chunk_id=chunk_id, **kwargs)
+        return adapter_feedback(self._store, event_id, signal, ensemble=self._ensemble, score=score,
+                                rating=rating, value=value, chunk_id=chunk_id, **kwargs)
 
     # ------------------------------------------------------------------ LlamaIndex hook
     def _postprocess_nodes(
@@ -445,14 +445,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         cancelled: threading.Event | None = None,
     ) -> Any:
         """The ensemble's re-ranking of ``chunks`` (ids unique), logged; ``None`` once ``cancelled`` is set."""
-        if self._seen is None:
-            return self._scored_and_ranked(self._ensemble, query, chunks, embedding_strs, cancelled)
-        # self-indexing: the retrievers may be re-indexed, so one call at a time. Not under the store's lock: held
-        # through a re-index and every scoring, it stalled the process's feedback (245 -> 51 feedback in 8 s
-        # beside a re-indexing thread); the cost is the lock order named in the README's gaps
-        with self._lock:
-            self._index_new(chunks)
-            return self._scored_and_ranked(self._ensemble, query, chunks, embedding_strs, cancelled)
+        ens = self._ensemble if self._seen is None else self._indexed(chunks)
+        return self._scored_and_ranked(ens, query, chunks, embedding_strs, cancelled)
 
     def _scored_and_ranked(
         self, ens: FeedbackEnsemble, query: str, chunks: list[Any], embedding_strs: list[str] | None,
@@ -475,31 +469,60 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             metadata={"framework": "llamaindex", "component": self.class_name()},
         )
 
-    def _index_new(self, chunks: Sequence[Any]) -> None:
-        # a node seen before with another text (its document was edited and re-ingested under the same id) is
-        # new too: indexed as it is now, where its feedback history stays with its id; until then the ensemble
-        # scores it from the text given (FeedbackEnsemble.rerank), not from the text it was first seen with
-        new = [c for c in chunks if c.id not in self._seen or self._seen[c.id].text != c.text]
-        for c in new:
-            self._seen[c.id] = c
-        self._unindexed += len(new)
-        if self._ensemble is not None and self._unindexed <= REINDEX_FRACTION * len(self._ensemble):
-            return  # scored from their text with the current statistics
-        from rlfb.retrievers import make_retriever
+    def _indexed(self, chunks: Sequence[Chunk]) -> FeedbackEnsemble:
+        """Self-indexing: the ensemble to score ``chunks`` with, after indexing what they add when it is due.
 
-        options = dict(self._options)
-        retriever_options = options.pop("retriever_options", None) or {}
-        if self._built is None:  # made once, so a dense model is loaded once
-            self._built = [make_retriever(s, **retriever_options.get(s, {})) if isinstance(s, str) else s
+        ``self._lock`` guards the bookkeeping alone and is never held while the store is used or an index is
+        built: a caller inside ``store.exclusive()`` waiting for it while its holder waits for the store would
+        wait for ever. So calls are not serialised: a re-index builds updated copies of the retrievers
+        (:meth:`rlfb.FeedbackEnsemble.add_chunks`) while other calls score with the index as it was, and the
+        learned state never leaves the ensemble. Two first calls at once may each build an ensemble: the first
+        built is kept, and the other call's nodes are added to it.
+        """
+        with self._lock:
+            # a node seen before with another text (its document was edited and re-ingested under the same id)
+            # is new too: indexed as it is now, where its feedback history stays with its id; until then the
+            # ensemble scores it from the text given (FeedbackEnsemble.rerank), not the one it was indexed with
+            for c in chunks:
+                if c.id not in self._seen or self._seen[c.id].text != c.text:
+                    self._seen[c.id] = c
+                    self._pending[c.id] = c
+            ens = self._ensemble
+            if ens is not None and len(self._pending) <= REINDEX_FRACTION * len(ens):
+                return ens  # the new ones are scored from their text with the current statistics
+            batch = list(self._pending.values())
+            self._pending.clear()
+            templates = self._templates()
+        try:
+            if ens is None:
+                # copies of the unindexed templates (which share a loaded model): a racing first build indexes
+                # its own
+                built = FeedbackEnsemble.from_chunks(
+                    batch, retrievers=[copy.copy(t) for t in templates], store=self._store, **self._ensemble_options()
+                )
+                with self._lock:
+                    if self._ensemble is None:
+                        self._ensemble = built
+                        return built
+                    ens = self._ensemble  # another call's first build came first: these nodes go into it
+            ens.add_chunks(batch)
+        except BaseException:
+            with self._lock:  # not indexed: the next call that finds a re-index due tries them again
+                for c in batch:
+                    self._pending.setdefault(c.id, c)
+            raise
+        return ens
+
+    def _templates(self) -> list[Any]:
+        """The retrievers to index copies of, made once (so that a dense model is loaded once); call under
+        ``self._lock``."""
+        if self._built is None:
+            from rlfb.retrievers import make_retriever
+
+            options = self._options.get("retriever_options") or {}
+            self._built = [make_retriever(s, **options.get(s, {})) if isinstance(s, str) else s
                            for s in self._specs]
-        ens = FeedbackEnsemble.from_chunks(
-            list(self._seen.values()), retrievers=self._built, store=self._store, **options
-        )
-        # the state is handed over under the store's lock, which every learning step holds (the ensemble
-        # takes it first): taken before the slow build, it missed feedback learned meanwhile, by
-        # pp.feedback or through a FeedbackEventHandler alike
-        with store_lock(self._store):
-            if self._ensemble is not None:
-                ens.learner.load_state_dict(self._ensemble.learner.state_dict())
-            self._ensemble = ens
-        self._unindexed = 0
+        return self._built
+
+    def _ensemble_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self._options.items() if k != "retriever_options"}

@@ -482,13 +482,13 @@ def test_feedback_through_the_handler_during_a_re_index_is_carried_over(
     try:
         pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:2]], query_str="aurora solar wind")
         query = handler.last_query_id
-        build = FeedbackEnsemble.from_chunks
+        add = FeedbackEnsemble.add_chunks
 
-        def build_after_feedback(*args: Any, **kwargs: Any) -> FeedbackEnsemble:
+        def add_after_feedback(self: FeedbackEnsemble, *args: Any, **kwargs: Any) -> list[str]:
             handler.record_feedback(query, score=1.0)  # arrives while the new index is being built
-            return build(*args, **kwargs)
+            return add(self, *args, **kwargs)
 
-        monkeypatch.setattr(FeedbackEnsemble, "from_chunks", build_after_feedback)
+        monkeypatch.setattr(FeedbackEnsemble, "add_chunks", add_after_feedback)
         pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
         assert len(pp.ensemble) == len(nodes) and pp.ensemble.learner.n_learned == 1
     finally:

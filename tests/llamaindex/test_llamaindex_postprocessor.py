@@ -298,18 +298,94 @@ def test_feedback_during_a_re_index_is_carried_into_the_new_index(
     pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2, policy="gradient")
     first = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:2]], query_str="aurora solar wind")
     event = first[0].node.metadata[EVENT_ID_KEY]
-    build = FeedbackEnsemble.from_chunks
+    add = FeedbackEnsemble.add_chunks
     giver = threading.Thread(target=lambda: pp.feedback(event, "thumbs_up"))
 
-    def slow_build(*args: Any, **kwargs: Any) -> FeedbackEnsemble:
+    def slow_add(self: FeedbackEnsemble, *args: Any, **kwargs: Any) -> list[str]:
         giver.start()
         giver.join(0.5)  # the old code let the feedback through here, into the index being replaced
-        return build(*args, **kwargs)
+        return add(self, *args, **kwargs)
 
-    monkeypatch.setattr(FeedbackEnsemble, "from_chunks", slow_build)
+    monkeypatch.setattr(FeedbackEnsemble, "add_chunks", slow_add)
     pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
     giver.join()
     assert len(pp.ensemble) == len(TEXTS) and pp.ensemble.learner.n_learned == 1
+
+
+def test_a_self_indexing_call_inside_store_exclusive_beside_a_first_build_does_not_deadlock(
+    tmp_path: Any, nodes: list[TextNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller held the store's lock (store.exclusive()) and called the postprocessor while another thread's
+    # first build held the postprocessor's own lock and waited for the store's: each waited for the other for ever
+    import threading
+
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2, policy="gradient")
+    build = FeedbackEnsemble.from_chunks
+    building = threading.Event()
+    holding, done = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def first_build(*args: Any, **kwargs: Any) -> FeedbackEnsemble:
+        if threading.current_thread().name == "builder":
+            building.set()  # from here the builder waits for the store, which the holder has
+        return build(*args, **kwargs)
+
+    def builder() -> None:
+        holding.wait()
+        results["builder"] = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:3]], query_str="aurora")
+
+    def holder() -> None:
+        with pp.store.exclusive():
+            holding.set()
+            building.wait()
+            results["holder"] = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[3:6]],
+                                                     query_str="glacier")
+            done.set()
+
+    monkeypatch.setattr(FeedbackEnsemble, "from_chunks", first_build)
+    threads = [threading.Thread(target=builder, name="builder", daemon=True),
+               threading.Thread(target=holder, daemon=True)]
+    for t in threads:
+        t.start()
+    # a liveness guard, not a speed limit: with the old lock order the holder never gets here
+    assert done.wait(120), "deadlock: the holder of store.exclusive() waits for the postprocessor's lock"
+    for t in threads:
+        t.join()
+    assert len(results["holder"]) == 2 and len(results["builder"]) == 2
+    for out in results.values():
+        assert pp.store.event(out[0].node.metadata[EVENT_ID_KEY])["chunks"]
+    assert len(pp.ensemble) == 6  # the holder's build came first; the builder's nodes were added to it
+
+
+def test_a_self_indexing_call_is_not_held_up_by_another_calls_re_index(
+    tmp_path: Any, nodes: list[TextNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # calls were serialised: every query waited for a re-index of the nodes another query brought
+    import threading
+
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), top_n=2, policy="gradient")
+    pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:4]], query_str="aurora solar wind")
+    gate = Gate(FeedbackEnsemble.add_chunks)
+    monkeypatch.setattr(FeedbackEnsemble, "add_chunks", lambda self, *a, **kw: gate(self, *a, **kw))
+    indexing = threading.Thread(
+        target=lambda: pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice"),
+        daemon=True,
+    )
+    indexing.start()
+    try:
+        assert gate.entered.wait(120)
+        # meanwhile another query is ranked with the index as it was (a liveness guard, not a speed limit)
+        ranked: list[Any] = []
+        query = threading.Thread(target=lambda: ranked.extend(pp.postprocess_nodes(
+            [NodeWithScore(node=n) for n in nodes[:4]], query_str="aurora solar wind")), daemon=True)
+        query.start()
+        query.join(120)
+        assert ranked, "the query waited for another call's re-index"
+        assert ranked[0].node.node_id == "doc0" and len(pp.ensemble) == 4
+    finally:
+        gate.opened.set()
+        indexing.join()
+    assert len(pp.ensemble) == len(TEXTS)
 
 
 def test_weights_before_the_first_call_skip_another_apps_snapshot(tmp_path: Any, nodes: list[TextNode]) -> None:
