@@ -60,6 +60,7 @@ from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
+from langchain_core.runnables.config import var_child_runnable_config
 
 from langchain_rlfb._checks import check_store, flag, session_text, usable_score
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
@@ -153,7 +154,25 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     # so the links written when a retrieval ends reach the top-level run.
     def _open(self, run_id: UUID, parent_run_id: UUID | None) -> None:
         with self._lock:
-            self._opened(str(run_id), _str(parent_run_id))
+            self._opened(str(run_id), self._parent_of(_str(parent_run_id)))
+
+    def _parent_of(self, reported: str | None) -> str | None:
+        """The run a starting run is under (call under ``self._lock``): ``reported``, or an open run below it.
+
+        LangChain (1.8) runs each attempt of a ``RunnableWithFallbacks`` with the config the fallbacks run was
+        given, not its child's, so the attempt is reported under the run above the fallbacks (or under none,
+        a top-level run), and feedback on the fallbacks run's id reached no retrieval. The child's config is in
+        the context then (``var_child_runnable_config``): its callbacks name the fallbacks run as the parent.
+        That run is taken only when it is open here and below ``reported`` (or ``reported`` is ``None``), so a
+        run is only ever placed deeper on its own branch, never on another.
+        """
+        config = var_child_runnable_config.get()
+        in_context = _str(getattr(config.get("callbacks"), "parent_run_id", None)) if config else None
+        if in_context is None or in_context == reported or in_context not in self._parents:
+            return reported
+        if reported is None or any(p == reported for _, p in self._ancestor_links(in_context)):
+            return in_context
+        return reported
 
     def _opened(self, rid: str, parent: str | None, retrieval: dict[str, Any] | None = None) -> None:
         """Keep ``rid`` open (under ``self._lock``), dropping the oldest open runs past :data:`_OPEN_RUNS`.
@@ -247,8 +266,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         metadata = metadata or {}
         # the run's session, else the one a FeedbackEnsembleRetriever falls back to (its session_id), as it does
         session = metadata["session_id"] if "session_id" in metadata else metadata.get(SESSION_KEY)
-        parent = _str(parent_run_id)
         with self._lock:
+            parent = self._parent_of(_str(parent_run_id))
+            adopted = parent != _str(parent_run_id)
             self._opened(str(run_id), parent, {
                 "query": query,
                 "session_id": session_text(session),
@@ -257,6 +277,10 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             })
             links = self._ancestor_links(parent)
             nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)
+        if adopted and parent is not None:
+            # under a run LangChain did not report as its parent (a fallback's attempt): the retrieval's own event
+            # names the reported parent, so it is linked to the run it is under
+            links = [(str(run_id), parent), *links]
         if links and not nested:
             # Linked before the retrieval runs, so that a FeedbackEnsembleRetriever's own follow-up check
             # (which knows only its parent run) sees the runs above it: an agent's second call of its

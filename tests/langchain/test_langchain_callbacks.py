@@ -408,14 +408,75 @@ def test_a_retry_or_fallback_in_a_session_is_no_reformulation_of_the_failed_atte
     assert ens.learner.n_learned == 0
     first, answered = ens.store.events_for_session("s")
     assert ens.store.run_failed(first["parent_id"]) and not ens.store.run_failed(answered["parent_id"])
-    if wrap == "with_retry":  # feedback on the chain rates the attempt that answered only
-        (record,) = handler.record_feedback(top, score=1.0)
-        assert record.event_id == answered["id"]
-    # (LangChain runs a fallback's attempts as top-level runs, under no run of the chain's)
+    # feedback on the chain rates the attempt that answered only (LangChain reports a fallback's attempts as
+    # top-level runs, under no run of the chain's: feedback on the chain's id reached neither)
+    (record,) = handler.record_feedback(top, score=1.0)
+    assert record.event_id == answered["id"]
     # the session's next question, restating this one, is a reformulation of the attempt that answered
     retriever.invoke("why do the tides happen", config={"callbacks": [handler], "metadata": {"session_id": "s"}})
     assert [f["signal"] for f in ens.store.feedback(answered["id"]) if f["signal"] != "score"] == ["reformulation"]
     assert ens.store.feedback(first["id"]) == []
+
+
+def test_feedback_on_a_fallbacks_run_inside_a_chain_reaches_the_attempt_that_answered(make_ensemble: Any) -> None:
+    # LangChain reports a fallback's attempts under the run above the fallbacks: feedback on the fallbacks run's
+    # own id reached no retrieval
+    ens, retriever, handler, flaky_llm = _flaky_setup(make_ensemble)
+    fallbacks = (retriever | RunnableLambda(flaky_llm)).with_fallbacks([retriever | RunnableLambda(flaky_llm)])
+    inner = uuid.uuid4()
+    outer = RunnableLambda(lambda q, config: fallbacks.invoke(q, config={**config, "run_id": inner}))
+    top = uuid.uuid4()
+    assert outer.invoke("why do tides happen", config={"callbacks": [handler], "run_id": top}) == "answer"
+    assert ens.store.counts()["events"] == 2
+    (answered,) = handler.retrievals(inner)
+    assert handler.retrievals(top) == [answered]
+    (record,) = handler.record_feedback(inner, score=1.0)
+    assert record.event_id == answered["id"] and ens.learner.n_learned == 1
+
+
+@pytest.mark.parametrize("call", ["invoke", "ainvoke"])
+def test_feedback_on_a_fallbacks_run_reaches_a_retriever_that_is_the_fallback(make_ensemble: Any,
+                                                                              call: str) -> None:
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+
+    def down(query: str) -> list[Document]:
+        raise ConnectionError("the search service is down")
+
+    chain = RunnableLambda(down).with_fallbacks([retriever])
+    top = uuid.uuid4()
+    config = {"callbacks": [handler], "run_id": top}
+    docs = chain.invoke("tides", config=config) if call == "invoke" else asyncio.run(chain.ainvoke("tides", config))
+    (event,) = handler.retrievals(top)
+    assert event["id"] == docs[0].metadata["event_id"]
+    assert [r.event_id for r in handler.record_feedback(top, score=1.0)] == [event["id"]]
+
+
+def test_a_run_is_placed_under_the_run_in_the_context_only_below_its_reported_parent(make_ensemble: Any) -> None:
+    # the run named by the context's config (a fallbacks run) is taken only below the reported parent: a run is
+    # never moved onto another branch
+    from langchain_core.callbacks import CallbackManager
+    from langchain_core.runnables.config import set_config_context
+
+    handler = FeedbackCallbackHandler.from_ensemble(make_ensemble())
+    branch, other = uuid.uuid4(), uuid.uuid4()
+    handler.on_chain_start({}, {}, run_id=branch)
+    handler.on_chain_start({}, {}, run_id=other)
+    below = uuid.uuid4()
+    handler.on_chain_start({}, {}, run_id=below, parent_run_id=branch)
+    inside_below = {"callbacks": CallbackManager([handler], parent_run_id=below)}
+    placed = {}
+
+    def start_each() -> None:
+        for name, reported in (("none", None), ("branch", branch), ("other", other), ("below", below)):
+            run = uuid.uuid4()
+            handler.on_retriever_start({}, "tides", run_id=run, parent_run_id=reported)
+            placed[name] = handler._parents[str(run)]
+
+    with set_config_context(inside_below) as context:  # as a fallbacks run calls its attempts
+        context.run(start_each)
+    assert placed == {"none": str(below), "branch": str(below), "other": str(other), "below": str(below)}
 
 
 def test_a_handler_given_a_retriever_as_its_ensemble_unwraps_it(make_ensemble: Any) -> None:
