@@ -202,6 +202,23 @@ def small_run() -> tuple[SimulationConfig, dict, object]:
     return config, simulate(data, config, show_progress=False, prepared=prep), prep
 
 
+def test_the_questions_are_encoded_in_one_batch_before_their_contexts(monkeypatch) -> None:
+    # each context encoded its question alone, about four times slower than a batch: minutes of a first run
+    # on a collection of thousands of new questions
+    from rlfb.retrievers.dense import DenseRetriever
+
+    batches: list[int] = []
+    encode = DenseRetriever.encode_queries
+
+    def counted(self, queries, **kwargs):
+        batches.append(len(queries))
+        return encode(self, queries, **kwargs)
+
+    monkeypatch.setattr(DenseRetriever, "encode_queries", counted)
+    prep = prepare(generate_demo_corpus(n_devices=8, seed=3), SimulationConfig(retrievers=("bm25", "dense")))
+    assert batches[0] == len(prep.contexts) > 1
+
+
 def test_result_has_the_documented_shape(small_run) -> None:
     config, result, _ = small_run
     for key in ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"):
