@@ -2,16 +2,20 @@
 
     python benchmarks/results_table.py RESULTS_DIR
 
-reads RESULTS_DIR/DATASET_POLICY.json for DATASET in scifact, cranfield, cisi and POLICY in thompson,
-gradient, batch and thompson_nomem (thompson with ``--no-memory``); the baselines come from the first file
-of each collection. A second table splits the thompson runs' held-out figure between the held-out queries
-that share a relevant document with a stream query and those that share none.
+reads every `rlfb simulate --json` output in RESULTS_DIR, named DATASET_POLICY.json as the README's commands
+name them: POLICY is the run's policy (thompson, gradient, batch, ...), with ``_nomem`` for a run with
+``--no-memory``; a file named otherwise is of the collection its JSON names. The README's collections come first
+(scifact, cranfield, cisi), then the others by name; within one, thompson, gradient, batch and thompson_nomem
+first, then the others by name. The baselines come from the first file of each collection. A second table
+splits the thompson runs' held-out figure between the held-out queries that share a relevant document with a
+stream query and those that share none. A folder without a simulate output is an error (exit status 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -19,36 +23,72 @@ def fmt(entry: dict) -> str:
     return "–" if entry is None or entry.get("mean") is None else f"{entry['mean']:.3f}"
 
 
+# the README's order; other collections and policies follow by name
+COLLECTIONS = ("scifact", "cranfield", "cisi")
+POLICIES = ("thompson", "gradient", "batch", "thompson_nomem")
+BASELINES = ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_fixed", "per_query_oracle")
+
+
+def policy_key(result: dict) -> str:
+    """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix."""
+    config = result["config"]
+    return config["policy"] + ("" if config.get("memory", True) else "_nomem")
+
+
+def find_results(root: Path) -> dict[str, dict[str, dict]]:
+    """collection -> policy key -> the simulate output, each in the tables' order."""
+    found: dict[tuple[str, str], tuple[Path, dict]] = {}
+    for path in sorted(root.glob("*.json")):
+        try:
+            result = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            print(f"results_table: skipped {path}: {exc}", file=sys.stderr)
+            continue
+        if not (isinstance(result, dict) and {"final", "baselines", "config"} <= set(result)):
+            continue  # another command's JSON (rlfb evaluate's, say)
+        key = policy_key(result)
+        # the file's name says the collection (a folder named otherwise still reads as the README's), else the JSON
+        ds = (path.stem[: -len(key) - 1] if path.stem.endswith(f"_{key}") and len(path.stem) > len(key) + 1
+              else result.get("dataset") or Path(result["config"].get("dataset_path", path.stem)).name)
+        if (ds, key) in found:
+            print(f"results_table: skipped {path}: {found[ds, key][0].name} is also {ds} {key}", file=sys.stderr)
+            continue
+        found[ds, key] = (path, result)
+
+    def order(name: str, first: tuple[str, ...]) -> tuple[int, str]:
+        return (first.index(name), "") if name in first else (len(first), name)
+
+    tables: dict[str, dict[str, dict]] = {}
+    for ds, key in sorted(found, key=lambda dk: (order(dk[0], COLLECTIONS), order(dk[1], POLICIES))):
+        tables.setdefault(ds, {})[key] = found[ds, key][1]
+    return tables
+
+
 def main(folder: str) -> None:
     root = Path(folder)
+    tables = find_results(root)
+    if not tables:  # an empty table would read as a result
+        sys.exit(f"results_table: no rlfb simulate --json output in {root}")
     print("| collection | system | held-out | seen | online |")
     print("|---|---|---|---|---|")
-    for ds in ("scifact", "cranfield", "cisi"):
-        first = None
-        for policy in ("thompson", "gradient", "batch", "thompson_nomem"):
-            path = root / f"{ds}_{policy}.json"
-            if not path.is_file():
-                continue
-            r = json.loads(path.read_text())
-            first = first or r
+    for ds, results in tables.items():
+        for policy, r in results.items():
             f = r["final"]
-            label = "thompson, memory off" if policy == "thompson_nomem" else policy
+            label = policy[: -len("_nomem")] + ", memory off" if policy.endswith("_nomem") else policy
             print(f"| {ds} | **{label}** | {fmt(f['heldout_ndcg@10'])} | {fmt(f['seen_ndcg@10'])} "
                   f"| {fmt(f['online_ndcg@10'])} |")
-        if first is None:
-            continue
-        for name in ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_fixed", "per_query_oracle"):
+        first = next(iter(results.values()))
+        for name in (n for n in BASELINES if n in first["baselines"]):  # a run without splade has no splade row
             b = first["baselines"][name]
             print(f"| {ds} | {name} | {fmt(b['heldout_ndcg@10'])} | {fmt(b['seen_ndcg@10'])} "
                   f"| {fmt(b.get('online_ndcg@10'))} |")
     print()
     print("| collection | held-out queries | count | thompson | equal | rrf | tuned_fixed |")
     print("|---|---|---|---|---|---|---|")
-    for ds in ("scifact", "cranfield", "cisi"):
-        path = root / f"{ds}_thompson.json"
-        if not path.is_file():
+    for ds, results in tables.items():
+        if "thompson" not in results:
             continue
-        overlap = json.loads(path.read_text()).get("heldout_overlap") or {}  # absent from older outputs
+        overlap = results["thompson"].get("heldout_overlap") or {}  # absent from older outputs
         for group, label in (("shares_an_answer", "sharing a relevant document with the stream"),
                              ("shares_none", "sharing none")):
             g = overlap.get(group)

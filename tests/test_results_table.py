@@ -1,0 +1,58 @@
+"""``benchmarks/results_table.py``: the README's results table from ``rlfb simulate --json`` outputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlfb.demo_corpus import generate_demo_corpus
+from rlfb.simulation.runner import SimulationConfig, simulate
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "results_table.py"
+
+
+def table(folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), str(folder)], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def output() -> dict:
+    """A real simulate output (its dataset is "rlfb-demo"), BM25 alone: its baselines have no dense or splade."""
+    config = SimulationConfig(policy="fixed", interactions=20, seeds=(0,), checkpoints=1, retrievers=("bm25",))
+    return json.loads(json.dumps(simulate(generate_demo_corpus(n_devices=10, seed=2), config)))
+
+
+def write(path: Path, result: dict, *, policy: str, memory: bool = True, dataset: str | None = None) -> None:
+    config = {**result["config"], "policy": policy, "memory": memory}
+    path.write_text(json.dumps({**result, "config": config, "dataset": dataset or result["dataset"]}))
+
+
+def test_every_collection_in_the_folder_is_tabled(tmp_path: Path, output: dict) -> None:
+    # the collections were the README's three, by name: any other's results printed empty tables, exit status 0
+    write(tmp_path / "trec-covid_gradient.json", output, policy="gradient")
+    write(tmp_path / "cisi_thompson_nomem.json", output, policy="thompson", memory=False)
+    write(tmp_path / "cisi_thompson.json", output, policy="thompson")
+    write(tmp_path / "run7.json", output, policy="thompson")  # named otherwise: the JSON's dataset
+    (tmp_path / "metrics.json").write_text(json.dumps({"bm25": {"ndcg@10": 0.5}}))  # rlfb evaluate's: not one
+    done = table(tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ")[:2] for line in done.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    learned = [r for r in rows if r[1].startswith("**")]
+    # the README's collections first, in its order, then the others by name
+    assert learned == [["| cisi", "**thompson**"], ["| cisi", "**thompson, memory off**"],
+                       ["| rlfb-demo", "**thompson**"], ["| trec-covid", "**gradient**"]]
+    mean = output["baselines"]["rrf"]["heldout_ndcg@10"]["mean"]
+    assert f"| trec-covid | rrf | {mean:.3f} |" in done.stdout
+    assert ["| rlfb-demo", "sharing none"] in rows  # the thompson run's split of the held-out figure
+    assert "| trec-covid | dense |" not in done.stdout  # a baseline the runs did not have
+
+
+def test_a_folder_without_simulate_output_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "metrics.json").write_text(json.dumps({"bm25": {"ndcg@10": 0.5}}))
+    done = table(tmp_path)
+    assert done.returncode != 0 and done.stdout == ""
+    assert f"no rlfb simulate --json output in {tmp_path}" in done.stderr
