@@ -58,6 +58,26 @@ class BeirDataset:
         return f"rlfb: left out {n} relevant judgments of qrels/{name}.tsv naming documents not in corpus.jsonl" \
             if n else None
 
+    def dropped_queries(self, name: str = "test") -> dict[str, int]:
+        """How many judged queries of split ``name`` a run leaves out, by reason: ``no_text``, whose id is not
+        in queries.jsonl, and ``no_relevant``, with a text but no document of the corpus judged relevant
+        (grade above 0): whatever is ranked, such a query scores 0."""
+        judged = self.split(name)
+        no_text = sum(q not in self.queries for q in judged)
+        no_relevant = sum(q in self.queries and not any(g > 0 for g in r.values()) for q, r in judged.items())
+        return {"no_text": no_text, "no_relevant": no_relevant}
+
+    def left_out_notes(self, name: str = "test") -> list[str]:
+        """The ``rlfb: left out ...`` lines of split ``name`` that ``rlfb evaluate`` and ``rlfb simulate``
+        print: relevant judgments naming unknown documents, then :meth:`dropped_queries`."""
+        dropped = self.dropped_queries(name)
+        notes = [note] if (note := self.unknown_documents_note(name)) else []
+        for n, why in ((dropped["no_text"], "no text in queries.jsonl"),
+                       (dropped["no_relevant"], "no document of corpus.jsonl judged relevant")):
+            if n:
+                notes.append(f"rlfb: left out {n} judged queries of qrels/{name}.tsv with {why}")
+        return notes
+
     def split_queries(self, name: str = "test") -> dict[str, str]:
         """Query texts of the judged queries of one split, in a stable order."""
         qrels = self.split(name)

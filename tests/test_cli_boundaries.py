@@ -462,7 +462,7 @@ def test_evaluate_leaves_out_judged_queries_without_a_text_and_says_so(tmp_path:
     ds = write_beir(tmp_path / "ds", queries=QUERIES[:2])
     assert main(["evaluate", "--dataset", str(ds), "--retrievers", "bm25", "--json", str(tmp_path / "m.json")]) == 0
     captured = capsys.readouterr()
-    assert "left out 2 judged queries with no text in queries.jsonl" in captured.err
+    assert "left out 2 judged queries of qrels/test.tsv with no text in queries.jsonl" in captured.err
     assert "ds / test: 2 queries" in captured.out
     assert json.loads((tmp_path / "m.json").read_text())["bm25"]["recall@100"] == 1.0
 

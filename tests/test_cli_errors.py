@@ -152,7 +152,28 @@ def test_a_query_judged_relevant_only_to_unknown_documents_is_not_called_unjudge
     assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25"]) == 0
     err = capsys.readouterr().err
     assert "left out 2 relevant judgments of qrels/test.tsv naming documents not in corpus.jsonl" in err
-    assert "left out 1 judged queries with no document of corpus.jsonl judged relevant" in err
+    assert "left out 1 judged queries of qrels/test.tsv with no document of corpus.jsonl judged relevant" in err
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["halves", "train split"])
+def test_simulate_says_which_judged_queries_it_left_out_and_counts_them(tmp_path: Path, capsys, train: bool) -> None:
+    """A judged query without a text, and one judged only irrelevant, were left out silently (evaluate said so)."""
+    data = write_beir(tmp_path / "beir", qrels=[*QRELS, "q9\td1\t1", "q3\td3\t0"])
+    with open(data / "queries.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"_id": "q3", "text": "volcano ash"}\n{"_id": "q4", "text": "lava"}\n')
+    if train:
+        (data / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq4\td3\t1\nq8\td1\t1\n")
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "--dataset", str(data), "--retrievers", "bm25", "--quiet", *SMALL_RUN[2:], "--json", str(out)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "rlfb: left out 1 judged queries of qrels/test.tsv with no text in queries.jsonl" in err
+    assert "rlfb: left out 1 judged queries of qrels/test.tsv with no document of corpus.jsonl judged relevant" in err
+    assert ("rlfb: left out 1 judged queries of qrels/train.tsv with no text in queries.jsonl" in err) == train
+    dropped = {"test": {"no_text": 1, "no_relevant": 1}}
+    if train:
+        dropped["train"] = {"no_text": 1, "no_relevant": 0}
+    assert json.loads(out.read_text())["config"]["dropped_queries"] == dropped
 
 
 @pytest.mark.parametrize(

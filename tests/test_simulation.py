@@ -332,8 +332,8 @@ def test_the_fixed_baselines_search_the_learners_own_fusion() -> None:
                                   "stop": list(CLICK_MODELS["navigational"].stop)}
     assert cfg["max_grade"] == 2 and cfg["attribution_window"] == 86400.0
     assert cfg["reward"]["horizon"] == 3600.0 and cfg["models"] == {"dense": "default"}
-    # the demo collection has no train split: the JSON says where the stream came from instead
-    assert cfg["stream_split"] == "train" and cfg["stream_from"] == "a seeded half of split 'test'"
+    # the demo collection has no train split: the JSON names none (it said "train"), and where the stream came from
+    assert cfg["stream_split"] is None and cfg["stream_from"] == "a seeded half of split 'test'"
 
 
 def test_fixed_equal_weights_score_as_the_equal_baseline_on_the_same_queries() -> None:
@@ -368,10 +368,30 @@ def test_a_question_judged_in_both_splits_is_held_out_and_never_streamed() -> No
     train = {q: data.qrels["test"][q] for q in ids[20:]}  # ten questions in both splits
     both = replace(data, qrels={"test": test, "train": train})
     config = SimulationConfig(policy="fixed", interactions=120, seeds=(0,), checkpoints=1, retrievers=("bm25",))
-    run = simulate(both, config, show_progress=False)["runs"][0]
+    result = simulate(both, config, show_progress=False)
+    assert result["config"]["stream_split"] == "train" and result["config"]["stream_from"] == "split 'train'"
+    run = result["runs"][0]
     assert run["heldout_queries"] == 30
     assert run["stream_queries"] == 30  # 40 train questions less the 10 held out
     assert run["distinct_asked"] <= 30
+
+
+def test_each_seeds_baselines_are_kept_in_its_run() -> None:
+    """Learned minus a baseline pairs by seed: each run held its learned figures, the baselines only their
+    means over seeds."""
+    data = generate_demo_corpus(n_devices=10, seed=2)
+    config = SimulationConfig(policy="fixed", interactions=40, seeds=(0, 1), checkpoints=1, retrievers=("bm25",))
+    result = simulate(data, config, show_progress=False)
+    runs = result["runs"]
+    assert all(set(r["baselines"]) == set(result["baselines"]) for r in runs)
+    for name, summary in result["baselines"].items():
+        for key in ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"):
+            per_seed = [r["baselines"][name][key] for r in runs]
+            assert all(isinstance(v, float) for v in per_seed)
+            assert summary[key]["mean"] == float(np.mean(per_seed))  # the very figures the mean is of
+        if "weights" in summary:
+            assert [r["baselines"][name]["weights"] for r in runs] == summary["weights"]
+    json.dumps(result["runs"], allow_nan=False)  # plain numbers, written as the JSON writes them
 
 
 def test_the_question_stream_and_the_user_draw_from_streams_of_their_own() -> None:

@@ -76,14 +76,8 @@ def run(args: argparse.Namespace) -> int:
         # no judged query to run: all-zero metrics over "0 queries" would read as a result (simulate refuses too)
         raise ValidationError(f"{args.dataset}: qrels/{args.split}.tsv judges no query of queries.jsonl "
                               "relevant to any document")
-    textless = sum(q not in data.queries for q in judged)
-    irrelevant = len(judged) - textless - len(qrels)
-    if note := data.unknown_documents_note(args.split):  # left out by load_beir: they could never be ranked
+    for note in data.left_out_notes(args.split):
         print(note, file=sys.stderr)
-    for n, why in ((textless, "no text in queries.jsonl"),
-                   (irrelevant, "no document of corpus.jsonl judged relevant")):
-        if n:
-            print(f"rlfb: left out {n} judged queries with {why}", file=sys.stderr)
     ens = FeedbackEnsemble.from_chunks(
         data.corpus, retrievers=names, fusion=args.fusion, weights=weights, show_progress=True,
         candidate_k=args.candidate_k,

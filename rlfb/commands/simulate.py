@@ -139,10 +139,10 @@ def run(args: argparse.Namespace) -> int:
     if config.split in data.qrels:  # a missing split is named by the runner
         data.check_known_documents(config.split)  # the error alone, without the note below
     # the splits the run reads (config's stream split only where the runner streams from it)
-    for split in dict.fromkeys((config.split, config.stream_split) if config.stream_split in data.qrels
-                               else (config.split,)):
-        if note := data.unknown_documents_note(split):
-            print(note, file=sys.stderr)  # left out by load_beir: they could never be ranked
+    used = (config.split, config.stream_split) if config.stream_split in data.qrels else (config.split,)
+    for split in dict.fromkeys(s for s in used if s in data.qrels):
+        for note in data.left_out_notes(split):  # what the runner leaves out; its JSON config counts the queries
+            print(note, file=sys.stderr)
     result = simulate(data, config, show_progress=not args.quiet)
     result["dataset_path"] = args.dataset if args.dataset == "demo" else str(Path(args.dataset).resolve())
     result["config"]["dataset_path"] = result["dataset_path"]

@@ -93,7 +93,7 @@ class SimulationConfig:
     memory: bool = True
     candidate_k: int = 100
     split: str = "test"
-    stream_split: str = "train"
+    stream_split: str = "train"  # streamed where the collection has it; the JSON says null where it has none
     max_heldout: int | None = None
     max_seen: int = 300
     grid_step: float = 0.1
@@ -588,12 +588,16 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
 def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[str, Any]:
     """The settings a run used that ``SimulationConfig`` does not hold: the user's click model, the
     grades read from the data, the store's reward and window, the retrievers' models, the policy's
-    hyperparameters (its gate, bounds, step, ...), the RRF constant and where the stream came from."""
+    hyperparameters (its gate, bounds, step, ...), the RRF constant, where the stream came from and the
+    judged queries each split read left out (``dropped_queries``: split -> ``no_text``, ``no_relevant``,
+    as :meth:`~rlfb.datasets.BeirDataset.dropped_queries` counts them). ``stream_split`` is ``None`` where
+    no such split was read (the JSON's config takes it from here)."""
     model = CLICK_MODELS[config.user]
     # a model retriever's model: its name or path, "default" for the bundled one
     models = {name: r.model_name or "default" for name, r in prep.retrievers.items() if hasattr(r, "model_name")}
     reward = ens.store.reward.config
     params = getattr(ens.learner.policy, "params", None)
+    splits = (config.split, config.stream_split) if prep.stream_qrels is not None else (config.split,)
     return {
         "click_model": {"click": list(model.click), "stop": list(model.stop)},
         "max_grade": prep.max_grade,
@@ -606,11 +610,18 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
         # collection without it (cranfield, cisi) replaces by a seeded half of the held-out split
         "stream_from": (f"split {config.stream_split!r}" if prep.stream_qrels is not None
                         else f"a seeded half of split {config.split!r}"),
+        # ... and the split itself only where it was read: "train" on a collection without one misled readers
+        "stream_split": config.stream_split if prep.stream_qrels is not None else None,
+        "dropped_queries": {split: prep.dataset.dropped_queries(split) for split in splits},
     }
 
 
 def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra: Mapping[str, Any]) -> dict:
-    """Mean and 95% interval over seeds, in the JSON shape scripts read."""
+    """Mean and 95% interval over seeds, in the JSON shape scripts read.
+
+    ``runs`` keeps each seed's own figures, scalars: ``final`` and ``baselines`` (name -> its held-out,
+    seen and online figures, and a tuned system's weights and fusion), so that learned minus a baseline
+    pairs by seed."""
     keys = _metric_keys(config.k)
     final = {k: _interval([r["final"][k] for r in runs]) for k in keys}
     baselines: dict[str, dict[str, Any]] = {}
@@ -643,7 +654,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
                    **runs[0]["settings"]},
         "weights": [r["weights"] for r in runs],
         "runs": [{k: v for k, v in r.items()
-                  if k not in ("curve", "baselines", "learner_config", "settings", "heldout_overlap")}
+                  if k not in ("curve", "learner_config", "settings", "heldout_overlap")}
                  for r in runs],
         **dict(extra),
     }
