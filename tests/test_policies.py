@@ -228,6 +228,19 @@ def test_contextual_thompson_learns_different_weights_per_query_type():
     assert learner.weights("never-seen") == learner.weights()
 
 
+def test_a_query_type_of_few_questions_decides_with_the_global_click_evidence():
+    # Four questions a type, each asked about 190 times: plenty of clicks, but a variance clustered by question
+    # estimated from four clusters. Types departed on it; now they decide with the global evidence until they
+    # hold cf_min_questions questions.
+    env = ToyEnv(n_queries=8, seed=0)
+    few = Learner(RETRIEVERS, "thompson", PLAIN, seed=3)
+    simulate(few, env, 1500, seed=4)
+    assert few.weights("A") == few.weights("B") == few.weights()
+    trusted = Learner(RETRIEVERS, "thompson", PLAIN, seed=3, cf_min_questions=4)
+    simulate(trusted, env, 1500, seed=4)
+    assert trusted.weights("A") != trusted.weights("B")
+
+
 def test_evidence_gate_keeps_the_default_without_evidence():
     # Three worlds where every retriever is equally informative, two seeds each, the learner's default
     # settings: no weighting, global or per query type, may cost held-out nDCG. (With the memory and chunk
