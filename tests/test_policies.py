@@ -230,15 +230,18 @@ def test_contextual_thompson_learns_different_weights_per_query_type():
 
 def test_a_query_type_of_few_questions_decides_with_the_global_click_evidence():
     # Four questions a type, each asked about 190 times: plenty of clicks, but a variance clustered by question
-    # estimated from four clusters. Types departed on it; now they decide with the global evidence until they
-    # hold cf_min_questions questions.
+    # estimated from four clusters. With cf_min_questions above that, a type decides with the global evidence;
+    # by default (1) it decides with its own.
     env = ToyEnv(n_queries=8, seed=0)
-    few = Learner(RETRIEVERS, "thompson", PLAIN, seed=3)
+    few = Learner(RETRIEVERS, "thompson", PLAIN, seed=3, cf_min_questions=10)
     simulate(few, env, 1500, seed=4)
     assert few.weights("A") == few.weights("B") == few.weights()
-    trusted = Learner(RETRIEVERS, "thompson", PLAIN, seed=3, cf_min_questions=4)
-    simulate(trusted, env, 1500, seed=4)
-    assert trusted.weights("A") != trusted.weights("B")
+    for trusted in (Learner(RETRIEVERS, "thompson", PLAIN, seed=3, cf_min_questions=4),
+                    Learner(RETRIEVERS, "thompson", PLAIN, seed=3)):
+        simulate(trusted, env, 1500, seed=4)
+        assert trusted.weights("A") != trusted.weights("B")
+    with pytest.raises(ValidationError, match="cf_min_questions"):
+        Learner(RETRIEVERS, "thompson", cf_min_questions=0)
 
 
 def test_evidence_gate_keeps_the_default_without_evidence():

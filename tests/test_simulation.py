@@ -219,6 +219,33 @@ def test_the_questions_are_encoded_in_one_batch_before_their_contexts(monkeypatc
     assert batches[0] == len(prep.contexts) > 1
 
 
+def test_policy_options_reach_the_policy_with_the_runs_seed() -> None:
+    # the policy's hyperparameters could not be set from a simulation: a figure measured with another gate had no
+    # command to reproduce it
+    from rlfb.commands.simulate import policy_options
+
+    data = generate_demo_corpus(n_devices=8, seed=3)
+    base = dict(policy="thompson", interactions=150, seeds=(0, 1), checkpoints=2, retrievers=("bm25",))
+    prep = prepare(data, SimulationConfig(**base))
+    plain = simulate(data, SimulationConfig(**base), prepared=prep)
+    as_default = simulate(data, SimulationConfig(**base, policy_options={"cf_min_questions": 1}), prepared=prep)
+    assert as_default["final"] == plain["final"] and as_default["curve"] == plain["curve"]  # same seeds as by name
+    other = simulate(data, SimulationConfig(**base, policy_options={"cf_gate_z": 0.0}), prepared=prep)
+    assert other["config"]["policy_options"] == {"cf_gate_z": 0.0}
+    assert other["config"]["policy_params"]["cf_gate_z"] == 0
+    assert plain["config"]["policy_options"] == {}
+    with pytest.raises(ValidationError, match="unexpected keyword argument 'cf_min_question'"):
+        SimulationConfig(**base, policy_options={"cf_min_question": 10})
+    with pytest.raises(ValidationError, match="cf_min_questions must be"):
+        SimulationConfig(**base, policy_options={"cf_min_questions": 0})
+    with pytest.raises(ValidationError, match="seed"):
+        SimulationConfig(**base, policy_options={"seed": 3})
+    assert policy_options(["cf_gate_z=2", "exploration=epsilon"]) == {"cf_gate_z": 2, "exploration": "epsilon"}
+    for bad in (["cf_gate_z"], ["=2"], ["a=1", "a=2"]):
+        with pytest.raises(ValidationError, match="--policy-option"):
+            policy_options(bad)
+
+
 def test_result_has_the_documented_shape(small_run) -> None:
     config, result, _ = small_run
     for key in ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"):

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rlfb.commands import HelpFormatter
 from rlfb.defaults import LEARNING_POLICY
@@ -46,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fusion", default="minmax", choices=["minmax", "rrf", "zscore"],
                    help="score normalisation of the learned fusion")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="turn feedback memory off")
+    p.add_argument("--policy-option", dest="policy_options", action="append", default=[], metavar="NAME=VALUE",
+                   help="a hyperparameter of the policy, e.g. cf_min_questions=10 (the value read as JSON, else "
+                        "as text); repeat for more")
     p.add_argument("--max-heldout", type=int, default=None,
                    help="evaluate at most this many held-out queries (default: all)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
@@ -122,6 +126,28 @@ def check_outputs(args: argparse.Namespace) -> None:
             prepare_output_file(out)
 
 
+def policy_options(given: list[str]) -> dict[str, Any]:
+    """``--policy-option NAME=VALUE`` pairs as a dict; each value read as JSON (``10``, ``0.5``, ``true``, ``null``),
+    else taken as text.
+
+    >>> policy_options(["cf_min_questions=10", "exploration=epsilon"])
+    {'cf_min_questions': 10, 'exploration': 'epsilon'}
+    """
+    out: dict[str, Any] = {}
+    for item in given:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ValidationError(f"--policy-option takes NAME=VALUE, got {item!r}")
+        if name.strip() in out:
+            raise ValidationError(f"--policy-option {name.strip()} is given twice")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        out[name.strip()] = value
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from rlfb.commands import make_parent, write_output
     from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
@@ -134,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         memory=args.memory, max_heldout=args.max_heldout, answer_k=args.answer_k,
         reformulation_rate=args.reformulation_rate, mean_delay=args.mean_delay, late_rate=args.late_rate,
         late_delay=args.late_delay, spacing=args.spacing, split=args.split,
+        policy_options=policy_options(args.policy_options),
     )
     data = load_dataset(args.dataset)
     if config.split in data.qrels:  # a missing split is named by the runner

@@ -103,6 +103,7 @@ class SimulationConfig:
     late_delay: float = 2 * 86400.0
     answer_k: int = 3
     learner: Mapping[str, Any] = field(default_factory=dict)
+    policy_options: Mapping[str, Any] = field(default_factory=dict)  # the policy's hyperparameters, by name
 
     def __post_init__(self) -> None:
         # every setting is checked here, before a dataset is indexed: a typo must not cost minutes of encoding
@@ -160,12 +161,24 @@ class SimulationConfig:
                                   f"got {self.grid_step}")
         if not (isinstance(self.answer_k, int) and 1 <= self.answer_k <= self.k):
             raise ValidationError(f"answer_k must be an int in [1, k={self.k}], got {self.answer_k!r}")
+        if not isinstance(self.policy_options, Mapping):
+            raise ValidationError(f"policy_options must be a mapping, got {type(self.policy_options).__name__}")
+        if self.policy_options:
+            if "seed" in self.policy_options:
+                raise ValidationError("policy_options cannot set the seed: each run's seed comes from seeds")
+            if not isinstance(self.policy, str):
+                raise ValidationError("policy options go to a policy given by name, not to an instance")
+            from rlfb.policies import make_policy
+
+            # built once now, so that an option the policy does not take, or a bad value, fails before indexing
+            make_policy(self.policy, [str(r) for r in self.retrievers], **dict(self.policy_options))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["seeds"] = list(self.seeds)
         d["retrievers"] = list(self.retrievers)
         d["learner"] = dict(self.learner)
+        d["policy_options"] = dict(self.policy_options)
         return d
 
 
@@ -440,8 +453,13 @@ def run_seed(
     if not config.memory:
         learner_cfg["memory_weight"] = 0.0
     store = FeedbackStore(":memory:")
+    policy: Any = config.policy
+    if config.policy_options:  # with the seed the learner gives a policy it builds by name
+        from rlfb.policies import make_policy
+
+        policy = make_policy(config.policy, list(prep.retrievers), seed=seed, **dict(config.policy_options))
     ens = FeedbackEnsemble(
-        prep.retrievers, prep.chunks, fusion=config.fusion, policy=config.policy, store=store,
+        prep.retrievers, prep.chunks, fusion=config.fusion, policy=policy, store=store,
         candidate_k=config.candidate_k, seed=seed, learner_config=learner_cfg or None,
         persist_interval=math.inf,  # one writer: snapshot at the end, not after every feedback
     )
