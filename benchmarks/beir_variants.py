@@ -5,8 +5,8 @@ trec-covid, arguana, ...). These variants mimic their shapes from cranfield, cis
 (seed 7), into a folder of your choice (never the repository):
 
 * ``cranfield_covid_like``: the 50 cranfield questions with the most relevant documents, grades 1-4 mapped
-  to 1-2 (trec-covid's scale), 30 explicit grade-0 rows a question (half of them documents relevant to other
-  questions), a test split only;
+  to 1-2 (trec-covid's scale), up to 30 explicit grade-0 rows a question (half of them drawn from documents
+  judged for other questions), a test split only;
 * ``cisi_dev_split``: only ``qrels/dev.tsv``; six judged questions with every row at grade 0 and three
   judged ids that queries.jsonl lacks (run with ``--split dev``);
 * ``scifact_test_only``: scifact without its train split (the simulator halves the test questions);
@@ -24,7 +24,8 @@ Then, for each::
         --json /tmp/variants/results/cranfield_covid_like_thompson.json
     python benchmarks/results_table.py /tmp/variants/results
 
-(``--split dev`` for ``cisi_dev_split``). The README's "What is not there yet" gives what they measured.
+(``--split dev`` for ``cisi_dev_split``). The README gives what they measured (Results, "Other shapes of
+collection"; the misses under "What is not there yet").
 """
 
 from __future__ import annotations

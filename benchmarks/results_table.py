@@ -4,7 +4,8 @@
 
 reads every `rlfb simulate --json` output in RESULTS_DIR, named DATASET_POLICY.json as the README's commands
 name them: POLICY is the run's policy (thompson, gradient, batch, ...), with ``_nomem`` for a run with
-``--no-memory``; a file named otherwise is of the collection its JSON names. The README's collections come first
+``--no-memory``; a file named otherwise is of the collection its JSON names. A run given ``--policy-option``
+values is a system of its own, labelled with them. The README's collections come first
 (scifact, cranfield, cisi), then the others by name; within one, thompson, gradient, batch and thompson_nomem
 first, then the others by name. The baselines come from the first file of each collection. A second table
 splits the thompson runs' held-out figure between the held-out queries that share a relevant document with a
@@ -30,9 +31,12 @@ BASELINES = ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_f
 
 
 def policy_key(result: dict) -> str:
-    """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix."""
+    """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix; a run given
+    ``--policy-option`` values has them after it (``thompson cf_min_questions=10``), as its table row does."""
     config = result["config"]
-    return config["policy"] + ("" if config.get("memory", True) else "_nomem")
+    key = config["policy"] + ("" if config.get("memory", True) else "_nomem")
+    options = config.get("policy_options") or {}
+    return key + "".join(f" {name}={json.dumps(value)}" for name, value in sorted(options.items()))
 
 
 def find_results(root: Path) -> dict[str, dict[str, dict]]:
@@ -46,6 +50,9 @@ def find_results(root: Path) -> dict[str, dict[str, dict]]:
             continue
         if not (isinstance(result, dict) and {"final", "baselines", "config"} <= set(result)):
             continue  # another command's JSON (rlfb evaluate's, say)
+        if not (isinstance(result["config"], dict) and isinstance(result["config"].get("policy"), str)):
+            print(f"results_table: skipped {path}: its config names no policy", file=sys.stderr)
+            continue
         key = policy_key(result)
         # the file's name says the collection (a folder named otherwise still reads as the README's), else the JSON
         ds = (path.stem[: -len(key) - 1] if path.stem.endswith(f"_{key}") and len(path.stem) > len(key) + 1
@@ -74,7 +81,9 @@ def main(folder: str) -> None:
     for ds, results in tables.items():
         for policy, r in results.items():
             f = r["final"]
-            label = policy[: -len("_nomem")] + ", memory off" if policy.endswith("_nomem") else policy
+            name, _, options = policy.partition(" ")
+            label = name[: -len("_nomem")] + ", memory off" if name.endswith("_nomem") else name
+            label += f" ({options})" if options else ""
             print(f"| {ds} | **{label}** | {fmt(f['heldout_ndcg@10'])} | {fmt(f['seen_ndcg@10'])} "
                   f"| {fmt(f['online_ndcg@10'])} |")
         first = next(iter(results.values()))

@@ -81,6 +81,9 @@ __all__ = ["FeedbackCallbackHandler"]
 #: the cancellation), so without a bound their entries would pile up for the life of the handler.
 _OPEN_RUNS = 100_000
 
+#: The run name of ``Runnable.with_fallbacks``'s runnable, whose attempts LangChain reports under another run.
+_FALLBACKS = "RunnableWithFallbacks"
+
 _NO_ENSEMBLE_STORE = "the ensemble has no feedback store; build it with store='fb.db'"
 
 
@@ -135,6 +138,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         # name; oldest first, so that past _OPEN_RUNS the oldest (most likely never to end) are forgotten
         self._parents: OrderedDict[str, str | None] = OrderedDict()
         self._retrievals: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._fallbacks: set[str] = set()  # open runs of RunnableWithFallbacks
 
     @classmethod
     def from_ensemble(cls, ensemble: Any, **kwargs: Any) -> FeedbackCallbackHandler:
@@ -152,9 +156,11 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     # Every run type that can sit between a retrieval and the run feedback is given on
     # (chains, tools of agents, and models that call retrievers) is kept while open,
     # so the links written when a retrieval ends reach the top-level run.
-    def _open(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+    def _open(self, run_id: UUID, parent_run_id: UUID | None, *, fallbacks: bool = False) -> None:
         with self._lock:
             self._opened(str(run_id), self._parent_of(_str(parent_run_id)))
+            if fallbacks:
+                self._fallbacks.add(str(run_id))
 
     def _parent_of(self, reported: str | None) -> str | None:
         """The run a starting run is under (call under ``self._lock``): ``reported``, or an open run below it.
@@ -163,12 +169,15 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         given, not its child's, so the attempt is reported under the run above the fallbacks (or under none,
         a top-level run), and feedback on the fallbacks run's id reached no retrieval. The child's config is in
         the context then (``var_child_runnable_config``): its callbacks name the fallbacks run as the parent.
-        That run is taken only when it is open here and below ``reported`` (or ``reported`` is ``None``), so a
-        run is only ever placed deeper on its own branch, never on another.
+        That run is taken only when it is an open fallbacks run (named ``RunnableWithFallbacks``: one given
+        another ``run_name`` is not known as one) below ``reported``, or ``reported`` is ``None``: so a run is
+        only ever placed deeper on its own branch, and a retrieval code starts as a trace of its own (with a
+        callbacks list of its own) stays one.
         """
         config = var_child_runnable_config.get()
         in_context = _str(getattr(config.get("callbacks"), "parent_run_id", None)) if config else None
-        if in_context is None or in_context == reported or in_context not in self._parents:
+        if in_context is None or in_context == reported or in_context not in self._fallbacks \
+                or in_context not in self._parents:
             return reported
         if reported is None or any(p == reported for _, p in self._ancestor_links(in_context)):
             return in_context
@@ -182,7 +191,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         """
         self._parents[rid] = parent
         while len(self._parents) > _OPEN_RUNS:
-            self._parents.popitem(last=False)
+            self._fallbacks.discard(self._parents.popitem(last=False)[0])
         if retrieval is not None:
             self._retrievals[rid] = retrieval
             while len(self._retrievals) > _OPEN_RUNS:
@@ -191,6 +200,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     def _close(self, run_id: UUID) -> None:
         with self._lock:
             self._parents.pop(str(run_id), None)
+            self._fallbacks.discard(str(run_id))
 
     def _failed(self, run_id: UUID) -> None:
         """A run that raised: what was retrieved under it produced no answer (a retry's first attempt, a
@@ -208,12 +218,16 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             for r in gone:
                 self._parents.pop(r, None)
                 self._retrievals.pop(r, None)
+                self._fallbacks.discard(r)
         self.store.fail_run(rid)
 
     def on_chain_start(
         self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
-        self._open(run_id, parent_run_id)
+        # a fallbacks run: its attempts are reported under another run (_parent_of)
+        kind = serialized.get("id") if isinstance(serialized, dict) else None
+        fallbacks = kwargs.get("name") == _FALLBACKS or (isinstance(kind, list) and kind[-1:] == [_FALLBACKS])
+        self._open(run_id, parent_run_id, fallbacks=fallbacks)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._close(run_id)

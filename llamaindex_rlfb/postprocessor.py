@@ -490,7 +490,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             ens = self._ensemble
             if ens is not None and len(self._pending) <= REINDEX_FRACTION * len(ens):
                 return ens  # the new ones are scored from their text with the current statistics
-            batch = list(self._pending.values())
+            # a first build takes every node seen: a racing first call may have taken this call's from pending
+            batch = list(self._pending.values() if ens is not None else self._seen.values())
             self._pending.clear()
             templates = self._templates()
         try:
@@ -498,20 +499,34 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
                 # copies of the unindexed templates (which share a loaded model): a racing first build indexes
                 # its own
                 built = FeedbackEnsemble.from_chunks(
-                    batch, retrievers=[copy.copy(t) for t in templates], store=self._store, **self._ensemble_options()
+                    batch, retrievers=[copy.copy(t) for t in templates], store=self._store, **self._build_options()
                 )
                 with self._lock:
                     if self._ensemble is None:
                         self._ensemble = built
+                        self._requeue_edited(batch)
                         return built
                     ens = self._ensemble  # another call's first build came first: these nodes go into it
             ens.add_chunks(batch)
         except BaseException:
             with self._lock:  # not indexed: the next call that finds a re-index due tries them again
                 for c in batch:
-                    self._pending.setdefault(c.id, c)
+                    self._pending.setdefault(c.id, self._seen[c.id])
             raise
+        with self._lock:
+            self._requeue_edited(batch)
         return ens
+
+    def _requeue_edited(self, batch: Sequence[Chunk]) -> None:
+        """Queue again each node of an indexed ``batch`` seen since with another text (call under ``self._lock``).
+
+        Two re-indexes reach the ensemble in either order: an older batch applied last put a node's old text back
+        in the index, and the newer text, already taken from the queue, was never indexed.
+        """
+        for c in batch:
+            newest = self._seen[c.id]
+            if newest is not c:
+                self._pending.setdefault(c.id, newest)
 
     def _templates(self) -> list[Any]:
         """The retrievers to index copies of, made once (so that a dense model is loaded once); call under
@@ -524,5 +539,6 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
                            for s in self._specs]
         return self._built
 
-    def _ensemble_options(self) -> dict[str, Any]:
+    def _build_options(self) -> dict[str, Any]:
+        """The options the ensemble is built with (``retriever_options`` went to the templates)."""
         return {k: v for k, v in self._options.items() if k != "retriever_options"}

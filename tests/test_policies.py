@@ -242,6 +242,8 @@ def test_a_query_type_of_few_questions_decides_with_the_global_click_evidence():
         assert trusted.weights("A") != trusted.weights("B")
     with pytest.raises(ValidationError, match="cf_min_questions"):
         Learner(RETRIEVERS, "thompson", cf_min_questions=0)
+    with pytest.raises(ValidationError, match="must not exceed cf_max_queries"):
+        Learner(RETRIEVERS, "thompson", cf_min_questions=50, cf_max_queries=20)
 
 
 def test_evidence_gate_keeps_the_default_without_evidence():

@@ -56,3 +56,16 @@ def test_a_folder_without_simulate_output_is_an_error(tmp_path: Path) -> None:
     done = table(tmp_path)
     assert done.returncode != 0 and done.stdout == ""
     assert f"no rlfb simulate --json output in {tmp_path}" in done.stderr
+
+
+def test_a_run_with_policy_options_is_a_system_of_its_own(tmp_path: Path, output: dict) -> None:
+    # a run given --policy-option was tabled as plain thompson, or skipped as a second cisi thompson
+    write(tmp_path / "cisi_thompson.json", output, policy="thompson", dataset="cisi")
+    tuned = {**output, "config": {**output["config"], "policy_options": {"cf_min_questions": 10}}}
+    write(tmp_path / "cisi_thompson_cf10.json", tuned, policy="thompson", dataset="cisi")
+    (tmp_path / "broken.json").write_text(json.dumps({"final": {}, "baselines": {}, "config": []}))
+    done = table(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "| cisi | **thompson** |" in done.stdout
+    assert "| cisi | **thompson (cf_min_questions=10)** |" in done.stdout
+    assert "skipped" in done.stderr and "broken.json: its config names no policy" in done.stderr

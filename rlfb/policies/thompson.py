@@ -187,6 +187,9 @@ class ThompsonParams:
         check_int("cf_min_questions", self.cf_min_questions, 1, 1_000_000)
         check_float("cf_gate_z", self.cf_gate_z, 0.0, 10.0)
         check_int("cf_max_queries", self.cf_max_queries, 2, 1_000_000)
+        if self.cf_min_questions > self.cf_max_queries:  # the evidence forgets questions past cf_max_queries
+            raise ValidationError(f"cf_min_questions ({self.cf_min_questions}) must not exceed cf_max_queries "
+                                  f"({self.cf_max_queries}): no query type could hold that many questions")
 
 
 class ThompsonPolicy(BasePolicy):

@@ -463,20 +463,42 @@ def test_a_run_is_placed_under_the_run_in_the_context_only_below_its_reported_pa
     branch, other = uuid.uuid4(), uuid.uuid4()
     handler.on_chain_start({}, {}, run_id=branch)
     handler.on_chain_start({}, {}, run_id=other)
-    below = uuid.uuid4()
-    handler.on_chain_start({}, {}, run_id=below, parent_run_id=branch)
-    inside_below = {"callbacks": CallbackManager([handler], parent_run_id=below)}
-    placed = {}
+    below, plain = uuid.uuid4(), uuid.uuid4()
+    handler.on_chain_start(None, {}, run_id=below, parent_run_id=branch, name="RunnableWithFallbacks")
+    handler.on_chain_start(None, {}, run_id=plain, parent_run_id=branch, name="RunnableLambda")
 
-    def start_each() -> None:
-        for name, reported in (("none", None), ("branch", branch), ("other", other), ("below", below)):
+    def start_each(under: uuid.UUID) -> dict[str, str | None]:
+        placed = {}
+        for name, reported in (("none", None), ("branch", branch), ("other", other), ("under", under)):
             run = uuid.uuid4()
             handler.on_retriever_start({}, "tides", run_id=run, parent_run_id=reported)
             placed[name] = handler._parents[str(run)]
+        return placed
 
-    with set_config_context(inside_below) as context:  # as a fallbacks run calls its attempts
-        context.run(start_each)
-    assert placed == {"none": str(below), "branch": str(below), "other": str(other), "below": str(below)}
+    # as a fallbacks run calls its attempts: the context names it as the parent
+    with set_config_context({"callbacks": CallbackManager([handler], parent_run_id=below)}) as context:
+        placed = context.run(start_each, below)
+    assert placed == {"none": str(below), "branch": str(below), "other": str(other), "under": str(below)}
+    # any other run in the context is no fallbacks run: a run stays where LangChain reports it
+    with set_config_context({"callbacks": CallbackManager([handler], parent_run_id=plain)}) as context:
+        placed = context.run(start_each, plain)
+    assert placed == {"none": None, "branch": str(branch), "other": str(other), "under": str(plain)}
+
+
+def test_a_retrieval_started_as_a_trace_of_its_own_inside_a_run_stays_one(make_ensemble: Any) -> None:
+    # code inside a run starting a retrieval with a callbacks list of its own (a separate trace) had it placed
+    # under the run around it, and feedback on that run rated it
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+
+    def tool(query: str) -> str:
+        retriever.invoke("glacier", config={"callbacks": [handler]})
+        return query
+
+    top = uuid.uuid4()
+    RunnableLambda(tool).invoke("tides", config={"callbacks": [handler], "run_id": top})
+    assert ens.store.counts()["events"] == 1 and handler.retrievals(top) == []
 
 
 def test_a_handler_given_a_retriever_as_its_ensemble_unwraps_it(make_ensemble: Any) -> None:

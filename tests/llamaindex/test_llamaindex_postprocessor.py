@@ -388,6 +388,79 @@ def test_a_self_indexing_call_is_not_held_up_by_another_calls_re_index(
     assert len(pp.ensemble) == len(TEXTS)
 
 
+def test_two_first_calls_with_the_same_nodes_both_rank(monkeypatch: pytest.MonkeyPatch, nodes: list[TextNode]) -> None:
+    # the second first call built over the nodes still pending, none (the first had taken them): EmptyCorpusError
+    import threading
+
+    build = FeedbackEnsemble.from_chunks
+    entered: list[int] = []
+    both = threading.Event()
+
+    def racing(*args: Any, **kwargs: Any) -> FeedbackEnsemble:
+        entered.append(1)
+        if len(entered) == 2:
+            both.set()
+        both.wait(60)  # both calls build at once (a liveness bound, not a speed limit)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(FeedbackEnsemble, "from_chunks", racing)
+    pp = FeedbackFusionPostprocessor(retrievers=("bm25",), top_n=2)
+    ranked: list[Any] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            ranked.append(pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:6]], query_str="aurora"))
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and [len(r) for r in ranked] == [2, 2] and len(entered) == 2
+    assert len(pp.ensemble) == 6
+
+
+def test_an_edited_node_reaches_the_index_whichever_re_index_lands_last(
+    monkeypatch: pytest.MonkeyPatch, nodes: list[TextNode]
+) -> None:
+    # an older re-index applied after a newer one put the node's old text back in the index, and the newer text,
+    # already taken from the queue, was never indexed
+    import threading
+
+    pp = FeedbackFusionPostprocessor(retrievers=("bm25",), top_n=2)
+    pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:4]], query_str="aurora")
+    edited = nodes[0].node_id
+    add = FeedbackEnsemble.add_chunks
+    entered, go = threading.Event(), threading.Event()
+
+    def held(self: FeedbackEnsemble, *args: Any, **kwargs: Any) -> list[str]:
+        if threading.current_thread().name == "older":
+            entered.set()
+            go.wait(60)  # lands after the newer re-index (a liveness bound, not a speed limit)
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(FeedbackEnsemble, "add_chunks", held)
+
+    def version(text: str, new_id: str) -> list[NodeWithScore]:
+        return [NodeWithScore(node=TextNode(id_=edited, text=text)),
+                NodeWithScore(node=TextNode(id_=new_id, text=new_id))]
+
+    older = threading.Thread(name="older",
+                             target=lambda: pp.postprocess_nodes(version("tides v1", "n-a"), query_str="q"))
+    older.start()
+    assert entered.wait(60)
+    pp.postprocess_nodes(version("tides v2 newest", "n-b"), query_str="q")
+    go.set()
+    older.join()
+    # the next re-index due brings the newest text in
+    pp.postprocess_nodes([NodeWithScore(node=TextNode(id_=f"more{i}", text=f"more text {i}")) for i in range(4)],
+                         query_str="q")
+    assert pp.ensemble.chunk(edited).text == "tides v2 newest"
+
+
 def test_weights_before_the_first_call_skip_another_apps_snapshot(tmp_path: Any, nodes: list[TextNode]) -> None:
     # the store's newest snapshot is a bm25 + dense learner's: reading it raised CorruptStateError
     from rlfb.learner import Learner
