@@ -986,7 +986,7 @@ class FeedbackEnsemble:
         if not force and not self._persist_due(now):
             return
         self._state_version = self._own_version = self._store.save_policy_state(
-            self._learner.state_dict(), self._learner.weights(), policy=self._learner.policy_name
+            self._state_to_save(), self._learner.weights(), policy=self._learner.policy_name
         )
         self._last_persist = now
         self._dirty = False
@@ -1067,14 +1067,32 @@ class FeedbackEnsemble:
         (another ``step``, other bounds; the weights may differ), whose learned state has another
         shape; another chunk exploration (``LearnerConfig.exploration``: an evaluation app with
         ``exploration="none"`` beside the live one), whose explorer state would not load; a memory of
-        another dense model's embeddings (a model upgrade on the same store), with which every
-        retrieval would fail on the dimension. Older snapshots name neither policy nor retrievers; a
+        another dense model's embeddings (a model upgrade on the same store): of another dimension, with
+        which every retrieval would fail, or of another model named in the snapshot (its cache key), whose
+        similarities mean nothing to this one. Older snapshots name neither policy nor retrievers; a
         damaged one is read (and refused) by ``load_state_dict``.
         """
         theirs = SnapshotKind.of(saved)
         # the query dimension costs an embedding the first time: only asked for when the snapshot names one
-        ours = SnapshotKind.of_learner(self._learner, dim=self._query_dim() if theirs.dim is not None else None)
+        ours = SnapshotKind.of_learner(self._learner, dim=self._query_dim() if theirs.dim is not None else None,
+                                       model=self._dense_model_key() if theirs.model is not None else None)
         return not theirs.differences(ours)
+
+    def _dense_model_key(self) -> str | None:
+        """The dense retriever's model as its encodings are cached (``None``: no dense retriever, or a model handed
+        over already loaded, whose origin is unknown)."""
+        dense = next((r for r in self._retrievers.values() if getattr(r, "name", None) == "dense"), None)
+        key = getattr(dense, "cache_key", None)
+        return key if isinstance(key, str) else None
+
+    def _state_to_save(self) -> dict[str, Any]:
+        """The learner's state, its memory naming the dense model its query embeddings are of: a snapshot of
+        another model's memory is then set aside (:meth:`_is_ours`) even when the two share a dimension."""
+        state = self._learner.state_dict()
+        memory, key = state.get("memory"), self._dense_model_key()
+        if isinstance(memory, dict) and key is not None:
+            memory["model"] = key
+        return state
 
     def _query_dim(self) -> int | None:
         """The dimension of this ensemble's query embeddings (``None`` without a dense retriever)."""
@@ -1119,7 +1137,7 @@ class FeedbackEnsemble:
                 # learning holds self._lock: read (and encode) the state under it, or a save made while
                 # feedback arrives sees dicts change size mid-read, or half of one update
                 with self._lock:
-                    state = json.dumps(self._learner.state_dict(), allow_nan=False)
+                    state = json.dumps(self._state_to_save(), allow_nan=False)
                 (tmp / "learner.json").write_text(state, encoding="utf-8")
 
     @classmethod

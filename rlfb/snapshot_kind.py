@@ -1,8 +1,9 @@
 """What a saved learner state says about the ensemble that wrote it.
 
 Two apps can share one feedback store with other policies, retrievers, chunk explorations, dense
-models or hyperparameters. A snapshot of another kind must not be loaded (its state has another
-shape) nor imported silently over one's own. The ensemble (which snapshots are its own), ``rlfb
+models (of another dimension, or named by another cache key) or hyperparameters. A snapshot of another
+kind must not be loaded (its state has another shape, or its memory another model's embeddings) nor
+imported silently over one's own. The ensemble (which snapshots are its own), ``rlfb
 weights import`` (which notes to give) and the store's ``prune`` (which snapshot of each kind to
 keep, in SQL over the same fields) read them alike through :class:`SnapshotKind`.
 """
@@ -40,6 +41,7 @@ class SnapshotKind:
     retrievers: tuple[str, ...] | None = None
     exploration: str | None = None
     dim: int | None = None  # the feedback memory's query-embedding dimension: the dense model's
+    model: str | None = None  # the dense model the memory's embeddings are of (its cache key), where saved
     params: Mapping[str, Any] | None = None  # the policy's hyperparameters (its weights are left out)
 
     @classmethod
@@ -52,28 +54,31 @@ class SnapshotKind:
         retrievers = _field(state, "retrievers")
         kind = _field(_field(state, "exploration"), "kind")
         dim = _field(_field(state, "memory"), "dim")
+        model = _field(_field(state, "memory"), "model")
         params = _field(pstate, "params")
         return cls(
             policy=policy if isinstance(policy, str) else None,
             retrievers=tuple(retrievers) if isinstance(retrievers, list) else None,
             exploration=kind if isinstance(kind, str) else None,
             dim=dim if isinstance(dim, int) else None,
+            model=model if isinstance(model, str) else None,
             params=params if isinstance(params, Mapping) else None,
         )
 
     @classmethod
-    def of_learner(cls, learner: Any, dim: int | None = None) -> SnapshotKind:
-        """The kind a :class:`~rlfb.learner.Learner` writes (``dim``: its ensemble's query dimension)."""
+    def of_learner(cls, learner: Any, dim: int | None = None, model: str | None = None) -> SnapshotKind:
+        """The kind a :class:`~rlfb.learner.Learner` writes (``dim`` and ``model``: its ensemble's query dimension
+        and dense model)."""
         params = getattr(learner.policy, "params", None)  # a user's own policy may have none
         return cls(policy=learner.policy_name, retrievers=tuple(learner.retrievers),
-                   exploration=learner.config.exploration, dim=dim,
+                   exploration=learner.config.exploration, dim=dim, model=model,
                    params=params() if callable(params) else None)
 
     def differences(self, other: SnapshotKind) -> dict[str, tuple[Any, Any]]:
         """``{field: (this, other)}`` for each field both name and disagree on (hyperparameters as
         :func:`~rlfb.policies.base.same_hyperparameters` compares them)."""
         out: dict[str, tuple[Any, Any]] = {}
-        for name in ("policy", "retrievers", "exploration", "dim"):
+        for name in ("policy", "retrievers", "exploration", "dim", "model"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine is not None and theirs is not None and mine != theirs:
                 out[name] = (mine, theirs)

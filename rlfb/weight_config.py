@@ -286,7 +286,13 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
         notes.append(f"the file's {learner.policy_name!r} hyperparameters differ from the store's newest "
                      f"snapshot ({other}): ensembles built like that snapshot keep their own state, not these "
                      "weights")
-    version = store.save_policy_state(learner.state_dict(), applied, policy=learner.policy_name,
-                                      timestamp=time.time())
+    state = learner.state_dict()
+    # the dense model the memory's embeddings are of, as the file's or the snapshot's state named it: the
+    # learner does not keep it (the ensemble adds it when it saves), and without it any ensemble would take them
+    source = wf.state if from_file else (saved or {}).get("state")
+    model = SnapshotKind.of({"state": source}).model
+    if model is not None and isinstance(state.get("memory"), dict):
+        state["memory"]["model"] = model
+    version = store.save_policy_state(state, applied, policy=learner.policy_name, timestamp=time.time())
     return {"weights": applied, "policy": learner.policy_name, "version": version, "requested": normalised,
             "notes": notes}

@@ -257,6 +257,42 @@ def test_a_snapshot_of_another_dense_models_memory_is_not_taken(tmp_path, monkey
     assert new.learner.n_learned == 1
 
 
+def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken(tmp_path) -> None:
+    # a snapshot learned with another dense model of the same dimension was taken as this ensemble's: its
+    # memory's query embeddings, another model's, were compared with this model's by cosine
+    from rlfb.retrievers.bm25 import BM25Retriever
+    from rlfb.retrievers.dense import DenseRetriever
+    from rlfb.store import FeedbackStore
+    from rlfb.weight_config import import_weights
+
+    texts = TEXTS[:6]
+    db = str(tmp_path / "fb.db")
+
+    def build(model_key: str) -> FeedbackEnsemble:  # the bundled model under two names: two models to rlfb
+        return FeedbackEnsemble.from_texts(texts, retrievers=(BM25Retriever(), DenseRetriever(model_key=model_key)),
+                                           store=db, policy="thompson")
+
+    old = build("model-a")
+    r = old.retrieve("aurora physics", k=2)
+    old.feedback(r.event_id, "thumbs_up")
+    old.close()
+    with FeedbackStore(db) as store:
+        saved = store.load_policy_state(policy="thompson")
+    assert saved["state"]["memory"]["model"] == "dense:model-a"
+    assert build("model-b").learner.n_learned == 0
+    assert build("model-a").learner.n_learned == 1
+    # an export imported again keeps naming its model
+    (tmp_path / "w.json").write_text(json.dumps({"weights": saved["weights"], "state": saved["state"]}))
+    with FeedbackStore(db) as store:
+        import_weights(store, tmp_path / "w.json")
+        assert store.load_policy_state(policy="thompson")["state"]["memory"]["model"] == "dense:model-a"
+    # a snapshot that names no model (saved before models were named) is taken by any
+    del saved["state"]["memory"]["model"]
+    with FeedbackStore(db) as store:
+        store.save_policy_state(saved["state"], saved["weights"], policy="thompson")
+    assert build("model-b").learner.n_learned == 1
+
+
 def test_a_policy_keeps_its_learning_when_another_policy_wrote_the_store_since(tmp_path) -> None:
     # the newest snapshot alone was read: after one feedback under another policy (a changed default,
     # or a second app on the file), switching back started from nothing although its snapshots were there

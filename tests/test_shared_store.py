@@ -530,3 +530,20 @@ def test_a_rolled_back_feedback_leaves_the_whole_replay_buffer(tmp_path: Path) -
         raise RuntimeError("the caller's own write failed")
     assert len(ens.learner.replay) == held
     ens.close()
+
+
+def test_prune_keeps_the_newest_snapshot_of_each_dense_model(tmp_path: Path) -> None:
+    # two dense models of one dimension are two kinds of ensemble (their memories' embeddings are not
+    # comparable): pruning kept one snapshot for both, and the other model's app lost its only state
+    import time
+
+    path = str(tmp_path / "fb.db")
+    with FeedbackStore(path) as store:
+        for model in ("dense:a", "dense:a", "dense:b"):
+            state = {"retrievers": ["bm25", "dense"], "memory": {"dim": 4, "model": model}}
+            store.save_policy_state(state, {"bm25": 0.5, "dense": 0.5}, policy="thompson")
+    store = FeedbackStore(path, clock=lambda: time.time() + 200 * 86400)
+    assert store.prune(retention=90 * 86400)["policy_snapshots"] == 1
+    models = {s["state"]["memory"]["model"] for s in store.policy_history(with_state=True)}
+    store.close()
+    assert models == {"dense:a", "dense:b"}

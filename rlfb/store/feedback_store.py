@@ -91,10 +91,10 @@ def _locked(exc: sqlite3.DatabaseError) -> bool:
 
 
 # What tells one ensemble's snapshots from another's (rlfb.snapshot_kind.SnapshotKind, here in SQL): the
-# policy, and from the state the retrievers, the chunk exploration, the memory's embedding dimension and the
-# policy's hyperparameters (its weights left out, as same_hyperparameters leaves them). A BLOB state (one holding
-# a lone surrogate) is read as text; one that is no JSON at all is a kind of its own. An older snapshot with no
-# policy column is grouped apart from those that name it: prune keeps one more, never one less.
+# policy, and from the state the retrievers, the chunk exploration, the memory's embedding dimension and dense
+# model, the policy's hyperparameters (its weights left out, as same_hyperparameters leaves them). A BLOB state
+# (one holding a lone surrogate) is read as text; one that is no JSON at all is a kind of its own. An older
+# snapshot with no policy column is grouped apart from those that name it: prune keeps one more, never one less.
 _TEXT = "CAST(state AS TEXT)"
 _VALID = f"typeof(state) IN ('text', 'blob') AND json_valid({_TEXT})"
 _STATE = f"CASE WHEN {_VALID} THEN {_TEXT} END"
@@ -103,6 +103,7 @@ _SNAPSHOT_KIND = ", ".join([
     f"json_extract({_STATE}, '$.retrievers')",
     f"json_extract({_STATE}, '$.exploration.kind')",
     f"json_extract({_STATE}, '$.memory.dim')",
+    f"json_extract({_STATE}, '$.memory.model')",
     f"json_remove(json_extract({_STATE}, '$.policy.params'), '$.weights')",
     f"CASE WHEN {_VALID} THEN 0 ELSE version END",
 ])
@@ -1364,7 +1365,7 @@ class FeedbackStore:
         """Delete events older than ``retention`` seconds with their chunks, feedback and rewards.
 
         Policy snapshots older than the cutoff go too, except the newest of each kind: of each
-        policy, retrievers, chunk exploration, embedding dimension and hyperparameters, what an
+        policy, retrievers, chunk exploration, embedding dimension, dense model and hyperparameters, what an
         ensemble tells its own state by (another kind's later snapshot must not take away an
         ensemble's only state),
         and so do run links (and the marks of failed runs, counted with them) older than the cutoff. With
