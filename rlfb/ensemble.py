@@ -31,7 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.errors import (
+    CorruptStateError,
+    ModelNotFoundError,
+    RlfbError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
 from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
@@ -1082,7 +1089,10 @@ class FeedbackEnsemble:
         """The dense retriever's model as its encodings are cached (``None``: no dense retriever, or a model handed
         over already loaded, whose origin is unknown)."""
         dense = next((r for r in self._retrievers.values() if getattr(r, "name", None) == "dense"), None)
-        key = getattr(dense, "cache_key", None)
+        try:
+            key = getattr(dense, "cache_key", None)
+        except ModelNotFoundError:  # a corpus read from the cache alone, the model since uninstalled: name none
+            return None
         return key if isinstance(key, str) else None
 
     def _state_to_save(self) -> dict[str, Any]:

@@ -293,6 +293,26 @@ def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken(tm
     assert build("model-b").learner.n_learned == 1
 
 
+def test_a_dense_model_that_cannot_be_named_names_none_and_learning_goes_on(tmp_path, monkeypatch) -> None:
+    # naming the model hashes its folder; a corpus read from the cache alone whose model was since uninstalled
+    # cannot be named, and the snapshot after each feedback must not fail on it
+    from rlfb.errors import ModelNotFoundError
+    from rlfb.retrievers.dense import DenseRetriever
+    from rlfb.store import FeedbackStore
+
+    db = str(tmp_path / "fb.db")
+    ens = FeedbackEnsemble.from_texts(TEXTS[:6], retrievers=("bm25", "dense"), store=db, policy="thompson")
+
+    def missing(self):
+        raise ModelNotFoundError("the default dense model all-MiniLM-L6-v2 is not installed")
+
+    monkeypatch.setattr(DenseRetriever, "cache_key", property(missing))
+    r = ens.retrieve("aurora physics", k=2)
+    ens.feedback(r.event_id, "thumbs_up")
+    with FeedbackStore(db) as store:
+        assert "model" not in store.load_policy_state(policy="thompson")["state"]["memory"]
+
+
 def test_a_policy_keeps_its_learning_when_another_policy_wrote_the_store_since(tmp_path) -> None:
     # the newest snapshot alone was read: after one feedback under another policy (a changed default,
     # or a second app on the file), switching back started from nothing although its snapshots were there
