@@ -41,6 +41,7 @@ from rlfb.errors import (
 )
 from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
+from rlfb.memory import without_embeddings
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, saving_into, top_k
 from rlfb.runs import in_callers_block, maker_of, owns_event, remember_maker, store_lock
@@ -149,6 +150,7 @@ class FeedbackEnsemble:
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
         self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
         self._query_dim_cache: Any = _UNKNOWN
+        self._other_models_asked = False  # _other_models_snapshot: a first start takes another model's state once
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
@@ -1042,6 +1044,8 @@ class FeedbackEnsemble:
             # snapshots up to the newest already seen were searched before: page back only through the new ones
             seen, self._state_version = self._state_version, newest
             saved = self._own_snapshot(after=max(self._own_version, seen))
+            if saved is None and self._own_version == 0:
+                saved = self._other_models_snapshot()
             if saved is None:
                 return
         self._learner.load_state_dict(saved["state"])
@@ -1067,6 +1071,35 @@ class FeedbackEnsemble:
             pass
         return None
 
+    def _other_models_snapshot(self) -> Mapping[str, Any] | None:
+        """For an ensemble with no snapshot of its own, asked once: this policy's newest snapshot if it is of its
+        kind but for the dense model, with the memory's query embeddings left out (another model's), or ``None``.
+
+        A new dense model (another version of its package changes its cache key too) thus starts from what was
+        learned with the old one: the weights, confidences and the memory of each question asked, by its text;
+        only the similarity to other questions is learned again. Once it has saved a snapshot of its own, the
+        old model's (an app still running it) are another kind's again.
+        """
+        # asked once, of this policy's newest snapshot alone: not paged back through the history on every
+        # refresh, nor taken from an app still running the old model once this one has begun
+        if self._other_models_asked or self._dense_model_key() is None:
+            return None
+        self._other_models_asked = True
+        try:
+            saved = self._store.load_policy_state(policy=self._learner.policy_name)
+        except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
+            return None
+        theirs = SnapshotKind.of(saved)
+        if saved is None or theirs.model is None:
+            return None
+        ours = SnapshotKind.of_learner(self._learner, dim=self._query_dim() if theirs.dim is not None else None,
+                                       model=self._dense_model_key())
+        if set(theirs.differences(ours)) != {"model"}:
+            return None
+        state = dict(saved["state"])
+        state["memory"] = without_embeddings(state["memory"])
+        return {**saved, "state": state}
+
     def _is_ours(self, saved: Mapping[str, Any]) -> bool:
         """Whether a store snapshot is of this ensemble's kind (:class:`~rlfb.snapshot_kind.SnapshotKind`).
 
@@ -1076,7 +1109,8 @@ class FeedbackEnsemble:
         ``exploration="none"`` beside the live one), whose explorer state would not load; a memory of
         another dense model's embeddings (a model upgrade on the same store): of another dimension, with
         which every retrieval would fail, or of another model named in the snapshot (its cache key), whose
-        similarities mean nothing to this one. Older snapshots name neither policy nor retrievers; a
+        similarities mean nothing to this one (but see :meth:`_other_models_snapshot`, for a first start).
+        Older snapshots name neither policy nor retrievers; a
         damaged one is read (and refused) by ``load_state_dict``.
         """
         theirs = SnapshotKind.of(saved)

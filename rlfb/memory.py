@@ -54,7 +54,7 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.policies._util import check_float, check_int, plain_numbers
 from rlfb.reward import finite_float
 
-__all__ = ["MemoryParams", "FeedbackMemory", "normalize_query"]
+__all__ = ["MemoryParams", "FeedbackMemory", "normalize_query", "without_embeddings"]
 
 _SPACE = re.compile(r"\s+")
 # sentence punctuation, quotes and brackets (also Spanish, full-width and CJK ones); not symbols that name
@@ -526,6 +526,19 @@ class FeedbackMemory:
 # the largest query-embedding dimension a saved memory may declare: eight times the widest text embedding models'
 # (4,096 to 8,192), so a real one always loads, while a damaged 10**12 is refused before it sizes an array
 _MAX_DIM = 65_536
+
+
+def without_embeddings(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved memory's state with no query embeddings (nor their dimension and model): its evidence stays with
+    each question's text, and is recalled for repeats only until new embeddings come.
+
+    >>> without_embeddings({"dim": 2, "model": "dense:a", "entries": [{"q": "tides", "e": "AAAAAAAAAAA="}]})
+    {'dim': None, 'entries': [{'q': 'tides', 'e': None}]}
+    """
+    out = {k: v for k, v in state.items() if k != "model"}
+    out["dim"] = None
+    out["entries"] = [{**dict(e), "e": None} for e in state.get("entries", [])]
+    return out
 
 
 def _grow1(arr: np.ndarray, cap: int) -> np.ndarray:

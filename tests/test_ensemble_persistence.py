@@ -257,7 +257,7 @@ def test_a_snapshot_of_another_dense_models_memory_is_not_taken(tmp_path, monkey
     assert new.learner.n_learned == 1
 
 
-def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken(tmp_path) -> None:
+def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken_whole(tmp_path) -> None:
     # a snapshot learned with another dense model of the same dimension was taken as this ensemble's: its
     # memory's query embeddings, another model's, were compared with this model's by cosine
     from rlfb.retrievers.bm25 import BM25Retriever
@@ -279,18 +279,30 @@ def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken(tm
     with FeedbackStore(db) as store:
         saved = store.load_policy_state(policy="thompson")
     assert saved["state"]["memory"]["model"] == "dense:model-a"
-    assert build("model-b").learner.n_learned == 0
-    assert build("model-a").learner.n_learned == 1
+    # a new model with no snapshot of its own starts from the old one's, without its query embeddings
+    new = build("model-b")
+    memory = new.learner.state_dict()["memory"]
+    assert new.learner.n_learned == 1 and memory["dim"] is None
+    assert memory["entries"] and all(e["e"] is None for e in memory["entries"])
+    r = new.retrieve("tides and the moon", k=2)
+    new.feedback(r.event_id, "thumbs_up")
+    new.feedback(new.retrieve("aurora physics", k=2).event_id, "thumbs_up")
+    new.close()
+    # from then on each model's snapshots are its own: the old model's app goes on from its own
+    again = build("model-a")
+    assert again.learner.n_learned == 1
+    assert again.learner.state_dict()["memory"]["dim"] is not None
+    assert build("model-b").learner.n_learned == 3
     # an export imported again keeps naming its model
     (tmp_path / "w.json").write_text(json.dumps({"weights": saved["weights"], "state": saved["state"]}))
     with FeedbackStore(db) as store:
         import_weights(store, tmp_path / "w.json")
         assert store.load_policy_state(policy="thompson")["state"]["memory"]["model"] == "dense:model-a"
-    # a snapshot that names no model (saved before models were named) is taken by any
+    # a snapshot that names no model (saved before models were named) is taken by any, embeddings and all
     del saved["state"]["memory"]["model"]
     with FeedbackStore(db) as store:
         store.save_policy_state(saved["state"], saved["weights"], policy="thompson")
-    assert build("model-b").learner.n_learned == 1
+    assert build("model-c").learner.state_dict()["memory"]["dim"] is not None
 
 
 def test_a_dense_model_that_cannot_be_named_names_none_and_learning_goes_on(tmp_path, monkeypatch) -> None:
