@@ -1097,7 +1097,10 @@ class FeedbackEnsemble:
         if set(theirs.differences(ours)) != {"model"}:
             return None
         state = dict(saved["state"])
-        state["memory"] = without_embeddings(state["memory"])
+        try:
+            state["memory"] = without_embeddings(state["memory"])
+        except (TypeError, ValueError, AttributeError):  # a damaged memory: not a state to start from
+            return None
         return {**saved, "state": state}
 
     def _is_ours(self, saved: Mapping[str, Any]) -> bool:

@@ -298,6 +298,11 @@ def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken_wh
     with FeedbackStore(db) as store:
         import_weights(store, tmp_path / "w.json")
         assert store.load_policy_state(policy="thompson")["state"]["memory"]["model"] == "dense:model-a"
+    # a damaged snapshot of another model is no state to start from: a new model starts afresh, as before
+    with FeedbackStore(db) as store:
+        store.save_policy_state({**saved["state"], "memory": {**saved["state"]["memory"], "entries": [7]}},
+                                saved["weights"], policy="thompson")
+    assert build("model-d").learner.n_learned == 0
     # a snapshot that names no model (saved before models were named) is taken by any, embeddings and all
     del saved["state"]["memory"]["model"]
     with FeedbackStore(db) as store:
