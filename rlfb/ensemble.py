@@ -745,8 +745,11 @@ class FeedbackEnsemble:
         SPLADE also encodes queries, but into sparse vocabulary vectors, which the
         memory and the reformulation check cannot compare by cosine.
         """
-        dense = next((r for r in self._retrievers.values() if getattr(r, "name", None) == "dense"), None)
-        return getattr(dense, "encode_queries", None)
+        return getattr(self._dense_retriever(), "encode_queries", None)
+
+    def _dense_retriever(self) -> Retriever | None:
+        """The corpus retriever named ``dense`` (whose query embeddings the memory keeps), or ``None``."""
+        return next((r for r in self._retrievers.values() if getattr(r, "name", None) == "dense"), None)
 
     def _query_embedding(self, query: str) -> np.ndarray | None:
         encode = self._dense_encoder()
@@ -1082,9 +1085,10 @@ class FeedbackEnsemble:
         """
         # asked once, of this policy's newest snapshot alone: not paged back through the history on every
         # refresh, nor taken from an app still running the old model once this one has begun
-        if self._other_models_asked or self._dense_model_key() is None:
-            return None
+        model = None if self._other_models_asked else self._dense_model_key()
         self._other_models_asked = True
+        if model is None:
+            return None
         try:
             saved = self._store.load_policy_state(policy=self._learner.policy_name)
         except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
@@ -1093,7 +1097,7 @@ class FeedbackEnsemble:
         if saved is None or theirs.model is None:
             return None
         ours = SnapshotKind.of_learner(self._learner, dim=self._query_dim() if theirs.dim is not None else None,
-                                       model=self._dense_model_key())
+                                       model=model)
         if set(theirs.differences(ours)) != {"model"}:
             return None
         state = dict(saved["state"])
@@ -1125,9 +1129,8 @@ class FeedbackEnsemble:
     def _dense_model_key(self) -> str | None:
         """The dense retriever's model as its encodings are cached (``None``: no dense retriever, or a model handed
         over already loaded, whose origin is unknown)."""
-        dense = next((r for r in self._retrievers.values() if getattr(r, "name", None) == "dense"), None)
         try:
-            key = getattr(dense, "cache_key", None)
+            key = getattr(self._dense_retriever(), "cache_key", None)
         except ModelNotFoundError:  # a corpus read from the cache alone, the model since uninstalled: name none
             return None
         return key if isinstance(key, str) else None
