@@ -34,7 +34,11 @@ The policy keeps exponentially weighted running sums of them (``window``
 episodes, at least 3) and steps along their mean shrunk towards zero by ``evidence_z``
 standard errors of the unbiased variance (a coordinate moves only where the
 mean gradient is clearly non-zero; below an effective count of two gradients
-the standard error is infinite), divided by the gradients' root mean square
+the standard error is infinite). The count is the sum of the decayed weights,
+about half the Kish effective size of a full window, so ``evidence_z`` 3 acts
+like about 4.2: consecutive gradients are not independent (questions repeat),
+and with the Kish size the weights moved on a world where no retriever is
+better. The shrunk mean is divided by the gradients' root mean square
 (as in Adam), so the direction is a signal-to-noise ratio in [-1, 1] and does
 not depend on the scale of scores or rewards.
 
