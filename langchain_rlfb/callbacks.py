@@ -55,6 +55,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import Any
 from uuid import UUID
 
@@ -68,6 +69,7 @@ from rlfb.errors import ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
     default_implicit,
+    learns_after_commit,
     log_external,
     observe_followup,
     record_run_feedback,
@@ -432,7 +434,11 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         When the handler's ``ensemble`` keeps its log in another store, each
         rated retrieval that store also holds (the ensemble's own event, under
         the same run id) gets the feedback there too, so the ensemble learns;
-        the returned records then include those second records.
+        the returned records then include those second records. Both stores
+        take it or neither: a refusal by the ensemble's store (an idempotency
+        conflict, a locked file) undoes the handler's rows, and what was
+        learned. Each file's write lock is taken in this order, the
+        handler's first.
 
         Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
         under ``run_id`` or below it.
@@ -451,19 +457,27 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 score = given
         fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
-        records = record_run_feedback(self.store, run_id, signal, ensemble=self.ensemble, **fb)
         ens = self.ensemble
         if ens is None or ens.store is None or same_store(ens.store, self.store):
-            return records
-        # The run tree (links) lives in this handler's store: resolve here, record per event there.
-        ikey = fb.pop("idempotency_key", None)
-        rated = [r.event_id for r in records]
-        for eid in rated:
-            if ens.store.has_event(eid):
-                # the same key per event as record_run_feedback gave it in this store
-                key_there = ikey if ikey is None or len(rated) == 1 else f"{ikey}:{eid}"
-                records += record_run_feedback(ens.store, eid, signal, ensemble=ens,
-                                               idempotency_key=key_there, **fb)
+            return record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
+        # The run tree (links) lives in this handler's store: resolve here, record per event there. One block on
+        # each file, the learner's inside the handler's, so that a refusal there (an idempotency conflict, a
+        # locked file) undoes the handler's rows too; only a failed commit of the handler's own file, after the
+        # learner's, could leave one without the other. Not where a learner keeps the handler's file through
+        # another connection: it learns after the handler's commit, which a block around it would keep waiting.
+        with ExitStack() as blocks:
+            if not learns_after_commit(self.store, run_id):
+                blocks.enter_context(self.store.exclusive())
+                blocks.enter_context(ens.store.exclusive())
+            records = record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
+            ikey = fb.pop("idempotency_key", None)
+            rated = [r.event_id for r in records]
+            for eid in rated:
+                if ens.store.has_event(eid):
+                    # the same key per event as record_run_feedback gave it in this store
+                    key_there = ikey if ikey is None or len(rated) == 1 else f"{ikey}:{eid}"
+                    records += record_run_feedback(ens.store, eid, signal, ensemble=ens,
+                                                   idempotency_key=key_there, **fb)
         return records
 
     def retrievals(self, run_id: Any) -> list[dict[str, Any]]:

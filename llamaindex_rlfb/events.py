@@ -66,6 +66,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -83,7 +84,7 @@ from llamaindex_rlfb._checks import finite_or_none, session_text
 from llamaindex_rlfb._nodes import event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
-from rlfb.runs import SCORE_SCALES, log_external, owns_event, record_run_feedback, same_store
+from rlfb.runs import SCORE_SCALES, learns_after_commit, log_external, owns_event, record_run_feedback, same_store
 
 __all__ = [
     "FeedbackEventHandler",
@@ -571,16 +572,23 @@ class FeedbackEventHandler(BaseEventHandler):
         # Each decision is learned once, by the learner that made it (two learners on one store may have the
         # same retrievers, over different corpora); _makers_of gives a decision no learner of this process made
         # to the handler's own ensemble, which learns from it if it owns it.
-        records = record_run_feedback(self._store, qid, ensembles=here, **fb)
-        for eid, ens in makers.items():  # a learner on another store learns from its own copy of the event
-            if eid in here or not ens.store.has_event(eid):
-                continue
-            try:
-                records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)
-            except UnknownChunkError:
-                # about one chunk its decision did not return (only another member of a fusion found it):
-                # record_run_feedback refuses before writing, and this store has taken the feedback
-                continue
+        # The learners' writes on other files inside the handler's block: a refusal on a learner's store (an
+        # idempotency conflict, a locked file) undoes the handler's rows too. Each learner's store commits its own
+        # block, so with learners on two other files a refusal by the second leaves the first one's row. Not
+        # where a learner keeps this very file through another connection: it learns after the handler's commit,
+        # which a block held around it would keep waiting (StoreBusyError): that feedback is written as before.
+        # a learner on another file learns from its own copy of the event
+        elsewhere = [(eid, ens) for eid, ens in makers.items() if eid not in here and ens.store.has_event(eid)]
+        together = elsewhere and not learns_after_commit(self._store, qid, here)
+        with self._store.exclusive() if together else nullcontext():
+            records = record_run_feedback(self._store, qid, ensembles=here, **fb)
+            for eid, ens in elsewhere:
+                try:
+                    records += record_run_feedback(ens.store, eid, ensemble=ens, **fb)
+                except UnknownChunkError:
+                    # about one chunk its decision did not return (only another member of a fusion found it):
+                    # record_run_feedback refuses before writing, and this store has taken the feedback
+                    continue
         return records
 
     def _makers_of(self, event_ids: Sequence[str]) -> dict[str, Any]:

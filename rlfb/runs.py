@@ -45,6 +45,7 @@ from rlfb.errors import CorruptStateError, UnknownChunkError, UnknownEventError,
 
 __all__ = [
     "finite_score",
+    "learns_after_commit",
     "session_text",
     "EXTERNAL_POLICY",
     "SCORE_SCALES",
@@ -233,6 +234,29 @@ def maker_of(event_id: str, store: Any) -> Any:
     if ensemble is None or getattr(theirs, "closed", False) or not same_store(theirs, store):
         return None  # gone, closed (an app restarted in this process), or on another store
     return ensemble
+
+
+def learns_after_commit(store: Any, run_id: Any, ensembles: Mapping[str, Any] | None = None) -> bool:
+    """Whether feedback on ``run_id`` recorded in ``store`` would be learned through another connection to
+    its file (a live learner of this process whose store is another object on the same file).
+
+    :func:`record_run_feedback` commits such feedback first and learns it after, so a caller holding
+    ``store.exclusive()`` around it would keep that learner waiting for the file's write lock
+    (:class:`~rlfb.errors.StoreBusyError`). ``ensembles`` as for :func:`record_run_feedback`. A run id
+    nothing was logged under is ``False``: recording it fails on its own.
+    """
+    try:
+        event_ids = store.resolve_run(_run_id(run_id))
+    except ValidationError:
+        return False
+    makers = ensembles or {}
+    for eid in event_ids:
+        learner = makers.get(eid)
+        if learner is None:
+            learner = maker_of(eid, store)
+        if learner is not None and getattr(learner, "store", None) is not store:
+            return True
+    return False
 
 
 def record_run_feedback(

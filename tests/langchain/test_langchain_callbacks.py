@@ -20,7 +20,7 @@ from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, callbacks
-from rlfb import UnknownChunkError, UnknownEventError, ValidationError
+from rlfb import IdempotencyConflictError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import EXTERNAL_POLICY
 from rlfb.store import FeedbackStore
 
@@ -337,6 +337,26 @@ def test_handler_on_another_store_teaches_the_ensemble(make_ensemble: Any) -> No
     # a retry with the same idempotency key is not learned twice
     handler.record_feedback(top, score=1.0, idempotency_key="fb-1")
     assert ens.store.counts()["feedback"] == 1
+
+
+def test_feedback_the_learners_store_refuses_leaves_no_row_in_the_handlers(make_ensemble: Any) -> None:
+    # the handler's store and the learner's were written in two transactions: a refusal of the second (here an
+    # idempotency conflict) raised, but the handler's row stayed, and a retry with a fresh key rated it twice
+    ens = make_ensemble(policy="gradient")
+    handler = FeedbackCallbackHandler(FeedbackStore(), ensemble=ens)
+    top = uuid.uuid4()
+    rag_chain(FeedbackEnsembleRetriever.from_ensemble(ens, k=2)).invoke(
+        "what causes the aurora", config={"callbacks": [handler], "run_id": top})
+    (copy,) = handler.retrievals(top)
+    ens.store.record_feedback(copy["id"], "explicit_negative", idempotency_key="fb-1")  # the key, taken there
+    learned = ens.learner.n_learned
+    with pytest.raises(IdempotencyConflictError):
+        handler.record_feedback(top, score=1.0, idempotency_key="fb-1")
+    assert handler.store.counts()["feedback"] == 0 and handler.store.counts()["rewards"] == 0
+    assert ens.store.counts()["feedback"] == 1 and ens.learner.n_learned == learned
+    records = handler.record_feedback(top, score=1.0, idempotency_key="fb-2")  # a retry lands on both
+    assert [r.event_id for r in records] == [copy["id"], copy["id"]]
+    assert handler.store.counts()["feedback"] == 1 and ens.store.counts()["feedback"] == 2
 
 
 def test_handler_on_the_ensemble_file_records_once(tmp_path: Any, make_ensemble: Any) -> None:

@@ -23,7 +23,7 @@ from llamaindex_rlfb import (
     current_query_id,
     instrument,
 )
-from rlfb import UnknownChunkError, UnknownEventError, ValidationError
+from rlfb import IdempotencyConflictError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.store import FeedbackStore
 
 LEXICAL_QUERIES = ("what makes the sky glow green", "moon", "hot rock from mountains", "titanium 400 bar")
@@ -168,6 +168,25 @@ def test_learner_on_another_store_still_learns(index: Any, make_ensemble: Any) -
         assert handler.store.has_event(response.source_nodes[0].node.metadata[EVENT_ID_KEY])
     assert pp.weights["bm25"] > 0.52
     assert pp.store.counts()["feedback"] == 60
+
+
+def test_feedback_a_learners_store_refuses_leaves_no_row_in_the_handlers(index: Any, make_ensemble: Any) -> None:
+    # the handler's store and the learner's were written in two transactions: when the learner's refused (here an
+    # idempotency conflict) the call raised, but the handler's row stayed
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=8, node_postprocessors=[pp])
+    with FeedbackEventHandler() as handler:  # its own in-memory store
+        response = engine.query("moon")
+        eid = response.source_nodes[0].node.metadata[EVENT_ID_KEY]
+        pp.store.record_feedback(eid, "explicit_negative", idempotency_key=f"fb-1:{eid}")  # taken there
+        learned = pp.ensemble.learner.n_learned
+        with pytest.raises(IdempotencyConflictError):
+            handler.record_feedback(score=1.0, idempotency_key="fb-1")
+        assert handler.store.counts()["feedback"] == 0 and handler.store.counts()["rewards"] == 0
+        assert pp.store.counts()["feedback"] == 1 and pp.ensemble.learner.n_learned == learned
+        records = handler.record_feedback(score=1.0, idempotency_key="fb-2")  # a retry lands on both
+        assert [r.event_id for r in records].count(eid) == 2  # the handler's copy and the learner's event
+        assert handler.store.counts()["feedback"] == len(records) - 1 and pp.store.counts()["feedback"] == 2
 
 
 def test_our_retriever_is_not_logged_twice(make_ensemble: Any) -> None:
