@@ -539,7 +539,9 @@ class FeedbackEventHandler(BaseEventHandler):
         ``kwargs``: ``timestamp``, ``session_id``, ``user_id``, ``idempotency_key``.
         The learner that made a decision under the query learns from it, once, also
         when it ran nested in another retriever; a learner on another store gets the
-        feedback in its own store too (on the decisions that returned ``chunk_id``).
+        feedback in its own store too (on the decisions that returned ``chunk_id``);
+        a refusal there (an idempotency conflict, a locked file) undoes the handler's
+        rows as well.
 
         Without ``query_id``, a later query of this thread that ran in an asyncio task the
         calling code never saw (``asyncio.run``, a notebook cell's ``await``) is a
