@@ -12,14 +12,20 @@ Every piece of logic lives in :mod:`rlfb`; this package only converts.
 
 from __future__ import annotations
 
-from langchain_rlfb.callbacks import FeedbackCallbackHandler
-from langchain_rlfb.retrievers import (
-    METADATA_KEYS,
-    FeedbackEnsembleRetriever,
-    as_member,
-    document_to_chunk,
-    hit_to_document,
-)
+try:
+    from langchain_rlfb.callbacks import FeedbackCallbackHandler
+    from langchain_rlfb.retrievers import (
+        METADATA_KEYS,
+        FeedbackEnsembleRetriever,
+        as_member,
+        document_to_chunk,
+        hit_to_document,
+    )
+except ModuleNotFoundError as exc:  # the extra is not installed: say which, rather than a bare "No module named"
+    if (exc.name or "").split(".")[0] != "langchain_core":
+        raise
+    raise ModuleNotFoundError(f"langchain_rlfb needs LangChain, which is not installed ({exc}): "
+                              'pip install "rlfb[langchain]"', name=exc.name) from exc
 
 __all__ = [
     "FeedbackEnsembleRetriever",

@@ -13,15 +13,21 @@ Every piece of logic lives in :mod:`rlfb`; this package only converts.
 
 from __future__ import annotations
 
-from llamaindex_rlfb._nodes import EVENT_ID_KEY, METADATA_KEYS, hit_to_node, node_to_chunk
-from llamaindex_rlfb.events import (
-    FeedbackEventHandler,
-    FeedbackRetrievalEvent,
-    current_query_id,
-    instrument,
-)
-from llamaindex_rlfb.postprocessor import FeedbackFusionPostprocessor
-from llamaindex_rlfb.retriever import FeedbackEnsembleRetriever
+try:
+    from llamaindex_rlfb._nodes import EVENT_ID_KEY, METADATA_KEYS, hit_to_node, node_to_chunk
+    from llamaindex_rlfb.events import (
+        FeedbackEventHandler,
+        FeedbackRetrievalEvent,
+        current_query_id,
+        instrument,
+    )
+    from llamaindex_rlfb.postprocessor import FeedbackFusionPostprocessor
+    from llamaindex_rlfb.retriever import FeedbackEnsembleRetriever
+except ModuleNotFoundError as exc:  # the extra is not installed: say which, rather than a bare "No module named"
+    if (exc.name or "").split(".")[0] != "llama_index":
+        raise
+    raise ModuleNotFoundError(f"llamaindex_rlfb needs LlamaIndex, which is not installed ({exc}): "
+                              'pip install "rlfb[llamaindex]"', name=exc.name) from exc
 
 __all__ = [
     "FeedbackFusionPostprocessor",

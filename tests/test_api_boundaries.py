@@ -189,3 +189,19 @@ def test_a_store_of_the_users_own_without_a_lock_still_works() -> None:
     ens = FeedbackEnsemble.from_texts(["alpha beta", "gamma delta", "beta gamma"], retrievers=("bm25",),
                                       store=MyStore())
     assert ens.retrieve("beta", k=2).event_id == "e1"
+
+
+@pytest.mark.parametrize(("package", "framework", "extra"), [("langchain_rlfb", "langchain_core", "langchain"),
+                                                             ("llamaindex_rlfb", "llama_index", "llamaindex")])
+def test_an_adapter_without_its_framework_names_the_extra_to_install(package: str, framework: str,
+                                                                     extra: str) -> None:
+    # a core-only install gave a bare "No module named 'langchain_core'", with no word of rlfb's extras
+    import subprocess
+    import sys
+
+    code = (f"import sys; sys.modules[{framework!r}] = None\n"  # as if the framework were not installed
+            f"try:\n    import {package}\nexcept ModuleNotFoundError as exc:\n    print(exc.name); print(exc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    name, message = out.split("\n", 1)
+    assert name.split(".")[0] == framework
+    assert f'pip install "rlfb[{extra}]"' in message

@@ -1052,3 +1052,35 @@ def test_prune_reads_a_snapshot_stored_as_a_blob_as_json(fresh_store) -> None:
                                   ).fetchone()[0] == 5
     assert fresh_store.prune(now=1_000.0 + 200 * 86400, retention=90 * 86400)["policy_snapshots"] == 4
     assert fresh_store.load_policy_state()["state"]["memory"]["q"] == "bad \ud800 4"
+
+
+def test_a_store_dropped_without_close_closes_its_connection(tmp_path):
+    # the connection stayed open until the interpreter tore it down: Python 3.13 warns of that (ResourceWarning,
+    # an error under -W error), and the README's examples never call close()
+    import gc
+
+    store = FeedbackStore(str(tmp_path / "fb.db"))
+    conn = store._conn
+    del store
+    gc.collect()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")
+    again = FeedbackStore(str(tmp_path / "fb.db"))  # the file opens again; closing twice is harmless
+    again.close()
+    again.close()
+    assert again.closed
+
+
+def test_an_ensemble_dropped_without_close_closes_its_store(tmp_path):
+    import gc
+
+    from rlfb import FeedbackEnsemble
+
+    ens = FeedbackEnsemble.from_texts(["tides and the moon", "magma and volcanoes"], retrievers=("bm25",),
+                                      store=str(tmp_path / "fb.db"), policy="thompson")
+    ens.feedback(ens.retrieve("moon", k=1).event_id, "explicit_positive")
+    conn = ens.store._conn
+    del ens
+    gc.collect()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")

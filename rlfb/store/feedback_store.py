@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -196,6 +197,9 @@ class FeedbackStore:
         except sqlite3.OperationalError as exc:  # past _check_path: no permission, or a folder removed since
             raise ValidationError(f"cannot open path {self.path!r}: {exc}") from exc
         self._conn = conn
+        # a store dropped without close() (the README's examples never call it) closes its connection when
+        # collected: Python 3.13 warns of an unclosed one (a ResourceWarning, an error under -W error)
+        self._finalizer = weakref.finalize(self, conn.close)
         self._closed = False
         self.db = Database(conn, execute_plugins=False)
         try:
@@ -278,7 +282,7 @@ class FeedbackStore:
                 raise RlfbError("cannot close a FeedbackStore inside its exclusive() block: its writes would be lost")
             if not getattr(self, "_closed", True):
                 self._closed = True
-                self._conn.close()
+                self._finalizer()  # closes the connection, once
 
     @property
     def closed(self) -> bool:
