@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlfb", description="Reinforcement learning from feedback for retrieval: fusion weights that learn."
     )
+    parser.add_argument("--version", action=_VersionAction, help="print rlfb's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -33,6 +34,31 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version; a source tree on ``sys.path`` without one says ``rlfb.__version__``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("rlfb")
+    except PackageNotFoundError:
+        from rlfb import __version__
+
+        return __version__
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: prints ``rlfb <version>`` on stdout and exits 0; the version is looked up only then."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"{parser.prog} {version()}")
+        parser.exit(0)
 
 
 def describe_error(exc: BaseException) -> str:

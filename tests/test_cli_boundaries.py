@@ -7,6 +7,9 @@ Each case ends with exit status 2 and one error line before anything is written 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -418,6 +421,57 @@ def test_help_shows_the_defaults(capsys, command: str, shown: list[str]) -> None
     out = " ".join(capsys.readouterr().out.split())
     assert all(s in out for s in shown)
     assert "(default: None)" not in out and "(default: True)" not in out and "(default: False)" not in out
+
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout under test, first on the subprocesses' path
+
+
+def run_module(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m rlfb ARGS`` in folder ``cwd``, importing rlfb from this checkout."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "RLFB_CACHE_DIR": str(cwd.parent / "cache")}
+    return subprocess.run([sys.executable, "-m", "rlfb", *args], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def test_version_prints_the_package_version_and_exits_0(tmp_path: Path, capsys) -> None:
+    # there was no --version: argparse said "the following arguments are required: COMMAND", exit status 2
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"rlfb {version('rlfb')}\n"
+    (tmp_path / "cwd").mkdir()
+    done = run_module(tmp_path / "cwd", "--version")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"rlfb {version('rlfb')}\n", "")
+
+
+def test_python_m_rlfb_is_the_rlfb_command(tmp_path: Path) -> None:
+    # `python -m rlfb` said "No module named rlfb.__main__; 'rlfb' is a package and cannot be directly executed"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    done = run_module(cwd, "store", "stats", "missing.db")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("rlfb: error: ") and len(done.stderr.splitlines()) == 1, done.stderr
+    make_store(cwd / "fb.db")
+    done = run_module(cwd, "weights", "show", "fb.db", "--json")
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout)["weights"]) == {"bm25", "dense"}
+    assert sorted(p.name for p in cwd.iterdir()) == ["fb.db"]  # nothing else written where it ran
+
+
+def test_importing_rlfb_main_runs_nothing(monkeypatch) -> None:
+    import importlib
+    import sys
+
+    import rlfb.cli
+
+    def no_run(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("importing rlfb.__main__ ran the CLI")
+
+    monkeypatch.setattr(rlfb.cli, "main", no_run)
+    monkeypatch.delitem(sys.modules, "rlfb.__main__", raising=False)
+    importlib.import_module("rlfb.__main__")
 
 
 # -- from an audit of the CLI ---------------------------------------------------------------------------------

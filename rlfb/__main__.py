@@ -1,0 +1,10 @@
+"""``python -m rlfb ...``: the ``rlfb`` console script, where the script is not on ``PATH``."""
+
+from __future__ import annotations
+
+if __name__ == "__main__":
+    import sys
+
+    from rlfb.cli import main
+
+    sys.exit(main())
