@@ -474,6 +474,28 @@ def test_importing_rlfb_main_runs_nothing(monkeypatch) -> None:
     importlib.import_module("rlfb.__main__")
 
 
+DEMO = ["demo", "--retrievers", "bm25", "--interactions", "5", "--seeds", "1", "--devices", "2"]
+
+
+def has_progress_bar(err: str) -> bool:
+    return "it/s]" in err or "%|" in err  # tqdm's rate and bar
+
+
+@pytest.mark.parametrize(("terminal", "quiet", "bars"), [(True, True, False), (False, False, False),
+                                                         (True, False, True)])
+def test_demo_draws_progress_bars_only_on_a_terminal_and_not_when_quiet(
+    tmp_path: Path, capsys, monkeypatch, terminal: bool, quiet: bool, bars: bool
+) -> None:
+    # demo had no --quiet (argparse refused it, exit status 2) and drew its bars whatever stderr was: a log
+    # file or CI's output filled with bar redraws
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    argv = [*DEMO, "--out", str(tmp_path / "demo"), *(["--quiet"] if quiet else [])]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert has_progress_bar(captured.err) == bars, captured.err
+    assert "one fused retrieval" in captured.out and (tmp_path / "demo" / "results.json").is_file()
+
+
 # -- from an audit of the CLI ---------------------------------------------------------------------------------
 def test_simulate_to_a_reader_gone_still_writes_its_files(tmp_path: Path) -> None:
     # the report's print failed with BrokenPipeError and ended the command before the JSON was written, exit 0

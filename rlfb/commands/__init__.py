@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
            "refuse_overwriting_store", "refuse_empty_store", "check_int", "check_output_name",
-           "require_matplotlib", "reader_gone", "HelpFormatter"]
+           "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -126,6 +127,17 @@ def refuse_empty_store(path: str | Path) -> None:
 
     if Path(path).stat().st_size == 0:
         raise ValidationError(f"{path} is empty: not an rlfb feedback store")
+
+
+def show_progress(quiet: bool) -> bool:
+    """Whether a command draws progress bars: not with ``--quiet``, and not where stderr is not a terminal
+    (a log file, a pipe, CI), which the bars' redraws would fill with lines; tqdm's ``disable=None`` rule."""
+    if quiet:
+        return False
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):  # no stderr (pythonw), or a closed one
+        return False
 
 
 def check_int(option: str, value: int | None, low: int, high: int | None = None) -> None:

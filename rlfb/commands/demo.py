@@ -26,11 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", type=int, default=90,
                    help=f"size of the generated collection (3 chunks each), 2 to {MAX_DEVICES}")
     p.add_argument("--out", default="out/demo", help="folder for results.json and learning_curves.png")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars (they are drawn only where stderr is a terminal)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import check_int, prepare_output_dir, prepare_output_file, require_matplotlib
+    from rlfb.commands import check_int, prepare_output_dir, prepare_output_file, require_matplotlib, show_progress
     from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
@@ -48,9 +50,10 @@ def run(args: argparse.Namespace) -> int:
     # and so do the two files it will hold: a folder in the place of either would fail only after the run,
     # with results.json written and no plot
     results, curves = prepare_output_file(out / "results.json"), prepare_output_file(out / "learning_curves.png")
+    progress = show_progress(args.quiet)
     data = generate_demo_corpus(n_devices=args.devices)
     print(f"demo collection: {len(data.corpus)} chunks, {len(data.queries)} questions (generated)")
-    prepared = prepare(data, config, show_progress=True)
+    prepared = prepare(data, config, show_progress=progress)
     ens = FeedbackEnsemble(prepared.retrievers, prepared.chunks, fusion=config.fusion)
     question = next(iter(data.queries.values()))
     print(f"\none fused retrieval, equal weights: {question!r}")
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         parts = ", ".join(f"{n}={v:.3f}" for n, v in hit.scores.items())
         print(f"  {hit.rank}. [{hit.chunk_id}] fused={hit.score:.3f} ({parts})  {hit.text[:60]}...")
     print(f"\nlearning from {args.interactions} simulated users x {args.seeds} seeds ({args.policy} policy)")
-    result = simulate(data, config, prepared=prepared, show_progress=True)
+    result = simulate(data, config, prepared=prepared, show_progress=progress)
     print_table(result)
     out.mkdir(parents=True, exist_ok=True)  # checked before the run, made now that there is something to write
     write_text_atomically(results, json.dumps(result, indent=2))  # a failed write leaves an earlier file whole
