@@ -284,9 +284,20 @@ def test_store_commands_use_the_one_error_prefix(tmp_path: Path, capsys) -> None
     assert main(["store", "export", str(db), "--jsonl", str(db)]) == 2
     assert one_error_line(capsys).startswith("rlfb: error: ")
     assert main(["store", "stats", str(tmp_path / "missing.db")]) == 2
-    assert one_error_line(capsys).startswith("rlfb: error: no such store")
+    assert one_error_line(capsys).startswith("rlfb: error: no feedback store at ")
     assert main(["cache", "prune", "--dir", str(tmp_path)]) == 2
     assert one_error_line(capsys).startswith("rlfb: error: cache prune needs")
+
+
+@pytest.mark.parametrize("command", [["store", "stats", "{db}"], ["store", "export", "{db}", "--jsonl", "{out}"],
+                                     ["weights", "show", "{db}"], ["weights", "export", "{db}", "{out}"]],
+                         ids=" ".join)
+def test_a_missing_store_is_named_alike_by_every_command(tmp_path: Path, capsys, command: list[str]) -> None:
+    # `store` said "no such store: X" and `weights` "no feedback store at X" for the same missing file
+    db, out = tmp_path / "missing.db", tmp_path / "out.json"
+    assert main([a.format(db=db, out=out) for a in command]) == 2
+    assert one_error_line(capsys) == f"rlfb: error: no feedback store at {db}"
+    assert not db.exists() and not out.exists()
 
 
 def test_store_export_makes_the_output_folder_and_refuses_a_folder(tmp_path: Path, capsys) -> None:

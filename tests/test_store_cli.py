@@ -68,7 +68,7 @@ def test_export_to_stdout(db_file, capsysbinary):
 def test_missing_file_is_an_error_and_creates_nothing(tmp_path, capsys):
     missing = tmp_path / "nope.db"
     assert 2 == main(["store", "stats", str(missing), "--json"])
-    assert "no such store" in capsys.readouterr().err
+    assert f"rlfb: error: no feedback store at {missing}\n" == capsys.readouterr().err
     assert not missing.exists()
 
 

@@ -58,7 +58,7 @@ def _open(path: str) -> Any:
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
-        raise FileNotFoundError(f"no such store: {path}")
+        raise FileNotFoundError(f"no feedback store at {path}")  # as `rlfb weights` words it
     refuse_empty_store(path)
     return FeedbackStore(path)
 
