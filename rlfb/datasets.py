@@ -222,11 +222,22 @@ def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
     return split
 
 
+def _no_such_folder(root: Path) -> str:
+    """The error for a dataset folder that does not exist; where it looks like ``$RLFB_DATASETS/NAME`` expanded
+    with the setting unset (``/NAME``, or an absolute path whose parent is missing too), a hint saying so."""
+    message = f"no such folder: {root}"
+    if (root.is_absolute() and not os.environ.get(DATASETS_ENV)
+            and (root.parent == Path(root.anchor) or not root.parent.exists())):
+        message += f" ({DATASETS_ENV} is not set; was the path written as ${DATASETS_ENV}/...?)"
+    return message
+
+
 def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     """Load a BEIR folder: every ``qrels/*.tsv`` becomes a split.
 
     Chunk text is ``title + " " + text``, as BEIR evaluates it; the title is
-    kept in the metadata too. A malformed file raises :class:`CorruptStateError`
+    kept in the metadata too. A folder that does not exist, or lacks ``corpus.jsonl`` or ``queries.jsonl``,
+    raises :class:`ValidationError` saying which. A malformed file raises :class:`CorruptStateError`
     naming the file and line, and so does a qrels pair (query, document) given two
     different grades (naming the earlier line too); a judgment repeated as it was is kept once.
     Judgments naming a document that is not in the corpus are left out of ``qrels`` and the relevant
@@ -235,6 +246,8 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     judgments names a document of the corpus.
     """
     root = Path(path)
+    if not root.exists():  # "is not a BEIR folder: corpus.jsonl is missing" read as if the folder were there
+        raise ValidationError(_no_such_folder(root))
     for required in ("corpus.jsonl", "queries.jsonl"):
         if not (root / required).is_file():
             raise ValidationError(f"{root} is not a BEIR folder: {required} is missing")

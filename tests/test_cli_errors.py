@@ -206,6 +206,35 @@ def test_evaluate_without_queries_file(tmp_path: Path, capsys) -> None:
     assert "queries.jsonl" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("command", [["evaluate"], ["simulate", "--quiet", *SMALL_RUN[2:]]], ids=lambda c: c[0])
+def test_a_dataset_folder_that_does_not_exist_is_named_as_such(tmp_path: Path, capsys, monkeypatch,
+                                                              command: list[str]) -> None:
+    # it was "X is not a BEIR folder: corpus.jsonl is missing", as if the folder were there; `--dataset
+    # $RLFB_DATASETS/scifact` with the setting unset reads /scifact, which that did not hint at
+    def error_for(folder: Path) -> str:
+        assert main([command[0], "--dataset", str(folder), "--retrievers", "bm25", *command[1:]]) == 2
+        return one_error_line(capsys)
+
+    monkeypatch.delenv("RLFB_DATASETS", raising=False)
+    assert error_for(tmp_path / "absent") == f"rlfb: error: no such folder: {tmp_path / 'absent'}"
+    deep = tmp_path / "nowhere" / "scifact"  # its parent is missing too: likely a setting that expanded to nothing
+    assert error_for(deep) == (f"rlfb: error: no such folder: {deep} "
+                               "(RLFB_DATASETS is not set; was the path written as $RLFB_DATASETS/...?)")
+    monkeypatch.setenv("RLFB_DATASETS", str(tmp_path / "collections"))
+    assert error_for(deep) == f"rlfb: error: no such folder: {deep}"  # set: not the cause
+    (tmp_path / "empty").mkdir()  # a folder that is there but is not a BEIR folder keeps its message
+    assert error_for(tmp_path / "empty") == f"rlfb: error: {tmp_path / 'empty'} is not a BEIR folder: " \
+                                             "corpus.jsonl is missing"
+
+
+def test_a_path_that_reads_as_an_unset_setting_gets_the_hint(monkeypatch) -> None:
+    from rlfb.datasets import _no_such_folder
+
+    monkeypatch.delenv("RLFB_DATASETS", raising=False)
+    assert _no_such_folder(Path("/scifact")).endswith("was the path written as $RLFB_DATASETS/...?)")
+    assert _no_such_folder(Path("scifact")) == "no such folder: scifact"  # relative: not an expanded setting
+
+
 @pytest.mark.parametrize("bad_row", ["q2\td2\tabc", "q2\td2"])
 def test_simulate_with_a_bad_qrels_row(tmp_path: Path, capsys, bad_row: str) -> None:
     data = write_beir(tmp_path / "beir", qrels=[*QRELS[:2], bad_row])
