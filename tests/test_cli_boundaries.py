@@ -415,6 +415,27 @@ def test_any_command_to_a_reader_gone_exits_quietly(tmp_path: Path, command: lis
     assert (proc.returncode, proc.stderr.decode()) == (0, "")
 
 
+def test_simulate_says_why_a_stream_split_left_nothing_to_stream(tmp_path: Path, capsys) -> None:
+    # every train question repeats a test question, held out and so never asked: the stream was left empty and
+    # the error said "the dataset needs judged queries for both the stream and the held-out set", as if the
+    # folder had no judged train questions
+    twins = [*QUERIES, {"_id": "t1", "text": "aurora sky"}, {"_id": "t2", "text": "moon tides"}]
+    data = write_beir(tmp_path / "beir", queries=twins)
+    train = data / "qrels" / "train.tsv"
+    train.write_text("query-id\tcorpus-id\tscore\nt1\td1\t1\nt2\td2\t1\n", encoding="utf-8")
+    assert main(["simulate", "--dataset", str(data), *TINY]) == 2
+    assert one_error_line(capsys) == (
+        "rlfb: error: beir: all 2 stream questions of qrels/train.tsv were left out as repeats of held-out "
+        "questions of qrels/test.tsv (2 with the same text as one): a held-out question is never asked, so the "
+        "stream has no question left")
+    # the same ids in both splits: held out too, and refused before the corpus is indexed
+    train.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n", encoding="utf-8")
+    assert main(["simulate", "--dataset", str(data), *TINY]) == 2
+    assert one_error_line(capsys) == (
+        "rlfb: error: beir: all 2 judged queries of qrels/train.tsv are judged in qrels/test.tsv too: a held-out "
+        "question is never asked, so the stream has no question")
+
+
 def test_evaluate_candidate_k_is_checked_before_loading(tmp_path: Path, capsys) -> None:
     # the dataset does not exist: an error about it would mean the check came after loading and indexing
     assert main(["evaluate", "--dataset", str(tmp_path / "absent"), "--candidate-k", "0"]) == 2

@@ -170,6 +170,30 @@ def test_a_stream_question_the_memory_takes_for_a_held_out_one_is_not_streamed()
     assert heldout == ["t1", "t2"] and stream == ["s2", "s3"]
 
 
+def test_a_stream_left_empty_by_repeats_says_how_many_and_why() -> None:
+    # it said "the dataset needs judged queries for both the stream and the held-out set", where the folder had
+    # judged stream questions: each repeated a held-out one and was left out
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(2, 16))
+    emb = {"t1": base[0], "t2": base[1], "s1": base[0] + 0.01 * rng.normal(size=16), "s2": None}
+    texts = {"t1": "question one", "t2": "question two", "s1": "question three", "s2": "Question two"}
+    prep = SimpleNamespace(stream_qrels={"s1": {"d": 1}, "s2": {"d": 1}}, qrels={"t1": {"d": 1}, "t2": {"d": 1}},
+                           contexts={q: SimpleNamespace(query_embedding=e) for q, e in emb.items()},
+                           dataset=SimpleNamespace(name="toy", queries=texts))
+    with pytest.raises(ValidationError, match=r"^toy: all 2 stream questions of qrels/train.tsv were left out as "
+                                              r"repeats of held-out questions of qrels/test.tsv \(1 with the same "
+                                              r"text as one, 1 within cosine 0.995 of one's embedding\)"):
+        run_seed(prep, SimulationConfig(), seed=0)
+    ids = [f"q{i}" for i in range(6)]  # seeded halves, every question worded alike
+    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
+                           dataset=SimpleNamespace(name="toy", queries=dict.fromkeys(ids, "the same question")))
+    with pytest.raises(ValidationError, match=r"all 3 stream questions \(a seeded half of qrels/test.tsv's\) were "
+                                              r"left out .* \(3 with the same text as one\)"):
+        run_seed(prep, SimulationConfig(), seed=0)
+
+
 def test_the_demo_collection_asks_each_question_once_and_compares_each_device_with_another() -> None:
     # past 96 devices two shared a (function, material) pair: one paraphrase question described both and
     # judged one, and past 192 two questions read alike; at 7 devices a comparison note named its own device

@@ -250,7 +250,15 @@ def _check_judged(
     if stream_qrels is None:
         enough = len(judged) >= 2  # seeded halves of the held-out split's questions
     else:
-        enough = any(q in dataset.queries and q not in qrels for q in stream_qrels)
+        asked = [q for q in stream_qrels if q in dataset.queries]
+        enough = any(q not in qrels for q in asked)
+        if asked and not enough:  # the split has questions, every one held out (as _split parts them)
+            what = f"all {len(asked)} judged queries" if len(asked) > 1 else "the one judged query"
+            raise ValidationError(
+                f"{dataset.name}: {what} of qrels/{config.stream_split}.tsv {'are' if len(asked) > 1 else 'is'} "
+                f"judged in qrels/{config.split}.tsv too: a held-out question is never asked, so the stream has "
+                "no question"
+            )
     if not enough:
         raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
 
@@ -311,9 +319,28 @@ class _Judge:
         return float(np.dot(self.gains[np.asarray(order[:kk], dtype=np.int64)], self.disc[:kk]) / self.ideal)
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """How :func:`_parts` divided the questions: ``stream`` and ``heldout`` ids, the ``judgments`` of both,
+    and how many stream questions it left out as repeats of held-out ones (``same_text``: the same text as
+    the memory normalises it; ``near``: an embedding within the memory's exact-repeat cosine)."""
+
+    stream: list[str]
+    heldout: list[str]
+    judgments: dict[str, dict]
+    same_text: int
+    near: int
+
+
 def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[str], list[str], dict[str, dict]]:
     """Stream and held-out query ids: the stream split where one exists, else seeded halves; a stream
     question with the text of a held-out one (as the memory normalises it) is left out of the stream."""
+    parts = _parts(prep, config, seed)
+    return parts.stream, parts.heldout, parts.judgments
+
+
+def _parts(prep: Prepared, config: SimulationConfig, seed: int) -> _Parts:
+    """:func:`_split`, with the count of the stream questions left out as repeats of held-out ones."""
     if prep.stream_qrels is not None:
         heldout = sorted(q for q in prep.qrels if q in prep.contexts)
         # a question judged in both splits is held out, never streamed: held-out means never asked
@@ -331,11 +358,25 @@ def _split(prep: Prepared, config: SimulationConfig, seed: int) -> tuple[list[st
     # held-out means never asked, and the memory knows a question by its text, not its id: a stream question
     # worded as a held-out one (scifact's train claim 1291 is test claim 1292) would hand it its feedback
     held_texts = {normalize_query(prep.dataset.queries[q]) for q in heldout}
+    asked = len(stream)
     stream = [q for q in stream if normalize_query(prep.dataset.queries[q]) not in held_texts]
     # ... and by its embedding: one as near as the memory takes for the same question (cosine 0.995, scifact's
     # "X increases Y" and "X decreases Y" claims) is an exact repeat to it, ungated
     near = _near_heldout(prep, stream, heldout, MemoryParams().exact_similarity)
-    return [q for q in stream if q not in near], heldout, judgments
+    return _Parts([q for q in stream if q not in near], heldout, judgments, asked - len(stream), len(near))
+
+
+def _all_repeats(prep: Prepared, config: SimulationConfig, parts: _Parts) -> str:
+    """The error for a stream left empty by :func:`_parts` because each of its questions repeats a held-out one."""
+    n = parts.same_text + parts.near
+    source = (f"of qrels/{config.stream_split}.tsv" if prep.stream_qrels is not None
+              else f"(a seeded half of qrels/{config.split}.tsv's)")
+    what = f"all {n} stream questions {source} were" if n > 1 else f"the one stream question {source} was"
+    how = [f"{parts.same_text} with the same text as one"] if parts.same_text else []
+    if parts.near:
+        how.append(f"{parts.near} within cosine {MemoryParams().exact_similarity} of one's embedding")
+    return (f"{prep.dataset.name}: {what} left out as repeats of held-out questions of qrels/{config.split}.tsv "
+            f"({', '.join(how)}): a held-out question is never asked, so the stream has no question left")
 
 
 def _near_heldout(prep: Prepared, stream: Sequence[str], heldout: Sequence[str], threshold: float) -> set[str]:
@@ -444,7 +485,10 @@ def run_seed(
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.store import FeedbackStore
 
-    stream, heldout, judgments = _split(prep, config, seed)
+    parts = _parts(prep, config, seed)
+    stream, heldout, judgments = parts.stream, parts.heldout, parts.judgments
+    if not stream and parts.same_text + parts.near:  # the data has stream questions: say why none is asked
+        raise ValidationError(_all_repeats(prep, config, parts))
     if not stream or not heldout:
         raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
     judges = {q: _Judge(prep.contexts[q], judgments[q], config.k) for q in set(stream) | set(heldout)}
