@@ -528,6 +528,19 @@ def test_demo_draws_progress_bars_only_on_a_terminal_and_not_when_quiet(
     assert "one fused retrieval" in captured.out and (tmp_path / "demo" / "results.json").is_file()
 
 
+@pytest.mark.parametrize(("terminal", "quiet", "bars"), [(True, True, False), (False, False, False),
+                                                         (True, False, True)])
+def test_simulate_draws_progress_bars_only_on_a_terminal_and_not_when_quiet(
+    tmp_path: Path, capsys, monkeypatch, terminal: bool, quiet: bool, bars: bool
+) -> None:
+    # simulate drew its bars into a log file or CI's output unless told --quiet; demo did not
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+    argv = ["simulate", "--dataset", "demo", "--retrievers", "bm25", "--interactions", "5", "--seeds", "1",
+            "--json", str(tmp_path / "sim.json"), *(["--quiet"] if quiet else [])]
+    assert main(argv) == 0
+    assert has_progress_bar(capsys.readouterr().err) == bars
+
+
 # -- from an audit of the CLI ---------------------------------------------------------------------------------
 def test_simulate_to_a_reader_gone_still_writes_its_files(tmp_path: Path) -> None:
     # the report's print failed with BrokenPipeError and ended the command before the JSON was written, exit 0

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from rlfb.commands import HelpFormatter
+from rlfb.commands import HelpFormatter, show_progress
 from rlfb.errors import ValidationError
 
 
@@ -79,11 +79,11 @@ def run(args: argparse.Namespace) -> int:
     for note in data.left_out_notes(args.split):
         print(note, file=sys.stderr)
     ens = FeedbackEnsemble.from_chunks(
-        data.corpus, retrievers=names, fusion=args.fusion, weights=weights, show_progress=True,
+        data.corpus, retrievers=names, fusion=args.fusion, weights=weights, show_progress=show_progress(False),
         candidate_k=args.candidate_k,
     )
     measures = (("ndcg", k), ("mrr", k), ("p", k), ("recall", 100))
-    results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=True, k=k)
+    results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=show_progress(False), k=k)
     cols = [f"{m}@{c}" for m, c in measures]
     print(f"{data.name} / {args.split}: {len(queries)} queries, {len(data.corpus)} documents, "
           f"fusion={args.fusion}, weights={ens.weights}")

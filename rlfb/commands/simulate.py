@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlfb.commands import HelpFormatter
+from rlfb.commands import HelpFormatter, show_progress
 from rlfb.defaults import LEARNING_POLICY
 from rlfb.errors import RlfbError, ValidationError
 
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     for split in dict.fromkeys(s for s in used if s in data.qrels):
         for note in data.left_out_notes(split):  # what the runner leaves out; its JSON config counts the queries
             print(note, file=sys.stderr)
-    result = simulate(data, config, show_progress=not args.quiet)
+    result = simulate(data, config, show_progress=show_progress(args.quiet))
     result["dataset_path"] = args.dataset if args.dataset == "demo" else str(Path(args.dataset).resolve())
     result["config"]["dataset_path"] = result["dataset_path"]
     print_table(result)
