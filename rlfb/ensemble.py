@@ -88,7 +88,10 @@ class FeedbackEnsemble:
     persist_interval
         Least seconds between two snapshots of the learner's state in the store;
         0 (the default) writes one after every feedback. State not yet written is
-        flushed by :meth:`flush`, :meth:`save` and :meth:`close`.
+        flushed by :meth:`flush`, :meth:`save` and :meth:`close`. A snapshot is the
+        whole learned state, which grows with what is learned (about 1 MB after
+        5,000 retrievals of BM25 alone), so each feedback costs more as it grows:
+        under heavy traffic give 1.0 or more.
     """
 
     def __init__(

@@ -10,11 +10,12 @@ keep, in SQL over the same fields) read them alike through :class:`SnapshotKind`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlfb.policies.base import same_hyperparameters
+from rlfb.policies.base import _by_value, same_hyperparameters
 
 
 def _field(value: Any, key: str) -> Any:
@@ -73,6 +74,24 @@ class SnapshotKind:
         return cls(policy=learner.policy_name, retrievers=tuple(learner.retrievers),
                    exploration=learner.config.exploration, dim=dim, model=model,
                    params=params() if callable(params) else None)
+
+    def key(self) -> str:
+        """The kind as one string, which the store keeps with each snapshot: equal for two snapshots of one kind
+        (hyperparameters compared by value, the weights left out, as :meth:`differences` compares them).
+
+        Stricter than :meth:`differences`: a field one side leaves ``None``, or a hyperparameter only one side
+        has, makes another key, so a save never counts another kind's snapshot as its own.
+
+        >>> a = SnapshotKind(policy="thompson", params={"step": 0.1, "window": 100, "weights": {"bm25": 1.0}})
+        >>> a.key() == SnapshotKind(policy="thompson", params={"window": 100.0, "step": 0.1}).key()
+        True
+        >>> a.key() == SnapshotKind(policy="thompson", params={"step": 0.2, "window": 100}).key()
+        False
+        """
+        params = None if self.params is None else _by_value({k: v for k, v in self.params.items() if k != "weights"})
+        fields = [self.policy, None if self.retrievers is None else list(self.retrievers), self.exploration,
+                  self.dim, self.model, params]
+        return json.dumps(fields, sort_keys=True, default=str)
 
     def differences(self, other: SnapshotKind) -> dict[str, tuple[Any, Any]]:
         """``{field: (this, other)}`` for each field both name and disagree on (hyperparameters as

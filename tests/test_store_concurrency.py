@@ -156,9 +156,12 @@ def test_opening_a_store_another_connection_holds_locked_is_store_busy(tmp_path)
     old = tmp_path / "old.db"
     FeedbackStore(old).close()
     raw = sqlite3.connect(old, isolation_level=None)  # as an older rlfb left it: before sampling_temperature
-    raw.execute("DELETE FROM _migrations WHERE name IN ('m007_sampling_temperature', 'm008_failed_runs')")
+    raw.execute("DELETE FROM _migrations WHERE name IN ('m007_sampling_temperature', 'm008_failed_runs', "
+                "'m009_snapshot_kind')")
     raw.execute("ALTER TABLE events DROP COLUMN sampling_temperature")
     raw.execute("DROP TABLE failed_runs")
+    raw.execute("DROP INDEX idx_policy_snapshots_kind_version")
+    raw.execute("ALTER TABLE policy_snapshots DROP COLUMN kind")
     new = tmp_path / "new.db"
     holder = sqlite3.connect(new, isolation_level=None)
     for path, conn in ((old, raw), (new, holder)):
