@@ -12,6 +12,8 @@ Every piece of logic lives in :mod:`rlfb`; this package only converts.
 
 from __future__ import annotations
 
+from rlfb._extras import missing_framework
+
 try:
     from langchain_rlfb.callbacks import FeedbackCallbackHandler
     from langchain_rlfb.retrievers import (
@@ -21,11 +23,8 @@ try:
         document_to_chunk,
         hit_to_document,
     )
-except ModuleNotFoundError as exc:  # the extra is not installed: say which, rather than a bare "No module named"
-    if (exc.name or "").split(".")[0] != "langchain_core":
-        raise
-    raise ModuleNotFoundError(f"langchain_rlfb needs LangChain, which is not installed ({exc}): "
-                              'pip install "rlfb[langchain]"', name=exc.name) from exc
+except ModuleNotFoundError as exc:  # the extra is not installed: say which
+    missing_framework(exc, module="langchain_core", package="langchain_rlfb", framework="LangChain", extra="langchain")
 
 __all__ = [
     "FeedbackEnsembleRetriever",

@@ -13,6 +13,8 @@ Every piece of logic lives in :mod:`rlfb`; this package only converts.
 
 from __future__ import annotations
 
+from rlfb._extras import missing_framework
+
 try:
     from llamaindex_rlfb._nodes import EVENT_ID_KEY, METADATA_KEYS, hit_to_node, node_to_chunk
     from llamaindex_rlfb.events import (
@@ -23,11 +25,8 @@ try:
     )
     from llamaindex_rlfb.postprocessor import FeedbackFusionPostprocessor
     from llamaindex_rlfb.retriever import FeedbackEnsembleRetriever
-except ModuleNotFoundError as exc:  # the extra is not installed: say which, rather than a bare "No module named"
-    if (exc.name or "").split(".")[0] != "llama_index":
-        raise
-    raise ModuleNotFoundError(f"llamaindex_rlfb needs LlamaIndex, which is not installed ({exc}): "
-                              'pip install "rlfb[llamaindex]"', name=exc.name) from exc
+except ModuleNotFoundError as exc:  # the extra is not installed: say which
+    missing_framework(exc, module="llama_index", package="llamaindex_rlfb", framework="LlamaIndex", extra="llamaindex")
 
 __all__ = [
     "FeedbackFusionPostprocessor",

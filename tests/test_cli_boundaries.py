@@ -513,32 +513,26 @@ def has_progress_bar(err: str) -> bool:
     return "it/s]" in err or "%|" in err  # tqdm's rate and bar
 
 
+SIMULATE = ["simulate", "--dataset", "demo", "--retrievers", "bm25", "--interactions", "5", "--seeds", "1"]
+
+
+@pytest.mark.parametrize("command", ["demo", "simulate"])
 @pytest.mark.parametrize(("terminal", "quiet", "bars"), [(True, True, False), (False, False, False),
                                                          (True, False, True)])
-def test_demo_draws_progress_bars_only_on_a_terminal_and_not_when_quiet(
-    tmp_path: Path, capsys, monkeypatch, terminal: bool, quiet: bool, bars: bool
+def test_progress_bars_are_drawn_only_on_a_terminal_and_not_when_quiet(
+    tmp_path: Path, capsys, monkeypatch, command: str, terminal: bool, quiet: bool, bars: bool
 ) -> None:
-    # demo had no --quiet (argparse refused it, exit status 2) and drew its bars whatever stderr was: a log
-    # file or CI's output filled with bar redraws
+    # demo had no --quiet (argparse refused it, exit status 2), and demo and simulate drew their bars whatever
+    # stderr was: a log file or CI's output filled with bar redraws
     monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
-    argv = [*DEMO, "--out", str(tmp_path / "demo"), *(["--quiet"] if quiet else [])]
-    assert main(argv) == 0
+    out = tmp_path / "out"
+    argv = [*DEMO, "--out", str(out)] if command == "demo" else [*SIMULATE, "--json", str(out / "sim.json")]
+    assert main([*argv, *(["--quiet"] if quiet else [])]) == 0
     captured = capsys.readouterr()
     assert has_progress_bar(captured.err) == bars, captured.err
-    assert "one fused retrieval" in captured.out and (tmp_path / "demo" / "results.json").is_file()
-
-
-@pytest.mark.parametrize(("terminal", "quiet", "bars"), [(True, True, False), (False, False, False),
-                                                         (True, False, True)])
-def test_simulate_draws_progress_bars_only_on_a_terminal_and_not_when_quiet(
-    tmp_path: Path, capsys, monkeypatch, terminal: bool, quiet: bool, bars: bool
-) -> None:
-    # simulate drew its bars into a log file or CI's output unless told --quiet; demo did not
-    monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
-    argv = ["simulate", "--dataset", "demo", "--retrievers", "bm25", "--interactions", "5", "--seeds", "1",
-            "--json", str(tmp_path / "sim.json"), *(["--quiet"] if quiet else [])]
-    assert main(argv) == 0
-    assert has_progress_bar(capsys.readouterr().err) == bars
+    assert (out / ("results.json" if command == "demo" else "sim.json")).is_file()
+    if command == "demo":
+        assert "one fused retrieval" in captured.out
 
 
 # -- from an audit of the CLI ---------------------------------------------------------------------------------
