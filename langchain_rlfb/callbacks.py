@@ -434,11 +434,11 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         When the handler's ``ensemble`` keeps its log in another store, each
         rated retrieval that store also holds (the ensemble's own event, under
         the same run id) gets the feedback there too, so the ensemble learns;
-        the returned records then include those second records. Both stores
-        take it or neither: a refusal by the ensemble's store (an idempotency
-        conflict, a locked file) undoes the handler's rows, and what was
-        learned. Each file's write lock is taken in this order, the
-        handler's first.
+        the returned records then include those second records. A refusal by
+        the ensemble's store (an idempotency conflict, a locked file) undoes
+        the handler's rows; where the run holds two of the ensemble's
+        retrievals, the first one's row and learning stay. The handler's file
+        is locked first.
 
         Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
         under ``run_id`` or below it.
@@ -460,15 +460,15 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         ens = self.ensemble
         if ens is None or ens.store is None or same_store(ens.store, self.store):
             return record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
-        # The run tree (links) lives in this handler's store: resolve here, record per event there. One block on
-        # each file, the learner's inside the handler's, so that a refusal there (an idempotency conflict, a
-        # locked file) undoes the handler's rows too; only a failed commit of the handler's own file, after the
-        # learner's, could leave one without the other. Not where a learner keeps the handler's file through
-        # another connection: it learns after the handler's commit, which a block around it would keep waiting.
-        with ExitStack() as blocks:
+        # The run tree (links) lives in this handler's store: resolve here, record per event there. The learner's
+        # writes inside the handler's block, so that a refusal there (an idempotency conflict, a locked file)
+        # undoes the handler's rows too; each is a transaction of the learner's file, as before, since a block
+        # held on that file would keep waiting a learner on another connection to it (another ensemble of the
+        # same file that made the decision). Not where a learner keeps the handler's file through another
+        # connection: it learns after the handler's commit, which a block around it would keep waiting.
+        with ExitStack() as block:
             if not learns_after_commit(self.store, run_id):
-                blocks.enter_context(self.store.exclusive())
-                blocks.enter_context(ens.store.exclusive())
+                block.enter_context(self.store.exclusive())
             records = record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
             ikey = fb.pop("idempotency_key", None)
             rated = [r.event_id for r in records]

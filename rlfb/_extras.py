@@ -16,9 +16,9 @@ def missing_framework(exc: ModuleNotFoundError, *, module: str, package: str, fr
     ...                       framework="X", extra="x")
     ... except ModuleNotFoundError as exc:
     ...     print(exc)
-    x_rlfb needs X, which is not installed (No module named 'x'): pip install "rlfb[x]"
+    x_rlfb needs X, which is not installed, or not in a version it supports (No module named 'x'): pip install "rlfb[x]"
     """
     if (exc.name or "").split(".")[0] != module:
         raise exc
-    raise ModuleNotFoundError(f"{package} needs {framework}, which is not installed ({exc}): "
-                              f'pip install "rlfb[{extra}]"', name=exc.name) from exc
+    raise ModuleNotFoundError(f"{package} needs {framework}, which is not installed, or not in a version it supports "
+                              f'({exc}): pip install "rlfb[{extra}]"', name=exc.name) from exc

@@ -633,7 +633,7 @@ def test_snapshots_kept_must_be_a_positive_int_or_none(kept):
         FeedbackStore(":memory:", snapshots_kept=kept)
 
 
-def test_the_write_ahead_log_is_cut_back_after_a_checkpoint(tmp_path):
+def test_the_store_limits_what_the_write_ahead_log_keeps_after_a_checkpoint(tmp_path):
     # no journal_size_limit: after one large transaction (a prune) the log stayed at 140 MB for good
     with FeedbackStore(tmp_path / "fb.db") as store:
         assert store._conn.execute("PRAGMA journal_size_limit").fetchone()[0] == 64 * 1024 * 1024

@@ -173,3 +173,20 @@ def test_opening_a_store_another_connection_holds_locked_is_store_busy(tmp_path)
         conn.close()
         with FeedbackStore(path) as store:  # free again: the migrations run
             assert MIGRATIONS.names == store.schema_migrations
+
+
+def test_another_stores_busy_error_inside_an_exclusive_block_keeps_its_name(tmp_path):
+    # a StoreBusyError of store B raised inside A's exclusive() block was named again as A's ("A stayed
+    # locked"), though A was never locked
+    from rlfb.errors import StoreBusyError
+
+    a, b = FeedbackStore(tmp_path / "a.db"), FeedbackStore(tmp_path / "b.db", busy_timeout=0.05)
+    holder = sqlite3.connect(tmp_path / "b.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreBusyError) as caught, a.exclusive():
+            b.save_policy_state({}, {"bm25": 1.0})
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "b.db" in str(caught.value) and "a.db" not in str(caught.value)

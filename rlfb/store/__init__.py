@@ -19,7 +19,8 @@ What it keeps (one table each):
     The computed reward of each in-window feedback, one row per chunk it was
     attributed to (a single row with no chunk when the event returned none).
 ``policy_snapshots``
-    The policy state and weights over time; the newest row is the current one.
+    The policy state and weights, the newest ``snapshots_kept`` of each kind of
+    ensemble (all with ``None``); the newest row is the current one.
 
 One module per part: :mod:`~rlfb.store.feedback_store` (the class: connection,
 transactions, writes and lookups), :mod:`~rlfb.store.migrations` (the schema),

@@ -333,6 +333,8 @@ class FeedbackStore:
         """Name SQLite's errors about the file: damage after opening, or a file that cannot be written."""
         try:
             yield
+        except StoreBusyError:
+            raise  # named already, by the store it is about (another store's, inside an exclusive() block of this one)
         except sqlite3.DatabaseError as exc:
             if _read_only(exc):
                 raise ReadOnlyStoreError(f"feedback store {self.path} is read-only: {exc}") from exc
@@ -1297,7 +1299,8 @@ class FeedbackStore:
         return self._snapshot(rows[0], with_state=True) if rows else None
 
     def policy_history(self, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
-        """Snapshots oldest first (weights over time); with ``limit``, the most recent ``limit``."""
+        """Snapshots oldest first (weights over time, of the snapshots kept: ``snapshots_kept``); with ``limit``,
+        the most recent ``limit``."""
         lim = "" if limit is None else f" LIMIT {_check_limit(limit)}"
         with self._read():
             rows = list(self.db.query(f"SELECT * FROM policy_snapshots ORDER BY version DESC{lim}"))

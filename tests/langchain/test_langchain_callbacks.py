@@ -359,6 +359,51 @@ def test_feedback_the_learners_store_refuses_leaves_no_row_in_the_handlers(make_
     assert handler.store.counts()["feedback"] == 1 and ens.store.counts()["feedback"] == 2
 
 
+def test_feedback_on_another_ensembles_decision_on_the_learners_file_is_learned(tmp_path: Any) -> None:
+    # a handler on its own file, given one ensemble of a two-corpus app whose ensembles share one file through
+    # stores of their own: holding a block on that file around the learner's write kept the other ensemble, which
+    # made the decision, waiting for its own connection until busy_timeout, and nothing was recorded
+    from rlfb import FeedbackEnsemble
+
+    shared = str(tmp_path / "fb.db")
+    texts = ["tides and the moon", "magma and volcanoes", "aurora and the sun", "rain and clouds"]
+    ens_a, ens_b = (FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), policy="gradient",
+                                                store=FeedbackStore(shared, busy_timeout=1)) for _ in range(2))
+    handler = FeedbackCallbackHandler(FeedbackStore(tmp_path / "h.db"), ensemble=ens_a)
+    top = uuid.uuid4()
+    rag_chain(FeedbackEnsembleRetriever.from_ensemble(ens_b, k=2)).invoke(
+        "moon", config={"callbacks": [handler], "run_id": top})
+    assert len(handler.record_feedback(top, score=1.0)) == 2
+    assert ens_b.learner.n_learned == 1 and handler.store.counts()["feedback"] == 1
+
+
+def test_feedback_on_a_plain_retrievers_run_does_not_wait_for_the_learners_file(tmp_path: Any) -> None:
+    # the learner's file was locked for every feedback, even on a run it holds nothing of: another process
+    # writing there failed the feedback of a plain retriever's run after busy_timeout
+    import sqlite3
+
+    from rlfb import FeedbackEnsemble
+
+    class Plain(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list:
+            return [Document(page_content="tides and the moon", id="x1")]
+
+    learner_file = tmp_path / "fb.db"
+    ens = FeedbackEnsemble.from_texts(["tides and the moon", "magma"], retrievers=("bm25",), policy="gradient",
+                                      store=FeedbackStore(learner_file, busy_timeout=0.5))
+    handler = FeedbackCallbackHandler(FeedbackStore(tmp_path / "h.db"), ensemble=ens)
+    Plain().invoke("moon", config={"callbacks": [handler]})
+    (event,) = handler.store.db.query("SELECT id FROM events")
+    other = sqlite3.connect(learner_file, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process writing the learner's file
+    try:
+        (record,) = handler.record_feedback(event["id"], score=1.0)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert record.event_id == event["id"] and not record.duplicate
+
+
 def test_handler_on_the_ensemble_file_records_once(tmp_path: Any, make_ensemble: Any) -> None:
     path = str(tmp_path / "fb.db")
     ens = make_ensemble(store=FeedbackStore(path), policy="gradient")
