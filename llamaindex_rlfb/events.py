@@ -579,7 +579,7 @@ class FeedbackEventHandler(BaseEventHandler):
         # block, so with learners on two other files a refusal by the second leaves the first one's row. Not
         # where a learner keeps this very file through another connection: it learns after the handler's commit,
         # which a block held around it would keep waiting (StoreBusyError): that feedback is written as before.
-        # a learner on another file learns from its own copy of the event
+        # A learner on another file learns from its own copy of the event.
         elsewhere = [(eid, ens) for eid, ens in makers.items() if eid not in here and ens.store.has_event(eid)]
         together = elsewhere and not learns_after_commit(self._store, qid, here)
         with self._store.exclusive() if together else nullcontext():
