@@ -27,6 +27,8 @@ query (a sandwich estimator over per-query sums).
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping
 from typing import Any
 
@@ -140,7 +142,11 @@ class ClickEvidence:
             "gone": float_list(self._gone),
             # each query's row too: the clustered variance sums the rows in row order, and a reload that put
             # them in this (least recently used) order summed them otherwise, a few last bits apart
-            "queries": [[k, float_list(self._q[r]), r] for k, r in self._rows.items()],
+            "queries": [[k, r] for k, r in self._rows.items()],
+            # the rows themselves as little-endian float64 bytes, in row order: the same numbers to the last bit,
+            # at about half the size of a JSON list of each (36 MB of JSON at the caps of 13 query types, written
+            # after every feedback) and a fraction of the time to write and read
+            "rows": base64.b64encode(self._q[: len(self._rows)].astype("<f8").tobytes()).decode("ascii"),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> ClickEvidence:
@@ -149,10 +155,19 @@ class ClickEvidence:
             n, clock = float(state["n"]), float(state["clock"])
             s = np.asarray(state["s"], dtype=float)
             gone = np.asarray(state["gone"], dtype=float)
-            entries = [(str(item[0]), np.asarray(item[1], dtype=float)) for item in state["queries"]]
-            # where each query's row was (saves before 2026-12-04 have none: then in the order saved)
-            places = [item[2] if len(item) > 2 else None for item in state["queries"]]
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            if "rows" in state:  # each query [key, row], the rows in one base64 block
+                block = np.frombuffer(base64.b64decode(state["rows"], validate=True), dtype="<f8")
+                places = [item[1] for item in state["queries"]]
+                ints = sorted(p for p in places if isinstance(p, int) and not isinstance(p, bool))
+                if block.size != len(places) * (k + 1) or ints != list(range(len(places))):
+                    raise CorruptStateError("click evidence is malformed: its rows are not one per query")
+                matrix = block.reshape(len(places), k + 1).astype(float)
+                entries = [(str(item[0]), matrix[p]) for item, p in zip(state["queries"], places, strict=True)]
+            else:  # saved before 2026-12-04: each query [key, its row as a list, row]
+                entries = [(str(item[0]), np.asarray(item[1], dtype=float)) for item in state["queries"]]
+                # where each query's row was (older saves have none: then in the order saved)
+                places = [item[2] if len(item) > 2 else None for item in state["queries"]]
+        except (KeyError, TypeError, ValueError, IndexError, binascii.Error) as exc:
             raise CorruptStateError(f"click evidence is malformed: {exc!r}") from exc
         if sorted(p for p in places if isinstance(p, int) and not isinstance(p, bool)) != list(range(len(places))):
             places = list(range(len(entries)))
