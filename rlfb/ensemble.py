@@ -41,7 +41,7 @@ from rlfb.errors import (
 )
 from rlfb.fusion import check_fusion, normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
-from rlfb.memory import without_embeddings
+from rlfb.memory import naming_model, without_embeddings
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, saving_into, top_k
 from rlfb.runs import in_callers_block, maker_of, owns_event, remember_maker, store_lock
@@ -1141,11 +1141,7 @@ class FeedbackEnsemble:
     def _state_to_save(self) -> dict[str, Any]:
         """The learner's state, its memory naming the dense model its query embeddings are of: a snapshot of
         another model's memory is then set aside (:meth:`_is_ours`) even when the two share a dimension."""
-        state = self._learner.state_dict()
-        memory, key = state.get("memory"), self._dense_model_key()
-        if isinstance(memory, dict) and key is not None:
-            memory["model"] = key
-        return state
+        return naming_model(self._learner.state_dict(), self._dense_model_key())
 
     def _query_dim(self) -> int | None:
         """The dimension of this ensemble's query embeddings (``None`` without a dense retriever)."""

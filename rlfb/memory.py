@@ -54,7 +54,7 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.policies._util import check_float, check_int, plain_numbers
 from rlfb.reward import finite_float
 
-__all__ = ["MemoryParams", "FeedbackMemory", "normalize_query", "without_embeddings"]
+__all__ = ["MemoryParams", "FeedbackMemory", "normalize_query", "naming_model", "without_embeddings"]
 
 _SPACE = re.compile(r"\s+")
 # sentence punctuation, quotes and brackets (also Spanish, full-width and CJK ones); not symbols that name
@@ -526,6 +526,20 @@ class FeedbackMemory:
 # the largest query-embedding dimension a saved memory may declare: eight times the widest text embedding models'
 # (4,096 to 8,192), so a real one always loads, while a damaged 10**12 is refused before it sizes an array
 _MAX_DIM = 65_536
+
+
+def naming_model(learner_state: dict[str, Any], model: str | None) -> dict[str, Any]:
+    """``learner_state`` (a learner's ``state_dict()``), its memory naming the dense model its query embeddings are
+    of, in place and returned; as it was where ``model`` is ``None`` or there is no memory. The learner does not
+    keep the name: whoever saves the state adds it, so that a snapshot of another model's memory is known.
+
+    >>> naming_model({"memory": {"dim": 2}}, "dense:a")
+    {'memory': {'dim': 2, 'model': 'dense:a'}}
+    """
+    memory = learner_state.get("memory")
+    if isinstance(memory, dict) and model is not None:
+        memory["model"] = model
+    return learner_state
 
 
 def without_embeddings(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import numpy as np
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.files import write_text_atomically
 from rlfb.fusion import validate_weights
+from rlfb.memory import naming_model
 from rlfb.policies.base import same_hyperparameters
 from rlfb.snapshot_kind import SnapshotKind
 
@@ -286,13 +287,10 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
         notes.append(f"the file's {learner.policy_name!r} hyperparameters differ from the store's newest "
                      f"snapshot ({other}): ensembles built like that snapshot keep their own state, not these "
                      "weights")
-    state = learner.state_dict()
     # the dense model the memory's embeddings are of, as the file's or the snapshot's state named it: the
     # learner does not keep it (the ensemble adds it when it saves), and without it any ensemble would take them
     source = wf.state if from_file else (saved or {}).get("state")
-    model = SnapshotKind.of({"state": source}).model
-    if model is not None and isinstance(state.get("memory"), dict):
-        state["memory"]["model"] = model
+    state = naming_model(learner.state_dict(), SnapshotKind.of({"state": source}).model)
     version = store.save_policy_state(state, applied, policy=learner.policy_name, timestamp=time.time())
     return {"weights": applied, "policy": learner.policy_name, "version": version, "requested": normalised,
             "notes": notes}
