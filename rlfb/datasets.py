@@ -111,6 +111,21 @@ def dataset_path(name: str) -> Path:
     return base / name
 
 
+def find_dataset(arg: str | Path) -> Path:
+    """The collection folder ``arg`` names, as the CLI takes ``--dataset``: ``arg`` itself where it is a
+    folder; else, for a bare name such as ``"cranfield"``, that folder under :func:`datasets_dir` where
+    it is there; else ``arg`` as given, whose loading then says that there is no such folder.
+
+    >>> str(find_dataset("no-such-collection-here"))
+    'no-such-collection-here'
+    """
+    path = Path(arg)
+    if path.is_dir() or path.is_absolute() or len(path.parts) != 1:
+        return path
+    base = datasets_dir()
+    return base / path if base is not None and (base / path).is_dir() else path
+
+
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """Numbered text lines of ``path``; undecodable bytes raise :class:`CorruptStateError` naming the line."""
     try:

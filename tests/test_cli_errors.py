@@ -227,6 +227,29 @@ def test_a_dataset_folder_that_does_not_exist_is_named_as_such(tmp_path: Path, c
                                              "corpus.jsonl is missing"
 
 
+@pytest.mark.parametrize("command", [["evaluate"], ["simulate", "--quiet", *SMALL_RUN[2:]]], ids=lambda c: c[0])
+def test_a_collection_is_found_by_its_name_under_the_setting(tmp_path: Path, capsys, monkeypatch,
+                                                             command: list[str]) -> None:
+    # `--dataset cranfield` said "no such folder: cranfield" with RLFB_DATASETS set, where the benchmarks
+    # and docs/experiments.md take a bare name; a folder of that name where the command runs still wins
+    collections = tmp_path / "collections"
+    write_beir(collections / "tiny")
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    monkeypatch.setenv("RLFB_DATASETS", str(collections))
+    assert main([command[0], "--dataset", "tiny", "--retrievers", "bm25", *command[1:]]) == 0
+    printed = capsys.readouterr().out
+    assert "tiny / test: 2 queries" in printed or "tiny: nDCG@10" in printed
+    (run / "tiny").mkdir()  # here, but not a BEIR folder: taken as given, and refused as such
+    assert main([command[0], "--dataset", "tiny", "--retrievers", "bm25", *command[1:]]) == 2
+    assert one_error_line(capsys) == "rlfb: error: tiny is not a BEIR folder: corpus.jsonl is missing"
+    monkeypatch.delenv("RLFB_DATASETS")
+    (run / "tiny").rmdir()
+    assert main([command[0], "--dataset", "tiny", "--retrievers", "bm25", *command[1:]]) == 2
+    assert one_error_line(capsys) == "rlfb: error: no such folder: tiny"
+
+
 def test_a_path_that_reads_as_an_unset_setting_gets_the_hint(monkeypatch) -> None:
     from rlfb.datasets import _no_such_folder
 

@@ -13,7 +13,9 @@ from rlfb.errors import ValidationError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="nDCG@10, MRR@10, P@10 and Recall@100 of each retriever and the fusion",
                        formatter_class=HelpFormatter)
-    p.add_argument("--dataset", required=True, help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv)")
+    p.add_argument("--dataset", required=True,
+                   help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv), or a collection's name "
+                        "under $RLFB_DATASETS")
     p.add_argument("--split", default="test", help="the qrels file to judge by: qrels/SPLIT.tsv")
     p.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated: bm25,dense,splade")
     p.add_argument("--fusion", default="rrf", choices=["rrf", "minmax", "zscore"], help="how the scores are fused")
@@ -51,7 +53,7 @@ def check_retriever_names(names: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rlfb.commands import check_int, check_output_name, prepare_output_file, write_output
-    from rlfb.datasets import load_beir
+    from rlfb.datasets import find_dataset, load_beir
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.offline import evaluate_ensemble
     from rlfb.types import validate_k
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_name("--json", args.json_out)
     if args.json_out:  # a bad output path fails now, not after indexing and evaluation
         prepare_output_file(args.json_out)
-    data = load_beir(args.dataset)
+    data = load_beir(find_dataset(args.dataset))
     judged = data.split(args.split)
     data.check_known_documents(args.split)  # qrels of another corpus: every metric would be 0
     queries = data.split_queries(args.split)

@@ -19,7 +19,9 @@ MAX_SEEDS = 1000
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="learn from simulated users and compare with fixed-weight baselines",
                        formatter_class=HelpFormatter)
-    p.add_argument("--dataset", required=True, help="a BEIR folder, or 'demo' for the generated collection")
+    p.add_argument("--dataset", required=True,
+                   help="a BEIR folder, a collection's name under $RLFB_DATASETS, or 'demo' for the generated "
+                        "collection")
     p.add_argument("--split", default="test",
                    help="the qrels file of the held-out questions: qrels/SPLIT.tsv (the stream asks those of "
                         "qrels/train.tsv where there is one, else half of SPLIT's)")
@@ -61,10 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def load_dataset(name: str):  # noqa: ANN201 - BeirDataset
-    from rlfb.datasets import load_beir
+    from rlfb.datasets import find_dataset, load_beir
     from rlfb.demo_corpus import generate_demo_corpus
 
-    return generate_demo_corpus() if name == "demo" else load_beir(name)
+    return generate_demo_corpus() if name == "demo" else load_beir(find_dataset(name))
 
 
 def print_table(result: dict) -> None:
