@@ -510,6 +510,23 @@ def test_missing_model_packages(monkeypatch: pytest.MonkeyPatch) -> None:
         models.default_splade_model()
 
 
+@pytest.mark.parametrize(("load", "missing", "extra"), [
+    ("load_sentence_transformer", "sentence_transformers", "dense"),
+    ("load_sparse_encoder", "sentence_transformers", "splade"),
+    ("load_sentence_transformer", "transformers", "dense"),
+])
+def test_a_missing_sentence_transformers_names_the_extra(monkeypatch: pytest.MonkeyPatch, load: str, missing: str,
+                                                         extra: str) -> None:
+    # it was a bare "No module named 'sentence_transformers'", where the adapters name their extra
+    from rlfb.retrievers import models
+
+    monkeypatch.setitem(sys.modules, missing, None)  # makes the import fail
+    if missing == "transformers":
+        monkeypatch.setitem(sys.modules, "transformers.utils", None)
+    with pytest.raises(ModuleNotFoundError, match=rf'needs sentence-transformers.*pip install "rlfb\[{extra}\]"'):
+        getattr(models, load)()
+
+
 def test_default_model_paths() -> None:
     from rlfb.retrievers.models import default_dense_model, default_splade_model
 

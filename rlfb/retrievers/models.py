@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlfb._extras import missing_framework
 from rlfb.errors import CorruptStateError, ModelNotFoundError, ValidationError
 
 __all__ = [
@@ -121,9 +122,21 @@ def _file_digest(file: Path) -> bytes:
     return _DIGESTS[memo]
 
 
+# the extra that installs what each model class needs, named when it is missing
+_EXTRA = {"SentenceTransformer": ("dense", "rlfb's dense retriever"),
+          "SparseEncoder": ("splade", "rlfb's SPLADE retriever")}
+
+
 def _load(cls_name: str, model: str, device: str | None, hint: str, **kwargs: Any) -> Any:
-    import sentence_transformers
-    from transformers.utils import logging as hf_logging
+    try:
+        import sentence_transformers
+        from transformers.utils import logging as hf_logging
+    except ModuleNotFoundError as exc:  # a bare "No module named 'sentence_transformers'" named no extra
+        top = (exc.name or "").split(".")[0]
+        extra, user = _EXTRA[cls_name]
+        if top not in ("sentence_transformers", "transformers", "torch"):
+            raise
+        missing_framework(exc, module=top, package=user, framework="sentence-transformers", extra=extra)
 
     cls = getattr(sentence_transformers, cls_name)
     bars = hf_logging.is_progress_bar_enabled()
