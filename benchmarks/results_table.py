@@ -10,6 +10,12 @@ values is a system of its own, labelled with them. The README's collections come
 first, then the others by name. The baselines come from the first file of each collection. A second table
 splits the thompson runs' held-out figure between the held-out queries that share a relevant document with a
 stream query and those that share none. A folder without a simulate output is an error (exit status 1).
+
+    python benchmarks/results_table.py --variants RESULTS_DIR
+
+prints instead the README's table of "Other shapes of collection": one row per thompson run (a variant),
+its stream and held-out question counts, held-out nDCG@10 of the learned weights and of RRF, equal and tuned
+fixed weights (four decimals), and the learned seen and online figures with RRF's beside them.
 """
 
 from __future__ import annotations
@@ -71,11 +77,38 @@ def find_results(root: Path) -> dict[str, dict[str, dict]]:
     return tables
 
 
-def main(folder: str) -> None:
+def fmt4(entry: dict) -> str:
+    return "–" if entry is None or entry.get("mean") is None else f"{entry['mean']:.4f}"
+
+
+def variants_table(tables: dict[str, dict[str, dict]]) -> None:
+    """The "Other shapes of collection" table: each collection's thompson run against its baselines."""
+    print("| variant | stream / held-out questions | held-out: learned | RRF | equal | tuned fixed | seen (RRF) "
+          "| online (RRF) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for ds, results in tables.items():
+        r = results.get("thompson")
+        if r is None:
+            continue
+        split = r["config"].get("split", "test")
+        label = ds + (f" (`--split {split}`)" if split != "test" else "")
+        run = (r.get("runs") or [{}])[0]
+        f, b = r["final"], r["baselines"]
+        print(f"| {label} | {run.get('stream_queries', '–')} / {run.get('heldout_queries', '–')} "
+              f"| {fmt4(f['heldout_ndcg@10'])} | {fmt4(b['rrf']['heldout_ndcg@10'])} "
+              f"| {fmt4(b['equal']['heldout_ndcg@10'])} | {fmt4(b['tuned_fixed']['heldout_ndcg@10'])} "
+              f"| {fmt(f['seen_ndcg@10'])} ({fmt(b['rrf']['seen_ndcg@10'])}) "
+              f"| {fmt(f['online_ndcg@10'])} ({fmt(b['rrf'].get('online_ndcg@10'))}) |")
+
+
+def main(folder: str, *, variants: bool = False) -> None:
     root = Path(folder)
     tables = find_results(root)
     if not tables:  # an empty table would read as a result
         sys.exit(f"results_table: no rlfb simulate --json output in {root}")
+    if variants:
+        variants_table(tables)
+        return
     print("| collection | system | held-out | seen | online |")
     print("|---|---|---|---|---|")
     for ds, results in tables.items():
@@ -112,7 +145,9 @@ if __name__ == "__main__":
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("folder", nargs="?", default="out/results",
                         help="folder of DATASET_POLICY.json files written by rlfb simulate --json")
+    parser.add_argument("--variants", action="store_true",
+                        help="print the table of the README's \"Other shapes of collection\" instead")
     args = parser.parse_args()
     if not Path(args.folder).is_dir():
         parser.error(f"no such folder: {args.folder}")
-    main(args.folder)
+    main(args.folder, variants=args.variants)

@@ -69,3 +69,22 @@ def test_a_run_with_policy_options_is_a_system_of_its_own(tmp_path: Path, output
     assert "| cisi | **thompson** |" in done.stdout
     assert "| cisi | **thompson (cf_min_questions=10)** |" in done.stdout
     assert "skipped" in done.stderr and "broken.json: its config names no policy" in done.stderr
+
+
+def test_the_variants_table_has_the_readmes_columns(tmp_path: Path, output: dict) -> None:
+    # the README said `results_table.py` printed its "Other shapes of collection" table; it printed the main one
+    write(tmp_path / "cisi_dev_split_thompson.json", {**output, "config": {**output["config"], "split": "dev"}},
+          policy="thompson")
+    write(tmp_path / "cisi_dev_split_gradient.json", output, policy="gradient")  # not a row of its own
+    done = subprocess.run([sys.executable, str(SCRIPT), "--variants", str(tmp_path)], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| cisi")]
+    run, base = output["runs"][0], output["baselines"]
+    assert rows == [
+        f"| cisi_dev_split (`--split dev`) | {run['stream_queries']} / {run['heldout_queries']} "
+        f"| {output['final']['heldout_ndcg@10']['mean']:.4f} | {base['rrf']['heldout_ndcg@10']['mean']:.4f} "
+        f"| {base['equal']['heldout_ndcg@10']['mean']:.4f} | {base['tuned_fixed']['heldout_ndcg@10']['mean']:.4f} "
+        f"| {output['final']['seen_ndcg@10']['mean']:.3f} ({base['rrf']['seen_ndcg@10']['mean']:.3f}) "
+        f"| {output['final']['online_ndcg@10']['mean']:.3f} ({base['rrf']['online_ndcg@10']['mean']:.3f}) |"
+    ]
