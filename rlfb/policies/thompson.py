@@ -52,7 +52,7 @@ worlds where no retriever is better it keeps equal weights with the learner's
 default settings (``tests/test_policies.py``); with the feedback memory and
 chunk exploration off it moves on some seeds (12 of 36 weightings over 3 worlds
 x 4 seeds x global and two query types, 0.010 nDCG@10 worse on average): the
-gate (``cf_gate_z``) takes the best of 65 arms without a correction for
+gate (``cf_gate_z``) takes the best of 66 arms without a correction for
 testing that many. The epsilon policy moves with the defaults too.
 """
 
