@@ -22,11 +22,17 @@ What it keeps (one table each):
     The policy state and weights, the newest ``snapshots_kept`` of each kind of
     ensemble (all with ``None``); the newest row is the current one.
 
-One module per part: :mod:`~rlfb.store.feedback_store` (the class: connection,
-transactions, writes and lookups), :mod:`~rlfb.store.migrations` (the schema),
+One module per part: :mod:`~rlfb.store.feedback_store` (the class: its settings,
+lifecycle and public methods, which call the modules below),
+:mod:`~rlfb.store.connection` (opening the file, transactions and the lock),
+:mod:`~rlfb.store.event_log` (retrievals logged and looked up),
+:mod:`~rlfb.store.run_tree` (run links and failed runs),
+:mod:`~rlfb.store.feedback_log` (feedback, its rewards and their attribution),
+:mod:`~rlfb.store.snapshots` (policy snapshots), :mod:`~rlfb.store.pruning`
+(retention), :mod:`~rlfb.store.migrations` (the schema),
 :mod:`~rlfb.store.records` (what reads return), :mod:`~rlfb.store.reports`
-(statistics and export), :mod:`~rlfb.store.checks` (validation at the boundary)
-and :mod:`~rlfb.store.codec` (lossless text and JSON).
+(counts, statistics and export), :mod:`~rlfb.store.checks` (validation at the
+boundary) and :mod:`~rlfb.store.codec` (lossless text and JSON).
 
 Schema changes are named migration functions in :data:`MIGRATIONS`, recorded
 in ``_migrations`` and applied under an exclusive write lock, so opening a file

@@ -1,6 +1,6 @@
-"""Reading the store back: sliding-window statistics and the per-chunk export.
+"""Reading the store back: row counts, sliding-window statistics and the per-chunk export.
 
-The :class:`~rlfb.store.FeedbackStore` methods ``stats``, ``export_rows``,
+The :class:`~rlfb.store.FeedbackStore` methods ``counts``, ``stats``, ``export_rows``,
 ``to_dataframe`` and ``export_jsonl`` call these; they read through the store's
 own read transactions.
 """
@@ -52,6 +52,20 @@ def _finite(store: FeedbackStore, value: Any, row: str, col: str) -> Any:
             f"{row} in {store.path} is damaged: its {col} is {value!r}, not a finite number"[:300]
         )
     return value
+
+
+def counts(store: FeedbackStore) -> dict[str, int]:
+    """Row counts of each table, and of the flagged feedback: see :meth:`FeedbackStore.counts`."""
+    with store._read() as conn:
+        q = conn.execute
+        return {
+            "events": q("SELECT COUNT(*) FROM events").fetchone()[0],
+            "chunks": q("SELECT COUNT(*) FROM event_chunks").fetchone()[0],
+            "feedback": q("SELECT COUNT(*) FROM feedback").fetchone()[0],
+            "rewards": q("SELECT COUNT(*) FROM rewards").fetchone()[0],
+            "flagged": q("SELECT COUNT(*) FROM feedback WHERE in_window = 0").fetchone()[0],
+            "policy_snapshots": q("SELECT COUNT(*) FROM policy_snapshots").fetchone()[0],
+        }
 
 
 def stats(

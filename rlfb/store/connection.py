@@ -1,0 +1,274 @@
+"""The store's connection to its file: opening it, SQLite's errors named, and the transactions every call runs in.
+
+:func:`connect` and :func:`prepare` open a file as a feedback store (WAL, pragmas,
+migrations, and the checks that it is rlfb's and whole); :class:`Transactions`
+holds the one connection's lock, read and write transactions and ``exclusive()``
+blocks. See :mod:`rlfb.store` for the concurrency and durability they give.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from sqlite_utils import Database
+
+from rlfb.errors import CorruptStateError, ReadOnlyStoreError, RlfbError, StoreBusyError, ValidationError
+from rlfb.store.migrations import MIGRATIONS, expected_columns
+
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+_TABLES = frozenset(
+    {"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links", "failed_runs"}
+)
+_WAL_SIZE_LIMIT = 64 * 1024 * 1024  # bytes; PRAGMA journal_size_limit
+
+
+def _read_only(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_READONLY: the file, or the folder its WAL side files go in, cannot be written."""
+    return isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc)
+
+
+def _locked(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED: another connection held the lock for the whole busy timeout."""
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or "busy" in str(exc))
+
+
+def busy_error(path: str, busy_timeout: float, exc: sqlite3.DatabaseError) -> StoreBusyError:
+    """The :class:`StoreBusyError` for a lock another connection held past ``busy_timeout``."""
+    return StoreBusyError(
+        f"feedback store {path} stayed locked for its busy_timeout ({busy_timeout:g} s): "
+        "another connection holds its write lock (another process, or another FeedbackStore on this "
+        f"file inside exclusive() in this thread, which would wait on itself): {exc}"
+    )
+
+
+def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """A new connection to ``path`` (autocommit: every transaction is begun explicitly)."""
+    try:
+        return sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+    except sqlite3.OperationalError as exc:  # past _check_path: no permission, or a folder removed since
+        raise ValidationError(f"cannot open path {path!r}: {exc}") from exc
+
+
+def prepare(db: Database, path: str, *, memory: bool, synchronous: str, busy_timeout: float) -> tuple[str, list[str]]:
+    """Set the connection up and bring the file's schema up to date; return the journal mode and the migrations run.
+
+    Raises :class:`CorruptStateError` for another application's database, or a store whose tables or columns
+    were dropped by hand; SQLite's own errors pass through, for :func:`opening_error` to name.
+    """
+    conn = db.conn
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    theirs = sorted(set(db.table_names()) - {MIGRATIONS.table})
+    ours = MIGRATIONS.table in db.table_names() and {"migration_set", "name"} <= {
+        c.name for c in db[MIGRATIONS.table].columns
+    }  # a table of that name with other columns is another tool's
+    if theirs and not ours:
+        # another application's database: writing rlfb's schema into it would change a file
+        # that is not ours (and a look with `rlfb store stats` would do it too)
+        raise CorruptStateError(
+            f"{path} is not an rlfb feedback store: it holds other tables {theirs[:5]}; "
+            "give rlfb a file of its own"
+        )
+    journal_mode = "memory" if memory else _enable_wal(conn, busy_timeout)
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    # the write-ahead log is cut back to this size after a checkpoint: one large transaction (a prune)
+    # left it at 140 MB for good
+    conn.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
+    applied = MIGRATIONS.apply(db)
+    missing = sorted(_TABLES.difference(db.table_names()))
+    if missing:  # recorded as migrated, yet gone: dropped by hand
+        raise CorruptStateError(f"{path} is a feedback store without its tables {missing}")
+    # a column dropped by hand (its migration still recorded) failed later, at the first write or read
+    # that named it, as a raw OperationalError: one PRAGMA table_info per table finds it now
+    lacking = {
+        table: sorted(cols.difference(c.name for c in db[table].columns))
+        for table, cols in sorted(expected_columns().items()) if table in _TABLES
+    }
+    lacking = {table: cols for table, cols in lacking.items() if cols}
+    if lacking:
+        raise CorruptStateError(f"{path} is a feedback store whose tables lack the columns {lacking}")
+    return journal_mode, applied
+
+
+def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
+    mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    deadline = time.monotonic() + busy_timeout
+    while mode.lower() != "wal":
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            break
+        except sqlite3.OperationalError as exc:  # another process is switching it: wait and retry
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    return str(mode).lower()
+
+
+def opening_error(exc: sqlite3.DatabaseError, path: str, busy_timeout: float) -> Exception:
+    """What opening a file raises for an error of SQLite's: busy, read-only, else damage."""
+    if _locked(exc):  # another connection holds the file: not damage (a migration waits for the lock)
+        return busy_error(path, busy_timeout, exc)
+    if _read_only(exc):
+        return ReadOnlyStoreError(
+            f"{path} is read-only: rlfb writes to its feedback store (in WAL mode, also beside it): {exc}"
+        )
+    return CorruptStateError(f"cannot open {path} as a feedback store: {exc}")
+
+
+def integrity_check(tx: Transactions) -> str:
+    """``PRAGMA integrity_check`` on the store's connection: ``"ok"``, or what SQLite found wrong."""
+    with tx.lock:
+        conn = tx.check_open()
+        try:
+            return "\n".join(str(r[0]) for r in conn.execute("PRAGMA integrity_check"))
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:
+                raise
+            return str(exc)  # too damaged for the check itself to finish
+
+
+class Transactions:
+    """A store's one connection: whether it is open, and its transactions, each holding the store's lock.
+
+    :meth:`read` is one snapshot; :meth:`write` one ``BEGIN IMMEDIATE`` transaction, or a savepoint inside
+    an :meth:`exclusive` block, which holds the write lock for the whole block (nested blocks are savepoints
+    of it) and runs its :meth:`on_rollback` callbacks if it is undone. ``finalizer`` closes the connection,
+    once: at :meth:`close`, or when the store it is keyed to is collected unclosed.
+    """
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        lock: threading.RLock,
+        path: str,
+        busy_timeout: float,
+        finalizer: weakref.finalize,
+    ) -> None:
+        self.conn = conn
+        self.lock = lock
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self._finalizer = finalizer
+        self.closed = False
+        self.depth = 0  # of exclusive() blocks on this connection
+        self._undo: list[list[Callable[[], None]]] = []  # per open exclusive() block: on_rollback callbacks
+
+    def close(self) -> None:
+        """Close the connection (idempotent); not inside :meth:`exclusive`, whose writes it would drop."""
+        with self.lock:
+            if self.depth:
+                raise RlfbError("cannot close a FeedbackStore inside its exclusive() block: its writes would be lost")
+            if not self.closed:
+                self.closed = True
+                self._finalizer()  # closes the connection, once
+
+    def check_open(self) -> sqlite3.Connection:
+        if self.closed:
+            raise RlfbError("FeedbackStore is closed")
+        return self.conn
+
+    @contextmanager
+    def sql_errors(self) -> Iterator[None]:
+        """Name SQLite's errors about the file: damage after opening, or a file that cannot be written."""
+        try:
+            yield
+        except StoreBusyError:
+            raise  # named already, by the store it is about (another store's, inside an exclusive() block of this one)
+        except sqlite3.DatabaseError as exc:
+            if _read_only(exc):
+                raise ReadOnlyStoreError(f"feedback store {self.path} is read-only: {exc}") from exc
+            if type(exc) is sqlite3.DatabaseError:  # SQLITE_CORRUPT / SQLITE_NOTADB, not a constraint or lock
+                raise CorruptStateError(f"feedback store {self.path} is damaged: {exc}") from exc
+            if _locked(exc):
+                raise busy_error(self.path, self.busy_timeout, exc) from exc
+            raise
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        with self.lock, self.sql_errors():
+            conn = self.check_open()
+            if self.depth:
+                # inside exclusive(): the write lock is held already; a savepoint undoes only this write
+                conn.execute("SAVEPOINT rlfb_write")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK TO rlfb_write")
+                    conn.execute("RELEASE rlfb_write")
+                    raise
+                conn.execute("RELEASE rlfb_write")
+                return
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every query inside sees one snapshot."""
+        with self.lock, self.sql_errors():
+            conn = self.check_open()
+            if conn.in_transaction:
+                yield conn
+                return
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The write lock held for the whole block: see :meth:`rlfb.store.FeedbackStore.exclusive`."""
+        with self.lock:
+            self._undo.append([])
+            try:
+                # the outermost block is one write transaction (BEGIN IMMEDIATE ... COMMIT or ROLLBACK); the
+                # writes inside, and nested blocks, are savepoints of it: a nested block that raises undoes its
+                # own writes even when the outer block catches the error (it used to join the transaction and
+                # commit them)
+                with self.write():
+                    self.depth += 1
+                    try:
+                        yield
+                    finally:
+                        self.depth -= 1
+            except BaseException as exc:
+                self._run_undo(self._undo.pop(), exc)
+                raise
+            undo = self._undo.pop()
+            if self._undo:  # committed into the enclosing block, whose rollback undoes these writes too
+                self._undo[-1].extend(undo)
+
+    def on_rollback(self, undo: Callable[[], None]) -> None:
+        """Register ``undo`` with the innermost open :meth:`exclusive` block."""
+        if not callable(undo):
+            raise ValidationError(f"on_rollback takes a callable, got {type(undo).__name__}")
+        with self.lock:
+            if not self.depth:
+                raise RlfbError("on_rollback is only meaningful inside an exclusive() block")
+            self._undo[-1].append(undo)
+
+    @staticmethod
+    def _run_undo(undo: list[Callable[[], None]], exc: BaseException) -> None:
+        for fn in reversed(undo):
+            try:
+                fn()
+            except Exception as err:  # the block's own error is what the caller must see; keep this one beside it
+                note = f"and an on_rollback callback failed: {err!r}"
+                add_note = getattr(exc, "add_note", None)  # Python 3.11+; on 3.10 a warning says it instead
+                if add_note is not None:
+                    add_note(note)
+                else:
+                    warnings.warn(note, RuntimeWarning, stacklevel=2)

@@ -1,0 +1,316 @@
+"""The feedback log: each feedback signal checked, stored with the reward it gave, and attributed to chunks.
+
+:func:`prepare_feedback` checks a signal's arguments; :func:`apply_feedback`, inside the write
+transaction, checks it against the database (the idempotency key, the event, its chunks, the time)
+before anything is inserted, then writes the feedback rows and their reward rows. The
+:class:`~rlfb.store.FeedbackStore` methods ``record_feedback``, ``record_feedback_batch``,
+``feedback``, ``event_reward`` and ``chunk_reward_sums`` call these.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rlfb.errors import (
+    CorruptStateError,
+    FeedbackBeforeEventError,
+    IdempotencyConflictError,
+    RlfbError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
+from rlfb.store.checks import _batches, _check_event_id, _check_int, _items, _marks, _opt_str, _req_str
+from rlfb.store.codec import _dec, _decode_row, _enc, _loads
+from rlfb.store.records import (
+    _FEEDBACK_PARAMS,
+    FeedbackRecord,
+    _as_duplicate,
+    _EventInfo,
+    _feedback_dict,
+    _Pending,
+    _prefixed,
+)
+
+if TYPE_CHECKING:
+    from rlfb.store.feedback_store import FeedbackStore
+
+
+def record_batch(store: FeedbackStore, items: Iterable[Mapping[str, Any]]) -> list[FeedbackRecord]:
+    """Record many feedback dicts in one transaction, every one checked first; all or none."""
+    now = store._now()
+    pendings = []
+    items = list(_items(items, "items", "mappings of record_feedback arguments"))
+    many = len(items) > 1  # "feedback item 0:" says nothing about a batch of one (run feedback on one event)
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise ValidationError(f"feedback item {i} must be a mapping")
+        unknown = set(item) - _FEEDBACK_PARAMS
+        if unknown:
+            raise ValidationError(f"feedback item {i}: unknown argument(s) {sorted(unknown)}")
+        if "event_id" not in item:
+            raise ValidationError(f"feedback item {i} has no event_id")
+        try:
+            pendings.append(prepare_feedback(store, now, **item))
+        except RlfbError as exc:
+            if not many:
+                raise
+            raise _prefixed(exc, f"feedback item {i}: ") from exc
+    if not pendings:
+        return []
+    with store._write() as conn:
+        return apply_feedback(store, conn, pendings, prefix=len(pendings) > 1)
+
+
+def prepare_feedback(
+    store: FeedbackStore,
+    now: float,
+    event_id: str,
+    signal: str | None = None,
+    *,
+    value: Any = None,
+    rating: Any = None,
+    chunk_id: str | None = None,
+    timestamp: Any = None,
+    session_id: str | None = None,
+    user_id: str | None = None,
+    idempotency_key: str | None = None,
+    comment: str | None = None,
+    key: str | None = None,
+) -> _Pending:
+    """One signal's arguments, checked and normalised; the database is not read."""
+    eid = _check_event_id(event_id)
+    name, kind, raw, val = store.reward.normalize(signal, value, rating)
+    if idempotency_key is not None:
+        _req_str(idempotency_key, "idempotency_key")
+    return _Pending(
+        event_id=eid,
+        signal=name,
+        kind=kind,
+        raw_value=raw,
+        value=val,
+        chunk_id=_opt_str(chunk_id, "chunk_id"),
+        ts=store._timestamp(timestamp, "timestamp", now),
+        session_id=_opt_str(session_id, "session_id"),
+        user_id=_opt_str(user_id, "user_id"),
+        idempotency_key=idempotency_key,
+        key=_opt_str(key, "key"),
+        comment=_opt_str(comment, "comment"),
+    )
+
+
+def apply_feedback(
+    store: FeedbackStore, conn: sqlite3.Connection, pendings: list[_Pending], prefix: bool = False
+) -> list[FeedbackRecord]:
+    """Inside a write transaction: check against the database, then insert. Raises before any insert."""
+    keys = list({p.idempotency_key for p in pendings if p.idempotency_key is not None})
+    existing: dict[str, FeedbackRecord] = {}
+    for b in _batches(keys):
+        for row in conn.execute(
+            f"SELECT id FROM feedback WHERE idempotency_key IN ({_marks(len(b))})", [_enc(k) for k in b]
+        ):
+            rec = stored_record(conn, row[0], duplicate=True)
+            existing[rec.idempotency_key] = rec  # type: ignore[index]
+    event_ids = list({p.event_id for p in pendings})
+    info: dict[str, _EventInfo] = {}
+    for b in _batches(event_ids):
+        for eid, ts, chunk_ids, unused_ids in conn.execute(
+            f"SELECT id, ts, chunk_ids, unused_ids FROM events WHERE id IN ({_marks(len(b))})",
+            [_enc(e) for e in b],
+        ):
+            try:  # rows written outside rlfb may hold anything: name the event, not a raw error
+                chunks = _loads(chunk_ids)
+                skip = set() if unused_ids is None else set(_loads(unused_ids))
+                if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or \
+                        not isinstance(chunks, list) or not all(isinstance(c, str) for c in chunks):
+                    raise ValueError("its timestamp or chunk ids are not what rlfb wrote")
+            except (ValueError, TypeError) as exc:
+                raise CorruptStateError(f"event {_dec(eid)!r} in {store.path} is damaged: {exc}") from exc
+            info[_dec(eid)] = _EventInfo(ts, chunks, chunks if unused_ids is None else
+                                         [c for c in chunks if c not in skip])
+    next_id = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM feedback").fetchone()[0]
+    rf = store.reward
+    created = store._now()
+    records: list[FeedbackRecord] = []
+    feedback_rows: list[tuple[Any, ...]] = []
+    reward_rows: list[tuple[Any, ...]] = []
+    for i, p in enumerate(pendings):
+        try:
+            if p.idempotency_key is not None and p.idempotency_key in existing:
+                first = existing[p.idempotency_key]
+                # aliases of one kind ("cited", "opened": implicit positive) with one value are one feedback
+                if (first.event_id, rf.resolve(first.signal), first.chunk_id, first.value) != (
+                    p.event_id, rf.resolve(p.signal), p.chunk_id, p.value
+                ):
+                    raise IdempotencyConflictError(
+                        f"idempotency key {p.idempotency_key!r} already recorded {first.signal!r} "
+                        f"(value {first.value:g}) on event {first.event_id!r} (chunk {first.chunk_id!r})"
+                    )
+                records.append(first)
+                continue
+            ev = info.get(p.event_id)
+            if ev is None:
+                raise UnknownEventError(f"unknown event id {p.event_id!r}")
+            if p.chunk_id is not None and p.chunk_id not in ev.chunks:
+                raise UnknownChunkError(f"chunk {p.chunk_id!r} was not part of event {p.event_id!r}")
+            if p.ts < ev.ts - store.clock_skew:
+                raise FeedbackBeforeEventError(
+                    f"feedback at {p.ts:.3f} is {ev.ts - p.ts:.0f}s before its event "
+                    f"(tolerance {store.clock_skew:g}s)"
+                )
+        except RlfbError as exc:
+            raise (_prefixed(exc, f"feedback item {i}: ") if prefix else exc) from None
+        delay = max(0.0, p.ts - ev.ts)
+        in_window = delay <= store.attribution_window
+        discount = rf.discount(delay)
+        discounted = p.value * discount
+        reward = rf.clip(discounted)
+        chunk_rewards = rf.attribute(reward, ev.used, p.chunk_id) if in_window else {}
+        fid = next_id
+        next_id += 1
+        enc_eid = _enc(p.event_id)
+        feedback_rows.append(
+            (
+                fid,
+                enc_eid,
+                _enc(p.chunk_id),
+                _enc(p.signal),
+                p.kind,
+                p.raw_value,
+                p.value,
+                discount,
+                discounted,
+                reward,
+                p.ts,
+                delay,
+                1 if in_window else 0,
+                _enc(p.session_id),
+                _enc(p.user_id),
+                _enc(p.idempotency_key),
+                _enc(p.key),
+                _enc(p.comment),
+                created,
+            )
+        )
+        if in_window:
+            if chunk_rewards:
+                reward_rows.extend((fid, enc_eid, _enc(c), r, p.ts) for c, r in chunk_rewards.items())
+            else:
+                reward_rows.append((fid, enc_eid, None, reward, p.ts))
+        rec = FeedbackRecord(
+            feedback_id=fid,
+            event_id=p.event_id,
+            chunk_id=p.chunk_id,
+            signal=p.signal,
+            value=p.value,
+            reward=reward,
+            chunk_rewards=chunk_rewards,
+            in_window=in_window,
+            duplicate=False,
+            delay=delay,
+            timestamp=p.ts,
+            kind=p.kind,
+            discount=discount,
+            idempotency_key=p.idempotency_key,
+        )
+        records.append(rec)
+        if p.idempotency_key is not None:
+            existing[p.idempotency_key] = _as_duplicate(rec)
+    conn.executemany(
+        "INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
+        "discounted, reward, ts, delay, in_window, session_id, user_id, idempotency_key, key, comment, "
+        "created_at) "
+        f"VALUES ({_marks(19)})",
+        feedback_rows,
+    )
+    conn.executemany(
+        "INSERT INTO rewards (feedback_id, event_id, chunk_id, reward, ts) VALUES (?, ?, ?, ?, ?)",
+        reward_rows,
+    )
+    return records
+
+
+def stored_record(conn: sqlite3.Connection, feedback_id: int, duplicate: bool) -> FeedbackRecord:
+    """The :class:`FeedbackRecord` of a stored feedback row (an idempotent retry's answer)."""
+    cols = (
+        "id", "event_id", "chunk_id", "signal", "kind", "value", "reward", "in_window", "delay", "ts",
+        "discount", "idempotency_key",
+    )
+    sql = f"SELECT {', '.join(cols)} FROM feedback WHERE id = ?"
+    found = conn.execute(sql, (feedback_id,)).fetchone()
+    row = _decode_row(dict(zip(cols, found, strict=True)))
+    chunk_rewards = {
+        _dec(c): r
+        for c, r in conn.execute(
+            "SELECT chunk_id, reward FROM rewards WHERE feedback_id = ? AND chunk_id IS NOT NULL "
+            "ORDER BY id",
+            (feedback_id,),
+        )
+    }
+    return FeedbackRecord(
+        feedback_id=row["id"],
+        event_id=row["event_id"],
+        chunk_id=row["chunk_id"],
+        signal=row["signal"],
+        value=row["value"],
+        reward=row["reward"],
+        chunk_rewards=chunk_rewards,
+        in_window=bool(row["in_window"]),
+        duplicate=duplicate,
+        delay=row["delay"],
+        timestamp=row["ts"],
+        kind=row["kind"],
+        discount=row["discount"],
+        idempotency_key=row["idempotency_key"],
+    )
+
+
+def feedback_rows(store: FeedbackStore, event_id: str) -> list[dict[str, Any]]:
+    """The event's feedback rows, decoded, oldest first."""
+    with store._read():
+        rows = store.db.query(
+            "SELECT * FROM feedback WHERE event_id = ? ORDER BY ts, id", [_enc(_check_event_id(event_id))]
+        )
+        return [_feedback_dict(r) for r in rows]
+
+
+def event_reward(store: FeedbackStore, event_id: str) -> tuple[float, dict[str, float]]:
+    """``(reward, chunk_rewards)`` of an event over all its in-window feedback, each clipped."""
+    enc = _enc(_check_event_id(event_id))
+    with store._read() as conn:
+        if conn.execute("SELECT 1 FROM events WHERE id = ?", (enc,)).fetchone() is None:
+            raise UnknownEventError(f"unknown event id {event_id!r}")
+        total = conn.execute(
+            "SELECT SUM(discounted) FROM feedback WHERE event_id = ? AND in_window = 1", (enc,)
+        ).fetchone()[0]
+        chunks = {
+            _dec(c): store.reward.clip(r)
+            for c, r in conn.execute(
+                "SELECT r.chunk_id, SUM(r.reward) FROM feedback f JOIN rewards r ON r.feedback_id = f.id "
+                "WHERE f.event_id = ? AND r.chunk_id IS NOT NULL GROUP BY r.chunk_id",
+                (enc,),
+            )
+        }
+    reward = store.reward.clip(store.reward.config.no_feedback if total is None else total)
+    return reward, chunks
+
+
+def chunk_reward_sums(
+    store: FeedbackStore, event_id: str, *, before_feedback_id: int | None = None
+) -> dict[str, float]:
+    """Per chunk, the rewards the event's feedback attributed to it, summed (before ``before_feedback_id``)."""
+    enc = _enc(_check_event_id(event_id))
+    # through feedback, whose event_id is indexed (the copy in rewards is not)
+    sql = (
+        "SELECT r.chunk_id, SUM(r.reward) FROM feedback f JOIN rewards r ON r.feedback_id = f.id "
+        "WHERE f.event_id = ? AND r.chunk_id IS NOT NULL"
+    )
+    params: list[Any] = [enc]
+    if before_feedback_id is not None:
+        sql += " AND f.id < ?"
+        params.append(_check_int(before_feedback_id, "before_feedback_id", minimum=0))
+    with store._read() as conn:
+        return {_dec(c): float(r) for c, r in conn.execute(sql + " GROUP BY r.chunk_id", params)}

@@ -1,0 +1,117 @@
+"""Policy snapshots: the learned state and weights, appended after learning, newest read back.
+
+A save keeps the newest ``snapshots_kept`` of its kind (:class:`~rlfb.snapshot_kind.SnapshotKind`,
+by the ``kind`` column); :data:`PRUNE_SNAPSHOTS` is what a prune deletes, keeping the newest of
+each kind. The :class:`~rlfb.store.FeedbackStore` methods ``save_policy_state``,
+``load_policy_state``, ``policy_history`` and ``state_version`` call these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.snapshot_kind import SnapshotKind
+from rlfb.store.checks import _check_int, _check_limit, _check_weights, _opt_str
+from rlfb.store.codec import _dumps, _enc
+from rlfb.store.records import _snapshot_dict
+
+if TYPE_CHECKING:
+    from rlfb.store.connection import Transactions
+    from rlfb.store.feedback_store import FeedbackStore
+
+# What tells one ensemble's snapshots from another's (rlfb.snapshot_kind.SnapshotKind, here in SQL): the
+# policy, and from the state the retrievers, the chunk exploration, the memory's embedding dimension and dense
+# model, the policy's hyperparameters (its weights left out, as same_hyperparameters leaves them). A BLOB state
+# (one holding a lone surrogate) is read as text; one that is no JSON at all is a kind of its own. An older
+# snapshot with no policy column is grouped apart from those that name it: prune keeps one more, never one less.
+_TEXT = "CAST(state AS TEXT)"
+_VALID = f"typeof(state) IN ('text', 'blob') AND json_valid({_TEXT})"
+_STATE = f"CASE WHEN {_VALID} THEN {_TEXT} END"
+_SNAPSHOT_KIND = ", ".join([
+    "policy",
+    f"json_extract({_STATE}, '$.retrievers')",
+    f"json_extract({_STATE}, '$.exploration.kind')",
+    f"json_extract({_STATE}, '$.memory.dim')",
+    f"json_extract({_STATE}, '$.memory.model')",
+    f"json_remove(json_extract({_STATE}, '$.policy.params'), '$.weights')",
+    f"CASE WHEN {_VALID} THEN 0 ELSE version END",
+])
+
+# the snapshots older than a prune's cutoff (its one parameter), but the newest of each kind: another kind's later
+# snapshot must not take away an ensemble's only state
+PRUNE_SNAPSHOTS = (
+    "DELETE FROM policy_snapshots WHERE ts < ? "
+    f"AND version NOT IN (SELECT MAX(version) FROM policy_snapshots GROUP BY {_SNAPSHOT_KIND})"
+)
+
+
+def save_policy_state(
+    store: FeedbackStore,
+    state: Mapping[str, Any],
+    weights: Mapping[str, Any],
+    *,
+    policy: str | None = None,
+    timestamp: float | datetime | None = None,
+) -> int:
+    """Append a policy snapshot, dropping the older ones of its kind past ``snapshots_kept``; return its version."""
+    if not isinstance(state, Mapping):
+        raise ValidationError(f"state must be a mapping, got {type(state).__name__}")
+    w = _check_weights(weights)
+    now = store._now()
+    ts = store._timestamp(timestamp, "timestamp", now)
+    name = _opt_str(policy, "policy")
+    kind = SnapshotKind.of({"policy": name, "state": state}).key()
+    row = (ts, _enc(name), _dumps(w, "weights"), _dumps(dict(state), "state"), kind)
+    with store._write() as conn:
+        cur = conn.execute(
+            "INSERT INTO policy_snapshots (ts, policy, weights, state, kind) VALUES (?, ?, ?, ?, ?)", row
+        )
+        if store.snapshots_kept is not None:
+            conn.execute(
+                "DELETE FROM policy_snapshots WHERE kind = ? AND version <= (SELECT version FROM "
+                "policy_snapshots WHERE kind = ? ORDER BY version DESC LIMIT 1 OFFSET ?)",
+                (kind, kind, store.snapshots_kept),
+            )
+        return int(cur.lastrowid)  # type: ignore[arg-type]
+
+
+def load_policy_state(
+    store: FeedbackStore, policy: str | None = None, *, before: int | None = None
+) -> dict[str, Any] | None:
+    """The newest snapshot (of ``policy``, older than ``before``), decoded with its state, or ``None``."""
+    where, params = [], []
+    if policy is not None:
+        where.append("policy = ?")
+        params.append(_enc(_opt_str(policy, "policy")))
+    if before is not None:
+        where.append("version < ?")
+        params.append(_check_int(before, "before", minimum=0))
+    sql = "SELECT * FROM policy_snapshots" + (" WHERE " + " AND ".join(where) if where else "")
+    with store._read():
+        rows = list(store.db.query(sql + " ORDER BY version DESC LIMIT 1", params))
+    return _snapshot(store, rows[0], with_state=True) if rows else None
+
+
+def policy_history(store: FeedbackStore, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
+    """Snapshots oldest first; with ``limit``, the most recent ``limit``."""
+    lim = "" if limit is None else f" LIMIT {_check_limit(limit)}"
+    with store._read():
+        rows = list(store.db.query(f"SELECT * FROM policy_snapshots ORDER BY version DESC{lim}"))
+    return [_snapshot(store, r, with_state=with_state) for r in reversed(rows)]
+
+
+def _snapshot(store: FeedbackStore, row: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
+    try:
+        return _snapshot_dict(row, with_state)
+    except ValueError as exc:  # its JSON was damaged outside rlfb (_loads names that a CorruptStateError)
+        raise CorruptStateError(f"policy snapshot {row['version']} in {store.path} is damaged: {exc}") from exc
+
+
+def state_version(tx: Transactions) -> int:
+    """Version of the newest snapshot (0 if none): one query, with no read transaction around it (a cheap poll)."""
+    with tx.lock, tx.sql_errors():
+        conn = tx.check_open()
+        return int(conn.execute("SELECT COALESCE(MAX(version), 0) FROM policy_snapshots").fetchone()[0])
