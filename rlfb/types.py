@@ -14,7 +14,7 @@ from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
 __all__ = [
     "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk_ids", "copy_metadata", "make_chunks",
-    "validate_flag", "validate_k",
+    "validate_flag", "validate_k", "validate_seconds",
 ]
 
 
@@ -127,6 +127,21 @@ def validate_flag(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValidationError(f"{name} must be True or False, got {value!r}")
     return bool(value)
+
+
+def validate_seconds(value: object, name: str) -> float:
+    """A number of seconds >= 0; infinity means never (simulations never write snapshots).
+
+    >>> validate_seconds(5, "refresh_interval")
+    5.0
+    >>> validate_seconds(-1, "refresh_interval")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: refresh_interval must be a number of seconds >= 0, got -1
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN fails >= too
+        raise ValidationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def check_choice(value: object, choices: Mapping[str, Any], what: str) -> str:

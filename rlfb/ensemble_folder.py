@@ -1,0 +1,168 @@
+"""The folder :meth:`FeedbackEnsemble.save <rlfb.FeedbackEnsemble.save>` writes and ``load`` reads back.
+
+``ensemble.json`` (the ensemble's settings and the names of its retrievers and search members), the chunk
+table, one folder a retriever under ``retrievers/`` and ``learner.json`` (the learner's state): JSON and
+``.npy``, never pickle. A save is written beside the folder and swapped in whole
+(:func:`rlfb.retrievers.base.saving_into`); a load checks every file before it builds the ensemble, and
+keeps a store's state that has learned from more feedback than the save.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.members import SearchMember
+from rlfb.retrievers.base import ChunkTable, saving_into
+from rlfb.snapshot_sync import state_to_save
+from rlfb.types import validate_seconds
+
+if TYPE_CHECKING:
+    from rlfb.ensemble import FeedbackEnsemble
+
+_CONFIG_FILE = "ensemble.json"
+_FORMAT = 1
+
+
+def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
+    """The body of :meth:`FeedbackEnsemble.save <rlfb.FeedbackEnsemble.save>`."""
+    with ens._save_lock:
+        ens.flush()
+        table, retrievers = ens._index()
+        config = {
+            "format": _FORMAT,
+            "retrievers": list(retrievers),
+            "members": list(ens._members),  # callables are not saved: pass members= to load()
+            "fusion": ens.fusion,
+            "candidate_k": ens.candidate_k,
+            "rrf_c": ens.rrf_c,
+            "seed": ens.seed,
+            "policy": ens._learner.policy_name,
+            "refresh_interval": _interval_json(ens.refresh_interval),
+            "persist_interval": _interval_json(ens.persist_interval),
+        }
+        with saving_into(Path(path), marker=_CONFIG_FILE, what="ensemble") as tmp:
+            table.save(tmp)  # metadata JSON cannot hold is a ValidationError naming the chunk
+            for name, r in retrievers.items():
+                r.save(tmp / "retrievers" / name)
+            (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
+            # learning holds ens._lock: read (and encode) the state under it, or a save made while
+            # feedback arrives sees dicts change size mid-read, or half of one update
+            with ens._lock:
+                state = json.dumps(state_to_save(ens), allow_nan=False)
+            (tmp / "learner.json").write_text(state, encoding="utf-8")
+
+
+def load_ensemble(
+    cls: type[FeedbackEnsemble],
+    path: str | Path,
+    *,
+    store: Any,
+    retriever_options: Mapping[str, Mapping[str, Any]] | None,
+    kwargs: Mapping[str, Any],
+) -> FeedbackEnsemble:
+    """The body of :meth:`FeedbackEnsemble.load <rlfb.FeedbackEnsemble.load>` (``kwargs``: its keyword
+    arguments that override the saved settings)."""
+    from rlfb.learner import Learner
+    from rlfb.retrievers import load_retriever
+
+    root = Path(path)
+    learned = sorted({"policy", "learner_config", "weights"} & set(kwargs))
+    if learned:  # the saved learner state would overwrite them: refuse rather than drop them unsaid
+        raise ValidationError(
+            f"load() brings back the saved learner, so it takes no {learned}: set weights afterwards with "
+            "ens.set_weights(...), or build a new ensemble for another policy"
+        )
+    try:
+        config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
+        state = json.loads((root / "learner.json").read_text(encoding="utf-8"), parse_constant=_no_constant)
+        if not isinstance(config, dict):
+            raise CorruptStateError(f"{root / _CONFIG_FILE} holds a {type(config).__name__}, not settings")
+        if config.get("format") != _FORMAT:
+            raise CorruptStateError(f"{root / _CONFIG_FILE}: unknown format {config.get('format')!r}")
+        names = [str(n) for n in config["retrievers"]]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise CorruptStateError(f"cannot read an ensemble from {root}: {exc!r}"[:500]) from exc
+    saved_members = config.get("members") or []
+    given = {m.name for m in kwargs.get("members", ()) if isinstance(m, SearchMember)}
+    if isinstance(saved_members, list) and not set(map(str, saved_members)) <= given:
+        raise ValidationError(
+            f"{root} was saved with the search members {saved_members!r}: pass them again, "
+            "load(path, members=[SearchMember(name, search_fn), ...])"
+        )
+    if retriever_options is not None and not isinstance(retriever_options, Mapping):
+        raise ValidationError("retriever_options must map retriever names to mappings of load() arguments")
+    options_of = dict(retriever_options or {})
+    unknown = sorted(map(str, set(options_of) - set(names)))
+    if unknown:
+        raise ValidationError(f"retriever_options names {unknown}, but {root} holds the retrievers {names}")
+    for name, opts in options_of.items():
+        if not isinstance(opts, Mapping) or not all(isinstance(k, str) for k in opts):
+            raise ValidationError(f"retriever_options[{name!r}] must be a mapping of load() arguments by name")
+    table = ChunkTable.load(root)
+    retrievers = {n: load_retriever(root / "retrievers" / n, **options_of.get(n, {})) for n in names}
+    learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads below
+    saved_count = _n_learned(state, root)
+    try:
+        # the whole state is checked now, before a store is opened: also when the store turns out
+        # to be ahead of this save and keeps its own state, a damaged learner.json is an error
+        Learner.untrained_like(state).load_state_dict(state)
+    except CorruptStateError as exc:
+        raise CorruptStateError(f"{root / 'learner.json'}: {exc}") from exc
+    options = {
+        "fusion": config.get("fusion", "minmax"),
+        "candidate_k": config.get("candidate_k", 100),
+        "rrf_c": config.get("rrf_c", 60.0),
+        "seed": config.get("seed", 0),
+        "policy": learner.policy,
+        "learner_config": learner.config,
+    }
+    for name in ("refresh_interval", "persist_interval"):  # older saves have neither: the defaults
+        if name in config and name not in kwargs:  # one given explicitly wins, a damaged saved one too
+            options[name] = _interval_from_json(config[name], name, root / _CONFIG_FILE)
+    options.update(kwargs)
+    try:
+        ens = cls(retrievers, table, store=store, **options)
+    except ValidationError as exc:
+        if kwargs:  # the caller's own settings may be what is wrong
+            raise
+        raise CorruptStateError(f"{root / _CONFIG_FILE}: {exc}") from exc
+    if ens._learner.n_learned > saved_count:
+        # the store already holds this policy's state, learned from more feedback than the
+        # save: the store is the live record (other processes may have learned since the save),
+        # so the save must not roll it back
+        return ens
+    ens._learner.load_state_dict(state)
+    return ens
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a saved state may hold")
+
+
+def _interval_json(seconds: float) -> float | str:
+    """An interval as JSON holds it: infinity ("writes only when forced") is the string ``"inf"``, as JSON has none."""
+    return "inf" if seconds == math.inf else seconds
+
+
+def _interval_from_json(value: object, name: str, file: Path) -> float:
+    """A saved interval back in seconds; a damaged one is a :class:`CorruptStateError` naming the file."""
+    if value == "inf":
+        return math.inf
+    try:
+        return validate_seconds(value, name)
+    except ValidationError as exc:  # damaged saved settings, not the caller's argument
+        raise CorruptStateError(f"{file}: {exc}") from exc
+
+
+def _n_learned(state: Any, root: Path) -> int:
+    """How many episodes a saved learner state has learned from."""
+    count = state.get("n_learned") if isinstance(state, Mapping) else None
+    # a negative count would always lose to the store's and skip this save's state unsaid
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise CorruptStateError(f"{root / 'learner.json'}: n_learned must be a count of episodes, got {count!r}")
+    return count

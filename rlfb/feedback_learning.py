@@ -1,0 +1,293 @@
+"""Learning from feedback on a logged retrieval: what is logged for it, who learns it, and the Episode learned.
+
+A retrieval is logged with what the learner needs back later (:func:`metadata_to_log`, :func:`log_retrieval`):
+the decision, each hit's row and, where the store keeps no query text, the learner's key for the question
+(:func:`learner_query`, :data:`QUERY_KEY`). Feedback on it is recorded and learned in one transaction
+(:func:`record_and_learn`) by the live ensemble that made the decision (:func:`rlfb.runs.maker_of`), which
+rebuilds the decision from the logged rows as an :class:`~rlfb.policies.base.Episode`
+(:func:`rebuild_episode`) and learns it on top of the store's newest state (:func:`learn_record`). Implicit
+feedback (:meth:`~rlfb.FeedbackEnsemble.observe`) is inferred from a session and given the same way
+(:func:`record_implicit`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
+from rlfb.policies.base import Context, Decision, Episode
+from rlfb.runs import in_callers_block, maker_of, owns_event
+from rlfb.snapshot_sync import undo_on_rollback
+from rlfb.types import Hit
+
+if TYPE_CHECKING:
+    from rlfb.ensemble import FeedbackEnsemble
+
+_HASHED = "sha256:"  # prefix of the learner's key for a question the store keeps only hashed
+#: The event metadata key of the learner's key for a question, logged where the store keeps no text.
+QUERY_KEY = "rlfb_query_key"
+
+
+def learner_query(store: Any, query: str) -> str:
+    """What the learner knows a question by: its text, or, with a store that keeps no text
+    (``store_text=False``), the sha256 of its normalised text, logged with the event
+    (:data:`QUERY_KEY`), so that no query text reaches the learner's saved state and a
+    rebuilt episode finds the same question after a restart."""
+    if store is not None and not store.store_text:
+        from rlfb.memory import normalize_query
+        from rlfb.store import query_hash
+
+        # of the normalised text, as the memory keys a question it knows by its text: a hash of the
+        # raw text took "What causes tides?" and "what causes tides" for two questions
+        return _HASHED + query_hash(normalize_query(query))
+    return query
+
+
+def metadata_to_log(
+    store: Any,
+    ctx: Context,
+    key: str,
+    *,
+    event_id: str | None,
+    parent_id: str | None,
+    metadata: Mapping[str, Any] | None,
+    timestamp: float | None,
+) -> dict[str, Any]:
+    """The metadata to log a retrieval of ``ctx`` with (the learner knowing its question by ``key``), once
+    ``store`` has checked the event's arguments."""
+    logged = _logged_metadata(metadata, ctx.query, key)
+    # before ranking: a retrieval refused only when logged (a future timestamp, an id already
+    # logged) had moved the policy's random state and the memory's count of asks all the same
+    check = getattr(store, "check_event_args", None)  # a store of the user's own may lack it
+    if check is not None:
+        check(event_id=event_id, session_id=ctx.session_id, parent_id=parent_id, timestamp=timestamp,
+              metadata=logged)
+    return logged
+
+
+def log_retrieval(
+    store: Any,
+    ctx: Context,
+    decision: Decision,
+    hits: Sequence[Hit],
+    used: int | None,
+    *,
+    event_id: str | None,
+    parent_id: str | None,
+    metadata: dict[str, Any],
+    timestamp: float | None,
+) -> str:
+    """Log a ranking of ``ctx`` in ``store``: its decision and each hit's row (the answer written from the top
+    ``used``); returns the event id."""
+    return store.log_event(
+        ctx.query,
+        decision.to_dict(),
+        [_chunk_row(h, used) for h in hits],
+        session_id=ctx.session_id,
+        features=dict(ctx.features),
+        query_type=ctx.query_type,
+        event_id=event_id,
+        parent_id=parent_id,
+        metadata=metadata,
+        timestamp=timestamp,
+    )
+
+
+def _logged_metadata(metadata: Mapping[str, Any] | None, query: str, key: str) -> dict[str, Any]:
+    """An event's metadata; where the learner knows the question by a key other than its text (a store
+    that keeps no text), plus that key, so that an episode rebuilt after a restart finds the question the
+    memory knows (a hash, no text)."""
+    out = dict(metadata or {})
+    if key != query:
+        out[QUERY_KEY] = key
+    return out
+
+
+def _chunk_row(hit: Hit, used: int | None = None) -> dict[str, Any]:
+    return {
+        "chunk_id": hit.chunk_id,
+        "rank": hit.rank,
+        "score": hit.score,
+        "scores": dict(hit.scores),
+        "normalized": dict(hit.normalized),
+        "proposed_by": list(hit.proposed_by),
+        "used": used is None or hit.rank <= used,
+    }
+
+
+def record_and_learn(ens: FeedbackEnsemble, event_id: str, signal: str | None, **fields: Any) -> Any:
+    """The body of :meth:`FeedbackEnsemble.feedback <rlfb.FeedbackEnsemble.feedback>`: record the feedback
+    (``fields`` are ``record_feedback``'s keyword arguments) and have the event's maker learn it."""
+    store = ens._require_store()
+    damaged = None
+    # one transaction: when learning fails (another process held the write lock too long), the feedback
+    # is not kept either, so a retry with the same idempotency key records it and learns it; kept but
+    # unlearned, the retry was a duplicate and was never learned
+    with ens._guarded(), store.exclusive():
+        record = store.record_feedback(event_id, signal, **fields)
+        # two ensembles of the same retrievers on one store: the one that made the decision learns it
+        maker = maker_of(record.event_id, store)
+        learner: FeedbackEnsemble = ens if maker is None else maker
+        together = learner.store is store
+        if together:
+            damaged = _learn_keeping(learner, record, undo=in_callers_block(store))
+    if not together:  # its own connection to this file waits for this one's write lock
+        damaged = _learn_keeping(learner, record)
+    if damaged is not None:
+        raise damaged
+    return record
+
+
+def record_implicit(
+    ens: FeedbackEnsemble,
+    session_id: str,
+    query: str | None,
+    *,
+    dwell_seconds: float | None,
+    cited: Sequence[str],
+    opened: Sequence[str],
+    timestamp: float | None,
+) -> list[Any]:
+    """The body of :meth:`FeedbackEnsemble.observe <rlfb.FeedbackEnsemble.observe>`: the implicit signals on the
+    session's latest retrieval, each given to ``ens`` as feedback."""
+    from rlfb.implicit import ImplicitSignals
+
+    store = ens._require_store()
+    previous = store.last_event(session_id)
+    if previous is None:
+        return []
+    if ens._implicit is None:  # built on first use: it holds the dense model's encoder, if any
+        ens._implicit = ImplicitSignals(encode=ens._dense_encoder())
+    records = []
+    for sig in ens._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened):
+        records.append(
+            ens.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
+                         session_id=session_id, idempotency_key=sig.idempotency_key,
+                         comment=sig.reason or None)
+        )
+    return records
+
+
+def _learn_keeping(ens: FeedbackEnsemble, record: Any, *, undo: bool = False) -> CorruptStateError | None:
+    """``ens._learn``; a damaged logged row of the event is returned, not raised: the feedback is kept."""
+    try:
+        ens._learn(record, undo=undo)
+    except CorruptStateError as exc:
+        return exc
+    return None
+
+
+def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | None = None, *,
+                 undo: bool = False) -> None:
+    """Learn from a stored feedback record, unless it is a retry, out of window, or on another's retrieval.
+
+    ``undo``: the record was written inside a caller's ``store.exclusive()`` block, which may still roll
+    it back; the learning is then taken back with it (:func:`rlfb.snapshot_sync.undo_on_rollback`).
+    """
+    if record.duplicate or not record.in_window:
+        return
+    with ens._guarded():
+        try:
+            event = ens._require_store().event(record.event_id) if event is None else event
+            if event is None or not owns_event(ens, event):
+                return  # another engine's decision (log_external): its propensities are not ours to learn from
+            episode = ens.episode(record.event_id, record, event=event)
+        except RlfbError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+            # the feedback is stored (nothing lost); only the logged retrieval is unreadable
+            raise CorruptStateError(
+                f"feedback {getattr(record, 'feedback_id', '?')} on event {record.event_id!r} is stored, but "
+                f"the event's logged row is damaged, so it is not learned from: {exc!r}"
+            ) from exc
+        # learn on top of the newest shared state, holding the store's write lock from reading it to
+        # saving the result: another process learning meanwhile would otherwise start from the same
+        # snapshot, and whichever saved last would drop the other's learning
+        with ens._require_store().exclusive() as store:
+            if undo:
+                undo_on_rollback(ens, store)
+            ens._refresh(force=True)
+            ens._learner.learn(episode)
+            ens._persist()
+
+
+def rebuild_episode(
+    store: Any,
+    event_id: str,
+    record: Any,
+    event: Mapping[str, Any] | None,
+    *,
+    names: tuple[str, ...],
+    contexts: Mapping[str, Context],
+    embed: Callable[[str], np.ndarray | None],
+) -> Episode:
+    """The body of :meth:`FeedbackEnsemble.episode <rlfb.FeedbackEnsemble.episode>`: the decision logged as
+    ``event`` (read from ``store`` if ``None``), for an ensemble of the retrievers ``names``, with the rewards of
+    ``record``. The question's embedding is the live context's (``contexts``), else ``embed`` of its text."""
+    event = store.event(event_id) if event is None else event
+    if event is None:
+        raise UnknownEventError(f"no retrieval event {event_id!r}")
+    chunks = event["chunks"]
+    shown_ids = tuple(c["chunk_id"] for c in chunks)
+    shown = np.array(
+        [[_as_float(c["normalized"].get(n)) for n in names] for c in chunks], dtype=np.float64
+    ).reshape(len(chunks), len(names))
+    chunk_rewards = np.array([float(record.chunk_rewards.get(c, 0.0)) for c in shown_ids])
+    # the fused scores as shown (weights plus memory and confidence): policies re-rank with them
+    logged = np.array([np.nan if c.get("score") is None else c["score"] for c in chunks], dtype=np.float64)
+    scores = logged if logged.size and np.all(np.isfinite(logged)) else None
+    # unclipped: a chunk's clipped total minus this record hides earlier rewards once the sum hits the clip
+    earlier = store.chunk_reward_sums(event_id, before_feedback_id=getattr(record, "feedback_id", None))
+    prior = np.array([earlier.get(c, 0.0) for c in shown_ids], dtype=np.float64)
+    decision = event["decision"]
+    ctx = contexts.get(event_id)
+    embedding = ctx.query_embedding if ctx is not None else None
+    if embedding is None and event.get("query") and not event.get("query_hashed"):
+        embedding = embed(event["query"])
+    if ctx is not None:
+        query = learner_query(store, ctx.query)
+    elif event.get("query_hashed"):
+        # the learner's key as logged (a hash of the normalised text); events logged before it was kept
+        # are known by the hash of their raw text
+        query = (event.get("metadata") or {}).get(QUERY_KEY) or _HASHED + event["query_hash"]
+    else:
+        query = event.get("query") or ""
+    return Episode(
+        event_id=event_id,
+        query=query,
+        retrievers=names,
+        decision=Decision(
+            weights=decision.get("weights") or {},
+            arm=decision.get("arm"),
+            propensity=float(decision.get("propensity", 1.0)),
+            explored=bool(decision.get("explored", False)),
+            policy=decision.get("policy") or "",
+            sampling_temperature=decision.get("sampling_temperature"),
+        ),
+        shown_ids=shown_ids,
+        shown=shown,
+        chunk_rewards=chunk_rewards,
+        reward=float(record.reward),
+        query_type=event.get("query_type") or "default",
+        features=event.get("features") or {},
+        timestamp=float(event["timestamp"]),
+        feedback_time=float(record.timestamp) if hasattr(record, "timestamp") else time.time(),
+        query_embedding=embedding,
+        prior_rewards=prior,
+        response_level=getattr(record, "chunk_id", None) is None,
+        scores=scores,
+    )
+
+
+def _as_float(value: Any) -> float:
+    """A logged score as a float; a missing one (None or NaN) counts as 0."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return out if math.isfinite(out) else 0.0

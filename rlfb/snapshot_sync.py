@@ -1,0 +1,217 @@
+"""A live ensemble's learner kept in step with the snapshots of its feedback store.
+
+Each feedback is learned on top of the store's newest state and written back as a snapshot (at most once per
+``persist_interval``: :func:`persist_due`); another process on the same store does the same, and every
+ensemble reads what the others wrote (:func:`load_newer`). Only a snapshot of the ensemble's own kind is
+loaded (:func:`is_ours`, :class:`~rlfb.snapshot_kind.SnapshotKind`): another policy's, other retrievers',
+another dense model's are passed by, paging back to its own newest (:func:`own_snapshot`), except that a
+first start with a new dense model takes the old model's once (:func:`other_models_snapshot`). Learning inside
+a caller's transaction is taken back if that transaction rolls back (:func:`undo_on_rollback`).
+
+The functions read and update the bookkeeping of a :class:`~rlfb.ensemble.FeedbackEnsemble` (the versions
+read and written, unwritten learning, the last write), under its locks; the ensemble reads the clock itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from rlfb.errors import ModelNotFoundError
+from rlfb.memory import naming_model, without_embeddings
+from rlfb.snapshot_kind import SnapshotKind
+
+if TYPE_CHECKING:
+    from rlfb.ensemble import FeedbackEnsemble
+
+_UNKNOWN = object()  # a cached value not computed yet (None is an answer)
+
+
+def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> None:
+    """Note that ``ens``'s learner has learned, and write its state to the store as a snapshot if one is due at
+    ``now`` (monotonic), or ``force``."""
+    if ens._store is None:
+        return
+    ens._dirty = True
+    if not force and not persist_due(ens, now):
+        return
+    ens._state_version = ens._own_version = ens._store.save_policy_state(
+        state_to_save(ens), ens._learner.weights(), policy=ens._learner.policy_name
+    )
+    ens._last_persist = now
+    ens._dirty = False
+
+
+def persist_due(ens: FeedbackEnsemble, now: float) -> bool:
+    """Whether a snapshot is due at ``now`` (monotonic): ``persist_interval`` after the last, or none was
+    written yet; an infinite interval writes only when forced (flush, close, save)."""
+    return ens.persist_interval < math.inf and now - ens._last_persist >= ens.persist_interval
+
+
+def refresh_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> None:
+    """Pick up weights and policy state another process wrote to ``ens``'s store, if ``refresh_interval`` has
+    passed since the last look at ``now`` (monotonic), or ``force``."""
+    if ens._store is None:
+        return
+    if not force and now - ens._last_refresh < ens.refresh_interval:
+        return
+    ens._last_refresh = now
+    # check, read and load under both locks: feedback learned between a read made outside them and the
+    # load was thrown away (the weights property refreshes from any thread)
+    with ens._guarded():
+        load_newer(ens, now)
+
+
+def load_newer(ens: FeedbackEnsemble, now: float) -> None:
+    """The body of :func:`refresh_state`, under both locks."""
+    if ens._dirty:
+        # never drop local learning that is not written yet: write it (when due) instead of reading
+        if persist_due(ens, now):
+            ens._persist(force=True)
+        return
+    if ens._store.state_version() <= ens._state_version:
+        return
+    saved = ens._store.load_policy_state()
+    if saved is None:
+        return
+    newest = int(saved["version"])
+    if not is_ours(ens, saved):
+        # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read
+        # its state, nor read that snapshot again; but this policy's own newest snapshot under it
+        # (a store shared by two apps, or a policy switched and switched back) is still ours
+        # snapshots up to the newest already seen were searched before: page back only through the new ones
+        seen, ens._state_version = ens._state_version, newest
+        saved = own_snapshot(ens, after=max(ens._own_version, seen))
+        if saved is None and ens._own_version == 0:
+            saved = other_models_snapshot(ens)
+        if saved is None:
+            return
+    ens._learner.load_state_dict(saved["state"])
+    ens._own_version = int(saved["version"])
+    ens._state_version = max(newest, ens._own_version)
+
+
+def own_snapshot(ens: FeedbackEnsemble, after: int) -> Mapping[str, Any] | None:
+    """The store's newest snapshot that is ``ens``'s own (:func:`is_ours`) and newer than version
+    ``after``; ``None`` if there is none, or from a store that cannot tell.
+
+    Snapshots of this policy are read newest first: another app of the same policy with other settings
+    (hyperparameters, chunk exploration) may have written since, and this app's own older state, not a
+    fresh learner, is what it goes on from after a restart.
+    """
+    name = ens._learner.policy_name
+    try:
+        saved = ens._store.load_policy_state(policy=name)
+        while saved is not None and int(saved["version"]) > after:
+            if is_ours(ens, saved):
+                return saved
+            saved = ens._store.load_policy_state(policy=name, before=int(saved["version"]))
+    except TypeError:  # a store of the user's own, whose load_policy_state takes no policy (or no before)
+        pass
+    return None
+
+
+def other_models_snapshot(ens: FeedbackEnsemble) -> Mapping[str, Any] | None:
+    """For an ensemble with no snapshot of its own, asked once: this policy's newest snapshot if it is of its
+    kind but for the dense model, with the memory's query embeddings left out (another model's), or ``None``.
+
+    A new dense model (another version of its package changes its cache key too) thus starts from what was
+    learned with the old one: the weights, confidences and the memory of each question asked, by its text;
+    only the similarity to other questions is learned again. Once it has saved a snapshot of its own, the
+    old model's (an app still running it) are another kind's again.
+    """
+    # asked once, of this policy's newest snapshot alone: not paged back through the history on every
+    # refresh, nor taken from an app still running the old model once this one has begun
+    model = None if ens._other_models_asked else dense_model_key(ens)
+    ens._other_models_asked = True
+    if model is None:
+        return None
+    try:
+        saved = ens._store.load_policy_state(policy=ens._learner.policy_name)
+    except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
+        return None
+    theirs = SnapshotKind.of(saved)
+    if saved is None or theirs.model is None:
+        return None
+    ours = SnapshotKind.of_learner(ens._learner, dim=query_dim(ens) if theirs.dim is not None else None,
+                                   model=model)
+    if set(theirs.differences(ours)) != {"model"}:
+        return None
+    state = dict(saved["state"])
+    try:
+        state["memory"] = without_embeddings(state["memory"])
+    except (TypeError, ValueError, AttributeError):  # a damaged memory: not a state to start from
+        return None
+    return {**saved, "state": state}
+
+
+def is_ours(ens: FeedbackEnsemble, saved: Mapping[str, Any]) -> bool:
+    """Whether a store snapshot is of ``ens``'s kind (:class:`~rlfb.snapshot_kind.SnapshotKind`).
+
+    Not ours: another policy; other retrievers; the same policy with other hyperparameters
+    (another ``step``, other bounds; the weights may differ), whose learned state has another
+    shape; another chunk exploration (``LearnerConfig.exploration``: an evaluation app with
+    ``exploration="none"`` beside the live one), whose explorer state would not load; a memory of
+    another dense model's embeddings (a model upgrade on the same store): of another dimension, with
+    which every retrieval would fail, or of another model named in the snapshot (its cache key), whose
+    similarities mean nothing to this one (but see :func:`other_models_snapshot`, for a first start).
+    Older snapshots name neither policy nor retrievers; a
+    damaged one is read (and refused) by ``load_state_dict``.
+    """
+    theirs = SnapshotKind.of(saved)
+    # the query dimension costs an embedding the first time: only asked for when the snapshot names one
+    ours = SnapshotKind.of_learner(ens._learner, dim=query_dim(ens) if theirs.dim is not None else None,
+                                   model=dense_model_key(ens) if theirs.model is not None else None)
+    return not theirs.differences(ours)
+
+
+def dense_model_key(ens: FeedbackEnsemble) -> str | None:
+    """The dense retriever's model as its encodings are cached (``None``: no dense retriever, or a model handed
+    over already loaded, whose origin is unknown)."""
+    try:
+        key = getattr(ens._dense_retriever(), "cache_key", None)
+    except ModelNotFoundError:  # a corpus read from the cache alone, the model since uninstalled: name none
+        return None
+    return key if isinstance(key, str) else None
+
+
+def state_to_save(ens: FeedbackEnsemble) -> dict[str, Any]:
+    """The learner's state, its memory naming the dense model its query embeddings are of: a snapshot of
+    another model's memory is then set aside (:func:`is_ours`) even when the two share a dimension."""
+    return naming_model(ens._learner.state_dict(), dense_model_key(ens))
+
+
+def query_dim(ens: FeedbackEnsemble) -> int | None:
+    """The dimension of ``ens``'s query embeddings (``None`` without a dense retriever)."""
+    if ens._query_dim_cache is _UNKNOWN:
+        e = ens._query_embedding("dimension")
+        ens._query_dim_cache = None if e is None else int(e.shape[0])
+    return ens._query_dim_cache
+
+
+def undo_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
+    """Before learning inside ``store.exclusive()``: take the learning back if the block's writes are undone.
+
+    A caller's own block around :meth:`~rlfb.FeedbackEnsemble.feedback` that then fails rolls the feedback row
+    and the snapshot back; the in-memory learner kept what it learned, so a retry with the same idempotency key
+    learned it twice. A copy of the learner's state is taken first, not the last snapshot: retrievals since then
+    changed it too (the memory's count of asks, the random state). The copy costs about as much as a
+    snapshot, so it is taken only inside a caller's block; the replay buffer, of which a snapshot keeps the
+    newest ``replay_persist`` episodes, is kept whole beside it.
+    """
+    on_rollback = getattr(store, "on_rollback", None)
+    if on_rollback is None:  # a store of the user's own, without rollback callbacks
+        return
+    marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist)
+    state, replay = ens._learner.state_dict(), ens._learner.replay.held()
+    on_rollback(lambda: _take_back(ens, state, replay, marks))
+
+
+def _take_back(ens: FeedbackEnsemble, state: Mapping[str, Any], replay: Any,
+               marks: tuple[int, int, bool, float]) -> None:
+    """Restore the learner, and its snapshot bookkeeping, as :func:`undo_on_rollback` found them."""
+    with ens._guarded():
+        ens._learner.load_state_dict(state)
+        ens._learner.replay.restore_held(replay)
+        ens._own_version, ens._state_version, ens._dirty, ens._last_persist = marks
