@@ -30,7 +30,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever
 from rlfb.runs import remember_maker, store_lock
-from rlfb.snapshot_sync import _UNKNOWN, persist_state, refresh_state
+from rlfb.snapshot_sync import _UNKNOWN, learned, persist_state, refresh_state, write_unsaved
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k, validate_seconds
 
 __all__ = ["FeedbackEnsemble"]
@@ -100,7 +100,9 @@ class FeedbackEnsemble:
     persist_interval
         Least seconds between two snapshots of the learner's state in the store;
         0 (the default) writes one after every feedback. State not yet written is
-        flushed by :meth:`flush`, :meth:`save` and :meth:`close`. A snapshot is the
+        flushed by :meth:`flush`, :meth:`save`, :meth:`close` and at the interpreter's
+        exit; until then its episodes are kept and learned again on top of any newer
+        snapshot another process writes, so that neither's learning is lost. A snapshot is the
         whole learned state, which grows with what is learned (about 1 MB after
         5,000 retrievals of BM25 alone), so each feedback costs more as it grows:
         under heavy traffic give 1.0 or more.
@@ -151,6 +153,9 @@ class FeedbackEnsemble:
         # time.monotonic() counts from boot, so within persist_interval of a boot nothing was written at all
         self._last_persist = -math.inf
         self._dirty = False
+        # episodes learned since the last snapshot this ensemble wrote: learned again on top of a newer snapshot
+        # another process wrote meanwhile (rlfb.snapshot_sync.take_newer), so that neither's learning is lost
+        self._unsaved: list[Any] = []
         self._lock = threading.RLock()
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
         self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
@@ -295,7 +300,7 @@ class FeedbackEnsemble:
         >>> ens.set_weights({"bm25": 1.0}).weights
         {'bm25': 1.0}
         """
-        with self._guarded():
+        with self._guarded(), self._store.exclusive() if self._store is not None else nullcontext():
             self._refresh(force=True)  # onto the newest state: the new weights must not be overwritten by it
             self._learner.set_weights(weights)
             self._persist(force=True)
@@ -666,11 +671,16 @@ class FeedbackEnsemble:
         """Write the learner's state as a snapshot when due (:func:`~rlfb.snapshot_sync.persist_state`)."""
         persist_state(self, time.monotonic(), force=force)
 
+    def _learned(self, episode: Episode) -> None:
+        """The learner learned ``episode``: keep it until written, and write a snapshot when due
+        (:func:`~rlfb.snapshot_sync.learned`)."""
+        learned(self, episode, time.monotonic())
+
     def flush(self) -> None:
         """Write the learner's state to the store now if feedback changed it since the last snapshot."""
         with self._guarded():
             if self._dirty:
-                self._persist(force=True)
+                write_unsaved(self, time.monotonic())
 
     def _refresh(self, *, force: bool = False) -> None:
         """Pick up weights and policy state another process wrote to the store

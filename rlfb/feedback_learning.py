@@ -213,7 +213,7 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
                 undo_on_rollback(ens, store)
             ens._refresh(force=True)
             ens._learner.learn(episode)
-            ens._persist()
+            ens._learned(episode)
 
 
 def rebuild_episode(
