@@ -76,6 +76,7 @@ from llamaindex_rlfb._nodes import corpus_nodes, event_id_of, hit_to_node, nodes
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
+from rlfb.corpus_index import check_retriever_options
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import CorruptStateError, UnknownChunkError, ValidationError
@@ -272,6 +273,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             self._seen = OrderedDict()
             self._pending = OrderedDict()
             self._specs = tuple(retrievers)
+            check_retriever_options(self._specs, options.get("retriever_options") or {})
             self._options = options
 
     @classmethod

@@ -29,14 +29,37 @@ def index_with(
     unindexed retriever instance."""
     from rlfb.retrievers import make_retriever
 
+    specs = [retrievers] if isinstance(retrievers, str) else list(retrievers)  # "bm25" is one name
+    check_retriever_options(specs, options)  # before anything is indexed
     built: dict[str, Retriever] = {}
-    for spec in [retrievers] if isinstance(retrievers, str) else retrievers:  # "bm25" is one name
+    for spec in specs:
         r = make_retriever(spec, **options.get(spec, {})) if isinstance(spec, str) else spec
         if r.name in built:
             raise ValidationError(f"retriever {r.name!r} is listed twice")
         r.index(table.chunks(), show_progress=show_progress)
         built[r.name] = r
     return built
+
+
+def check_retriever_options(retrievers: Sequence[str | Retriever], options: Mapping[str, Any]) -> None:
+    """Refuse ``retriever_options`` that name no retriever of ``retrievers`` built by name, or whose value is
+    not a mapping: such options were ignored, so a typo (``"bm52"``) or options for a retriever handed over
+    as an instance silently changed nothing (``FeedbackEnsemble.load`` refused them already).
+
+    >>> check_retriever_options(["bm25"], {"bm52": {}})
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: retriever_options names ['bm52'], but the retrievers built by name are ['bm25'] ...
+    """
+    specs = [retrievers] if isinstance(retrievers, str) else list(retrievers)
+    named = [spec for spec in specs if isinstance(spec, str)]
+    given = sorted(str(name) for name in options if name not in named)
+    if given:
+        raise ValidationError(f"retriever_options names {given}, but the retrievers built by name are {named} "
+                              "(a retriever given as an instance takes its options in its own constructor)")
+    for name, opts in options.items():
+        if not isinstance(opts, Mapping):
+            raise ValidationError(f"retriever_options[{name!r}] must be a mapping of keyword arguments by name")
 
 
 def retriever_map(

@@ -445,10 +445,10 @@ class FeedbackEnsemble:
         query = check_query(query)
         chunks = check_rerank_chunks(chunks)
         strs = check_embedding_strs(embedding_strs)
+        if k is not None:
+            k = validate_k(k)  # before the scoring, which is the slow part; and an empty list took any k
         if not chunks:
             return RetrievalResult(query=query, hits=[], weights=self.weights)
-        if k is not None:
-            k = validate_k(k)  # before the scoring, which is the slow part
         ctx = self._rerank_context(query, chunks, session_id, strs)
         n = len(ctx.candidate_ids)  # a chunk id given twice is ranked once
         return self.rank_context(ctx, n if k is None else min(k, n), explore=explore, log=log, event_id=event_id,

@@ -80,6 +80,22 @@ def test_rerank_context_then_rank_context_is_rerank_in_two_steps() -> None:
     with pytest.raises(ValidationError, match="at least one chunk"):
         ens.rerank_context("aurora", [])
     assert ens.rerank("aurora", []).hits == []  # rerank itself still takes an empty list
+    with pytest.raises(ValidationError, match="k must be"):  # but not a k it would refuse with chunks
+        ens.rerank("aurora", [], k=-1)
+
+
+def test_retriever_options_that_name_no_retriever_built_by_name_are_refused() -> None:
+    # they were ignored: a typo, or options for a retriever handed over as an instance, changed nothing
+    from rlfb.retrievers import make_retriever
+
+    with pytest.raises(ValidationError, match=r"retriever_options names \['bm52'\]"):
+        FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), retriever_options={"bm52": {"k1": 1.2}})
+    with pytest.raises(ValidationError, match=r"names \['bm25'\].*given as an instance"):
+        FeedbackEnsemble.from_texts(TEXTS, retrievers=(make_retriever("bm25"),), retriever_options={"bm25": {}})
+    with pytest.raises(ValidationError, match=r"retriever_options\['bm25'\] must be a mapping"):
+        FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), retriever_options={"bm25": 1.2})
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), retriever_options={"bm25": {"k1": 0.9}})
+    assert ens.retrievers["bm25"].k1 == 0.9
 
 
 # -- empty and malformed member results ---------------------------------------------------------------------
