@@ -234,6 +234,10 @@ def test_log_events_is_all_or_nothing(fresh_store):
     with pytest.raises(DuplicateEventError):
         fresh_store.log_events([good, {**good, "query": "again"}])
     assert (0, 0) == rows(fresh_store)[:2]
+    # an event without its query, decision or chunks was a TypeError naming a private function
+    with pytest.raises(ValidationError, match=r"event 1: missing argument\(s\) \['decision'\]"):
+        fresh_store.log_events([good, {"query": "q2", "chunks": chunks("b")}])
+    assert (0, 0) == rows(fresh_store)[:2]
     assert ["e1", "e2"] == fresh_store.log_events([good, {**good, "event_id": "e2"}])
 
 

@@ -51,6 +51,9 @@ def log_events(store: FeedbackStore, events: Iterable[Mapping[str, Any]]) -> lis
         unknown = set(kw) - _EVENT_PARAMS
         if unknown:
             raise ValidationError(f"event {i}: unknown argument(s) {sorted(unknown)}")
+        missing = [name for name in ("query", "decision", "chunks") if name not in kw]
+        if missing:  # a TypeError naming prepare_event() before
+            raise ValidationError(f"event {i}: missing argument(s) {missing}")
         ev, rows = prepare_event(store, now=now, **kw)
         if ev[0] in seen:
             raise DuplicateEventError(f"event id {ev[0]!r} appears twice in the batch")
