@@ -340,6 +340,40 @@ def test_propensity_of_weights_the_default_and_a_grid_arm_share_is_their_chance_
     assert logged == pytest.approx(shown, abs=0.05)  # the two arms' chance, not one's
 
 
+def test_thompson_logs_each_arms_chance_not_three_times_it():
+    # (hits + 1) / (draws + 1) over 32 draws logged about 0.045 for arms drawn 1.5 % of the time (67 arms, a
+    # fresh posterior): summed over the arms, the logged chances made about 3
+    t = ThompsonPolicy(RETRIEVERS, counterfactual=False, seed=0)
+    drawn = [t.decide(None) for _ in range(3000)]
+    logged: dict[str, list[float]] = {}
+    for d in drawn:
+        logged.setdefault(d.arm, []).append(d.propensity)
+    grid = [a for a in logged if a != "default"]
+    assert len(grid) > 50
+    assert sum(np.mean(logged[a]) for a in grid) == pytest.approx(1 - t.hyper.baseline_share, abs=0.1)
+    # and each arm's mean logged chance is how often it was shown (pooled over the grid arms, whose chances match)
+    shown = sum(len(logged[a]) for a in grid) / len(drawn) / len(grid)
+    assert np.mean([np.mean(logged[a]) for a in grid]) == pytest.approx(shown, rel=0.15)
+
+
+def test_sampled_share_is_the_exact_chance_on_average():
+    from scipy.stats import norm
+
+    from rlfb.policies.thompson import sampled_share
+
+    mean, sd = np.array([0.0, 0.3, 0.5, 1.0]), np.array([0.5, 0.4, 1.0, 0.2])
+    x = np.linspace(-6, 7, 20001)
+    pdf, cdf = norm.pdf((x[:, None] - mean) / sd) / sd, norm.cdf((x[:, None] - mean) / sd)
+    exact = [np.trapezoid(pdf[:, a] * np.prod(np.delete(cdf, a, axis=1), axis=1), x) for a in range(4)]
+    rng = np.random.default_rng(1)
+    est = np.mean([[sampled_share(mean + sd * rng.standard_normal((32, 4)), mean, sd, np.arange(4) == a)
+                    for a in range(4)] for _ in range(2000)], axis=0)
+    assert est == pytest.approx(exact, abs=0.004)
+    assert exact[0] < 0.05  # a rarely drawn arm, which the old count put at about (32 * 0.03 + 1) / 33
+    both = sampled_share(mean + sd * rng.standard_normal((32, 4)), mean, sd, np.array([True, True, False, False]))
+    assert 0.0 < both <= 1.0
+
+
 def test_thompson_propensity_and_late_reward_credit_the_logged_arm():
     p = ThompsonPolicy(RETRIEVERS, seed=0)
     d = p.decide(Context("q", RETRIEVERS, (), np.zeros((0, 3)), np.zeros((0, 3))))

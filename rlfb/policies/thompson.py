@@ -20,8 +20,8 @@ best; ``"epsilon"`` plays the greedy arm, or with probability ``epsilon``
 With Thompson sampling the default arm is also played outright with
 probability ``baseline_share`` (0.1), so that the default keeps enough samples
 to be compared with (the gate below needs them, and so does the guardrail).
-The propensity is exact for epsilon-greedy and a Monte Carlo estimate over
-``propensity_draws`` posterior draws for Thompson sampling.
+The propensity is exact for epsilon-greedy and, for Thompson sampling, an unbiased
+estimate over ``propensity_draws`` posterior draws (:func:`sampled_share`).
 
 Evidence gate. The greedy choice (``explore=False``, what evaluation uses, and
 what ``weights()`` shows) is the default arm unless another arm's lower
@@ -87,7 +87,7 @@ from rlfb.policies._util import (
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.policies.click_evidence import ClickEvidence, shown_utility
 
-__all__ = ["ThompsonParams", "ThompsonPolicy", "EpsilonGreedyPolicy", "simplex_grid"]
+__all__ = ["ThompsonParams", "ThompsonPolicy", "EpsilonGreedyPolicy", "sampled_share", "simplex_grid"]
 
 GLOBAL = "*"
 EXPLORATIONS = ("thompson", "epsilon")
@@ -112,6 +112,41 @@ def simplex_grid(n: int, step: float) -> np.ndarray:
         parts.append(m + n - 1 - prev - 1)
         rows.append(parts)
     return np.asarray(rows, dtype=float) / m
+
+
+def sampled_share(draws: np.ndarray, mean: np.ndarray, sd: np.ndarray, arms: np.ndarray) -> float:
+    """The probability that Thompson sampling's best draw is one of ``arms`` (a mask over the arms), from
+    ``draws`` (rows of one posterior draw per arm, ``mean + sd * z``): for each row and each arm ``a`` of
+    ``arms``, the chance that a draw of ``a`` beats the best draw of the other arms in that row, averaged.
+
+    Unbiased (each row's term is the exact probability given the other arms' draws), and above 0 for any arm
+    with a spread. Counting the rows whose best draw is one of ``arms``, plus one, over the rows plus one
+    (what Thompson logged before 2026-12-05) overstated a rarely drawn arm's chance about 3 times among 67
+    arms, so off-policy estimates from the logs weighed rare arms too little. The same draws are used, so
+    what is shown does not change.
+
+    >>> rng = np.random.default_rng(0)
+    >>> mean, sd = np.array([0.0, 1.0]), np.array([1.0, 1.0])
+    >>> draws = mean + sd * rng.standard_normal((20_000, 2))
+    >>> round(sampled_share(draws, mean, sd, np.array([True, False])), 3)  # exactly Phi(-1/sqrt(2)) = 0.240
+    0.24
+    """
+    from scipy.special import ndtr
+
+    rows = np.arange(draws.shape[0])
+    top = np.argmax(draws, axis=1)
+    best = draws[rows, top]
+    others = draws.copy()
+    others[rows, top] = -np.inf
+    second = others.max(axis=1)  # the best draw but for the row's best arm
+    total = 0.0
+    for a in np.flatnonzero(arms):
+        rival = np.where(top == a, second, best)
+        if sd[a] > 0:
+            total += float(np.mean(ndtr((mean[a] - rival) / sd[a])))
+        else:  # no spread: its draw is its mean
+            total += float(np.mean(mean[a] > rival))
+    return min(1.0, total)
 
 
 @dataclass(frozen=True)
@@ -495,8 +530,7 @@ class ThompsonPolicy(BasePolicy):
             m = self.hyper.propensity_draws
             more = mean[None, :] + sd[None, :] * self._rng.standard_normal((m, self.n_arms))
             same = self._same_weights(arm)
-            hits = int(np.count_nonzero(same[np.argmax(more, axis=1)]))
-            prop = share * same[0] + (1.0 - share) * (hits + 1.0) / (m + 1.0)
+            prop = share * same[0] + (1.0 - share) * sampled_share(more, mean, sd, same)
         return Decision(
             weights_dict(self._arms[arm], self.retrievers),
             arm=self.arm_names[arm],
