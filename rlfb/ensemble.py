@@ -741,7 +741,8 @@ class FeedbackEnsemble:
         self.close()
 
     def __repr__(self) -> str:
-        w = ", ".join(f"{n}={v:.3f}" for n, v in self.weights.items())
+        # the weights in memory: a repr (a debugger, a log line) must not read, or write, the store
+        w = ", ".join(f"{n}={v:.3f}" for n, v in self._learner.weights().items())
         return f"FeedbackEnsemble({len(self)} chunks, fusion={self.fusion!r}, weights: {w})"
 
 

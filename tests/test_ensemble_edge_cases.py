@@ -282,3 +282,12 @@ def test_a_retrieval_refused_when_logged_leaves_the_learner_as_it_was(bad: dict)
     with pytest.raises(RlfbError):
         ens.retrieve("aurora", k=2, **bad)
     assert ens.learner.state_dict() == before
+
+
+def test_repr_reads_nothing_from_the_store(tmp_path) -> None:
+    # it went through the weights property, which refreshes from the store: a repr in a debugger or a log line
+    # could wait on a busy file, or fail on a closed one
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=str(tmp_path / "fb.db"), policy="thompson",
+                                      refresh_interval=0.0)
+    ens.store.close()
+    assert repr(ens).startswith(f"FeedbackEnsemble({len(TEXTS)} chunks, fusion='minmax', weights: bm25=1.000")
