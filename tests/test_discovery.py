@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -104,12 +105,18 @@ def test_memory_counts_asks_and_keeps_them_in_its_state():
     assert mem.known("tides") == {"c1": -0.3, "c2": 0.4} and mem.known("waves") == {}
     state = json.loads(json.dumps(mem.state_dict()))
     assert FeedbackMemory().load_state_dict(state).asks("tides") == 2
-    for entry in state["entries"]:
-        del entry["a"]  # a state saved before asks were counted
-    assert FeedbackMemory().load_state_dict(state).asks("tides") == 0
-    state["entries"][0]["a"] = -1.0
+    # a state saved before asks were counted (and before the memory was saved column by column)
+    old = {**{k: v for k, v in state.items() if k not in ("queries", "counts", "chunks", "values", "clock",
+                                                          "embedded", "embeddings")},
+           "entries": [{"q": "tides", "e": None, "v": {"c1": -0.3, "c2": 0.4}, "t": 0.0, "u": 1.0}]}
+    assert FeedbackMemory().load_state_dict(old).asks("tides") == 0
+    old["entries"][0]["a"] = -1.0
     with pytest.raises(CorruptStateError):
-        FeedbackMemory().load_state_dict(state)
+        FeedbackMemory().load_state_dict(old)
+    clock = np.frombuffer(base64.b64decode(state["clock"]), dtype="<f8").copy()
+    clock[2] = -1.0  # the asks column
+    with pytest.raises(CorruptStateError):
+        FeedbackMemory().load_state_dict({**state, "clock": base64.b64encode(clock.tobytes()).decode("ascii")})
 
 
 def _known_relevant(learner: Learner, env: ToyEnv) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import json
@@ -499,8 +500,11 @@ def test_corrupt_state_raises_and_changes_nothing():
         lambda s: s.update(retrievers=["r0", "r1"]),
         lambda s: s["policy"].update(name="thompson"),
         lambda s: s["policy"]["state"].update(weights=[0.9, 0.9, 0.9]),
-        lambda s: s["confidence"].update(confidence=[float("nan")] * len(s["confidence"]["ids"])),
-        lambda s: s["memory"]["entries"][0].update(e="not base64!"),
+        lambda s: s["confidence"].update(rows=base64.b64encode(np.full(4 * len(s["confidence"]["ids"]), np.nan)
+                                                              .tobytes()).decode("ascii")),
+        lambda s: s["confidence"].update(rows=s["confidence"]["rows"][:-4]),
+        lambda s: s["memory"].update(embeddings="not base64!"),
+        lambda s: s["memory"].update(values=s["memory"]["values"][:-4]),
         lambda s: s["replay"]["items"][0]["episode"].update(shown=[[1.0]]),
         lambda s: s["guardrail"].update(lr=50.0),
         lambda s: s.pop("exploration"),
