@@ -246,6 +246,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         policy = _DEFAULT_POLICY if policy is None else policy
         if isinstance(retrievers, str):
             retrievers = (retrievers,)
+        # before the store is opened: a refusal left it open until garbage collection
+        check_retriever_options(retrievers, ensemble_kwargs.get("retriever_options") or {})
         store = _open_store(store, store_path)
         names = [r for r in retrievers if isinstance(r, str)]
         lost = []  # what a dump cannot carry
@@ -273,7 +275,6 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             self._seen = OrderedDict()
             self._pending = OrderedDict()
             self._specs = tuple(retrievers)
-            check_retriever_options(self._specs, options.get("retriever_options") or {})
             self._options = options
 
     @classmethod

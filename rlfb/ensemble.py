@@ -63,8 +63,15 @@ from rlfb.fusion import check_fusion, rank_matrix
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever
-from rlfb.runs import remember_maker, store_lock
-from rlfb.snapshot_sync import _UNKNOWN, learned, persist_state, refresh_state, write_unsaved
+from rlfb.runs import in_callers_block, remember_maker, store_lock
+from rlfb.snapshot_sync import (
+    _UNKNOWN,
+    learned,
+    persist_state,
+    refresh_state,
+    undo_on_rollback,
+    write_unsaved,
+)
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k, validate_seconds
 
 __all__ = ["FeedbackEnsemble"]
@@ -300,7 +307,12 @@ class FeedbackEnsemble:
         >>> ens.set_weights({"bm25": 1.0}).weights
         {'bm25': 1.0}
         """
-        with self._guarded(), self._store.exclusive() if self._store is not None else nullcontext():
+        # one write transaction from reading the newest state to writing the new weights (a store of the user's
+        # own without exclusive() as before); inside a caller's block that rolls back, the learner goes back too
+        exclusive = getattr(self._store, "exclusive", None)
+        with self._guarded(), exclusive() if exclusive is not None else nullcontext() as store:
+            if store is not None and in_callers_block(store):
+                undo_on_rollback(self, store)
             self._refresh(force=True)  # onto the newest state: the new weights must not be overwritten by it
             self._learner.set_weights(weights)
             self._persist(force=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
+import sys
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -51,7 +53,11 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
 
 #: unwritten episodes kept for learning again on a newer snapshot; at this many a snapshot is written even
 #: before ``persist_interval`` has passed (an infinite interval included), so that they stay bounded
-MAX_UNSAVED = 10_000
+MAX_UNSAVED = 1_000
+#: after learning more than this many episodes again on another's snapshot, write at once: each further
+#: snapshot of another process would have them learned again (about 0.6 ms each, under the locks, in a
+#: retrieval's refresh), and 1,000 of them took 0.6 s each time beside a process writing after every feedback
+RELEARN_WRITE = 20
 
 
 def learned(ens: FeedbackEnsemble, episode: Any, now: float) -> None:
@@ -63,24 +69,37 @@ def learned(ens: FeedbackEnsemble, episode: Any, now: float) -> None:
         _flush_at_exit(ens)
 
 
-# ensembles holding learning not written yet, flushed at exit: a script that ends without close() lost up to
-# persist_interval of learning (49 of 50 feedbacks at persist_interval=1.0). Filled on first use, not at import.
-_UNWRITTEN: weakref.WeakSet[Any] = weakref.WeakSet()
-_EXIT_HOOK: list[bool] = []
+# ensembles holding learning not written yet, with the process they learned in, flushed at exit: a script that
+# ended without close() lost up to persist_interval of learning (49 of 50 feedbacks at persist_interval=1.0).
+# A forked child inherits the parent's entries and skips them (its copy flushed them as well: 9 learned of 5).
+# Filled on first use, not at import.
+_UNWRITTEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_EXIT_HOOKS: set[int] = set()  # the processes whose exit hooks are registered
 
 
 def _flush_at_exit(ens: FeedbackEnsemble) -> None:
-    _UNWRITTEN.add(ens)
-    if not _EXIT_HOOK:
-        # registered after the ensemble's store opened, so it runs before the store's own exit hook closes it
-        atexit.register(_flush_all)
-        _EXIT_HOOK.append(True)
+    pid = os.getpid()
+    _UNWRITTEN[ens] = pid
+    if pid in _EXIT_HOOKS:
+        return
+    _EXIT_HOOKS.add(pid)
+    # registered after the ensemble's store opened, so it runs before the store's own exit hook closes it
+    atexit.register(_flush_all)
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and mp.parent_process() is not None:
+        # a multiprocessing worker ends with os._exit, which runs no atexit hook, but runs these
+        from multiprocessing.util import Finalize
+
+        Finalize(None, _flush_all, exitpriority=10)
 
 
 def _flush_all() -> None:
-    """At exit: write every live ensemble's unwritten learning, warning where that fails (a store closed
-    already, a full disk)."""
-    for ens in list(_UNWRITTEN):
+    """At exit: write every live ensemble's unwritten learning of this process, warning where that fails (a store
+    closed already, a full disk)."""
+    pid = os.getpid()
+    for ens, owner in list(_UNWRITTEN.items()):
+        if owner != pid:
+            continue
         try:
             ens.flush()
         except Exception as exc:  # noqa: BLE001 - at exit there is no caller to raise to
@@ -110,33 +129,39 @@ def refresh_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
 
 def load_newer(ens: FeedbackEnsemble, now: float) -> None:
     """The body of :func:`refresh_state`, under both locks."""
-    if ens._dirty and persist_due(ens, now):
+    if (ens._dirty and persist_due(ens, now)) or take_newer(ens) > RELEARN_WRITE:
         write_unsaved(ens, now)
-    else:
-        take_newer(ens)
 
 
 def write_unsaved(ens: FeedbackEnsemble, now: float) -> None:
     """Write ``ens``'s learning now, on top of what others wrote meanwhile: read, learn again and write under the
-    store's write lock, or another's snapshot saved in between would be lost. Call under ``ens``'s locks."""
-    with ens._store.exclusive():
+    store's write lock, or another's snapshot saved in between would be lost. Call under ``ens``'s locks.
+
+    Inside a caller's own ``store.exclusive()`` block, the learner and its bookkeeping are restored if that
+    block rolls back: the written snapshot is undone with it, and SQLite gives its version to the next writer.
+    """
+    from rlfb.runs import in_callers_block
+
+    with ens._store.exclusive() as store:
+        if in_callers_block(store):
+            undo_on_rollback(ens, store)
         take_newer(ens)
         persist_state(ens, now, force=True)
 
 
-def take_newer(ens: FeedbackEnsemble) -> None:
+def take_newer(ens: FeedbackEnsemble) -> int:
     """Load the store's newest snapshot of ``ens``'s kind if another wrote one since ``ens`` last looked, and
     learn again on top of it what ``ens`` learned and has not written (its unsaved episodes).
 
     Before, an ensemble with unwritten learning read nothing until it had written, and then took the next
     snapshot of another process whole: with ``persist_interval=1.0``, four processes sharing a file kept about
-    a quarter of their learning, the last writer's.
+    a quarter of their learning, the last writer's. Returns how many episodes were learned again.
     """
     if ens._store.state_version() <= ens._state_version:
-        return
+        return 0
     saved = ens._store.load_policy_state()
     if saved is None:
-        return
+        return 0
     newest = int(saved["version"])
     if not is_ours(ens, saved):
         # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read
@@ -148,12 +173,13 @@ def take_newer(ens: FeedbackEnsemble) -> None:
         if saved is None and ens._own_version == 0:
             saved = other_models_snapshot(ens)
         if saved is None:
-            return
+            return 0
     ens._learner.load_state_dict(saved["state"])
     for episode in ens._unsaved:  # learned here, not in that snapshot
         ens._learner.learn(episode)
     ens._own_version = int(saved["version"])
     ens._state_version = max(newest, ens._own_version)
+    return len(ens._unsaved)
 
 
 def own_snapshot(ens: FeedbackEnsemble, after: int) -> Mapping[str, Any] | None:

@@ -364,7 +364,8 @@ def test_sampled_share_is_the_exact_chance_on_average():
     mean, sd = np.array([0.0, 0.3, 0.5, 1.0]), np.array([0.5, 0.4, 1.0, 0.2])
     x = np.linspace(-6, 7, 20001)
     pdf, cdf = norm.pdf((x[:, None] - mean) / sd) / sd, norm.cdf((x[:, None] - mean) / sd)
-    exact = [np.trapezoid(pdf[:, a] * np.prod(np.delete(cdf, a, axis=1), axis=1), x) for a in range(4)]
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy 2 renamed it; pyproject allows numpy 1.24
+    exact = [trapezoid(pdf[:, a] * np.prod(np.delete(cdf, a, axis=1), axis=1), x) for a in range(4)]
     rng = np.random.default_rng(1)
     est = np.mean([[sampled_share(mean + sd * rng.standard_normal((32, 4)), mean, sd, np.arange(4) == a)
                     for a in range(4)] for _ in range(2000)], axis=0)
