@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rlfb.errors import CorruptStateError
+from rlfb.errors import CorruptStateError, NonFiniteValueError
 from rlfb.policies.base import Decision, Episode
 from rlfb.policies.click_evidence import ClickEvidence, shown_utility
 from rlfb.policies.thompson import ThompsonPolicy
@@ -83,7 +83,7 @@ def test_a_reloaded_click_evidence_is_bit_for_bit_the_one_saved() -> None:
         assert a.tobytes() == b.tobytes()
     # saves from before the rows were one base64 block: each query's row as a list, with its place (loads bit for
     # bit), or without (saved before places were kept: loads in the order saved)
-    listed = {k: v for k, v in ev.state_dict().items() if k != "rows"}
+    listed = {k: v for k, v in ev.state_dict().items() if k not in ("rows", "places")}
     listed["queries"] = [[key, ev._q[r].tolist(), r] for key, r in ev._rows.items()]
     again = ClickEvidence(66, max_queries=30).load_state_dict(json.loads(json.dumps(listed)))
     for a, b in zip(ev.posterior(), again.posterior(), strict=True):
@@ -102,18 +102,67 @@ def test_the_rows_are_saved_in_one_block_at_about_half_the_size() -> None:
         ev.update(rng.random(66), f"q{i}", 1.0, 0.999)
     state = ev.state_dict()
     listed = {**state, "queries": [[key, ev._q[r].tolist(), r] for key, r in ev._rows.items()]}
-    del listed["rows"]
+    del listed["rows"], listed["places"]
     assert len(json.dumps(state)) < 0.6 * len(json.dumps(listed))
     for bad in ("not base64!", base64.b64encode(b"\0" * 8).decode()):  # damaged; one float for 200 rows
         with pytest.raises(CorruptStateError):
             ClickEvidence(66, max_queries=200).load_state_dict({**state, "rows": bad})
     with pytest.raises(CorruptStateError):  # two queries on one row
         ClickEvidence(66, max_queries=200).load_state_dict(
-            {**state, "queries": [[key, 0] for key, _ in state["queries"]]})
+            {**state, "places": [0] * len(state["places"])})
     nan = np.frombuffer(base64.b64decode(state["rows"]), dtype="<f8").copy()
     nan[3] = np.nan
     with pytest.raises(CorruptStateError):
         ClickEvidence(66, max_queries=200).load_state_dict({**state, "rows": base64.b64encode(nan.tobytes()).decode()})
+
+
+# click evidence saved by the code of 2026-12-04 (a [query, row] pair each): three questions, one forgotten, asked
+# out of row order
+_PAIRS = json.loads("""{"n": 5.217031, "s": [2.6085155, 3.5219793333333334], "clock": 0.0,
+ "gone": [0.0, 0.007893632574529125], "queries": [["q3", 1], ["q1", 2], ["q0", 0]],
+ "rows": "4ExMF2IV8j/2S7GQpif5P+BMTBdiFQJA7FG4HoXr2T82XrpJDALjP+xRuB6F6+k/zczMzMzM3D8AAAAAAADoP83MzMzMzOw/"}""")
+
+
+def test_the_queries_are_saved_as_two_lists_and_the_layout_saved_before_loads() -> None:
+    # a [query, row] pair per query was thousands of small lists, built and collected again after every feedback
+    rng = np.random.default_rng(7)
+    ev = ClickEvidence(66, max_queries=30)
+    for _ in range(600):
+        ev.update(rng.random(66) * rng.integers(0, 2), f"q{rng.integers(40)}", 1.0, 0.999)
+    state = json.loads(json.dumps(ev.state_dict()))
+    assert state["queries"] == list(ev._rows) and state["places"] == list(ev._rows.values())
+    assert all(isinstance(x, str) for x in state["queries"]) and sorted(state["places"]) == list(range(30))
+    again = ClickEvidence(66, max_queries=30).load_state_dict(state)
+    assert list(again._rows.items()) == list(ev._rows.items()) and again.state_dict() == state
+    for a, b in zip(ev.posterior(), again.posterior(), strict=True):
+        assert a.tobytes() == b.tobytes()
+    # the pairs of 2026-12-04 load to the same evidence, bit for bit, and save again as two lists
+    old = ClickEvidence(2, max_queries=3).load_state_dict(json.loads(json.dumps(_PAIRS)))
+    assert list(old._rows.items()) == [("q3", 1), ("q1", 2), ("q0", 0)]
+    adv, var = old.posterior()
+    assert adv.tolist() == [0.0, 0.17509265966281073] and [v.hex() for v in var.tolist()] == [
+        "0x1.19799812dea11p-40", "0x1.a1cb9280be473p-10"]
+    resaved = old.state_dict()
+    assert resaved["queries"] == ["q3", "q1", "q0"] and resaved["places"] == [1, 2, 0]
+    assert resaved["rows"] == _PAIRS["rows"]
+    # a damaged one is refused and changes nothing
+    for bad in ({"places": state["places"][:-1]}, {"places": [*state["places"][:-1], 30]},
+                {"places": [True, *state["places"][1:]]}, {"places": None}, {"queries": state["queries"][:-1]},
+                {"queries": [7, *state["queries"][1:]]}, {"queries": "q1"}, {"rows": 5},
+                {"places": [state["places"][0], *state["places"][:-1]]}):
+        before = json.dumps(old.state_dict())
+        with pytest.raises(CorruptStateError):
+            old.load_state_dict({**state, **bad})
+        assert json.dumps(old.state_dict()) == before
+
+
+def test_a_non_finite_row_is_refused_at_save() -> None:
+    # the store refused it in JSON; in the base64 block it would be written, and every later load refused
+    ev = ClickEvidence(2)
+    ev.update(np.array([0.5, 1.0]), "tides", 1.0, 1.0)
+    ev._q[0, 1] = np.inf
+    with pytest.raises(NonFiniteValueError):
+        ev.state_dict()
 
 
 def test_forgotten_questions_keep_their_share_of_the_variance() -> None:

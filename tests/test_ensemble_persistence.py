@@ -39,9 +39,10 @@ def _teach(ens: FeedbackEnsemble, rounds: int, t0: float) -> float:
 
 
 def _without_event_ids(obj: object) -> object:
-    """A state with the (random) event ids of the two stores left out."""
+    """A state with the (random) event ids of the two stores left out (the replay buffer's ``event_ids``, a dict
+    per episode's ``event_id`` in states saved before 2026-12-05)."""
     if isinstance(obj, dict):
-        return {k: _without_event_ids(v) for k, v in obj.items() if k != "event_id"}
+        return {k: _without_event_ids(v) for k, v in obj.items() if k not in ("event_id", "event_ids")}
     if isinstance(obj, list):
         return [_without_event_ids(v) for v in obj]
     return obj

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError
+from rlfb.errors import CorruptStateError, NonFiniteValueError
 from rlfb.policies._util import float_list
 
 __all__ = ["ClickEvidence", "shown_utility"]
@@ -53,6 +53,18 @@ def shown_utility(gains: np.ndarray, scores: np.ndarray) -> np.ndarray:
     disc = 1.0 / np.log2(ranks + 2.0)
     ideal = float(np.sort(gains)[::-1] @ (1.0 / np.log2(np.arange(gains.size) + 2.0)))
     return (gains @ disc) / ideal
+
+
+def _block_rows(raw: Any, keys: list[str], places: list[Any], k: int) -> list[tuple[str, np.ndarray]]:
+    """Each query's row of ``k + 1`` numbers, read from the base64 block ``raw`` at its place."""
+    if not isinstance(raw, str):
+        raise CorruptStateError("click evidence is malformed: its rows are not base64 text")
+    block = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<f8")
+    ints = sorted(p for p in places if isinstance(p, int) and not isinstance(p, bool))
+    if block.size != len(places) * (k + 1) or ints != list(range(len(places))):
+        raise CorruptStateError("click evidence is malformed: its rows are not one per query")
+    matrix = block.reshape(len(places), k + 1).astype(float)
+    return [(key, matrix[p]) for key, p in zip(keys, places, strict=True)]
 
 
 class ClickEvidence:
@@ -135,18 +147,35 @@ class ClickEvidence:
         return adv, var
 
     def state_dict(self) -> dict[str, Any]:
+        """The sums as JSON-safe data: the queries (least recently used first) and each one's row as two JSON lists,
+        the rows as one base64 block of little-endian float64, in row order. A non-finite number raises
+        :class:`NonFiniteValueError`: the store refused it in JSON, and hidden in the block it would be written,
+        and every later load refuse it.
+
+        >>> ev = ClickEvidence(2)
+        >>> ev.update(np.array([0.5, 1.0]), "Tides?", 1.0, 1.0)
+        >>> state = ev.state_dict()
+        >>> state["queries"], state["places"], state["rows"]
+        (['tides?'], [0], 'AAAAAAAA4D8AAAAAAADwPwAAAAAAAPA/')
+        """
+        rows = self._q[: len(self._rows)]
+        if not np.all(np.isfinite(rows)):
+            raise NonFiniteValueError("click evidence holds a non-finite number")
         return {
             "n": float(self.n),
             "s": float_list(self._s),
             "clock": float(self.clock),
             "gone": float_list(self._gone),
-            # each query's row too: the clustered variance sums the rows in row order, and a reload that put
-            # them in this (least recently used) order summed them otherwise, a few last bits apart
-            "queries": [[k, r] for k, r in self._rows.items()],
+            # the queries, least recently used first, and each one's row: the clustered variance sums the rows in
+            # row order, and a reload that put them in the order of use summed them otherwise, a few last bits
+            # apart. Two lists, not a [query, row] pair each (the layout saved before 2026-12-05, which still
+            # loads): thousands of small lists, built and collected again after every feedback
+            "queries": list(self._rows),
+            "places": list(self._rows.values()),
             # the rows themselves as little-endian float64 bytes, in row order: the same numbers to the last bit,
             # at about half the size of a JSON list of each (36 MB of JSON at the caps of 13 query types, written
             # after every feedback) and a fraction of the time to write and read
-            "rows": base64.b64encode(self._q[: len(self._rows)].astype("<f8").tobytes()).decode("ascii"),
+            "rows": base64.b64encode(rows.astype("<f8").tobytes()).decode("ascii"),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> ClickEvidence:
@@ -155,14 +184,15 @@ class ClickEvidence:
             n, clock = float(state["n"]), float(state["clock"])
             s = np.asarray(state["s"], dtype=float)
             gone = np.asarray(state["gone"], dtype=float)
-            if "rows" in state:  # each query [key, row], the rows in one base64 block
-                block = np.frombuffer(base64.b64decode(state["rows"], validate=True), dtype="<f8")
+            if "places" in state:  # the queries and their rows as two lists, the rows in one base64 block
+                keys, places = state["queries"], state["places"]
+                if (not isinstance(keys, list) or not isinstance(places, list) or len(keys) != len(places)
+                        or not all(isinstance(key, str) for key in keys)):
+                    raise CorruptStateError("click evidence is malformed: its queries and their rows differ")
+                entries = _block_rows(state["rows"], keys, places, k)
+            elif "rows" in state:  # saved on 2026-12-04: each query [key, row], the rows in one base64 block
                 places = [item[1] for item in state["queries"]]
-                ints = sorted(p for p in places if isinstance(p, int) and not isinstance(p, bool))
-                if block.size != len(places) * (k + 1) or ints != list(range(len(places))):
-                    raise CorruptStateError("click evidence is malformed: its rows are not one per query")
-                matrix = block.reshape(len(places), k + 1).astype(float)
-                entries = [(str(item[0]), matrix[p]) for item, p in zip(state["queries"], places, strict=True)]
+                entries = _block_rows(state["rows"], [str(item[0]) for item in state["queries"]], places, k)
             else:  # saved before 2026-12-04: each query [key, its row as a list, row]
                 entries = [(str(item[0]), np.asarray(item[1], dtype=float)) for item in state["queries"]]
                 # where each query's row was (older saves have none: then in the order saved)
