@@ -285,7 +285,7 @@ class ChunkConfidence:
                 arrays = [np.asarray(state[k], dtype=float) for k in ("confidence", "alpha", "beta", "time")]
         except CorruptStateError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # binascii.Error is a ValueError
             raise CorruptStateError(f"cannot read chunk confidences: {exc!r}") from exc
         if not math.isfinite(now):
             raise CorruptStateError(f"chunk confidences have a non-finite clock {now!r}")

@@ -494,7 +494,7 @@ class FeedbackMemory:
                 keys, values, embs, has, times, touch, asks = _read_columns(state, dim)
         except CorruptStateError:
             raise
-        except (KeyError, TypeError, ValueError, IndexError) as exc:  # binascii.Error is a ValueError
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:  # binascii.Error is a ValueError
             raise CorruptStateError(f"cannot read the feedback memory: {exc!r}") from exc
         if len(set(keys)) != len(keys):
             raise CorruptStateError("the feedback memory holds a query twice")

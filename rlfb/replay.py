@@ -89,14 +89,34 @@ def episode_from_dict(d: Mapping[str, Any]) -> Episode:
         shown_ids = tuple(str(c) for c in d["shown_ids"])
         if shown.shape[0] != len(shown_ids) or rewards.shape != (len(shown_ids),):
             raise CorruptStateError("replayed episode has mismatched shown chunks and rewards")
+        if not (np.all(np.isfinite(shown)) and np.all(np.isfinite(rewards))):
+            # a null read as NaN: the state loaded, and then every save refused it
+            raise CorruptStateError("replayed episode has a non-finite shown score or reward")
         emb = d.get("query_embedding")
         scores = d.get("scores")
+        if scores is not None:
+            scores = np.asarray(scores, dtype=float)
+            if scores.shape != rewards.shape or not np.all(np.isfinite(scores)):
+                # before 2026-12-02 an episode's logged scores could cover every candidate, not the shown chunks
+                # alone: left out (the policies re-rank from the shown scores then), or the store's next save
+                # was one that no process could load
+                scores = None
         prior = d.get("prior_rewards")  # absent from episodes saved before it was kept
         if prior is not None:
             prior = np.asarray(prior, dtype=float)
             if prior.shape != rewards.shape or not np.all(np.isfinite(prior)):
                 raise CorruptStateError("replayed episode has prior rewards of another shape, or non-finite")
         ranking = dec.get("ranking")
+        if ranking is not None:
+            ranking = tuple(int(i) for i in ranking)
+            if any(i < 0 for i in ranking):
+                raise CorruptStateError("replayed episode has a ranking with a negative place")
+        temperature = dec.get("sampling_temperature")
+        if temperature is not None:
+            if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+                    not math.isfinite(temperature):
+                raise CorruptStateError("replayed episode has a sampling temperature that is not a finite number")
+            temperature = float(temperature)
         return Episode(
             event_id=str(d["event_id"]),
             query=str(d["query"]),
@@ -107,8 +127,8 @@ def episode_from_dict(d: Mapping[str, Any]) -> Episode:
                 propensity=float(dec.get("propensity", 1.0)),
                 explored=bool(dec.get("explored", False)),
                 policy=str(dec.get("policy", "")),
-                ranking=None if ranking is None else tuple(int(i) for i in ranking),
-                sampling_temperature=dec.get("sampling_temperature"),
+                ranking=ranking,
+                sampling_temperature=temperature,
             ),
             shown_ids=shown_ids,
             shown=shown,
@@ -119,13 +139,13 @@ def episode_from_dict(d: Mapping[str, Any]) -> Episode:
             timestamp=float(d.get("timestamp", 0.0)),
             feedback_time=float(d.get("feedback_time", 0.0)),
             query_embedding=None if emb is None else np.asarray(emb, dtype=np.float32),
-            scores=None if scores is None else np.asarray(scores, dtype=float),
+            scores=scores,
             prior_rewards=prior,
             response_level=bool(d.get("response_level", True)),  # the Episode default, as older saves read
         )
     except CorruptStateError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise CorruptStateError(f"cannot rebuild a replayed episode: {exc!r}") from exc
 
 
@@ -261,21 +281,22 @@ class PrioritizedReplay:
         any damage raise :class:`CorruptStateError` and change nothing."""
         try:
             if "episodes" in state:
-                items = episodes_from_columns(state["episodes"])
+                items = episodes_from_columns(state["episodes"], self.hyper.capacity)
             else:  # saved before 2026-12-05: a dict per episode, its numbers JSON lists
                 items = [
                     (episode_from_dict(it["episode"]), float(it["mag"]), int(it["i"])) for it in state["items"]
                 ]
             items = [(e, min(1.0, m), i) for e, m, i in items]
             added = int(state["added"])
-            if any(not math.isfinite(m) or m <= 0 or i >= added for _, m, i in items):
+            # counts below 0 loaded here and were refused once saved again in columns
+            if any(not math.isfinite(m) or m <= 0 or not 0 <= i < added for _, m, i in items):
                 raise CorruptStateError("replay buffer entries are malformed")
             # last, once all else is known good: a refused state left the generator moved (found by the tests of
             # the column layout)
             set_rng_state(self._rng, state["rng"])
         except CorruptStateError:
             raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CorruptStateError(f"cannot read the replay buffer: {exc!r}") from exc
         self._items = deque(items, maxlen=self.hyper.capacity)
         self._added = added
@@ -409,24 +430,32 @@ def _pieces(block: np.ndarray, which: list[int], counts: list[int]) -> dict[int,
     return {j: block[at[k]:at[k + 1]] for k, j in enumerate(which)}
 
 
-def episodes_from_columns(cols: Mapping[str, Any]) -> list[tuple[Episode, float, int]]:
+def episodes_from_columns(cols: Mapping[str, Any], limit: int | None = None) -> list[tuple[Episode, float, int]]:
     """The episodes, priorities and counts :func:`episode_columns` wrote, checked: damage raises
-    :class:`CorruptStateError`."""
+    :class:`CorruptStateError`. ``limit``: the most episodes a buffer holds (its capacity)."""
     if not isinstance(cols, Mapping):
         raise CorruptStateError("the replay buffer's episodes are not a mapping")
     event_ids = _strings(cols, "event_ids", None)
     n = len(event_ids)
+    if limit is not None and n > limit:  # before anything is built for each of them
+        raise CorruptStateError(f"the replay buffer holds {n} episodes, more than its capacity {limit}")
     queries, query_types = _strings(cols, "queries", n), _strings(cols, "query_types", n)
     arms, policies = _strings(cols, "arms", n, none=True), _strings(cols, "policies", n)
     names = cols["names"]
     if not isinstance(names, list) or not all(
             isinstance(t, list) and all(isinstance(x, str) for x in t) for t in names):
         raise CorruptStateError("the replay buffer's names are malformed")
-    retrievers = [tuple(names[j]) for j in _ints(cols, "retrievers", n, 0, len(names))]
-    weight_keys = [names[j] for j in _ints(cols, "weight_keys", n, 0, len(names))]
-    feature_keys = [names[j] for j in _ints(cols, "feature_keys", n, 0, len(names))]
-    if any(len(set(k)) != len(k) for k in (*weight_keys, *feature_keys)):
+    # one tuple per entry, shared by the episodes that name it: built per episode, 16,000 episodes naming one
+    # entry of 5,000 names took 642 MB before a block was checked
+    tables = [tuple(t) for t in names]
+    twice = {j for j, t in enumerate(tables) if len(set(t)) != len(t)}
+    retrievers = [tables[j] for j in _ints(cols, "retrievers", n, 0, len(names))]
+    weight_places = _ints(cols, "weight_keys", n, 0, len(names))
+    feature_places = _ints(cols, "feature_keys", n, 0, len(names))
+    if twice & {*weight_places, *feature_places}:
         raise CorruptStateError("the replay buffer names a weight or feature twice for one episode")
+    weight_keys = [tables[j] for j in weight_places]
+    feature_keys = [tables[j] for j in feature_places]
     flags = {}
     for key in ("explored", "response_level"):
         v = cols[key]

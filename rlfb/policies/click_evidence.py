@@ -197,7 +197,7 @@ class ClickEvidence:
                 entries = [(str(item[0]), np.asarray(item[1], dtype=float)) for item in state["queries"]]
                 # where each query's row was (older saves have none: then in the order saved)
                 places = [item[2] if len(item) > 2 else None for item in state["queries"]]
-        except (KeyError, TypeError, ValueError, IndexError, binascii.Error) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError, binascii.Error) as exc:
             raise CorruptStateError(f"click evidence is malformed: {exc!r}") from exc
         if sorted(p for p in places if isinstance(p, int) and not isinstance(p, bool)) != list(range(len(places))):
             places = list(range(len(entries)))
