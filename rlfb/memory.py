@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.policies._util import check_float, check_int, plain_numbers
 from rlfb.reward import finite_float
@@ -465,12 +466,12 @@ class FeedbackMemory:
             # a list per question (thousands of them, built and collected again after every feedback)
             "counts": list(map(len, values)),
             "chunks": list(itertools.chain.from_iterable(values)),
-            "values": _b64(flat, "<f8"),
+            "values": encode_block(flat),
             # per question: the time of its latest feedback, of its latest use (eviction order), and its askings
-            "clock": _b64(np.stack([self._time[:m], self._touch[:m], self._asks[:m]], axis=1), "<f8"),
+            "clock": encode_block(np.stack([self._time[:m], self._touch[:m], self._asks[:m]], axis=1)),
             # the questions with a query embedding, and those embeddings in that order
             "embedded": embedded.tolist(),
-            "embeddings": _b64(self._emb[embedded] if embedded.size else np.zeros(0), "<f4"),
+            "embeddings": encode_block(self._emb[embedded] if embedded.size else np.zeros(0), "<f4"),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> FeedbackMemory:
@@ -532,26 +533,7 @@ class FeedbackMemory:
 _Columns = tuple[list[str], list[dict[str, float]], list[Any], list[bool], list[float], list[float], list[float]]
 
 
-def _b64(arr: np.ndarray, dtype: str) -> str:
-    return base64.b64encode(np.ascontiguousarray(arr, dtype=dtype).tobytes()).decode("ascii")
-
-
-def _block(state: Mapping[str, Any], key: str, dtype: str, size: int) -> np.ndarray:
-    """The base64 block ``state[key]`` of ``dtype`` as an array of ``size`` numbers, all finite, or
-    :class:`CorruptStateError`."""
-    raw = state[key]
-    if not isinstance(raw, str):
-        raise CorruptStateError(f"the feedback memory's {key} block is not base64 text")
-    try:
-        block = np.frombuffer(base64.b64decode(raw, validate=True), dtype=dtype)
-    except ValueError as exc:  # not base64 (binascii.Error), or not a whole number of values
-        raise CorruptStateError(f"the feedback memory's {key} block is damaged: {exc}") from exc
-    if block.size != size:
-        raise CorruptStateError(
-            f"the feedback memory's {key} block has the wrong size: {block.size} numbers, not {size}")
-    if not np.all(np.isfinite(block)):
-        raise CorruptStateError(f"the feedback memory's {key} block holds a non-finite number")
-    return block.astype(np.float64 if dtype == "<f8" else np.float32)
+_OWNER = "the feedback memory's"  # what a damaged block's error names
 
 
 def _read_columns(state: Mapping[str, Any], dim: int | None) -> _Columns:
@@ -563,7 +545,7 @@ def _read_columns(state: Mapping[str, Any], dim: int | None) -> _Columns:
             or sum(counts) != len(chunks) or not all(isinstance(c, str) for c in chunks)):
         raise CorruptStateError("the feedback memory's questions and chunk ids are malformed")
     m = len(keys)
-    flat = _block(state, "values", "<f8", len(chunks)).tolist()
+    flat = decode_block(state, "values", len(chunks), owner=_OWNER).tolist()
     values, start = [], 0
     for n in counts:
         vals = dict(zip(chunks[start:start + n], flat[start:start + n], strict=True))
@@ -571,14 +553,15 @@ def _read_columns(state: Mapping[str, Any], dim: int | None) -> _Columns:
             raise CorruptStateError("the feedback memory holds a chunk twice for one question")
         values.append(vals)
         start += n
-    clock = _block(state, "clock", "<f8", 3 * m).reshape(m, 3)
+    clock = decode_block(state, "clock", 3 * m, owner=_OWNER).reshape(m, 3)
     embedded = state["embedded"]
     if (not isinstance(embedded, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in embedded)
             or embedded != sorted(set(embedded)) or (embedded and not 0 <= embedded[0] <= embedded[-1] < m)):
         raise CorruptStateError("the feedback memory's embedded questions are malformed")
     if embedded and dim is None:
         raise CorruptStateError("a stored query embedding has the wrong size")
-    emb = _block(state, "embeddings", "<f4", len(embedded) * (dim or 0)).reshape(len(embedded), dim or 0)
+    emb = decode_block(state, "embeddings", len(embedded) * (dim or 0), owner=_OWNER, dtype="<f4")
+    emb = emb.reshape(len(embedded), dim or 0)
     embs: list[Any] = [None] * m
     has = [False] * m
     for j, i in enumerate(embedded):

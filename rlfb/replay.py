@@ -28,7 +28,6 @@ episode as a JSON-safe dict.
 
 from __future__ import annotations
 
-import base64
 import itertools
 import math
 from collections import deque
@@ -38,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError
 from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, set_rng_state
 from rlfb.policies.base import Decision, Episode
@@ -309,10 +309,6 @@ class PrioritizedReplay:
 _NUMBERS = ("reward", "timestamp", "feedback_time", "propensity", "mag")
 
 
-def _b64(values: Any) -> str:
-    return base64.b64encode(np.ascontiguousarray(values, dtype="<f8").tobytes()).decode("ascii")
-
-
 def episode_columns(episodes: list[Episode], mags: list[float], added: list[int]) -> dict[str, Any]:
     """Episodes (without their query embeddings), each with its replay priority ``mags`` and the count ``added``
     before it, as JSON-safe columns: texts, ids and flags as JSON lists, one entry per episode (the shown chunk ids
@@ -377,7 +373,7 @@ def episode_columns(episodes: list[Episode], mags: list[float], added: list[int]
         "tempered": tempered,
     }
     out["names"] = [[str(x) for x in t] for t in names]
-    out.update({key: _b64(arr) for key, arr in blocks.items()})
+    out.update({key: encode_block(arr) for key, arr in blocks.items()})
     return out
 
 
@@ -405,19 +401,7 @@ def _subset(cols: Mapping[str, Any], key: str, n: int) -> list[int]:
     return v
 
 
-def _read_block(cols: Mapping[str, Any], key: str, size: int) -> np.ndarray:
-    raw = cols[key]
-    if not isinstance(raw, str):
-        raise CorruptStateError(f"the replay buffer's {key} block is not base64 text")
-    try:
-        arr = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<f8")
-    except ValueError as exc:  # not base64 (binascii.Error), or not a whole number of values
-        raise CorruptStateError(f"the replay buffer's {key} block is damaged: {exc}") from exc
-    if arr.size != size:
-        raise CorruptStateError(f"the replay buffer's {key} block has {arr.size} numbers, not {size}")
-    if not np.all(np.isfinite(arr)):
-        raise CorruptStateError(f"the replay buffer's {key} block holds a non-finite number")
-    return arr.astype(np.float64)  # a native, writable copy
+_OWNER = "the replay buffer's"  # what a damaged block's error names
 
 
 def _starts(lengths: list[int]) -> list[int]:
@@ -469,14 +453,17 @@ def episodes_from_columns(cols: Mapping[str, Any], limit: int | None = None) -> 
     flat_rankings = _ints(cols, "rankings", sum(x for x in lengths if x > 0))
     scored, with_prior, tempered = (_subset(cols, k, n) for k in ("scored", "with_prior", "tempered"))
 
-    numbers = _read_block(cols, "numbers", len(_NUMBERS) * n).reshape(n, len(_NUMBERS)).tolist()
-    weights = _read_block(cols, "weights", sum(map(len, weight_keys))).tolist()
-    features = _read_block(cols, "features", sum(map(len, feature_keys))).tolist()
-    shown = _read_block(cols, "shown", sum(c * len(r) for c, r in zip(counts, retrievers, strict=True)))
-    rewards = _read_block(cols, "chunk_rewards", sum(counts))
-    scores = _read_block(cols, "scores", sum(counts[j] for j in scored))
-    prior = _read_block(cols, "prior_rewards", sum(counts[j] for j in with_prior))
-    temps = _read_block(cols, "temperatures", len(tempered)).tolist()
+    def block(key: str, size: int) -> np.ndarray:
+        return decode_block(cols, key, size, owner=_OWNER)
+
+    numbers = block("numbers", len(_NUMBERS) * n).reshape(n, len(_NUMBERS)).tolist()
+    weights = block("weights", sum(map(len, weight_keys))).tolist()
+    features = block("features", sum(map(len, feature_keys))).tolist()
+    shown = block("shown", sum(c * len(r) for c, r in zip(counts, retrievers, strict=True)))
+    rewards = block("chunk_rewards", sum(counts))
+    scores = block("scores", sum(counts[j] for j in scored))
+    prior = block("prior_rewards", sum(counts[j] for j in with_prior))
+    temps = block("temperatures", len(tempered)).tolist()
 
     id_at, shown_at = _starts(counts), _starts([c * len(r) for c, r in zip(counts, retrievers, strict=True)])
     w_at, f_at = _starts(list(map(len, weight_keys))), _starts(list(map(len, feature_keys)))

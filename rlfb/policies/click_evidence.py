@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from rlfb.blocks import encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError
 from rlfb.policies._util import float_list
 
@@ -175,7 +176,7 @@ class ClickEvidence:
             # the rows themselves as little-endian float64 bytes, in row order: the same numbers to the last bit,
             # at about half the size of a JSON list of each (36 MB of JSON at the caps of 13 query types, written
             # after every feedback) and a fraction of the time to write and read
-            "rows": base64.b64encode(rows.astype("<f8").tobytes()).decode("ascii"),
+            "rows": encode_block(rows),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> ClickEvidence:
