@@ -29,12 +29,10 @@ import random
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 
-from rlfb.datasets import dataset_path, load_beir
-from rlfb.errors import ValidationError
+from rlfb.datasets import DATASETS_ENV, datasets_dir, find_dataset, load_beir
 from rlfb.fusion import normalize
 from rlfb.simulation.runner import Prepared, SimulationConfig, _Judge, _split, prepare, simplex_grid, stream_seed
 from rlfb.simulation.users import SimulatedUser
@@ -58,13 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--interactions", type=int, default=2000)
     args = parser.parse_args(argv)
-    try:  # RLFB_DATASETS, else the checkout's sibling ../shared/datasets
-        folder = Path(args.dataset) if Path(args.dataset).is_dir() else dataset_path(args.dataset)
-    except ValidationError as exc:  # neither is there
-        print(f"{exc}, or give the collection's path", file=sys.stderr)
-        return 2
+    # a path, else a name under RLFB_DATASETS (or the checkout's sibling ../shared/datasets), as the CLI takes it
+    folder = find_dataset(args.dataset)
     if not folder.is_dir():
-        print(f"no collection at {folder}", file=sys.stderr)
+        unset = "" if datasets_dir() is not None else (
+            f"; set {DATASETS_ENV} to the folder that holds the BEIR collections, or give the collection's path")
+        print(f"no collection at {folder}{unset}", file=sys.stderr)
         return 2
 
     config = SimulationConfig(policy="thompson", interactions=args.interactions)
