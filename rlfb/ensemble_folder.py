@@ -3,8 +3,9 @@
 ``ensemble.json`` (the ensemble's settings and the names of its retrievers and search members), the chunk
 table, one folder a retriever under ``retrievers/`` and ``learner.json`` (the learner's state): JSON and
 ``.npy``, never pickle. A save is written beside the folder and swapped in whole
-(:func:`rlfb.retrievers.base.saving_into`); a load checks every file before it builds the ensemble, and
-keeps a store's state that has learned from more feedback than the save.
+(:func:`rlfb.saved_folder.saving_into`); a load reads one save whole (:func:`rlfb.saved_folder.read_whole`: again
+if another process's save is swapped in meanwhile), checks every file before it builds the ensemble, and keeps a
+store's state that has learned from more feedback than the save.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.members import SearchMember
-from rlfb.retrievers.base import ChunkTable, saving_into
+from rlfb.retrievers.base import ChunkTable
+from rlfb.saved_folder import read_whole, saving_into
 from rlfb.snapshot_sync import state_to_save
 from rlfb.types import validate_seconds
 
@@ -67,9 +69,6 @@ def load_ensemble(
 ) -> FeedbackEnsemble:
     """The body of :meth:`FeedbackEnsemble.load <rlfb.FeedbackEnsemble.load>` (``kwargs``: its keyword
     arguments that override the saved settings)."""
-    from rlfb.learner import Learner
-    from rlfb.retrievers import load_retriever
-
     root = Path(path)
     learned = sorted({"policy", "learner_config", "weights"} & set(kwargs))
     if learned:  # the saved learner state would overwrite them: refuse rather than drop them unsaid
@@ -77,42 +76,16 @@ def load_ensemble(
             f"load() brings back the saved learner, so it takes no {learned}: set weights afterwards with "
             "ens.set_weights(...), or build a new ensemble for another policy"
         )
-    try:
-        config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
-        state = json.loads((root / "learner.json").read_text(encoding="utf-8"), parse_constant=_no_constant)
-        if not isinstance(config, dict):
-            raise CorruptStateError(f"{root / _CONFIG_FILE} holds a {type(config).__name__}, not settings")
-        if config.get("format") != _FORMAT:
-            raise CorruptStateError(f"{root / _CONFIG_FILE}: unknown format {config.get('format')!r}")
-        names = [str(n) for n in config["retrievers"]]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
-        raise CorruptStateError(f"cannot read an ensemble from {root}: {exc!r}"[:500]) from exc
-    saved_members = config.get("members") or []
-    given = {m.name for m in kwargs.get("members", ()) if isinstance(m, SearchMember)}
-    if isinstance(saved_members, list) and not set(map(str, saved_members)) <= given:
-        raise ValidationError(
-            f"{root} was saved with the search members {saved_members!r}: pass them again, "
-            "load(path, members=[SearchMember(name, search_fn), ...])"
-        )
     if retriever_options is not None and not isinstance(retriever_options, Mapping):
         raise ValidationError("retriever_options must map retriever names to mappings of load() arguments")
     options_of = dict(retriever_options or {})
-    unknown = sorted(map(str, set(options_of) - set(names)))
-    if unknown:
-        raise ValidationError(f"retriever_options names {unknown}, but {root} holds the retrievers {names}")
     for name, opts in options_of.items():
         if not isinstance(opts, Mapping) or not all(isinstance(k, str) for k in opts):
             raise ValidationError(f"retriever_options[{name!r}] must be a mapping of load() arguments by name")
-    table = ChunkTable.load(root)
-    retrievers = {n: load_retriever(root / "retrievers" / n, **options_of.get(n, {})) for n in names}
-    learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads below
-    saved_count = _n_learned(state, root)
-    try:
-        # the whole state is checked now, before a store is opened: also when the store turns out
-        # to be ahead of this save and keeps its own state, a damaged learner.json is an error
-        Learner.untrained_like(state).load_state_dict(state)
-    except CorruptStateError as exc:
-        raise CorruptStateError(f"{root / 'learner.json'}: {exc}") from exc
+    # one save read from start to end: again if another process's save is swapped in meanwhile
+    config, state, learner, saved_count, table, retrievers = read_whole(
+        root, lambda: _read_folder(root, options_of, kwargs), marker=_CONFIG_FILE
+    )
     options = {
         "fusion": config.get("fusion", "minmax"),
         "candidate_k": config.get("candidate_k", 100),
@@ -138,6 +111,47 @@ def load_ensemble(
         return ens
     ens._learner.load_state_dict(state)
     return ens
+
+
+def _read_folder(
+    root: Path, options_of: Mapping[str, Mapping[str, Any]], kwargs: Mapping[str, Any]
+) -> tuple[dict[str, Any], Any, Any, int, ChunkTable, dict[str, Any]]:
+    """The settings, the learner state, an untrained learner of its settings and how many feedbacks the state
+    learned, the chunk table and the retrievers saved in ``root``, every file checked."""
+    from rlfb.learner import Learner
+    from rlfb.retrievers import load_retriever
+
+    try:
+        config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
+        state = json.loads((root / "learner.json").read_text(encoding="utf-8"), parse_constant=_no_constant)
+        if not isinstance(config, dict):
+            raise CorruptStateError(f"{root / _CONFIG_FILE} holds a {type(config).__name__}, not settings")
+        if config.get("format") != _FORMAT:
+            raise CorruptStateError(f"{root / _CONFIG_FILE}: unknown format {config.get('format')!r}")
+        names = [str(n) for n in config["retrievers"]]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise CorruptStateError(f"cannot read an ensemble from {root}: {exc!r}"[:500]) from exc
+    saved_members = config.get("members") or []
+    given = {m.name for m in kwargs.get("members", ()) if isinstance(m, SearchMember)}
+    if isinstance(saved_members, list) and not set(map(str, saved_members)) <= given:
+        raise ValidationError(
+            f"{root} was saved with the search members {saved_members!r}: pass them again, "
+            "load(path, members=[SearchMember(name, search_fn), ...])"
+        )
+    unknown = sorted(map(str, set(options_of) - set(names)))
+    if unknown:
+        raise ValidationError(f"retriever_options names {unknown}, but {root} holds the retrievers {names}")
+    table = ChunkTable.load(root)
+    retrievers = {n: load_retriever(root / "retrievers" / n, **options_of.get(n, {})) for n in names}
+    learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads later
+    saved_count = _n_learned(state, root)
+    try:
+        # the whole state is checked now, before a store is opened: also when the store turns out
+        # to be ahead of this save and keeps its own state, a damaged learner.json is an error
+        Learner.untrained_like(state).load_state_dict(state)
+    except CorruptStateError as exc:
+        raise CorruptStateError(f"{root / 'learner.json'}: {exc}") from exc
+    return config, state, learner, saved_count, table, retrievers
 
 
 def _no_constant(name: str) -> Any:

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
 import tokenize
-import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,10 +23,10 @@ from rlfb.errors import (
     CorruptStateError,
     DuplicateIdError,
     EmptyCorpusError,
-    RlfbError,
     UnknownChunkError,
     ValidationError,
 )
+from rlfb.saved_folder import saving_into
 from rlfb.types import Chunk, make_chunks, validate_k
 
 __all__ = [
@@ -276,36 +272,6 @@ def kept_then_new(src: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order = np.empty(src.size, dtype=np.int64)
     order[kept], order[missing] = np.arange(kept.size), kept.size + np.arange(missing.size)
     return kept, missing, order
-
-
-@contextmanager
-def saving_into(root: Path, *, marker: str, what: str) -> Iterator[Path]:
-    """A new folder beside ``root`` to write a save into, swapped in for ``root`` once the block completes.
-
-    A save that fails part way (metadata JSON cannot hold, a full disk) so leaves the previous
-    save in ``root`` as it was. ``root`` must be new, empty, or an earlier save (it holds
-    ``marker``): it is replaced whole, so a folder of other files is refused by name rather than lost.
-    """
-    if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / marker).exists())):
-        raise ValidationError(f"{root} is not empty and holds no saved {what}: choose a new folder")
-    # names of this call's own: two saves at once (threads or processes) never share a folder
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    tmp = root.with_name(f".{root.name}.saving-{tag}")
-    old = root.with_name(f".{root.name}.old-{tag}")
-    try:
-        tmp.mkdir(parents=True)
-        yield tmp
-        if root.exists():
-            root.rename(old)
-        try:
-            tmp.rename(root)
-        except OSError as exc:  # another save swapped its folder in between our two renames
-            if not root.exists() and old.exists():
-                old.rename(root)
-            raise RlfbError(f"another save to {root} ran at the same time; this one was not kept: {exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_meta(path: Path, meta: dict[str, Any]) -> None:

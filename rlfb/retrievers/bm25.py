@@ -34,6 +34,7 @@ from rlfb.retrievers.base import (
     read_meta,
     reused_rows,
 )
+from rlfb.saved_folder import reads_whole
 from rlfb.types import Chunk, validate_flag
 
 __all__ = ["BM25Retriever", "bm25_idf", "bm25_tfc", "regex_tokenizer", "METHODS"]
@@ -411,6 +412,7 @@ class BM25Retriever(CorpusRetriever):
         })
 
     @classmethod
+    @reads_whole("meta.json")  # again if another process's save is swapped in meanwhile
     def load(cls, path: str | Path, *, tokenizer: Callable[[str], list[str]] | None = None) -> BM25Retriever:
         """Read an index written by :meth:`save`.
 

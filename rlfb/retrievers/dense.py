@@ -42,6 +42,7 @@ from rlfb.retrievers.models import (
     saved_model,
     saved_settings,
 )
+from rlfb.saved_folder import reads_whole
 from rlfb.types import Chunk
 
 __all__ = ["DenseRetriever"]
@@ -324,6 +325,7 @@ class DenseRetriever(CorpusRetriever):
         )
 
     @classmethod
+    @reads_whole("meta.json")  # again if another process's save is swapped in meanwhile
     def load(
         cls,
         path: str | Path,

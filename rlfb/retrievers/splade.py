@@ -51,6 +51,7 @@ from rlfb.retrievers.models import (
     saved_model,
     saved_settings,
 )
+from rlfb.saved_folder import reads_whole
 from rlfb.types import Chunk
 
 __all__ = ["SpladeRetriever", "sparse_rows", "rows_to_csr"]
@@ -350,6 +351,7 @@ class SpladeRetriever(CorpusRetriever):
         )
 
     @classmethod
+    @reads_whole("meta.json")  # again if another process's save is swapped in meanwhile
     def load(
         cls,
         path: str | Path,

@@ -1,0 +1,160 @@
+"""Saved folders read whole: a save swapped in while a load reads, and a save killed between its two renames."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rlfb import CorruptStateError, FeedbackEnsemble, saved_folder
+from rlfb.retrievers import BM25Retriever
+from rlfb.retrievers.base import ChunkTable
+from rlfb.types import make_chunks
+
+posix_only = pytest.mark.skipif(os.name != "posix", reason="a killed save's process is told apart on POSIX only")
+
+OLD_TEXTS = ["aurora physics", "storm weather", "moon light"]
+NEW_TEXTS = ["volcano geology", "ocean tides", "sun light", "rock layers"]
+#: a process id above Linux's largest (4,194,304): no such process
+NO_PROCESS = 99_999_999
+
+
+def _ensemble(texts: list[str], seed: int) -> FeedbackEnsemble:
+    return FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), seed=seed)
+
+
+def _swap_once_during_chunks_read(monkeypatch: pytest.MonkeyPatch, save) -> list[int]:
+    """Make the first ``ChunkTable.load`` (a step of every load) swap another save in first; returns the calls."""
+    calls: list[int] = []
+    original = ChunkTable.load.__func__
+
+    def patched(cls, path):
+        calls.append(1)
+        if len(calls) == 1:
+            save()
+        return original(cls, path)
+
+    monkeypatch.setattr(ChunkTable, "load", classmethod(patched))
+    return calls
+
+
+def test_an_ensemble_save_swapped_in_mid_load_is_read_whole(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=1).save(root)
+    newer = _ensemble(NEW_TEXTS, seed=2)
+    # the settings (ensemble.json) are read from the first save, then the second one is swapped in before
+    # the chunks are read: a load that went on would build the first save's settings over the second's chunks
+    calls = _swap_once_during_chunks_read(monkeypatch, lambda: newer.save(root))
+    loaded = FeedbackEnsemble.load(root)
+    assert len(calls) >= 2  # read again
+    assert loaded.seed == 2 and sorted(loaded.chunks.texts) == sorted(NEW_TEXTS)
+
+
+def test_a_retriever_save_swapped_in_mid_load_is_read_whole(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "bm25"
+    first = BM25Retriever().index(make_chunks(OLD_TEXTS))
+    second = BM25Retriever(k1=1.2).index(make_chunks(NEW_TEXTS))
+    first.save(root)
+    _swap_once_during_chunks_read(monkeypatch, lambda: second.save(root))
+    loaded = BM25Retriever.load(root)
+    assert loaded.k1 == 1.2 and loaded.ids == second.ids
+    assert loaded.search("ocean tides", 1) == second.search("ocean tides", 1)
+
+
+def test_damage_that_stays_is_raised_at_once(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=1).save(root)
+    (root / "chunks.jsonl").write_text("{not json\n", encoding="utf-8")
+    reads: list[int] = []
+    original = ChunkTable.load.__func__
+    monkeypatch.setattr(ChunkTable, "load", classmethod(lambda c, p: (reads.append(1), original(c, p))[1]))
+    with pytest.raises(CorruptStateError, match="chunks.jsonl"):
+        FeedbackEnsemble.load(root)
+    assert len(reads) == 1  # not read again: the folder did not change
+    with pytest.raises(CorruptStateError, match="cannot read an ensemble"):
+        FeedbackEnsemble.load(tmp_path / "never-saved")
+
+
+def test_a_folder_replaced_on_every_read_gives_up_with_a_named_error(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=1).save(root)
+    newer = _ensemble(NEW_TEXTS, seed=2)
+    original = ChunkTable.load.__func__
+
+    def always_swapped(c, p):
+        newer.save(root)
+        return original(c, p)
+
+    monkeypatch.setattr(ChunkTable, "load", classmethod(always_swapped))
+    monkeypatch.setattr(saved_folder, "READ_ATTEMPTS", 3)
+    monkeypatch.setattr(saved_folder, "_FIRST_WAIT", 0.0)
+    with pytest.raises(CorruptStateError, match="replaced by another save 3 times"):
+        FeedbackEnsemble.load(root)
+
+
+def _killed_between_renames(root: Path, tag: str) -> Path:
+    """What a save killed after moving the previous save aside and before moving its own in leaves."""
+    aside = root.with_name(f".{root.name}.old-{tag}")
+    root.rename(aside)
+    return aside
+
+
+@posix_only
+@pytest.mark.parametrize("tag", [f"{saved_folder._host()}~{NO_PROCESS}~0123456789ab", f"{NO_PROCESS}-0123456789ab"])
+def test_a_save_killed_between_its_renames_is_put_back_at_load(tmp_path: Path, tag: str) -> None:
+    # the second tag is the layout of saves from before 2026-12-05 (no host)
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=7).save(root)
+    _killed_between_renames(root, tag)
+    assert not root.exists()
+    with pytest.warns(RuntimeWarning, match="put back"):
+        loaded = FeedbackEnsemble.load(root)
+    assert loaded.seed == 7 and sorted(loaded.chunks.texts) == sorted(OLD_TEXTS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ens"]
+
+
+@posix_only
+def test_a_live_save_between_its_renames_is_waited_for_not_taken_over(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=7).save(root)
+    # this process's own tag: a save of it (another thread) is still running, so the folder is not taken
+    aside = _killed_between_renames(root, f"{saved_folder._host()}~{os.getpid()}~0123456789ab")
+    monkeypatch.setattr(saved_folder, "READ_ATTEMPTS", 2)
+    monkeypatch.setattr(saved_folder, "_FIRST_WAIT", 0.0)
+    with pytest.raises(CorruptStateError, match=f"{aside.name}: rename it back"):
+        FeedbackEnsemble.load(root)
+    assert aside.exists() and not root.exists()
+    # a save from another machine is never taken for a killed one either
+    other_host = aside.rename(root.with_name(f".ens.old-elsewhere~{NO_PROCESS}~0123456789ab"))
+    with pytest.raises(CorruptStateError, match="rename it back"):
+        FeedbackEnsemble.load(root)
+    assert other_host.exists()
+
+
+@posix_only
+def test_a_save_clears_what_killed_saves_left_beside_it(tmp_path: Path) -> None:
+    root = tmp_path / "ens"
+    ens = _ensemble(OLD_TEXTS, seed=1)
+    ens.save(root)
+    host = saved_folder._host()
+    dead = [
+        tmp_path / f".ens.saving-{host}~{NO_PROCESS}~0123456789ab",
+        tmp_path / f".ens.old-{host}~{NO_PROCESS}~0123456789ac",
+        tmp_path / f".ens.saving-{NO_PROCESS}-0123456789ad",  # before 2026-12-05
+    ]
+    alive = [
+        tmp_path / f".ens.saving-{host}~{os.getpid()}~0123456789ae",  # a save of this process, running
+        tmp_path / f".ens.saving-elsewhere~{NO_PROCESS}~0123456789af",  # another machine's
+        tmp_path / f".other.saving-{host}~{NO_PROCESS}~0123456789b0",  # another folder's
+        tmp_path / "notes",
+    ]
+    for path in dead + alive:
+        shutil.copytree(root, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ens.save(root)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ens", *(p.name for p in alive)])
+    assert FeedbackEnsemble.load(root).seed == 1
