@@ -304,9 +304,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             self.store.link_runs(links)
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        with self._lock:
-            self._retrievals.pop(str(run_id), None)
-            self._parents.pop(str(run_id), None)
+        # a retriever that raised after its members answered (an outer trimmer or reranker around an rlfb
+        # retriever, retried or replaced by a fallback): the rankings under it produced no answer either
+        self._failed(run_id)
 
     def on_retriever_end(
         self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any

@@ -696,3 +696,40 @@ def test_two_retrievers_of_one_store_each_learn_their_own_decision_from_feedback
         assert len(handler.record_feedback(run, score=1.0)) == 2
         assert sorted(name for name, _ in learned) == ["A", "B"]
         assert all(all(c.startswith(name) for c in chunks) for name, chunks in learned)
+
+
+@pytest.mark.parametrize("wrap", ["with_retry", "with_fallbacks"])
+def test_feedback_skips_a_decision_under_an_outer_retriever_that_raised(make_ensemble: Any, wrap: str) -> None:
+    # an outer retriever (a trimmer) around an rlfb retriever failed once after its member had ranked: the
+    # handler forgot the failed run without marking it failed, so feedback on the chain also rated the
+    # first attempt's ranking, which produced no answer, and the learner learned from it
+    ens = make_ensemble()
+    inner = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    calls: list[int] = []
+
+    class Trim(BaseRetriever):
+        member: Any
+
+        def _get_relevant_documents(
+            self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        ) -> list[Document]:
+            docs = self.member.invoke(query, config={"callbacks": run_manager.get_child()})
+            calls.append(1)
+            if len(calls) == 1:
+                raise ConnectionError("the reranking service timed out")
+            return docs[:1]
+
+    trim = Trim(member=inner)
+    wrapped = (trim.with_retry(stop_after_attempt=2, wait_exponential_jitter=False) if wrap == "with_retry"
+               else trim.with_fallbacks([trim]))
+    top = uuid.uuid4()
+    (doc,) = (RunnableLambda(lambda q: q) | wrapped).invoke("why do tides happen",
+                                                            config={"callbacks": [handler], "run_id": top})
+    assert ens.store.counts()["events"] >= 2  # each attempt's rlfb decision is logged
+    rated = {r.event_id for r in handler.record_feedback(top, score=1.0)}
+    answered = doc.metadata["event_id"]
+    assert answered in rated
+    decisions = [e for e in rated if ens.store.event(e)["policy"] != EXTERNAL_POLICY]
+    assert decisions == [answered]  # the first attempt's decision is not rated
+    assert ens.learner.n_learned == 1
