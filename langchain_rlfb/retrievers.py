@@ -46,7 +46,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from langchain_rlfb._checks import flag, positive_count, session_text
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
-from rlfb.ensemble import FeedbackEnsemble
+from rlfb.ensemble import FeedbackEnsemble, check_options
 from rlfb.errors import DuplicateIdError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
@@ -453,6 +453,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         if not retrievers:
             raise ValidationError("from_retrievers needs at least one retriever")
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})
+        check_options(ensemble_kwargs)  # a named error, as from_texts gives, not a TypeError
         ens = FeedbackEnsemble({}, members=_members(retrievers), policy=policy, **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 

@@ -22,6 +22,8 @@ store's snapshots) and :mod:`rlfb.ensemble_folder` (:meth:`~FeedbackEnsemble.sav
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import math
 import os
 import threading
@@ -192,7 +194,9 @@ class FeedbackEnsemble:
         show_progress: bool = False,
         **kwargs: Any,
     ) -> FeedbackEnsemble:
-        """Index ``chunks`` with each named retriever (or given, unindexed retriever instance)."""
+        """Index ``chunks`` with each named retriever (or given, unindexed retriever instance); ``kwargs`` go to
+        :class:`FeedbackEnsemble` (an option it does not take is a :class:`ValidationError`, before any indexing)."""
+        check_options(kwargs)
         table = ChunkTable(chunks)
         return cls(index_with(table, retrievers, dict(retriever_options or {}), show_progress), table, **kwargs)
 
@@ -756,6 +760,22 @@ class FeedbackEnsemble:
         # the weights in memory: a repr (a debugger, a log line) must not read, or write, the store
         w = ", ".join(f"{n}={v:.3f}" for n, v in self._learner.weights().items())
         return f"FeedbackEnsemble({len(self)} chunks, fusion={self.fusion!r}, weights: {w})"
+
+
+def check_options(kwargs: Mapping[str, Any]) -> None:
+    """Refuse options :class:`FeedbackEnsemble` does not take now, not after the whole corpus was encoded.
+
+    >>> check_options({"polciy": "thompson"})
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: FeedbackEnsemble takes no option 'polciy' (did you mean 'policy'?); its options are ...
+    """
+    params = inspect.signature(FeedbackEnsemble.__init__).parameters
+    known = sorted(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY)
+    for name in sorted(set(kwargs) - set(known)):
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValidationError(f"FeedbackEnsemble takes no option {name!r}{hint}; its options are {known}")
 
 
 def _open_store(store: Any) -> Any:

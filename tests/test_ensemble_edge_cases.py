@@ -291,3 +291,13 @@ def test_repr_reads_nothing_from_the_store(tmp_path) -> None:
                                       refresh_interval=0.0)
     ens.store.close()
     assert repr(ens).startswith(f"FeedbackEnsemble({len(TEXTS)} chunks, fusion='minmax', weights: bm25=1.000")
+
+
+@pytest.mark.parametrize(("option", "hint"), [("polciy", "did you mean 'policy'"), ("explor", "its options are")])
+def test_a_misspelt_option_is_refused_before_anything_is_indexed(monkeypatch, option: str, hint: str) -> None:
+    # it was a TypeError from __init__, raised after every chunk had been indexed (with dense: encoded)
+    indexed: list[int] = []
+    monkeypatch.setattr(BM25Retriever, "index", lambda self, *a, **k: indexed.append(1))
+    with pytest.raises(ValidationError, match=f"takes no option '{option}'.*{hint}"):
+        FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",), **{option: "thompson"})
+    assert indexed == []

@@ -173,3 +173,20 @@ def test_from_ensemble_takes_the_retriever_too() -> None:
     assert handler.ensemble is retriever.ensemble and handler.store is retriever.ensemble.store
     with pytest.raises(ValidationError, match="FeedbackEnsemble"):
         FeedbackCallbackHandler.from_ensemble(object())
+
+
+def test_a_misspelt_ensemble_option_is_a_named_error_before_indexing(monkeypatch) -> None:
+    from langchain_community.retrievers import BM25Retriever as LCBM25
+
+    from rlfb.retrievers import BM25Retriever
+
+    indexed: list[int] = []
+    monkeypatch.setattr(BM25Retriever, "index", lambda self, *a, **k: indexed.append(1))
+    with pytest.raises(ValidationError, match="takes no option 'explor'"):
+        FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), explor=False)
+    with pytest.raises(ValidationError, match="takes no option 'explor'"):
+        FeedbackEnsembleRetriever.from_documents([Document(page_content=t) for t in TEXTS], retrievers=("bm25",),
+                                                 explor=False)
+    assert indexed == []
+    with pytest.raises(ValidationError, match="did you mean 'policy'"):
+        FeedbackEnsembleRetriever.from_retrievers({"kw": LCBM25.from_texts(TEXTS)}, polciy="thompson")

@@ -163,3 +163,14 @@ def test_a_hyde_query_bundle_moves_the_dense_scores_only(make_ensemble: Any) -> 
     assert [n.node.metadata["scores"]["bm25"] for n in got] == pytest.approx(bm25.score("moon tides", ids).tolist())
     assert not np.allclose(want_dense, dense.score("moon tides", ids))  # the question alone would score otherwise
     assert ens.store.event(got[0].node.metadata[EVENT_ID_KEY])["query"] == "moon tides"  # the learner's question
+
+
+def test_a_misspelt_ensemble_option_is_a_named_error_before_indexing(monkeypatch) -> None:
+    from rlfb.retrievers import BM25Retriever
+
+    indexed: list[int] = []
+    monkeypatch.setattr(BM25Retriever, "index", lambda self, *a, **k: indexed.append(1))
+    nodes = [TextNode(text=t, id_=i) for t, i in zip(TEXTS, IDS)]
+    with pytest.raises(ValidationError, match="takes no option 'top_k'"):
+        FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), top_k=3)
+    assert indexed == []
