@@ -168,7 +168,7 @@ def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchM
     if store is not None:
         return SearchMember(name, _vectorstore_search(store, extra, scores))
     if isinstance(source, Runnable):
-        return SearchMember(name, _runnable_search(source))
+        return SearchMember(name, _runnable_search(name, source))
     raise ValidationError(
         f"member {name!r}: expected a LangChain retriever, a vector store or a SearchMember, "
         f"got {type(source).__name__}"
@@ -193,12 +193,17 @@ def _vectorstore_search(store: VectorStore, extra: dict[str, Any], scores: str) 
     return search
 
 
-def _runnable_search(retriever: Runnable) -> Any:
+def _runnable_search(name: str, retriever: Runnable) -> Any:
     def search(query: str, k: int) -> list[tuple[Chunk, None]]:
         # Explicit callbacks: without them the run would inherit an enclosing chain's and show up
         # as a sibling retrieval of the ensemble's own run.
         config = {"callbacks": _MEMBER_CALLBACKS.get() or []}
-        return [(document_to_chunk(d), None) for d in retriever.invoke(query, config=config)]
+        docs = retriever.invoke(query, config=config)
+        for wrong in (docs,) if not isinstance(docs, (list, tuple)) else docs:
+            if not isinstance(wrong, Document):
+                raise ValidationError(f"member {name!r} returned a {type(wrong).__name__}, where a retriever "
+                                      "returns a list of Documents")
+        return [(document_to_chunk(d), None) for d in docs]
 
     return search
 
@@ -333,10 +338,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         cancelled: threading.Event | None = None,
     ) -> list[Document]:
         ens = self.ensemble
-        k = self.k if k is None else positive_count(k, "k")
-        explore = self.explore if explore is None else flag(explore, "explore")
+        # the fields too: one set after construction (retriever.k = "2") is not checked by pydantic
+        k = positive_count(self.k if k is None else k, "k")
+        explore = flag(self.explore if explore is None else explore, "explore")
         session = _run_session(run.metadata, self.session_id)
-        wanted = self.log if log is None else flag(log, "log")  # checked also where there is no store
+        wanted = flag(self.log if log is None else log, "log")  # checked also where there is no store
         logging = ens.store is not None and wanted
         if session is not None and logging and self.observe_followups:
             if self._implicit is None:

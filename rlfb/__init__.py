@@ -21,6 +21,7 @@ from rlfb.errors import (
     InvalidWeightsError,
     ModelNotFoundError,
     NonFiniteValueError,
+    NotCopyableError,
     RatingOutOfRangeError,
     ReadOnlyStoreError,
     RlfbError,
@@ -59,6 +60,7 @@ __all__ = [
     "CorruptStateError",
     "ReadOnlyStoreError",
     "StoreBusyError",
+    "NotCopyableError",
     "ModelNotFoundError",
     "__version__",
 ]

@@ -50,7 +50,7 @@ from rlfb.candidates import (
 )
 from rlfb.corpus_index import checked_chunks, checked_ids, index_with, indexed_table, rebuilt, removal, retriever_map
 from rlfb.ensemble_folder import load_ensemble, save_ensemble
-from rlfb.errors import UnknownChunkError, ValidationError
+from rlfb.errors import NotCopyableError, UnknownChunkError, ValidationError
 from rlfb.feedback_learning import QUERY_KEY as QUERY_KEY  # importable from here, as it always was
 from rlfb.feedback_learning import (
     learn_record,
@@ -755,6 +755,23 @@ class FeedbackEnsemble:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __copy__(self) -> FeedbackEnsemble:
+        return self.__deepcopy__({})  # a shallow copy would share half of the learner's bookkeeping
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FeedbackEnsemble:
+        # a copy would be a second learner on the same store and models, learning apart from this one (the
+        # locks, the open connection and the loaded models cannot be copied anyway: a bare TypeError before)
+        raise NotCopyableError(
+            "a FeedbackEnsemble cannot be copied: it is a live learner bound to its store; pass the same object "
+            "to share it, or ens.save(folder) and FeedbackEnsemble.load(folder, store=...) for another one"
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise NotCopyableError(
+            "a FeedbackEnsemble cannot be pickled (it holds locks, a store connection and models): "
+            "ens.save(folder) and FeedbackEnsemble.load(folder, store=...) carry it to another process"
+        )
 
     def __repr__(self) -> str:
         # the weights in memory: a repr (a debugger, a log line) must not read, or write, the store

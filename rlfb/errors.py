@@ -29,6 +29,7 @@ __all__ = [
     "IdempotencyConflictError",
     "ReadOnlyStoreError",
     "StoreBusyError",
+    "NotCopyableError",
 ]
 
 
@@ -113,3 +114,9 @@ class StoreBusyError(RlfbError, sqlite3.OperationalError):
     ``FeedbackStore`` on the same file inside its ``exclusive()`` block (one that would wait for
     ever on itself). Still an ``sqlite3.OperationalError``, as it was before it had a name.
     """
+
+
+class NotCopyableError(RlfbError, TypeError):
+    """A live learner (a :class:`~rlfb.FeedbackEnsemble`, bound to its store and models) was deep-copied or
+    pickled. Pass the same object to share it; ``save`` and ``load`` carry it elsewhere. Still a
+    ``TypeError``, as copying an object that cannot be copied raised before it had a name."""

@@ -301,3 +301,19 @@ def test_a_misspelt_option_is_refused_before_anything_is_indexed(monkeypatch, op
     with pytest.raises(ValidationError, match=f"takes no option '{option}'.*{hint}"):
         FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",), **{option: "thompson"})
     assert indexed == []
+
+
+def test_an_ensemble_is_not_copied_or_pickled_but_refused_by_name(tmp_path: Path) -> None:
+    # deepcopy and pickle failed with a bare TypeError on a lock (or a tokenizer); a shallow copy went through
+    # and shared half of the learner's bookkeeping with the original
+    import copy
+    import pickle
+
+    from rlfb import NotCopyableError
+
+    ens = FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",), store=str(tmp_path / "f.db"))
+    for copier in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(NotCopyableError, match="save"):
+            copier(ens)
+    with pytest.raises(TypeError):  # what code catching a failed copy expects
+        copy.deepcopy({"learner": ens})

@@ -190,3 +190,34 @@ def test_a_misspelt_ensemble_option_is_a_named_error_before_indexing(monkeypatch
     assert indexed == []
     with pytest.raises(ValidationError, match="did you mean 'policy'"):
         FeedbackEnsembleRetriever.from_retrievers({"kw": LCBM25.from_texts(TEXTS)}, polciy="thompson")
+
+
+def test_a_retriever_is_shared_shallowly_and_refuses_a_deep_copy_by_name() -> None:
+    import copy
+
+    from rlfb import NotCopyableError
+
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), k=2)
+    assert retriever.model_copy(update={"k": 3}).ensemble is retriever.ensemble  # with_config-style copies share
+    with pytest.raises(NotCopyableError, match="live learner"):
+        copy.deepcopy(retriever)
+
+
+@pytest.mark.parametrize(("returned", "named"), [(["a"], "str"), (None, "NoneType"), ([None], "NoneType")])
+def test_a_member_returning_no_documents_is_named(returned: Any, named: str) -> None:
+    # a bare AttributeError ('str' object has no attribute 'metadata') or TypeError, naming no member
+    from langchain_core.runnables import RunnableLambda
+
+    retriever = FeedbackEnsembleRetriever.from_retrievers({"notes": RunnableLambda(lambda q: returned)})
+    with pytest.raises(ValidationError, match=f"member 'notes' returned a {named}"):
+        retriever.invoke("tides")
+
+
+def test_fields_set_after_construction_are_checked_at_use() -> None:
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), k=2)
+    for field, value in (("k", "2"), ("explore", "no"), ("log", 1.5)):
+        setattr(retriever, field, value)  # pydantic checks no assignment
+        with pytest.raises(ValidationError, match=field):
+            retriever.invoke("tides")
+        setattr(retriever, field, {"k": 2, "explore": True, "log": True}[field])
+    assert len(retriever.invoke("tides")) == 2
