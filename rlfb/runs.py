@@ -320,7 +320,8 @@ def record_run_feedback(
             "check that the run went through a retriever with feedback logging (a FeedbackEnsembleRetriever, "
             "or a FeedbackCallbackHandler in the run's callbacks) and that the id is the run's id; a run above "
             "the retrieval's parent (a whole chain's run id) resolves only with a FeedbackCallbackHandler in the "
-            "chain's callbacks, which links each run to its parent"
+            "chain's callbacks, which links each run to its parent; a LangChain retriever called on its own "
+            "takes its run id as retriever.invoke(query, run_id=...), not in config (BaseRetriever drops it)"
         )
     events = [store.event(e) for e in event_ids]
     if chunk_id is not None:

@@ -221,3 +221,17 @@ def test_fields_set_after_construction_are_checked_at_use() -> None:
             retriever.invoke("tides")
         setattr(retriever, field, {"k": 2, "explore": True, "log": True}[field])
     assert len(retriever.invoke("tides")) == 2
+
+
+def test_feedback_on_a_run_id_given_in_a_retrievers_config_says_how_to_give_it(tmp_path) -> None:
+    # LangChain's BaseRetriever takes its run id from the keyword only: the error says so
+    from rlfb import UnknownEventError
+
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), store=str(tmp_path / "f.db"))
+    given = uuid.uuid4()
+    retriever.invoke("tides", config={"run_id": given})
+    with pytest.raises(UnknownEventError, match=r"invoke\(query, run_id=\.\.\.\)"):
+        retriever.feedback(given, "thumbs_up")
+    retriever.invoke("tides", run_id=given)
+    (record,) = retriever.feedback(given, "thumbs_up")
+    assert record.event_id == str(given)
