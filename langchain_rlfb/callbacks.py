@@ -65,12 +65,13 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 from langchain_rlfb._checks import check_store, flag, session_text, usable_score
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
-from rlfb.errors import ValidationError
+from rlfb.errors import RlfbError, ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
     default_implicit,
     learns_after_commit,
     log_external,
+    maker_of,
     observe_followup,
     record_run_feedback,
     same_store,
@@ -431,10 +432,11 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         ``idempotency_key``. Returns one :class:`~rlfb.store.FeedbackRecord` per
         retrieval rated; an ensemble learns from those it made.
 
-        When the handler's ``ensemble`` keeps its log in another store, each
-        rated retrieval that store also holds (the ensemble's own event, under
-        the same run id) gets the feedback there too, so the ensemble learns;
-        the returned records then include those second records. A refusal by
+        When the ensemble that made a rated retrieval keeps its log in another
+        store (the handler's ``ensemble``, or any live one of this process: two
+        rlfb retrievers on two files in one chain), the feedback goes to its
+        event there too, so that ensemble learns; the returned records then
+        include those second records. A refusal by
         the ensemble's store (an idempotency conflict, a locked file) undoes
         the handler's rows; where the run holds two of the ensemble's
         retrievals, the first one's row and learning stay. The handler's file
@@ -458,7 +460,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         ens = self.ensemble
-        if ens is None or ens.store is None or same_store(ens.store, self.store):
+        elsewhere = self._learners_elsewhere(run_id)
+        if not elsewhere:
             return record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
         # The run tree (links) lives in this handler's store: resolve here, record per event there. The learner's
         # writes inside the handler's block, so that a refusal there (an idempotency conflict, a locked file)
@@ -473,12 +476,31 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             ikey = fb.pop("idempotency_key", None)
             rated = [r.event_id for r in records]
             for eid in rated:
-                if ens.store.has_event(eid):
+                learner = elsewhere.get(eid)
+                if learner is not None:
                     # the same key per event as record_run_feedback gave it in this store
                     key_there = ikey if ikey is None or len(rated) == 1 else f"{ikey}:{eid}"
-                    records += record_run_feedback(ens.store, eid, signal, ensemble=ens,
+                    records += record_run_feedback(learner.store, eid, signal, ensemble=learner,
                                                    idempotency_key=key_there, **fb)
         return records
+
+    def _learners_elsewhere(self, run_id: Any) -> dict[str, Any]:
+        """The retrievals under ``run_id`` whose decision an ensemble keeps in another store than this handler's,
+        by event id, with that ensemble: the live one of this process that made it (any adapter's, on any store),
+        else the handler's own ``ensemble`` where its store holds the event (made before a restart)."""
+        try:
+            event_ids = self.store.resolve_run(str(run_id))
+        except RlfbError:  # a bad run id: record_run_feedback names it
+            return {}
+        out = {}
+        for eid in event_ids:
+            learner = maker_of(eid)
+            if learner is None:  # compared with None: an ensemble of no chunks (members only) has length 0
+                learner = self.ensemble
+            theirs = getattr(learner, "store", None)
+            if theirs is not None and not same_store(theirs, self.store) and theirs.has_event(eid):
+                out[eid] = learner
+        return out
 
     def retrievals(self, run_id: Any) -> list[dict[str, Any]]:
         """The logged retrievals a run id stands for (store event dicts, with their ranked ``chunks``)."""

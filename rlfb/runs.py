@@ -224,15 +224,17 @@ def remember_maker(event_id: str, ensemble: Any) -> None:
             _MAKERS.popitem(last=False)
 
 
-def maker_of(event_id: str, store: Any) -> Any:
-    """The live ensemble of this process that logged ``event_id`` into ``store`` (the same file) and has not
-    closed it, else ``None``."""
+def maker_of(event_id: str, store: Any = None) -> Any:
+    """The live ensemble of this process that logged ``event_id`` into ``store`` (the same file; ``None``: into
+    any store) and has not closed it, else ``None``."""
     with _MAKERS_LOCK:
         ref = _MAKERS.get(event_id)
     ensemble = ref() if ref is not None else None
     theirs = getattr(ensemble, "store", None)
-    if ensemble is None or getattr(theirs, "closed", False) or not same_store(theirs, store):
-        return None  # gone, closed (an app restarted in this process), or on another store
+    if ensemble is None or theirs is None or getattr(theirs, "closed", False):
+        return None  # gone, or closed (an app restarted in this process)
+    if store is not None and not same_store(theirs, store):
+        return None  # on another store
     return ensemble
 
 

@@ -733,3 +733,25 @@ def test_feedback_skips_a_decision_under_an_outer_retriever_that_raised(make_ens
     decisions = [e for e in rated if ens.store.event(e)["policy"] != EXTERNAL_POLICY]
     assert decisions == [answered]  # the first attempt's decision is not rated
     assert ens.learner.n_learned == 1
+
+
+@pytest.mark.parametrize("handler_of", ["first_ensemble", "store_alone"])
+def test_two_rlfb_retrievers_on_two_stores_in_one_chain_both_learn(make_ensemble: Any, handler_of: str) -> None:
+    # the handler knew one ensemble: the other retriever's decision got the chain's feedback on the handler's
+    # copy only, and its own store and learner never saw it
+    first, second = make_ensemble(policy="gradient"), make_ensemble(policy="gradient")
+    handler = (FeedbackCallbackHandler.from_ensemble(first) if handler_of == "first_ensemble"
+               else FeedbackCallbackHandler(FeedbackStore()))
+    fmt = RunnableLambda(lambda docs: " ".join(d.page_content for d in docs))
+    chain = ({"a": FeedbackEnsembleRetriever.from_ensemble(first, k=2) | fmt,
+              "b": FeedbackEnsembleRetriever.from_ensemble(second, k=2) | fmt, "question": RunnablePassthrough()}
+             | ChatPromptTemplate.from_template("{a} {b} {question}") | FakeListChatModel(responses=["ok"]))
+    top = uuid.uuid4()
+    chain.invoke("what causes the aurora", config={"callbacks": [handler], "run_id": top})
+    records = handler.record_feedback(top, score=1.0, idempotency_key="fb-1")
+    assert handler.store.counts()["feedback"] == 2  # both retrievals (on the first's store: a copy of the second)
+    assert second.store.counts()["feedback"] == 1
+    assert first.learner.n_learned == second.learner.n_learned == 1
+    assert {r.event_id for r in records} == {e["id"] for e in handler.retrievals(top)}
+    handler.record_feedback(top, score=1.0, idempotency_key="fb-1")  # a retry is learned by neither again
+    assert first.learner.n_learned == second.learner.n_learned == 1
