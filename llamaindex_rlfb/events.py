@@ -218,6 +218,7 @@ class FeedbackEventHandler(BaseEventHandler):
     _thread_last: Any = PrivateAttr(default_factory=dict)  # thread id -> (latest query there, its task)
     _handled: Any = PrivateAttr(default_factory=OrderedDict)  # ids of recent events (attached twice: once)
     _nested: Any = PrivateAttr(default_factory=OrderedDict)  # open bare retrieval -> learner events inside it
+    _raised: Any = PrivateAttr(default_factory=OrderedDict)  # latest query ids whose query raised
 
     def __init__(
         self,
@@ -353,6 +354,11 @@ class FeedbackEventHandler(BaseEventHandler):
         _pop(_RETRIEVALS, event.span_id)
         with self._lock:
             self._nested.pop(event.span_id, None)
+            if event.span_id == self.last_query_id:
+                # the latest query gave no answer: feedback that names no query must not rate what it retrieved
+                self._raised[event.span_id] = None
+                if len(self._raised) > _REMEMBER:
+                    self._raised.popitem(last=False)
 
     def _query_start(self, event: QueryStartEvent) -> None:
         qid = _span(event)
@@ -560,6 +566,11 @@ class FeedbackEventHandler(BaseEventHandler):
         qid = self._implied_query() if query_id is None else query_id
         if qid is None:
             raise UnknownEventError("no query was captured in this thread or task; pass the query id")
+        if query_id is None and qid in self._raised:
+            raise ValidationError(
+                f"the latest query ({qid!r}) raised, so it gave no answer to rate: pass the id of the query "
+                "the feedback is about"
+            )
         qid = str(qid)
         event_ids = self._store.resolve_run(qid)
         if not event_ids:

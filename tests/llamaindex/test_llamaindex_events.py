@@ -558,3 +558,24 @@ def test_a_re_ranking_of_a_re_ranking_by_hand_joins_its_query_id(
     assert len(handler.retrievals()) == 2 + bare
     handler.record_feedback(score=1.0)
     assert pp1.ensemble.learner.n_learned == pp2.ensemble.learner.n_learned == 1
+
+
+def test_feedback_naming_no_query_refuses_a_latest_query_that_raised(index: Any, handler: FeedbackEventHandler) -> None:
+    # the latest query id moved to a query whose LLM raised, and feedback naming no query rated what that query
+    # retrieved, which no user saw an answer from
+    class Down(MockLLM):
+        def complete(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the LLM is down")
+
+    index.as_query_engine(llm=MockLLM(), similarity_top_k=2).query("tides")
+    answered = handler.last_query_id
+    with pytest.raises(RuntimeError, match="down"):
+        index.as_query_engine(llm=Down(), similarity_top_k=2).query("aurora")
+    failed = handler.last_query_id
+    assert failed != answered
+    with pytest.raises(ValidationError, match="raised, so it gave no answer"):
+        handler.record_feedback(score=1.0)
+    assert handler.store.counts()["feedback"] == 0
+    assert [r.event_id for r in handler.record_feedback(answered, score=1.0)]  # by id, as before
+    index.as_query_engine(llm=MockLLM(), similarity_top_k=2).query("volcano")
+    assert len(handler.record_feedback(score=1.0)) == 1  # the next query answered: the default again

@@ -170,7 +170,7 @@ def test_a_misspelt_ensemble_option_is_a_named_error_before_indexing(monkeypatch
 
     indexed: list[int] = []
     monkeypatch.setattr(BM25Retriever, "index", lambda self, *a, **k: indexed.append(1))
-    nodes = [TextNode(text=t, id_=i) for t, i in zip(TEXTS, IDS)]
+    nodes = [TextNode(text=t, id_=i) for t, i in zip(TEXTS, IDS, strict=True)]
     with pytest.raises(ValidationError, match="takes no option 'top_k'"):
         FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), top_k=3)
     assert indexed == []
