@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 _CONFIG_FILE = "ensemble.json"
 _FORMAT = 1
+#: what a save holds: a folder holding anything else is not replaced by a save
+_SAVED_NAMES = frozenset({_CONFIG_FILE, "chunks.jsonl", "retrievers", "learner.json"})
 
 
 def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
@@ -47,7 +49,7 @@ def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
             "refresh_interval": _interval_json(ens.refresh_interval),
             "persist_interval": _interval_json(ens.persist_interval),
         }
-        with saving_into(Path(path), marker=_CONFIG_FILE, what="ensemble") as tmp:
+        with saving_into(Path(path), marker=_CONFIG_FILE, what="ensemble", names=_SAVED_NAMES) as tmp:
             table.save(tmp)  # metadata JSON cannot hold is a ValidationError naming the chunk
             for name, r in retrievers.items():
                 r.save(tmp / "retrievers" / name)

@@ -41,16 +41,23 @@ _TAG = re.compile(r"^\.(?P<name>.+)\.(?P<kind>saving|old)-(?:(?P<host>.*)~)?(?P<
 
 
 @contextmanager
-def saving_into(root: Path, *, marker: str, what: str) -> Iterator[Path]:
+def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) -> Iterator[Path]:
     """A new folder beside ``root`` to write a save into, swapped in for ``root`` once the block completes.
 
     A save that fails part way (metadata JSON cannot hold, a full disk) so leaves the previous
     save in ``root`` as it was. ``root`` must be new, empty, or an earlier save (it holds
-    ``marker``): it is replaced whole, so a folder of other files is refused by name rather than lost.
-    Folders left beside ``root`` by saves killed part way (their process gone) are removed after the swap.
+    ``marker``, and nothing but the ``names`` a save of this kind writes): it is replaced whole, so a
+    folder holding anything else (a feedback store kept beside the model) is refused by name rather than
+    lost. Folders left beside ``root`` by saves killed part way (their process gone) are removed after the swap.
     """
     if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / marker).exists())):
         raise ValidationError(f"{root} is not empty and holds no saved {what}: choose a new folder")
+    others = sorted(p.name for p in root.iterdir() if p.name not in names) if root.is_dir() else []
+    if others:
+        raise ValidationError(
+            f"{root} holds {others[:5]}, which are not part of a saved {what}: a save replaces the folder whole, "
+            "so it would delete them; move them out, or save to another folder"
+        )
     # names of this call's own: two saves at once (threads or processes) never share a folder
     tag = f"{_host()}~{os.getpid()}~{uuid.uuid4().hex[:12]}"
     tmp = root.with_name(f".{root.name}.saving-{tag}")
@@ -58,6 +65,9 @@ def saving_into(root: Path, *, marker: str, what: str) -> Iterator[Path]:
     try:
         tmp.mkdir(parents=True)
         yield tmp
+        wrote = sorted(p.name for p in tmp.iterdir() if p.name not in names)
+        if wrote:  # the next save would refuse the folder: a name missing from its kind's list
+            raise RlfbError(f"a {what} save wrote {wrote}, which its list of saved names lacks")
         if root.exists():
             root.rename(old)
         try:

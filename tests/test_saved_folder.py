@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfb import CorruptStateError, FeedbackEnsemble, saved_folder
+from rlfb import CorruptStateError, FeedbackEnsemble, ValidationError, saved_folder
 from rlfb.retrievers import BM25Retriever
 from rlfb.retrievers.base import ChunkTable
 from rlfb.types import make_chunks
@@ -158,3 +158,37 @@ def test_a_save_clears_what_killed_saves_left_beside_it(tmp_path: Path) -> None:
         ens.save(root)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ens", *(p.name for p in alive)])
     assert FeedbackEnsemble.load(root).seed == 1
+
+
+def test_a_save_refuses_a_folder_that_also_holds_other_files(tmp_path: Path) -> None:
+    # a store kept beside the model in its folder was deleted, with every feedback row, by the next save
+    root = tmp_path / "model"
+    _ensemble(OLD_TEXTS, seed=1).save(root)
+    ens = FeedbackEnsemble.load(root, store=root / "feedback.db")
+    r = ens.retrieve("aurora", k=1)
+    ens.feedback(r.event_id, "thumbs_up")
+    with pytest.raises(ValidationError, match=r"holds \['feedback.db'.*not part of a saved ensemble"):
+        ens.save(root)
+    assert ens.store.counts()["feedback"] == 1 and (root / "feedback.db").exists()
+    ens.close()
+    assert FeedbackEnsemble.load(root).seed == 1  # the save is as it was
+    bm25 = BM25Retriever().index(make_chunks(OLD_TEXTS))
+    bm25.save(tmp_path / "bm25")
+    (tmp_path / "bm25" / "notes.txt").write_text("keep me")
+    with pytest.raises(ValidationError, match="notes.txt"):
+        bm25.save(tmp_path / "bm25")
+    assert (tmp_path / "bm25" / "notes.txt").read_text() == "keep me"
+
+
+def test_every_kind_of_save_writes_only_the_names_a_later_save_replaces(tmp_path: Path) -> None:
+    from rlfb.ensemble_folder import _SAVED_NAMES
+    from rlfb.retrievers.base import SAVED_NAMES
+
+    ens = FeedbackEnsemble.from_texts(OLD_TEXTS, retrievers=("bm25", "dense", "splade"))
+    ens.save(tmp_path / "ens")
+    ens.save(tmp_path / "ens")  # again over the first: nothing refused
+    assert {p.name for p in (tmp_path / "ens").iterdir()} <= _SAVED_NAMES
+    for folder in (tmp_path / "ens" / "retrievers").iterdir():
+        assert {p.name for p in folder.iterdir()} <= SAVED_NAMES
+        ens.retrievers[folder.name].save(tmp_path / folder.name)
+        ens.retrievers[folder.name].save(tmp_path / folder.name)

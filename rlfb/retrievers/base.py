@@ -47,6 +47,9 @@ __all__ = [
     "ARRAY_HEADER_ERRORS",
 ]
 
+#: what the built-in retrievers' saves hold: a folder holding anything else is not replaced by a save
+SAVED_NAMES = frozenset({"meta.json", "chunks.jsonl", "term_counts.npz", "bm25s", "embeddings.npy", "doc_matrix.npz"})
+
 #: what ``np.load`` lets escape from a damaged ``.npy`` header besides ``ValueError``: a header that
 #: ``ast.literal_eval`` refuses is tokenized again for old files (``tokenize.TokenError``), and the
 #: parser can raise ``SyntaxError`` (or ``RecursionError`` on deep nesting) itself
@@ -413,7 +416,7 @@ class CorpusRetriever:
         an earlier save.
         """
         table = self._require_table()
-        with saving_into(Path(path), marker="meta.json", what="retriever") as tmp:
+        with saving_into(Path(path), marker="meta.json", what="retriever", names=SAVED_NAMES) as tmp:
             table.save(tmp)
             write_index(tmp)
             write_meta(tmp, {"kind": self.name, **meta})
