@@ -21,7 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-__all__ = ["write_atomically", "write_text_atomically"]
+from rlfb.errors import ValidationError
+
+__all__ = ["write_atomically", "write_text_atomically", "same_file", "refuse_overwriting_store"]
 
 T = TypeVar("T")
 
@@ -54,3 +56,24 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:
 def write_text_atomically(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` whole or not at all (:func:`write_atomically`)."""
     write_atomically(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same inode when both exist, else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet: compare where it would be
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
+    """Raise :class:`ValidationError` when output ``out`` is the SQLite ``store`` or one of its side files.
+
+    Writing an export over the store it reads from destroys the store ("file is not a database"
+    afterwards), so this runs before anything is opened or written.
+    """
+    if same_file(out, store):
+        raise ValidationError(f"the output {out} is the store {store} being read: refusing to overwrite it")
+    for side in (f"{store}{tail}" for tail in ("-wal", "-shm", "-journal")):  # SQLite's own files beside it
+        if same_file(out, side):
+            raise ValidationError(f"the output {out} is {side}, part of the store {store}: refusing to overwrite it")

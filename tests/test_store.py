@@ -1127,3 +1127,20 @@ def test_an_ensemble_dropped_without_close_closes_its_store(tmp_path):
     gc.collect()
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         conn.execute("SELECT 1")
+
+
+@pytest.mark.parametrize("tail", ["", "-wal", "-shm"])
+def test_export_jsonl_refuses_the_stores_own_files(tmp_path, tail):
+    # the library method (unlike the CLI) wrote its JSON lines over the live database: every row was lost
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as s:
+        s.log_event("q", {"weights": {"a": 1.0}}, [{"chunk_id": "c1"}], event_id="E1")
+        s.record_feedback("E1", "thumbs_up")
+        with pytest.raises(ValidationError, match="refusing to overwrite"):
+            s.export_jsonl(f"{path}{tail}")
+        for bad in (None, 1, ""):
+            with pytest.raises(ValidationError, match="file path or a binary file object"):
+                s.export_jsonl(bad)
+    with FeedbackStore(path) as s:
+        assert s.counts()["feedback"] == 1
+        assert s.export_jsonl(tmp_path / "out.jsonl") == 1

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from rlfb.files import refuse_overwriting_store, same_file
+
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
            "refuse_overwriting_store", "refuse_empty_store", "check_int", "check_output_name",
            "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter"]
@@ -92,29 +94,6 @@ def write_output(file: str | Path, text: str) -> None:
 
     with parent_made(file) as path:
         write_text_atomically(path, text)
-
-
-def same_file(a: str | Path, b: str | Path) -> bool:
-    """Whether paths ``a`` and ``b`` name one file: the same inode when both exist, else the same resolved path."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist yet: compare where it would be
-        return Path(a).resolve() == Path(b).resolve()
-
-
-def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
-    """Raise :class:`ValidationError` when output ``out`` is the SQLite ``store`` or one of its side files.
-
-    Writing an export over the store it reads from destroys the store ("file is not a database"
-    afterwards), so this runs before anything is opened or written.
-    """
-    from rlfb.errors import ValidationError
-
-    if same_file(out, store):
-        raise ValidationError(f"the output {out} is the store {store} being read: refusing to overwrite it")
-    for side in (f"{store}{tail}" for tail in ("-wal", "-shm", "-journal")):  # SQLite's own files beside it
-        if same_file(out, side):
-            raise ValidationError(f"the output {out} is {side}, part of the store {store}: refusing to overwrite it")
 
 
 def refuse_empty_store(path: str | Path) -> None:

@@ -559,7 +559,9 @@ class FeedbackStore:
         ``path`` may be a binary file object. A path is written next to its
         target and renamed into place, so a failed export leaves no partial file;
         it gets the mode ``open()`` would give it (``0o666`` less the umask for
-        a new file; a file written over keeps its mode).
+        a new file; a file written over keeps its mode). The store's own file, or a side file of it
+        (``-wal``, ``-shm``, ``-journal``), is refused with :class:`ValidationError`: written over, the store
+        would be lost.
         """
         return reports.export_jsonl(self, path)
 

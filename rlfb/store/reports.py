@@ -8,13 +8,14 @@ own read transactions.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from rlfb.errors import CorruptStateError
-from rlfb.files import write_atomically
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.files import refuse_overwriting_store, write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
 from rlfb.store.codec import _dec, _jsonl
@@ -261,6 +262,11 @@ def to_dataframe(store: FeedbackStore, *, flatten: bool = True) -> Any:
 
 def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
     """``export_rows`` as JSON lines: see :meth:`FeedbackStore.export_jsonl`."""
+    if not hasattr(path, "write"):
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ValidationError(f"export_jsonl needs a file path or a binary file object, got {path!r}")
+        if not store._memory:  # an export written over the store it reads destroys it ("file is not a database")
+            refuse_overwriting_store(path, store.path)
     if hasattr(path, "write"):
         n = 0
         for row in store.export_rows():
