@@ -34,8 +34,10 @@ _SAVED_NAMES = frozenset({_CONFIG_FILE, "chunks.jsonl", "retrievers", "learner.j
 
 def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
     """The body of :meth:`FeedbackEnsemble.save <rlfb.FeedbackEnsemble.save>`."""
+    # flushed before this save's lock: flushing takes the store's lock, which a caller saving inside its own
+    # store.exclusive() block holds while it waits for this lock (another thread's save held both for ever)
+    ens.flush()
     with ens._save_lock:
-        ens.flush()
         table, retrievers = ens._index()
         config = {
             "format": _FORMAT,

@@ -497,3 +497,38 @@ def test_an_ensemble_learning_on_a_file_keeps_a_few_snapshots_and_restarts_from_
     again.retrieve("moon", k=1)  # reads the store's newest snapshot of its kind
     assert again.learner.n_learned == learned
     again.close()
+
+
+def test_a_save_inside_exclusive_and_another_threads_save_both_finish(tmp_path) -> None:
+    # the other thread's save held the save lock and waited for the store's lock, which this thread's block
+    # held while its own save waited for the save lock: both waited for ever
+    import threading
+
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=str(tmp_path / "f.db"), policy="thompson")
+    _teach(ens, 1, time.time() - 100)
+    in_block, errors = threading.Event(), []
+
+    def saving_inside_the_block() -> None:
+        try:
+            with ens.store.exclusive():
+                in_block.set()
+                time.sleep(0.3)  # the other save starts meanwhile and waits for the store
+                ens.save(tmp_path / "inside")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def saving_outside() -> None:
+        in_block.wait()
+        try:
+            ens.save(tmp_path / "outside")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (saving_inside_the_block, saving_outside)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)  # not a speed limit: a deadlock never ends
+    assert not any(t.is_alive() for t in threads) and errors == []
+    assert FeedbackEnsemble.load(tmp_path / "inside").learner.n_learned == 4
+    assert FeedbackEnsemble.load(tmp_path / "outside").learner.n_learned == 4
