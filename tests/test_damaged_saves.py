@@ -122,6 +122,15 @@ def _falling_pointers(indptr: np.ndarray) -> np.ndarray:
 
 
 # (kind, mutation, the file the error must name)
+def _npy_header(shape: tuple[int, ...]) -> bytes:
+    """A version-1 ``.npy`` file of float64 claiming ``shape``, with no data."""
+    header = f"{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}".encode()
+    header += b" " * (118 - len(header) - 1) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + b"\0" * 64
+
+
+HUGE_NPY = _npy_header((10**11, 2))
+
 DAMAGE: dict[str, tuple[str, Mutation, str]] = {
     # dense: non-finite vectors loaded silently, and their chunks scored None
     "dense embedding NaN": ("dense", _embeddings(_put((0, 0), np.nan)), "embeddings.npy"),
@@ -136,6 +145,8 @@ DAMAGE: dict[str, tuple[str, Mutation, str]] = {
     "dense format_version unknown": ("dense", _meta("format_version", 99), "meta.json"),
     "dense dim disagrees": ("dense", _meta("dim", 17), "meta.json"),
     "dense meta nested too deep": ("dense", _write("meta.json", DEEP), "meta.json"),
+    # a header whose shape is beyond memory: numpy's MemoryError escaped
+    "dense embeddings header beyond memory": ("dense", _write("embeddings.npy", HUGE_NPY), "embeddings.npy"),
     "dense chunks nested too deep": ("dense", _write("chunks.jsonl", DEEP + "\n"), "chunks.jsonl"),
     # SPLADE: non-finite weights loaded silently
     "splade weight NaN": ("splade", _matrix(_set("data", lambda d: d * np.nan)), "doc_matrix.npz"),
@@ -190,6 +201,14 @@ def test_saved_max_active_dims_null_still_loads(saved: Path, cache_dir: Path, tm
     assert SpladeRetriever.load(folder, cache_dir=cache_dir).max_active_dims is None
     _meta("max_active_dims", 16)(folder)
     assert SpladeRetriever.load(folder, cache_dir=cache_dir).max_active_dims == 16
+
+
+@pytest.mark.parametrize("kind", [["bm25"], {"bm25": 1}, 7])
+def test_a_kind_that_is_not_a_name_is_corrupt_state(tmp_path: Path, kind: object) -> None:
+    # a list or dict there was a bare TypeError (unhashable) from the kind lookup
+    (tmp_path / "meta.json").write_text(json.dumps({"kind": kind}), encoding="utf-8")
+    with pytest.raises(CorruptStateError, match="names retriever kind"):
+        load_retriever(tmp_path)
 
 
 def test_deeply_nested_meta_is_corrupt_state_in_the_kind_lookup(tmp_path: Path) -> None:

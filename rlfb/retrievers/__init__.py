@@ -116,7 +116,7 @@ def load_retriever(path: str | Path, **kwargs: Any) -> Retriever:
 
 def _read_kind(path: Path) -> str:
     kind = load_meta(path).get("kind")
-    if kind not in _REGISTRY:
+    if not isinstance(kind, str) or kind not in _REGISTRY:  # a list or dict there: unhashable, a TypeError
         raise CorruptStateError(
             f"{path / 'meta.json'} names retriever kind {kind!r}; known kinds: {', '.join(_REGISTRY)}"
         )

@@ -52,8 +52,10 @@ SAVED_NAMES = frozenset({"meta.json", "chunks.jsonl", "term_counts.npz", "bm25s"
 
 #: what ``np.load`` lets escape from a damaged ``.npy`` header besides ``ValueError``: a header that
 #: ``ast.literal_eval`` refuses is tokenized again for old files (``tokenize.TokenError``), and the
-#: parser can raise ``SyntaxError`` (or ``RecursionError`` on deep nesting) itself
-ARRAY_HEADER_ERRORS: tuple[type[BaseException], ...] = (tokenize.TokenError, SyntaxError, RecursionError)
+#: parser can raise ``SyntaxError`` (or ``RecursionError`` on deep nesting) itself; a header whose shape is
+#: beyond memory (10^11 numbers) makes numpy try to allocate it (``MemoryError``, its text naming the size)
+ARRAY_HEADER_ERRORS: tuple[type[BaseException], ...] = (tokenize.TokenError, SyntaxError, RecursionError,
+                                                        MemoryError)
 
 
 @runtime_checkable
