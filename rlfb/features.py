@@ -39,7 +39,7 @@ _CODE = re.compile(
     \b(?:[A-Za-z]+[-_]?\d+[A-Za-z0-9]*|\d+[A-Za-z]+\w*)\b   # E1234, v2, 3g, ISO-9001
     | \b\w+_\w+\b                                        # snake_case
     | \b[a-z]+[A-Z]\w*\b                                 # camelCase
-    | \w+\(\)                                            # call()
+    | \b\w+\(\)                                          # call() (at a word start: unanchored, quadratic)
     | [/\\]\w+[/\\]                                      # /path/
     | \b0x[0-9a-fA-F]+\b                                 # hex
     """,
