@@ -563,10 +563,16 @@ class FeedbackEnsemble:
         )
 
     def retrieve_batch(self, queries: Iterable[str], k: int = 5, **kwargs: Any) -> list[RetrievalResult]:
-        """:meth:`retrieve` for each query, in order."""
+        """:meth:`retrieve` for each query, in order; every query is checked before any is retrieved (and logged)."""
         if isinstance(queries, str):  # iterating it would retrieve once per character
             raise ValidationError("queries must be a sequence of strings, not one string: use retrieve()")
-        return [self.retrieve(q, k, **kwargs) for q in queries]
+        checked = []
+        for i, q in enumerate(queries):
+            try:
+                checked.append(check_query(q))
+            except ValidationError as exc:
+                raise ValidationError(f"queries[{i}]: {exc}") from None
+        return [self.retrieve(q, k, **kwargs) for q in checked]
 
     def chunk(self, chunk_id: str) -> Chunk:
         """The indexed (or member-found, or lately deleted) chunk with this id."""

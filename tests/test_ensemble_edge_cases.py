@@ -317,3 +317,12 @@ def test_an_ensemble_is_not_copied_or_pickled_but_refused_by_name(tmp_path: Path
             copier(ens)
     with pytest.raises(TypeError):  # what code catching a failed copy expects
         copy.deepcopy({"learner": ens})
+
+
+def test_retrieve_batch_checks_every_query_before_it_logs_any(tmp_path: Path) -> None:
+    # the first query was retrieved and logged, then the second raised
+    ens = FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",), store=str(tmp_path / "f.db"))
+    with pytest.raises(ValidationError, match=r"queries\[1\]: query must be a string"):
+        ens.retrieve_batch(["tides", 1])
+    assert ens.store.counts()["events"] == 0
+    assert len(ens.retrieve_batch(["tides", "moon"], k=1)) == 2
