@@ -25,9 +25,10 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rlfb.errors import ModelNotFoundError
+from rlfb.errors import CorruptStateError, ModelNotFoundError
 from rlfb.memory import naming_model, without_embeddings
 from rlfb.snapshot_kind import SnapshotKind
+from rlfb.store.snapshots import damaged_snapshot
 
 if TYPE_CHECKING:
     from rlfb.ensemble import FeedbackEnsemble
@@ -174,7 +175,10 @@ def take_newer(ens: FeedbackEnsemble) -> int:
             saved = other_models_snapshot(ens)
         if saved is None:
             return 0
-    ens._learner.load_state_dict(saved["state"])
+    try:
+        ens._learner.load_state_dict(saved["state"])
+    except CorruptStateError as exc:  # name the snapshot, and the way past it
+        raise damaged_snapshot(ens._store, saved["version"], exc) from exc
     for episode in ens._unsaved:  # learned here, not in that snapshot
         ens._learner.learn(episode)
     ens._own_version = int(saved["version"])

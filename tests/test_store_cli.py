@@ -91,3 +91,20 @@ def test_register_plugs_into_a_parent_parser(db_file, capsys):
     args = parser.parse_args(["store", "stats", str(db_file), "--json"])
     assert 0 == args.func(args)
     assert 3 == json.loads(capsys.readouterr().out)["events"]
+
+
+def test_drop_snapshot(db_file, capsys):
+    with FeedbackStore(db_file) as store:
+        newest = store.state_version()
+        store.save_policy_state({"n": 3}, {"bm25": 0.6, "dense": 0.4}, policy="fixed")
+    assert 0 == main(["store", "drop-snapshot", str(db_file), str(newest + 1)])
+    assert f"the newest is now {newest}" in capsys.readouterr().err
+    with FeedbackStore(db_file) as store:
+        assert store.state_version() == newest and store.counts()["feedback"] == 2  # the rows stay
+    assert 2 == main(["store", "drop-snapshot", str(db_file), str(newest + 1)])
+    assert "holds no policy snapshot" in capsys.readouterr().err
+    for bad in ("x", "1.5"):
+        assert 2 == main(["store", "drop-snapshot", str(db_file), bad])
+        assert "a whole number" in capsys.readouterr().err
+    assert 2 == main(["store", "drop-snapshot", str(db_file), "0"])
+    assert "version" in capsys.readouterr().err

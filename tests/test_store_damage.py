@@ -169,3 +169,25 @@ def test_intact_json_columns_still_read(tmp_path: Path) -> None:
     eid = _logged(db)
     event = FeedbackStore(db).event(eid)
     assert event["weights"] == {"bm25": 1.0} and json.dumps(event)
+
+
+def test_a_snapshot_no_learner_can_read_is_named_with_the_way_past_it(tmp_path):
+    # "unknown learner state format None": no store, no version, no way on but editing the database by hand
+    path = tmp_path / "fb.db"
+    texts = ["tides follow the moon", "aurora glows", "volcano rock"]
+    ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(path), policy="thompson")
+    for _ in range(3):
+        r = ens.retrieve("aurora", k=2)
+        ens.feedback(r.event_id, "thumbs_up")
+    ens.close()
+    with sqlite3.connect(path) as db:
+        newest = db.execute("SELECT MAX(version) FROM policy_snapshots").fetchone()[0]
+        db.execute("UPDATE policy_snapshots SET state = ? WHERE version = ?", ('{"broken": 1}', newest))
+    with pytest.raises(CorruptStateError, match=rf"snapshot {newest} in .*fb.db is damaged.*drop-snapshot"):
+        FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(path), policy="thompson")
+    with FeedbackStore(path) as store:
+        assert store.drop_snapshot(newest) and not store.drop_snapshot(newest)
+        with pytest.raises(ValidationError):
+            store.drop_snapshot("3")
+    again = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(path), policy="thompson")
+    assert again.learner.n_learned == 2 and again.store.counts()["feedback"] == 3

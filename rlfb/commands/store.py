@@ -7,6 +7,9 @@
     One JSON line per (event, retrieved chunk) with the event's fields, the
     chunk's scores and its feedback (see ``FeedbackStore.export_rows``);
     ``OUT`` may be ``-`` for standard output.
+``rlfb store drop-snapshot FILE VERSION``
+    Delete one policy snapshot, a damaged one that a ``CorruptStateError``
+    named (see ``FeedbackStore.drop_snapshot``); the feedback rows stay.
 
 :func:`register` adds the ``store`` command to the main ``rlfb`` parser; each
 leaf parser sets ``func`` (``args.func(args) -> int`` exit status). :func:`main`
@@ -25,11 +28,12 @@ from typing import Any
 
 from rlfb.errors import RlfbError
 
-__all__ = ["register", "main", "cmd_stats", "cmd_export"]
+__all__ = ["register", "main", "cmd_stats", "cmd_export", "cmd_drop_snapshot"]
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``store stats`` and ``store export`` to argparse ``subparsers``; return the ``store`` parser."""
+    """Add ``store stats``, ``store export`` and ``store drop-snapshot`` to argparse ``subparsers``; return the
+    ``store`` parser."""
     store = subparsers.add_parser(
         "store",
         help="inspect and export a feedback store",
@@ -50,6 +54,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     export.add_argument("file", metavar="FILE", help="feedback store database")
     export.add_argument("--jsonl", required=True, metavar="OUT", help="output file ('-' for standard output)")
     export.set_defaults(func=cmd_export)
+
+    drop = sub.add_parser("drop-snapshot", help="delete one policy snapshot (a damaged one an error named)")
+    drop.add_argument("file", metavar="FILE", help="feedback store database")
+    drop.add_argument("version", metavar="VERSION", help="the snapshot's version")
+    drop.set_defaults(func=cmd_drop_snapshot)
     return store
 
 
@@ -124,6 +133,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError, OSError) as exc:
         return _fail(exc)
     print(f"wrote {n} rows to {args.jsonl}", file=sys.stderr)
+    return 0
+
+
+def cmd_drop_snapshot(args: argparse.Namespace) -> int:
+    """``store drop-snapshot``."""
+    try:
+        version = int(args.version)
+    except ValueError:
+        return _fail(f"VERSION must be a snapshot's version, a whole number, got {args.version!r}")
+    try:
+        with _open(args.file) as store:
+            dropped = store.drop_snapshot(version)
+            left = store.state_version()
+    except (FileNotFoundError, sqlite3.DatabaseError, RlfbError) as exc:
+        return _fail(exc)
+    if not dropped:
+        return _fail(f"{args.file} holds no policy snapshot {version}")
+    print(f"dropped policy snapshot {version} of {args.file}; the newest is now {left or 'none'}", file=sys.stderr)
     return 0
 
 

@@ -489,6 +489,14 @@ class FeedbackStore:
         """
         return snapshots.load_policy_state(self, policy, before=before)
 
+    def drop_snapshot(self, version: int) -> bool:
+        """Delete the policy snapshot ``version`` (one that is damaged: its error names it); whether there was one.
+
+        Ensembles opened afterwards start from the newest snapshot of their kind that is left. Restart the
+        processes that share the store: the next snapshot written may take the dropped one's version.
+        """
+        return snapshots.drop_snapshot(self, version)
+
     def policy_history(self, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
         """Snapshots oldest first (weights over time, of the snapshots kept: ``snapshots_kept``); with ``limit``,
         the most recent ``limit``."""

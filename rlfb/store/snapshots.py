@@ -103,11 +103,27 @@ def policy_history(store: FeedbackStore, limit: int | None = None, *, with_state
     return [_snapshot(store, r, with_state=with_state) for r in reversed(rows)]
 
 
+def drop_snapshot(store: FeedbackStore, version: int) -> bool:
+    """Delete the policy snapshot ``version``; whether there was one."""
+    v = _check_int(version, "version", minimum=1)
+    with store._write() as conn:
+        return conn.execute("DELETE FROM policy_snapshots WHERE version = ?", (v,)).rowcount > 0
+
+
+def damaged_snapshot(store: FeedbackStore, version: Any, problem: object) -> CorruptStateError:
+    """The error for a snapshot no learner can read, saying how to go on from the one before it."""
+    return CorruptStateError(
+        f"policy snapshot {version} in {store.path} is damaged: {problem}. The feedback rows are kept; "
+        f"`rlfb store drop-snapshot {store.path} {version}` (or store.drop_snapshot({version})) removes it, and "
+        "ensembles opened afterwards start from the snapshot before it"
+    )
+
+
 def _snapshot(store: FeedbackStore, row: Mapping[str, Any], with_state: bool) -> dict[str, Any]:
     try:
         return _snapshot_dict(row, with_state)
     except ValueError as exc:  # its JSON was damaged outside rlfb (_loads names that a CorruptStateError)
-        raise CorruptStateError(f"policy snapshot {row['version']} in {store.path} is damaged: {exc}") from exc
+        raise damaged_snapshot(store, row["version"], exc) from exc
 
 
 def state_version(tx: Transactions) -> int:
