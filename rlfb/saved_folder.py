@@ -6,8 +6,10 @@ load read one save from start to end: a save swapped in while it reads (another 
 path) makes it read again, and a save killed between its two renames is found and put back.
 
 The folders beside the path are named ``.NAME.saving-TAG`` (a save being written) and ``.NAME.old-TAG`` (the
-save it replaces, for the moment between the renames), the tag being ``HOST~PID~RANDOM``: a folder whose
-process is gone on this machine is left over from a killed save.
+save it replaces, for the moment between the renames). On POSIX a save holds an exclusive ``flock`` on the file
+``.NAME.lock-TAG`` from start to end: a folder whose lock can be taken is left over from a killed save (the
+kernel lets a lock go with its process, in any PID namespace), and one without such a file (a save of rlfb before
+2026-12-05, or on Windows) is never touched.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,8 +38,10 @@ READ_ATTEMPTS = 12
 _FIRST_WAIT = 0.005  # seconds; doubled on each attempt, at most _MAX_WAIT
 _MAX_WAIT = 0.25
 
-# HOST~PID~RANDOM since 2026-12-05; PID-RANDOM before (no host: taken as this machine's)
-_TAG = re.compile(r"^\.(?P<name>.+)\.(?P<kind>saving|old)-(?:(?P<host>.*)~)?(?P<pid>\d+)[-~](?P<rand>[0-9a-f]{12})$")
+# HOST~PID~RANDOM since 2026-12-05 (PID-RANDOM before, with no lock file: never touched)
+_TAG = re.compile(r"^\.(?P<name>.+)\.(?P<kind>saving|old|lock)-(?P<tag>(?:.*~)?\d+[-~][0-9a-f]{12})$")
+#: what a file browser leaves in a folder it showed (macOS, Windows): a save replaces them with the folder
+_OS_NOTES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 
 
 @contextmanager
@@ -46,31 +50,35 @@ def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) ->
 
     A save that fails part way (metadata JSON cannot hold, a full disk) so leaves the previous
     save in ``root`` as it was. ``root`` must be new, empty, or an earlier save (it holds
-    ``marker``, and nothing but the ``names`` a save of this kind writes): it is replaced whole, so a
-    folder holding anything else (a feedback store kept beside the model) is refused by name rather than
-    lost. Folders left beside ``root`` by saves killed part way (their process gone) are removed after the swap.
+    ``marker``, and nothing but the ``names`` a save of this kind writes, or a file browser's notes): it is
+    replaced whole, so a folder holding anything else (a feedback store kept beside the model) is refused by
+    name rather than lost. Folders left beside ``root`` by saves killed part way are removed after the swap.
     """
-    if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not (root / marker).exists())):
-        raise ValidationError(f"{root} is not empty and holds no saved {what}: choose a new folder")
-    others = sorted(p.name for p in root.iterdir() if p.name not in names) if root.is_dir() else []
-    if others:
-        raise ValidationError(
-            f"{root} holds {others[:5]}, which are not part of a saved {what}: a save replaces the folder whole, "
-            "so it would delete them; move them out, or save to another folder"
-        )
+    present = _listing(root)
+    if present is not None:
+        if present and marker not in present:
+            raise ValidationError(f"{root} is not empty and holds no saved {what}: choose a new folder")
+        others = sorted(present - names - _OS_NOTES)
+        if others:
+            raise ValidationError(
+                f"{root} holds {others[:5]}, which are not part of a saved {what}: a save replaces the folder "
+                "whole, so it would delete them; move them out, or save to another folder"
+            )
     # names of this call's own: two saves at once (threads or processes) never share a folder
     tag = f"{_host()}~{os.getpid()}~{uuid.uuid4().hex[:12]}"
     tmp = root.with_name(f".{root.name}.saving-{tag}")
     old = root.with_name(f".{root.name}.old-{tag}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    lock = _hold(root.with_name(f".{root.name}.lock-{tag}"))  # this save is alive while it is held
     try:
-        tmp.mkdir(parents=True)
+        tmp.mkdir()
         yield tmp
         wrote = sorted(p.name for p in tmp.iterdir() if p.name not in names)
         if wrote:  # the next save would refuse the folder: a name missing from its kind's list
             raise RlfbError(f"a {what} save wrote {wrote}, which its list of saved names lacks")
-        if root.exists():
-            root.rename(old)
         try:
+            if root.exists():
+                root.rename(old)
             tmp.rename(root)
         except OSError as exc:  # another save swapped its folder in between our two renames
             if not root.exists() and old.exists():
@@ -79,8 +87,13 @@ def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) ->
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+        _release(lock)
     for stale in _left_behind(root):  # root is a whole save now: what killed saves left is older
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with suppress(OSError):
+                stale.unlink()
 
 
 def read_whole(root: Path, read: Callable[[], T], *, marker: str) -> T:
@@ -147,8 +160,39 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
 
 
+def _listing(root: Path) -> set[str] | None:
+    """The names in the folder ``root``; ``None`` where there is none (read once: another save may swap it)."""
+    try:
+        return {p.name for p in root.iterdir()}
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise ValidationError(f"{root} is a file, not a folder a save can replace") from None
+
+
+def _hold(path: Path) -> tuple[int, Path] | None:
+    """Create ``path`` and hold an exclusive lock on it (POSIX; ``None`` elsewhere, where nothing is locked)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no leftovers are ever taken for a killed save's
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a name of our own: taken at once
+    return fd, path
+
+
+def _release(lock: tuple[int, Path] | None) -> None:
+    """Remove the lock file, then let the lock go (never a moment when the file is there and not held)."""
+    if lock is None:
+        return
+    fd, path = lock
+    with suppress(OSError):
+        path.unlink()
+    os.close(fd)
+
+
 def _beside(root: Path, kind: str) -> list[Path]:
-    """The ``.NAME.{kind}-*`` folders beside ``root``, oldest first."""
+    """The ``.NAME.{kind}-*`` entries beside ``root``, oldest first."""
     found = []
     try:
         siblings = list(root.parent.iterdir())
@@ -165,28 +209,36 @@ def _beside(root: Path, kind: str) -> list[Path]:
 
 
 def _gone(path: Path) -> bool:
-    """Whether the process that named ``path`` has ended (known only for this machine's on POSIX)."""
+    """Whether the save that named ``path`` (a ``.NAME.saving-``, ``.old-`` or ``.lock-`` entry) has ended: its lock
+    file is there and its lock can be taken. Without a lock file (an older rlfb's save, Windows) it is not known."""
     m = _TAG.match(path.name)
-    if m is None or (m["host"] is not None and m["host"] != _host()) or os.name != "posix":
-        return False  # on Windows os.kill(pid, 0) would end the process
-    pid = int(m["pid"])
-    if pid == os.getpid():
+    if m is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # another user's: alive
+        import fcntl
+    except ImportError:
         return False
-    return False
+    lock = path.with_name(f".{m['name']}.lock-{m['tag']}")
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: that save is running
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _left_behind(root: Path) -> list[Path]:
-    return [p for kind in ("saving", "old") for p in _beside(root, kind) if _gone(p)]
+    """Folders and lock files of killed saves beside ``root`` (the lock files last)."""
+    return [p for kind in ("saving", "old", "lock") for p in _beside(root, kind) if _gone(p)]
 
 
 def _being_swapped(root: Path, marker: str) -> bool:
-    """Whether a live save's previous folder is beside a missing ``root`` (between its two renames)."""
+    """Whether a save's previous folder, its saver not known to be gone, is beside a missing ``root``."""
     return any((p / marker).exists() and not _gone(p) for p in _beside(root, "old"))
 
 

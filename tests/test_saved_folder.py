@@ -102,36 +102,64 @@ def _killed_between_renames(root: Path, tag: str) -> Path:
     return aside
 
 
+def _lock_file(root: Path, tag: str) -> Path:
+    """A save's lock file as a killed save leaves it: there, and held by no process."""
+    path = root.with_name(f".{root.name}.lock-{tag}")
+    path.write_bytes(b"")
+    return path
+
+
+class _Held:
+    """A save's lock file held, as by a save still running (in another process: another open file)."""
+
+    def __init__(self, path: Path) -> None:
+        import fcntl
+
+        path.write_bytes(b"")
+        self.fd = os.open(path, os.O_RDWR)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+TAG = f"host~{NO_PROCESS}~0123456789ab"
+
+
 @posix_only
-@pytest.mark.parametrize("tag", [f"{saved_folder._host()}~{NO_PROCESS}~0123456789ab", f"{NO_PROCESS}-0123456789ab"])
-def test_a_save_killed_between_its_renames_is_put_back_at_load(tmp_path: Path, tag: str) -> None:
-    # the second tag is the layout of saves from before 2026-12-05 (no host)
+def test_a_save_killed_between_its_renames_is_put_back_at_load(tmp_path: Path) -> None:
     root = tmp_path / "ens"
     _ensemble(OLD_TEXTS, seed=7).save(root)
-    _killed_between_renames(root, tag)
+    _killed_between_renames(root, TAG)
+    _lock_file(root, TAG)
     assert not root.exists()
     with pytest.warns(RuntimeWarning, match="put back"):
         loaded = FeedbackEnsemble.load(root)
     assert loaded.seed == 7 and sorted(loaded.chunks.texts) == sorted(OLD_TEXTS)
+    _ensemble(OLD_TEXTS, seed=8).save(root)  # clears the killed save's lock file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ens"]
 
 
 @posix_only
 def test_a_live_save_between_its_renames_is_waited_for_not_taken_over(tmp_path: Path, monkeypatch) -> None:
+    # its process may be alive where this one cannot see it (another PID namespace: a container with the
+    # host's name), so only a lock that can be taken tells a killed save; a save of rlfb before 2026-12-05 left
+    # no lock file, and is never taken either
     root = tmp_path / "ens"
     _ensemble(OLD_TEXTS, seed=7).save(root)
-    # this process's own tag: a save of it (another thread) is still running, so the folder is not taken
-    aside = _killed_between_renames(root, f"{saved_folder._host()}~{os.getpid()}~0123456789ab")
+    aside = _killed_between_renames(root, TAG)
+    held = _Held(root.with_name(f".ens.lock-{TAG}"))
     monkeypatch.setattr(saved_folder, "READ_ATTEMPTS", 2)
     monkeypatch.setattr(saved_folder, "_FIRST_WAIT", 0.0)
     with pytest.raises(CorruptStateError, match=f"{aside.name}: rename it back"):
         FeedbackEnsemble.load(root)
     assert aside.exists() and not root.exists()
-    # a save from another machine is never taken for a killed one either
-    other_host = aside.rename(root.with_name(f".ens.old-elsewhere~{NO_PROCESS}~0123456789ab"))
+    held.release()
+    (tmp_path / f".ens.lock-{TAG}").unlink()  # as an older rlfb's save: no lock file at all
+    legacy = aside.rename(root.with_name(f".ens.old-{NO_PROCESS}-0123456789ab"))
     with pytest.raises(CorruptStateError, match="rename it back"):
         FeedbackEnsemble.load(root)
-    assert other_host.exists()
+    assert legacy.exists()
 
 
 @posix_only
@@ -139,25 +167,38 @@ def test_a_save_clears_what_killed_saves_left_beside_it(tmp_path: Path) -> None:
     root = tmp_path / "ens"
     ens = _ensemble(OLD_TEXTS, seed=1)
     ens.save(root)
-    host = saved_folder._host()
-    dead = [
-        tmp_path / f".ens.saving-{host}~{NO_PROCESS}~0123456789ab",
-        tmp_path / f".ens.old-{host}~{NO_PROCESS}~0123456789ac",
-        tmp_path / f".ens.saving-{NO_PROCESS}-0123456789ad",  # before 2026-12-05
-    ]
+    killed = ["host~1~0123456789ab", "host~2~0123456789ac"]
+    dead = [tmp_path / f".ens.saving-{killed[0]}", tmp_path / f".ens.old-{killed[1]}"]
+    running = f"host~{os.getpid()}~0123456789ae"
     alive = [
-        tmp_path / f".ens.saving-{host}~{os.getpid()}~0123456789ae",  # a save of this process, running
-        tmp_path / f".ens.saving-elsewhere~{NO_PROCESS}~0123456789af",  # another machine's
-        tmp_path / f".other.saving-{host}~{NO_PROCESS}~0123456789b0",  # another folder's
+        tmp_path / f".ens.saving-{running}",  # a save still running: its lock is held
+        tmp_path / f".ens.saving-{NO_PROCESS}-0123456789ad",  # an older rlfb's: no lock file
+        tmp_path / f".other.saving-{killed[0]}",  # another folder's
         tmp_path / "notes",
     ]
     for path in dead + alive:
         shutil.copytree(root, path)
+    for tag in killed:
+        _lock_file(root, tag)
+    held = _Held(root.with_name(f".ens.lock-{running}"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ens.save(root)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ens", *(p.name for p in alive)])
+    held.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["ens", f".ens.lock-{running}", *(p.name for p in alive)]
+    )
     assert FeedbackEnsemble.load(root).seed == 1
+
+
+def test_a_save_replaces_what_a_file_browser_left_in_the_folder(tmp_path: Path) -> None:
+    root = tmp_path / "ens"
+    ens = _ensemble(OLD_TEXTS, seed=1)
+    ens.save(root)
+    for name in (".DS_Store", "Thumbs.db", "desktop.ini"):
+        (root / name).write_bytes(b"\0")
+    ens.save(root)
+    assert ".DS_Store" not in {p.name for p in root.iterdir()}
 
 
 def test_a_save_refuses_a_folder_that_also_holds_other_files(tmp_path: Path) -> None:
