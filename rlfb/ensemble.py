@@ -196,7 +196,7 @@ class FeedbackEnsemble:
     ) -> FeedbackEnsemble:
         """Index ``chunks`` with each named retriever (or given, unindexed retriever instance); ``kwargs`` go to
         :class:`FeedbackEnsemble` (an option it does not take is a :class:`ValidationError`, before any indexing)."""
-        check_options(kwargs)
+        check_options(kwargs, cls)
         table = ChunkTable(chunks)
         return cls(index_with(table, retrievers, dict(retriever_options or {}), show_progress), table, **kwargs)
 
@@ -785,20 +785,25 @@ class FeedbackEnsemble:
         return f"FeedbackEnsemble({len(self)} chunks, fusion={self.fusion!r}, weights: {w})"
 
 
-def check_options(kwargs: Mapping[str, Any]) -> None:
-    """Refuse options :class:`FeedbackEnsemble` does not take now, not after the whole corpus was encoded.
+def check_options(kwargs: Mapping[str, Any], cls: type | None = None) -> None:
+    """Refuse options :class:`FeedbackEnsemble` (or its subclass ``cls``) does not take now, not after the whole
+    corpus was encoded. A constructor that takes ``**kwargs`` takes them all.
 
     >>> check_options({"polciy": "thompson"})
     Traceback (most recent call last):
     ...
     rlfb.errors.ValidationError: FeedbackEnsemble takes no option 'polciy' (did you mean 'policy'?); its options are ...
     """
-    params = inspect.signature(FeedbackEnsemble.__init__).parameters
-    known = sorted(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY)
+    params = inspect.signature((cls or FeedbackEnsemble).__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    known = sorted(n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                   and n not in ("self", "retrievers", "chunks"))
     for name in sorted(set(kwargs) - set(known)):
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValidationError(f"FeedbackEnsemble takes no option {name!r}{hint}; its options are {known}")
+        raise ValidationError(f"{(cls or FeedbackEnsemble).__name__} takes no option {name!r}{hint}; "
+                              f"its options are {known}")
 
 
 def _open_store(store: Any) -> Any:

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from rlfb.errors import CorruptStateError, ModelNotFoundError
 from rlfb.memory import naming_model, without_embeddings
 from rlfb.snapshot_kind import SnapshotKind
-from rlfb.store.snapshots import damaged_snapshot
 
 if TYPE_CHECKING:
     from rlfb.ensemble import FeedbackEnsemble
@@ -178,6 +177,8 @@ def take_newer(ens: FeedbackEnsemble) -> int:
     try:
         ens._learner.load_state_dict(saved["state"])
     except CorruptStateError as exc:  # name the snapshot, and the way past it
+        from rlfb.store.snapshots import damaged_snapshot  # here: `import rlfb` does not load the store
+
         raise damaged_snapshot(ens._store, saved["version"], exc) from exc
     for episode in ens._unsaved:  # learned here, not in that snapshot
         ens._learner.learn(episode)

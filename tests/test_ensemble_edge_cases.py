@@ -326,3 +326,21 @@ def test_retrieve_batch_checks_every_query_before_it_logs_any(tmp_path: Path) ->
         ens.retrieve_batch(["tides", 1])
     assert ens.store.counts()["events"] == 0
     assert len(ens.retrieve_batch(["tides", "moon"], k=1)) == 2
+
+
+def test_a_subclass_takes_its_own_options_through_from_texts() -> None:
+    # the check read FeedbackEnsemble's own constructor: a subclass's option was refused
+    class Tagged(FeedbackEnsemble):
+        def __init__(self, *args: Any, tag: str = "", **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.tag = tag
+
+    class Strict(FeedbackEnsemble):
+        def __init__(self, retrievers: Any, chunks: Any = None, *, tag: str = "") -> None:
+            super().__init__(retrievers, chunks)
+            self.tag = tag
+
+    assert Tagged.from_texts(["tides"], retrievers=("bm25",), tag="x", seed=3).tag == "x"
+    assert Strict.from_texts(["tides"], retrievers=("bm25",), tag="y").tag == "y"
+    with pytest.raises(ValidationError, match="takes no option 'seed'"):
+        Strict.from_texts(["tides"], retrievers=("bm25",), seed=3)

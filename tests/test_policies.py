@@ -151,7 +151,11 @@ def test_every_code_pattern_starts_at_an_anchor_so_a_long_word_stays_linear():
     # "\w+\(\)" (a call) had no anchor: tried from every character of a long word, each try running to its end,
     # a 64,000-character token took 7.7 s to classify and a 2,000,000-character one more than 13 minutes
     import re
-    import re._parser as parser  # the standard library's own regex parser (sre_parse)
+
+    try:
+        import re._parser as parser  # the standard library's own regex parser
+    except ImportError:  # Python 3.10
+        import sre_parse as parser
 
     from rlfb.features import _CODE
 

@@ -138,10 +138,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_drop_snapshot(args: argparse.Namespace) -> int:
     """``store drop-snapshot``."""
-    try:
-        version = int(args.version)
-    except ValueError:
+    if not (args.version.isascii() and args.version.isdigit()):  # int() would take "3_0" and " 3"
         return _fail(f"VERSION must be a snapshot's version, a whole number, got {args.version!r}")
+    version = int(args.version)
     try:
         with _open(args.file) as store:
             dropped = store.drop_snapshot(version)
@@ -150,7 +149,9 @@ def cmd_drop_snapshot(args: argparse.Namespace) -> int:
         return _fail(exc)
     if not dropped:
         return _fail(f"{args.file} holds no policy snapshot {version}")
-    print(f"dropped policy snapshot {version} of {args.file}; the newest is now {left or 'none'}", file=sys.stderr)
+    print(f"dropped policy snapshot {version} of {args.file}; the newest is now {left or 'none'}. Restart the "
+          "processes that share the store: the next snapshot written may take the dropped one's version",
+          file=sys.stderr)
     return 0
 
 

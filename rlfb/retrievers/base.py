@@ -45,6 +45,7 @@ __all__ = [
     "kept_then_new",
     "as_table",
     "ARRAY_HEADER_ERRORS",
+    "array_problem",
 ]
 
 #: what the built-in retrievers' saves hold: a folder holding anything else is not replaced by a save
@@ -56,6 +57,19 @@ SAVED_NAMES = frozenset({"meta.json", "chunks.jsonl", "term_counts.npz", "bm25s"
 #: beyond memory (10^11 numbers) makes numpy try to allocate it (``MemoryError``, its text naming the size)
 ARRAY_HEADER_ERRORS: tuple[type[BaseException], ...] = (tokenize.TokenError, SyntaxError, RecursionError,
                                                         MemoryError)
+
+
+def array_problem(exc: BaseException) -> str:
+    """What a saved array's load raised, in words; a ``MemoryError`` may also be a machine short of memory.
+
+    >>> print(array_problem(MemoryError("Unable to allocate 745. GiB")))
+    Unable to allocate 745. GiB (a header claiming more than the file holds; if the file is intact, this
+    machine has too little memory to load it)
+    """
+    if isinstance(exc, MemoryError):
+        return (f"{exc} (a header claiming more than the file holds; if the file is intact, this machine has too "
+                "little memory to load it)")
+    return str(exc)
 
 
 @runtime_checkable

@@ -27,6 +27,7 @@ from rlfb.retrievers.base import (
     ARRAY_HEADER_ERRORS,
     ChunkTable,
     CorpusRetriever,
+    array_problem,
     as_table,
     check_query,
     check_texts,
@@ -444,7 +445,7 @@ class BM25Retriever(CorpusRetriever):
             raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError,
                 *ARRAY_HEADER_ERRORS) as exc:
-            raise CorruptStateError(f"cannot read the BM25 index in {path}: {exc}") from exc
+            raise CorruptStateError(f"cannot read the BM25 index in {path}: {array_problem(exc)}") from exc
 
     @classmethod
     def _load_checked(
@@ -533,7 +534,7 @@ def _load_counts(file: Path, df: np.ndarray, avg_len: float) -> Any:
         with np.load(file, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in ("data", "indices", "indptr", "shape")}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, *ARRAY_HEADER_ERRORS) as exc:
-        raise CorruptStateError(f"{file}: cannot read the term counts: {exc}") from exc
+        raise CorruptStateError(f"{file}: cannot read the term counts: {array_problem(exc)}") from exc
     data, indices, indptr, shape = (arrays[n] for n in ("data", "indices", "indptr", "shape"))
     n_vocab = df.shape[0]
     if any(a.ndim != 1 or a.dtype.kind not in "iu" for a in arrays.values()) or shape.shape != (2,):

@@ -21,6 +21,7 @@ from rlfb.retrievers.base import (
     ARRAY_HEADER_ERRORS,
     ChunkTable,
     CorpusRetriever,
+    array_problem,
     as_table,
     check_format_version,
     check_query,
@@ -363,7 +364,7 @@ class DenseRetriever(CorpusRetriever):
         try:
             embeddings = np.load(file, allow_pickle=False)
         except (OSError, ValueError, EOFError, *ARRAY_HEADER_ERRORS) as exc:
-            raise CorruptStateError(f"cannot read embeddings from {file}: {exc}") from exc
+            raise CorruptStateError(f"cannot read embeddings from {file}: {array_problem(exc)}") from exc
         table = ChunkTable.load(path)
         _check_embeddings(file, embeddings, len(table))
         if "dim" in meta and meta["dim"] != embeddings.shape[1]:

@@ -23,6 +23,7 @@ from rlfb.retrievers.base import (
     ARRAY_HEADER_ERRORS,
     ChunkTable,
     CorpusRetriever,
+    array_problem,
     as_table,
     check_format_version,
     check_query,
@@ -395,7 +396,7 @@ class SpladeRetriever(CorpusRetriever):
         try:
             matrix = sp.csr_matrix(sp.load_npz(file))
         except _NPZ_ERRORS as exc:
-            raise CorruptStateError(f"cannot read the SPLADE index in {file}: {exc}") from exc
+            raise CorruptStateError(f"cannot read the SPLADE index in {file}: {array_problem(exc)}") from exc
         table = ChunkTable.load(path)
         _check_matrix(file, matrix, len(table))
         if "vocab_size" in meta and meta["vocab_size"] != matrix.shape[1]:
