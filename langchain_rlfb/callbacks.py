@@ -69,6 +69,7 @@ from rlfb.errors import RlfbError, ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
     default_implicit,
+    key_or_score,
     learns_after_commit,
     log_external,
     maker_of,
@@ -445,18 +446,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
         under ``run_id`` or below it.
         """
-        if len(args) > 1:
-            raise ValidationError(f"record_feedback takes the run id and a key or a score, got {len(args) + 1} "
-                                  "positional arguments")
-        for given in args:  # LangSmith puts the key second; a number there is the score, as before
-            if isinstance(given, str):
-                if key is not None:
-                    raise ValidationError(f"give the key once: {given!r} and key={key!r}")
-                key = given
-            else:
-                if score is not None:
-                    raise ValidationError(f"give the score once: {given!r} and score={score!r}")
-                score = given
+        key, score = key_or_score(args, key, score, "record_feedback")  # LangSmith puts the key second
         fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         ens = self.ensemble

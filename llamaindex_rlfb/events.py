@@ -84,7 +84,15 @@ from llamaindex_rlfb._checks import finite_or_none, session_text
 from llamaindex_rlfb._nodes import event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
-from rlfb.runs import SCORE_SCALES, learns_after_commit, log_external, owns_event, record_run_feedback, same_store
+from rlfb.runs import (
+    SCORE_SCALES,
+    key_or_score,
+    learns_after_commit,
+    log_external,
+    owns_event,
+    record_run_feedback,
+    same_store,
+)
 
 __all__ = [
     "FeedbackEventHandler",
@@ -526,8 +534,8 @@ class FeedbackEventHandler(BaseEventHandler):
     def record_feedback(
         self,
         query_id: Any = None,
+        *args: Any,
         score: float | bool | None = None,
-        *,
         rating: float | None = None,
         signal: str | None = None,
         value: float | None = None,
@@ -538,7 +546,9 @@ class FeedbackEventHandler(BaseEventHandler):
     ) -> list[Any]:
         """Feedback on a query (or on one retrieval's event id); returns one record per retrieval rated.
 
-        ``query_id`` defaults to :attr:`last_query_id`. Give one of ``score``
+        ``query_id`` defaults to :attr:`last_query_id`. Second, as LangSmith's ``create_feedback`` and the
+        LangChain handler take them, a key (``record_feedback(qid, "user_score", score=1.0)``) or the score
+        (``record_feedback(qid, 1.0)``). Give one of ``score``
         (read with the handler's ``score_scale``), ``rating`` (1 to 5),
         ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...)
         or a raw ``value`` in [-1, 1]; ``chunk_id`` (a node id) rates one node.
@@ -558,6 +568,7 @@ class FeedbackEventHandler(BaseEventHandler):
         logged under, :class:`rlfb.errors.UnknownChunkError` for a chunk none of
         its retrievals returned, and the store's validation errors.
         """
+        key, score = key_or_score(args, key, score, "record_feedback")
         given = [n for n, v in (("score", score), ("rating", rating), ("signal", signal), ("value", value))
                  if v is not None]
         if len(given) != 1:

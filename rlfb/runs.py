@@ -52,6 +52,7 @@ __all__ = [
     "content_id",
     "log_external",
     "score_value",
+    "key_or_score",
     "owns_event",
     "remember_maker",
     "maker_of",
@@ -167,6 +168,30 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
     if not -1.0 <= s <= 1.0:
         raise ValidationError(f"score must lie in [-1, 1] with scale='signed', got {s!r}")
     return s
+
+
+def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str) -> tuple[str | None, Any]:
+    """``(key, score)`` of a handler's ``record_feedback(run_id, *args, key=..., score=...)``: LangSmith's
+    ``create_feedback(run_id, "user_score", score=1.0)`` puts the key second, and a number there is the score.
+
+    >>> key_or_score(("user_score",), None, 1.0, "record_feedback")
+    ('user_score', 1.0)
+    >>> key_or_score((0.0,), "thumbs", None, "record_feedback")
+    ('thumbs', 0.0)
+    """
+    if len(args) > 1:
+        raise ValidationError(f"{method} takes the run id and a key or a score, got {len(args) + 1} "
+                              "positional arguments")
+    for given in args:
+        if isinstance(given, str):
+            if key is not None:
+                raise ValidationError(f"give the key once: {given!r} and key={key!r}")
+            key = given
+        else:
+            if score is not None:
+                raise ValidationError(f"give the score once: {given!r} and score={score!r}")
+            score = given
+    return key, score
 
 
 def same_store(a: Any, b: Any) -> bool:

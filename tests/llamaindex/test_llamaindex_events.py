@@ -579,3 +579,21 @@ def test_feedback_naming_no_query_refuses_a_latest_query_that_raised(index: Any,
     assert [r.event_id for r in handler.record_feedback(answered, score=1.0)]  # by id, as before
     index.as_query_engine(llm=MockLLM(), similarity_top_k=2).query("volcano")
     assert len(handler.record_feedback(score=1.0)) == 1  # the next query answered: the default again
+
+
+def test_record_feedback_takes_langsmiths_key_second_as_the_langchain_handler_does(
+    index: Any, handler: FeedbackEventHandler
+) -> None:
+    # record_feedback(qid, "user_score", score=1.0) was a TypeError (score given twice), and
+    # record_feedback(qid, "user_score") said "score must be a number"
+    index.as_query_engine(llm=MockLLM(), similarity_top_k=2).query("tides")
+    qid = handler.last_query_id
+    [keyed] = handler.record_feedback(qid, "user_score", score=1.0)
+    assert keyed.reward == pytest.approx(1.0, abs=1e-3)
+    assert handler.store.feedback(keyed.event_id)[-1]["key"] == "user_score"
+    [scored] = handler.record_feedback(qid, 0.0)
+    assert scored.reward == pytest.approx(-1.0, abs=1e-3)
+    with pytest.raises(ValidationError, match="give the key once"):
+        handler.record_feedback(qid, "user_score", score=1.0, key="other")
+    with pytest.raises(ValidationError, match="a key or a score"):
+        handler.record_feedback(qid, "user_score", 1.0)
