@@ -304,6 +304,7 @@ def record_run_feedback(
     session_id: str | None = None,
     user_id: str | None = None,
     idempotency_key: str | None = None,
+    **unknown: Any,
 ) -> list[Any]:
     """Record feedback on every retrieval that ``run_id`` stands for; return the records.
 
@@ -330,6 +331,11 @@ def record_run_feedback(
     Raises :class:`UnknownEventError` when nothing was logged under the run id,
     :class:`UnknownChunkError` when none of its retrievals returned ``chunk_id``.
     """
+    if unknown:  # the adapters' feedback() passes its keywords on: a TypeError here named this function
+        raise ValidationError(
+            f"feedback takes no argument {sorted(unknown)[0]!r}; it takes a signal, score, rating or value, and "
+            "chunk_id, comment, key, timestamp, session_id, user_id, idempotency_key"
+        )
     run_id = _run_id(run_id)
     if score is not None:
         if value is not None or rating is not None:  # the store would name value=, which this caller never gave

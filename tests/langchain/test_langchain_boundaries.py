@@ -235,3 +235,18 @@ def test_feedback_on_a_run_id_given_in_a_retrievers_config_says_how_to_give_it(t
     retriever.invoke("tides", run_id=given)
     (record,) = retriever.feedback(given, "thumbs_up")
     assert record.event_id == str(given)
+
+
+def test_feedback_with_an_unknown_argument_names_it(tmp_path) -> None:
+    # a TypeError named record_run_feedback(), a function the caller never called
+    from rlfb import ValidationError as RlfbValidationError
+
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), store=str(tmp_path / "f.db"))
+    run_id = uuid.uuid4()
+    retriever.invoke("tides", run_id=run_id)
+    handler = FeedbackCallbackHandler.from_ensemble(retriever)
+    for give in (lambda: retriever.feedback(run_id, "thumbs_up", usr_id="u1"),
+                 lambda: handler.record_feedback(run_id, score=1.0, usr_id="u1")):
+        with pytest.raises(RlfbValidationError, match="no argument 'usr_id'.*user_id"):
+            give()
+    assert retriever.ensemble.store.counts()["feedback"] == 0
