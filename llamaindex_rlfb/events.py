@@ -78,6 +78,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.instrumentation.events.span import SpanDropEvent
+from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import finite_or_none, session_text
@@ -227,6 +228,8 @@ class FeedbackEventHandler(BaseEventHandler):
     _handled: Any = PrivateAttr(default_factory=OrderedDict)  # ids of recent events (attached twice: once)
     _nested: Any = PrivateAttr(default_factory=OrderedDict)  # open bare retrieval -> learner events inside it
     _raised: Any = PrivateAttr(default_factory=OrderedDict)  # latest query ids whose query raised
+    _spans: Any = PrivateAttr(default=None)  # a _SpanParents: the span each recent span ran under
+    _span_of: Any = PrivateAttr(default_factory=OrderedDict)  # bare retrieval's query id -> its span
 
     def __init__(
         self,
@@ -259,6 +262,7 @@ class FeedbackEventHandler(BaseEventHandler):
         self._store = store
         self._ensemble = ensemble
         self._last = ContextVar(f"rlfb_llamaindex_last_query_{id(self)}", default=None)
+        self._spans = _SpanParents()
         self._bare = ContextVar(f"rlfb_llamaindex_bare_retrieval_{id(self)}", default=None)
         self._decision = ContextVar(f"rlfb_llamaindex_top_level_decision_{id(self)}", default=None)
 
@@ -313,6 +317,8 @@ class FeedbackEventHandler(BaseEventHandler):
         d = dispatcher if dispatcher is not None else get_dispatcher()
         if not any(h is self for h in d.event_handlers):
             d.add_event_handler(self)
+        if not any(h is self._spans for h in d.span_handlers):
+            d.add_span_handler(self._spans)
         if not any(x is d for x in self._dispatchers):
             self._dispatchers.append(d)
         return self
@@ -321,6 +327,7 @@ class FeedbackEventHandler(BaseEventHandler):
         """Remove this handler from every dispatcher it was attached to."""
         for d in self._dispatchers:
             d.event_handlers = [h for h in d.event_handlers if h is not self]
+            d.span_handlers = [h for h in d.span_handlers if h is not self._spans]
         self._dispatchers.clear()
 
     def __enter__(self) -> FeedbackEventHandler:
@@ -362,9 +369,12 @@ class FeedbackEventHandler(BaseEventHandler):
         _pop(_RETRIEVALS, event.span_id)
         with self._lock:
             self._nested.pop(event.span_id, None)
-            if event.span_id == self.last_query_id:
-                # the latest query gave no answer: feedback that names no query must not rate what it retrieved
-                self._raised[event.span_id] = None
+            last = self.last_query_id
+            if last is not None and (event.span_id == last or self._spans.above(self._span_of.get(last),
+                                                                                  event.span_id)):
+                # the latest query, or the call its bare retrieval ran in (a chat engine's turn), gave no answer:
+                # feedback that names no query must not rate what it retrieved
+                self._raised[last] = None
                 if len(self._raised) > _REMEMBER:
                     self._raised.popitem(last=False)
 
@@ -394,6 +404,10 @@ class FeedbackEventHandler(BaseEventHandler):
                 self._store.link_runs([(e, rid) for e in dict.fromkeys([*nested, *([own] if own else [])])])
                 logged_as, parent = own or f"{rid}/result", rid
             self._set_last(qid)
+            with self._lock:
+                self._span_of[qid] = rid
+                if len(self._span_of) > _REMEMBER:
+                    self._span_of.popitem(last=False)
             self._bare.set(_Bare(qid, _query_str(event.str_or_query_bundle), tuple(_results(event.nodes)),
                                  _component(rid, "retriever"), qid))
         self._log(event.str_or_query_bundle, event.nodes, logged_as, parent, _component(rid, "retriever"))
@@ -641,6 +655,44 @@ class FeedbackEventHandler(BaseEventHandler):
         if qid is None:
             return []
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
+
+
+class _SpanParents(BaseSpanHandler[Any]):
+    """Remembers the span each recent span ran under (bounded), so that a span dropped by an error is known to
+    have been above a retrieval: a chat engine's turn raising after its retrieval ended. It keeps no spans open."""
+
+    _parents: Any = PrivateAttr(default_factory=OrderedDict)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RlfbSpanParents"
+
+    def new_span(self, id_: str, bound_args: Any, instance: Any = None, parent_span_id: str | None = None,
+                 tags: Any = None, **kwargs: Any) -> None:
+        with self.lock:
+            self._parents[id_] = parent_span_id
+            if len(self._parents) > _REMEMBER:
+                self._parents.popitem(last=False)
+        return None
+
+    def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None,
+                             **kwargs: Any) -> None:
+        return None
+
+    def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None,
+                             **kwargs: Any) -> None:
+        return None
+
+    def above(self, span: str | None, ancestor: str) -> bool:
+        """Whether ``ancestor`` is a span ``span`` ran under."""
+        with self.lock:
+            seen = 0
+            while span is not None and seen < 1_000:  # a cycle never, but bounded all the same
+                span = self._parents.get(span)
+                if span == ancestor:
+                    return True
+                seen += 1
+        return False
 
 
 class _Bare(NamedTuple):

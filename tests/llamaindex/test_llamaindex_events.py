@@ -597,3 +597,27 @@ def test_record_feedback_takes_langsmiths_key_second_as_the_langchain_handler_do
         handler.record_feedback(qid, "user_score", score=1.0, key="other")
     with pytest.raises(ValidationError, match="a key or a score"):
         handler.record_feedback(qid, "user_score", 1.0)
+
+
+@pytest.mark.parametrize("mode", ["context", "condense_plus_context"])
+def test_feedback_naming_no_query_refuses_a_chat_turn_that_raised(index: Any, handler: FeedbackEventHandler,
+                                                                  mode: str) -> None:
+    # a chat engine's latest id is its retrieval's, which ended before the chat's LLM raised: feedback naming no
+    # query rated the failed turn's retrieval
+    class Down(MockLLM):
+        def complete(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the LLM is down")
+
+        def stream_complete(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the LLM is down")
+
+    index.as_chat_engine(chat_mode=mode, llm=MockLLM()).chat("tides")
+    answered = handler.last_query_id
+    assert len(handler.record_feedback(score=1.0)) == 1
+    with pytest.raises(RuntimeError, match="down"):
+        index.as_chat_engine(chat_mode=mode, llm=Down()).chat("aurora")
+    assert handler.last_query_id != answered
+    with pytest.raises(ValidationError, match="raised, so it gave no answer"):
+        handler.record_feedback(score=1.0)
+    index.as_chat_engine(chat_mode=mode, llm=MockLLM()).chat("volcano")
+    assert len(handler.record_feedback(score=1.0)) == 1  # the next turn answered: the default again
