@@ -177,7 +177,13 @@ def _hold(path: Path) -> tuple[int, Path] | None:
     except ImportError:  # Windows: no leftovers are ever taken for a killed save's
         return None
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # a name of our own: taken at once
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a name of our own: taken at once
+    except OSError:  # a file system without locks (some network mounts): save unlocked, as on Windows
+        os.close(fd)
+        with suppress(OSError):
+            path.unlink()
+        return None
     return fd, path
 
 

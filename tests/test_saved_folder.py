@@ -233,3 +233,17 @@ def test_every_kind_of_save_writes_only_the_names_a_later_save_replaces(tmp_path
         assert {p.name for p in folder.iterdir()} <= SAVED_NAMES
         ens.retrievers[folder.name].save(tmp_path / folder.name)
         ens.retrievers[folder.name].save(tmp_path / folder.name)
+
+
+@posix_only
+def test_a_file_system_without_locks_still_saves(tmp_path: Path, monkeypatch) -> None:
+    import fcntl
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    _ensemble(OLD_TEXTS, seed=4).save(tmp_path / "ens")
+    _ensemble(OLD_TEXTS, seed=5).save(tmp_path / "ens")
+    assert FeedbackEnsemble.load(tmp_path / "ens").seed == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ens"]
