@@ -511,6 +511,12 @@ class Learner:
         """The episode's checked arrays. Everything :meth:`learn` could refuse is refused here, before any
         part of the learner changes: a refusal halfway would leave the policy updated and the rest not,
         and a retry would learn the episode twice."""
+        if not isinstance(episode.decision, Decision):  # a dict or None: AttributeError deep inside before
+            raise ValidationError(f"episode decision must be a Decision, got {type(episode.decision).__name__}")
+        if isinstance(episode.retrievers, (str, bytes)) or not isinstance(episode.retrievers, Sequence):
+            raise ValidationError(f"episode retrievers must be a sequence of names, got {episode.retrievers!r}")
+        if isinstance(episode.shown_ids, (str, bytes)):  # a string is a sequence of one-letter ids
+            raise ValidationError(f"episode shown_ids must be a sequence of chunk ids, got {episode.shown_ids!r}")
         ids = tuple(episode.shown_ids)
         check_chunk_ids(ids, "episode shown id")
         X = self._matrix(episode.retrievers, episode.shown, len(ids), "episode.shown")
@@ -682,6 +688,11 @@ class Learner:
             if "discovery" in state:  # states saved before discovery existed start it afresh
                 parts["discovery"].load_state_dict(state["discovery"])
             parts["replay"].load_state_dict(state["replay"])
+            held, _ = parts["replay"].held()
+            other = next((e.retrievers for e, _, _ in held if tuple(e.retrievers) != self.retrievers), None)
+            if other is not None:  # replayed later, each raised after the learning of its episode was committed
+                raise CorruptStateError(f"the replay buffer holds an episode for retrievers {list(other)!r}, not "
+                                        f"{list(self.retrievers)!r}")
             parts["guardrail"].load_state_dict(state["guardrail"])
             n_learned = int(state["n_learned"])
             now = float(state["now"])
@@ -842,6 +853,8 @@ def _check_logged_fields(episode: Episode, n_shown: int) -> None:
     if ranking is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking):
         raise ValidationError("episode decision ranking must list ints (candidate indices); NumPy ints "
                               "are not saved as JSON: convert them with int()")
+    if ranking is not None and any(i < 0 for i in ranking):  # learned, then saved, then refused at every load
+        raise ValidationError(f"episode decision ranking must list candidate indices (0 or more), got {ranking!r}")
     weights = getattr(decision, "weights", None)
     if not isinstance(weights, Mapping):
         raise ValidationError(f"episode decision weights must be a mapping, got {weights!r}")

@@ -416,13 +416,12 @@ def _pieces(block: np.ndarray, which: list[int], counts: list[int]) -> dict[int,
 
 def episodes_from_columns(cols: Mapping[str, Any], limit: int | None = None) -> list[tuple[Episode, float, int]]:
     """The episodes, priorities and counts :func:`episode_columns` wrote, checked: damage raises
-    :class:`CorruptStateError`. ``limit``: the most episodes a buffer holds (its capacity)."""
+    :class:`CorruptStateError`. ``limit``: the most episodes a buffer holds (its capacity); of more, the newest
+    ``limit`` are built (a learner of a smaller capacity shares another's snapshots, as its memory does)."""
     if not isinstance(cols, Mapping):
         raise CorruptStateError("the replay buffer's episodes are not a mapping")
     event_ids = _strings(cols, "event_ids", None)
     n = len(event_ids)
-    if limit is not None and n > limit:  # before anything is built for each of them
-        raise CorruptStateError(f"the replay buffer holds {n} episodes, more than its capacity {limit}")
     queries, query_types = _strings(cols, "queries", n), _strings(cols, "query_types", n)
     arms, policies = _strings(cols, "arms", n, none=True), _strings(cols, "policies", n)
     names = cols["names"]
@@ -471,7 +470,7 @@ def episodes_from_columns(cols: Mapping[str, Any], limit: int | None = None) -> 
     score_of, prior_of = _pieces(scores, scored, counts), _pieces(prior, with_prior, counts)
     temp_of = dict(zip(tempered, temps, strict=True))
     out = []
-    for j in range(n):
+    for j in range(n if limit is None else max(0, n - limit), n):
         a, b = id_at[j], id_at[j + 1]
         reward, timestamp, feedback_time, propensity, mag = numbers[j]
         ep = Episode(

@@ -367,6 +367,8 @@ class RewardFunction:
     """
 
     def __init__(self, config: RewardConfig | None = None) -> None:
+        if config is not None and not isinstance(config, RewardConfig):  # a dict failed later, AttributeError
+            raise ValidationError(f"config must be a RewardConfig (RewardConfig(**settings)), got {config!r}")
         self.config = config if config is not None else RewardConfig()
         self._aliases: dict[str, str] = {**SIGNAL_ALIASES, **dict(self.config.aliases)}
 

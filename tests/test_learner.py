@@ -6,6 +6,7 @@ import base64
 import copy
 import dataclasses
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -630,3 +631,79 @@ def test_scores_or_an_embedding_that_are_not_numbers_are_a_validation_error():
     mem.update("tides", [1.0, 0.0], ["a"], [0.5])
     with pytest.raises(ValidationError, match="numbers"):
         mem.score("waves", ["x", "y"], ["a"])
+
+
+# ---------------------------------------------------------------- a learning-layer audit (2026-12-05)
+_AUDIT_R = ("bm25", "dense")
+_AUDIT_X = np.array([[1.0, 0.0], [0.6, 0.6], [0.0, 0.9]])
+
+
+def _audit_episode(learner: Learner, i: int) -> Episode:
+    ranked = learner.rank(Context("q", _AUDIT_R, ("a", "b", "c"), _AUDIT_X * 0, _AUDIT_X), 3)
+    return Episode(f"e{i}", "q", _AUDIT_R, ranked.decision, tuple("abc"[j] for j in ranked.order),
+                   _AUDIT_X[ranked.order], np.array([0.0, 0.4, 0.0]), 0.4, timestamp=1.7e9 + i,
+                   feedback_time=1.7e9 + i + 5)
+
+
+def _audit_trained(policy: str = "gradient", n: int = 12, **kwargs: Any) -> Learner:
+    learner = Learner(_AUDIT_R, policy, seed=0, **kwargs)
+    for i in range(n):
+        learner.learn(_audit_episode(learner, i))
+    return learner
+
+
+def test_an_episode_with_a_negative_ranking_place_is_refused_before_it_is_learned():
+    # it was learned and saved, and every snapshot after it was refused at load
+    learner = _audit_trained("thompson", 3)
+    e = _audit_episode(learner, 7)  # ranking moves the generator: the state is read after it
+    bad = dataclasses.replace(e, decision=dataclasses.replace(e.decision, ranking=(-1,)))
+    before = json.dumps(learner.state_dict())
+    with pytest.raises(ValidationError, match="candidate indices"):
+        learner.learn(bad)
+    assert json.dumps(learner.state_dict()) == before
+    Learner.from_state_dict(json.loads(json.dumps(learner.state_dict())))
+
+
+def test_replay_episodes_of_other_retrievers_are_refused_at_load():
+    # accepted, then a later learn replayed one and raised after committing its own episode
+    state = json.loads(json.dumps(_audit_trained(config={"replay_every": 2}).state_dict()))
+    state["replay"]["episodes"]["names"][0] = ["x", "y"]
+    learner = _audit_trained(config={"replay_every": 2})
+    before = json.dumps(learner.state_dict())
+    with pytest.raises(CorruptStateError, match="replay buffer holds an episode for retrievers"):
+        learner.load_state_dict(state)
+    assert json.dumps(learner.state_dict()) == before
+
+
+def test_a_learner_of_a_smaller_replay_capacity_takes_the_newest_episodes():
+    state = _audit_trained("gradient", 30).state_dict()
+    small = Learner(_AUDIT_R, "gradient", config={"replay_capacity": 10, "replay_persist": 10})
+    small.load_state_dict(state)
+    assert len(small._replay) == 10
+
+
+@pytest.mark.parametrize("bad", [
+    lambda e: dataclasses.replace(e, decision=None),
+    lambda e: dataclasses.replace(e, decision={"weights": {"bm25": 1.0}}),
+    lambda e: dataclasses.replace(e, retrievers=None),
+    lambda e: dataclasses.replace(e, shown_ids="abc"),
+])
+def test_malformed_episode_parts_are_named_errors(bad):
+    learner = _audit_trained("gradient", 2)
+    episode = bad(_audit_episode(learner, 9))
+    before = json.dumps(learner.state_dict())
+    with pytest.raises(ValidationError):
+        learner.learn(episode)
+    assert json.dumps(learner.state_dict()) == before
+
+
+def test_one_number_for_the_weights_and_a_dict_for_the_reward_config_are_named_errors():
+    from rlfb.policies import ThompsonPolicy
+    from rlfb.reward import RewardFunction
+
+    with pytest.raises(InvalidWeightsError, match="a mapping or a sequence"):
+        ThompsonPolicy(_AUDIT_R, 0.5)
+    with pytest.raises(InvalidWeightsError, match="a mapping or a sequence"):
+        Learner(_AUDIT_R, "thompson").set_weights(0.5)
+    with pytest.raises(ValidationError, match="must be a RewardConfig"):
+        RewardFunction({"horizon": 1})

@@ -169,8 +169,10 @@ def weights_vector(
             raise InvalidWeightsError(f"weights must be numbers, got {weights!r}")
         if isinstance(weights, np.ndarray):
             raw = list(np.asarray(weights, dtype=object).ravel())
-        else:
+        elif isinstance(weights, Iterable):
             raw = list(weights)
+        else:  # one number: list() of it was a bare TypeError ("'float' object is not iterable")
+            raise InvalidWeightsError(f"weights must be a mapping or a sequence of {n} numbers, got {weights!r}")
         if len(raw) != n:
             raise InvalidWeightsError(f"expected {n} weights for {list(retrievers)}, got {len(raw)}")
     vals = []
