@@ -50,7 +50,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError
 from rlfb.exploration import ExplorationResult
-from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, set_rng_state
+from rlfb.policies._util import MAX_COUNT, check_float, check_int, plain_numbers, rng_state, set_rng_state
 
 __all__ = ["DiscoveryParams", "RepeatDiscovery"]
 
@@ -176,11 +176,14 @@ class RepeatDiscovery:
         try:
             if state["kind"] != self.kind:
                 raise CorruptStateError(f"discovery state is for {state['kind']!r}, not {self.kind!r}")
-            tries, hits = float(state["tries"]), float(state["hits"])
+            tries, hits = float(state["tries"]), float(state["hits"])  # 10**400 raised a raw OverflowError here
+            if not (np.isfinite(tries) and np.isfinite(hits) and 0 <= hits <= tries <= MAX_COUNT):
+                raise CorruptStateError(f"discovery counts must be finite with 0 <= hits <= tries <= {MAX_COUNT}")
+            # last, once the counts are known good: a refused state left the generator moved
             set_rng_state(self._rng, state["rng"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except CorruptStateError:
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CorruptStateError(f"cannot read discovery state: {exc!r}") from exc
-        if not (np.isfinite(tries) and np.isfinite(hits) and 0 <= hits <= tries):
-            raise CorruptStateError("discovery counts must be finite with 0 <= hits <= tries")
         self._tries, self._hits = tries, hits
         return self

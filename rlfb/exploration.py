@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, set_rng_state
+from rlfb.policies._util import MAX_COUNT, check_float, check_int, plain_numbers, rng_state, set_rng_state
 
 __all__ = [
     "EXPLORATIONS",
@@ -253,13 +253,13 @@ def _restore(kind: str, rng: np.random.Generator, state: Mapping[str, Any]) -> f
     try:
         if state["kind"] != kind:
             raise CorruptStateError(f"exploration state is for {state['kind']!r}, not {kind!r}")
-        t = float(state["t"])
-        if not np.isfinite(t) or t < 0:
-            raise CorruptStateError("exploration counter must be finite and non-negative")
+        t = float(state["t"])  # 10**400 raised a raw OverflowError here
+        if not np.isfinite(t) or not 0 <= t <= MAX_COUNT:
+            raise CorruptStateError(f"exploration counter must be in [0, {MAX_COUNT}]")
         set_rng_state(rng, state["rng"])
     except CorruptStateError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise CorruptStateError(f"cannot read exploration state: {exc!r}") from exc
     return t
 

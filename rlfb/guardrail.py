@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, check_int, plain_numbers
+from rlfb.policies._util import check_float, check_int, plain_numbers, saved_count
 
 __all__ = ["GuardrailParams", "Guardrail"]
 
@@ -169,9 +169,13 @@ class Guardrail:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> Guardrail:
         try:
-            ema, n, lr, ex = float(state["ema"]), int(state["n"]), float(state["lr"]), float(state["explore"])
+            # a count over MAX_COUNT (10**400) loaded, and the next update took it as a float: OverflowError
+            n = saved_count("the guardrail's episode count", state["n"])
+            ema, lr, ex = float(state["ema"]), float(state["lr"]), float(state["explore"])
             # absent in states saved before the guardrail kept it: no spread known yet
             ema2 = float(state.get("ema2", ema * ema))
+        except CorruptStateError:
+            raise
         except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: an infinite count
             raise CorruptStateError(f"cannot read the guardrail state: {exc!r}") from exc
         p = self.hyper

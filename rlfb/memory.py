@@ -53,7 +53,7 @@ import numpy as np
 
 from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
-from rlfb.policies._util import check_float, check_int, plain_numbers
+from rlfb.policies._util import check_float, check_int, plain_numbers, saved_count
 from rlfb.reward import finite_float
 
 __all__ = ["MemoryParams", "FeedbackMemory", "normalize_query", "naming_model", "without_embeddings"]
@@ -487,7 +487,7 @@ class FeedbackMemory:
                 except ValidationError as exc:
                     raise CorruptStateError(str(exc)) from exc
             conc, disc = (float(x) for x in state["gate_counts"])
-            counter = int(state["counter"])
+            counter = saved_count("the feedback memory's counter", state["counter"])
             now = float(state["now"])
             if "entries" in state:  # saved before 2026-12-05: a dict per question
                 keys, values, embs, has, times, touch, asks = _read_entries(state["entries"], dim)

@@ -39,7 +39,7 @@ import numpy as np
 
 from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError
-from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, set_rng_state
+from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, saved_count, set_rng_state
 from rlfb.policies.base import Decision, Episode
 
 __all__ = [
@@ -287,7 +287,7 @@ class PrioritizedReplay:
                     (episode_from_dict(it["episode"]), float(it["mag"]), int(it["i"])) for it in state["items"]
                 ]
             items = [(e, min(1.0, m), i) for e, m, i in items]
-            added = int(state["added"])
+            added = saved_count("the replay buffer's count of episodes added", state["added"])
             # counts below 0 loaded here and were refused once saved again in columns
             if any(not math.isfinite(m) or m <= 0 or not 0 <= i < added for _, m, i in items):
                 raise CorruptStateError("replay buffer entries are malformed")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rlfb.confidence import ChunkConfidence
+from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.exploration import EpsilonGreedyExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
@@ -703,6 +704,25 @@ def test_guardrail_state_with_an_infinite_count_is_corrupt():
     state = Guardrail().state_dict()
     with pytest.raises(CorruptStateError):  # was a raw OverflowError
         Guardrail().load_state_dict({**state, "n": float("inf")})
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (EpsilonGreedyExploration(seed=0), EpsilonGreedyExploration(seed=5).state_dict(), "t"),
+    lambda: (ThompsonChunkExploration(seed=0), ThompsonChunkExploration(seed=5).state_dict(), "t"),
+    lambda: (RepeatDiscovery(seed=0), RepeatDiscovery(seed=5).state_dict(), "tries"),
+    lambda: (Guardrail(), Guardrail().state_dict(), "n"),
+    lambda: (FeedbackMemory(), FeedbackMemory().state_dict(), "counter"),
+    lambda: (PrioritizedReplay(), PrioritizedReplay(seed=5).state_dict(), "added"),
+])
+@pytest.mark.parametrize("value", [10**400, 2**54, -1], ids=["10**400", "2**54", "-1"])
+def test_a_count_beyond_any_real_one_is_refused_and_changes_nothing(make, value):
+    # 10**400 raised a raw OverflowError (explorers, discovery) or loaded (the rest), and the next update that took
+    # it as a float raised one; discovery took the generator's state before it refused the counts
+    part, other, key = make()
+    before = json.dumps(part.state_dict())
+    with pytest.raises(CorruptStateError):
+        part.load_state_dict({**other, key: value})
+    assert json.dumps(part.state_dict()) == before
 
 
 # ---------------------------------------------------------------------------- guardrail

@@ -552,6 +552,26 @@ def test_corrupt_state_raises_and_changes_nothing():
         Learner(RETRIEVERS, "thompson").load_state_dict(good)
 
 
+@pytest.mark.parametrize(("part", "key"), [
+    ("replay", "added"), ("guardrail", "n"), ("memory", "counter"), ("exploration", "t"), ("discovery", "tries"),
+])
+@pytest.mark.parametrize("value", [10**400, 2**54], ids=["10**400", "2**54"])
+def test_a_saved_count_beyond_any_real_one_is_refused_and_changes_nothing(part, key, value):
+    # 10**400 was accepted (int() reads it), and learning or ranking then raised a raw OverflowError when it
+    # took the count as a float
+    env = ToyEnv(seed=0, n_queries=8)
+    learner = Learner(RETRIEVERS, "gradient", seed=0, config={"replay_every": 2})
+    simulate(learner, env, 30, seed=1)
+    good = json.loads(json.dumps(learner.state_dict()))
+    damaged = copy.deepcopy(good)
+    damaged[part][key] = value
+    before = json.dumps(learner.state_dict())
+    with pytest.raises(CorruptStateError):
+        learner.load_state_dict(damaged)
+    assert json.dumps(learner.state_dict()) == before
+    simulate(learner.load_state_dict(good), env, 10, seed=2)  # the intact state loads and learns on
+
+
 # ---------------------------------------------------------------------------- configuration
 
 

@@ -642,6 +642,8 @@ def _learned_state(cls):
     (BatchPolicy, "n_batches", 2.7),
     (BatchPolicy, "n_batches", "5"),
     (BatchPolicy, "n_batches", True),
+    # int() took it, and uncertainty() then raised a raw OverflowError
+    pytest.param(BatchPolicy, "n_batches", 10**400, id="BatchPolicy-n_batches-10**400"),
     (BatchPolicy, "n_moves", -1),
     (BatchPolicy, "n_moves", 7),  # more moves than batches
     (BatchPolicy, "last_mean", 1e999),
@@ -662,6 +664,19 @@ def test_damaged_policy_counters_are_corrupt_state(cls, field, value):
         dst.load_state_dict(state)
     _, intact = _learned_state(cls)
     assert dst.load_state_dict(intact).weights() == src.weights()  # the intact state still loads
+
+
+@pytest.mark.parametrize("cls", [BatchPolicy, GradientPolicy, ThompsonPolicy])
+@pytest.mark.parametrize("value", [10**400, 2.0**54, True], ids=["10**400", "2**54", "True"])
+def test_a_damaged_update_count_is_corrupt_state(cls, value):
+    # float(10**400) raised a raw OverflowError out of load_state_dict
+    src, state = _learned_state(cls)
+    state["n_updates"] = value
+    dst = cls(RETRIEVERS, seed=0, **({"batch_size": 2} if cls is BatchPolicy else {}))
+    before = json.dumps(dst.state_dict())
+    with pytest.raises(CorruptStateError, match="n_updates"):
+        dst.load_state_dict(state)
+    assert json.dumps(dst.state_dict()) == before
 
 
 @pytest.mark.parametrize(("cls", "field"), [(BatchPolicy, "n_batches"), (GradientPolicy, "n_pairs")])

@@ -441,17 +441,42 @@ def read_array(state: Mapping[str, Any], key: str, length: int | None = None) ->
     return arr
 
 
+#: The largest count a saved state may hold: 2**53, the largest of the integers a float holds exactly. Counts grow
+#: by one an episode, so none comes near it; 10**400 in a damaged save was accepted, and the next update or ranking
+#: that took it as a float raised a raw OverflowError.
+MAX_COUNT = 2**53
+
+
+def saved_count(name: str, value: Any) -> int:
+    """``value``, a count read from a saved state: an int (not a bool) in ``[0, MAX_COUNT]``, or raise
+    :class:`CorruptStateError`.
+
+    >>> saved_count("added", 12)
+    12
+    >>> saved_count("added", 10**400)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.CorruptStateError: added must be in [0, 9007199254740992], got an int of 1329 bits
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_COUNT:  # repr() fails past 4300 digits
+        raise CorruptStateError(f"{name} must be in [0, {MAX_COUNT}], got an int of {value.bit_length()} bits")
+    try:
+        return check_int(name, value, 0, MAX_COUNT)
+    except ValidationError as exc:  # damaged saved state, not a bad argument
+        raise CorruptStateError(str(exc)) from exc
+
+
 def read_count(state: Mapping[str, Any], key: str) -> int:
-    """Read a non-negative int counter from a state dict, or raise :class:`CorruptStateError`.
+    """Read a non-negative int counter (at most :data:`MAX_COUNT`) from a state dict, or raise
+    :class:`CorruptStateError`.
 
     ``int()`` took -5 (then ``sqrt(1 + n)`` failed at every retrieval), 2.7 and "5" alike.
     """
     try:
-        return check_int(f"policy state field {key!r}", state[key], 0)
+        value = state[key]
     except KeyError as exc:
         raise CorruptStateError(f"policy state field {key!r} is missing") from exc
-    except ValidationError as exc:  # damaged saved state, not a bad argument
-        raise CorruptStateError(str(exc)) from exc
+    return saved_count(f"policy state field {key!r}", value)
 
 
 def read_number(state: Mapping[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> float:
@@ -551,7 +576,8 @@ class BasePolicy:
                 raise CorruptStateError(
                     f"state is for retrievers {state.get('retrievers')!r}, not {list(self.retrievers)!r}"
                 )
-            n_updates = float(state["n_updates"])
+            # replay-weighted, so a float; at most MAX_COUNT: float(10**400) raised a raw OverflowError here
+            n_updates = read_number(state, "n_updates", 0.0, float(MAX_COUNT))
             lr_scale = float(state.get("lr_scale", 1.0))
             explore_scale = float(state.get("explore_scale", 1.0))
             for v in (n_updates, lr_scale, explore_scale):
