@@ -39,7 +39,7 @@ import numpy as np
 
 from rlfb.blocks import encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
-from rlfb.policies._util import check_float, plain_numbers
+from rlfb.policies._util import check_float, plain_numbers, saved_times
 from rlfb.reward import finite_float
 
 __all__ = ["ConfidenceParams", "ChunkConfidence"]
@@ -294,6 +294,8 @@ class ChunkConfidence:
         if len(set(ids)) != n or any(a.shape != (n,) or not np.all(np.isfinite(a)) for a in arrays):
             raise CorruptStateError("chunk confidence arrays are malformed")
         conf, alpha, beta, times = arrays
+        # a clock of 1e15 decayed every confidence to its prior and kept it so; a chunk's time of 1e15 never decayed
+        saved_times("the chunk confidences' clock", np.append(times, now))
         h = self.hyper
         out_of_range = np.any(conf < h.low - 1e-9) or np.any(conf > h.high + 1e-9)
         if out_of_range or np.any(alpha <= 0) or np.any(beta <= 0):

@@ -53,7 +53,7 @@ import numpy as np
 
 from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
-from rlfb.policies._util import check_float, check_int, plain_numbers, saved_count
+from rlfb.policies._util import check_float, check_int, plain_numbers, saved_count, saved_times
 from rlfb.reward import finite_float
 
 __all__ = ["MemoryParams", "FeedbackMemory", "normalize_query", "naming_model", "without_embeddings"]
@@ -502,6 +502,8 @@ class FeedbackMemory:
         if (not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch, *asks)) or conc < 0 or disc < 0
                 or any(a < 0 for a in asks)):
             raise CorruptStateError("the feedback memory holds non-finite or negative counters")
+        # a clock of 1e15 decayed every value to nothing and kept it so; a question's time of 1e15 never decayed
+        saved_times("the feedback memory's clock", [now, *times])
         if len(keys) > self.hyper.max_entries:
             # a snapshot of a memory with a larger max_entries (another app on the store): keep the most
             # recently used, or this memory would hold more than its bound for good

@@ -71,6 +71,16 @@ def test_click_evidence_round_trips_through_json_and_rejects_corrupt_state() -> 
         ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(bad)
 
 
+def test_a_click_evidence_clock_far_in_the_future_is_refused() -> None:
+    # a clock of 1e15 loaded, and every later click then counted as long past
+    ev = ClickEvidence(3)
+    before = json.dumps(ev.state_dict())
+    with pytest.raises(CorruptStateError, match="future"):
+        ev.load_state_dict({**ev.state_dict(), "clock": 1e15})
+    assert json.dumps(ev.state_dict()) == before
+    assert ev.load_state_dict({**ev.state_dict(), "clock": 1.7e9}).clock == 1.7e9
+
+
 def test_a_reloaded_click_evidence_is_bit_for_bit_the_one_saved() -> None:
     # the save listed queries least recently used first and the load renumbered their rows in that order, so
     # the clustered variance summed them otherwise: 2e-18 apart, enough to flip an exact tie at the gate

@@ -6,6 +6,7 @@ import base64
 import copy
 import dataclasses
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -372,6 +373,41 @@ def test_a_time_in_milliseconds_is_refused_before_it_stops_all_learning(name):
     state["now"] = 1.7e12
     with pytest.raises(CorruptStateError, match="future"):
         Learner(("bm25", "dense"), policy="thompson", seed=0).load_state_dict(state)
+
+
+def _block_with(raw, width, column, value):
+    """The base64 block ``raw`` of rows ``width`` wide with ``column`` of its first row set to ``value``."""
+    block = np.frombuffer(base64.b64decode(raw), dtype="<f8").copy().reshape(-1, width)
+    block[0, column] = value
+    return base64.b64encode(block.astype("<f8").tobytes()).decode("ascii")
+
+
+@pytest.mark.parametrize("damage", [
+    lambda s, t: s["policy"]["state"]["clock"].__setitem__("*", t),
+    lambda s, t: s["policy"]["state"]["clicks"]["*"].__setitem__("clock", t),
+    lambda s, t: s["memory"].__setitem__("now", t),
+    lambda s, t: s["memory"].__setitem__("clock", _block_with(s["memory"]["clock"], 3, 0, t)),
+    lambda s, t: s["confidence"].__setitem__("now", t),
+    lambda s, t: s["confidence"].__setitem__("rows", _block_with(s["confidence"]["rows"], 4, 3, t)),
+], ids=["thompson", "click-evidence", "memory", "memory-question", "confidence", "confidence-chunk"])
+def test_a_far_future_clock_in_a_saved_part_is_refused_and_changes_nothing(damage):
+    # only the learner's own clock was checked: one of its parts' at 1e15 loaded, and from then on every episode
+    # counted as long past (thompson's global arm count fell 9.96 -> 9.76 over 20 episodes, 29.57 undamaged)
+    learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
+    for i in range(6):
+        learner.learn(dataclasses.replace(_LOGGED, event_id=f"e{i}", timestamp=1.7e9 + i, feedback_time=1.7e9 + i))
+    good = json.loads(json.dumps(learner.state_dict()))
+    fresh = Learner(("bm25", "dense"), policy="thompson", seed=0)
+    before = json.dumps(fresh.state_dict())
+    damaged = copy.deepcopy(good)
+    damage(damaged, 1e15)
+    with pytest.raises(CorruptStateError, match="future"):
+        fresh.load_state_dict(damaged)
+    assert json.dumps(fresh.state_dict()) == before
+    near = copy.deepcopy(good)
+    damage(near, time.time() + 3600.0)  # within the learner's day of clock drift: loads
+    fresh.load_state_dict(near)
+    fresh.load_state_dict(good)
 
 
 def test_chunk_ids_that_a_saved_state_could_not_keep_are_refused():

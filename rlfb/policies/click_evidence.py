@@ -36,7 +36,7 @@ import numpy as np
 
 from rlfb.blocks import encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError
-from rlfb.policies._util import float_list
+from rlfb.policies._util import float_list, saved_times
 
 __all__ = ["ClickEvidence", "shown_utility"]
 
@@ -212,6 +212,7 @@ class ClickEvidence:
                 or not all(np.all(np.isfinite(a)) for a in (s, gone, q))
                 or not np.isfinite(n) or n < 0 or not np.isfinite(clock)):
             raise CorruptStateError("click evidence is malformed")
+        saved_times("the click evidence's clock", clock)  # 1e15 weighed every later click as long past
         self.n, self.clock, self._s, self._gone, self._rows, self._q = n, clock, s, gone, rows, q
         self._posterior = None
         return self

@@ -81,6 +81,7 @@ from rlfb.policies._util import (
     project_simplex,
     read_array,
     read_number,
+    saved_times,
     weights_dict,
     weights_vector,
 )
@@ -669,9 +670,11 @@ class ThompsonPolicy(BasePolicy):
                 raise CorruptStateError(f"arm statistics for {key!r} are malformed")
             stats[str(key)] = arr
         # a clock is the time of the latest reward: an infinite one (1e999 reads as inf) made every later reward
-        # count as infinitely late, weight 0, so the policy silently stopped learning
+        # count as infinitely late, weight 0, so the policy silently stopped learning; one far in the future (1e15)
+        # did the same until the wall clock caught up
         saved_clock = dict(state["clock"])
         clock = {str(k): read_number(saved_clock, k) for k in saved_clock}
+        saved_times("thompson's clock", list(clock.values()))
         clicks = {
             str(k): ClickEvidence(self.n_arms, self.hyper.cf_max_queries).load_state_dict(v)
             for k, v in dict(state.get("clicks") or {}).items()  # absent in states saved before clicks counted
