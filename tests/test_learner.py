@@ -608,6 +608,21 @@ def test_a_saved_count_beyond_any_real_one_is_refused_and_changes_nothing(part, 
     simulate(learner.load_state_dict(good), env, 10, seed=2)  # the intact state loads and learns on
 
 
+def test_a_batch_state_with_default_weights_off_the_simplex_is_refused():
+    # it loaded (only the weights were checked), and the learner's next save could not be rebuilt
+    env = ToyEnv(seed=0, n_queries=8)
+    learner = Learner(RETRIEVERS, "batch", seed=0)
+    simulate(learner, env, 30, seed=1)
+    state = json.loads(json.dumps(learner.state_dict()))
+    state["policy"]["state"]["default"][0] = -1.0
+    fresh = Learner(RETRIEVERS, "batch", seed=0)
+    before = json.dumps(fresh.state_dict())
+    with pytest.raises(CorruptStateError, match="simplex"):
+        fresh.load_state_dict(state)
+    assert json.dumps(fresh.state_dict()) == before
+    Learner.from_state_dict(Learner.from_state_dict(learner.state_dict()).state_dict())  # the intact one does
+
+
 # ---------------------------------------------------------------------------- configuration
 
 

@@ -648,6 +648,8 @@ def _learned_state(cls):
     (BatchPolicy, "n_moves", 7),  # more moves than batches
     (BatchPolicy, "last_mean", 1e999),
     (BatchPolicy, "last_mean", 3.0),
+    (BatchPolicy, "default", [-1.0, 1.0, 1.0]),  # loaded, and the next save could not be rebuilt
+    (BatchPolicy, "default", [0.5, 0.5, 0.5]),
     (BatchPolicy, "buffer", [[[0.2, 0.2, 0.6], 1.0, -1.0]]),  # a negative weight could make the batch mean NaN
     (BatchPolicy, "buffer", [[[0.2, 0.2, 0.6], 9.0, 1.0]]),
     (GradientPolicy, "n_pairs", 1e999),  # saving it then failed
@@ -660,7 +662,7 @@ def test_damaged_policy_counters_are_corrupt_state(cls, field, value):
     assert field in state["state"]
     state["state"][field] = value
     dst = cls(RETRIEVERS, seed=0, **({"batch_size": 2} if cls is BatchPolicy else {}))
-    with pytest.raises(CorruptStateError, match="policy state|malformed|moves in only"):
+    with pytest.raises(CorruptStateError, match="policy state|malformed|moves in only|simplex"):
         dst.load_state_dict(state)
     _, intact = _learned_state(cls)
     assert dst.load_state_dict(intact).weights() == src.weights()  # the intact state still loads

@@ -254,8 +254,10 @@ class BatchPolicy(BasePolicy):
         n = len(self.retrievers)
         w = read_array(state, "weights", n)
         default = read_array(state, "default", n)
-        if np.any(w < 0) or abs(w.sum() - 1.0) > 1e-6:
-            raise CorruptStateError("saved batch weights are not on the simplex")
+        # the default too: one off the simplex loaded, and the next save could not be rebuilt (InvalidWeightsError)
+        for v in (w, default):
+            if np.any(v < 0) or abs(v.sum() - 1.0) > 1e-6:
+                raise CorruptStateError("saved batch weights are not on the simplex")
         buffer = []
         for item in state["buffer"]:
             bw, br, bo = item
