@@ -681,6 +681,24 @@ def test_a_damaged_update_count_is_corrupt_state(cls, value):
     assert json.dumps(dst.state_dict()) == before
 
 
+@pytest.mark.parametrize(("row", "value"), [(1, 1e308), (1, -1e308), (2, 1e308), (2, -1e-3)])
+def test_thompson_arm_statistics_out_of_range_are_corrupt_state(row, value):
+    # a reward sum of 1e308 loaded and gave the arm a posterior mean of 7e306: rewards lie in [-1, 1], so an arm's
+    # sum and sum of squares are at most its count
+    src, state = _learned_state(ThompsonPolicy)
+    stats = state["state"]["stats"]["*"]
+    arm = int(np.argmax(stats[0]))
+    assert stats[0][arm] > 0
+    stats[row][arm] = value
+    dst = ThompsonPolicy(RETRIEVERS, seed=0)
+    before = json.dumps(dst.state_dict())
+    with pytest.raises(CorruptStateError, match="arm statistics"):
+        dst.load_state_dict(state)
+    assert json.dumps(dst.state_dict()) == before
+    stats[row][arm] = 0.0
+    ThompsonPolicy(RETRIEVERS, seed=0).load_state_dict(state)  # in range: loads
+
+
 @pytest.mark.parametrize(("cls", "field"), [(BatchPolicy, "n_batches"), (GradientPolicy, "n_pairs")])
 def test_a_state_refused_late_leaves_the_policy_as_it_was(cls, field):
     src = cls(RETRIEVERS, seed=0).set_weights(dict(zip(RETRIEVERS, (0.8, 0.1, 0.1), strict=True)))

@@ -668,6 +668,13 @@ class ThompsonPolicy(BasePolicy):
             arr = np.asarray(rows, dtype=float)
             if arr.shape != (3, self.n_arms) or not np.all(np.isfinite(arr)) or np.any(arr[0] < 0):
                 raise CorruptStateError(f"arm statistics for {key!r} are malformed")
+            # each arm's weighted count n, reward sum s and sum of squares ss: rewards are clipped to [-1, 1], so
+            # |s| <= n and 0 <= ss <= n (a sum of 1e308 loaded and gave the arm a mean of 7e306)
+            n, s, ss = arr
+            slack = 1e-9 * n + 1e-12  # rounding in the running sums
+            if np.any(np.abs(s) > n + slack) or np.any(ss < 0) or np.any(ss > n + slack):
+                raise CorruptStateError(f"arm statistics for {key!r} are out of range: with rewards in [-1, 1], "
+                                        "an arm's reward sum and sum of squares are at most its count")
             stats[str(key)] = arr
         # a clock is the time of the latest reward: an infinite one (1e999 reads as inf) made every later reward
         # count as infinitely late, weight 0, so the policy silently stopped learning; one far in the future (1e15)
