@@ -681,6 +681,24 @@ def test_a_damaged_update_count_is_corrupt_state(cls, value):
     assert json.dumps(dst.state_dict()) == before
 
 
+@pytest.mark.parametrize("cls", [BatchPolicy, GradientPolicy, ThompsonPolicy])
+@pytest.mark.parametrize(("field", "value"), [
+    ("lr_scale", 1e300), ("lr_scale", 10.5), ("explore_scale", 1e300), ("explore_scale", -1.0),
+    ("explore_scale", "2"),
+])
+def test_a_guardrail_multiplier_beyond_what_tune_allows_is_corrupt_state(cls, field, value):
+    # 1e300 loaded, while tune() allows at most 10
+    src, state = _learned_state(cls)
+    state[field] = value
+    dst = cls(RETRIEVERS, seed=0, **({"batch_size": 2} if cls is BatchPolicy else {}))
+    before = json.dumps(dst.state_dict())
+    with pytest.raises(CorruptStateError, match=field):
+        dst.load_state_dict(state)
+    assert json.dumps(dst.state_dict()) == before
+    state[field] = 10.0
+    assert dst.load_state_dict(state).weights() == src.weights()
+
+
 @pytest.mark.parametrize(("row", "value"), [(1, 1e308), (1, -1e308), (2, 1e308), (2, -1e-3)])
 def test_thompson_arm_statistics_out_of_range_are_corrupt_state(row, value):
     # a reward sum of 1e308 loaded and gave the arm a posterior mean of 7e306: rewards lie in [-1, 1], so an arm's

@@ -593,11 +593,9 @@ class BasePolicy:
                 )
             # replay-weighted, so a float; at most MAX_COUNT: float(10**400) raised a raw OverflowError here
             n_updates = read_number(state, "n_updates", 0.0, float(MAX_COUNT))
-            lr_scale = float(state.get("lr_scale", 1.0))
-            explore_scale = float(state.get("explore_scale", 1.0))
-            for v in (n_updates, lr_scale, explore_scale):
-                if not math.isfinite(v) or v < 0:
-                    raise CorruptStateError("policy state counters must be finite and non-negative")
+            # the guardrail's multipliers, in [0, 10] as tune() sets them (1e300 loaded); absent in older states
+            lr_scale = read_number({"lr_scale": 1.0, **state}, "lr_scale", 0.0, 10.0)
+            explore_scale = read_number({"explore_scale": 1.0, **state}, "explore_scale", 0.0, 10.0)
             saved, ours = state.get("params"), self.params()
             if isinstance(saved, Mapping):
                 from rlfb.policies.base import same_hyperparameters  # base imports this module
