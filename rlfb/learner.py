@@ -61,6 +61,7 @@ from rlfb.policies._util import (
     episode_time,
     logged_weights,
     plain_numbers,
+    saved_count,
     score_scale,
     shared_credit,
     validate_retrievers,
@@ -694,7 +695,7 @@ class Learner:
                 raise CorruptStateError(f"the replay buffer holds an episode for retrievers {list(other)!r}, not "
                                         f"{list(self.retrievers)!r}")
             parts["guardrail"].load_state_dict(state["guardrail"])
-            n_learned = int(state["n_learned"])
+            n_learned = saved_count("n_learned", state["n_learned"])  # not "5", nor beyond any real count
             now = float(state["now"])
             if n_learned < 0 or not math.isfinite(now) or now > time.time() + FUTURE_TOLERANCE:
                 raise CorruptStateError("learner counters are out of range (or its clock far in the future)")

@@ -778,3 +778,12 @@ def test_one_number_for_the_weights_and_a_dict_for_the_reward_config_are_named_e
         Learner(_AUDIT_R, "thompson").set_weights(0.5)
     with pytest.raises(ValidationError, match="must be a RewardConfig"):
         RewardFunction({"horizon": 1})
+
+
+@pytest.mark.parametrize("count", ["5", 10**400, True, -1, 2.0])
+def test_a_saved_learned_count_that_is_no_count_is_refused(count):
+    # read with int(): "5" and 2.0 loaded as counts
+    state = json.loads(json.dumps(_audit_trained("thompson", 2).state_dict()))
+    state["n_learned"] = count
+    with pytest.raises(CorruptStateError, match="n_learned"):
+        Learner(_AUDIT_R, "thompson").load_state_dict(state)
