@@ -263,3 +263,18 @@ def test_simulate_with_a_bad_qrels_row(tmp_path: Path, capsys, bad_row: str) -> 
     data = write_beir(tmp_path / "beir", qrels=[*QRELS[:2], bad_row])
     assert main(["simulate", "--dataset", str(data), "--quiet", *SMALL_RUN]) == 2
     assert f"{data / 'qrels' / 'test.tsv'}:3" in one_error_line(capsys)
+
+
+def test_simulate_records_the_folder_a_bare_collection_name_was_found_in(tmp_path: Path, monkeypatch) -> None:
+    # config.dataset_path was the name resolved against the working folder (/run/tiny), which does not exist
+    import json
+
+    collections = tmp_path / "collections"
+    write_beir(collections / "tiny")
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    monkeypatch.setenv("RLFB_DATASETS", str(collections))
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--quiet", "--dataset", "tiny", *SMALL_RUN, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["config"]["dataset_path"] == str((collections / "tiny").resolve())

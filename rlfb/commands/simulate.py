@@ -173,7 +173,10 @@ def run(args: argparse.Namespace) -> int:
         for note in data.left_out_notes(split):  # what the runner leaves out; its JSON config counts the queries
             print(note, file=sys.stderr)
     result = simulate(data, config, show_progress=show_progress(args.quiet))
-    result["dataset_path"] = args.dataset if args.dataset == "demo" else str(Path(args.dataset).resolve())
+    from rlfb.datasets import find_dataset
+
+    # the folder the data came from: a bare name (--dataset cranfield) is found under $RLFB_DATASETS, not here
+    result["dataset_path"] = "demo" if args.dataset == "demo" else str(Path(find_dataset(args.dataset)).resolve())
     result["config"]["dataset_path"] = result["dataset_path"]
     print_table(result)
     t = result["timing"]
