@@ -340,6 +340,26 @@ def test_plot_is_written(small_run, tmp_path) -> None:
     assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
+def test_each_curve_is_drawn_against_the_baselines_figures_of_its_kind(small_run, tmp_path, monkeypatch) -> None:
+    # the online curve was drawn on the seen panel, against the baselines' seen lines
+    import matplotlib.axes
+
+    _, result, _ = small_run
+    lines: dict[int, list[float]] = {}
+    original = matplotlib.axes.Axes.axhline
+
+    def record(ax, y=0, *args, **kwargs):
+        lines.setdefault(id(ax), []).append(y)
+        return original(ax, y, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "axhline", record)
+    plot_curves(result, str(tmp_path / "curves.png"))
+    panels = list(lines.values())
+    names = [n for n in ("rrf", "equal", "tuned_fixed", "oracle_fixed") if n in result["baselines"]]
+    for panel, key in zip(panels, ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"), strict=True):
+        assert panel == [result["baselines"][n][key]["mean"] for n in names]
+
+
 def test_simulate_cli_on_the_demo_collection(tmp_path, capsys) -> None:
     out = tmp_path / "sim.json"
     code = main(["simulate", "--dataset", "demo", "--retrievers", "bm25", "--policy", "thompson",

@@ -768,21 +768,21 @@ def plot_curves(result: Mapping[str, Any], path: str) -> None:
     k = result["config"]["k"]
     held_key, seen_key, online_key = _metric_keys(k)
     x = [p["interactions"] for p in result["curve"]]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
-    for ax, key, title in ((axes[0], held_key, "held-out queries"),
-                           (axes[1], seen_key, "seen (repeated) queries")):
-        for metric, label, style in ((key, "learned (greedy)", "-"), (online_key, "online (shown)", ":")):
-            if metric.startswith("online") and key.startswith("heldout"):
-                continue
-            # a missing value (nothing seen before the first query) is a gap in the curve
-            mean = [_num(p[metric]["mean"]) for p in result["curve"]]
-            lo = [_num(p[metric]["ci95"][0]) for p in result["curve"]]
-            hi = [_num(p[metric]["ci95"][1]) for p in result["curve"]]
-            ax.plot(x, mean, style, lw=2, label=label)
-            ax.fill_between(x, lo, hi, alpha=0.2)
+    # each curve against the baselines' figure of the same kind: the online one (what users were shown, exploration
+    # included) was drawn on the seen panel, against the baselines' seen lines
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), sharey=False)
+    for ax, key, title, label in ((axes[0], held_key, "held-out queries", "learned (greedy)"),
+                                  (axes[1], seen_key, "seen (repeated) queries", "learned (greedy)"),
+                                  (axes[2], online_key, "online (what users were shown)", "learned (shown)")):
+        # a missing value (nothing seen before the first query) is a gap in the curve
+        mean = [_num(p[key]["mean"]) for p in result["curve"]]
+        lo = [_num(p[key]["ci95"][0]) for p in result["curve"]]
+        hi = [_num(p[key]["ci95"][1]) for p in result["curve"]]
+        ax.plot(x, mean, "-", lw=2, label=label)
+        ax.fill_between(x, lo, hi, alpha=0.2)
         for name, colour in (("rrf", "tab:red"), ("equal", "tab:orange"), ("tuned_fixed", "tab:green"),
                              ("oracle_fixed", "tab:purple")):
-            if name in result["baselines"]:
+            if key in result["baselines"].get(name, {}):
                 ax.axhline(result["baselines"][name][key]["mean"], ls="--", color=colour, lw=1, label=name)
         ax.set_title(f"{result.get('dataset', '')}: {title}")
         ax.set_xlabel("interactions")
