@@ -227,17 +227,23 @@ def test_a_dataset_folder_that_does_not_exist_is_named_as_such(tmp_path: Path, c
                                              "corpus.jsonl is missing"
 
 
-@pytest.mark.parametrize("command", [["evaluate"], ["simulate", "--quiet", *SMALL_RUN[2:]]], ids=lambda c: c[0])
-def test_a_collection_is_found_by_its_name_under_the_setting(tmp_path: Path, capsys, monkeypatch,
-                                                             command: list[str]) -> None:
-    # `--dataset cranfield` said "no such folder: cranfield" with RLFB_DATASETS set, where the benchmarks
-    # and docs/experiments.md take a bare name; a folder of that name where the command runs still wins
+def _tiny_under_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A collection ``tiny`` under ``$RLFB_DATASETS``, and a working folder of the command's where it is not."""
     collections = tmp_path / "collections"
     write_beir(collections / "tiny")
     run = tmp_path / "run"
     run.mkdir()
     monkeypatch.chdir(run)
     monkeypatch.setenv("RLFB_DATASETS", str(collections))
+    return collections, run
+
+
+@pytest.mark.parametrize("command", [["evaluate"], ["simulate", "--quiet", *SMALL_RUN[2:]]], ids=lambda c: c[0])
+def test_a_collection_is_found_by_its_name_under_the_setting(tmp_path: Path, capsys, monkeypatch,
+                                                             command: list[str]) -> None:
+    # `--dataset cranfield` said "no such folder: cranfield" with RLFB_DATASETS set, where the benchmarks
+    # and docs/experiments.md take a bare name; a folder of that name where the command runs still wins
+    _, run = _tiny_under_the_setting(tmp_path, monkeypatch)
     assert main([command[0], "--dataset", "tiny", "--retrievers", "bm25", *command[1:]]) == 0
     printed = capsys.readouterr().out
     assert "tiny / test: 2 queries" in printed or "tiny: nDCG@10" in printed
@@ -269,12 +275,7 @@ def test_simulate_records_the_folder_a_bare_collection_name_was_found_in(tmp_pat
     # config.dataset_path was the name resolved against the working folder (/run/tiny), which does not exist
     import json
 
-    collections = tmp_path / "collections"
-    write_beir(collections / "tiny")
-    run = tmp_path / "run"
-    run.mkdir()
-    monkeypatch.chdir(run)
-    monkeypatch.setenv("RLFB_DATASETS", str(collections))
+    collections, _ = _tiny_under_the_setting(tmp_path, monkeypatch)
     out = tmp_path / "sim.json"
     assert main(["simulate", "--quiet", "--dataset", "tiny", *SMALL_RUN, "--json", str(out)]) == 0
     assert json.loads(out.read_text())["config"]["dataset_path"] == str((collections / "tiny").resolve())

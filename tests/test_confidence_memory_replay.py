@@ -553,13 +553,14 @@ def test_a_number_beyond_float_range_in_a_saved_part_is_a_named_error():
         FeedbackMemory().load_state_dict(state)
 
 
-def _replay_block(values):
-    return base64.b64encode(np.asarray(values, dtype="<f8").tobytes()).decode("ascii")
+def _block(values, dtype="<f8"):
+    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
 
 
-def _replay_reblocked(key, change):
+def _reblocked(key, change, dtype="<f8"):
     def damage(s):
-        s[key] = _replay_block(change(np.frombuffer(base64.b64decode(s[key]), dtype="<f8").copy()))
+        arr = np.frombuffer(base64.b64decode(s[key]), dtype=dtype).copy()
+        s[key] = _block(change(arr), dtype)
     return damage
 
 
@@ -568,17 +569,17 @@ def _replay_reblocked(key, change):
     lambda s: s.update(shown=s["shown"][:-4]),  # base64 of a partial number
     lambda s: s.update(numbers=base64.b64encode(base64.b64decode(s["numbers"])[:-3]).decode("ascii")),
     lambda s: s.update(chunk_rewards=7),
-    _replay_reblocked("shown", lambda a: a[:-1]),  # a number short
-    _replay_reblocked("chunk_rewards", lambda a: np.append(a, 0.5)),  # one too many
-    _replay_reblocked("scores", lambda a: a[:-1]),
-    _replay_reblocked("prior_rewards", lambda a: np.append(a, 0.5)),
-    _replay_reblocked("weights", lambda a: a[:-1]),
-    _replay_reblocked("features", lambda a: np.append(a, 0.5)),
-    _replay_reblocked("temperatures", lambda a: a[:-1]),
-    _replay_reblocked("numbers", lambda a: _set(a, 2, np.nan)),
-    _replay_reblocked("shown", lambda a: _set(a, 0, np.inf)),
-    _replay_reblocked("numbers", lambda a: _set(a, 4, -1.0)),  # a negative priority
-    _replay_reblocked("numbers", lambda a: _set(a, 4, 0.0)),
+    _reblocked("shown", lambda a: a[:-1]),  # a number short
+    _reblocked("chunk_rewards", lambda a: np.append(a, 0.5)),  # one too many
+    _reblocked("scores", lambda a: a[:-1]),
+    _reblocked("prior_rewards", lambda a: np.append(a, 0.5)),
+    _reblocked("weights", lambda a: a[:-1]),
+    _reblocked("features", lambda a: np.append(a, 0.5)),
+    _reblocked("temperatures", lambda a: a[:-1]),
+    _reblocked("numbers", lambda a: _set(a, 2, np.nan)),
+    _reblocked("shown", lambda a: _set(a, 0, np.inf)),
+    _reblocked("numbers", lambda a: _set(a, 4, -1.0)),  # a negative priority
+    _reblocked("numbers", lambda a: _set(a, 4, 0.0)),
     lambda s: s["shown_ids"].append("one more id"),  # ids and their counts differ
     lambda s: s["shown_ids"].pop(),
     lambda s: s["shown_ids"].__setitem__(0, 7),
@@ -911,17 +912,6 @@ def test_memory_loads_the_layout_saved_before():
         json.loads(json.dumps(_old_layout(mem.state_dict()))))
     _same_memory(mem, back)
     assert back.state_dict() == mem.state_dict()
-
-
-def _block(values, dtype="<f8"):
-    return base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")
-
-
-def _reblocked(key, change, dtype="<f8"):
-    def damage(s):
-        arr = np.frombuffer(base64.b64decode(s[key]), dtype=dtype).copy()
-        s[key] = _block(change(arr), dtype)
-    return damage
 
 
 def _twice(s):
