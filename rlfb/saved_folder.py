@@ -197,8 +197,9 @@ def _release(lock: tuple[int, Path] | None) -> None:
     os.close(fd)
 
 
-def _beside(root: Path, kind: str) -> list[Path]:
-    """The ``.NAME.{kind}-*`` entries beside ``root``, oldest first."""
+def _beside(root: Path, *kinds: str) -> list[Path]:
+    """The ``.NAME.{kind}-*`` entries beside ``root`` of each of ``kinds`` in turn, oldest first within a kind
+    (the folder is listed once)."""
     found = []
     try:
         siblings = list(root.parent.iterdir())
@@ -206,12 +207,12 @@ def _beside(root: Path, kind: str) -> list[Path]:
         return []
     for path in siblings:
         m = _TAG.match(path.name)
-        if m and m["name"] == root.name and m["kind"] == kind:
+        if m and m["name"] == root.name and m["kind"] in kinds:
             try:
-                found.append((path.stat().st_mtime_ns, path))
+                found.append((kinds.index(m["kind"]), path.stat().st_mtime_ns, path))
             except OSError:  # removed meanwhile
                 continue
-    return [p for _, p in sorted(found)]
+    return [p for _, _, p in sorted(found)]
 
 
 def _gone(path: Path) -> bool:
@@ -240,7 +241,7 @@ def _gone(path: Path) -> bool:
 
 def _left_behind(root: Path) -> list[Path]:
     """Folders and lock files of killed saves beside ``root`` (the lock files last)."""
-    return [p for kind in ("saving", "old", "lock") for p in _beside(root, kind) if _gone(p)]
+    return [p for p in _beside(root, "saving", "old", "lock") if _gone(p)]
 
 
 def _being_swapped(root: Path, marker: str) -> bool:
