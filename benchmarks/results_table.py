@@ -5,7 +5,7 @@
 reads every `rlfb simulate --json` output in RESULTS_DIR, named DATASET_POLICY.json as the README's commands
 name them: POLICY is the run's policy (thompson, gradient, batch, ...), with ``_nomem`` for a run with
 ``--no-memory``; a file named otherwise is of the collection its JSON names. A run given ``--policy-option``
-values is a system of its own, labelled with them. The README's collections come first
+or ``--learner-option`` values is a system of its own, labelled with them. The README's collections come first
 (scifact, cranfield, cisi), then the others by name; within one, thompson, gradient, batch and thompson_nomem
 first, then the others by name. The baselines come from the first file of each collection. A second table
 splits the thompson runs' held-out figure between the held-out queries that share a relevant document with a
@@ -38,10 +38,11 @@ BASELINES = ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_f
 
 def policy_key(result: dict) -> str:
     """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix; a run given
-    ``--policy-option`` values has them after it (``thompson cf_min_questions=10``), as its table row does."""
+    ``--policy-option`` or ``--learner-option`` values has them after it (``thompson cf_min_questions=10``), as its
+    table row does."""
     config = result["config"]
     key = config["policy"] + ("" if config.get("memory", True) else "_nomem")
-    options = config.get("policy_options") or {}
+    options = {**(config.get("policy_options") or {}), **(config.get("learner_overrides") or {})}
     return key + "".join(f" {name}={json.dumps(value)}" for name, value in sorted(options.items()))
 
 

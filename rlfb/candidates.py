@@ -144,10 +144,10 @@ def rerank_scores(
 def make_context(
     query: str, ids: Sequence[str], raw: np.ndarray, ranks: np.ndarray, session_id: str | None,
     proposed: np.ndarray | None = None, *, retrievers: tuple[str, ...], fusion: str, rrf_c: float,
-    embed: Callable[[str], np.ndarray | None],
+    embed: Callable[[str], np.ndarray | None], candidate_embeddings: np.ndarray | None = None,
 ) -> Context:
     """The :class:`~rlfb.policies.base.Context` of a scored pool: normalised by ``fusion``, with the question's
-    features, type and embedding (``embed``)."""
+    features, type and embedding (``embed``), and the candidates' embeddings where there are any."""
     from rlfb.features import query_features, query_type
 
     feats = query_features(query)
@@ -163,7 +163,24 @@ def make_context(
         session_id=session_id,
         ranks=ranks,
         proposed=proposed,
+        candidate_embeddings=candidate_embeddings,
     )
+
+
+def candidate_vectors(
+    retrievers: Mapping[str, Retriever], ids: Sequence[str], edited: Collection[str] = ()
+) -> np.ndarray | None:
+    """The dense retriever's embeddings of the candidates ``ids`` (``None`` without one); a zero row for a chunk
+    outside its index, and for one given with a text other than the indexed one (``edited``)."""
+    dense = next((r for r in retrievers.values() if getattr(r, "name", None) == "dense"), None)
+    vectors = getattr(dense, "vectors", None)
+    if vectors is None:
+        return None
+    out = vectors(list(ids))
+    for i, c in enumerate(ids):
+        if c in edited:
+            out[i] = 0.0
+    return out
 
 
 def make_hits(

@@ -31,7 +31,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ import numpy as np
 
 from rlfb.candidates import (
     add_member_candidates,
+    candidate_vectors,
     check_embedding_strs,
     check_query,
     check_rerank_chunks,
@@ -369,7 +370,7 @@ class FeedbackEnsemble:
             pool = add_member_candidates(query, depth, pool, table, retrievers, self._members, rrf_c=self.rrf_c,
                                          keep_extra=self._keep_extra, embedding_strs=strs)
         ids, raw, ranks, proposed = pool
-        ctx = self._make_context(query, ids, raw, ranks, session_id, proposed)
+        ctx = self._make_context(query, ids, raw, ranks, session_id, proposed, self._vectors(retrievers, ids))
         self._scored_on[ctx] = table
         return ctx
 
@@ -400,12 +401,23 @@ class FeedbackEnsemble:
         key = learner_query(self._store, ctx.query)
         return ctx if key == ctx.query else dataclasses.replace(ctx, query=key)
 
+    def _vectors(
+        self, retrievers: Mapping[str, Retriever], ids: Sequence[str], edited: Collection[str] = ()
+    ) -> np.ndarray | None:
+        """The candidates' dense embeddings where the learner's relevance feedback reads them, else ``None``
+        (a gather of 100 x 384 floats a question, and 150 kB a kept context, for nothing)."""
+        cfg = self.learner.config
+        if cfg.relevance_feedback_weight <= 0 or cfg.memory_weight <= 0:
+            return None
+        return candidate_vectors(retrievers, ids, edited)
+
     def _make_context(
         self, query: str, ids: Sequence[str], raw: np.ndarray, ranks: np.ndarray, session_id: str | None,
-        proposed: np.ndarray | None = None,
+        proposed: np.ndarray | None = None, vectors: np.ndarray | None = None,
     ) -> Context:
         return make_context(query, ids, raw, ranks, session_id, proposed, retrievers=self.retriever_names,
-                            fusion=self.fusion, rrf_c=self.rrf_c, embed=self._query_embedding)
+                            fusion=self.fusion, rrf_c=self.rrf_c, embed=self._query_embedding,
+                            candidate_embeddings=vectors)
 
     def retrieve(
         self,
@@ -500,8 +512,9 @@ class FeedbackEnsemble:
         table, retrievers = self._index()
         raw, edited = rerank_scores(query, chunks, table, retrievers, len(self._members), strs, self._keep_extra)
         # no retriever proposed these chunks: the caller did
-        ctx = self._make_context(query, [c.id for c in chunks], raw, rank_matrix(raw), session_id,
-                                 np.zeros(raw.shape, dtype=bool))
+        ids = [c.id for c in chunks]
+        ctx = self._make_context(query, ids, raw, rank_matrix(raw), session_id, np.zeros(raw.shape, dtype=bool),
+                                 self._vectors(retrievers, ids, edited))
         self._scored_on[ctx] = table
         if edited:
             self._given_on[ctx] = edited
@@ -607,7 +620,10 @@ class FeedbackEnsemble:
 
     def _remember(self, event_id: str, ctx: Context) -> None:
         remember_maker(event_id, self)  # feedback given through another learner's adapter comes back here
-        self._contexts[event_id] = ctx
+        # learning from the event needs no chunk embeddings (150 kB a context of 100 candidates): kept, 10,000
+        # remembered contexts would hold 1.5 GB
+        kept = ctx if ctx.candidate_embeddings is None else dataclasses.replace(ctx, candidate_embeddings=None)
+        self._contexts[event_id] = kept
         if len(self._contexts) > self._context_cache_size:
             self._contexts.popitem(last=False)
 

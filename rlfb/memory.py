@@ -54,6 +54,7 @@ import numpy as np
 from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.policies._util import check_float, check_int, plain_numbers, saved_count, saved_times
+from rlfb.relevance_feedback import similar_to_clicked
 from rlfb.reward import finite_float
 
 __all__ = ["MemoryParams", "FeedbackMemory", "normalize_query", "naming_model", "without_embeddings"]
@@ -322,6 +323,26 @@ class FeedbackMemory:
             return {}
         f = float(self._decay(np.asarray([row]))[0])
         return {c: v * f for c, v in self._values[row].items()}
+
+    def relevance_feedback(self, query: str, candidate_ids: Sequence[str], embeddings: np.ndarray) -> np.ndarray:
+        """Each candidate's likeness to the chunks remembered as good for this exact question (a z-score over the
+        candidates, :func:`rlfb.relevance_feedback.similar_to_clicked`); zeros where none is remembered.
+
+        ``embeddings`` are the candidates' normalised embeddings, one row each. A chunk's weight is its
+        evidence squashed as :meth:`score` squashes it, so one lucky click does not outweigh three.
+
+        >>> mem = FeedbackMemory()
+        >>> mem.update("tides", None, ["c1"], [0.4])
+        >>> v = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])
+        >>> mem.relevance_feedback("Tides?", ["c1", "c2", "c3"], v).round(2).tolist()
+        [0.93, 0.46, -1.39]
+        """
+        known = self.known(query)
+        n = len(candidate_ids)
+        if not known or n == 0:
+            return np.zeros(n)
+        ev = np.fromiter((known.get(c, 0.0) for c in candidate_ids), dtype=np.float64, count=n)
+        return similar_to_clicked(embeddings, np.tanh(np.maximum(ev, 0.0) / self.hyper.value_scale))
 
     def asks(self, query: str) -> int:
         """How often this exact query was asked (:meth:`note_ask`) since its first feedback."""

@@ -146,6 +146,23 @@ def test_simulate_a_folder_without_a_test_split(tmp_path: Path, capsys, monkeypa
     assert json.loads(out.read_text())["config"]["split"] == "dev" and indexed
 
 
+def test_simulate_takes_learner_settings(tmp_path: Path, capsys) -> None:
+    # the learner's settings (relevance feedback, off by default) had no command to set them from
+    data = write_beir(tmp_path / "beir")
+    out = tmp_path / "sim.json"
+    tiny = [a if a != "bm25" else "bm25,dense" for a in TINY]
+    assert main(["simulate", "--dataset", str(data), *tiny, "--json", str(out),
+                 "--learner-option", "relevance_feedback_weight=0.1", "--learner-option", "skip_weight=0.2"]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["learner_overrides"] == {"relevance_feedback_weight": 0.1, "skip_weight": 0.2}
+    assert config["learner"]["relevance_feedback_weight"] == 0.1 and config["learner"]["skip_weight"] == 0.2
+    capsys.readouterr()
+    assert main(["simulate", "--dataset", str(data), *TINY, "--learner-option", "relevance_feedback=0.1"]) == 2
+    assert "unknown learner settings ['relevance_feedback']" in one_error_line(capsys)
+    assert main(["simulate", "--dataset", str(data), *TINY, "--learner-option", "skip_weight"]) == 2
+    assert "--learner-option takes NAME=VALUE" in one_error_line(capsys)
+
+
 # -- 4, 6. counts ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("option", "value"), [("--seeds", "1000000000"), ("--seeds", "0"), ("--seeds", "-2"),
                                                ("--max-heldout", "-1"), ("--max-heldout", "-200"),

@@ -264,10 +264,30 @@ def test_policy_options_reach_the_policy_with_the_runs_seed() -> None:
         SimulationConfig(**base, policy_options={"cf_min_questions": 0})
     with pytest.raises(ValidationError, match="seed"):
         SimulationConfig(**base, policy_options={"seed": 3})
+    # the learner's settings too (--learner-option), checked before indexing
+    with pytest.raises(ValidationError, match="unknown learner settings \\['relevance_feedback'\\]"):
+        SimulationConfig(**base, learner={"relevance_feedback": 0.1})
+    with pytest.raises(ValidationError, match="relevance_feedback_weight must be"):
+        SimulationConfig(**base, learner={"relevance_feedback_weight": -1})
     assert policy_options(["cf_gate_z=2", "exploration=epsilon"]) == {"cf_gate_z": 2, "exploration": "epsilon"}
     for bad in (["cf_gate_z"], ["=2"], ["a=1", "a=2"]):
         with pytest.raises(ValidationError, match="--policy-option"):
             policy_options(bad)
+
+
+def test_relevance_feedback_runs_on_a_context_prepared_without_it() -> None:
+    # contexts prepared for another run carried no candidate embeddings: relevance feedback was silently off
+    data = generate_demo_corpus(n_devices=8, seed=3)
+    base = dict(policy="thompson", interactions=300, seeds=(0,), checkpoints=1, retrievers=("bm25", "dense"))
+    prep = prepare(data, SimulationConfig(**base))
+    assert all(ctx.candidate_embeddings is None for ctx in prep.contexts.values())
+    off = simulate(data, SimulationConfig(**base), prepared=prep)
+    on = simulate(data, SimulationConfig(**base, learner={"relevance_feedback_weight": 0.5}), prepared=prep)
+    assert all(ctx.candidate_embeddings is not None for ctx in prep.contexts.values())
+    assert on["config"]["learner"]["relevance_feedback_weight"] == 0.5
+    assert on["final"] != off["final"]
+    # a run that does not read them is the same with them there
+    assert simulate(data, SimulationConfig(**base), prepared=prep)["final"] == off["final"]
 
 
 def test_result_has_the_documented_shape(small_run) -> None:

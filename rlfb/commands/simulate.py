@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy-option", dest="policy_options", action="append", default=[], metavar="NAME=VALUE",
                    help="a hyperparameter of the policy, e.g. cf_min_questions=10 (the value read as JSON, else "
                         "as text); repeat for more")
+    p.add_argument("--learner-option", dest="learner_options", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting of the learner (rlfb.learner.LearnerConfig), e.g. relevance_feedback_weight=0.1 "
+                        "(the value read as JSON, else as text); repeat for more")
     p.add_argument("--max-heldout", type=int, default=None,
                    help="evaluate at most this many held-out queries (default: all)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
@@ -128,9 +131,9 @@ def check_outputs(args: argparse.Namespace) -> None:
             prepare_output_file(out)
 
 
-def policy_options(given: list[str]) -> dict[str, Any]:
-    """``--policy-option NAME=VALUE`` pairs as a dict; each value read as JSON (``10``, ``0.5``, ``true``, ``null``),
-    else taken as text.
+def policy_options(given: list[str], flag: str = "--policy-option") -> dict[str, Any]:
+    """``--policy-option NAME=VALUE`` pairs (or ``flag``'s) as a dict; each value read as JSON (``10``, ``0.5``,
+    ``true``, ``null``), else taken as text.
 
     >>> policy_options(["cf_min_questions=10", "exploration=epsilon"])
     {'cf_min_questions': 10, 'exploration': 'epsilon'}
@@ -139,9 +142,9 @@ def policy_options(given: list[str]) -> dict[str, Any]:
     for item in given:
         name, sep, text = item.partition("=")
         if not sep or not name.strip():
-            raise ValidationError(f"--policy-option takes NAME=VALUE, got {item!r}")
+            raise ValidationError(f"{flag} takes NAME=VALUE, got {item!r}")
         if name.strip() in out:
-            raise ValidationError(f"--policy-option {name.strip()} is given twice")
+            raise ValidationError(f"{flag} {name.strip()} is given twice")
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
@@ -163,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         reformulation_rate=args.reformulation_rate, mean_delay=args.mean_delay, late_rate=args.late_rate,
         late_delay=args.late_delay, spacing=args.spacing, split=args.split,
         policy_options=policy_options(args.policy_options),
+        learner=policy_options(args.learner_options, "--learner-option"),
     )
     data = load_dataset(args.dataset)
     if config.split in data.qrels:  # a missing split is named by the runner

@@ -47,6 +47,9 @@ class Context:
     offsets: np.ndarray | None = None
     ranks: np.ndarray | None = None  # 1-based rank of each candidate in each retriever's own ranking
     proposed: np.ndarray | None = None  # bool: the candidate was in that retriever's own top list
+    # (n_candidates, dim) normalised chunk embeddings, a zero row for a chunk without one: the learner scores
+    # candidates by their likeness to chunks clicked for the question before (rlfb.relevance_feedback)
+    candidate_embeddings: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,16 @@ class DenseRetriever(CorpusRetriever):
         """Normalised document embeddings, ``(len(self), dim)`` float32, aligned with :attr:`ids`."""
         return self._embeddings
 
+    def vectors(self, chunk_ids: Sequence[str]) -> np.ndarray:
+        """The normalised embeddings of ``chunk_ids``, ``(len(chunk_ids), dim)`` float32, a zero row for an id
+        that is not indexed."""
+        row = self._require_table().row
+        out = np.zeros((len(chunk_ids), self._embeddings.shape[1]), dtype=np.float32)
+        at = [i for i, c in enumerate(chunk_ids) if c in row]
+        if at:
+            out[at] = self._embeddings[[row[chunk_ids[i]] for i in at]]
+        return out
+
     def _caches(self) -> tuple[EmbeddingCache | None, EmbeddingCache | None]:
         if not self._caches_ready:
             self._doc_cache, self._query_cache = open_side_caches(self.cache_dir, self._model.key)

@@ -29,7 +29,7 @@ import numbers
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -161,6 +161,11 @@ class SimulationConfig:
                                   f"got {self.grid_step}")
         if not (isinstance(self.answer_k, int) and 1 <= self.answer_k <= self.k):
             raise ValidationError(f"answer_k must be an int in [1, k={self.k}], got {self.answer_k!r}")
+        if not isinstance(self.learner, Mapping):
+            raise ValidationError(f"learner must be a mapping, got {type(self.learner).__name__}")
+        from rlfb.learner import LearnerConfig
+
+        LearnerConfig.from_dict(dict(self.learner))  # a misspelt or bad setting fails here, before indexing
         if not isinstance(self.policy_options, Mapping):
             raise ValidationError(f"policy_options must be a mapping, got {type(self.policy_options).__name__}")
         if self.policy_options:
@@ -172,6 +177,13 @@ class SimulationConfig:
 
             # built once now, so that an option the policy does not take, or a bad value, fails before indexing
             make_policy(self.policy, [str(r) for r in self.retrievers], **dict(self.policy_options))
+
+    def learner_config(self) -> dict[str, Any] | None:
+        """The learner's settings as each seed's ensemble takes them (``None``: the defaults)."""
+        cfg = dict(self.learner)
+        if not self.memory:
+            cfg["memory_weight"] = 0.0
+        return cfg or None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -493,9 +505,8 @@ def run_seed(
         raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
     judges = {q: _Judge(prep.contexts[q], judgments[q], config.k) for q in set(stream) | set(heldout)}
 
-    learner_cfg = dict(config.learner)
-    if not config.memory:
-        learner_cfg["memory_weight"] = 0.0
+    learner_cfg = config.learner_config()
+    _add_candidate_vectors(prep, learner_cfg)
     store = FeedbackStore(":memory:")
     policy: Any = config.policy
     if config.policy_options:  # with the seed the learner gives a policy it builds by name
@@ -504,7 +515,7 @@ def run_seed(
         policy = make_policy(config.policy, list(prep.retrievers), seed=seed, **dict(config.policy_options))
     ens = FeedbackEnsemble(
         prep.retrievers, prep.chunks, fusion=config.fusion, policy=policy, store=store,
-        candidate_k=config.candidate_k, seed=seed, learner_config=learner_cfg or None,
+        candidate_k=config.candidate_k, seed=seed, learner_config=learner_cfg,
         persist_interval=math.inf,  # one writer: snapshot at the end, not after every feedback
     )
     user = SimulatedUser(
@@ -607,6 +618,23 @@ def run_seed(
         "store": stats,
         "seconds": learn_seconds,
     }
+
+
+def _add_candidate_vectors(prep: Prepared, learner_cfg: Mapping[str, Any] | None) -> None:
+    """Give the prepared contexts the candidates' embeddings where this learner's relevance feedback reads them
+    (once; a context without them would leave it silently off). Learners that do not read them ignore them."""
+    from rlfb.candidates import candidate_vectors
+    from rlfb.learner import LearnerConfig
+
+    cfg = LearnerConfig.from_dict(learner_cfg or {})
+    if cfg.relevance_feedback_weight <= 0 or cfg.memory_weight <= 0:
+        return
+    for q, ctx in prep.contexts.items():
+        if ctx.candidate_embeddings is None:
+            vectors = candidate_vectors(prep.retrievers, ctx.candidate_ids)
+            if vectors is None:  # no dense retriever: nothing to read
+                return
+            prep.contexts[q] = replace(ctx, candidate_embeddings=vectors)
 
 
 def _overlap(heldout: Sequence[str], stream: Sequence[str], judgments: Mapping[str, Mapping[str, int]],
