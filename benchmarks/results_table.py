@@ -38,11 +38,13 @@ BASELINES = ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_f
 
 def policy_key(result: dict) -> str:
     """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix; a run given
-    ``--policy-option`` or ``--learner-option`` values has them after it (``thompson cf_min_questions=10``), as its
-    table row does."""
+    ``--policy-option`` or ``--learner-option`` values has them after it (``thompson cf_min_questions=10``,
+    ``thompson learner.relevance_feedback_weight=0.1``), as its table row does."""
     config = result["config"]
     key = config["policy"] + ("" if config.get("memory", True) else "_nomem")
-    options = {**(config.get("policy_options") or {}), **(config.get("learner_overrides") or {})}
+    # the learner's settings named apart: thompson's epsilon is a policy option and a learner setting both
+    options = {**(config.get("policy_options") or {}),
+               **{f"learner.{k}": v for k, v in (config.get("learner_overrides") or {}).items()}}
     return key + "".join(f" {name}={json.dumps(value)}" for name, value in sorted(options.items()))
 
 

@@ -75,6 +75,21 @@ def test_a_chunk_like_the_clicked_one_rises_when_the_question_comes_again():
     assert _order(off, ctx) == ["other1", "other2", "clicked", "like_clicked"]
 
 
+def test_a_candidate_without_an_embedding_is_neither_lifted_nor_pushed_down():
+    # a chunk outside the index (a re-ranked node, a member's find) has a zero row: its similarity 0 was read as
+    # far below the others', and a copy of the clicked chunk's text ranked under chunks about something else
+    cfg = LearnerConfig(exploration="none", confidence_weight=0.0, discovery_rate=0.0, **ON)
+    vectors = VECTORS.copy()
+    vectors[1] = 0.0  # "like_clicked" given from outside the index
+    ctx = _context(vectors=vectors)
+    on = _after_a_click(cfg, ctx)
+    off = _after_a_click(dataclasses.replace(cfg, relevance_feedback_weight=0.0), ctx)
+    on_fused = on.rank(ctx, 4, explore=False).fused
+    off_fused = off.rank(ctx, 4, explore=False).fused
+    assert on_fused[1] == pytest.approx(off_fused[1])
+    assert on_fused[0] > off_fused[0] and on_fused[2] < off_fused[2]  # the others still move
+
+
 @pytest.mark.parametrize("vectors, message", [
     (np.ones((3, 3)), "one row for each of the 4 candidates"),
     (np.ones(4), "one row for each of the 4 candidates"),

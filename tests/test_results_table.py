@@ -65,12 +65,18 @@ def test_a_run_with_policy_options_is_a_system_of_its_own(tmp_path: Path, output
     write(tmp_path / "cisi_thompson_cf10.json", tuned, policy="thompson", dataset="cisi")
     rf = {**output, "config": {**output["config"], "learner_overrides": {"relevance_feedback_weight": 0.1}}}
     write(tmp_path / "cisi_thompson_rf.json", rf, policy="thompson", dataset="cisi")
+    # epsilon is thompson's option and a learner setting both: two runs, two rows
+    for name, where in (("pe", "policy_options"), ("le", "learner_overrides")):
+        run = {**output, "config": {**output["config"], where: {"epsilon": 0.2}}}
+        write(tmp_path / f"cisi_thompson_{name}.json", run, policy="thompson", dataset="cisi")
     (tmp_path / "broken.json").write_text(json.dumps({"final": {}, "baselines": {}, "config": []}))
     done = table(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "| cisi | **thompson** |" in done.stdout
     assert "| cisi | **thompson (cf_min_questions=10)** |" in done.stdout
-    assert "| cisi | **thompson (relevance_feedback_weight=0.1)** |" in done.stdout
+    assert "| cisi | **thompson (learner.relevance_feedback_weight=0.1)** |" in done.stdout
+    assert "| cisi | **thompson (epsilon=0.2)** |" in done.stdout
+    assert "| cisi | **thompson (learner.epsilon=0.2)** |" in done.stdout
     assert "skipped" in done.stderr and "broken.json: its config names no policy" in done.stderr
 
 

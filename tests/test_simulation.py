@@ -269,6 +269,13 @@ def test_policy_options_reach_the_policy_with_the_runs_seed() -> None:
         SimulationConfig(**base, learner={"relevance_feedback": 0.1})
     with pytest.raises(ValidationError, match="relevance_feedback_weight must be"):
         SimulationConfig(**base, learner={"relevance_feedback_weight": -1})
+    # settings the run would ignore, or that contradict its memory flag (its table row says memory on or off)
+    for memory, learner in ((False, {"memory_weight": 2.0}), (True, {"memory_weight": 0}),
+                            (False, {"relevance_feedback_weight": 0.1})):
+        with pytest.raises(ValidationError, match="--no-memory"):
+            SimulationConfig(**base, memory=memory, learner=learner)
+    assert SimulationConfig(**base, learner={"memory_weight": 2.0}).learner_config() == {"memory_weight": 2.0}
+    assert SimulationConfig(**base, memory=False).learner_config() == {"memory_weight": 0.0}
     assert policy_options(["cf_gate_z=2", "exploration=epsilon"]) == {"cf_gate_z": 2, "exploration": "epsilon"}
     for bad in (["cf_gate_z"], ["=2"], ["a=1", "a=2"]):
         with pytest.raises(ValidationError, match="--policy-option"):

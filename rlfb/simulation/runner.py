@@ -166,6 +166,12 @@ class SimulationConfig:
         from rlfb.learner import LearnerConfig
 
         LearnerConfig.from_dict(dict(self.learner))  # a misspelt or bad setting fails here, before indexing
+        # the memory is on or off by `memory` alone: a run labelled by one and run by the other misleads its table
+        if "memory_weight" in self.learner and (not self.memory or self.learner["memory_weight"] == 0):
+            raise ValidationError("the memory is turned off by --no-memory (memory=False), not by memory_weight; "
+                                  f"got memory={self.memory} and memory_weight={self.learner['memory_weight']!r}")
+        if not self.memory and self.learner.get("relevance_feedback_weight", 0) > 0:
+            raise ValidationError("relevance_feedback_weight reads the feedback memory, which --no-memory turns off")
         if not isinstance(self.policy_options, Mapping):
             raise ValidationError(f"policy_options must be a mapping, got {type(self.policy_options).__name__}")
         if self.policy_options:
