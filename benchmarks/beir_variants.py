@@ -22,7 +22,7 @@ Then, for each::
     python benchmarks/beir_variants.py --out /tmp/variants
     rlfb simulate --dataset /tmp/variants/cranfield_covid_like --policy thompson --seeds 5 \\
         --json /tmp/variants/results/cranfield_covid_like_thompson.json
-    python benchmarks/results_table.py /tmp/variants/results
+    python benchmarks/results_table.py --variants /tmp/variants/results
 
 (``--split dev`` for ``cisi_dev_split``). The README gives what they measured (Results, "Other shapes of
 collection"; the misses under "What is not there yet").

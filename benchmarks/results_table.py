@@ -6,7 +6,8 @@ reads every `rlfb simulate --json` output in RESULTS_DIR, named DATASET_POLICY.j
 name them: POLICY is the run's policy (thompson, gradient, batch, ...), with ``_nomem`` for a run with
 ``--no-memory``; a file named otherwise is of the collection its JSON names. A run given ``--policy-option``
 or ``--learner-option`` values is a system of its own, labelled with them. The README's collections come first
-(scifact, cranfield, cisi), then the others by name; within one, thompson, gradient, batch and thompson_nomem
+(scifact, cranfield, cisi), then ``beir_variants.py``'s variants in the order it builds them, then the others by
+name; within one, thompson, gradient, batch and thompson_nomem
 first, then the others by name. The baselines come from the first file of each collection. A second table
 splits the thompson runs' held-out figure between the held-out queries that share a relevant document with a
 stream query and those that share none. A folder without a simulate output is an error (exit status 1).
@@ -31,7 +32,10 @@ def fmt(entry: dict) -> str:
 
 
 # the README's order; other collections and policies follow by name
-COLLECTIONS = ("scifact", "cranfield", "cisi")
+# the variants in the order benchmarks/beir_variants.py builds them, as the README's "Other shapes" table lists them
+VARIANTS = ("cranfield_covid_like", "cisi_dev_split", "scifact_test_only", "cranfield_odd_ids", "cisi_long_queries",
+            "cranfield_nfcorpus_splits")
+COLLECTIONS = ("scifact", "cranfield", "cisi", *VARIANTS)
 POLICIES = ("thompson", "gradient", "batch", "thompson_nomem")
 BASELINES = ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_fixed", "per_query_oracle")
 
@@ -128,7 +132,7 @@ def main(folder: str, *, variants: bool = False) -> None:
             print(f"| {ds} | {name} | {fmt(b['heldout_ndcg@10'])} | {fmt(b['seen_ndcg@10'])} "
                   f"| {fmt(b.get('online_ndcg@10'))} |")
     print()
-    print("| collection | held-out queries | count | thompson | equal | rrf | tuned_fixed |")
+    print("| collection | held-out queries | count (mean) | thompson | equal | rrf | tuned fixed |")
     print("|---|---|---|---|---|---|---|")
     for ds, results in tables.items():
         if "thompson" not in results:

@@ -109,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{folder.name}: held-out nDCG@10 of the weights each source of judgments picks, "
           f"{args.interactions} interactions; mean (and against tuned) over seeds 0-{first - 1} | 0-{args.seeds - 1}")
     tuned = np.array(rows["tuned on full judgments"])
+    width = max(len(name) for name in rows)
     for name, vals in rows.items():
         v = np.array(vals)
-        print(f"  {name:<44} {v[:first].mean():.4f} ({v[:first].mean() - tuned[:first].mean():+.4f})"
+        print(f"  {name:<{width}} {v[:first].mean():.4f} ({v[:first].mean() - tuned[:first].mean():+.4f})"
               f" | {v.mean():.4f} ({v.mean() - tuned.mean():+.4f})")
     return 0
 

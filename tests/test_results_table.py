@@ -97,3 +97,29 @@ def test_the_variants_table_has_the_readmes_columns(tmp_path: Path, output: dict
         f"| {output['final']['seen_ndcg@10']['mean']:.3f} ({base['rrf']['seen_ndcg@10']['mean']:.3f}) "
         f"| {output['final']['online_ndcg@10']['mean']:.3f} ({base['rrf']['online_ndcg@10']['mean']:.3f}) |"
     ]
+
+
+def test_the_variants_are_tabled_in_the_order_they_are_built(tmp_path: Path, output: dict) -> None:
+    # they came out by name, where the README (and beir_variants.py) lists them in the order they are built
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("beir_variants", SCRIPT.parent / "beir_variants.py")
+    assert spec is not None and spec.loader is not None
+    variants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variants)
+    names = list(variants.VARIANTS)
+    for name in names:
+        write(tmp_path / f"{name}_thompson.json", output, policy="thompson")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--variants", str(tmp_path)], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert [line.split(" | ")[0][2:].split(" (")[0] for line in done.stdout.splitlines()[2:]] == names
+
+
+def test_the_held_out_split_table_has_the_readmes_header(tmp_path: Path, output: dict) -> None:
+    write(tmp_path / "cisi_thompson.json", output, policy="thompson")
+    done = table(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "| collection | held-out queries | count (mean) | thompson | equal | rrf | tuned fixed |" in done.stdout
+    readme = (SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "| collection | held-out queries | count (mean) | thompson | equal | rrf | tuned fixed |" in readme
