@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -157,4 +158,8 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if not Path(args.folder).is_dir():
         parser.error(f"no such folder: {args.folder}")
-    main(args.folder, variants=args.variants)
+    try:
+        main(args.folder, variants=args.variants)
+    except BrokenPipeError:  # read with `| head`: the reader has what it wanted; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -123,3 +123,17 @@ def test_the_held_out_split_table_has_the_readmes_header(tmp_path: Path, output:
     assert "| collection | held-out queries | count (mean) | thompson | equal | rrf | tuned fixed |" in done.stdout
     readme = (SCRIPT.parents[1] / "README.md").read_text(encoding="utf-8")
     assert "| collection | held-out queries | count (mean) | thompson | equal | rrf | tuned fixed |" in readme
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path, output: dict) -> None:
+    # `results_table.py DIR | head -2` ended in a BrokenPipeError traceback
+    for name in ("scifact", "cranfield", "cisi"):
+        write(tmp_path / f"{name}_thompson.json", output, policy="thompson", dataset=name)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader is gone before the rest is written
+    err = proc.stderr.read()
+    proc.wait()
+    assert "Traceback" not in err, err
