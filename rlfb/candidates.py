@@ -19,7 +19,7 @@ from rlfb.errors import ValidationError
 from rlfb.fusion import normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context
-from rlfb.retrievers.base import ChunkTable, Retriever, top_k
+from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever, top_k
 from rlfb.types import Chunk, Hit, copy_metadata
 
 Pool = tuple[list[str], np.ndarray, np.ndarray, np.ndarray]  # ids, raw, ranks, proposed: one row a candidate
@@ -172,8 +172,7 @@ def candidate_vectors(
 ) -> np.ndarray | None:
     """The dense retriever's embeddings of the candidates ``ids`` (``None`` without one); a zero row for a chunk
     outside its index, and for one given with a text other than the indexed one (``edited``)."""
-    dense = next((r for r in retrievers.values() if getattr(r, "name", None) == "dense"), None)
-    vectors = getattr(dense, "vectors", None)
+    vectors = getattr(dense_retriever(retrievers), "vectors", None)
     if vectors is None:
         return None
     out = vectors(list(ids))

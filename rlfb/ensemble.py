@@ -65,7 +65,7 @@ from rlfb.feedback_learning import (
 from rlfb.fusion import check_fusion, rank_matrix
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
-from rlfb.retrievers.base import ChunkTable, Retriever
+from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever
 from rlfb.runs import in_callers_block, remember_maker, store_lock
 from rlfb.snapshot_sync import (
     _UNKNOWN,
@@ -406,10 +406,7 @@ class FeedbackEnsemble:
     ) -> np.ndarray | None:
         """The candidates' dense embeddings where the learner's relevance feedback reads them, else ``None``
         (a gather of 100 x 384 floats a question, and 150 kB a kept context, for nothing)."""
-        cfg = self.learner.config
-        if cfg.relevance_feedback_weight <= 0 or cfg.memory_weight <= 0:
-            return None
-        return candidate_vectors(retrievers, ids, edited)
+        return candidate_vectors(retrievers, ids, edited) if self.learner.config.reads_candidate_embeddings else None
 
     def _make_context(
         self, query: str, ids: Sequence[str], raw: np.ndarray, ranks: np.ndarray, session_id: str | None,
@@ -612,7 +609,7 @@ class FeedbackEnsemble:
 
     def _dense_retriever(self) -> Retriever | None:
         """The corpus retriever named ``dense`` (whose query embeddings the memory keeps), or ``None``."""
-        return next((r for r in self._retrievers.values() if getattr(r, "name", None) == "dense"), None)
+        return dense_retriever(self._retrievers)
 
     def _query_embedding(self, query: str) -> np.ndarray | None:
         encode = self._dense_encoder()

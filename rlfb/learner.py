@@ -275,6 +275,12 @@ class LearnerConfig:
             ),
         }
 
+    @property
+    def reads_candidate_embeddings(self) -> bool:
+        """Whether ranking reads the candidates' embeddings: relevance feedback is on (the memory off turns it
+        off too). An ensemble gathers them only then."""
+        return self.relevance_feedback_weight > 0 and self.memory_weight > 0
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -454,7 +460,7 @@ class Learner:
             mem = np.zeros(len(ids))
         scale = score_scale(N)
         offsets = scale * (cfg.confidence_weight * conf_feat + cfg.memory_weight * mem)
-        if cfg.relevance_feedback_weight > 0 and cfg.memory_weight > 0:  # the memory off turns it off too
+        if cfg.reads_candidate_embeddings:
             vectors = _candidate_embeddings(context, len(ids))
             if vectors is not None:
                 rf = self._memory.relevance_feedback(context.query, ids, vectors)

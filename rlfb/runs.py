@@ -416,6 +416,7 @@ def default_implicit(ensemble: Any = None) -> Any:
     embedding similarity; otherwise by word overlap.
     """
     from rlfb.implicit import ImplicitSignals
+    from rlfb.retrievers.base import dense_retriever
 
     encode = None
     if ensemble is not None:
@@ -423,8 +424,7 @@ def default_implicit(ensemble: Any = None) -> Any:
         if callable(pick):
             encode = pick()
         else:  # the ensemble's rule: the dense retriever, never SPLADE (its sparse vectors have no cosine)
-            dense = next((r for r in ensemble.retrievers.values() if getattr(r, "name", None) == "dense"), None)
-            encode = getattr(dense, "encode_queries", None)
+            encode = getattr(dense_retriever(ensemble.retrievers), "encode_queries", None)
     return ImplicitSignals(encode=encode)
 
 

@@ -31,6 +31,7 @@ from rlfb.types import Chunk, make_chunks, validate_k
 
 __all__ = [
     "Retriever",
+    "dense_retriever",
     "ChunkTable",
     "CorpusRetriever",
     "top_k",
@@ -98,6 +99,12 @@ class Retriever(Protocol):
     def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray: ...
 
     def save(self, path: str | Path) -> None: ...
+
+
+def dense_retriever(retrievers: Mapping[str, Any]) -> Any | None:
+    """The retriever named ``dense`` among ``retrievers`` (whose normalised embeddings the feedback memory, the
+    reformulation check and relevance feedback compare by cosine; SPLADE's sparse vectors are not), or ``None``."""
+    return next((r for r in retrievers.values() if getattr(r, "name", None) == "dense"), None)
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

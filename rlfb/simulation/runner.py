@@ -512,7 +512,6 @@ def run_seed(
     judges = {q: _Judge(prep.contexts[q], judgments[q], config.k) for q in set(stream) | set(heldout)}
 
     learner_cfg = config.learner_config()
-    _add_candidate_vectors(prep, learner_cfg)
     store = FeedbackStore(":memory:")
     policy: Any = config.policy
     if config.policy_options:  # with the seed the learner gives a policy it builds by name
@@ -524,6 +523,7 @@ def run_seed(
         candidate_k=config.candidate_k, seed=seed, learner_config=learner_cfg,
         persist_interval=math.inf,  # one writer: snapshot at the end, not after every feedback
     )
+    _add_candidate_vectors(prep, ens.learner.config)
     user = SimulatedUser(
         config.user, explicit_rate=config.explicit_rate, noise=config.noise,
         reformulation_rate=config.reformulation_rate, answer_k=config.answer_k, depth=config.k,
@@ -626,14 +626,12 @@ def run_seed(
     }
 
 
-def _add_candidate_vectors(prep: Prepared, learner_cfg: Mapping[str, Any] | None) -> None:
+def _add_candidate_vectors(prep: Prepared, learner_config: Any) -> None:
     """Give the prepared contexts the candidates' embeddings where this learner's relevance feedback reads them
     (once; a context without them would leave it silently off). Learners that do not read them ignore them."""
     from rlfb.candidates import candidate_vectors
-    from rlfb.learner import LearnerConfig
 
-    cfg = LearnerConfig.from_dict(learner_cfg or {})
-    if cfg.relevance_feedback_weight <= 0 or cfg.memory_weight <= 0:
+    if not learner_config.reads_candidate_embeddings:
         return
     for q, ctx in prep.contexts.items():
         if ctx.candidate_embeddings is None:
