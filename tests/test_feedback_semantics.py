@@ -143,6 +143,31 @@ def test_episode_prior_is_what_earlier_feedback_gave_each_chunk_unclipped(store:
     assert store.chunk_reward_sums(result.event_id) == pytest.approx({second: 1.4})
 
 
+def test_the_same_feedback_repeated_on_one_retrieval_is_stored_each_time_and_learned_once(
+    store: FeedbackStore,
+) -> None:
+    # a double click, or a client's retry without an idempotency key: learned again and again, one click
+    # lifted its chunk as far as any number of users clicking it would
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=store, policy="thompson")
+    result = ens.retrieve("aurora", 3, explore=False, timestamp=T0)
+    last = result.hits[-1].chunk_id
+    ens.feedback(result.event_id, "click", chunk_id=last, timestamp=T0)
+    learned, state = ens.learner.n_learned, _state(ens)
+    for _ in range(5):
+        record = ens.feedback(result.event_id, "click", chunk_id=last, timestamp=T0 + 1)
+        assert not record.duplicate  # no idempotency key: stored as given, nothing is lost
+    assert ens.learner.n_learned == learned and _state(ens) == state
+    assert len(store.feedback(result.event_id)) == 6
+    assert ens.learner.memory.known("aurora")[last] == pytest.approx(0.4)
+    # other feedback on the same retrieval is learned: another chunk, another signal, another user
+    ens.feedback(result.event_id, "click", chunk_id=result.hits[0].chunk_id, timestamp=T0 + 2)
+    ens.feedback(result.event_id, "thumbs_up", timestamp=T0 + 2)
+    ens.feedback(result.event_id, "thumbs_up", timestamp=T0 + 2, user_id="someone else")
+    assert ens.learner.n_learned == learned + 3
+    ens.feedback(result.event_id, "thumbs_up", timestamp=T0 + 3)  # the first user's thumb again
+    assert ens.learner.n_learned == learned + 3
+
+
 # ---------------------------------------------------------------- idempotency keys
 @pytest.mark.parametrize(
     ("first", "second"),
