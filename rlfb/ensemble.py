@@ -151,14 +151,10 @@ class FeedbackEnsemble:
         self._scored_on: weakref.WeakKeyDictionary[Context, ChunkTable] = weakref.WeakKeyDictionary()
         # chunks given to rerank under an indexed id with another text (edited since): their hits carry them
         self._given_on: weakref.WeakKeyDictionary[Context, dict[str, Chunk]] = weakref.WeakKeyDictionary()
-        self.fusion = check_fusion(fusion)
-        self.candidate_k = validate_k(candidate_k, "candidate_k")
-        if isinstance(rrf_c, bool) or not isinstance(rrf_c, (int, float)) or not 0 < rrf_c < math.inf:
-            raise ValidationError(f"rrf_c must be a positive finite number, got {rrf_c!r}")
-        self.rrf_c = float(rrf_c)
+        self.fusion, self.candidate_k, self.rrf_c, self.refresh_interval, self.persist_interval = _scalar_settings(
+            fusion, candidate_k, rrf_c, refresh_interval, persist_interval
+        )
         self.seed = seed
-        self.refresh_interval = validate_seconds(refresh_interval, "refresh_interval")
-        self.persist_interval = validate_seconds(persist_interval, "persist_interval")
         # never written nor read yet: the first of each is due at once. 0.0 read as "at the clock's start", and
         # time.monotonic() counts from boot, so within persist_interval of a boot nothing was written at all
         self._last_persist = -math.inf
@@ -174,7 +170,7 @@ class FeedbackEnsemble:
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
-        self._store = _open_store(store)
+        self._store = open_store(store)
         self._state_version = 0  # the newest snapshot read or written
         self._own_version = 0  # the newest snapshot of this ensemble's own state read or written
         self._last_refresh = -math.inf
@@ -819,7 +815,49 @@ def check_options(kwargs: Mapping[str, Any], cls: type | None = None) -> None:
                               f"its options are {known}")
 
 
-def _open_store(store: Any) -> Any:
+def _scalar_settings(
+    fusion: str, candidate_k: int, rrf_c: float, refresh_interval: float, persist_interval: float
+) -> tuple[str, int, float, float, float]:
+    """The ensemble's plain settings, checked."""
+    fusion, candidate_k = check_fusion(fusion), validate_k(candidate_k, "candidate_k")
+    if isinstance(rrf_c, bool) or not isinstance(rrf_c, (int, float)) or not 0 < rrf_c < math.inf:
+        raise ValidationError(f"rrf_c must be a positive finite number, got {rrf_c!r}")
+    return (fusion, candidate_k, float(rrf_c), validate_seconds(refresh_interval, "refresh_interval"),
+            validate_seconds(persist_interval, "persist_interval"))
+
+
+def check_settings(retrievers: Sequence[str | Retriever], **options: Any) -> None:
+    """Refuse now what :meth:`FeedbackEnsemble.from_chunks` would refuse of ``retrievers`` and ``options`` (its
+    keyword arguments) once the corpus is there: for an adapter that builds the ensemble at its first query,
+    a misspelt policy or a NaN weight is an error at construction, not inside a live query engine.
+
+    >>> check_settings(["bm25"], policy="thompsen")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: unknown policy 'thompsen'; ...
+    """
+    from rlfb.corpus_index import check_retriever_options
+    from rlfb.learner import Learner
+    from rlfb.retrievers import check_retriever_names
+
+    check_options({k: v for k, v in options.items() if k not in ("retriever_options", "show_progress")})
+    specs = [retrievers] if isinstance(retrievers, str) else list(retrievers)
+    check_retriever_names([s for s in specs if isinstance(s, str)])
+    check_retriever_options(specs, options.get("retriever_options") or {})
+    defaults = {n: p.default for n, p in inspect.signature(FeedbackEnsemble.__init__).parameters.items()}
+    _scalar_settings(*(options.get(n, defaults[n])
+                       for n in ("fusion", "candidate_k", "rrf_c", "refresh_interval", "persist_interval")))
+    policy = options.get("policy", defaults["policy"])
+    if isinstance(policy, str):  # a policy instance is checked when the ensemble is built: weights would set it
+        names = [s if isinstance(s, str) else getattr(s, "name", s) for s in specs]
+        names += [getattr(m, "name", m) for m in options.get("members") or ()]
+        Learner(names, policy=policy, weights=options.get("weights"), config=options.get("learner_config"),
+                seed=options.get("seed", defaults["seed"]))
+
+
+def open_store(store: Any) -> Any:
+    """``store`` as an ensemble keeps it: a path opened as a :class:`~rlfb.store.FeedbackStore`, a store as it
+    is, ``None`` for none; anything else is a :class:`ValidationError`."""
     if store is None:
         return None
     if isinstance(store, (str, os.PathLike)):

@@ -105,6 +105,35 @@ def test_damaged_saves_are_named_errors(tmp_path) -> None:
     FeedbackEnsemble.load(root)  # intact again
 
 
+@pytest.mark.parametrize(
+    ("store", "words"),
+    [("missing/fb.db", "does not exist"), (".", "is a directory"), (123, "store must be a FeedbackStore")],
+)
+def test_a_bad_store_argument_to_load_is_the_callers_error_not_damage_to_the_save(tmp_path, store, words) -> None:
+    # a CorruptStateError naming ensemble.json would send a user to delete a good save
+    FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",)).save(tmp_path / "idx")
+    arg = str(tmp_path / store) if isinstance(store, str) else store
+    with pytest.raises(ValidationError, match=words) as caught:
+        FeedbackEnsemble.load(tmp_path / "idx", store=arg)
+    assert not isinstance(caught.value, CorruptStateError) and "ensemble.json" not in str(caught.value)
+    with FeedbackEnsemble.load(tmp_path / "idx", store=str(tmp_path / "fb.db")) as ens:  # the save is intact
+        assert len(ens) == len(TEXTS)
+
+
+def test_a_load_that_fails_closes_the_store_it_opened(tmp_path, monkeypatch) -> None:
+    FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",)).save(tmp_path / "idx")
+    (tmp_path / "idx" / "learner.json").write_text("{")
+    closed = []
+    monkeypatch.setattr(FeedbackStore, "close", lambda self: closed.append(self.path))
+    with pytest.raises(CorruptStateError):
+        FeedbackEnsemble.load(tmp_path / "idx", store=str(tmp_path / "fb.db"))
+    assert closed == [str(tmp_path / "fb.db")]
+    given = FeedbackStore(tmp_path / "given.db")
+    with pytest.raises(CorruptStateError):
+        FeedbackEnsemble.load(tmp_path / "idx", store=given)
+    assert closed == [str(tmp_path / "fb.db")]  # a store the caller opened stays the caller's to close
+
+
 @pytest.mark.parametrize(("persist", "refresh"), [(1.0, 30.0), (math.inf, math.inf), (0.0, 0.0)])
 def test_load_brings_back_the_saved_intervals(tmp_path, persist, refresh) -> None:
     # they came back at the defaults (0.0 and 5.0): ensemble.json left them out
