@@ -28,6 +28,7 @@ __all__ = [
     "DuplicateEventError",
     "IdempotencyConflictError",
     "ReadOnlyStoreError",
+    "ReadOnlyFolderError",
     "StoreBusyError",
     "NotCopyableError",
 ]
@@ -105,6 +106,11 @@ class IdempotencyConflictError(ValidationError):
 
 class ReadOnlyStoreError(RlfbError, PermissionError):
     """A feedback store's file (or, in WAL mode, its folder) cannot be written: nothing was recorded."""
+
+
+class ReadOnlyFolderError(RlfbError, PermissionError):
+    """The folder a save goes into cannot be written (no permission, a read-only mount): nothing was saved,
+    and an earlier save there is as it was."""
 
 
 class StoreBusyError(RlfbError, sqlite3.OperationalError):

@@ -14,6 +14,7 @@ kernel lets a lock go with its process, in any PID namespace), and one without s
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -27,7 +28,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rlfb.errors import CorruptStateError, RlfbError, ValidationError
+from rlfb.errors import CorruptStateError, ReadOnlyFolderError, RlfbError, ValidationError
 
 __all__ = ["saving_into", "reads_whole", "read_whole"]
 
@@ -68,8 +69,15 @@ def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) ->
     tag = f"{_host()}~{os.getpid()}~{uuid.uuid4().hex[:12]}"
     tmp = root.with_name(f".{root.name}.saving-{tag}")
     old = root.with_name(f".{root.name}.old-{tag}")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    lock = _hold(root.with_name(f".{root.name}.lock-{tag}"))  # this save is alive while it is held
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        lock = _hold(root.with_name(f".{root.name}.lock-{tag}"))  # this save is alive while it is held
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # not a lock file's name: the folder's
+            raise ReadOnlyFolderError(
+                f"cannot save to {root}: {root.parent} cannot be written ({exc.strerror})"
+            ) from exc
+        raise
     try:
         tmp.mkdir()
         yield tmp

@@ -509,6 +509,44 @@ def test_a_read_only_file_is_named_at_open(tmp_path: Path) -> None:
     assert out.stdout.startswith("ReadOnlyStoreError") and "is read-only" in out.stdout, out.stdout
 
 
+def test_a_writable_file_in_a_folder_that_cannot_be_written_is_read_only_and_a_save_there_is_named(
+    tmp_path: Path,
+) -> None:
+    # WAL's side files cannot be made beside the file: SQLite says "unable to open database file", which
+    # was reported as damage to a good file; a save into the folder failed on an internal lock file's name
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    FeedbackStore(folder / "fb.db").close()
+    folder.chmod(0o555)
+    code = (
+        "import sys\n"
+        "from rlfb import FeedbackEnsemble\n"
+        "from rlfb.errors import ReadOnlyFolderError, ReadOnlyStoreError\n"
+        "from rlfb.store import FeedbackStore\n"
+        "try:\n"
+        "    FeedbackStore(sys.argv[1] + '/fb.db')\n"
+        "except ReadOnlyStoreError as exc:\n"
+        "    print('ReadOnlyStoreError', exc)\n"
+        "ens = FeedbackEnsemble.from_texts(['tides moon', 'aurora sun'], retrievers=('bm25',))\n"
+        "try:\n"
+        "    ens.save(sys.argv[1] + '/model')\n"
+        "except ReadOnlyFolderError as exc:\n"
+        "    print('ReadOnlyFolderError', exc)\n"
+    )
+    try:
+        out = subprocess.run([*_as_unprivileged(), sys.executable, "-c", code, str(folder)],
+                             capture_output=True, text=True, check=False)
+    finally:
+        folder.chmod(0o755)
+    assert out.returncode == 0, out.stderr
+    store_line, save_line = out.stdout.splitlines()
+    assert store_line.startswith("ReadOnlyStoreError") and "is read-only" in store_line, out.stdout
+    assert save_line.startswith("ReadOnlyFolderError") and f"cannot save to {folder / 'model'}" in save_line
+    assert ".lock-" not in save_line
+    with FeedbackStore(folder / "fb.db") as store:
+        assert store.integrity_check() == "ok"
+
+
 @pytest.mark.parametrize("page", [0, -1, 2.5, "x", None, True])
 def test_export_rows_refuses_a_bad_page_at_the_call(page: Any) -> None:
     with FeedbackStore() as store, pytest.raises(ValidationError, match="page must be an int"):

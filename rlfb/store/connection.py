@@ -8,6 +8,7 @@ blocks. See :mod:`rlfb.store` for the concurrency and durability they give.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -15,6 +16,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from sqlite_utils import Database
 
@@ -114,11 +116,20 @@ def opening_error(exc: sqlite3.DatabaseError, path: str, busy_timeout: float) ->
     """What opening a file raises for an error of SQLite's: busy, read-only, else damage."""
     if _locked(exc):  # another connection holds the file: not damage (a migration waits for the lock)
         return busy_error(path, busy_timeout, exc)
-    if _read_only(exc):
+    if _read_only(exc) or _folder_read_only(exc, path):
         return ReadOnlyStoreError(
             f"{path} is read-only: rlfb writes to its feedback store (in WAL mode, also beside it): {exc}"
         )
     return CorruptStateError(f"cannot open {path} as a feedback store: {exc}")
+
+
+def _folder_read_only(exc: sqlite3.DatabaseError, path: str) -> bool:
+    """SQLITE_CANTOPEN on a file that is there, in a folder that cannot be written: WAL's side files cannot be
+    made beside it (a read-only mount, an immutable folder), which says nothing of damage to the file."""
+    if not (isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc)):
+        return False
+    file = Path(path)
+    return file.is_file() and not os.access(file.parent, os.W_OK)
 
 
 def integrity_check(tx: Transactions) -> str:
