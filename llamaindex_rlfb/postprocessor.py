@@ -76,9 +76,8 @@ from llamaindex_rlfb._nodes import corpus_nodes, event_id_of, hit_to_node, nodes
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
-from rlfb.corpus_index import check_retriever_options
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
-from rlfb.ensemble import FeedbackEnsemble
+from rlfb.ensemble import FeedbackEnsemble, check_settings
 from rlfb.errors import CorruptStateError, UnknownChunkError, ValidationError
 from rlfb.types import Chunk
 
@@ -246,8 +245,9 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         policy = _DEFAULT_POLICY if policy is None else policy
         if isinstance(retrievers, str):
             retrievers = (retrievers,)
-        # before the store is opened: a refusal left it open until garbage collection
-        check_retriever_options(retrievers, ensemble_kwargs.get("retriever_options") or {})
+        # before the store is opened (a refusal left it open until garbage collection), and before the first
+        # query where the nodes come with the queries: a bad setting fails here, not in a live query engine
+        check_settings(retrievers, policy=policy, **ensemble_kwargs)
         store = _open_store(store, store_path)
         names = [r for r in retrievers if isinstance(r, str)]
         lost = []  # what a dump cannot carry

@@ -216,6 +216,36 @@ def test_an_unknown_ensemble_option_fails_at_construction(nodes: list[TextNode])
         FeedbackFusionPostprocessor.from_dict({"retrievers": ["bm25"], "options": {"rrf": 60}})
 
 
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"policy": "thompsen"}, "unknown policy"),
+        ({"fusion": "max"}, "unknown fusion"),
+        ({"candidate_k": 0}, "candidate_k"),
+        ({"weights": {"bm25": float("nan")}}, "finite"),
+        ({"retrievers": ("bm26",)}, "unknown retriever"),
+        ({"seed": "x"}, "seed"),
+        ({"refresh_interval": -1}, "refresh_interval"),
+        ({"learner_config": {"memory_weight": -1}}, "memory_weight"),
+    ],
+)
+def test_a_bad_setting_value_fails_at_construction_not_at_the_first_query(
+    options: dict[str, Any], words: str, nodes: list[TextNode]
+) -> None:
+    # self-indexing builds the ensemble at the first query: only option names were checked before it, so a
+    # misspelt policy surfaced inside a live query engine, and to_dict() passed it on
+    kwargs = {"retrievers": ("bm25",), **options}
+    with pytest.raises(ValidationError, match=words):
+        FeedbackFusionPostprocessor(**kwargs)
+    top = {k: list(v) if isinstance(v, tuple) else v for k, v in options.items() if k in ("retrievers", "policy")}
+    dumped = {"retrievers": ["bm25"], **top, "options": {k: v for k, v in options.items() if k not in top}}
+    with pytest.raises(ValidationError, match=words):
+        FeedbackFusionPostprocessor.from_dict(dumped)
+    good = FeedbackFusionPostprocessor(retrievers=("bm25",), policy="thompson", seed=3)  # what it refused before
+    given = [NodeWithScore(node=n, score=0.5) for n in nodes]
+    assert len(good.postprocess_nodes(given, query_str="aurora")) == 3
+
+
 def test_unpickling_rebuilds_or_asks_for_what_the_pickle_lacks(tmp_path: Any, nodes: list[TextNode]) -> None:
     import logging
     import pickle
