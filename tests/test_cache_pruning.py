@@ -132,6 +132,27 @@ def test_prune_keeps_the_most_recently_used_within_the_size(tmp_path: Path) -> N
     assert calls == [["x"]] and out[0].tolist() == [1.0, 1.0]
 
 
+def test_prune_gives_back_pages_freed_earlier_even_when_it_removes_nothing(tmp_path: Path) -> None:
+    # RLFB_CACHE_MAX_MB's trimming (or a prune with vacuum=False) frees pages for reuse; a later prune with
+    # nothing to remove must still give them back, as the README says it does
+    cache = EmbeddingCache(tmp_path, "m")
+    cache.put_many({f"d{i}": np.zeros(4096) for i in range(50)})  # about 32 kB each
+    assert prune_cache(tmp_path, max_mb=0.1, vacuum=False)["removed"] > 40
+
+    def free_pages() -> int:
+        conn = sqlite3.connect(_file(tmp_path))
+        try:
+            return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        finally:
+            conn.close()
+
+    assert free_pages() > 0
+    report = prune_cache(tmp_path, max_mb=1000)
+    assert report["removed"] == 0 and free_pages() == 0
+    assert report["file_bytes_after"] < report["file_bytes_before"]
+    assert prune_cache(tmp_path, max_mb=1000)["file_bytes_after"] == report["file_bytes_after"]  # nothing more
+
+
 def test_prune_by_age_and_bad_settings(tmp_path: Path) -> None:
     cache = EmbeddingCache(tmp_path, "m")
     cache.put_many({"old": np.zeros(2), "new": np.zeros(2)})

@@ -642,7 +642,8 @@ def prune_cache(
         except BaseException:
             _rollback(conn)
             raise
-        if vacuum and removed:
+        # also when this prune removed nothing: pages freed by RLFB_CACHE_MAX_MB's trimming are given back here
+        if vacuum and (removed or conn.execute("PRAGMA freelist_count").fetchone()[0]):
             conn.execute("VACUUM")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         bytes_after = _entry_bytes(conn)
