@@ -88,29 +88,35 @@ def load_ensemble(
             raise ValidationError(f"retriever_options[{name!r}] must be a mapping of load() arguments by name")
     from rlfb.ensemble import open_store
 
-    # opened first: a store that cannot be opened (a missing folder, a directory, not a store) is the
-    # caller's argument at fault, which the refusal below would have blamed on the saved folder
+    # one save read from start to end: again if another process's save is swapped in meanwhile
+    config, state, learner, saved_count, table, retrievers = read_whole(
+        root, lambda: _read_folder(root, options_of, kwargs), marker=_CONFIG_FILE
+    )
+    # opened once the save is read (a mistyped folder leaves no new store file behind) and before the ensemble
+    # is built: a store that cannot be opened (a missing folder, a directory, not a store) is the caller's
+    # argument at fault, which the refusal below would have blamed on the saved folder
     opened = open_store(store)
     try:
-        return _load_into(cls, root, opened, options_of, kwargs)
+        return _built(cls, root, opened, config, state, learner, saved_count, table, retrievers, kwargs)
     except BaseException:
         if opened is not store:  # opened here from a path: nobody else will close it
             opened.close()
         raise
 
 
-def _load_into(
+def _built(
     cls: type[FeedbackEnsemble],
     root: Path,
     store: Any,
-    options_of: Mapping[str, Mapping[str, Any]],
+    config: Mapping[str, Any],
+    state: Any,
+    learner: Any,
+    saved_count: int,
+    table: ChunkTable,
+    retrievers: Mapping[str, Any],
     kwargs: Mapping[str, Any],
 ) -> FeedbackEnsemble:
-    """The ensemble saved in ``root``, on the opened ``store``."""
-    # one save read from start to end: again if another process's save is swapped in meanwhile
-    config, state, learner, saved_count, table, retrievers = read_whole(
-        root, lambda: _read_folder(root, options_of, kwargs), marker=_CONFIG_FILE
-    )
+    """The ensemble a save read whole holds, on the opened ``store``."""
     options = {
         "fusion": config.get("fusion", "minmax"),
         "candidate_k": config.get("candidate_k", 100),

@@ -184,18 +184,24 @@ def _learn_keeping(ens: FeedbackEnsemble, record: Any, *, undo: bool = False) ->
 
 def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | None = None, *,
                  undo: bool = False) -> None:
-    """Learn from a stored feedback record, unless it is a retry, out of window, or on another's retrieval.
+    """Learn from a stored feedback record, unless it is a retry, out of window, on another's retrieval, or
+    a repeat of the latest feedback of its session and user on the same chunk (:meth:`FeedbackStore.repeats_latest
+    <rlfb.store.FeedbackStore.repeats_latest>`).
 
     ``undo``: the record was written inside a caller's ``store.exclusive()`` block, which may still roll
     it back; the learning is then taken back with it (:func:`rlfb.snapshot_sync.undo_on_rollback`).
     """
-    if record.duplicate or not record.in_window or repeats_earlier(ens._require_store(), record):
+    if record.duplicate or not record.in_window:
         return
     with ens._guarded():
         try:
             event = ens._require_store().event(record.event_id) if event is None else event
             if event is None or not owns_event(ens, event):
                 return  # another engine's decision (log_external): its propensities are not ours to learn from
+            if ens._require_store().repeats_latest(record):
+                # a double click, a retry without an idempotency key: stored as given, learned once. Learned
+                # again and again, one repeated request would lift a chunk past anything a user said
+                return
             episode = ens.episode(record.event_id, record, event=event)
         except RlfbError:
             raise
@@ -214,23 +220,6 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
             ens._refresh(force=True)
             ens._learner.learn(episode)
             ens._learned(episode)
-
-
-# what makes two pieces of feedback on one retrieval the same: a double click, a client's retry without an
-# idempotency key, a thumbs up sent twice
-_SAME = ("chunk_id", "signal", "raw_value", "value", "session_id", "user_id")
-
-
-def repeats_earlier(store: Any, record: Any) -> bool:
-    """Whether an earlier in-window feedback on ``record``'s retrieval says the same (signal, chunk, value, session
-    and user). Such a repeat is stored, as given, but not learned again: learned again and again, one double
-    click or retried request would lift a chunk past anything a user said, and a click model counts repeated
-    clicks on one result of one page once."""
-    rows = store.feedback(record.event_id)
-    mine = next((r for r in rows if r["id"] == record.feedback_id), None)
-    if mine is None:  # not this store's row (a record of another store): nothing to compare with
-        return False
-    return any(r["id"] < mine["id"] and r["in_window"] and all(r[k] == mine[k] for k in _SAME) for r in rows)
 
 
 def rebuild_episode(

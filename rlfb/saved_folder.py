@@ -73,10 +73,13 @@ def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) ->
         root.parent.mkdir(parents=True, exist_ok=True)
         lock = _hold(root.with_name(f".{root.name}.lock-{tag}"))  # this save is alive while it is held
     except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # not a lock file's name: the folder's
-            raise ReadOnlyFolderError(
-                f"cannot save to {root}: {root.parent} cannot be written ({exc.strerror})"
-            ) from exc
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            # the folder that could not take a new entry (the lock file's, or one mkdir could not make there),
+            # not the lock file's internal name
+            folder = Path(exc.filename).parent if exc.filename else root.parent
+            error = ReadOnlyFolderError(f"cannot save to {root}: {folder} cannot be written ({exc.strerror})")
+            error.errno = exc.errno
+            raise error from exc
         raise
     try:
         tmp.mkdir()

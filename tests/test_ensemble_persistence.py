@@ -120,12 +120,16 @@ def test_a_bad_store_argument_to_load_is_the_callers_error_not_damage_to_the_sav
         assert len(ens) == len(TEXTS)
 
 
-def test_a_load_that_fails_closes_the_store_it_opened(tmp_path, monkeypatch) -> None:
+def test_a_load_that_fails_leaves_no_store_file_and_closes_a_store_it_opened(tmp_path, monkeypatch) -> None:
     FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",)).save(tmp_path / "idx")
-    (tmp_path / "idx" / "learner.json").write_text("{")
+    with pytest.raises(CorruptStateError):  # a mistyped folder: the store is not made before the save is read
+        FeedbackEnsemble.load(tmp_path / "idxx", store=str(tmp_path / "fb.db"))
+    assert not (tmp_path / "fb.db").exists()
+    config = json.loads((tmp_path / "idx" / "ensemble.json").read_text())
+    (tmp_path / "idx" / "ensemble.json").write_text(json.dumps({**config, "fusion": "max"}))  # found when built
     closed = []
     monkeypatch.setattr(FeedbackStore, "close", lambda self: closed.append(self.path))
-    with pytest.raises(CorruptStateError):
+    with pytest.raises(CorruptStateError, match="fusion"):
         FeedbackEnsemble.load(tmp_path / "idx", store=str(tmp_path / "fb.db"))
     assert closed == [str(tmp_path / "fb.db")]
     given = FeedbackStore(tmp_path / "given.db")

@@ -166,6 +166,18 @@ def test_the_same_feedback_repeated_on_one_retrieval_is_stored_each_time_and_lea
     assert ens.learner.n_learned == learned + 3
     ens.feedback(result.event_id, "thumbs_up", timestamp=T0 + 3)  # the first user's thumb again
     assert ens.learner.n_learned == learned + 3
+    # a changed mind is no repeat: up, down, then up again is learned each time
+    ens.feedback(result.event_id, "thumbs_down", timestamp=T0 + 4)
+    ens.feedback(result.event_id, "thumbs_up", timestamp=T0 + 5)
+    assert ens.learner.n_learned == learned + 5
+    # two LangSmith metrics on one run, and feedback the client keyed apart, are two pieces of feedback
+    ens.feedback(result.event_id, value=1.0, key="correctness", timestamp=T0 + 6)
+    ens.feedback(result.event_id, value=1.0, key="helpfulness", timestamp=T0 + 6)
+    ens.feedback(result.event_id, value=1.0, key="helpfulness", timestamp=T0 + 6, idempotency_key="k1")
+    assert ens.learner.n_learned == learned + 8
+    ens.feedback(result.event_id, value=1.0, key="helpfulness", timestamp=T0 + 7)
+    ens.feedback(result.event_id, value=1.0, key="helpfulness", timestamp=T0 + 7)
+    assert ens.learner.n_learned == learned + 9
 
 
 # ---------------------------------------------------------------- idempotency keys

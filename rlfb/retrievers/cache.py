@@ -605,7 +605,8 @@ def prune_cache(
 
     "Used" is the last write, or the last read (marked at most once a day). The
     size counts every model's entries (blobs and keys), as :func:`cache_stats`
-    does. ``vacuum`` then gives the freed pages back to the file system. Returns
+    does. ``vacuum`` then gives the freed pages back to the file system (also pages freed
+    earlier, once they are a tenth of the file). Returns
     the entries removed and the sizes before and after. Anything removed is
     encoded again when next needed; nothing else is lost.
 
@@ -642,13 +643,20 @@ def prune_cache(
         except BaseException:
             _rollback(conn)
             raise
-        # also when this prune removed nothing: pages freed by RLFB_CACHE_MAX_MB's trimming are given back here
-        if vacuum and (removed or conn.execute("PRAGMA freelist_count").fetchone()[0]):
+        # also when this prune removed nothing: pages freed by RLFB_CACHE_MAX_MB's trimming are given back here,
+        # once they are worth rewriting the whole file for (a tenth of it)
+        if vacuum and (removed or _free_bytes(conn) >= 0.1 * _file_bytes(path)):
             conn.execute("VACUUM")
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         bytes_after = _entry_bytes(conn)
     return {"path": str(path), "removed": removed, "bytes_before": bytes_before, "bytes_after": bytes_after,
             "file_bytes_before": before, "file_bytes_after": _file_bytes(path)}
+
+
+def _free_bytes(conn: sqlite3.Connection) -> int:
+    """The bytes of the file's free pages."""
+    pages = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    return pages * int(conn.execute("PRAGMA page_size").fetchone()[0])
 
 
 @contextmanager

@@ -129,7 +129,7 @@ def _folder_read_only(exc: sqlite3.DatabaseError, path: str) -> bool:
     if not (isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc)):
         return False
     file = Path(path)
-    return file.is_file() and not os.access(file.parent, os.W_OK)
+    return file.is_file() and os.access(file, os.R_OK) and not os.access(file.parent, os.W_OK)
 
 
 def integrity_check(tx: Transactions) -> str:

@@ -298,6 +298,32 @@ def event_reward(store: FeedbackStore, event_id: str) -> tuple[float, dict[str, 
     return reward, chunks
 
 
+_WHO = ("chunk_id", "session_id", "user_id", "key")  # whose say on what: a repeat must match these
+_SAYS = ("signal", "raw_value", "value", "idempotency_key")  # and say what the latest such row said
+
+
+def repeats_latest(store: FeedbackStore, record: FeedbackRecord) -> bool:
+    """Whether ``record`` says again what the latest earlier in-window feedback on its retrieval from the same
+    session and user, on the same chunk and LangSmith key, said (same signal, value and no idempotency key of
+    its own): a double click, a retry without a key. Thumbs up, down, then up again is no repeat."""
+    cols = ("event_id", "chunk_id", "signal", "ts", *_WHO[1:], *_SAYS[1:])
+    with store._read() as conn:
+        found = conn.execute(f"SELECT {', '.join(cols)} FROM feedback WHERE id = ?", (record.feedback_id,)).fetchone()
+        if found is None:
+            return False
+        mine = dict(zip(cols, found, strict=True))
+        decoded = _decode_row({k: mine[k] for k in ("event_id", "chunk_id", "signal")})
+        if (decoded["event_id"], decoded["chunk_id"], decoded["signal"], mine["ts"]) != (
+                record.event_id, record.chunk_id, record.signal, record.timestamp):
+            return False  # the id names another row: a record of another store
+        latest = conn.execute(
+            f"SELECT {', '.join(_SAYS)} FROM feedback WHERE event_id = ? AND id < ? AND in_window = 1 AND "
+            + " AND ".join(f"{c} IS ?" for c in _WHO) + " ORDER BY id DESC LIMIT 1",
+            (mine["event_id"], record.feedback_id, *(mine[c] for c in _WHO)),
+        ).fetchone()
+    return latest is not None and tuple(latest) == tuple(mine[c] for c in _SAYS) and mine["idempotency_key"] is None
+
+
 def chunk_reward_sums(
     store: FeedbackStore, event_id: str, *, before_feedback_id: int | None = None
 ) -> dict[str, float]:

@@ -455,6 +455,12 @@ class FeedbackStore:
         """
         return feedback_log.event_reward(self, event_id)
 
+    def repeats_latest(self, record: FeedbackRecord) -> bool:
+        """Whether a stored ``record`` repeats the latest earlier feedback of its session and user on the same
+        chunk of its retrieval, word for word (:func:`rlfb.store.feedback_log.repeats_latest`): a double click
+        or a retry without an idempotency key, which the learner learns once."""
+        return feedback_log.repeats_latest(self, record)
+
     def chunk_reward_sums(self, event_id: str, *, before_feedback_id: int | None = None) -> dict[str, float]:
         """Per chunk, the rewards the event's feedback attributed to it, summed and not clipped.
 
