@@ -180,6 +180,19 @@ def test_the_same_feedback_repeated_on_one_retrieval_is_stored_each_time_and_lea
     assert ens.learner.n_learned == learned + 9
 
 
+def test_a_repeat_is_judged_on_the_records_own_row_not_another_stores_row_of_that_id() -> None:
+    chunks = [{"chunk_id": "c1", "score": 1.0}]
+    with FeedbackStore() as one, FeedbackStore() as other:
+        for s in (one, other):
+            s.log_event("tides", {"weights": {"bm25": 1.0}}, chunks=chunks, event_id="e1", timestamp=T0)
+        one.record_feedback("e1", "click", chunk_id="c1", timestamp=T0 + 1)
+        again = one.record_feedback("e1", "click", chunk_id="c1", timestamp=T0 + 2)
+        assert one.repeats_latest(again)
+        other.record_feedback("e1", "thumbs_up", timestamp=T0 + 1)
+        other.record_feedback("e1", "thumbs_up", timestamp=T0 + 1)  # row 2 there: a repeat of another signal
+        assert not other.repeats_latest(again)  # the id names another row there: not this record's
+
+
 # ---------------------------------------------------------------- idempotency keys
 @pytest.mark.parametrize(
     ("first", "second"),
