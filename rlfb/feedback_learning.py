@@ -248,7 +248,9 @@ def rebuild_episode(
     logged = np.array([np.nan if c.get("score") is None else c["score"] for c in chunks], dtype=np.float64)
     scores = logged if logged.size and np.all(np.isfinite(logged)) else None
     # unclipped: a chunk's clipped total minus this record hides earlier rewards once the sum hits the clip
-    earlier = store.chunk_reward_sums(event_id, before_feedback_id=getattr(record, "feedback_id", None))
+    # what earlier feedback taught: repeats, stored but not learned, taught nothing
+    earlier = store.chunk_reward_sums(event_id, before_feedback_id=getattr(record, "feedback_id", None),
+                                      repeats=False)
     prior = np.array([earlier.get(c, 0.0) for c in shown_ids], dtype=np.float64)
     decision = event["decision"]
     ctx = contexts.get(event_id)

@@ -180,6 +180,20 @@ def test_the_same_feedback_repeated_on_one_retrieval_is_stored_each_time_and_lea
     assert ens.learner.n_learned == learned + 9
 
 
+def test_what_earlier_feedback_taught_a_chunk_leaves_out_the_repeats_that_taught_nothing(
+    store: FeedbackStore,
+) -> None:
+    ens = _ensemble(store)
+    result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
+    top, second = (h.chunk_id for h in result.hits)
+    for t in range(3):  # learned once
+        ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0 + t)
+    down = ens.feedback(result.event_id, "thumbs_down", chunk_id=second, timestamp=T0 + 5)
+    np.testing.assert_allclose(ens.episode(result.event_id, down).prior_rewards, [0.0, 0.4])
+    stored, taught = store.chunk_reward_sums(result.event_id), store.chunk_reward_sums(result.event_id, repeats=False)
+    assert stored[second] - taught[second] == pytest.approx(0.8, abs=0.01)  # two repeated clicks, as sent
+
+
 def test_a_repeat_is_judged_on_the_records_own_row_not_another_stores_row_of_that_id() -> None:
     chunks = [{"chunk_id": "c1", "score": 1.0}]
     with FeedbackStore() as one, FeedbackStore() as other:

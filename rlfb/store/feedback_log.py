@@ -298,36 +298,51 @@ def event_reward(store: FeedbackStore, event_id: str) -> tuple[float, dict[str, 
     return reward, chunks
 
 
+_MAX_ID = 2**63 - 1  # SQLite's largest rowid
 _WHO = ("chunk_id", "session_id", "user_id", "key")  # whose say on what: a repeat must match these
 _SAYS = ("signal", "raw_value", "value", "idempotency_key")  # and say what the latest such row said
 
 
+def _repeats(conn: sqlite3.Connection, enc_event_id: Any, upto_id: int) -> set[int]:
+    """The ids, up to ``upto_id``, of the event's in-window feedback rows that say again, word for word, what
+    the latest earlier in-window row of the same session and user on the same chunk and key said (neither
+    with an idempotency key). One pass over the event's rows, in the order they were stored."""
+    latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+    found = set()
+    rows = conn.execute(
+        f"SELECT id, {', '.join(_WHO + _SAYS)} FROM feedback WHERE event_id = ? AND id <= ? AND in_window = 1 "
+        "ORDER BY id",
+        (enc_event_id, upto_id),
+    )
+    for row in rows:
+        who, says = tuple(row[1:5]), tuple(row[5:9])
+        if says[3] is None and latest.get(who) == says:
+            found.add(int(row[0]))
+        latest[who] = says
+    return found
+
+
 def repeats_latest(store: FeedbackStore, record: FeedbackRecord) -> bool:
     """Whether ``record`` says again what the latest earlier in-window feedback on its retrieval from the same
-    session and user, on the same chunk and LangSmith key, said (same signal, value and no idempotency key of
-    its own): a double click, a retry without a key. Thumbs up, down, then up again is no repeat."""
-    cols = ("event_id", "chunk_id", "signal", "ts", *_WHO[1:], *_SAYS[1:])
+    session and user, on the same chunk and LangSmith key, said (same signal and value, and no idempotency
+    key): a double click, a retry without a key. Thumbs up, down, then up again is no repeat."""
+    cols = ("event_id", "chunk_id", "signal", "ts")
     with store._read() as conn:
         found = conn.execute(f"SELECT {', '.join(cols)} FROM feedback WHERE id = ?", (record.feedback_id,)).fetchone()
         if found is None:
             return False
-        mine = dict(zip(cols, found, strict=True))
-        decoded = _decode_row({k: mine[k] for k in ("event_id", "chunk_id", "signal")})
-        if (decoded["event_id"], decoded["chunk_id"], decoded["signal"], mine["ts"]) != (
+        mine = _decode_row(dict(zip(cols, found, strict=True)))
+        if (mine["event_id"], mine["chunk_id"], mine["signal"], mine["ts"]) != (
                 record.event_id, record.chunk_id, record.signal, record.timestamp):
             return False  # the id names another row: a record of another store
-        latest = conn.execute(
-            f"SELECT {', '.join(_SAYS)} FROM feedback WHERE event_id = ? AND id < ? AND in_window = 1 AND "
-            + " AND ".join(f"{c} IS ?" for c in _WHO) + " ORDER BY id DESC LIMIT 1",
-            (mine["event_id"], record.feedback_id, *(mine[c] for c in _WHO)),
-        ).fetchone()
-    return latest is not None and tuple(latest) == tuple(mine[c] for c in _SAYS) and mine["idempotency_key"] is None
+        return record.feedback_id in _repeats(conn, found[0], record.feedback_id)
 
 
 def chunk_reward_sums(
-    store: FeedbackStore, event_id: str, *, before_feedback_id: int | None = None
+    store: FeedbackStore, event_id: str, *, before_feedback_id: int | None = None, repeats: bool = True
 ) -> dict[str, float]:
-    """Per chunk, the rewards the event's feedback attributed to it, summed (before ``before_feedback_id``)."""
+    """Per chunk, the rewards the event's feedback attributed to it, summed (before ``before_feedback_id``;
+    without the feedback :func:`repeats_latest` finds repeated, unless ``repeats``)."""
     enc = _enc(_check_event_id(event_id))
     # through feedback, whose event_id is indexed (the copy in rewards is not)
     sql = (
@@ -339,4 +354,13 @@ def chunk_reward_sums(
         sql += " AND f.id < ?"
         params.append(_check_int(before_feedback_id, "before_feedback_id", minimum=0))
     with store._read() as conn:
-        return {_dec(c): float(r) for c, r in conn.execute(sql + " GROUP BY r.chunk_id", params)}
+        if repeats:
+            return {_dec(c): float(r) for c, r in conn.execute(sql + " GROUP BY r.chunk_id", params)}
+        left_out = _repeats(conn, enc, params[-1] - 1 if before_feedback_id is not None else _MAX_ID)
+        sums: dict[str, float] = {}
+        each = sql.replace("SELECT r.chunk_id, SUM(r.reward)", "SELECT f.id, r.chunk_id, r.reward")
+        rows = conn.execute(each, params)
+        for fid, c, r in rows:
+            if fid not in left_out:
+                sums[_dec(c)] = sums.get(_dec(c), 0.0) + float(r)
+        return sums

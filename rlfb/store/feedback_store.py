@@ -461,13 +461,17 @@ class FeedbackStore:
         or a retry without an idempotency key, which the learner learns once."""
         return feedback_log.repeats_latest(self, record)
 
-    def chunk_reward_sums(self, event_id: str, *, before_feedback_id: int | None = None) -> dict[str, float]:
+    def chunk_reward_sums(
+        self, event_id: str, *, before_feedback_id: int | None = None, repeats: bool = True
+    ) -> dict[str, float]:
         """Per chunk, the rewards the event's feedback attributed to it, summed and not clipped.
 
         With ``before_feedback_id``, only feedback stored before that row counts
-        (what earlier feedback taught, as :func:`rlfb.policies._util.chunk_evidence` wants it).
+        (what earlier feedback taught, as :func:`rlfb.policies._util.chunk_evidence` wants it);
+        with ``repeats=False``, not the feedback :meth:`repeats_latest` finds repeated, which taught nothing.
         """
-        return feedback_log.chunk_reward_sums(self, event_id, before_feedback_id=before_feedback_id)
+        return feedback_log.chunk_reward_sums(self, event_id, before_feedback_id=before_feedback_id,
+                                              repeats=repeats)
 
     # -- policy snapshots ----------------------------------------------------------
     def save_policy_state(
