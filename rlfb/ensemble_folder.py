@@ -89,15 +89,13 @@ def load_ensemble(
     from rlfb.ensemble import open_store
 
     # one save read from start to end: again if another process's save is swapped in meanwhile
-    config, state, learner, saved_count, table, retrievers = read_whole(
-        root, lambda: _read_folder(root, options_of, kwargs), marker=_CONFIG_FILE
-    )
+    read = read_whole(root, lambda: _read_folder(root, options_of, kwargs), marker=_CONFIG_FILE)
     # opened once the save is read (a mistyped folder leaves no new store file behind) and before the ensemble
     # is built: a store that cannot be opened (a missing folder, a directory, not a store) is the caller's
     # argument at fault, which the refusal below would have blamed on the saved folder
     opened = open_store(store)
     try:
-        return _built(cls, root, opened, config, state, learner, saved_count, table, retrievers, kwargs)
+        return _built(cls, root, opened, read, kwargs)
     except BaseException:
         if opened is not store:  # opened here from a path: nobody else will close it
             opened.close()
@@ -105,18 +103,10 @@ def load_ensemble(
 
 
 def _built(
-    cls: type[FeedbackEnsemble],
-    root: Path,
-    store: Any,
-    config: Mapping[str, Any],
-    state: Any,
-    learner: Any,
-    saved_count: int,
-    table: ChunkTable,
-    retrievers: Mapping[str, Any],
-    kwargs: Mapping[str, Any],
+    cls: type[FeedbackEnsemble], root: Path, store: Any, read: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> FeedbackEnsemble:
-    """The ensemble a save read whole holds, on the opened ``store``."""
+    """The ensemble in the save ``read`` (what :func:`_read_folder` read of ``root``), on the opened ``store``."""
+    config, state, learner, saved_count, table, retrievers = read
     options = {
         "fusion": config.get("fusion", "minmax"),
         "candidate_k": config.get("candidate_k", 100),
