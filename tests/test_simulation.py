@@ -217,6 +217,32 @@ def test_simplex_grid() -> None:
     np.testing.assert_allclose(grid.sum(axis=1), 1.0)
 
 
+def test_the_tuned_and_oracle_fixed_weights_can_be_equal_weights() -> None:
+    # A 0.1-step grid over three retrievers lacks 1/3, 1/3, 1/3: on questions where only equal weights rank the
+    # relevant chunk first, the "tuned" weights fell below equal weights on their own tuning questions.
+    # Under min-max fusion relevant "r" scores 0.6 whatever the weights; each of "a", "b", "c" beats it
+    # wherever its retriever weighs 0.4 or more, which every grid point gives one of them, and none does at
+    # equal weights. (RRF ranks "r" first at some grid points too; min-max is searched first, so of the
+    # systems that rank it first the equal min-max weights are chosen, and without them an RRF point was.)
+    from types import SimpleNamespace
+
+    from rlfb.fusion import rank_matrix
+    from rlfb.simulation.runner import _baselines, _Judge
+
+    ids = ("r", "a", "b", "c", "z")
+    raw = np.array([[0.6, 0.6, 0.6], [1.0, 0.39, 0.39], [0.39, 1.0, 0.39], [0.39, 0.39, 1.0], [0.0, 0.0, 0.0]])
+    names = ("bm25", "dense", "splade")
+    ctx = SimpleNamespace(candidate_ids=ids, raw=raw, ranks=rank_matrix(raw), retrievers=names)
+    prep = SimpleNamespace(contexts={"s": ctx, "h": ctx})
+    judges = {q: _Judge(ctx, {"r": 1}, 10) for q in ("s", "h")}
+    out = _baselines(prep, SimulationConfig(), ["s"], ["h"], judges, ["s"], {"s": 1})
+    assert out["equal"]["heldout_ndcg@10"] == pytest.approx(1.0)
+    for name in ("tuned_fixed", "oracle_fixed"):
+        assert out[name]["heldout_ndcg@10"] == pytest.approx(1.0)
+        assert out[name]["weights"] == pytest.approx(dict.fromkeys(names, 1 / 3)) and out[name]["fusion"] == "minmax"
+    assert out["per_query_oracle"]["heldout_ndcg@10"] == pytest.approx(1.0)
+
+
 @pytest.fixture(scope="module")
 def small_run() -> tuple[SimulationConfig, dict, object]:
     data = generate_demo_corpus(n_devices=30, seed=2)
