@@ -840,7 +840,9 @@ def check_settings(retrievers: Sequence[str | Retriever], **options: Any) -> Non
     from rlfb.learner import Learner
     from rlfb.retrievers import check_retriever_names
 
-    check_options({k: v for k, v in options.items() if k not in ("retriever_options", "show_progress")})
+    # the options only from_chunks takes (retriever_options, show_progress) go to it, the rest to the ensemble
+    own = {n for n, p in inspect.signature(FeedbackEnsemble.from_chunks).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    check_options({k: v for k, v in options.items() if k not in own})
     specs = [retrievers] if isinstance(retrievers, str) else list(retrievers)
     check_retriever_names([s for s in specs if isinstance(s, str)])
     check_retriever_options(specs, options.get("retriever_options") or {})

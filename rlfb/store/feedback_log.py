@@ -345,22 +345,22 @@ def chunk_reward_sums(
     without the feedback :func:`repeats_latest` finds repeated, unless ``repeats``)."""
     enc = _enc(_check_event_id(event_id))
     # through feedback, whose event_id is indexed (the copy in rewards is not)
-    sql = (
-        "SELECT r.chunk_id, SUM(r.reward) FROM feedback f JOIN rewards r ON r.feedback_id = f.id "
-        "WHERE f.event_id = ? AND r.chunk_id IS NOT NULL"
+    where = (
+        "FROM feedback f JOIN rewards r ON r.feedback_id = f.id WHERE f.event_id = ? AND r.chunk_id IS NOT NULL"
     )
     params: list[Any] = [enc]
+    upto = _MAX_ID
     if before_feedback_id is not None:
-        sql += " AND f.id < ?"
+        where += " AND f.id < ?"
         params.append(_check_int(before_feedback_id, "before_feedback_id", minimum=0))
+        upto = params[-1] - 1
     with store._read() as conn:
         if repeats:
-            return {_dec(c): float(r) for c, r in conn.execute(sql + " GROUP BY r.chunk_id", params)}
-        left_out = _repeats(conn, enc, params[-1] - 1 if before_feedback_id is not None else _MAX_ID)
+            return {_dec(c): float(r) for c, r in conn.execute(f"SELECT r.chunk_id, SUM(r.reward) {where} "
+                                                                  "GROUP BY r.chunk_id", params)}
+        left_out = _repeats(conn, enc, upto)
         sums: dict[str, float] = {}
-        each = sql.replace("SELECT r.chunk_id, SUM(r.reward)", "SELECT f.id, r.chunk_id, r.reward")
-        rows = conn.execute(each, params)
-        for fid, c, r in rows:
+        for fid, c, r in conn.execute(f"SELECT f.id, r.chunk_id, r.reward {where}", params):
             if fid not in left_out:
                 sums[_dec(c)] = sums.get(_dec(c), 0.0) + float(r)
         return sums
