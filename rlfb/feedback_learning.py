@@ -38,14 +38,21 @@ def learner_query(store: Any, query: str) -> str:
     (``store_text=False``), the sha256 of its normalised text, logged with the event
     (:data:`QUERY_KEY`), so that no query text reaches the learner's saved state and a
     rebuilt episode finds the same question after a restart."""
-    if store is not None and not store.store_text:
-        from rlfb.memory import normalize_query
+    if _hashes(store):
+        from rlfb.memory import is_blank, normalize_query
         from rlfb.store import query_hash
 
+        if is_blank(query):
+            return ""  # nothing to hide, and the memory must still see that it names nothing
         # of the normalised text, as the memory keys a question it knows by its text: a hash of the
         # raw text took "What causes tides?" and "what causes tides" for two questions
         return _HASHED + query_hash(normalize_query(query))
     return query
+
+
+def _hashes(store: Any) -> bool:
+    """Whether ``store`` keeps questions only hashed."""
+    return store is not None and not store.store_text
 
 
 def metadata_to_log(
@@ -60,7 +67,7 @@ def metadata_to_log(
 ) -> dict[str, Any]:
     """The metadata to log a retrieval of ``ctx`` with (the learner knowing its question by ``key``), once
     ``store`` has checked the event's arguments."""
-    logged = _logged_metadata(metadata, ctx.query, key)
+    logged = _logged_metadata(metadata, key if key != ctx.query or _hashes(store) else None)
     # before ranking: a retrieval refused only when logged (a future timestamp, an id already
     # logged) had moved the policy's random state and the memory's count of asks all the same
     check = getattr(store, "check_event_args", None)  # a store of the user's own may lack it
@@ -98,12 +105,12 @@ def log_retrieval(
     )
 
 
-def _logged_metadata(metadata: Mapping[str, Any] | None, query: str, key: str) -> dict[str, Any]:
+def _logged_metadata(metadata: Mapping[str, Any] | None, key: str | None) -> dict[str, Any]:
     """An event's metadata; where the learner knows the question by a key other than its text (a store
-    that keeps no text), plus that key, so that an episode rebuilt after a restart finds the question the
-    memory knows (a hash, no text)."""
+    that keeps no text), plus that ``key``, so that an episode rebuilt after a restart finds the question
+    the memory knows (a hash, no text; ``""`` for a blank question)."""
     out = dict(metadata or {})
-    if key != query:
+    if key is not None:
         out[QUERY_KEY] = key
     return out
 
@@ -262,7 +269,8 @@ def rebuild_episode(
     elif event.get("query_hashed"):
         # the learner's key as logged (a hash of the normalised text); events logged before it was kept
         # are known by the hash of their raw text
-        query = (event.get("metadata") or {}).get(QUERY_KEY) or _HASHED + event["query_hash"]
+        key = (event.get("metadata") or {}).get(QUERY_KEY)
+        query = key if isinstance(key, str) else _HASHED + event["query_hash"]
     else:
         query = event.get("query") or ""
     return Episode(

@@ -57,7 +57,7 @@ from rlfb.policies._util import check_float, check_int, plain_numbers, saved_cou
 from rlfb.relevance_feedback import similar_to_clicked
 from rlfb.reward import finite_float
 
-__all__ = ["MemoryParams", "FeedbackMemory", "normalize_query", "naming_model", "without_embeddings"]
+__all__ = ["MemoryParams", "FeedbackMemory", "is_blank", "normalize_query", "naming_model", "without_embeddings"]
 
 _SPACE = re.compile(r"\s+")
 # sentence punctuation, quotes and brackets (also Spanish, full-width and CJK ones); not symbols that name
@@ -84,6 +84,21 @@ def normalize_query(query: str) -> str:
     """
     spaced = _SPACE.sub(" ", unicodedata.normalize("NFC", query).strip().lower())
     return _EDGE.sub("", spaced) or spaced
+
+
+def is_blank(query: str) -> bool:
+    """Whether a question has no letter or digit (empty, whitespace, punctuation alone): it names nothing, so
+    the memory neither remembers nor recalls anything for it, and one blank question teaches no other.
+
+    >>> is_blank("  ?? "), is_blank(""), is_blank("C++"), is_blank("¿qué?")
+    (True, True, False, False)
+    """
+    return not any(ch.isalnum() for ch in query)
+
+
+def _key(query: str) -> str | None:
+    """The memory's key of a question, ``None`` for a blank one (:func:`is_blank`)."""
+    return None if is_blank(query) else normalize_query(query)
 
 
 @dataclass(frozen=True)
@@ -274,8 +289,11 @@ class FeedbackMemory:
 
     def transfer(self, query: str, embedding: Any, candidate_ids: Sequence[str]) -> np.ndarray:
         """The un-gated transfer score from similar queries only (exact repeats excluded), in [-1, 1]."""
+        key = _key(query)
+        if key is None:
+            return np.zeros(len(candidate_ids))
         e = self._embedding(embedding)
-        _, rows, gains = self._neighbors(normalize_query(query), e, include_exact=False)
+        _, rows, gains = self._neighbors(key, e, include_exact=False)
         pos = {c: i for i, c in enumerate(candidate_ids)}
         acc = self._accumulate(rows, gains, pos, len(candidate_ids), squash_each=True)
         return acc / max(1.0, float(np.sum(gains)))
@@ -287,11 +305,11 @@ class FeedbackMemory:
         evaluation's ranking (``Learner.rank(..., touch=False)``) reads without it and changes nothing.
         """
         n = len(candidate_ids)
-        if not self._keys or n == 0:
+        key = _key(query)
+        if not self._keys or n == 0 or key is None:
             return np.zeros(n)
         p = self.hyper
         e = self._embedding(embedding)
-        key = normalize_query(query)
         exact, rows, gains = self._neighbors(key, e)
         pos = {c: i for i, c in enumerate(candidate_ids)}
         out = np.tanh(self._accumulate(exact, [1.0] * len(exact), pos, n, squash_each=False) / p.value_scale)
@@ -308,7 +326,8 @@ class FeedbackMemory:
 
     def has_exact(self, query: str) -> bool:
         """Whether feedback on this exact (normalised) query is remembered."""
-        return normalize_query(query) in self._key_index
+        key = _key(query)
+        return key is not None and key in self._key_index
 
     def known(self, query: str) -> dict[str, float]:
         """The evidence remembered per chunk for this exact (normalised) query; empty if none.
@@ -318,7 +337,7 @@ class FeedbackMemory:
         >>> mem.known("Tides?")
         {'c1': -0.2, 'c2': 0.4}
         """
-        row = self._key_index.get(normalize_query(query))
+        row = self._row(query)
         if row is None:
             return {}
         f = float(self._decay(np.asarray([row]))[0])
@@ -344,14 +363,18 @@ class FeedbackMemory:
         ev = np.fromiter((known.get(c, 0.0) for c in candidate_ids), dtype=np.float64, count=n)
         return similar_to_clicked(embeddings, np.tanh(np.maximum(ev, 0.0) / self.hyper.value_scale))
 
+    def _row(self, query: str) -> int | None:
+        key = _key(query)
+        return None if key is None else self._key_index.get(key)
+
     def asks(self, query: str) -> int:
         """How often this exact query was asked (:meth:`note_ask`) since its first feedback."""
-        row = self._key_index.get(normalize_query(query))
+        row = self._row(query)
         return 0 if row is None else int(self._asks[row])
 
     def note_ask(self, query: str) -> int:
         """Count one more asking of a remembered query; returns the count before it (0 if not remembered)."""
-        row = self._key_index.get(normalize_query(query))
+        row = self._row(query)
         if row is None:
             return 0
         before = int(self._asks[row])
@@ -417,13 +440,13 @@ class FeedbackMemory:
         if ev.shape != (len(shown_ids),) or not np.all(np.isfinite(ev)):
             raise ValidationError(f"got {len(shown_ids)} shown chunks but evidence of shape {ev.shape}")
         timestamp = finite_float(timestamp, "timestamp")  # an infinite clock would decay all it holds to 0
-        if not np.any(ev != 0):
+        key = _key(query)
+        if key is None or not np.any(ev != 0):
             return
         e = self._embedding(embedding)
         self._now = max(self._now, float(timestamp))
         if isinstance(self.hyper.transfer_gate, str):
             self._observe_transfer(query, e, shown_ids, ev)
-        key = normalize_query(query)
         row = self._key_index.get(key)
         if row is None:
             row = self._new_row(key)

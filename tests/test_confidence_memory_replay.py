@@ -189,6 +189,22 @@ def test_a_question_is_one_key_however_its_accents_were_typed_and_a_leading_dot_
     assert normalize_query("... and the tides?") == normalize_query("and the tides")
 
 
+def test_a_blank_question_is_neither_remembered_nor_recalled():
+    # blank questions all had the key "" (and "???" one of its own): feedback on one was recalled for every
+    # other, and a blank question's embedding found its neighbours' evidence too
+    e = _unit([1, 0, 0, 0])
+    mem = FeedbackMemory(transfer_gate=1.0)
+    mem.update("tides", e, ["a", "b"], [0.8, -0.2])
+    for blank in ("", "   ", "???", "¿?", " … "):
+        mem.update(blank, e, ["c"], [0.8])
+        assert not mem.has_exact(blank) and mem.known(blank) == {} and mem.asks(blank) == 0
+        assert mem.note_ask(blank) == 0
+        assert np.all(mem.score(blank, e, ["a", "b", "c"]) == 0)
+        assert np.all(mem.transfer(blank, e, ["a", "b", "c"]) == 0)
+    assert len(mem) == 1 and mem.known("tides") == {"a": 0.8, "b": -0.2}
+    assert mem.score("tides!", e, ["a", "c"])[1] == 0.0
+
+
 def test_memory_refuses_an_infinite_time():
     mem = FeedbackMemory()
     mem.update("tides", None, ["a"], [0.4], timestamp=1.7e9)

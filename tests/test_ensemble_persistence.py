@@ -222,6 +222,30 @@ def test_a_store_without_query_text_keeps_questions_apart_and_out_of_the_state(t
     assert len(again.learner.memory) == 2
 
 
+@pytest.mark.parametrize("store_text", [True, False])
+def test_a_blank_question_is_remembered_for_no_other_blank_one(tmp_path, store_text: bool) -> None:
+    # every blank question ("", whitespace, punctuation alone) once shared one memory entry: a click given
+    # after one user's empty search lifted that chunk for every later empty search of any user
+    t0 = time.time() - 10_000
+    path = tmp_path / "f.db"
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=FeedbackStore(path, store_text=store_text))
+    r = ens.retrieve("  ", k=5, timestamp=t0, explore=False)
+    ens.feedback(r.event_id, "click", chunk_id=r.chunk_ids[-1], timestamp=t0 + 1)
+    assert len(ens.learner.memory) == 0
+    for blank in ("", "  ", "?!"):
+        assert not any(h.memory for h in ens.retrieve(blank, k=32, explore=False, log=False).hits)
+    # after a restart, the feedback learned from the logged event alone still keys no memory entry
+    ens.close()
+    again = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",),
+                                        store=FeedbackStore(path, store_text=store_text))
+    again.feedback(r.event_id, "click", chunk_id=r.chunk_ids[0], timestamp=t0 + 2)
+    assert len(again.learner.memory) == 0
+    # a question that names something is remembered as before
+    r = again.retrieve("storm weather?", k=5, timestamp=t0 + 3, explore=False)
+    again.feedback(r.event_id, "click", chunk_id="30", timestamp=t0 + 4)
+    assert len(again.learner.memory) == 1
+
+
 def test_a_propensity_too_small_for_a_float_is_logged_as_the_least_positive_one(tmp_path) -> None:
     assert Decision({"bm25": 1.0}, propensity=0.0).propensity == MIN_PROPENSITY
     assert Decision({"bm25": 1.0}, propensity=0.25).propensity == 0.25

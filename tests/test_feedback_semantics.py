@@ -190,8 +190,29 @@ def test_what_earlier_feedback_taught_a_chunk_leaves_out_the_repeats_that_taught
         ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0 + t)
     down = ens.feedback(result.event_id, "thumbs_down", chunk_id=second, timestamp=T0 + 5)
     np.testing.assert_allclose(ens.episode(result.event_id, down).prior_rewards, [0.0, 0.4])
-    stored, taught = store.chunk_reward_sums(result.event_id), store.chunk_reward_sums(result.event_id, repeats=False)
+    stored, taught = store.chunk_reward_sums(result.event_id, repeats=True), store.chunk_reward_sums(result.event_id)
     assert stored[second] - taught[second] == pytest.approx(0.8, abs=0.01)  # two repeated clicks, as sent
+
+
+def test_the_stores_rewards_of_a_retrieval_leave_out_the_repeats_the_learner_left_out(
+    store: FeedbackStore,
+) -> None:
+    # the store summed a double click twice while the learner learned it once: event_reward and the
+    # export said the retrieval earned more than anything learned from it
+    ens = _ensemble(store)
+    result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
+    top, second = (h.chunk_id for h in result.hits)
+    for t in range(3):
+        ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0 + t)
+    reward, chunks = store.event_reward(result.event_id)
+    sent, sent_chunks = store.event_reward(result.event_id, repeats=True)
+    assert chunks[second] == pytest.approx(0.4) and sent_chunks[second] == pytest.approx(1.0)  # clipped
+    assert reward == pytest.approx(0.4, abs=0.01) and sent == 1.0  # one click's reward, or three clipped
+    rows = {r["chunk_id"]: r for r in store.export_rows()}
+    assert rows[second]["chunk_reward"] == pytest.approx(0.4)
+    assert rows[second]["event_reward"] == pytest.approx(reward)
+    assert [i["repeat"] for i in rows[second]["feedback"]] == [False, True, True]
+    assert rows[second]["n_feedback"] == 3  # nothing hidden: every row is there
 
 
 def test_a_repeat_is_judged_on_the_records_own_row_not_another_stores_row_of_that_id() -> None:

@@ -297,7 +297,10 @@ def test_event_reward_is_sum_of_signals_clipped(fresh_store):
     reward, per_chunk = fresh_store.event_reward(eid)
     assert 0.7 == pytest.approx(reward)
     assert {"c1": 0.7, "c2": 0.5, "c3": 0.5} == pytest.approx(per_chunk)
-    fresh_store.record_feedback(eid, "thumbs_up")  # +0.5 -> 1.2, clipped
+    fresh_store.record_feedback(eid, "thumbs_up")  # the same user's thumb again: a repeat, learned once
+    assert fresh_store.event_reward(eid) == (reward, per_chunk)
+    assert fresh_store.event_reward(eid, repeats=True) == (1.0, {"c1": 1.0, "c2": 1.0, "c3": 1.0})
+    fresh_store.record_feedback(eid, "thumbs_up", user_id="u2")  # +0.5 -> 1.2, clipped
     reward, per_chunk = fresh_store.event_reward(eid)
     assert 1.0 == reward and {"c1": 1.0, "c2": 1.0, "c3": 1.0} == per_chunk
 

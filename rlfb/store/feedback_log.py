@@ -277,24 +277,18 @@ def feedback_rows(store: FeedbackStore, event_id: str) -> list[dict[str, Any]]:
         return [_feedback_dict(r) for r in rows]
 
 
-def event_reward(store: FeedbackStore, event_id: str) -> tuple[float, dict[str, float]]:
-    """``(reward, chunk_rewards)`` of an event over all its in-window feedback, each clipped."""
+def event_reward(store: FeedbackStore, event_id: str, *, repeats: bool = False) -> tuple[float, dict[str, float]]:
+    """``(reward, chunk_rewards)`` of an event over all its in-window feedback, each clipped; without the
+    feedback :func:`repeats_latest` finds repeated (which taught the learner nothing), unless ``repeats``."""
     enc = _enc(_check_event_id(event_id))
     with store._read() as conn:
         if conn.execute("SELECT 1 FROM events WHERE id = ?", (enc,)).fetchone() is None:
             raise UnknownEventError(f"unknown event id {event_id!r}")
-        total = conn.execute(
-            "SELECT SUM(discounted) FROM feedback WHERE event_id = ? AND in_window = 1", (enc,)
-        ).fetchone()[0]
-        chunks = {
-            _dec(c): store.reward.clip(r)
-            for c, r in conn.execute(
-                "SELECT r.chunk_id, SUM(r.reward) FROM feedback f JOIN rewards r ON r.feedback_id = f.id "
-                "WHERE f.event_id = ? AND r.chunk_id IS NOT NULL GROUP BY r.chunk_id",
-                (enc,),
-            )
-        }
-    reward = store.reward.clip(store.reward.config.no_feedback if total is None else total)
+        left_out = set() if repeats else _repeats(conn, enc, _MAX_ID)
+        said = [d for fid, d in conn.execute(
+            "SELECT id, discounted FROM feedback WHERE event_id = ? AND in_window = 1", (enc,)) if fid not in left_out]
+        chunks = {c: store.reward.clip(r) for c, r in _chunk_sums(conn, enc, None, left_out).items()}
+    reward = store.reward.clip(math.fsum(said) if said else store.reward.config.no_feedback)
     return reward, chunks
 
 
@@ -303,23 +297,49 @@ _WHO = ("chunk_id", "session_id", "user_id", "key")  # whose say on what: a repe
 _SAYS = ("signal", "raw_value", "value", "idempotency_key")  # and say what the latest such row said
 
 
-def _repeats(conn: sqlite3.Connection, enc_event_id: Any, upto_id: int) -> set[int]:
-    """The ids, up to ``upto_id``, of the event's in-window feedback rows that say again, word for word, what
-    the latest earlier in-window row of the same session and user on the same chunk and key said (neither
-    with an idempotency key). One pass over the event's rows, in the order they were stored."""
+def repeated(rows: Iterable[Mapping[str, Any]]) -> set[int]:
+    """The ids of the feedback ``rows`` (of one event, in the order they were stored: by ``id``) that say
+    again, word for word, what the latest earlier in-window row of the same session and user on the same
+    chunk and key said, neither with an idempotency key. Rows out of the window neither repeat nor are
+    repeated. Each row maps ``id``, ``in_window`` and the columns compared; values as stored or decoded,
+    alike."""
     latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     found = set()
-    rows = conn.execute(
-        f"SELECT id, {', '.join(_WHO + _SAYS)} FROM feedback WHERE event_id = ? AND id <= ? AND in_window = 1 "
-        "ORDER BY id",
-        (enc_event_id, upto_id),
-    )
     for row in rows:
-        who, says = tuple(row[1:5]), tuple(row[5:9])
+        if not row["in_window"]:
+            continue
+        who, says = tuple(row[c] for c in _WHO), tuple(row[c] for c in _SAYS)
         if says[3] is None and latest.get(who) == says:
-            found.add(int(row[0]))
+            found.add(int(row["id"]))
         latest[who] = says
     return found
+
+
+def _repeats(conn: sqlite3.Connection, enc_event_id: Any, upto_id: int) -> set[int]:
+    """:func:`repeated` of the event's stored rows up to ``upto_id``."""
+    cols = ("id", "in_window", *_WHO, *_SAYS)
+    rows = conn.execute(
+        f"SELECT {', '.join(cols)} FROM feedback WHERE event_id = ? AND id <= ? AND in_window = 1 ORDER BY id",
+        (enc_event_id, upto_id),
+    )
+    return repeated(dict(zip(cols, row, strict=True)) for row in rows)
+
+
+def _chunk_sums(conn: sqlite3.Connection, enc_event_id: Any, before_id: int | None,
+                left_out: set[int]) -> dict[str, float]:
+    """Per chunk, the rewards of the event's feedback (stored before ``before_id``, not in ``left_out``)."""
+    # through feedback, whose event_id is indexed (the copy in rewards is not)
+    sql = ("SELECT f.id, r.chunk_id, r.reward FROM feedback f JOIN rewards r ON r.feedback_id = f.id "
+           "WHERE f.event_id = ? AND r.chunk_id IS NOT NULL")
+    params: list[Any] = [enc_event_id]
+    if before_id is not None:
+        sql += " AND f.id < ?"
+        params.append(before_id)
+    sums: dict[str, float] = {}
+    for fid, c, r in conn.execute(sql, params):
+        if fid not in left_out:
+            sums[_dec(c)] = sums.get(_dec(c), 0.0) + float(r)
+    return sums
 
 
 def repeats_latest(store: FeedbackStore, record: FeedbackRecord) -> bool:
@@ -339,28 +359,12 @@ def repeats_latest(store: FeedbackStore, record: FeedbackRecord) -> bool:
 
 
 def chunk_reward_sums(
-    store: FeedbackStore, event_id: str, *, before_feedback_id: int | None = None, repeats: bool = True
+    store: FeedbackStore, event_id: str, *, before_feedback_id: int | None = None, repeats: bool = False
 ) -> dict[str, float]:
     """Per chunk, the rewards the event's feedback attributed to it, summed (before ``before_feedback_id``;
     without the feedback :func:`repeats_latest` finds repeated, unless ``repeats``)."""
     enc = _enc(_check_event_id(event_id))
-    # through feedback, whose event_id is indexed (the copy in rewards is not)
-    where = (
-        "FROM feedback f JOIN rewards r ON r.feedback_id = f.id WHERE f.event_id = ? AND r.chunk_id IS NOT NULL"
-    )
-    params: list[Any] = [enc]
-    upto = _MAX_ID
-    if before_feedback_id is not None:
-        where += " AND f.id < ?"
-        params.append(_check_int(before_feedback_id, "before_feedback_id", minimum=0))
-        upto = params[-1] - 1
+    before = None if before_feedback_id is None else _check_int(before_feedback_id, "before_feedback_id", minimum=0)
     with store._read() as conn:
-        if repeats:
-            return {_dec(c): float(r) for c, r in conn.execute(f"SELECT r.chunk_id, SUM(r.reward) {where} "
-                                                                  "GROUP BY r.chunk_id", params)}
-        left_out = _repeats(conn, enc, upto)
-        sums: dict[str, float] = {}
-        for fid, c, r in conn.execute(f"SELECT f.id, r.chunk_id, r.reward {where}", params):
-            if fid not in left_out:
-                sums[_dec(c)] = sums.get(_dec(c), 0.0) + float(r)
-        return sums
+        left_out = set() if repeats else _repeats(conn, enc, _MAX_ID if before is None else before - 1)
+        return _chunk_sums(conn, enc, before, left_out)

@@ -446,14 +446,17 @@ class FeedbackStore:
         """The event's feedback rows, oldest first (flagged out-of-window rows included)."""
         return feedback_log.feedback_rows(self, event_id)
 
-    def event_reward(self, event_id: str) -> tuple[float, dict[str, float]]:
+    def event_reward(self, event_id: str, *, repeats: bool = False) -> tuple[float, dict[str, float]]:
         """``(reward, chunk_rewards)`` of an event over all its in-window feedback.
 
         The event reward is the sum of its discounted signals, clipped; each
         chunk's is the sum of the rewards attributed to it, clipped. An event
         without feedback has reward ``no_feedback`` (0) and no chunk rewards.
+        Feedback :meth:`repeats_latest` finds repeated is stored but was not
+        learned, and is left out, as the learner leaves it out; ``repeats=True``
+        counts it, as it was sent.
         """
-        return feedback_log.event_reward(self, event_id)
+        return feedback_log.event_reward(self, event_id, repeats=repeats)
 
     def repeats_latest(self, record: FeedbackRecord) -> bool:
         """Whether a stored ``record`` repeats the latest earlier feedback of its session and user on the same
@@ -462,13 +465,14 @@ class FeedbackStore:
         return feedback_log.repeats_latest(self, record)
 
     def chunk_reward_sums(
-        self, event_id: str, *, before_feedback_id: int | None = None, repeats: bool = True
+        self, event_id: str, *, before_feedback_id: int | None = None, repeats: bool = False
     ) -> dict[str, float]:
         """Per chunk, the rewards the event's feedback attributed to it, summed and not clipped.
 
         With ``before_feedback_id``, only feedback stored before that row counts
-        (what earlier feedback taught, as :func:`rlfb.policies._util.chunk_evidence` wants it);
-        with ``repeats=False``, not the feedback :meth:`repeats_latest` finds repeated, which taught nothing.
+        (what earlier feedback taught, as :func:`rlfb.policies._util.chunk_evidence` wants it).
+        The feedback :meth:`repeats_latest` finds repeated taught nothing and is left out;
+        ``repeats=True`` counts it, as it was sent.
         """
         return feedback_log.chunk_reward_sums(self, event_id, before_feedback_id=before_feedback_id,
                                               repeats=repeats)
@@ -555,7 +559,10 @@ class FeedbackStore:
         feedback on the event, and chunk-level feedback on this chunk) with the
         reward each attributed to it, ``chunk_reward`` is their sum clipped
         (``None`` without feedback), ``event_reward`` the event's reward and
-        ``n_feedback`` the number of feedback rows on the event. An event that
+        ``n_feedback`` the number of feedback rows on the event. Each feedback
+        item says whether it is a ``repeat`` (:meth:`repeats_latest`: stored,
+        not learned); ``chunk_reward`` and ``event_reward`` leave repeats out,
+        as :meth:`event_reward` does. An event that
         returned no chunks yields one row with the chunk fields set to ``None``.
         A feedback or reward row whose number was damaged outside rlfb raises
         :class:`CorruptStateError` naming it, before the first row is yielded.

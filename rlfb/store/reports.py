@@ -19,6 +19,7 @@ from rlfb.files import refuse_overwriting_store, write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
 from rlfb.store.codec import _dec, _jsonl
+from rlfb.store.feedback_log import repeated
 from rlfb.store.records import _EVENT_COLS, _chunk_dict, _event_dict, _feedback_dict
 
 if TYPE_CHECKING:
@@ -188,8 +189,10 @@ def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, 
             ev = _event_dict(r)
             eid = ev["id"]
             fbs = feedback.get(eid, [])
-            in_win = [f["discounted"] for f in fbs if f["in_window"]]
-            event_reward = min(cfg.clip_high, max(cfg.clip_low, sum(in_win))) if in_win else None
+            # repeats were stored and not learned: the rewards leave them out, as event_reward() does
+            again = repeated(sorted(fbs, key=lambda f: f["id"]))
+            in_win = [f["discounted"] for f in fbs if f["in_window"] and f["id"] not in again]
+            event_reward = min(cfg.clip_high, max(cfg.clip_low, math.fsum(in_win))) if in_win else None
             base = {
                 "event_id": eid,
                 "timestamp": ev["timestamp"],
@@ -223,13 +226,14 @@ def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, 
                             "timestamp": f["timestamp"],
                             "delay": f["delay"],
                             "in_window": f["in_window"],
+                            "repeat": f["id"] in again,
                             "chunk_level": f["chunk_id"] is not None,
                             "user_id": f["user_id"],
                             "key": f["key"],
                             "comment": f["comment"],
                         }
                     )
-                got = [i["reward"] for i in items if i["reward"] is not None]
+                got = [i["reward"] for i in items if i["reward"] is not None and not i["repeat"]]
                 yield {
                     **base,
                     "chunk_id": cid,
