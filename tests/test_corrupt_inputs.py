@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _damage import zip_method
 
 from rlfb.datasets import load_beir
 from rlfb.errors import CorruptStateError, ValidationError
@@ -116,6 +117,11 @@ DAMAGE = {
                                           COUNTS),
     "term counts of other terms": (_edit_counts(_move_a_count), COUNTS),
     "term counts of other lengths": (_edit_counts(lambda a: a.__setitem__("data", a["data"] * 2)), COUNTS),
+    # a bare NotImplementedError ("That compression method is not supported") escaped
+    "term counts of an unknown compression method": (zip_method(COUNTS, 99), COUNTS),
+    # a ValidationError blamed the caller: "indexed with a custom tokenizer: pass it as load(path, tokenizer=...)"
+    "tokenizer missing": (_edit_json(META, _drop("tokenizer")), "meta.json"),
+    "tokenizer not a pattern": (_edit_json(META, _set("tokenizer", 5)), "meta.json"),
 }
 
 

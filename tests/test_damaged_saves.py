@@ -13,9 +13,11 @@ import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from _damage import zip_method
 
 from rlfb.cli import main
 from rlfb.errors import CorruptStateError, InvalidWeightsError
@@ -60,6 +62,14 @@ def _meta(key: str, value: object) -> Mutation:
         meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
         meta[key] = value
         (root / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+
+    return mutate
+
+
+def _metas(**values: Any) -> Mutation:
+    def mutate(root: Path) -> None:
+        meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+        (root / "meta.json").write_text(json.dumps({**meta, **values}), encoding="utf-8")
 
     return mutate
 
@@ -165,6 +175,14 @@ DAMAGE: dict[str, tuple[str, Mutation, str]] = {
     "splade format_version unknown": ("splade", _meta("format_version", "1"), "meta.json"),
     "splade vocab_size disagrees": ("splade", _meta("vocab_size", 7), "meta.json"),
     "splade meta nested too deep": ("splade", _write("meta.json", DEEP), "meta.json"),
+    # a bare NotImplementedError ("That compression method is not supported") escaped
+    "splade matrix of an unknown compression method": ("splade", zip_method("doc_matrix.npz", 99),
+                                                       "doc_matrix.npz"),
+    # taken for a model handed over already loaded: the load went through and the first query raised
+    # AttributeError: 'int' object has no attribute 'encode'
+    "dense model not a name": ("dense", _metas(model=5, default_model=False), "meta.json"),
+    "splade model a list": ("splade", _metas(model=["x"], default_model=False), "meta.json"),
+    "dense default_model not a bool": ("dense", _meta("default_model", "yes"), "meta.json"),
 }
 LOADERS = {"dense": DenseRetriever.load, "splade": SpladeRetriever.load}
 

@@ -13,6 +13,8 @@ import copy
 import json
 import tokenize
 import weakref
+import zipfile
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -46,6 +48,7 @@ __all__ = [
     "kept_then_new",
     "as_table",
     "ARRAY_HEADER_ERRORS",
+    "NPZ_ERRORS",
     "array_problem",
 ]
 
@@ -58,6 +61,15 @@ SAVED_NAMES = frozenset({"meta.json", "chunks.jsonl", "term_counts.npz", "bm25s"
 #: beyond memory (10^11 numbers) makes numpy try to allocate it (``MemoryError``, its text naming the size)
 ARRAY_HEADER_ERRORS: tuple[type[BaseException], ...] = (tokenize.TokenError, SyntaxError, RecursionError,
                                                         MemoryError)
+
+#: what reading a damaged ``.npz`` can raise: a file that is no zip (``BadZipFile``), a truncated or
+#: bit-flipped member (``zlib.error``, ``EOFError``), a member whose compression method field was damaged
+#: (``NotImplementedError``: "That compression method is not supported"), a missing array (``KeyError``),
+#: arrays that form no matrix (``ValueError``, ...), a damaged ``.npy`` header inside (ARRAY_HEADER_ERRORS)
+NPZ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ValueError, KeyError, TypeError, IndexError, EOFError, NotImplementedError, zipfile.BadZipFile,
+    zlib.error, *ARRAY_HEADER_ERRORS,
+)
 
 
 def array_problem(exc: BaseException) -> str:

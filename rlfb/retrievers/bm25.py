@@ -14,7 +14,6 @@ import copy
 import math
 import re
 import unicodedata
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
     ARRAY_HEADER_ERRORS,
+    NPZ_ERRORS,
     ChunkTable,
     CorpusRetriever,
     array_problem,
@@ -424,7 +424,11 @@ class BM25Retriever(CorpusRetriever):
         if tokenizer is not None and not callable(tokenizer):
             raise ValidationError(f"tokenizer must be a callable str -> list[str], got {type(tokenizer).__name__}")
         meta = read_meta(path, "bm25")
-        if meta.get("tokenizer") is None and tokenizer is None:
+        if not isinstance(meta.get("tokenizer", 0), (str, type(None))):
+            # every save writes the key (null for a callable tokenizer): missing or of another type, it was damaged
+            raise CorruptStateError(f"{path / 'meta.json'}: 'tokenizer' must be a pattern or null, "
+                                    f"got {meta.get('tokenizer', 'nothing')!r}")
+        if meta["tokenizer"] is None and tokenizer is None:
             raise ValidationError(
                 f"{path} was indexed with a custom tokenizer: pass it as load(path, tokenizer=...), or for an "
                 "ensemble FeedbackEnsemble.load(path, retriever_options={'bm25': {'tokenizer': ...}})"
@@ -533,7 +537,7 @@ def _load_counts(file: Path, df: np.ndarray, avg_len: float) -> Any:
     try:
         with np.load(file, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in ("data", "indices", "indptr", "shape")}
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, *ARRAY_HEADER_ERRORS) as exc:
+    except NPZ_ERRORS as exc:
         raise CorruptStateError(f"{file}: cannot read the term counts: {array_problem(exc)}") from exc
     data, indices, indptr, shape = (arrays[n] for n in ("data", "indices", "indptr", "shape"))
     n_vocab = df.shape[0]

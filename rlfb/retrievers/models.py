@@ -295,9 +295,15 @@ def saved_model(meta: Mapping[str, Any], model: Any, where: object) -> Any:
     <rlfb.ensemble.FeedbackEnsemble.load>`. A save from before ``model_instance`` was recorded
     loads the model it names, as it did.
     """
-    if model is not None or meta.get("default_model", False):
+    default, name = meta.get("default_model", False), meta.get("model")
+    if not isinstance(default, bool):
+        raise CorruptStateError(f"{where}: meta.json's 'default_model' must be true or false, got {default!r}")
+    if model is not None or default:
         return model
-    name = meta.get("model")
+    if not isinstance(name, (str, type(None))):
+        # a model is saved by its name or as null: anything else would be taken for a loaded model, and fail
+        # at the first query
+        raise CorruptStateError(f"{where}: meta.json names no model: 'model' must be a name or null, got {name!r}")
     if name is None:
         kind = meta.get("kind", "dense")
         hint = meta.get("model_hint")

@@ -10,8 +10,6 @@ cached on disk as (indices, values) blobs, query encodings also in memory.
 from __future__ import annotations
 
 import copy
-import zipfile
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.base import (
-    ARRAY_HEADER_ERRORS,
+    NPZ_ERRORS,
     ChunkTable,
     CorpusRetriever,
     array_problem,
@@ -112,11 +110,6 @@ def rows_to_csr(rows: Sequence[SparseVector], n_cols: int) -> Any:
     return matrix
 
 
-# what reading a damaged .npz can raise: a file that is no zip (BadZipFile), a truncated or bit-flipped
-# member (zlib.error, EOFError), a missing array (KeyError), arrays that form no matrix (ValueError, ...),
-# a damaged .npy header inside (ARRAY_HEADER_ERRORS)
-_NPZ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile, zlib.error,
-               *ARRAY_HEADER_ERRORS)
 
 
 def _check_matrix(file: Path, matrix: Any, n_docs: int) -> None:
@@ -395,7 +388,7 @@ class SpladeRetriever(CorpusRetriever):
         file = path / "doc_matrix.npz"
         try:
             matrix = sp.csr_matrix(sp.load_npz(file))
-        except _NPZ_ERRORS as exc:
+        except NPZ_ERRORS as exc:
             raise CorruptStateError(f"cannot read the SPLADE index in {file}: {array_problem(exc)}") from exc
         table = ChunkTable.load(path)
         _check_matrix(file, matrix, len(table))
