@@ -65,7 +65,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 from langchain_rlfb._checks import check_store, flag, session_text, usable_score
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
-from rlfb.errors import RlfbError, ValidationError
+from rlfb.errors import NotCopyableError, RlfbError, ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
     default_implicit,
@@ -155,6 +155,17 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if ensemble.store is None:
             raise ValidationError(_NO_ENSEMBLE_STORE)
         return cls(ensemble.store, ensemble=ensemble, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FeedbackCallbackHandler:
+        # its open runs, lock and store connection (and the ensemble it teaches) cannot be copied: a bare
+        # "cannot pickle '_thread.lock' object" before
+        raise NotCopyableError(
+            "a FeedbackCallbackHandler cannot be copied or pickled: it holds its store's connection, the runs it "
+            "has open and the learner it teaches; pass the same handler, or make another one on the same store"
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__deepcopy__({})
 
     # ------------------------------------------------------------------ run tree
     # Every run type that can sit between a retrieval and the run feedback is given on

@@ -291,6 +291,13 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         # rlfb's ValidationError in its own; invoke(k=0) raises rlfb's, so construction does too.
         super().__init__(**{**data, **_checked_fields(data)})
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # pydantic checks no assignment: retriever.session_id = uuid4() failed every later invoke, and
+        # retriever.observe_followups = "no" was read as true
+        if name in _CHECKS or name == "session_id":
+            value = _checked_fields({name: value}).get(name, value)
+        super().__setattr__(name, value)
+
     # ------------------------------------------------------------------ LangChain hooks
     def _get_ls_params(self, **kwargs: Any) -> Any:
         # LangChain adds these to the run's metadata, which is all a callback handler sees of the retriever: a

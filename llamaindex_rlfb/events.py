@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import warnings
 import weakref
@@ -84,7 +85,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llamaindex_rlfb._checks import finite_or_none, session_text
 from llamaindex_rlfb._nodes import event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
-from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.errors import NotCopyableError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
     key_or_score,
@@ -215,6 +216,7 @@ class FeedbackEventHandler(BaseEventHandler):
     )
 
     _store: Any = PrivateAttr(default=None)
+    _owns_store: bool = PrivateAttr(default=True)
     _ensemble: Any = PrivateAttr(default=None)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
     _learners: Any = PrivateAttr(default_factory=OrderedDict)  # event id -> weak reference to the adapter
@@ -249,6 +251,7 @@ class FeedbackEventHandler(BaseEventHandler):
         # a rebuild from a dump: the store and ensemble it could not carry must come again, never a new store
         check_given_again(self.class_name(), not_serialised, {"store": store is not None,
                                                              "ensemble": ensemble is not None}, from_dict=False)
+        handed = store if store is not None and not isinstance(store, (str, os.PathLike)) else None
         store = open_store(store, store_path)
         if store is None:
             store = FeedbackStore(MEMORY)
@@ -260,6 +263,7 @@ class FeedbackEventHandler(BaseEventHandler):
             lost.append("ensemble")
         super().__init__(store_path=path, score_scale=score_scale, not_serialised=lost)
         self._store = store
+        self._owns_store = store is not handed  # close() closes only a store opened here, not a borrowed one
         self._ensemble = ensemble
         self._last = ContextVar(f"rlfb_llamaindex_last_query_{id(self)}", default=None)
         self._spans = _SpanParents()
@@ -330,6 +334,18 @@ class FeedbackEventHandler(BaseEventHandler):
             d.span_handlers = [h for h in d.span_handlers if h is not self._spans]
         self._dispatchers.clear()
 
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> FeedbackEventHandler:
+        # its lock, open queries and store connection (and the ensemble it teaches) cannot be copied: a bare
+        # "cannot pickle '_thread.RLock' object" before
+        raise NotCopyableError(
+            "a FeedbackEventHandler cannot be copied or pickled: it holds its store's connection, the queries it "
+            "follows and the learner it teaches; pass the same handler, or rebuild one with "
+            "FeedbackEventHandler(**handler.model_dump())"
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__deepcopy__()
+
     def __enter__(self) -> FeedbackEventHandler:
         return self.attach()
 
@@ -337,9 +353,14 @@ class FeedbackEventHandler(BaseEventHandler):
         self.detach()
 
     def close(self) -> None:
-        """Detach, and close the store."""
+        """Detach, and close the store if the handler opened it (from a path, or its own in-memory one).
+
+        A store handed in, or the ensemble's (``ensemble=`` a postprocessor or retriever), belongs to the
+        caller and stays open: closing it here broke every later query of that postprocessor.
+        """
         self.detach()
-        self._store.close()
+        if self._owns_store:
+            self._store.close()
 
     # ------------------------------------------------------------------ events
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
@@ -424,6 +445,22 @@ class FeedbackEventHandler(BaseEventHandler):
         if nodes:
             own = self._own_event(nodes)
             self._log(event.query, nodes, own or f"{qid}/response", qid, "response")
+            if own is None:
+                self._mark_cut(nodes)
+
+    def _mark_cut(self, nodes: Sequence[NodeWithScore]) -> None:
+        """An rlfb step's nodes some of which a later step cut before the answer (a cutoff, a dedup): those are
+        marked unused in its event, so that feedback on the answer does not blame or praise them."""
+        eid = event_id_of(nodes)
+        if eid is None:
+            return
+        kept = set(_ids(nodes))
+        stores = [self._store, *(e.store for e in self._makers_of([eid]).values())]
+        for store in dict.fromkeys(stores):  # the handler's, and the learner's where that is another file
+            if store.has_event(eid):
+                cut = [c["chunk_id"] for c in store.event(eid)["chunks"] if c["chunk_id"] not in kept]
+                if cut and len(cut) < len(store.event(eid)["chunks"]):
+                    store.mark_unused(eid, cut)
 
     def _own_event(self, nodes: Sequence[NodeWithScore]) -> str | None:
         """The rlfb event these nodes are, as logged: the id they carry, when the store has it with these

@@ -190,8 +190,12 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         self, query_bundle: QueryBundle, cancelled: threading.Event | None = None
     ) -> list[NodeWithScore]:
         ens = self.ensemble
+        # the attributes checked again: one set after construction (retriever.similarity_top_k = "3") is a
+        # named error, not a TypeError from deep inside
+        k = positive_count(self.similarity_top_k, "similarity_top_k")
+        explore, log = flag(self.explore, "explore"), flag(self.log, "log")
         # the slow part (encoding, scoring) before the decision, so a cancelled aretrieve can stop in between
-        ctx = ens.context(query_bundle.query_str, session_id=current_session(), k=self.similarity_top_k,
+        ctx = ens.context(query_bundle.query_str, session_id=current_session(), k=k,
                           embedding_strs=query_bundle.custom_embedding_strs)  # a HyDE transform's text (dense)
         if cancelled is not None and cancelled.is_set():
             # nobody will see this ranking: logged, it would be the session's "previous retrieval" for the next
@@ -199,9 +203,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             return []
         result = ens.rank_context(
             ctx,
-            self.similarity_top_k,
-            explore=self.explore,
-            log=self.log,
+            k,
+            explore=explore,
+            log=log,
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},
         )

@@ -11,10 +11,10 @@ store's snapshots) and :mod:`rlfb.ensemble_folder` (:meth:`~FeedbackEnsemble.sav
 >>> ens = FeedbackEnsemble.from_texts(
 ...     ["the aurora is caused by charged particles from the sun",
 ...      "tides are caused by the moon", "volcanoes erupt molten rock"],
-...     retrievers=("bm25",))
+...     ids=["aurora", "tides", "volcanoes"], retrievers=("bm25",))
 >>> result = ens.retrieve("what causes the aurora", k=2)
 >>> result.hits[0].chunk_id, result.hits[0].rank
-('0', 1)
+('aurora', 1)
 >>> ens.weights
 {'bm25': 1.0}
 """
@@ -207,7 +207,7 @@ class FeedbackEnsemble:
         retrievers: Sequence[str | Retriever] = ("bm25", "dense", "splade"),
         **kwargs: Any,
     ) -> FeedbackEnsemble:
-        """Build an ensemble over raw texts; ids default to ``"0"``, ``"1"``, ..."""
+        """Build an ensemble over raw texts; ids default to a hash of each text (:func:`rlfb.types.content_ids`)."""
         return cls.from_chunks(make_chunks(texts, ids, metadatas), retrievers=retrievers, **kwargs)
 
     # ------------------------------------------------------------------ a changing corpus

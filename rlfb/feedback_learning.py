@@ -297,6 +297,8 @@ def rebuild_episode(
         prior_rewards=prior,
         response_level=getattr(record, "chunk_id", None) is None,
         scores=scores,
+        used=None if all(c.get("used", True) for c in chunks) else np.array([bool(c.get("used", True))
+                                                                              for c in chunks]),
     )
 
 

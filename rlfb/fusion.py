@@ -69,8 +69,14 @@ def _present(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def minmax_normalize(scores: np.ndarray) -> np.ndarray:
     """Scale each column to [0, 1]; a constant column carries no information and becomes 0.
 
+    A missing (NaN) score becomes 0. In a column with missing scores (a member retriever's, which scores
+    only what it returned) whose present scores are all equal, being returned is all the column says: those
+    become 1, so that a member's lone hit counts for more than the candidates it did not return.
+
     >>> minmax_normalize(np.array([[1.0], [3.0], [2.0]])).ravel().tolist()
     [0.0, 1.0, 0.5]
+    >>> minmax_normalize(np.array([[0.7, 2.0], [np.nan, 2.0]])).tolist()
+    [[1.0, 0.0], [0.0, 0.0]]
     """
     arr = _as_matrix(scores)
     if arr.shape[0] == 0:  # no candidates (a member that found nothing): nothing to scale
@@ -79,6 +85,7 @@ def minmax_normalize(scores: np.ndarray) -> np.ndarray:
     lo, span, ok = _spread(mask, filled)
     out = np.zeros_like(arr)
     out[:, ok] = (filled[:, ok] - lo[ok]) / span[ok]
+    out[:, ~ok & ~mask.all(axis=0)] = 1.0  # equal scores of what a member returned; the missing are zeroed below
     return np.where(mask, out, 0.0)
 
 

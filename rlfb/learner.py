@@ -561,6 +561,9 @@ class Learner:
             raise ValidationError("chunk rewards must be finite")
         if not math.isfinite(reward):
             raise ValidationError(f"episode reward must be finite, got {episode.reward!r}")
+        used = episode.used
+        if used is not None and (np.shape(used) != r.shape or np.asarray(used).dtype != bool):
+            raise ValidationError(f"episode used must be {r.shape[0]} booleans, one per shown chunk, got {used!r}")
         prior = episode.prior_rewards
         if prior is not None and np.shape(prior) != r.shape:
             raise ValidationError(f"episode has {r.shape[0]} shown chunks but {np.shape(prior)} prior rewards")
@@ -597,7 +600,7 @@ class Learner:
         ids = tuple(episode.shown_ids)
         prior = episode.prior_rewards  # its shape was checked by _episode
         ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior,
-                            response_level=episode.response_level)
+                            response_level=episode.response_level, used=episode.used)
         # praise of a whole answer spread over its chunks says that one of them helped, not that the top one did
         # (it was counted as a click on it); criticism of the answer says the top chunk did not help either
         praised_together = episode.response_level and np.count_nonzero(r > 0) > 1

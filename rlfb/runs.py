@@ -27,7 +27,6 @@ the core lives here, framework-free:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 import os
@@ -42,6 +41,7 @@ from uuid import UUID
 import numpy as np
 
 from rlfb.errors import CorruptStateError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.types import content_id as content_id  # where it always was importable from
 
 __all__ = [
     "finite_score",
@@ -68,17 +68,6 @@ EXTERNAL_POLICY = "external"
 
 #: How a LangSmith-style feedback score maps to a reward value in [-1, 1].
 SCORE_SCALES = ("unit", "signed")
-
-
-def content_id(text: str) -> str:
-    """A stable id for a chunk that came without one: the first 16 hex digits of its text's sha256.
-
-    >>> content_id("the aurora is caused by the solar wind")
-    'sha256:b82187c14dc21ffa'
-    """
-    if not isinstance(text, str):
-        raise ValidationError(f"text must be a str, got {type(text).__name__}")
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def log_external(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,8 +14,8 @@ import numpy as np
 from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
 __all__ = [
-    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk_ids", "copy_metadata", "make_chunks",
-    "validate_flag", "validate_k", "validate_seconds",
+    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk_ids", "content_id", "content_ids",
+    "copy_metadata", "make_chunks", "validate_flag", "validate_k", "validate_seconds",
 ]
 
 
@@ -185,6 +186,38 @@ def check_chunk_ids(ids: Sequence[Any], what: str = "chunk id") -> None:
         seen.add(cid)
 
 
+def content_id(text: str) -> str:
+    """A stable id for a chunk that came without one: the first 16 hex digits of its text's sha256.
+
+    >>> content_id("the aurora is caused by the solar wind")
+    'sha256:b82187c14dc21ffa'
+    """
+    if not isinstance(text, str):
+        raise ValidationError(f"text must be a str, got {type(text).__name__}")
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def content_ids(texts: Sequence[str]) -> list[str]:
+    """:func:`content_id` of each text; the second and later copies of one text get ``#2``, ``#3``, ...
+
+    What is learned about a chunk is kept by its id, so an id must name the same text when the corpus is
+    built again from a list that changed (a text added at the front renumbered every positional id, and
+    handed each chunk's learning to its neighbour).
+
+    >>> content_ids(["a", "b", "a"])
+    ['sha256:ca978112ca1bbdca', 'sha256:3e23e8160039594a', 'sha256:ca978112ca1bbdca#2']
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValidationError(f"texts[{i}] is {type(text).__name__}, not str")
+        cid = content_id(text)
+        seen[cid] = n = seen.get(cid, 0) + 1
+        out.append(cid if n == 1 else f"{cid}#{n}")
+    return out
+
+
 def make_chunks(
     texts: Sequence[str],
     ids: Sequence[str] | None = None,
@@ -192,11 +225,14 @@ def make_chunks(
 ) -> list[Chunk]:
     """Zip texts, ids and metadata into validated chunks.
 
-    Ids default to ``"0"``, ``"1"``, ... Duplicate ids, an empty corpus and
-    mismatched lengths are rejected.
+    Ids default to a hash of each text (:func:`content_ids`), so that what is learned about a chunk stays
+    with its text when the list is built again in another order (they were ``"0"``, ``"1"``, ... until
+    2026-12-05). Duplicate ids, an empty corpus and mismatched lengths are rejected.
 
     >>> [c.id for c in make_chunks(["a", "b"])]
-    ['0', '1']
+    ['sha256:ca978112ca1bbdca', 'sha256:3e23e8160039594a']
+    >>> [c.id for c in make_chunks(["a", "b"], ids=["x", "y"])]
+    ['x', 'y']
     >>> make_chunks(["a", "b"], ids=["x", "x"])
     Traceback (most recent call last):
     ...
@@ -208,7 +244,7 @@ def make_chunks(
     if not texts:
         raise EmptyCorpusError("cannot index an empty corpus: no texts given")
     if ids is None:
-        ids = [str(i) for i in range(len(texts))]
+        ids = content_ids(texts)
     if isinstance(ids, str):  # a string is a sequence too: "ab" would silently become ids "a" and "b"
         raise ValidationError("ids must be a sequence of strings, not one string")
     ids = list(ids)

@@ -100,7 +100,7 @@ def test_lone_surrogates_save_load_and_encode(tmp_path: Path) -> None:
     assert back.chunks.ids == ["\udc00", "b"] and back.chunk("\udc00").metadata == {"o": "\ud800"}
     assert back.chunk("b").text == "café" and "café" in (tmp_path / "s" / "chunks.jsonl").read_text("utf-8")
     assert model_text("a \udc00 b") == "a ? b"
-    dense = FeedbackEnsemble.from_texts(["a \udc00 tides text", "volcanoes"], retrievers=("dense",))
+    dense = FeedbackEnsemble.from_texts(["a \udc00 tides text", "volcanoes"], ["0", "1"], retrievers=("dense",))
     assert dense.retrieve("\ud800 tides", k=1, log=False).hits[0].chunk_id == "0"
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from rlfb.cli import main
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.retrievers.cache import EmbeddingCache, SparseVector, cache_stats, cached_encode, prune_cache
+from rlfb.retrievers.cache import EmbeddingCache, SparseVector, cache_stats, cached_encode, prune_cache, text_hash
 
 _V1_SCHEMA = """
 CREATE TABLE encodings (
@@ -357,6 +357,31 @@ def test_a_read_only_cache_file_is_still_read_and_its_writes_are_dropped(tmp_pat
         cache.put_many({"h1": np.ones(4)})  # dropped, without a second warning
         got = cache.get_many(["h0", "h1"])
     assert list(got) == ["h0"]
+
+
+def test_a_whole_cache_in_a_folder_that_cannot_be_written_is_still_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cache on a read-only mount was not read at all: WAL mode needs its side files beside the file, so the
+    connection failed, every text was encoded again, and `rlfb cache stats` exited 2. (Root writes anywhere,
+    so the folder's refusal is what the usual connection is made to raise here.)"""
+    import rlfb.retrievers.cache as cache_module
+
+    EmbeddingCache(tmp_path, "m").put_many({"h0": np.full(4, 2.0)})
+    EmbeddingCache(tmp_path, "m").close()
+
+    def refused(path: Path) -> None:
+        raise cache_module._CacheUnavailable(f"cannot open the embedding cache {path}: unable to open database file")
+
+    monkeypatch.setattr(cache_module, "_open", refused)
+    cache = EmbeddingCache(tmp_path, "m")
+    with pytest.warns(RuntimeWarning, match="cannot be written .*reading it"):
+        assert cache.get_many(["h0"])["h0"].tolist() == [2.0] * 4
+    assert cached_encode(["new text"], _ones, disk=cache)[0].tolist() == [1.0] * 4  # encoded, not stored
+    assert list(cache.get_many(["h0", text_hash("new text")])) == ["h0"]
+    assert main(["cache", "stats", "--dir", str(tmp_path), "--json"]) == 0
+    assert [m["entries"] for m in json.loads(capsys.readouterr().out)["models"]] == [1]
+    assert main(["cache", "prune", "--dir", str(tmp_path), "--max-mb", "0"]) == 2  # a prune must write
 
 
 @pytest.mark.parametrize(("option", "value"), [("--max-mb", "1e13"), ("--max-mb", "1e308"),

@@ -24,6 +24,7 @@ TEXTS = [
         for b in ("physics", "geology", "weather", "light")
     )
 ]
+IDS = [str(i) for i in range(len(TEXTS))]  # the chunk ids the tests name
 QUERIES = ("aurora physics", "storm weather", "moon light", "rock geology")
 
 
@@ -175,7 +176,7 @@ def _no_constant(name: str) -> None:
 
 
 def test_a_failed_save_leaves_the_previous_one(tmp_path) -> None:
-    ens = FeedbackEnsemble.from_texts(TEXTS[:4], retrievers=("bm25",), metadatas=[{"n": i} for i in range(4)])
+    ens = FeedbackEnsemble.from_texts(TEXTS[:4], IDS[:4], retrievers=("bm25",), metadatas=[{"n": i} for i in range(4)])
     root = tmp_path / "idx"
     ens.save(root)
     before = {p.name: p.read_bytes() for p in root.iterdir() if p.is_file()}
@@ -202,7 +203,7 @@ def test_a_failed_save_leaves_the_previous_one(tmp_path) -> None:
 def test_a_store_without_query_text_keeps_questions_apart_and_out_of_the_state(tmp_path) -> None:
     t0 = time.time() - 10_000
     store = FeedbackStore(tmp_path / "f.db", store_text=False)
-    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=store)
+    ens = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=store)
     r = ens.retrieve("aurora physics", k=5, timestamp=t0, explore=False)
     ens.feedback(r.event_id, "click", chunk_id="0", timestamp=t0 + 1)
     r = ens.retrieve("storm weather", k=5, timestamp=t0 + 2, explore=False)
@@ -215,11 +216,31 @@ def test_a_store_without_query_text_keeps_questions_apart_and_out_of_the_state(t
     assert "aurora physics" not in snapshot and "storm weather" not in snapshot
     # after a restart the learner finds the same question again from the store's hash
     reopened = FeedbackStore(tmp_path / "f.db", store_text=False)
-    again = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=reopened)
+    again = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=reopened)
     r = again.retrieve("storm weather", k=5, timestamp=t0 + 4, explore=False)
     again._contexts.clear()  # as if the process had restarted between the retrieval and its feedback
     again.feedback(r.event_id, "click", chunk_id="30", timestamp=t0 + 5)
     assert len(again.learner.memory) == 2
+
+
+def test_learning_stays_with_its_text_when_the_texts_are_given_again_in_another_order(tmp_path) -> None:
+    # ids were positions: a text added at the front on a restart handed each chunk's feedback memory and
+    # confidence to its neighbour ("tides" scored for a question whose clicks went to "volcanoes")
+    texts = ["Tides follow the pull of the moon.", "Volcanoes erupt molten rock.", "The aurora glows green."]
+    path = tmp_path / "f.db"
+    first = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(path))
+    volcano = first.chunks.ids[1]
+    for _ in range(3):
+        r = first.retrieve("what erupts", k=3, explore=False)
+        first.feedback(r.event_id, "click", chunk_id=volcano)
+    first.close()
+    again = FeedbackEnsemble.from_texts(["Glaciers carve valleys.", *texts], retrievers=("bm25",), store=str(path))
+    hits = {h.text: h.memory for h in again.retrieve("what erupts", k=4, explore=False, log=False).hits}
+    assert hits["Volcanoes erupt molten rock."] > 0
+    assert all(v <= 0 for t, v in hits.items() if t != "Volcanoes erupt molten rock.")
+    # a text given twice is two chunks, as before
+    twice = FeedbackEnsemble.from_texts([texts[0], texts[0]], retrievers=("bm25",))
+    assert len(set(twice.chunks.ids)) == 2
 
 
 @pytest.mark.parametrize("store_text", [True, False])
@@ -228,7 +249,8 @@ def test_a_blank_question_is_remembered_for_no_other_blank_one(tmp_path, store_t
     # after one user's empty search lifted that chunk for every later empty search of any user
     t0 = time.time() - 10_000
     path = tmp_path / "f.db"
-    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=FeedbackStore(path, store_text=store_text))
+    ens = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",),
+                                      store=FeedbackStore(path, store_text=store_text))
     r = ens.retrieve("  ", k=5, timestamp=t0, explore=False)
     ens.feedback(r.event_id, "click", chunk_id=r.chunk_ids[-1], timestamp=t0 + 1)
     assert len(ens.learner.memory) == 0
@@ -236,7 +258,7 @@ def test_a_blank_question_is_remembered_for_no_other_blank_one(tmp_path, store_t
         assert not any(h.memory for h in ens.retrieve(blank, k=32, explore=False, log=False).hits)
     # after a restart, the feedback learned from the logged event alone still keys no memory entry
     ens.close()
-    again = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",),
+    again = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",),
                                         store=FeedbackStore(path, store_text=store_text))
     again.feedback(r.event_id, "click", chunk_id=r.chunk_ids[0], timestamp=t0 + 2)
     assert len(again.learner.memory) == 0
@@ -461,7 +483,7 @@ def test_a_store_without_text_knows_a_repeat_by_its_normalised_text_across_a_res
     path = tmp_path / "fb.db"
 
     def ensemble() -> FeedbackEnsemble:
-        return FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), policy="thompson",
+        return FeedbackEnsemble.from_texts(texts, ["0", "1", "2", "3"], retrievers=("bm25",), policy="thompson",
                                            store=FeedbackStore(path, store_text=False))
 
     first = ensemble()

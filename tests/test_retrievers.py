@@ -473,7 +473,7 @@ def test_offline_load_of_default_models(tmp_path: Path) -> None:
     code = (
         "from rlfb.retrievers import DenseRetriever, SpladeRetriever\n"
         "from rlfb.types import make_chunks\n"
-        "c = make_chunks(['solar wind and the aurora', 'baking bread'])\n"
+        "c = make_chunks(['solar wind and the aurora', 'baking bread'], ['0', '1'])\n"
         "for cls in (DenseRetriever, SpladeRetriever):\n"
         "    r = cls(cache_dir=False).index(c)\n"
         "    assert r.search('aurora', 1)[0][0] == '0', cls\n"
@@ -560,7 +560,7 @@ def test_bm25_custom_tokenizer_needs_it_on_load(tmp_path: Path, chunks: list[Chu
 
 
 def test_bm25_no_known_terms_and_empty_texts() -> None:
-    r = BM25Retriever().index(make_chunks(["", "alpha beta", "!!!"]))
+    r = BM25Retriever().index(make_chunks(["", "alpha beta", "!!!"], ["0", "1", "2"]))
     assert r.score_all("zeta").tolist() == [0.0, 0.0, 0.0]
     assert r.search("", 2) == [("0", 0.0), ("1", 0.0)]
     assert BM25Retriever().index(make_chunks(["", " "])).score_all("x").tolist() == [0.0, 0.0]

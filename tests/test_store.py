@@ -314,6 +314,23 @@ def test_unused_chunks_get_no_share_of_response_level_feedback(fresh_store):
     assert [True, True, False] == [c["used"] for c in fresh_store.event(eid)["chunks"]]
 
 
+def test_chunks_marked_unused_after_logging_get_no_share_of_later_response_level_feedback(fresh_store):
+    eid = log(fresh_store, ts=NOW)
+    first = fresh_store.record_feedback(eid, "thumbs_up")
+    assert fresh_store.mark_unused(eid, ["c1"]) == 1
+    assert fresh_store.mark_unused(eid, ["c1", "c3"]) == 1  # c1 was unused already
+    assert [c["used"] for c in fresh_store.event(eid)["chunks"]] == [False, True, False]
+    assert fresh_store.record_feedback(eid, "thumbs_up", user_id="u2").chunk_rewards == {"c2": 1.0}
+    assert first.chunk_rewards == {"c1": 1.0, "c2": 1.0, "c3": 1.0}  # what was recorded before stays
+    assert fresh_store.record_feedback(eid, "opened", chunk_id="c1").chunk_rewards == {"c1": 0.4}
+    before = fresh_store.event(eid)
+    for bad, error in [(("nope", ["c1"]), UnknownEventError), ((eid, ["c9"]), UnknownChunkError),
+                       ((eid, "c1"), ValidationError), ((eid, [None]), ValidationError)]:
+        with pytest.raises(error):
+            fresh_store.mark_unused(*bad)
+    assert fresh_store.event(eid) == before  # a refusal changes nothing
+
+
 def test_event_without_chunks_still_records_its_reward(fresh_store):
     eid = log(fresh_store, ids=(), ts=NOW)
     rec = fresh_store.record_feedback(eid, "thumbs_down")

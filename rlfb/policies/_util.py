@@ -320,6 +320,7 @@ def chunk_evidence(
     prior: np.ndarray | None = None,
     *,
     response_level: bool = True,
+    used: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per-shown-chunk evidence for confidences and memory, from one piece of feedback.
 
@@ -345,6 +346,13 @@ def chunk_evidence(
     >>> chunk_evidence(np.array([0.0, -1.0]), -1.0, 0.2, 0.5, response_level=False).tolist()
     [0.0, -1.0]
 
+    ``used`` marks the chunks the answer was written from (``None``: all): praise of the answer reads none
+    of the others as passed over (a chunk a later step cut before the answer was never seen), so a thumbs
+    up spread over ranks 2 and 3 does not count an unused rank 1 as skipped.
+
+    >>> chunk_evidence(np.array([0.0, 1.0, 1.0]), 1.0, 0.2, 0.5, used=np.array([False, True, True])).tolist()
+    [0.0, 1.0, 1.0]
+
     A second click at rank 4, after a first at rank 2: only rank 3 is newly skipped.
 
     >>> chunk_evidence(np.array([0.0, 0.0, 0.0, 0.4]), 0.4, 0.2, 0.5, prior=np.array([0.0, 0.4, 0.0, 0.0])).tolist()
@@ -359,6 +367,8 @@ def chunk_evidence(
         start = int(earlier[-1]) if earlier.size else 0
         skipped = np.zeros(r.shape[0], dtype=bool)
         skipped[start : int(pos[-1])] = True
+        if response_level and used is not None:
+            skipped &= np.asarray(used, dtype=bool)
         r[skipped & (total == 0)] = -skip_weight
     elif response_level and episode_reward < 0:
         r[r == 0] = abandon_weight * max(-1.0, episode_reward)

@@ -124,6 +124,9 @@ class Episode:
     # the feedback judged the whole answer (a thumbs down on it), not one chunk: only then does a
     # negative reward say something about the chunks it did not name
     response_level: bool = True
+    # which shown chunks the answer was written from (None: all of them, as logged with used=True): praise
+    # of the answer reads no chunk the answer did not use as passed over (a node a later step cut)
+    used: np.ndarray | None = None
 
 
 @runtime_checkable

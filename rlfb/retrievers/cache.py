@@ -14,9 +14,10 @@ writing process drop the least recently used encodings once the file's entries p
 The cache holds nothing that cannot be encoded again: a damaged row is a miss, and a damaged
 file warns once and is then passed by (lookups miss, writes are dropped), so indexing and
 search go on; :func:`cache_stats` and :func:`prune_cache` name it in a :class:`CorruptStateError`.
-A cache that cannot be written is passed by alike: a folder that cannot be made or a file that
-cannot be opened (a read-only folder) warns once and is not used; a file that cannot be written
-(read-only, a full disk) warns once, drops writes and is still read.
+A cache that cannot be written is passed by alike: a folder that cannot be made, or a file that
+cannot be opened, warns once and is not used; a file that cannot be written (read-only, in a
+read-only folder, a full disk) warns once, drops writes and is still read (in a folder that cannot
+be written, opened read-only and immutable, since WAL mode needs its side files beside the file).
 """
 
 from __future__ import annotations
@@ -226,6 +227,25 @@ def _open(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to an existing cache file whose folder cannot be written (a read-only mount):
+    WAL mode needs its side files made beside the file, so the usual connection fails there. Opened as
+    immutable, it reads what the file holds (not a write-ahead log another process left behind). A file
+    that is no cache of this schema raises as :func:`_open` does."""
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro&immutable=1", uri=True,
+                               check_same_thread=False, isolation_level=None)
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        if _is_unavailable(exc):
+            raise _CacheUnavailable(f"cannot open the embedding cache {path}: {exc}") from exc
+        raise CorruptStateError(f"cannot open embedding cache {path}: {exc}") from exc
+    if version != _SCHEMA_VERSION:
+        conn.close()
+        raise CorruptStateError(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
+    return conn
+
+
 def _migrate(conn: sqlite3.Connection) -> int:
     """Create the table, or add what an older file lacks; returns the schema version.
 
@@ -415,8 +435,13 @@ class EmbeddingCache:
         try:
             return self._connect()
         except _CacheUnavailable as exc:
-            self._go_without(exc, readable=False)
-            return None
+            try:  # a whole cache in a folder that cannot be written (a read-only mount) is still read
+                self._conn, self._pid = _open_read_only(self.path), os.getpid()
+            except (_CacheUnavailable, CorruptStateError):
+                self._go_without(exc, readable=False)
+                return None
+            self._go_without(exc, readable=True)
+            return self._conn
         except CorruptStateError as exc:
             cause = exc.__cause__
             if isinstance(cause, sqlite3.DatabaseError) and _is_damage(cause):
@@ -582,7 +607,7 @@ def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"path": str(path), "file_bytes": _file_bytes(path), "models": []}
     if not path.is_file():
         return out
-    with _report_connection(path) as conn:
+    with _report_connection(path, read_only=True) as conn:
         rows = conn.execute(
             f"SELECT model_key, COUNT(*), SUM({_ENTRY_BYTES}), MIN(used_at), MAX(used_at) "
             "FROM encodings GROUP BY model_key ORDER BY model_key"
@@ -660,10 +685,16 @@ def _free_bytes(conn: sqlite3.Connection) -> int:
 
 
 @contextmanager
-def _report_connection(path: Path) -> Iterator[sqlite3.Connection]:
+def _report_connection(path: Path, *, read_only: bool = False) -> Iterator[sqlite3.Connection]:
     """A connection to the cache file for :func:`cache_stats` and :func:`prune_cache`, closed after; damage
-    SQLite finds in the file is a :class:`CorruptStateError` naming it."""
-    conn = _open(path)
+    SQLite finds in the file is a :class:`CorruptStateError` naming it. With ``read_only``, a file whose
+    folder cannot be written is opened read-only (stats); a prune needs to write and fails as before."""
+    try:
+        conn = _open(path)
+    except _CacheUnavailable:
+        if not (read_only and path.is_file()):
+            raise
+        conn = _open_read_only(path)
     try:
         yield conn
     except sqlite3.DatabaseError as exc:

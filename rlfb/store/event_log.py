@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlfb.errors import DuplicateEventError, DuplicateIdError, InvalidWeightsError, UnknownEventError, ValidationError
+from rlfb.errors import (
+    DuplicateEventError,
+    DuplicateIdError,
+    InvalidWeightsError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
 from rlfb.reward import finite_float
 from rlfb.store.checks import (
     _batches,
@@ -32,7 +39,7 @@ from rlfb.store.checks import (
     _opt_str,
     _req_str,
 )
-from rlfb.store.codec import _dec, _dumps, _enc, query_hash
+from rlfb.store.codec import _dec, _dumps, _enc, _loads, query_hash
 from rlfb.store.records import _DECISION_KEYS, _EVENT_COLS, _EVENT_PARAMS, _N_EVENT_COLS, _chunk_dict, _event_dict
 from rlfb.types import validate_flag
 
@@ -245,6 +252,28 @@ def has_event(store: FeedbackStore, event_id: str) -> bool:
     enc = _enc(_check_id(event_id, "event_id", allow_empty=True))  # "" is never logged: False
     with store._read() as conn:
         return conn.execute("SELECT 1 FROM events WHERE id = ?", (enc,)).fetchone() is not None
+
+
+def mark_unused(store: FeedbackStore, event_id: str, chunk_ids: Iterable[str]) -> int:
+    """Mark chunks of a logged event as not used by the answer; returns how many were used before."""
+    enc = _enc(_check_event_id(event_id))
+    if isinstance(chunk_ids, str):
+        raise ValidationError("chunk_ids must be a sequence of chunk ids, not one string")
+    gone = [_req_str(c, "chunk id") for c in chunk_ids]
+    with store._write() as conn:
+        row = conn.execute("SELECT chunk_ids, unused_ids FROM events WHERE id = ?", (enc,)).fetchone()
+        if row is None:
+            raise UnknownEventError(f"unknown event id {event_id!r}")
+        shown, before = _loads(row[0]), set(_loads(row[1]) or ())
+        unknown = [c for c in gone if c not in shown]
+        if unknown:
+            raise UnknownChunkError(f"chunk {unknown[0]!r} was not part of event {event_id!r}")
+        unused = [c for c in shown if c in before or c in gone]  # in rank order, as logged
+        conn.execute("UPDATE events SET unused_ids = ? WHERE id = ?",
+                     (_dumps(unused, "unused_ids") if unused else None, enc))
+        conn.executemany("UPDATE event_chunks SET used = 0 WHERE event_id = ? AND chunk_id = ?",
+                         [(enc, _enc(c)) for c in gone])
+    return len(unused) - len(before)
 
 
 def event(store: FeedbackStore, event_id: str) -> dict[str, Any]:

@@ -297,6 +297,14 @@ class FeedbackStore:
         if event_id is not None and self.has_event(event_id):
             raise DuplicateEventError(f"event id {event_id!r} was already logged")
 
+    def mark_unused(self, event_id: str, chunk_ids: Iterable[str]) -> int:
+        """Mark chunks of a logged retrieval as not used by its answer (a later step cut them before the LLM
+        saw them): response-level feedback recorded from now on is spread over the chunks still used, as if
+        they had been logged with ``used=False``. Returns how many were used before. An unknown event is an
+        :class:`UnknownEventError`, a chunk it did not return an :class:`UnknownChunkError`, and nothing is
+        changed."""
+        return event_log.mark_unused(self, event_id, chunk_ids)
+
     def has_event(self, event_id: str) -> bool:
         """Whether ``event_id`` was logged."""
         return event_log.has_event(self, event_id)

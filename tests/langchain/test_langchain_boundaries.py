@@ -203,6 +203,22 @@ def test_a_retriever_is_shared_shallowly_and_refuses_a_deep_copy_by_name() -> No
         copy.deepcopy(retriever)
 
 
+@pytest.mark.parametrize("made", ["from_ensemble", "from_store"])
+def test_a_callback_handler_refuses_a_copy_or_pickle_by_name(made: str) -> None:
+    # a bare "TypeError: cannot pickle '_thread.lock' object", where the README promises NotCopyableError
+    import copy
+    import pickle
+
+    from rlfb import NotCopyableError
+
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), store=FeedbackStore(), k=2)
+    handler = (FeedbackCallbackHandler.from_ensemble(retriever) if made == "from_ensemble"
+               else FeedbackCallbackHandler(retriever.ensemble.store))
+    for duplicate in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(NotCopyableError, match="FeedbackCallbackHandler cannot be copied or pickled"):
+            duplicate(handler)
+
+
 @pytest.mark.parametrize(("returned", "named"), [(["a"], "str"), (None, "NoneType"), ([None], "NoneType")])
 def test_a_member_returning_no_documents_is_named(returned: Any, named: str) -> None:
     # a bare AttributeError ('str' object has no attribute 'metadata') or TypeError, naming no member
@@ -213,14 +229,23 @@ def test_a_member_returning_no_documents_is_named(returned: Any, named: str) -> 
         retriever.invoke("tides")
 
 
-def test_fields_set_after_construction_are_checked_at_use() -> None:
-    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), k=2)
-    for field, value in (("k", "2"), ("explore", "no"), ("log", 1.5)):
-        setattr(retriever, field, value)  # pydantic checks no assignment
+def test_fields_set_after_construction_are_checked_as_the_constructor_checks_them(tmp_path) -> None:
+    # pydantic checks no assignment: k = "2" failed at the next invoke, observe_followups = "no" was read as
+    # true, and session_id = uuid4(), which the constructor takes, failed every later invoke
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), k=2,
+                                                     store=str(tmp_path / "f.db"))
+    for field, value in (("k", "2"), ("explore", "no"), ("log", 1.5), ("observe_followups", "no"),
+                         ("session_id", "")):
         with pytest.raises(ValidationError, match=field):
-            retriever.invoke("tides")
-        setattr(retriever, field, {"k": 2, "explore": True, "log": True}[field])
-    assert len(retriever.invoke("tides")) == 2
+            setattr(retriever, field, value)
+    assert (retriever.k, retriever.explore, retriever.log, retriever.observe_followups) == (2, True, True, True)
+    session = uuid.uuid4()
+    retriever.session_id = session
+    assert retriever.session_id == str(session)
+    docs = retriever.invoke("tides")
+    assert len(docs) == 2 and retriever.ensemble.store.event(docs[0].metadata["event_id"])["session_id"] == str(session)
+    retriever.session_id = None
+    assert retriever.session_id is None
 
 
 def test_feedback_on_a_run_id_given_in_a_retrievers_config_says_how_to_give_it(tmp_path) -> None:

@@ -313,6 +313,21 @@ def test_member_without_scores_is_fused_by_rank(make_ensemble: Any) -> None:
     assert sum(v is None for v in kb.values()) == len(TEXTS) - 1  # chunks the member did not return
 
 
+def test_a_members_lone_hit_counts_for_more_than_what_it_did_not_return() -> None:
+    # min-max took a member's one returned document for a constant column and gave it 0, as for the documents
+    # it did not return: with 0.9 of the weight on that member, its only hit was ranked last
+    from langchain_core.documents import Document
+    from langchain_core.runnables import RunnableLambda
+
+    docs = [Document(page_content=t, id=f"d{i}") for i, t in enumerate(TEXTS)]
+    exact = RunnableLambda(lambda q: [docs[-1]])
+    broad = RunnableLambda(lambda q: docs[:-1] + [docs[-1]])
+    retriever = FeedbackEnsembleRetriever.from_retrievers({"exact": exact, "broad": broad}, policy="fixed",
+                                                          weights={"exact": 0.9, "broad": 0.1}, k=len(docs))
+    got = retriever.invoke("anything", explore=False)
+    assert got[0].id == docs[-1].id and got[0].metadata["score"] == pytest.approx(0.9)
+
+
 async def test_ainvoke_and_concurrent_abatch_log_every_event(make_ensemble: Any) -> None:
     ens = make_ensemble()
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)

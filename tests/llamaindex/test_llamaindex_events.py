@@ -13,7 +13,7 @@ from llama_index.core.instrumentation.dispatcher import instrument_tags
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.retrievers import QueryFusionRetriever
-from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llamaindex_rlfb import (
     EVENT_ID_KEY,
@@ -23,7 +23,7 @@ from llamaindex_rlfb import (
     current_query_id,
     instrument,
 )
-from rlfb import IdempotencyConflictError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb import IdempotencyConflictError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.store import FeedbackStore
 
 LEXICAL_QUERIES = ("what makes the sky glow green", "moon", "hot rock from mountains", "titanium 400 bar")
@@ -621,3 +621,63 @@ def test_feedback_naming_no_query_refuses_a_chat_turn_that_raised(index: Any, ha
         handler.record_feedback(score=1.0)
     index.as_chat_engine(chat_mode=mode, llm=MockLLM()).chat("volcano")
     assert len(handler.record_feedback(score=1.0)) == 1  # the next turn answered: the default again
+
+
+@pytest.mark.parametrize("borrow", ["ensemble", "store"])
+def test_close_leaves_open_a_store_the_handler_borrowed(tmp_path: Any, borrow: str) -> None:
+    # handler.close() closed the postprocessor's own store, and every later query through it raised
+    # "FeedbackStore is closed"
+    nodes = [TextNode(id_="a", text="the aurora is caused by the solar wind"), TextNode(id_="b", text="tides")]
+    pp = FeedbackFusionPostprocessor(store=str(tmp_path / "fb.db"), retrievers=("bm25",), top_n=1, nodes=nodes)
+    handler = FeedbackEventHandler(**{borrow: pp if borrow == "ensemble" else pp.store}).attach()
+    pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")
+    handler.record_feedback(score=1.0)
+    handler.close()
+    assert [n.node.node_id for n in pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes],
+                                                         query_str="tides")] == ["b"]
+    # one it opened itself, from a path, it closes
+    own = FeedbackEventHandler(store=tmp_path / "fb.db")
+    own.close()
+    with pytest.raises(RlfbError, match="closed"):
+        own.store.log_event("q", {"weights": {"bm25": 1.0}}, chunks=[])
+
+
+def test_a_handler_refuses_a_copy_or_pickle_by_name(tmp_path: Any) -> None:
+    # a bare "TypeError: cannot pickle '_thread.RLock' object", where the README promises NotCopyableError
+    import copy
+    import pickle
+
+    from rlfb import NotCopyableError
+
+    handler = FeedbackEventHandler(store=tmp_path / "fb.db")
+    for duplicate in (copy.deepcopy, pickle.dumps):
+        with pytest.raises(NotCopyableError, match="FeedbackEventHandler cannot be copied or pickled"):
+            duplicate(handler)
+    assert FeedbackEventHandler(**handler.model_dump()).store_path == handler.store_path  # what it says to do
+    handler.close()
+
+
+def test_nodes_a_later_step_cut_take_no_share_of_praise_of_the_answer(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # the learner was rated on its whole decision: a thumbs up on the answer praised a node a later step cut
+    # before the LLM saw it, and the README says feedback on the answer speaks for the chunks it used
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    class DropFirst(BaseNodePostprocessor):  # any later cut: a similarity cutoff, a dedup, a token budget
+        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
+            return nodes[1:]
+
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=3, explore=False)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp, DropFirst()])
+    used = [n.node.node_id for n in engine.query("moon tides").source_nodes]
+    decision = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor")
+    cut = [c["chunk_id"] for c in decision["chunks"] if c["chunk_id"] not in used]
+    assert len(cut) == 1 and {c["chunk_id"]: c["used"] for c in decision["chunks"]} == {
+        **{u: True for u in used}, cut[0]: False}
+    before = ens.learner.confidence.confidence(cut)[0]
+    [record] = [r for r in handler.record_feedback(score=1.0) if r.event_id == decision["id"]]
+    assert set(record.chunk_rewards) == set(used)  # the praise went to the answer's chunks only
+    assert ens.learner.confidence.confidence(cut)[0] == before  # neither praised nor read as passed over
+    assert ens.learner.memory.known("moon tides").get(cut[0], 0.0) == 0.0

@@ -47,6 +47,17 @@ def test_log_false_evaluates_without_writing_to_the_store(nodes: list[TextNode],
         FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), log="no")
 
 
+def test_attributes_set_after_construction_are_named_when_wrong(nodes: list[TextNode]) -> None:
+    # similarity_top_k = "3" set afterwards was a bare TypeError from inside the ranking
+    retriever = FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), similarity_top_k=2)
+    for attribute, value in (("similarity_top_k", "3"), ("similarity_top_k", 0), ("explore", "no"), ("log", 1.5)):
+        setattr(retriever, attribute, value)
+        with pytest.raises(ValidationError, match=attribute):
+            retriever.retrieve("moon tides")
+        setattr(retriever, attribute, {"similarity_top_k": 2, "explore": True, "log": True}[attribute])
+    assert len(retriever.retrieve("moon tides")) == 2
+
+
 def test_from_index_and_docstore(index: Any, fast_dense: dict[str, Any]) -> None:
     from_index = FeedbackEnsembleRetriever.from_defaults(index=index, retrievers=("bm25",),
                                                          similarity_top_k=2)
