@@ -5,8 +5,9 @@ Run from the repository root::
     python benchmarks/bench_policies.py            # full run
     python benchmarks/bench_policies.py --quick    # fewer repetitions
 
-Part 1 times ``Learner.rank`` (one decision: policy, confidence, memory,
-fusion, exploration) and ``Learner.learn`` (one update: policy, confidence,
+Part 1 times the normalisation of the candidates' raw scores plus ``Learner.rank``
+(one decision: policy, confidence, memory, fusion, exploration), since the peer computes its
+rank scores inside its timed call too, and ``Learner.learn`` (one update: policy, confidence,
 memory, replay, guardrail) at 100 candidates and 3 retrievers, with the default
 ``LearnerConfig`` and a learner warmed up on 300 interactions. It reports the
 median and 90th percentile over many repetitions; the target is under 1 ms each.
@@ -24,6 +25,7 @@ weights (the mean of the last 200), as the median over seeds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -35,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from rlfb.fusion import normalize  # noqa: E402
 from rlfb.learner import Learner, LearnerConfig  # noqa: E402
 from rlfb.policies import POLICIES  # noqa: E402
 
@@ -53,7 +56,9 @@ def time_policy(name: str, reps: int, seed: int = 0) -> dict[str, float]:
     for i in range(reps):
         q = i % len(contexts)
         c0, t0 = time.thread_time(), time.perf_counter()
-        ranking = learner.rank(contexts[q], 10)
+        # normalised here, as FeedbackEnsemble.context does: the peer's call computes its rank scores itself
+        ctx = dataclasses.replace(contexts[q], normalized=normalize(contexts[q].raw, "minmax"))
+        ranking = learner.rank(ctx, 10)
         t1, c1 = time.perf_counter(), time.thread_time()
         ep = env.episode(q, ranking, rng, t=1e6 + i, event_id=f"b{i}")
         c2, t2 = time.thread_time(), time.perf_counter()

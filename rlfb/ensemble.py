@@ -64,11 +64,13 @@ from rlfb.feedback_learning import (
 )
 from rlfb.fusion import check_fusion, rank_matrix
 from rlfb.members import SearchMember
+from rlfb.policies._util import weights_vector
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever
 from rlfb.runs import in_callers_block, remember_maker, store_lock
 from rlfb.snapshot_sync import (
     _UNKNOWN,
+    asked,
     learned,
     persist_state,
     refresh_state,
@@ -98,7 +100,9 @@ class FeedbackEnsemble:
     policy
         A policy name (``"fixed"``, ``"batch"``, ``"thompson"``, ``"epsilon"``, ``"gradient"``) or a policy instance.
     weights
-        Initial weights for the ``fixed`` policy (validated: finite, non-negative).
+        The policy's default weights (for ``fixed``, the weights; validated: finite, non-negative). Given,
+        they win over other default weights in the store's snapshot, and are written there as
+        :meth:`set_weights` writes them; not given, the store's are kept.
     store
         A :class:`rlfb.store.FeedbackStore`, a path to an SQLite file, or ``None`` (no logging).
     candidate_k
@@ -162,6 +166,7 @@ class FeedbackEnsemble:
         # episodes learned since the last snapshot this ensemble wrote: learned again on top of a newer snapshot
         # another process wrote meanwhile (rlfb.snapshot_sync.take_newer), so that neither's learning is lost
         self._unsaved: list[Any] = []
+        self._unsaved_asks: dict[str, int] = {}  # remembered questions asked since the last snapshot, by count
         self._lock = threading.RLock()
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
         self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
@@ -179,6 +184,12 @@ class FeedbackEnsemble:
         self._context_cache_size = 10_000
         if self._store is not None:
             self._refresh(force=True)
+            takes = getattr(self._learner.policy, "set_weights", None) is not None  # a policy of the user's may not
+            if takes and weights is not None and not np.allclose(self._learner._default_weights(),
+                                                                 weights_vector(weights, self.retriever_names)):
+                # the weights given are this app's choice (a redeploy with new weights): the store's snapshot,
+                # taken whole above, had put the old ones back without a word. Written as set_weights writes them.
+                self.set_weights(weights)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -549,7 +560,10 @@ class FeedbackEnsemble:
                                               parent_id=parent_id, metadata=metadata, timestamp=timestamp)
             # a ranking not logged (an evaluation: no feedback can reach it) does not count as a use of the
             # memory's entries, which keeps them from eviction
+            asks = self._learner.memory.asks(learner_ctx.query) if explore else 0
             ranking = self._learner.rank(learner_ctx, k, explore=explore, touch=log)
+            if explore and self._learner.memory.asks(learner_ctx.query) > asks:
+                asked(self, learner_ctx.query)
             hits = self._hits(ctx, ranking)
             decision: Decision = ranking.decision
             logged_id = None
@@ -708,9 +722,10 @@ class FeedbackEnsemble:
         learned(self, episode, time.monotonic())
 
     def flush(self) -> None:
-        """Write the learner's state to the store now if feedback changed it since the last snapshot."""
+        """Write the learner's state to the store now if feedback changed it since the last snapshot (or
+        remembered questions were asked again: repeat discovery reads how often)."""
         with self._guarded():
-            if self._dirty:
+            if self._dirty or self._unsaved_asks:
                 write_unsaved(self, time.monotonic())
 
     def _refresh(self, *, force: bool = False) -> None:

@@ -694,14 +694,17 @@ class Learner:
             "now": float(self._now),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> Learner:
+    def load_state_dict(self, state: Mapping[str, Any], *, keep_random: bool = False) -> Learner:
         """Restore what :meth:`state_dict` learned (policy, confidences, memory, exploration, replay, ...).
 
         The settings stay this learner's own (its :class:`LearnerConfig`; a state of another
         chunk exploration is refused): two apps of other settings can share a store's snapshots.
         :meth:`from_state_dict` builds a learner with the saved settings. On any damage raise
-        :class:`CorruptStateError` and change nothing.
+        :class:`CorruptStateError` and change nothing. ``keep_random``: keep this learner's own random
+        generators' states, not the saved ones (another process's snapshot: taking its generators put two
+        workers' exploration in lockstep, whatever seed each was given).
         """
+        own = [g.bit_generator.state for g in self._generators()] if keep_random else None
         if not isinstance(state, Mapping):
             raise CorruptStateError(f"learner state must be a mapping, got {type(state).__name__}")
         _check_finite(state)
@@ -751,7 +754,15 @@ class Learner:
         self._guardrail = parts["guardrail"]
         self._n_learned = n_learned
         self._now = now
+        if own is not None:
+            for generator, kept in zip(self._generators(), own, strict=True):
+                generator.bit_generator.state = kept
         return self
+
+    def _generators(self) -> list[np.random.Generator]:
+        """The random generators of the policy, chunk exploration, discovery and replay, in that order."""
+        parts = (self.policy, self._explorer, self._discovery, self._replay)
+        return [g for g in (getattr(p, "_rng", None) for p in parts) if isinstance(g, np.random.Generator)]
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> Learner:

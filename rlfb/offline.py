@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from rlfb._progress import progress
 from rlfb.metrics import evaluate_run, run_to_ranking
 
 __all__ = ["evaluate_ensemble", "trec_top", "MEASURES"]
@@ -46,7 +46,7 @@ def evaluate_ensemble(
         scores = retriever.score_all_batch(texts, show_progress=show_progress)
         runs[name] = {q: trec_top(ids, row, depth) for q, row in zip(qids, scores, strict=True)}
     fused: dict[str, list[str]] = {}
-    for q, text in tqdm(list(zip(qids, texts, strict=True)), desc="fused", disable=not show_progress):
+    for q, text in progress(list(zip(qids, texts, strict=True)), desc="fused", disable=not show_progress):
         # the pool retrieve(k) serves from: retrieve(k=depth) would widen it to the run's depth (Recall@100)
         ctx = ensemble.context(text, k=k)
         # the whole pool, ranked greedily (by fused score alone), so that ties at the depth are cut in trec order

@@ -49,6 +49,7 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
     ens._last_persist = now
     ens._dirty = False
     ens._unsaved.clear()
+    ens._unsaved_asks.clear()
 
 
 #: unwritten episodes kept for learning again on a newer snapshot; at this many a snapshot is written even
@@ -58,6 +59,18 @@ MAX_UNSAVED = 1_000
 #: snapshot of another process would have them learned again (about 0.6 ms each, under the locks, in a
 #: retrieval's refresh), and 1,000 of them took 0.6 s each time beside a process writing after every feedback
 RELEARN_WRITE = 20
+
+
+def asked(ens: FeedbackEnsemble, query: str) -> None:
+    """``ens``'s learner counted one more asking of a remembered question (``query``, as the learner knows it):
+    state worth writing (repeat discovery reads the counts), kept until written and counted again on top of a
+    newer snapshot another process wrote. It goes with the next snapshot feedback writes, or at ``flush()``,
+    ``close()`` or exit; a retrieval writes none itself. Before, a restart, or another process's snapshot, set
+    a question asked ten times back to none."""
+    if ens._store is None:
+        return
+    ens._unsaved_asks[query] = ens._unsaved_asks.get(query, 0) + 1
+    _flush_at_exit(ens)
 
 
 def learned(ens: FeedbackEnsemble, episode: Any, now: float) -> None:
@@ -175,13 +188,19 @@ def take_newer(ens: FeedbackEnsemble) -> int:
         if saved is None:
             return 0
     try:
-        ens._learner.load_state_dict(saved["state"])
+        # the learning is shared, not the random draws: with the writer's generators, workers given other
+        # seeds explored in lockstep (20 of 20 explored rankings alike after one exchange)
+        ens._learner.load_state_dict(saved["state"], keep_random=True)
     except CorruptStateError as exc:  # name the snapshot, and the way past it
         from rlfb.store.snapshots import damaged_snapshot  # here: `import rlfb` does not load the store
 
         raise damaged_snapshot(ens._store, saved["version"], exc) from exc
     for episode in ens._unsaved:  # learned here, not in that snapshot
         ens._learner.learn(episode)
+    memory = ens._learner.memory
+    for query, n in ens._unsaved_asks.items():  # asked here, after the episodes that made them remembered
+        for _ in range(n):
+            memory.note_ask(query)
     ens._own_version = int(saved["version"])
     ens._state_version = max(newest, ens._own_version)
     return len(ens._unsaved)
@@ -298,15 +317,16 @@ def undo_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
     on_rollback = getattr(store, "on_rollback", None)
     if on_rollback is None:  # a store of the user's own, without rollback callbacks
         return
-    marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved))
+    marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved),
+             dict(ens._unsaved_asks))
     state, replay = ens._learner.state_dict(), ens._learner.replay.held()
     on_rollback(lambda: _take_back(ens, state, replay, marks))
 
 
 def _take_back(ens: FeedbackEnsemble, state: Mapping[str, Any], replay: Any,
-               marks: tuple[int, int, bool, float, list[Any]]) -> None:
+               marks: tuple[int, int, bool, float, list[Any], dict[str, int]]) -> None:
     """Restore the learner, and its snapshot bookkeeping, as :func:`undo_on_rollback` found them."""
     with ens._guarded():
         ens._learner.load_state_dict(state)
         ens._learner.replay.restore_held(replay)
-        ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved = marks
+        ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks = marks

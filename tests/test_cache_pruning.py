@@ -384,6 +384,12 @@ def test_a_whole_cache_in_a_folder_that_cannot_be_written_is_still_read(
     assert main(["cache", "prune", "--dir", str(tmp_path), "--max-mb", "0"]) == 2  # a prune must write
 
 
+def test_stats_of_an_empty_cache_file_leave_it_empty(tmp_path: Path) -> None:
+    # a read-only report wrote the schema into a 0-byte file
+    _file(tmp_path).write_bytes(b"")
+    assert cache_stats(tmp_path)["models"] == [] and _file(tmp_path).read_bytes() == b""
+
+
 @pytest.mark.parametrize(("option", "value"), [("--max-mb", "1e13"), ("--max-mb", "1e308"),
                                                 ("--unused-days", "1e15"), ("--unused-days", "1e306")])
 def test_prune_bounds_beyond_sqlite_integers_keep_everything(tmp_path: Path, option: str, value: str,

@@ -589,6 +589,15 @@ def test_an_output_name_ending_in_a_slash_is_a_folder_not_a_file(tmp_path: Path,
     assert "Is a directory" in one_error_line(capsys) and not (tmp_path / "res").exists()
 
 
+def test_an_output_file_inside_a_file_is_reported_as_not_a_directory(tmp_path: Path, capsys) -> None:
+    # "File exists: notes.txt" named no problem: the file is where a folder would have to go
+    ds = write_beir(tmp_path / "ds")
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["evaluate", "--dataset", str(ds), "--retrievers", "bm25", "--json",
+                 str(tmp_path / "notes.txt" / "r.json")]) == 2
+    assert "Not a directory" in one_error_line(capsys) and (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_evaluate_leaves_out_judged_queries_without_a_text_and_says_so(tmp_path: Path, capsys) -> None:
     # every figure was halved: the two judged queries without a text scored 0, while the header counted two
     ds = write_beir(tmp_path / "ds", queries=QUERIES[:2])

@@ -204,6 +204,87 @@ if __name__ == "__main__":
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_how_often_a_remembered_question_was_asked_survives_a_restart_and_another_writer(tmp_path: Path) -> None:
+    # the counts repeat discovery reads were written only with feedback: a restart, or another process's
+    # snapshot taken at a refresh, set a question asked ten times back to none
+    question = "what causes the tides"
+    first = _ensemble(tmp_path / "a.db")
+    r = first.retrieve(question, k=3)
+    first.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)  # now remembered
+    for _ in range(10):
+        first.retrieve(question, k=3)
+    assert first.learner.memory.asks(question) == 10  # counted since its first feedback
+    first.close()
+    assert _ensemble(tmp_path / "a.db").learner.memory.asks(question) == 10
+    path = tmp_path / "b.db"
+    a, b = _ensemble(path, refresh_interval=0), _ensemble(path, refresh_interval=0)
+    r = a.retrieve(question, k=3)
+    a.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    for _ in range(10):
+        a.retrieve(question, k=3)
+    r = b.retrieve("volcano", k=3)  # the other writer: it takes a's snapshot (one ask), learns and writes
+    b.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    a.retrieve("moon", k=3)  # a takes b's snapshot, and counts its own ten asks again on top
+    assert a.learner.memory.asks(question) == 10
+    a.flush()
+    b.retrieve(question, k=3)
+    assert b.learner.memory.asks(question) == 11
+
+
+def test_workers_sharing_a_store_keep_their_own_random_draws(tmp_path: Path) -> None:
+    # a snapshot carried its writer's random generators, and every reader took them: workers given seeds 0
+    # and 1 showed the same explored rankings (20 of 20) once one had read the other's snapshot
+    path = tmp_path / "f.db"
+    a = _ensemble(path, seed=0)
+    r = a.retrieve("tides", k=5)
+    a.feedback(r.event_id, "click", chunk_id=r.hits[1].chunk_id)
+    b = _ensemble(path, seed=1)
+    assert b.learner.memory.known("tides")  # it took what a learned
+    questions = [f"{w} {v}" for w in ("tides", "moon", "aurora", "rock", "storm") for v in ("sea", "light", "sky")]
+    same = sum(a.retrieve(q, k=5).chunk_ids == b.retrieve(q, k=5).chunk_ids for q in questions)
+    assert same < len(questions)
+
+
+@pytest.mark.parametrize("policy", ["fixed", "thompson", "gradient"])
+def test_weights_given_to_a_new_ensemble_win_over_the_stores_and_the_same_ones_change_nothing(
+    tmp_path: Path, policy: str
+) -> None:
+    # a redeploy with weights=0.9/0.1 on a store whose snapshot held 0.5/0.5 served 0.5/0.5 without a word
+    def ensemble(weights: Any = None) -> FeedbackEnsemble:
+        return _two(tmp_path, policy, weights)
+
+    first = ensemble({"bm25": 0.5, "notes": 0.5})
+    r = first.retrieve("tides", k=3)
+    first.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    def policy_state(ens: FeedbackEnsemble) -> dict[str, Any]:  # what it learned, not its random state
+        return {k: v for k, v in ens.learner.state_dict()["policy"].items() if k != "rng"}
+
+    learned = policy_state(first)
+    first.close()
+    same = ensemble({"bm25": 0.5, "notes": 0.5})  # as at every restart: what it learned stays
+    assert policy_state(same) == learned
+    same.close()
+    kept = ensemble()
+    assert kept.weights == pytest.approx({"bm25": 0.5, "notes": 0.5})
+    kept.close()
+    moved = ensemble({"bm25": 0.9, "notes": 0.1})
+    assert moved.weights == pytest.approx({"bm25": 0.9, "notes": 0.1})
+    moved.close()
+    assert ensemble().weights == pytest.approx({"bm25": 0.9, "notes": 0.1})  # written to the store
+
+
+def _two(tmp_path: Path, policy: str, weights: Any) -> FeedbackEnsemble:
+    """BM25 and a search member over the same texts, on one store file."""
+    from rlfb.members import SearchMember
+    from rlfb.types import Chunk
+
+    def notes(query: str, k: int) -> list[tuple[Chunk, float]]:
+        return [(Chunk(i, t), 1.0 / (n + 1)) for n, (i, t) in enumerate(zip(IDS, TEXTS, strict=True))][:k]
+
+    return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), members=[SearchMember("notes", notes)],
+                                       store=tmp_path / "f.db", policy=policy, weights=weights)
+
+
 def test_forked_processes_write_their_own_learning_at_exit_and_only_theirs(tmp_path: Path) -> None:
     # a multiprocessing worker ends with os._exit, which runs no atexit hook (4 learned of 240 rows); a forked
     # child that ends normally flushed its copy of the parent's learning, which the parent then wrote again

@@ -31,11 +31,14 @@ def prepare_output_dir(folder: str | Path) -> Path:
 
     Nothing is created here (a command that fails later leaves no empty folders behind): the nearest
     folder that exists must be a writable folder. :func:`write_output` makes the folders when it writes.
-    Raises ``OSError`` (``FileExistsError`` when ``folder`` is a regular file), which the CLI reports in one line.
+    Raises ``OSError`` (``NotADirectoryError`` when ``folder`` is a regular file), which the CLI reports in one
+    line.
     """
     path = Path(folder)
     if path.exists() and not path.is_dir():
-        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+        # "Not a directory", also for a file given as an output file's folder (--json notes.txt/run.json), where
+        # "File exists" named no problem
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
     probe = path.absolute()
     while not probe.exists() and probe.parent != probe:
         probe = probe.parent

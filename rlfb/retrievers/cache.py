@@ -605,7 +605,7 @@ def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
     """
     path = _cache_file(directory)
     out: dict[str, Any] = {"path": str(path), "file_bytes": _file_bytes(path), "models": []}
-    if not path.is_file():
+    if not path.is_file() or out["file_bytes"] == 0:  # an empty file is an empty database: opened, it got a schema
         return out
     with _report_connection(path, read_only=True) as conn:
         rows = conn.execute(
@@ -846,10 +846,10 @@ def cached_encode(
         if h not in found and h not in missing:
             missing[h] = t
     if missing:
-        from tqdm.auto import tqdm
+        from rlfb._progress import progress
 
         todo = sorted(missing.items(), key=lambda item: -len(item[1]))
-        with tqdm(total=len(todo), desc=desc, unit="text", disable=not show_progress) as bar:
+        with progress(total=len(todo), desc=desc, unit="text", disable=not show_progress) as bar:
             for start in range(0, len(todo), max(1, chunk_size)):
                 part = todo[start : start + max(1, chunk_size)]
                 new = list(encode([t for _, t in part]))

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
+from rlfb._progress import progress
 from rlfb.datasets import BeirDataset
 from rlfb.defaults import LEARNING_POLICY
 from rlfb.errors import ValidationError
@@ -244,7 +244,7 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
             # times as long (0.94 s against 0.23 s a long query on 2 cores), minutes on thousands of new questions
             encode([dataset.queries[q] for q in wanted], show_progress=show_progress)
     contexts = {}
-    for q in tqdm(wanted, desc="contexts", disable=not show_progress):
+    for q in progress(wanted, desc="contexts", disable=not show_progress):
         contexts[q] = ens.context(dataset.queries[q], k=config.k)
     context_seconds = time.perf_counter() - t
     grades = [g for r in itertools.chain(qrels.values(), (stream_qrels or {}).values()) for g in r.values()]
@@ -582,7 +582,7 @@ def run_seed(
 
     checkpoint(0)
     started = time.perf_counter()
-    bar = tqdm(range(config.interactions), desc=f"{config.policy} seed {seed}", disable=not show_progress,
+    bar = progress(range(config.interactions), desc=f"{config.policy} seed {seed}", disable=not show_progress,
                leave=False)
     for i in bar:
         now = t0 + i * config.spacing
@@ -770,7 +770,7 @@ def simulate(
     prep = prepared or prepare(dataset, config, show_progress=show_progress)
     runs = []
     t = time.perf_counter()
-    for seed in tqdm(config.seeds, desc="seeds", disable=not show_progress):
+    for seed in progress(config.seeds, desc="seeds", disable=not show_progress):
         run = run_seed(prep, config, seed, show_progress=show_progress)
         runs.append(run)
         if on_seed is not None:

@@ -1,0 +1,31 @@
+"""Progress bars for the CLI, notebooks and the simulator: tqdm's, without its notebook warning.
+
+``tqdm.auto`` picks Jupyter's widget bar in a notebook and, where ``ipywidgets`` is not installed, warns
+"IProgress not found" at every bar it makes, disabled ones included (all three notebooks printed it). So a
+notebook without ``ipywidgets`` gets tqdm's text bar, as a terminal does; with it, the widget bar.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+
+@functools.cache
+def _bar_class() -> Any:
+    try:
+        import ipywidgets  # noqa: F401 - only whether it is there
+    except ImportError:
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
+    return tqdm
+
+
+def progress(*args: Any, **kwargs: Any) -> Any:
+    """A tqdm bar (the same arguments as ``tqdm.tqdm``): a widget in a notebook with ``ipywidgets``, else text.
+
+    >>> list(progress([1, 2], disable=True))
+    [1, 2]
+    """
+    return _bar_class()(*args, **kwargs)
