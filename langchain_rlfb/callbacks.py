@@ -167,6 +167,13 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     def __reduce_ex__(self, protocol: Any) -> Any:
         return self.__deepcopy__({})
 
+    def __copy__(self) -> FeedbackCallbackHandler:
+        # a shallow copy shares everything (the store, the open runs, the lock), as it did before pickling was
+        # refused: copy.copy goes through __reduce_ex__ otherwise
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     # ------------------------------------------------------------------ run tree
     # Every run type that can sit between a retrieval and the run feedback is given on
     # (chains, tools of agents, and models that call retrievers) is kept while open,

@@ -450,7 +450,8 @@ class FeedbackEventHandler(BaseEventHandler):
 
     def _mark_cut(self, nodes: Sequence[NodeWithScore]) -> None:
         """An rlfb step's nodes some of which a later step cut before the answer (a cutoff, a dedup): those are
-        marked unused in its event, so that feedback on the answer does not blame or praise them."""
+        marked unused in its event, so that praise of the answer is not shared with them nor reads them as passed
+        over (criticism still gives them the weak share every shown chunk the answer did not use takes)."""
         eid = event_id_of(nodes)
         if eid is None:
             return

@@ -64,7 +64,6 @@ from rlfb.feedback_learning import (
 )
 from rlfb.fusion import check_fusion, rank_matrix
 from rlfb.members import SearchMember
-from rlfb.policies._util import weights_vector
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever
 from rlfb.runs import in_callers_block, remember_maker, store_lock
@@ -175,6 +174,10 @@ class FeedbackEnsemble:
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
+        # the weights given, as the policy took them (clipped to its bounds); a policy of the user's without
+        # set_weights keeps what its state says
+        takes = weights is not None and getattr(self._learner.policy, "set_weights", None) is not None
+        given = self._learner._default_weights().copy() if takes else None
         self._store = open_store(store)
         self._state_version = 0  # the newest snapshot read or written
         self._own_version = 0  # the newest snapshot of this ensemble's own state read or written
@@ -184,9 +187,9 @@ class FeedbackEnsemble:
         self._context_cache_size = 10_000
         if self._store is not None:
             self._refresh(force=True)
-            takes = getattr(self._learner.policy, "set_weights", None) is not None  # a policy of the user's may not
-            if takes and weights is not None and not np.allclose(self._learner._default_weights(),
-                                                                 weights_vector(weights, self.retriever_names)):
+            # compared as the policy took them (clipped to its bounds): weights given beyond them differ from
+            # any snapshot's, and a gradient learner set again on every restart would forget what it learned
+            if given is not None and not np.array_equal(self._learner._default_weights(), given):
                 # the weights given are this app's choice (a redeploy with new weights): the store's snapshot,
                 # taken whole above, had put the old ones back without a word. Written as set_weights writes them.
                 self.set_weights(weights)

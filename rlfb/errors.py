@@ -30,6 +30,7 @@ __all__ = [
     "ReadOnlyStoreError",
     "ReadOnlyFolderError",
     "StoreBusyError",
+    "StoreFullError",
     "NotCopyableError",
 ]
 
@@ -111,6 +112,11 @@ class ReadOnlyStoreError(RlfbError, PermissionError):
 class ReadOnlyFolderError(RlfbError, PermissionError):
     """The folder a save goes into cannot be written (no permission, a read-only mount): nothing was saved,
     and an earlier save there is as it was."""
+
+
+class StoreFullError(RlfbError, OSError):
+    """The disk (or a size limit) refused a write to the feedback store: nothing was recorded, and the file is
+    as it was (not damaged)."""
 
 
 class StoreBusyError(RlfbError, sqlite3.OperationalError):

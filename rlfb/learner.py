@@ -596,7 +596,7 @@ class Learner:
             tune = getattr(self.policy, "tune", None)
             if tune is not None:
                 tune(learning_rate=lr_m, exploration=ex_m)
-        self.policy.learn(episode, reward)
+        self.policy.learn(_as_answered(episode), reward)
         ids = tuple(episode.shown_ids)
         prior = episode.prior_rewards  # its shape was checked by _episode
         ev = chunk_evidence(r, reward, cfg.skip_weight, cfg.abandon_weight, prior,
@@ -627,7 +627,7 @@ class Learner:
         if cfg.replay:
             # with the rewards as the policy took them: a reward of 5 (a rating scale logged as is) would
             # otherwise be replayed five times as often as a top-of-range one
-            self._replay.add(dataclasses.replace(episode, chunk_rewards=r, reward=reward))
+            self._replay.add(_as_answered(dataclasses.replace(episode, chunk_rewards=r, reward=reward)))
             replays = self._weighted_learn and (cfg.replay_all or self.policy_name in REPLAY_SAFE)
             if replays and self._n_learned % cfg.replay_every == 0:
                 for old in self._replay.sample():
@@ -757,6 +757,18 @@ class Learner:
         if own is not None:
             for generator, kept in zip(self._generators(), own, strict=True):
                 generator.bit_generator.state = kept
+        return self
+
+    def reseed(self, salt: int) -> Learner:
+        """Start the random generators afresh from this learner's seed and ``salt`` (each its own stream).
+
+        A process that starts on a store's snapshot (a restart, another worker) draws from its seed and that
+        snapshot's version: its own seed, so workers of other seeds do not explore in lockstep, and the version,
+        so a restart does not draw again what the run before it drew.
+        """
+        for i, generator in enumerate(self._generators()):
+            seq = np.random.SeedSequence([self.seed, int(salt), i])
+            generator.bit_generator.state = np.random.default_rng(seq).bit_generator.state
         return self
 
     def _generators(self) -> list[np.random.Generator]:
@@ -921,6 +933,37 @@ def _embedding_dim(embedding: Any, dim: int | None) -> int | None:
     if dim is not None and e.shape[0] != dim:
         raise ValidationError(f"query embedding has {e.shape[0]} dimensions, earlier ones in the log {dim}")
     return int(e.shape[0])
+
+
+def _as_answered(episode: Episode) -> Episode:
+    """``episode`` as the policy learns it from praise or criticism of an answer: without the unused chunks ranked
+    above the answer's last used one (a node a later step cut before the answer, never seen), which the
+    policy's pairs (PDGD) and click evidence (thompson) read as passed over. Chunks below it stay, as shown.
+
+    >>> from rlfb.policies.base import Decision
+    >>> ep = Episode("e", "q", ("a",), Decision({"a": 1.0}), ("cut", "x", "y"), np.ones((3, 1)),
+    ...              np.array([0.0, 1.0, 1.0]), 1.0, used=np.array([False, True, True]))
+    >>> _as_answered(ep).shown_ids
+    ('x', 'y')
+    """
+    used = episode.used
+    if used is None or not episode.response_level:
+        return episode
+    used = np.asarray(used, dtype=bool)
+    if not used.any():
+        return episode
+    keep = used | (np.arange(used.shape[0]) > int(np.flatnonzero(used)[-1]))
+    if keep.all():
+        return episode
+
+    def kept(values: Any) -> Any:
+        return None if values is None else np.asarray(values)[keep]
+
+    return dataclasses.replace(
+        episode, shown_ids=tuple(c for c, k in zip(episode.shown_ids, keep, strict=True) if k),
+        shown=np.asarray(episode.shown)[keep], chunk_rewards=np.asarray(episode.chunk_rewards)[keep],
+        scores=kept(episode.scores), prior_rewards=kept(episode.prior_rewards), used=used[keep],
+    )
 
 
 def _discovers(config: LearnerConfig) -> bool:

@@ -187,10 +187,13 @@ def take_newer(ens: FeedbackEnsemble) -> int:
             saved = other_models_snapshot(ens)
         if saved is None:
             return 0
+    first = ens._state_version == 0  # this process's first snapshot: at its start (a restart, a new worker)
     try:
         # the learning is shared, not the random draws: with the writer's generators, workers given other
         # seeds explored in lockstep (20 of 20 explored rankings alike after one exchange)
         ens._learner.load_state_dict(saved["state"], keep_random=True)
+        if first:  # nor the seed's first draws again at every restart: started from the seed and the version
+            ens._learner.reseed(int(saved["version"]))
     except CorruptStateError as exc:  # name the snapshot, and the way past it
         from rlfb.store.snapshots import damaged_snapshot  # here: `import rlfb` does not load the store
 

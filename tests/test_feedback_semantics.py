@@ -213,6 +213,9 @@ def test_the_stores_rewards_of_a_retrieval_leave_out_the_repeats_the_learner_lef
     assert rows[second]["event_reward"] == pytest.approx(reward)
     assert [i["repeat"] for i in rows[second]["feedback"]] == [False, True, True]
     assert rows[second]["n_feedback"] == 3  # nothing hidden: every row is there
+    stats = store.stats()  # its aggregates too (they summed what was sent)
+    assert stats["mean_reward"] == pytest.approx(reward)
+    assert stats["window"]["mean_feedback_reward"] == pytest.approx(0.4)
 
 
 def test_a_repeat_is_judged_on_the_records_own_row_not_another_stores_row_of_that_id() -> None:

@@ -787,3 +787,21 @@ def test_a_saved_learned_count_that_is_no_count_is_refused(count):
     state["n_learned"] = count
     with pytest.raises(CorruptStateError, match="n_learned"):
         Learner(_AUDIT_R, "thompson").load_state_dict(state)
+
+
+def test_praise_of_an_answer_reads_no_chunk_a_later_step_cut_as_passed_over() -> None:
+    # Episode.used reached the chunk evidence only: PDGD put a node cut before the answer (never seen) on the
+    # losing side of its pairs, as if the user had passed it over, and moved the weights (0.44/0.56 after 30)
+    X = np.array([[1.0, 0.0], [0.2, 1.0], [0.1, 0.9], [0.0, 0.5]])  # rank 1 is retriever a's pick alone
+
+    def episode(used: np.ndarray | None) -> Episode:
+        return Episode("e", "q", ("a", "b"), Decision({"a": 0.5, "b": 0.5}, policy="gradient"),
+                       ("c1", "c2", "c3", "c4"), X, np.array([0.0, 1 / 3, 1 / 3, 1 / 3]), 1.0, feedback_time=1.0,
+                       used=used)
+
+    cut, passed_over = Learner(("a", "b"), policy="gradient"), Learner(("a", "b"), policy="gradient")
+    for _ in range(30):
+        cut.learn(episode(np.array([False, True, True, True])))
+        passed_over.learn(episode(None))  # shown and passed over: that does move the weights
+    assert cut.weights() == pytest.approx({"a": 0.5, "b": 0.5})
+    assert passed_over.weights()["b"] > 0.55

@@ -245,6 +245,27 @@ def test_workers_sharing_a_store_keep_their_own_random_draws(tmp_path: Path) -> 
     assert same < len(questions)
 
 
+def test_a_restart_does_not_draw_again_what_the_run_before_it_drew(tmp_path: Path) -> None:
+    # keeping its own generators, a restarted ensemble began from its seed's first states every time (the same
+    # exploration coin flips after each restart); it starts from its seed and the snapshot's version
+    def start() -> tuple[FeedbackEnsemble, list[Any]]:
+        ens = _ensemble(tmp_path / "f.db")
+        return ens, [g.bit_generator.state for g in ens.learner._generators()]
+
+    states = []
+    for i in range(3):
+        ens, at_start = start()
+        states.append(at_start)
+        r = ens.retrieve(f"tides {i}", k=3)
+        ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+        ens.close()
+    assert states[0] != states[1] != states[2] != states[0]
+    again = _ensemble(tmp_path / "f.db")  # the same seed and snapshot: the same draws (reproducible)
+    twin = _ensemble(tmp_path / "f.db")
+    assert [g.bit_generator.state for g in again.learner._generators()] == [
+        g.bit_generator.state for g in twin.learner._generators()]
+
+
 @pytest.mark.parametrize("policy", ["fixed", "thompson", "gradient"])
 def test_weights_given_to_a_new_ensemble_win_over_the_stores_and_the_same_ones_change_nothing(
     tmp_path: Path, policy: str
@@ -271,6 +292,23 @@ def test_weights_given_to_a_new_ensemble_win_over_the_stores_and_the_same_ones_c
     assert moved.weights == pytest.approx({"bm25": 0.9, "notes": 0.1})
     moved.close()
     assert ensemble().weights == pytest.approx({"bm25": 0.9, "notes": 0.1})  # written to the store
+
+
+@pytest.mark.parametrize("policy", ["thompson", "gradient"])
+def test_weights_given_beyond_a_policys_bounds_at_every_restart_leave_what_it_learned(
+    tmp_path: Path, policy: str
+) -> None:
+    # compared as given (1.0/0.0), not as the policy clipped them, they differed from every snapshot's: each
+    # restart set them again, and a gradient learner forgot the weights it had learned
+    first = _two(tmp_path, policy, {"bm25": 1.0, "notes": 0.0})
+    for i in range(30):
+        r = first.retrieve(f"tides {i}", k=3)
+        first.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
+    learned = first.learner.state_dict()["policy"]
+    first.close()
+    again = _two(tmp_path, policy, {"bm25": 1.0, "notes": 0.0})
+    assert {k: v for k, v in again.learner.state_dict()["policy"].items() if k != "rng"} == {
+        k: v for k, v in learned.items() if k != "rng"}
 
 
 def _two(tmp_path: Path, policy: str, weights: Any) -> FeedbackEnsemble:

@@ -191,3 +191,87 @@ def test_a_snapshot_no_learner_can_read_is_named_with_the_way_past_it(tmp_path):
             store.drop_snapshot("3")
     again = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(path), policy="thompson")
     assert again.learner.n_learned == 2 and again.store.counts()["feedback"] == 3
+
+
+# -- found by an audit of the store (2026-12-05) -------------------------------------------------------------
+def test_a_full_disk_is_named_not_called_damage(tmp_path: Path) -> None:
+    # a full disk was "cannot open ... as a feedback store" (CorruptStateError) when opening, and a raw
+    # sqlite3.OperationalError on a write
+    from rlfb.errors import StoreFullError
+    from rlfb.store.connection import opening_error
+
+    full = sqlite3.OperationalError("database or disk is full")
+    assert isinstance(opening_error(full, str(tmp_path / "f.db"), 1.0), StoreFullError)
+    store = FeedbackStore(tmp_path / "f.db")
+    conn = store._tx.conn
+    conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")  # no page to grow
+    with pytest.raises(StoreFullError, match="disk is full"):
+        store.log_event("q", {"weights": {"bm25": 1.0}}, chunks=[{"chunk_id": "c", "metadata": "x" * 100_000}],
+                        metadata={"big": "y" * 100_000})
+    assert store.counts()["events"] == 0
+
+
+def test_a_snapshot_whose_params_are_no_object_does_not_break_pruning(tmp_path: Path) -> None:
+    # json_remove of a JSON string failed with "malformed JSON": every prune, and opening with a retention
+    import time
+
+    store = FeedbackStore(tmp_path / "f.db")
+    for ts in (time.time() - 10 * 86400, time.time()):
+        store.save_policy_state({"policy": {"name": "mine", "params": "v2"}}, {"a": 1.0}, policy="mine", timestamp=ts)
+    store.prune(retention=2 * 86400)
+    store.close()
+    FeedbackStore(tmp_path / "f.db", retention=2 * 86400).close()
+
+
+def test_a_busy_timeout_beyond_sqlites_int_still_waits(tmp_path: Path) -> None:
+    # int(seconds * 1000) past 2**31 - 1 was stored by SQLite as 0: no waiting at all
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=365 * 86400)
+    assert store._tx.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2**31 - 1
+
+
+def test_a_store_of_a_newer_schema_is_refused_by_name(tmp_path: Path) -> None:
+    # it opened without a word, and a constraint the newer schema added failed at the first write, raw
+    FeedbackStore(tmp_path / "f.db").close()
+    with sqlite3.connect(tmp_path / "f.db") as conn:
+        conn.execute("INSERT INTO _migrations VALUES ('rlfb.store', 'm999_later', 0.0)")
+    with pytest.raises(CorruptStateError, match=r"newer rlfb .*m999_later"):
+        FeedbackStore(tmp_path / "f.db")
+
+
+@pytest.mark.parametrize("depth", [201, 1_500])
+def test_metadata_nested_too_deeply_to_read_back_is_refused(tmp_path: Path, depth: int) -> None:
+    # 950 levels were accepted, and read back as "damaged" from a deeper call stack; 1,500 a raw RecursionError
+    deep: dict = {}
+    for _ in range(depth - 1):
+        deep = {"x": deep}
+    store = FeedbackStore(tmp_path / "f.db")
+    with pytest.raises(ValidationError, match="nested"):
+        store.log_event("q", {"weights": {"bm25": 1.0}}, chunks=[], metadata=deep)
+    state: dict = {}
+    for _ in range(5_000):
+        state = {"x": state}
+    with pytest.raises(ValidationError, match="nested too deeply"):
+        store.save_policy_state(state, {"bm25": 1.0})
+    assert store.counts()["events"] == store.counts()["policy_snapshots"] == 0
+
+
+def test_a_new_store_in_a_folder_that_cannot_be_written_is_read_only_not_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a ValidationError ("cannot open path"), the error for bad arguments; root writes anywhere, so the folder's
+    # refusal is what SQLite and os.access are made to say here
+    import os
+
+    from rlfb.errors import ReadOnlyStoreError
+
+    real_connect, real_access = sqlite3.connect, os.access
+
+    def refused(path: str, *args: object, **kwargs: object) -> sqlite3.Connection:
+        if str(path).startswith(str(tmp_path)):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real_connect(path, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", refused)
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path) else real_access(p, mode))
+    with pytest.raises(ReadOnlyStoreError, match="cannot be written"):
+        FeedbackStore(tmp_path / "new.db")

@@ -75,27 +75,38 @@ def _dumps(obj: Any, name: str, *, str_keys: bool = False) -> str | bytes:
         raise NonFiniteValueError(f"{name} contains NaN or infinity") from exc
     except TypeError as exc:
         raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ValidationError(f"{name} is nested too deeply to store") from exc
     if str_keys:
         _check_str_keys(obj, name)
     return _enc(s)  # type: ignore[return-value]
+
+
+#: the deepest nesting a caller's mapping (event metadata, features) may have: what is written must read back,
+#: and json.loads recurses, so 950 levels accepted at a shallow call stack read back as "damaged" from a
+#: framework's callback 100 frames deeper
+MAX_DEPTH = 200
 
 
 def _check_str_keys(obj: Any, name: str) -> None:
     """Refuse a key that is not a str, at any depth: JSON writes 1, None or True as "1", "null", "true", so
     the value reads back under another key, or is lost where a str key of that name is there too.
 
-    Called once the object encoded, so it holds no cycle; a stack, not recursion, for deep nesting.
+    Nesting deeper than :data:`MAX_DEPTH` is refused too. Called once the object encoded, so it holds no
+    cycle; a stack, not recursion, for deep nesting.
     """
-    stack: list[tuple[Any, str]] = [(obj, name)]
+    stack: list[tuple[Any, str, int]] = [(obj, name, 1)]
     while stack:
-        o, where = stack.pop()
+        o, where, depth = stack.pop()
+        if isinstance(o, (Mapping, list, tuple, set, frozenset)) and depth > MAX_DEPTH:
+            raise ValidationError(f"{name} is nested deeper than {MAX_DEPTH} levels")
         if isinstance(o, Mapping):
             for k, v in o.items():
                 if not isinstance(k, str):
                     raise ValidationError(f"{where} keys must be str, got {type(k).__name__} {k!r:.80}")
-                stack.append((v, f"{where}[{k!r:.40}]"))
+                stack.append((v, f"{where}[{k!r:.40}]", depth + 1))
         elif isinstance(o, (list, tuple, set, frozenset)):
-            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(o))
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(o))
 
 
 def _loads(s: Any) -> Any:

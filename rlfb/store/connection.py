@@ -20,7 +20,14 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from rlfb.errors import CorruptStateError, ReadOnlyStoreError, RlfbError, StoreBusyError, ValidationError
+from rlfb.errors import (
+    CorruptStateError,
+    ReadOnlyStoreError,
+    RlfbError,
+    StoreBusyError,
+    StoreFullError,
+    ValidationError,
+)
 from rlfb.store.migrations import MIGRATIONS, expected_columns
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -28,11 +35,21 @@ _TABLES = frozenset(
     {"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links", "failed_runs"}
 )
 _WAL_SIZE_LIMIT = 64 * 1024 * 1024  # bytes; PRAGMA journal_size_limit
+_MAX_BUSY_MS = 2**31 - 1  # SQLite's busy timeout is a C int of milliseconds
 
 
 def _read_only(exc: sqlite3.DatabaseError) -> bool:
     """SQLITE_READONLY: the file, or the folder its WAL side files go in, cannot be written."""
     return isinstance(exc, sqlite3.OperationalError) and "readonly" in str(exc)
+
+
+def _full(exc: sqlite3.DatabaseError) -> bool:
+    """SQLITE_FULL: the disk (or a size limit) refused the write; nothing is wrong with the file."""
+    return isinstance(exc, sqlite3.OperationalError) and "disk is full" in str(exc)
+
+
+def full_error(path: str, exc: sqlite3.DatabaseError) -> StoreFullError:
+    return StoreFullError(f"feedback store {path}: the disk is full, nothing was written: {exc}")
 
 
 def _locked(exc: sqlite3.DatabaseError) -> bool:
@@ -54,6 +71,9 @@ def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
     try:
         return sqlite3.connect(path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
     except sqlite3.OperationalError as exc:  # past _check_path: no permission, or a folder removed since
+        folder = Path(path).parent
+        if folder.is_dir() and not os.access(folder, os.W_OK):  # a new file in a read-only folder (or mount)
+            raise ReadOnlyStoreError(f"{path} cannot be made: its folder {folder} cannot be written: {exc}") from exc
         raise ValidationError(f"cannot open path {path!r}: {exc}") from exc
 
 
@@ -64,7 +84,9 @@ def prepare(db: Database, path: str, *, memory: bool, synchronous: str, busy_tim
     were dropped by hand; SQLite's own errors pass through, for :func:`opening_error` to name.
     """
     conn = db.conn
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+    # SQLite keeps milliseconds in a 32-bit int: beyond it (about 24.8 days, "wait as long as it takes") it
+    # stored 0, no waiting at all
+    conn.execute(f"PRAGMA busy_timeout = {min(int(busy_timeout * 1000), _MAX_BUSY_MS)}")
     theirs = sorted(set(db.table_names()) - {MIGRATIONS.table})
     ours = MIGRATIONS.table in db.table_names() and {"migration_set", "name"} <= {
         c.name for c in db[MIGRATIONS.table].columns
@@ -82,6 +104,12 @@ def prepare(db: Database, path: str, *, memory: bool, synchronous: str, busy_tim
     # the write-ahead log is cut back to this size after a checkpoint: one large transaction (a prune)
     # left it at 140 MB for good
     conn.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT}")
+    newer = MIGRATIONS.unknown(db) if ours else []
+    if newer:  # its schema may hold what this version would break (a constraint it does not know): refuse it whole
+        raise CorruptStateError(
+            f"{path} is a feedback store of a newer rlfb (schema steps {newer} are unknown to this version): "
+            "open it with that version, or upgrade rlfb"
+        )
     applied = MIGRATIONS.apply(db)
     missing = sorted(_TABLES.difference(db.table_names()))
     if missing:  # recorded as migrated, yet gone: dropped by hand
@@ -120,6 +148,8 @@ def opening_error(exc: sqlite3.DatabaseError, path: str, busy_timeout: float) ->
         return ReadOnlyStoreError(
             f"{path} is read-only: rlfb writes to its feedback store (in WAL mode, also beside it): {exc}"
         )
+    if _full(exc):  # a new store, or a migration, on a full disk: not damage
+        return full_error(path, exc)
     return CorruptStateError(f"cannot open {path} as a feedback store: {exc}")
 
 
@@ -194,6 +224,8 @@ class Transactions:
         except sqlite3.DatabaseError as exc:
             if _read_only(exc):
                 raise ReadOnlyStoreError(f"feedback store {self.path} is read-only: {exc}") from exc
+            if _full(exc):
+                raise full_error(self.path, exc) from exc
             if type(exc) is sqlite3.DatabaseError:  # SQLITE_CORRUPT / SQLITE_NOTADB, not a constraint or lock
                 raise CorruptStateError(f"feedback store {self.path} is damaged: {exc}") from exc
             if _locked(exc):

@@ -297,6 +297,16 @@ _WHO = ("chunk_id", "session_id", "user_id", "key")  # whose say on what: a repe
 _SAYS = ("signal", "raw_value", "value", "idempotency_key")  # and say what the latest such row said
 
 
+#: the store's in-window feedback rows less the repeats (:func:`repeated`, in SQL: each row against the latest
+#: earlier in-window row of its event, chunk, session, user and key), for the reports' aggregates
+_SAME = " AND ".join(f"p_{c} IS {c}" for c in _SAYS[:3])
+KEPT_FEEDBACK = (
+    "(SELECT * FROM (SELECT *, " + ", ".join(f"LAG({c}) OVER w AS p_{c}" for c in ("id", *_SAYS)) +
+    " FROM feedback WHERE in_window = 1 WINDOW w AS (PARTITION BY event_id, " + ", ".join(_WHO) + " ORDER BY id)) "
+    f"WHERE NOT (idempotency_key IS NULL AND p_id IS NOT NULL AND p_idempotency_key IS NULL AND {_SAME}))"
+)
+
+
 def repeated(rows: Iterable[Mapping[str, Any]]) -> set[int]:
     """The ids of the feedback ``rows`` (of one event, in the order they were stored: by ``id``) that say
     again, word for word, what the latest earlier in-window row of the same session and user on the same

@@ -546,7 +546,8 @@ class FeedbackStore:
         events that received in-window feedback; an event reward is all its
         discounted signals given by ``until``, summed and clipped),
         ``mean_feedback_reward`` (mean per-feedback reward) and ``by_arm``
-        (events, explored events, rewarded events and mean reward per arm).
+        (events, explored events, rewarded events and mean reward per arm); the rewards
+        leave out repeated feedback (:meth:`repeats_latest`), as the learner does, the counts not.
         ``mean_reward`` is repeated at the top level; ``weights``, ``policy``
         and ``policy_version`` come from the newest policy snapshot. A feedback or
         reward row whose number was damaged outside rlfb (text, infinity) raises

@@ -62,6 +62,19 @@ class Migrations:
         ).fetchall()
         return [r[0] for r in rows]
 
+    def unknown(self, db: Database) -> list[str]:
+        """Names applied to ``db`` that this set does not have: the file was written by a newer version. Read-only.
+
+        >>> m = Migrations("demo")
+        >>> db = Database(memory=True)
+        >>> db["_migrations"].insert({"migration_set": "demo", "name": "m999_later", "applied_at": 0.0})
+        <Table _migrations (migration_set, name, applied_at)>
+        >>> m.unknown(db)
+        ['m999_later']
+        """
+        known = set(self.names)
+        return [s for s in self.applied(db) if s not in known]
+
     def pending(self, db: Database) -> list[str]:
         """Names not yet applied. Read-only."""
         done = set(self.applied(db))

@@ -19,7 +19,7 @@ from rlfb.files import refuse_overwriting_store, write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
 from rlfb.store.codec import _dec, _jsonl
-from rlfb.store.feedback_log import repeated
+from rlfb.store.feedback_log import KEPT_FEEDBACK, repeated
 from rlfb.store.records import _EVENT_COLS, _chunk_dict, _event_dict, _feedback_dict
 
 if TYPE_CHECKING:
@@ -100,16 +100,18 @@ def stats(
             "rewards": one("SELECT COUNT(*) FROM rewards WHERE ts BETWEEN ? AND ?", *span),
             "flagged": one("SELECT COUNT(*) FROM feedback WHERE ts BETWEEN ? AND ? AND in_window = 0", *span),
         }
+        # what was learned: repeats (a double click, a retry without an idempotency key) left out, as
+        # event_reward() and the export leave them out
         win["mean_feedback_reward"] = q(
-            "SELECT AVG(reward) FROM feedback WHERE ts BETWEEN ? AND ? AND in_window = 1", span
+            f"SELECT AVG(reward) FROM {KEPT_FEEDBACK} WHERE ts BETWEEN ? AND ?", span
         ).fetchone()[0]
         # the window's events, each with its whole reward (every in-window signal, whenever it came): summing
         # only the feedback dated inside the window cut an event's reward in two at the window's edge, and
         # counted an event of before the window as an arm's rewarded event without counting it as its event.
         # Feedback after until is left out: the figures are those known at until.
         per_event = (
-            "SELECT f.event_id, MAX(?, MIN(?, SUM(f.discounted))) AS r FROM feedback f "
-            "JOIN events e ON e.id = f.event_id WHERE e.ts BETWEEN ? AND ? AND f.in_window = 1 AND f.ts <= ? "
+            f"SELECT f.event_id, MAX(?, MIN(?, SUM(f.discounted))) AS r FROM {KEPT_FEEDBACK} f "
+            "JOIN events e ON e.id = f.event_id WHERE e.ts BETWEEN ? AND ? AND f.ts <= ? "
             "GROUP BY f.event_id"
         )
         clip_span = (cfg.clip_low, cfg.clip_high, since, t, t)

@@ -36,7 +36,11 @@ _SNAPSHOT_KIND = ", ".join([
     f"json_extract({_STATE}, '$.exploration.kind')",
     f"json_extract({_STATE}, '$.memory.dim')",
     f"json_extract({_STATE}, '$.memory.model')",
-    f"json_remove(json_extract({_STATE}, '$.policy.params'), '$.weights')",
+    # params that are no object (a state of the caller's own, "params": "v2") are a kind as they are: json_remove
+    # of a JSON string failed with "malformed JSON", and every prune with it
+    f"CASE WHEN json_type({_STATE}, '$.policy.params') = 'object' "
+    f"THEN json_remove(json_extract({_STATE}, '$.policy.params'), '$.weights') "
+    f"ELSE json_quote(json_extract({_STATE}, '$.policy.params')) END",
     f"CASE WHEN {_VALID} THEN 0 ELSE version END",
 ])
 

@@ -217,6 +217,7 @@ def test_a_callback_handler_refuses_a_copy_or_pickle_by_name(made: str) -> None:
     for duplicate in (copy.deepcopy, pickle.dumps):
         with pytest.raises(NotCopyableError, match="FeedbackCallbackHandler cannot be copied or pickled"):
             duplicate(handler)
+    assert copy.copy(handler).store is handler.store  # a shallow copy shares it, as before
 
 
 @pytest.mark.parametrize(("returned", "named"), [(["a"], "str"), (None, "NoneType"), ([None], "NoneType")])
