@@ -180,14 +180,20 @@ def test_the_same_feedback_repeated_on_one_retrieval_is_stored_each_time_and_lea
     assert ens.learner.n_learned == learned + 9
 
 
+def _clicked_three_times(store: FeedbackStore) -> tuple[FeedbackEnsemble, Any, str]:
+    """An ensemble, a retrieval of two chunks, and the second one, clicked three times (learned once)."""
+    ens = _ensemble(store)
+    result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
+    second = result.hits[1].chunk_id
+    for t in range(3):
+        ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0 + t)
+    return ens, result, second
+
+
 def test_what_earlier_feedback_taught_a_chunk_leaves_out_the_repeats_that_taught_nothing(
     store: FeedbackStore,
 ) -> None:
-    ens = _ensemble(store)
-    result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
-    top, second = (h.chunk_id for h in result.hits)
-    for t in range(3):  # learned once
-        ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0 + t)
+    ens, result, second = _clicked_three_times(store)
     down = ens.feedback(result.event_id, "thumbs_down", chunk_id=second, timestamp=T0 + 5)
     np.testing.assert_allclose(ens.episode(result.event_id, down).prior_rewards, [0.0, 0.4])
     stored, taught = store.chunk_reward_sums(result.event_id, repeats=True), store.chunk_reward_sums(result.event_id)
@@ -199,11 +205,7 @@ def test_the_stores_rewards_of_a_retrieval_leave_out_the_repeats_the_learner_lef
 ) -> None:
     # the store summed a double click twice while the learner learned it once: event_reward and the
     # export said the retrieval earned more than anything learned from it
-    ens = _ensemble(store)
-    result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
-    top, second = (h.chunk_id for h in result.hits)
-    for t in range(3):
-        ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0 + t)
+    _, result, second = _clicked_three_times(store)
     reward, chunks = store.event_reward(result.event_id)
     sent, sent_chunks = store.event_reward(result.event_id, repeats=True)
     assert chunks[second] == pytest.approx(0.4) and sent_chunks[second] == pytest.approx(1.0)  # clipped
