@@ -60,6 +60,7 @@ passed again (``FeedbackEventHandler(**data, store=store)``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import threading
@@ -246,6 +247,12 @@ class FeedbackEventHandler(BaseEventHandler):
 
         if score_scale not in SCORE_SCALES:
             raise ValidationError(f"score_scale must be one of {SCORE_SCALES}, got {score_scale!r}")
+        if ensemble is not None and _ensemble_of(ensemble) is None and not hasattr(ensemble, "ensemble"):
+            # kept silently before: the handler fell back to a store of its own, and taught nothing
+            raise ValidationError(
+                "ensemble must be an rlfb.FeedbackEnsemble or an rlfb adapter holding one (a "
+                f"FeedbackFusionPostprocessor, a FeedbackEnsembleRetriever), got {type(ensemble).__name__}"
+            )
         if store is None and ensemble is not None:
             store = _store_of(ensemble)
         # a rebuild from a dump: the store and ensemble it could not carry must come again, never a new store
@@ -391,8 +398,13 @@ class FeedbackEventHandler(BaseEventHandler):
         with self._lock:
             self._nested.pop(event.span_id, None)
             last = self.last_query_id
+            # the span the latest query began with (its id, or a re-ranking's "<span>/reranked/<event>")
+            since = None if last is None else self._span_of.get(last) or last.split("/", 1)[0]
             if last is not None and (event.span_id == last or self._spans.above(self._span_of.get(last),
-                                                                                  event.span_id)):
+                                                                                  event.span_id)
+                                     or self._spans.turn_after(event.span_id, since)):
+                # (the last: a chat turn that raised before it retrieved, its condensing LLM or its retriever
+                # down, left the latest query on the turn before, and a thumbs down on it rated that good answer)
                 # the latest query, or the call its bare retrieval ran in (a chat engine's turn), gave no answer:
                 # feedback that names no query must not rate what it retrieved
                 self._raised[last] = None
@@ -665,6 +677,15 @@ class FeedbackEventHandler(BaseEventHandler):
                     # about one chunk its decision did not return (only another member of a fusion found it):
                     # record_run_feedback refuses before writing, and this store has taken the feedback
                     continue
+        if chunk_id is not None and makers and not any(r.event_id in makers for r in records):
+            # stored (on the response the user saw), but no rlfb decision of the query returned that node: a
+            # CitationQueryEngine's sources, say, are new nodes cut from the ones ranked. It was silent.
+            warnings.warn(
+                f"feedback on chunk {chunk_id!r} of query {qid!r} was stored but taught no rlfb learner: none of "
+                "the query's rlfb decisions returned that node (a CitationQueryEngine's sources are new nodes); "
+                "give the id of a node the rlfb step returned, or feedback on the whole answer",
+                RuntimeWarning, stacklevel=2,
+            )
         return records
 
     def _makers_of(self, event_ids: Sequence[str]) -> dict[str, Any]:
@@ -695,11 +716,18 @@ class FeedbackEventHandler(BaseEventHandler):
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
 
 
+#: the engine calls a user's question runs as (a span's method name): a top-level one that raises after the
+#: latest query started is the user's next question, which gave no answer to rate
+_TURNS = frozenset({"chat", "achat", "stream_chat", "astream_chat", "query", "aquery", "retrieve", "aretrieve"})
+
+
 class _SpanParents(BaseSpanHandler[Any]):
     """Remembers the span each recent span ran under (bounded), so that a span dropped by an error is known to
     have been above a retrieval: a chat engine's turn raising after its retrieval ended. It keeps no spans open."""
 
     _parents: Any = PrivateAttr(default_factory=OrderedDict)
+    _started: Any = PrivateAttr(default_factory=OrderedDict)  # span -> the order it started in
+    _count: Any = PrivateAttr(default_factory=itertools.count)
 
     @classmethod
     def class_name(cls) -> str:
@@ -709,8 +737,10 @@ class _SpanParents(BaseSpanHandler[Any]):
                  tags: Any = None, **kwargs: Any) -> None:
         with self.lock:
             self._parents[id_] = parent_span_id
+            self._started[id_] = next(self._count)
             if len(self._parents) > _REMEMBER:
                 self._parents.popitem(last=False)
+                self._started.popitem(last=False)
         return None
 
     def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None,
@@ -720,6 +750,16 @@ class _SpanParents(BaseSpanHandler[Any]):
     def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None,
                              **kwargs: Any) -> None:
         return None
+
+    def turn_after(self, span: str, since: str | None) -> bool:
+        """Whether ``span`` is a top-level call of an engine (a chat turn, a query, a retrieval: a span of
+        nothing else) that started after span ``since``: the user's next question, whatever it raised at."""
+        method = span.split("-", 1)[0].rsplit(".", 1)[-1]
+        with self.lock:
+            if method not in _TURNS or span not in self._parents or self._parents[span] is not None:
+                return False
+            start, before = self._started.get(span), self._started.get(since) if since is not None else None
+        return start is not None and before is not None and start > before
 
     def above(self, span: str | None, ancestor: str) -> bool:
         """Whether ``ancestor`` is a span ``span`` ran under."""

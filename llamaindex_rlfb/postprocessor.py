@@ -281,6 +281,15 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     def class_name(cls) -> str:
         return "FeedbackFusionPostprocessor"
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # pydantic checks no assignment: pp.top_n = "3" (a config value, as rerankers are tuned) was a bare
+        # TypeError at the next query, and explore = "no" would have been read as true
+        if name == "top_n":
+            value = positive_count(value, "top_n")
+        elif name in ("explore", "log"):
+            value = flag(value, name)
+        super().__setattr__(name, value)
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickling rebuilds from the dumped fields, as from_dict does: the store reopens from store_path, and
         # a corpus, ensemble or in-memory store the pickle could not carry raises ValidationError here.

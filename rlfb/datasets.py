@@ -244,6 +244,10 @@ def _no_such_folder(root: Path) -> str:
     if (root.is_absolute() and not os.environ.get(DATASETS_ENV)
             and (root.parent == Path(root.anchor) or not root.parent.exists())):
         message += f" ({DATASETS_ENV} is not set; was the path written as ${DATASETS_ENV}/...?)"
+    elif not root.is_absolute() and len(root.parts) == 1:  # a bare name: say where else it was looked for
+        base = datasets_dir()
+        message += (f" (nor {base / root})" if base is not None
+                    else f" ({DATASETS_ENV} is not set: a bare name is looked for under it)")
     return message
 
 
@@ -277,4 +281,6 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
         for q, docs in judged.items():
             unknown[split] = unknown.get(split, 0) + sum(g > 0 for d, g in docs.items() if d not in ids)
             judged[q] = {d: g for d, g in docs.items() if d in ids}
-    return BeirDataset(name or root.name, corpus, queries, qrels, {s: n for s, n in unknown.items() if n})
+    # the folder's own name: "." or ".." named the collection "" or ".."
+    return BeirDataset(name or root.resolve().name, corpus, queries, qrels,
+                       {s: n for s, n in unknown.items() if n})

@@ -77,3 +77,16 @@ def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
     for side in (f"{store}{tail}" for tail in ("-wal", "-shm", "-journal")):  # SQLite's own files beside it
         if same_file(out, side):
             raise ValidationError(f"the output {out} is {side}, part of the store {store}: refusing to overwrite it")
+
+
+def refuse_overwriting_dataset(out: str | Path, folder: str | Path, option: str) -> None:
+    """Raise :class:`ValidationError` when output ``out`` (given as ``option``) is a file of the BEIR collection in
+    ``folder`` (``corpus.jsonl``, ``queries.jsonl``, ``qrels/*.tsv``): ``--json DS/qrels/test.tsv`` ran, and
+    the collection no longer loaded afterwards."""
+    root = Path(folder)
+    if not root.is_dir():
+        return
+    for read in (root / "corpus.jsonl", root / "queries.jsonl", *sorted(root.glob("qrels/*.tsv"))):
+        if read.exists() and same_file(out, read):
+            raise ValidationError(f"{option} {out} is {read}, a file of the collection being read: "
+                                  "refusing to overwrite it")

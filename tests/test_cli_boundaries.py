@@ -695,3 +695,49 @@ def test_weights_export_to_a_dash_writes_stdout(tmp_path: Path, capsys, monkeypa
     assert main(["weights", "export", str(db), "-", "--weights-only"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"weights", "policy", "version", "updated_at"} and not (tmp_path / "-").exists()
+
+
+def test_the_demos_json_records_how_many_devices_its_collection_had(tmp_path: Path, capsys) -> None:
+    # --devices 10 and --devices 90 wrote one config: the collection's size is a setting of the run
+    assert main([*DEMO, "--quiet", "--out", str(tmp_path / "d")]) == 0
+    result = json.loads((tmp_path / "d" / "results.json").read_text())
+    assert result["config"]["devices"] == 2 and result["dataset_path"] == result["config"]["dataset_path"] == "demo"
+
+
+@pytest.mark.parametrize("command", ["simulate", "evaluate"])
+@pytest.mark.parametrize("read", ["qrels/test.tsv", "corpus.jsonl", "queries.jsonl"])
+def test_an_output_over_a_file_of_the_collection_being_read_is_refused(
+    tmp_path: Path, capsys, command: str, read: str
+) -> None:
+    # --json DS/qrels/test.tsv ran (exit 0), and the collection no longer loaded afterwards
+    ds = write_beir(tmp_path / "ds")
+    before = (ds / read).read_bytes()
+    run = [*TINY] if command == "simulate" else ["--retrievers", "bm25"]
+    assert main([command, "--dataset", str(ds), *run, "--json", str(ds / read)]) == 2
+    assert "a file of the collection being read" in one_error_line(capsys)
+    assert (ds / read).read_bytes() == before
+    if command == "simulate":
+        assert main([command, "--dataset", str(ds), *run, "--plot", str(ds / read)]) == 2
+        capsys.readouterr()
+
+
+def test_a_collection_given_as_dot_is_named_by_its_folder(tmp_path: Path, capsys, monkeypatch) -> None:
+    # "." named the collection "": headings read ": nDCG@10", errors "  has no split"
+    ds = write_beir(tmp_path / "tiny")
+    monkeypatch.chdir(ds)
+    assert main(["evaluate", "--dataset", ".", "--retrievers", "bm25"]) == 0
+    assert "tiny / test:" in capsys.readouterr().out
+
+
+def test_a_bare_collection_name_not_found_says_where_it_was_looked_for(tmp_path: Path, capsys, monkeypatch) -> None:
+    # "no such folder: cranfield", whether RLFB_DATASETS was unset or held no cranfield
+    import rlfb.datasets
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RLFB_DATASETS", raising=False)
+    monkeypatch.setattr(rlfb.datasets, "_CHECKOUT_DATASETS", tmp_path / "no-checkout")  # an installed package
+    assert main(["evaluate", "--dataset", "cranfield"]) == 2
+    assert "RLFB_DATASETS is not set" in one_error_line(capsys)
+    monkeypatch.setenv("RLFB_DATASETS", str(tmp_path))
+    assert main(["evaluate", "--dataset", "cranfield"]) == 2
+    assert f"(nor {tmp_path / 'cranfield'})" in one_error_line(capsys)

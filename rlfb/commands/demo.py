@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {hit.rank}. [{hit.chunk_id}] fused={hit.score:.3f} ({parts})  {hit.text[:60]}...")
     print(f"\nlearning from {args.interactions} simulated users x {args.seeds} seeds ({args.policy} policy)")
     result = simulate(data, config, prepared=prepared, show_progress=progress)
+    # the collection is generated: its size is a setting of the run (10 and 90 devices gave one config before)
+    result["config"]["devices"] = args.devices
+    result["dataset_path"] = result["config"]["dataset_path"] = "demo"  # as `simulate --dataset demo` records it
     print_table(result)
     out.mkdir(parents=True, exist_ok=True)  # checked before the run, made now that there is something to write
     write_text_atomically(results, json.dumps(result, indent=2))  # a failed write leaves an earlier file whole

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from rlfb.commands import check_int, check_output_name, prepare_output_file, write_output
     from rlfb.datasets import find_dataset, load_beir
     from rlfb.ensemble import FeedbackEnsemble
+    from rlfb.files import refuse_overwriting_dataset
     from rlfb.offline import evaluate_ensemble
     from rlfb.types import validate_k
 
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_name("--json", args.json_out)
     if args.json_out:  # a bad output path fails now, not after indexing and evaluation
         prepare_output_file(args.json_out)
+        refuse_overwriting_dataset(args.json_out, find_dataset(args.dataset), "--json")
     data = load_beir(find_dataset(args.dataset))
     judged = data.split(args.split)
     data.check_known_documents(args.split)  # qrels of another corpus: every metric would be 0

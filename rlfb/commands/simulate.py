@@ -114,6 +114,8 @@ def plot_path(path: str) -> str:
 def check_outputs(args: argparse.Namespace) -> None:
     """Fail on a bad output path or option now, not after the simulation; ``args.plot`` becomes the real name."""
     from rlfb.commands import check_int, check_output_name, prepare_output_file, same_file
+    from rlfb.datasets import find_dataset
+    from rlfb.files import refuse_overwriting_dataset
 
     check_output_name("--json", args.json_out)
     check_output_name("--plot", args.plot)
@@ -126,9 +128,12 @@ def check_outputs(args: argparse.Namespace) -> None:
         args.plot = plot_path(args.plot)
     if args.json_out and args.plot and same_file(args.json_out, args.plot):
         raise ValidationError(f"--json and --plot name the same file {args.plot}: the plot would overwrite the JSON")
-    for out in (args.json_out, args.plot):
+    dataset = None if args.dataset == "demo" else find_dataset(args.dataset)
+    for option, out in (("--json", args.json_out), ("--plot", args.plot)):
         if out:
             prepare_output_file(out)
+            if dataset is not None:
+                refuse_overwriting_dataset(out, dataset, option)
 
 
 def policy_options(given: list[str], flag: str = "--policy-option") -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 from typing import Any
 
 import pytest
@@ -681,3 +682,63 @@ def test_nodes_a_later_step_cut_take_no_share_of_praise_of_the_answer(
     assert set(record.chunk_rewards) == set(used)  # the praise went to the answer's chunks only
     assert ens.learner.confidence.confidence(cut)[0] == before  # neither praised nor read as passed over
     assert ens.learner.memory.known("moon tides").get(cut[0], 0.0) == 0.0
+
+
+@pytest.mark.parametrize("given", ["fb.db", 5, object()])
+def test_a_handler_refuses_an_ensemble_that_is_none_of_rlfbs(given: Any) -> None:
+    # kept silently: the handler fell back to an in-memory store of its own and taught nothing
+    with pytest.raises(ValidationError, match="ensemble must be an rlfb.FeedbackEnsemble"):
+        FeedbackEventHandler(ensemble=given)
+
+
+def test_a_chat_turn_that_raised_before_it_retrieved_is_not_rated_by_feedback_naming_no_query(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # the latest query stayed on the turn before (a chat turn has no QueryStartEvent, and this one never
+    # retrieved): a thumbs down on the failed turn was recorded on that good answer and taught the learner
+    from llama_index.core.chat_engine import ContextChatEngine
+    from llama_index.core.retrievers import BaseRetriever
+
+    class Flaky(BaseRetriever):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner, self.fail = inner, False
+
+        def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            if self.fail:
+                raise RuntimeError("vector store down")
+            return self.inner.retrieve(query_bundle)
+
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(store=handler.store), top_n=2)
+    flaky = Flaky(index.as_retriever(similarity_top_k=5))
+    chat = ContextChatEngine.from_defaults(retriever=flaky, node_postprocessors=[pp], llm=MockLLM())
+    chat.chat("what makes the sky glow green")
+    first = handler.last_query_id
+    flaky.fail = True
+    with pytest.raises(RuntimeError):
+        chat.chat("and the tides?")
+    with pytest.raises(ValidationError, match="raised"):
+        handler.record_feedback(score=0.0)
+    assert handler.record_feedback(first, score=1.0)  # the good turn is still rated by its id
+
+
+def test_a_click_on_a_node_no_rlfb_decision_returned_warns_that_it_taught_nothing(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # a CitationQueryEngine's sources are new nodes cut from the ranked ones: a click on one was stored on the
+    # response's copy and taught no learner, silently
+    from llama_index.core.query_engine import CitationQueryEngine
+
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2)
+    engine = CitationQueryEngine.from_args(index, llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
+    response = engine.query("moon tides")
+    cited = response.source_nodes[0].node.node_id
+    with pytest.warns(RuntimeWarning, match="taught no rlfb learner"):
+        handler.record_feedback(handler.last_query_id, signal="click", chunk_id=cited)
+    assert ens.learner.n_learned == 0
+    decided = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a node the rlfb step returned: learned, no warning
+        handler.record_feedback(handler.last_query_id, signal="click", chunk_id=decided["chunks"][0]["chunk_id"])
+    assert ens.learner.n_learned == 1

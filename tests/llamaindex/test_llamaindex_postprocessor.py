@@ -618,3 +618,14 @@ def test_the_nodes_given_keep_their_own_nested_metadata(make_ensemble: Any) -> N
     assert all(n.node.metadata["tags"] == ["kb"] for n in given)
     assert all(n.node.metadata["tags"] == ["kb"] for n in pp.postprocess_nodes(given, query_str="moon tides"))
 
+
+
+def test_fields_set_after_construction_are_checked_as_the_constructor_checks_them(nodes: list[TextNode]) -> None:
+    # pp.top_n = "3" (a config value, as rerankers are tuned) was a bare TypeError at the next query
+    pp = FeedbackFusionPostprocessor(retrievers=("bm25",), top_n=2, nodes=nodes)
+    for field, value in (("top_n", "3"), ("top_n", 2.5), ("top_n", None), ("top_n", 0), ("explore", "no"),
+                         ("log", 1)):
+        with pytest.raises(ValidationError, match=field):
+            setattr(pp, field, value)
+    pp.top_n = 1
+    assert len(pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")) == 1
