@@ -471,8 +471,9 @@ class FeedbackEventHandler(BaseEventHandler):
         stores = [self._store, *(e.store for e in self._makers_of([eid]).values())]
         for store in dict.fromkeys(stores):  # the handler's, and the learner's where that is another file
             if store.has_event(eid):
-                cut = [c["chunk_id"] for c in store.event(eid)["chunks"] if c["chunk_id"] not in kept]
-                if cut and len(cut) < len(store.event(eid)["chunks"]):
+                decided = [c["chunk_id"] for c in store.event(eid)["chunks"]]
+                cut = [c for c in decided if c not in kept]
+                if cut and len(cut) < len(decided):
                     store.mark_unused(eid, cut)
 
     def _own_event(self, nodes: Sequence[NodeWithScore]) -> str | None:
