@@ -84,7 +84,7 @@ from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import finite_or_none, session_text
-from llamaindex_rlfb._nodes import event_id_of
+from llamaindex_rlfb._nodes import EVENT_ID_KEY, event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import NotCopyableError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
@@ -233,6 +233,9 @@ class FeedbackEventHandler(BaseEventHandler):
     _raised: Any = PrivateAttr(default_factory=OrderedDict)  # latest query ids whose query raised
     _spans: Any = PrivateAttr(default=None)  # a _SpanParents: the span each recent span ran under
     _span_of: Any = PrivateAttr(default_factory=OrderedDict)  # bare retrieval's query id -> its span
+    # (query id, a response node's id) -> (the rlfb decision it was cut from, the ranked node's id): a
+    # CitationQueryEngine's sources are new nodes carrying their ranked node's event id and rank
+    _cut_from: Any = PrivateAttr(default_factory=OrderedDict)
 
     def __init__(
         self,
@@ -459,6 +462,27 @@ class FeedbackEventHandler(BaseEventHandler):
             self._log(event.query, nodes, own or f"{qid}/response", qid, "response")
             if own is None:
                 self._mark_cut(nodes)
+                self._note_derived(qid, nodes)
+
+    def _note_derived(self, qid: str, nodes: Sequence[NodeWithScore]) -> None:
+        """Remember, for the response's nodes that are new nodes made from ranked ones (a citation engine's
+        sources keep their ranked node's metadata: its event id and rank), which ranked node each came from."""
+        decisions: dict[str, list[str]] = {}
+        for n in nodes:
+            meta = n.node.metadata or {}
+            eid, rank = meta.get(EVENT_ID_KEY), meta.get("rank")
+            if not (isinstance(eid, str) and isinstance(rank, int) and rank >= 1):
+                continue
+            if eid not in decisions:
+                decisions[eid] = ([c["chunk_id"] for c in self._store.event(eid)["chunks"]]
+                                  if self._store.has_event(eid) else [])
+            ranked = decisions[eid]
+            nid = str(n.node.node_id)
+            if rank <= len(ranked) and nid not in ranked:
+                with self._lock:
+                    self._cut_from[(qid, nid)] = (eid, ranked[rank - 1])
+                    while len(self._cut_from) > _REMEMBER:
+                        self._cut_from.popitem(last=False)
 
     def _mark_cut(self, nodes: Sequence[NodeWithScore]) -> None:
         """An rlfb step's nodes some of which a later step cut before the answer (a cutoff, a dedup): those are
@@ -678,6 +702,15 @@ class FeedbackEventHandler(BaseEventHandler):
                     # about one chunk its decision did not return (only another member of a fusion found it):
                     # record_run_feedback refuses before writing, and this store has taken the feedback
                     continue
+        derived = None if chunk_id is None else self._cut_from.get((qid, str(chunk_id)))
+        if derived is not None and derived[0] in makers and not any(r.event_id == derived[0] for r in records):
+            # a node made from a ranked one (a citation engine's source): the click is the ranked node's too
+            eid, ranked = derived
+            ens = makers[eid]
+            again = {**fb, "chunk_id": ranked}
+            if again.get("idempotency_key") is not None:  # its own key: the response's row holds the given one
+                again["idempotency_key"] = f"{again['idempotency_key']}/ranked"
+            records += record_run_feedback(ens.store, eid, ensemble=ens, **again)
         if chunk_id is not None and makers and not any(r.event_id in makers for r in records):
             # stored (on the response the user saw), but no rlfb decision of the query returned that node: a
             # CitationQueryEngine's sources, say, are new nodes cut from the ones ranked. It was silent.

@@ -722,7 +722,7 @@ def test_a_chat_turn_that_raised_before_it_retrieved_is_not_rated_by_feedback_na
     assert handler.record_feedback(first, score=1.0)  # the good turn is still rated by its id
 
 
-def test_a_click_on_a_node_no_rlfb_decision_returned_warns_that_it_taught_nothing(
+def test_a_click_on_a_citation_engines_source_teaches_the_ranked_node_it_was_cut_from(
     index: Any, handler: FeedbackEventHandler, make_ensemble: Any
 ) -> None:
     # a CitationQueryEngine's sources are new nodes cut from the ranked ones: a click on one was stored on the
@@ -732,13 +732,13 @@ def test_a_click_on_a_node_no_rlfb_decision_returned_warns_that_it_taught_nothin
     ens = make_ensemble(store=handler.store, policy="thompson")
     pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2)
     engine = CitationQueryEngine.from_args(index, llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
-    response = engine.query("moon tides")
-    cited = response.source_nodes[0].node.node_id
-    with pytest.warns(RuntimeWarning, match="taught no rlfb learner"):
-        handler.record_feedback(handler.last_query_id, signal="click", chunk_id=cited)
-    assert ens.learner.n_learned == 0
+    source = engine.query("moon tides").source_nodes[0].node
     decided = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor")
+    ranked = decided["chunks"][source.metadata["rank"] - 1]["chunk_id"]
+    assert source.node_id != ranked
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a node the rlfb step returned: learned, no warning
-        handler.record_feedback(handler.last_query_id, signal="click", chunk_id=decided["chunks"][0]["chunk_id"])
+        warnings.simplefilter("error")
+        records = handler.record_feedback(handler.last_query_id, signal="click", chunk_id=source.node_id)
+    [learned] = [r for r in records if r.event_id == decided["id"]]
+    assert list(learned.chunk_rewards) == [ranked] and learned.chunk_rewards[ranked] == pytest.approx(0.4, abs=1e-3)
     assert ens.learner.n_learned == 1
