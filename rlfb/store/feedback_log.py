@@ -297,42 +297,28 @@ _WHO = ("chunk_id", "session_id", "user_id", "key")  # whose say on what: a repe
 _SAYS = ("signal", "raw_value", "value", "idempotency_key")  # and say what the latest such row said
 
 
-#: the store's in-window feedback rows less the repeats (:func:`repeated`, in SQL: each row against the latest
-#: earlier in-window row of its event, chunk, session, user and key), for the reports' aggregates
-_SAME = " AND ".join(f"p_{c} IS {c}" for c in _SAYS[:3])
-KEPT_FEEDBACK = (
-    "(SELECT * FROM (SELECT *, " + ", ".join(f"LAG({c}) OVER w AS p_{c}" for c in ("id", *_SAYS)) +
-    " FROM feedback WHERE in_window = 1 WINDOW w AS (PARTITION BY event_id, " + ", ".join(_WHO) + " ORDER BY id)) "
-    f"WHERE NOT (idempotency_key IS NULL AND p_id IS NOT NULL AND p_idempotency_key IS NULL AND {_SAME}))"
-)
+def repeats_sql(where: str) -> str:
+    """SQL of the ids of the in-window feedback rows (of those matching ``where``) that say again, word for
+    word, what the latest earlier in-window row of the same event, chunk, session, user and LangSmith key said
+    (same signal, raw value and value), neither row with an idempotency key: a double click, a retry without
+    a key. The one definition of a repeat, for the learner (:func:`repeats_latest`) and the reports alike;
+    thumbs up, down, then up again is no repeat."""
+    lags = ", ".join(f"LAG({c}) OVER w AS p_{c}" for c in ("id", *_SAYS))
+    same = " AND ".join(f"p_{c} IS {c}" for c in _SAYS[:3])
+    return (
+        f"SELECT id FROM (SELECT id, idempotency_key, {', '.join(_SAYS[:3])}, {lags} FROM feedback "
+        f"WHERE in_window = 1 AND ({where}) WINDOW w AS (PARTITION BY event_id, {', '.join(_WHO)} ORDER BY id)) "
+        f"WHERE idempotency_key IS NULL AND p_id IS NOT NULL AND p_idempotency_key IS NULL AND {same}"
+    )
 
 
-def repeated(rows: Iterable[Mapping[str, Any]]) -> set[int]:
-    """The ids of the feedback ``rows`` (of one event, in the order they were stored: by ``id``) that say
-    again, word for word, what the latest earlier in-window row of the same session and user on the same
-    chunk and key said, neither with an idempotency key. Rows out of the window neither repeat nor are
-    repeated. Each row maps ``id``, ``in_window`` and the columns compared; values as stored or decoded,
-    alike."""
-    latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-    found = set()
-    for row in rows:
-        if not row["in_window"]:
-            continue
-        who, says = tuple(row[c] for c in _WHO), tuple(row[c] for c in _SAYS)
-        if says[3] is None and latest.get(who) == says:
-            found.add(int(row["id"]))
-        latest[who] = says
-    return found
+#: the store's in-window feedback rows less the repeats, for the reports' aggregates
+KEPT_FEEDBACK = f"(SELECT * FROM feedback WHERE in_window = 1 AND id NOT IN ({repeats_sql('1')}))"
 
 
 def _repeats(conn: sqlite3.Connection, enc_event_id: Any, upto_id: int) -> set[int]:
-    """:func:`repeated` of the event's stored rows up to ``upto_id``."""
-    cols = ("id", "in_window", *_WHO, *_SAYS)
-    rows = conn.execute(
-        f"SELECT {', '.join(cols)} FROM feedback WHERE event_id = ? AND id <= ? AND in_window = 1 ORDER BY id",
-        (enc_event_id, upto_id),
-    )
-    return repeated(dict(zip(cols, row, strict=True)) for row in rows)
+    """The ids of the event's repeated feedback rows (:func:`repeats_sql`) up to ``upto_id``."""
+    return {int(fid) for (fid,) in conn.execute(repeats_sql("event_id = ? AND id <= ?"), (enc_event_id, upto_id))}
 
 
 def _chunk_sums(conn: sqlite3.Connection, enc_event_id: Any, before_id: int | None,

@@ -19,7 +19,7 @@ from rlfb.files import refuse_overwriting_store, write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
 from rlfb.store.codec import _dec, _jsonl
-from rlfb.store.feedback_log import KEPT_FEEDBACK, repeated
+from rlfb.store.feedback_log import KEPT_FEEDBACK, repeats_sql
 from rlfb.store.records import _EVENT_COLS, _chunk_dict, _event_dict, _feedback_dict
 
 if TYPE_CHECKING:
@@ -187,12 +187,12 @@ def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, 
                 enc_ids,
             ):
                 shares[(_dec(eid), _dec(cid), fid)] = _finite(store, r, f"rewards row {rid}", "reward")
+            # repeats were stored and not learned: the rewards leave them out, as event_reward() does
+            again = {int(fid) for (fid,) in conn.execute(repeats_sql(f"event_id IN ({m})"), enc_ids)}
         for r in ev_rows:
             ev = _event_dict(r)
             eid = ev["id"]
             fbs = feedback.get(eid, [])
-            # repeats were stored and not learned: the rewards leave them out, as event_reward() does
-            again = repeated(sorted(fbs, key=lambda f: f["id"]))
             in_win = [f["discounted"] for f in fbs if f["in_window"] and f["id"] not in again]
             event_reward = min(cfg.clip_high, max(cfg.clip_low, math.fsum(in_win))) if in_win else None
             base = {
