@@ -563,9 +563,8 @@ class FeedbackEnsemble:
                                               parent_id=parent_id, metadata=metadata, timestamp=timestamp)
             # a ranking not logged (an evaluation: no feedback can reach it) does not count as a use of the
             # memory's entries, which keeps them from eviction
-            asks = self._learner.memory.asks(learner_ctx.query) if explore else 0
             ranking = self._learner.rank(learner_ctx, k, explore=explore, touch=log)
-            if explore and self._learner.memory.asks(learner_ctx.query) > asks:
+            if ranking.asked:  # written with the next snapshot (repeat discovery reads the counts)
                 asked(self, learner_ctx.query)
             hits = self._hits(ctx, ranking)
             decision: Decision = ranking.decision

@@ -310,6 +310,8 @@ class Ranking:
     confidence: np.ndarray
     memory: np.ndarray
     ask_for_feedback: bool = False
+    #: whether the feedback memory counted this ranking as one more asking of a question it remembers
+    asked: bool = False
 
 
 class Learner:
@@ -502,8 +504,10 @@ class Learner:
                 res = self._explorer.explore(ranked, kk, scale=self._guardrail.multipliers[1], **extra)
                 order = res.order
                 decision = _explored(decision, res)
+        noted = False
         if explore and kk > 0 and _discovers(self.config):
-            asks = self._memory.note_ask(context.query)
+            before = self._memory.ask(context.query)
+            noted, asks = before is not None, before or 0
             # A policy that samples whole rankings (PDGD) explores by itself, and its gradient assumes
             # that what was shown is what it sampled: discovery leaves those rankings alone.
             # (the memory's evidence for the question is read only for questions repeated often enough)
@@ -514,7 +518,7 @@ class Learner:
                 decision = _explored(decision, found)
         ask = self._ask(context, order, alpha, beta)
         return Ranking(order=order, fused=fused, decision=decision, confidence=conf, memory=mem,
-                       ask_for_feedback=ask)
+                       ask_for_feedback=ask, asked=noted)
 
     def _uncertainty(self, context: Context, order: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> float:
         """Of the chunks shown (``order``), from the candidates' posteriors ``alpha``, ``beta``."""

@@ -374,9 +374,14 @@ class FeedbackMemory:
 
     def note_ask(self, query: str) -> int:
         """Count one more asking of a remembered query; returns the count before it (0 if not remembered)."""
+        before = self.ask(query)
+        return 0 if before is None else before
+
+    def ask(self, query: str) -> int | None:
+        """:meth:`note_ask`, returning ``None`` for a query not remembered (whose asking is not counted)."""
         row = self._row(query)
         if row is None:
-            return 0
+            return None
         before = int(self._asks[row])
         self._asks[row] += 1.0
         return before
