@@ -458,25 +458,29 @@ class FeedbackEventHandler(BaseEventHandler):
             self._set_last(qid)
         nodes = list(getattr(event.response, "source_nodes", None) or [])
         if nodes:
-            own = self._own_event(nodes)
+            read: dict[str, list[str] | None] = {}  # each decision the nodes name, read from the store once
+
+            def ranked(eid: str) -> list[str] | None:
+                if eid not in read:
+                    read[eid] = _ranked_ids(self._store, eid)
+                return read[eid]
+
+            own = self._own_event(nodes, ranked)
             self._log(event.query, nodes, own or f"{qid}/response", qid, "response")
             if own is None:
-                self._mark_cut(nodes)
-                self._note_derived(qid, nodes)
+                self._mark_cut(nodes, ranked)
+                self._note_derived(qid, nodes, ranked)
 
-    def _note_derived(self, qid: str, nodes: Sequence[NodeWithScore]) -> None:
+    def _note_derived(self, qid: str, nodes: Sequence[NodeWithScore],
+                      ranked_ids: Callable[[str], list[str] | None]) -> None:
         """Remember, for the response's nodes that are new nodes made from ranked ones (a citation engine's
         sources keep their ranked node's metadata: its event id and rank), which ranked node each came from."""
-        decisions: dict[str, list[str]] = {}
         for n in nodes:
             meta = n.node.metadata or {}
             eid, rank = meta.get(EVENT_ID_KEY), meta.get("rank")
             if not (isinstance(eid, str) and isinstance(rank, int) and rank >= 1):
                 continue
-            if eid not in decisions:
-                decisions[eid] = ([c["chunk_id"] for c in self._store.event(eid)["chunks"]]
-                                  if self._store.has_event(eid) else [])
-            ranked = decisions[eid]
+            ranked = ranked_ids(eid) or []
             nid = str(n.node.node_id)
             if rank <= len(ranked) and nid not in ranked:
                 with self._lock:
@@ -484,7 +488,7 @@ class FeedbackEventHandler(BaseEventHandler):
                     while len(self._cut_from) > _REMEMBER:
                         self._cut_from.popitem(last=False)
 
-    def _mark_cut(self, nodes: Sequence[NodeWithScore]) -> None:
+    def _mark_cut(self, nodes: Sequence[NodeWithScore], ranked_ids: Callable[[str], list[str] | None]) -> None:
         """An rlfb step's nodes some of which a later step cut before the answer (a cutoff, a dedup): those are
         marked unused in its event, so that praise of the answer is not shared with them nor reads them as passed
         over (criticism still gives them the weak share every shown chunk the answer did not use takes)."""
@@ -494,13 +498,13 @@ class FeedbackEventHandler(BaseEventHandler):
         kept = set(_ids(nodes))
         stores = [self._store, *(e.store for e in self._makers_of([eid]).values())]
         for store in dict.fromkeys(stores):  # the handler's, and the learner's where that is another file
-            if store.has_event(eid):
-                decided = [c["chunk_id"] for c in store.event(eid)["chunks"]]
-                cut = [c for c in decided if c not in kept]
-                if cut and len(cut) < len(decided):
-                    store.mark_unused(eid, cut)
+            decided = ranked_ids(eid) if store is self._store else _ranked_ids(store, eid)
+            cut = [c for c in decided or () if c not in kept]
+            if cut and decided is not None and len(cut) < len(decided):
+                store.mark_unused(eid, cut)
 
-    def _own_event(self, nodes: Sequence[NodeWithScore]) -> str | None:
+    def _own_event(self, nodes: Sequence[NodeWithScore],
+                   ranked_ids: Callable[[str], list[str] | None] | None = None) -> str | None:
         """The rlfb event these nodes are, as logged: the id they carry, when the store has it with these
         very nodes in this order.
 
@@ -509,10 +513,10 @@ class FeedbackEventHandler(BaseEventHandler):
         are not what it logged: the user saw other nodes, so they are logged as a retrieval of their own.
         """
         eid = event_id_of(nodes)
-        if eid is None or not self._store.has_event(eid):
+        if eid is None:
             return None
-        logged = self._store.event(eid)
-        return eid if tuple(c["chunk_id"] for c in logged["chunks"]) == _ids(nodes) else None
+        logged = _ranked_ids(self._store, eid) if ranked_ids is None else ranked_ids(eid)
+        return eid if logged is not None and tuple(logged) == _ids(nodes) else None
 
     def _log(
         self, query: Any, nodes: Sequence[NodeWithScore], event_id: str, parent: str | None, source: str
@@ -845,6 +849,14 @@ def _pop(var: ContextVar[tuple[str, ...]], item: str | None) -> None:
     stack = var.get()
     if item in stack:
         var.set(tuple(s for s in stack if s != item))
+
+
+def _ranked_ids(store: Any, eid: str) -> list[str] | None:
+    """The chunk ids ``store`` logged for event ``eid``, in rank order; ``None`` where it has no such event."""
+    try:
+        return [c["chunk_id"] for c in store.event(eid)["chunks"]]
+    except UnknownEventError:
+        return None
 
 
 def _ensemble_of(obj: Any) -> Any:
