@@ -8,7 +8,6 @@ checks run before pydantic does, so a bad option raises
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rlfb.errors import ValidationError
@@ -32,13 +31,11 @@ def usable_score(value: Any) -> tuple[float | None, bool]:
 def check_store(store: Any) -> Any:
     """A :class:`rlfb.store.FeedbackStore` for ``store``: a path to open, or a store (anything with ``log_event``).
 
-    The same rule as the LlamaIndex adapter's, so ``FeedbackCallbackHandler(5)`` fails here, not at the
-    first retrieval (whose error LangChain would only print).
+    The core's rule (:func:`rlfb.store.as_store`), with no store refused, so ``FeedbackCallbackHandler(5)``
+    fails here, not at the first retrieval (whose error LangChain would only print).
     """
-    if isinstance(store, (str, os.PathLike)):
-        from rlfb.store import FeedbackStore
+    from rlfb.store import as_store
 
-        return FeedbackStore(os.fspath(store))
-    if not hasattr(store, "log_event"):
-        raise ValidationError(f"store must be a path or a FeedbackStore, got {type(store).__name__}")
-    return store
+    if store is None:
+        raise ValidationError("store must be a FeedbackStore or a path to an SQLite file, got None")
+    return as_store(store)

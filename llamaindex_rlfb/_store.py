@@ -39,14 +39,11 @@ def open_store(store: Any, store_path: str | None) -> Any:
     in-memory store passes ``store_path=":memory:"`` along, which any store satisfies).
     Returns ``None`` when neither is given.
     """
-    from rlfb.store import FeedbackStore
+    from rlfb.store import FeedbackStore, as_store
 
-    if store is not None and not isinstance(store, (str, os.PathLike)) and not hasattr(store, "log_event"):
-        raise ValidationError(f"store must be a path or a FeedbackStore, got {type(store).__name__}")
     if store_path is not None and not isinstance(store_path, (str, os.PathLike)):
         raise ValidationError(f"store_path must be a path, got {type(store_path).__name__}")
-    if isinstance(store, (str, os.PathLike)):
-        store = FeedbackStore(os.fspath(store))
+    store = as_store(store)
     if store_path is None or os.fspath(store_path) == MEMORY:
         return store
     if store is None:

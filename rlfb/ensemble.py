@@ -25,7 +25,6 @@ import dataclasses
 import difflib
 import inspect
 import math
-import os
 import threading
 import time
 import uuid
@@ -875,14 +874,7 @@ def check_settings(retrievers: Sequence[str | Retriever], **options: Any) -> Non
 
 
 def open_store(store: Any) -> Any:
-    """``store`` as an ensemble keeps it: a path opened as a :class:`~rlfb.store.FeedbackStore`, a store as it
-    is, ``None`` for none; anything else is a :class:`ValidationError`."""
-    if store is None:
-        return None
-    if isinstance(store, (str, os.PathLike)):
-        from rlfb.store import FeedbackStore
+    """``store`` as an ensemble keeps it (:func:`rlfb.store.as_store`, with the calls an ensemble makes)."""
+    from rlfb.store import ENSEMBLE_STORE_METHODS, as_store
 
-        return FeedbackStore(store)
-    if not all(callable(getattr(store, name, None)) for name in ("log_event", "state_version", "load_policy_state")):
-        raise ValidationError(f"store must be a FeedbackStore, a path to an SQLite file or None, got {store!r}")
-    return store
+    return as_store(store, methods=ENSEMBLE_STORE_METHODS)

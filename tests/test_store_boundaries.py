@@ -254,3 +254,31 @@ def test_another_applications_database_is_refused_and_left_as_it_was(tmp_path: P
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")
     FeedbackStore(empty).close()  # an empty file is a new store
+
+
+def test_one_rule_opens_a_given_store_for_the_core_and_both_adapters(tmp_path):
+    """``as_store`` is the one definition: a path is opened, a store kept, anything else refused by name, alike
+    by the ensemble, the LangChain handler and the LlamaIndex adapters (which need only ``log_event``)."""
+    from langchain_rlfb._checks import check_store
+    from llamaindex_rlfb._store import open_store as llamaindex_open_store
+    from rlfb.ensemble import open_store as ensemble_open_store
+    from rlfb.store import as_store
+
+    class LogsOnly:  # what a handler calls; an ensemble needs the snapshot calls too
+        def log_event(self, *args, **kwargs):
+            return "e1"
+
+    for opener in (as_store, check_store, lambda s: llamaindex_open_store(s, None), ensemble_open_store):
+        opened = opener(tmp_path / "fb.db")
+        assert isinstance(opened, FeedbackStore) and opened.path == str(tmp_path / "fb.db")
+        assert opener(opened) is opened
+        opened.close()
+        with pytest.raises(ValidationError, match="store must be a FeedbackStore or a path to an SQLite file, got int"):
+            opener(5)
+    logs_only = LogsOnly()
+    assert check_store(logs_only) is logs_only and llamaindex_open_store(logs_only, None) is logs_only
+    with pytest.raises(ValidationError, match="got LogsOnly"):
+        ensemble_open_store(logs_only)
+    assert as_store(None) is None and ensemble_open_store(None) is None
+    with pytest.raises(ValidationError, match="got None"):
+        check_store(None)

@@ -78,8 +78,10 @@ are accepted wherever a timestamp is.
 """
 
 from rlfb.store.codec import query_hash
-from rlfb.store.feedback_store import FeedbackStore
+from rlfb.store.feedback_store import ENSEMBLE_STORE_METHODS, FeedbackStore, as_store
 from rlfb.store.migrations import MIGRATIONS, Migrations
 from rlfb.store.records import FeedbackRecord
 
-__all__ = ["FeedbackStore", "FeedbackRecord", "Migrations", "MIGRATIONS", "query_hash"]
+__all__ = [
+    "FeedbackStore", "as_store", "ENSEMBLE_STORE_METHODS", "FeedbackRecord", "Migrations", "MIGRATIONS", "query_hash",
+]

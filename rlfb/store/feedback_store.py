@@ -9,6 +9,7 @@ See :mod:`rlfb.store` for what each table keeps and how the file is kept safe.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -618,3 +619,32 @@ class FeedbackStore:
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: ``"ok"`` for a sound file, else what SQLite found wrong."""
         return connection.integrity_check(self._tx)
+
+
+#: What an ensemble calls on its store; a handler or an adapter logging decisions needs only ``log_event``.
+ENSEMBLE_STORE_METHODS = ("log_event", "state_version", "load_policy_state")
+
+
+def as_store(store: Any, *, methods: Sequence[str] = ("log_event",)) -> Any:
+    """``store`` as the caller keeps it: a path (``str`` or ``os.PathLike``) opened as a :class:`FeedbackStore`,
+    ``None`` as ``None``, and anything with each of ``methods`` as it is (a store, or a wrapper of one).
+
+    Anything else is a :class:`ValidationError` naming what was given, so a wrong argument fails where it is
+    passed, not at the first retrieval (whose error a framework's callback manager may only print).
+
+    >>> as_store(None) is None
+    True
+    >>> as_store(5)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: store must be a FeedbackStore or a path to an SQLite file, got int
+    """
+    if store is None:
+        return None
+    if isinstance(store, (str, os.PathLike)):
+        return FeedbackStore(os.fspath(store))
+    if not all(callable(getattr(store, name, None)) for name in methods):
+        raise ValidationError(
+            f"store must be a FeedbackStore or a path to an SQLite file, got {type(store).__name__}"
+        )
+    return store

@@ -84,7 +84,7 @@ def test_usable_scores_and_sessions_log_without_a_warning(handler: Any, recwarn:
 
 @pytest.mark.parametrize("store", [5, 1.5, object(), ["fb.db"]])
 def test_handler_store_must_be_a_path_or_a_store(store: Any) -> None:
-    with pytest.raises(ValidationError, match="store must be a path or a FeedbackStore"):
+    with pytest.raises(ValidationError, match="store must be a FeedbackStore or a path"):
         FeedbackCallbackHandler(store)
 
 
