@@ -634,6 +634,26 @@ def test_bm25_score_texts_of_texts_without_the_terms_is_zero_not_nan(kwargs: dic
     assert got[1:].tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("idf_method", ["lucene", "robertson", "atire"])
+def test_bm25_score_texts_counts_a_query_word_the_index_never_saw(idf_method: str) -> None:
+    """A chunk added or edited since indexing holds words no indexed chunk does (a new product code); they
+    used to be dropped from the query, so it scored 0 on exactly the words it alone matches. Such a word now
+    counts as in one indexed chunk: about what indexing the text would give, and no text's score depends on
+    the others scored with it."""
+    texts = [f"the KX-{4400 + i} valve is rated for {100 + i} bar" for i in range(20)]
+    new = "the ZQ-9000 pump is rated for 50 bar"
+    chunks = make_chunks(texts)
+    r = BM25Retriever(idf_method=idf_method).index(chunks)
+    got = r.score_texts("ZQ-9000 pump", [new, texts[0]])
+    indexed = BM25Retriever(idf_method=idf_method).index(make_chunks([*texts, new])).score_all("ZQ-9000 pump")[-1]
+    assert got[0] > 0 and got[1] == 0.0
+    assert got[0] == pytest.approx(indexed, rel=0.1)
+    assert r.score_texts("ZQ-9000 pump", [new])[0] == got[0]
+    # a word of the vocabulary whose every chunk was deleted since counts the same way
+    gone = r.updated(chunks[1:])
+    assert gone.score_all("4400").max() == 0.0 and gone.score_texts("4400", [texts[0]])[0] > 0
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [{"k1": -1}, {"b": 1.5}, {"method": "bm42"}, {"idf_method": "x"}, {"tokenizer": 3}, {"tokenizer": "("},

@@ -213,7 +213,8 @@ class BM25Retriever(CorpusRetriever):
         self._bm25: Any = None  # bm25s.BM25
         self._vocab: dict[str, int] = {}
         self._matrix_t: Any = None  # scipy CSR, vocabulary x documents
-        self._idf: np.ndarray = np.zeros(0)
+        self._idf_outside: np.ndarray = np.zeros(0)  # the IDF score_texts uses: no term at zero
+        self._idf_unseen = 0.0
         self._avg_len = 0.0
         self._counts: Any = None  # scipy CSR, documents x vocabulary term counts, kept for updated()
 
@@ -319,7 +320,10 @@ class BM25Retriever(CorpusRetriever):
         self._matrix_t = sp.csr_matrix((data, indices, indptr), shape=(n_vocab, n_docs))
         self._vocab = self._bm25.vocab_dict
         df = np.diff(indptr)
-        self._idf = np.where(df > 0, bm25_idf(np.maximum(df, 1), n_docs, self.idf_method), 0.0)
+        # a text outside the index may hold words no indexed chunk does (any more): each counts as the index's
+        # rarest, in one chunk of the index, so a new chunk's own words (a product code, a new name) still match
+        self._idf_outside = bm25_idf(np.maximum(df, 1), max(n_docs, 1), self.idf_method)
+        self._idf_unseen = float(bm25_idf(np.ones(1), max(n_docs, 1), self.idf_method)[0])
 
     # -- scoring ------------------------------------------------------------------------------------
     def _query_matrix(self, queries: list[str]) -> Any:
@@ -364,12 +368,14 @@ class BM25Retriever(CorpusRetriever):
     def score_texts(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """BM25 scores of texts outside the index, with the index's IDF and average length.
 
-        A text equal to an indexed chunk's text gets that chunk's score.
+        A text equal to an indexed chunk's text gets that chunk's score. A query word no indexed chunk holds
+        (a new product code in a chunk added since) is taken to be in one chunk of the index, as rare as its
+        rarest words, so that a text holding it scores by it; a text's score does not depend on the others.
         """
         query = check_query(query)
         texts = check_texts(texts)
         self._require_table()
-        q_counts = Counter(t for t in self.tokenize(query) if t in self._vocab)
+        q_counts = Counter(self.tokenize(query))
         if not texts:
             return np.zeros(0, dtype=np.float64)
         terms = list(q_counts)
@@ -378,7 +384,8 @@ class BM25Retriever(CorpusRetriever):
         if not terms:
             return np.zeros(len(texts), dtype=np.float64)
         tf = np.array([[c.get(term, 0) for term in terms] for c in tokenized], dtype=np.float64)
-        idf = self._idf[[self._vocab[t] for t in terms]]
+        idf = np.array([self._idf_unseen if t not in self._vocab else self._idf_outside[self._vocab[t]]
+                        for t in terms], dtype=np.float64)
         weight = np.array([q_counts[t] for t in terms], dtype=np.float64)
         avg = self._avg_len if self._avg_len > 0 else 1.0
         tfc = bm25_tfc(tf, doc_len[:, None], avg, self.k1, self.b, self.method)

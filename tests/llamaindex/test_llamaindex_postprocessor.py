@@ -629,3 +629,18 @@ def test_fields_set_after_construction_are_checked_as_the_constructor_checks_the
             setattr(pp, field, value)
     pp.top_n = 1
     assert len(pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")) == 1
+
+
+def test_a_node_added_or_edited_since_indexing_wins_on_its_own_words() -> None:
+    """BM25 dropped the query words its index had never seen, so a node added to the LlamaIndex index after
+    the postprocessor was built, or one whose text was edited, scored 0 on exactly the words it alone held."""
+    nodes = [TextNode(id_=f"n{i}", text=f"The KX-{4400 + i} valve is rated for {100 + i} bar.") for i in range(20)]
+    pp = FeedbackFusionPostprocessor(nodes=nodes, retrievers=("bm25",), top_n=3, explore=False, log=False)
+    new = TextNode(id_="new", text="The ZQ-9000 pump is rated for 50 bar.")
+    edited = TextNode(id_="n5", text="The KX-4405 valve was recalled after a seal failure.")
+    candidates = [NodeWithScore(node=n, score=0.5) for n in nodes[:4]]
+    candidates += [NodeWithScore(node=new), NodeWithScore(node=edited)]
+    for query, winner in (("ZQ-9000 pump", "new"), ("recalled seal failure", "n5")):
+        out = pp.postprocess_nodes(candidates, query_str=query)
+        assert out[0].node.node_id == winner
+        assert out[0].node.metadata["scores"]["bm25"] > 0
