@@ -21,7 +21,6 @@ import math
 import os
 import sys
 import warnings
-import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +49,7 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
     ens._dirty = False
     ens._unsaved.clear()
     ens._unsaved_asks.clear()
+    _UNWRITTEN.pop(ens, None)
 
 
 #: unwritten episodes kept for learning again on a newer snapshot; at this many a snapshot is written even
@@ -85,8 +85,9 @@ def learned(ens: FeedbackEnsemble, episode: Any, now: float) -> None:
 # ensembles holding learning not written yet, with the process they learned in, flushed at exit: a script that
 # ended without close() lost up to persist_interval of learning (49 of 50 feedbacks at persist_interval=1.0).
 # A forked child inherits the parent's entries and skips them (its copy flushed them as well: 9 learned of 5).
-# Filled on first use, not at import.
-_UNWRITTEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+# Held strongly until written: an ensemble local to main() or to a worker's function was collected on its
+# return, before the exit hook, and took its learning with it (1 of 30 feedbacks learned). Filled on first use.
+_UNWRITTEN: dict[Any, int] = {}
 _EXIT_HOOKS: set[int] = set()  # the processes whose exit hooks are registered
 
 
@@ -176,6 +177,9 @@ def take_newer(ens: FeedbackEnsemble) -> int:
     if saved is None:
         return 0
     newest = int(saved["version"])
+    # this process's first snapshot: at its start (a restart, a new worker). Read before the branch below marks
+    # another kind's newest as seen: a restart after another app wrote last drew the seed's first draws again
+    first = ens._state_version == 0
     if not is_ours(ens, saved):
         # another policy, or an ensemble of other retrievers, wrote this store last: do not mis-read
         # its state, nor read that snapshot again; but this policy's own newest snapshot under it
@@ -187,7 +191,6 @@ def take_newer(ens: FeedbackEnsemble) -> int:
             saved = other_models_snapshot(ens)
         if saved is None:
             return 0
-    first = ens._state_version == 0  # this process's first snapshot: at its start (a restart, a new worker)
     try:
         # the learning is shared, not the random draws: with the writer's generators, workers given other
         # seeds explored in lockstep (20 of 20 explored rankings alike after one exchange)

@@ -882,3 +882,63 @@ def test_prune_keeps_the_newest_snapshot_of_each_dense_model(tmp_path: Path) -> 
     models = {s["state"]["memory"]["model"] for s in store.policy_history(with_state=True)}
     store.close()
     assert models == {"dense:a", "dense:b"}
+
+
+_LOCAL = """
+import multiprocessing as mp, sys
+from rlfb import FeedbackEnsemble
+
+TEXTS = ["ocean tides follow the moon", "the aurora glows green", "volcanoes erupt magma"]
+
+
+def main(path, tag, n):
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=path, policy="thompson",
+                                      persist_interval=3600.0)
+    for i in range(n):
+        r = ens.retrieve(f"tides {tag} {i}", k=2)
+        ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], "m", 7)  # its ensemble, local to main(), is unreachable once main returns
+    worker = mp.get_context("spawn").Process(target=main, args=(sys.argv[1], "w", 4))
+    worker.start()
+    worker.join()
+    print(worker.exitcode)
+"""
+
+
+def test_an_ensemble_local_to_a_function_is_written_at_exit(tmp_path: Path) -> None:
+    # held weakly, an ensemble local to main() or to a worker's target was collected when the function
+    # returned, before the exit hooks ran, and its unwritten learning went with it (1 of 30 feedbacks learned)
+    script = tmp_path / "local.py"
+    script.write_text(_LOCAL, encoding="utf-8")
+    path = tmp_path / "fb.db"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+    with FeedbackStore(path) as store:
+        assert store.counts()["feedback"] == 11
+        assert store.load_policy_state()["state"]["n_learned"] == 11
+
+
+def test_a_restart_after_another_app_wrote_last_draws_anew(tmp_path: Path) -> None:
+    # the restart marked the other app's newest snapshot as seen before asking whether this was its first
+    # snapshot: it never reseeded, and drew the seed's first random numbers again at every restart
+    def ensemble(policy: str, store: Any = tmp_path / "f.db") -> FeedbackEnsemble:
+        return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy=policy, store=store, seed=0)
+
+    def draws(ens: FeedbackEnsemble) -> list[Any]:
+        return [g.bit_generator.state["state"]["state"] for g in ens.learner._generators()]
+
+    fresh = draws(ensemble("thompson", None))
+    for policy in ("thompson", "gradient"):
+        ens = ensemble(policy)
+        r = ens.retrieve("tides", k=3)
+        ens.feedback(r.event_id, "thumbs_up")
+        ens.close()
+        again = ensemble("thompson")
+        assert draws(again) != fresh, f"a restart after {policy} wrote last"
+        again.close()
