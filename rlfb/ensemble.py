@@ -769,8 +769,9 @@ class FeedbackEnsemble:
         learner comes back with the policy, hyperparameters, weights and learner settings it was
         saved with (``policy=``, ``learner_config=`` or ``weights=`` is a :class:`ValidationError`).
         With a ``store`` whose newest snapshot is of the same policy and retrievers and has learned
-        from more feedback than the save (other processes went on learning), the store's state is kept:
-        loading an older save never rolls the store back. Search members are not saved: pass the
+        from as much feedback as the save or more (other processes went on learning, or set weights), the
+        store's state is kept: loading an older save never rolls the store back. Otherwise the save's state
+        is written to the store at once, for the other processes on it. Search members are not saved: pass the
         same ``members=`` again. A damaged file raises :class:`CorruptStateError`.
         """
         return load_ensemble(cls, path, store=store, retriever_options=retriever_options, kwargs=kwargs)

@@ -125,12 +125,17 @@ def _built(
         if kwargs:  # the caller's own settings may be what is wrong
             raise
         raise CorruptStateError(f"{root / _CONFIG_FILE}: {exc}") from exc
-    if ens._learner.n_learned > saved_count:
-        # the store already holds this policy's state, learned from more feedback than the
-        # save: the store is the live record (other processes may have learned since the save),
-        # so the save must not roll it back
+    if ens._own_version > 0 and ens._learner.n_learned >= saved_count:
+        # the store already holds this policy's state, learned from as much feedback as the save or more:
+        # the store is the live record (other processes may have learned since the save, or set weights,
+        # which learns from nothing), so the save must not roll it back
         return ens
     ens._learner.load_state_dict(state)
+    if ens._store is not None:
+        # and the save's state becomes the store's, for every process on it: kept here alone, the next snapshot
+        # another worker wrote replaced it (40 episodes learned, then 4), and a restart never saw it
+        ens._dirty = True
+        ens.flush()
     return ens
 
 

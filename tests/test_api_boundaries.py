@@ -60,6 +60,37 @@ def test_loading_an_older_save_does_not_roll_the_live_store_back(tmp_path: Path)
     assert fresh.learner.n_learned == 3  # a store with less (here nothing) takes the save's state
 
 
+def test_a_save_that_wins_over_a_live_store_is_written_to_it_and_weights_set_since_are_kept(tmp_path: Path) -> None:
+    # the save's state stayed in the loading process alone: the next snapshot another worker wrote replaced it
+    # (40 episodes, then 4), and a restart never saw it; weights set on the store after the save (learned from
+    # no feedback, so counted as no more learned) were rolled back by the load, then written over by it
+    trained = _bm25(tmp_path / "train.db")
+    _learn(trained, 6)
+    trained.save(tmp_path / "saved")
+    trained.close()
+    live = tmp_path / "live.db"
+    other = _bm25(live, seed=1, refresh_interval=0)
+    _learn(other, 2)
+    loaded = FeedbackEnsemble.load(tmp_path / "saved", store=live, refresh_interval=0)
+    assert loaded.learner.n_learned == 6
+    _learn(other, 1)  # on top of the save's state, now the store's
+    assert other.learner.n_learned == 7 and loaded.refresh() and loaded.learner.n_learned == 7
+    assert _bm25(live).learner.n_learned == 7
+    for ens in (other, loaded):
+        ens.close()
+
+    fixed = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), policy="fixed",
+                                        store=tmp_path / "w.db")
+    fixed.save(tmp_path / "fixed")
+    fixed.set_weights({"bm25": 0.9, "dense": 0.1})
+    fixed.close()
+    back = FeedbackEnsemble.load(tmp_path / "fixed", store=tmp_path / "w.db")
+    assert back.weights == pytest.approx({"bm25": 0.9, "dense": 0.1})
+    back.close()
+    with FeedbackStore(tmp_path / "w.db") as store:
+        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.9, "dense": 0.1})
+
+
 def test_a_save_with_members_asks_for_them_on_load(tmp_path: Path) -> None:
     member = SearchMember("web", lambda q, k: [(Chunk("w1", "tides on the web"), 1.0)])
     FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), members=[member]).save(tmp_path / "s")
