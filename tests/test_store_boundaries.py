@@ -282,3 +282,48 @@ def test_one_rule_opens_a_given_store_for_the_core_and_both_adapters(tmp_path):
     assert as_store(None) is None and ensemble_open_store(None) is None
     with pytest.raises(ValidationError, match="got None"):
         check_store(None)
+
+
+def test_a_stores_query_text_mode_is_kept_by_the_file(tmp_path):
+    # set per connection only, a restart that opened a store_text=False file by its path (store_text=True by
+    # default) wrote query text into it and keyed the learner by the text: the memory's hashed keys were lost
+    from rlfb import FeedbackEnsemble
+    from rlfb.feedback_learning import learner_query
+
+    path = tmp_path / "private.db"
+    texts = ["ocean tides follow the moon", "the aurora glows green", "volcanoes erupt magma"]
+
+    def ensemble(store):
+        return FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), policy="thompson", store=store)
+
+    first = ensemble(FeedbackStore(path, store_text=False))
+    r = first.retrieve("what causes the tides", k=2)
+    first.feedback(r.event_id, "click", chunk_id=r.hits[1].chunk_id)
+    first.close()
+    again = ensemble(path)  # by its path, as the README passes stores
+    assert again.store.store_text is False
+    assert again.learner.memory.known(learner_query(again.store, "what causes the tides"))  # what it learned
+    again.retrieve("what causes the tides", k=2)
+    again.close()
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT count(*) FROM events WHERE query IS NOT NULL").fetchone()[0] == 0
+    raw.close()
+    with pytest.raises(ValidationError, match="keeps no query text"):
+        FeedbackStore(path, store_text=True)
+    assert FeedbackStore(path, store_text=False).store_text is False
+    with FeedbackStore(tmp_path / "text.db") as store:  # a new file keeps text, and says so from now on
+        assert store.store_text is True
+    with pytest.raises(ValidationError, match="keeps query text"):
+        FeedbackStore(tmp_path / "text.db", store_text=False)
+
+
+def test_a_store_made_before_its_mode_was_recorded_takes_its_newest_events(tmp_path):
+    path = tmp_path / "old.db"
+    with FeedbackStore(path, store_text=False) as store:
+        store.log_event("secret question", {"weights": {"a": 1.0}}, [{"chunk_id": "c", "rank": 1}])
+    raw = sqlite3.connect(path, isolation_level=None)  # as an rlfb without the settings table left it
+    raw.execute("DROP TABLE settings")
+    raw.execute("DELETE FROM _migrations WHERE name = 'm010_settings'")
+    raw.close()
+    with FeedbackStore(path) as store:
+        assert store.store_text is False

@@ -32,7 +32,7 @@ from rlfb.store.migrations import MIGRATIONS, expected_columns
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _TABLES = frozenset(
-    {"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links", "failed_runs"}
+    {"events", "event_chunks", "feedback", "rewards", "policy_snapshots", "run_links", "failed_runs", "settings"}
 )
 _WAL_SIZE_LIMIT = 64 * 1024 * 1024  # bytes; PRAGMA journal_size_limit
 _MAX_BUSY_MS = 2**31 - 1  # SQLite's busy timeout is a C int of milliseconds
@@ -315,3 +315,20 @@ class Transactions:
                     add_note(note)
                 else:
                     warnings.warn(note, RuntimeWarning, stacklevel=2)
+
+
+def settled_store_text(tx: Transactions, given: bool | None, path: str) -> bool:
+    """Whether the file keeps query text: as recorded in it, or ``given`` (``None``: ``True``) recorded now for a
+    file that records none yet. ``given`` otherwise than recorded is a :class:`ValidationError`: query text
+    written into a store that keeps none, or hashed keys the learner does not find, would follow."""
+    with tx.write() as conn:
+        wanted = "true" if given in (None, True) else "false"
+        conn.execute("INSERT OR IGNORE INTO settings (key, value) VALUES ('store_text', ?)", [wanted])
+        recorded = conn.execute("SELECT value FROM settings WHERE key = 'store_text'").fetchone()[0]
+    keeps = recorded == "true"
+    if given is not None and given != keeps:
+        raise ValidationError(
+            f"{path} keeps {'query text' if keeps else 'no query text (only its sha256)'}: open it with "
+            f"store_text={keeps} or leave store_text out; a store's mode is set when it is made"
+        )
+    return keeps

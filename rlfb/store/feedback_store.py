@@ -43,7 +43,9 @@ class FeedbackStore:
         type, a directory, or a file in a folder that does not exist raises
         :class:`ValidationError`.
     store_text
-        Keep the query text. ``False`` keeps only its sha256 (privacy).
+        Keep the query text. ``False`` keeps only its sha256 (privacy). The file records it when it is made:
+        ``None`` (the default) opens a file as it records it (a new one keeps text), and a value other than
+        the recorded one is a :class:`ValidationError`.
     reward
         The :class:`rlfb.reward.RewardFunction`; the default settings otherwise.
     attribution_window
@@ -85,7 +87,7 @@ class FeedbackStore:
         self,
         path: str | Path = ":memory:",
         *,
-        store_text: bool = True,
+        store_text: bool | None = None,
         reward: RewardFunction | None = None,
         attribution_window: float = 24 * 3600,
         stats_window: float = 90 * 86400,
@@ -96,7 +98,9 @@ class FeedbackStore:
         clock: Callable[[], float] = time.time,
         snapshots_kept: int | None = 5,
     ) -> None:
-        self.store_text = validate_flag(store_text, "store_text")  # bool("no") would keep the query text
+        # bool("no") would keep the query text; None: as the file records it (a new file: True)
+        given_text = None if store_text is None else validate_flag(store_text, "store_text")
+        self.store_text = True if given_text is None else given_text
         self.reward = reward if reward is not None else RewardFunction()
         if not isinstance(self.reward, RewardFunction):
             raise ValidationError(f"reward must be a RewardFunction, got {type(reward).__name__}")
@@ -131,6 +135,7 @@ class FeedbackStore:
             self.journal_mode, self.migrations_applied = connection.prepare(
                 self.db, self.path, memory=self._memory, synchronous=sync, busy_timeout=self.busy_timeout
             )
+            self.store_text = connection.settled_store_text(self._tx, given_text, self.path)
             if self.retention is not None:
                 self.prune()
         except CorruptStateError:

@@ -276,3 +276,15 @@ def m009_snapshot_kind(db: Database) -> None:
     # learned state (megabytes), grew a soak test's file to 4 GB in 10,000 retrievals. NULL: saved before it was kept.
     db["policy_snapshots"].add_column("kind", str)
     db["policy_snapshots"].create_index(["kind", "version"])
+
+
+@MIGRATIONS()
+def m010_settings(db: Database) -> None:
+    # settings the file itself must keep, whoever opens it: store_text. Set per connection only, a restart that
+    # opened a store_text=False file by its path (the default, True) wrote query text into it, and keyed the
+    # learner by the text, so nothing the memory had learned under the hashed keys was found again. A file
+    # made before this step takes the mode of its newest event; one without events, the next opener's.
+    db["settings"].create({"key": str, "value": str}, pk="key")
+    newest = db.execute("SELECT query IS NULL FROM events ORDER BY rowid DESC LIMIT 1").fetchone()
+    if newest is not None:
+        db["settings"].insert({"key": "store_text", "value": "false" if newest[0] else "true"})
