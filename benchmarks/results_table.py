@@ -8,7 +8,8 @@ name them: POLICY is the run's policy (thompson, gradient, batch, ...), with ``_
 or ``--learner-option`` values is a system of its own, labelled with them. The README's collections come first
 (scifact, cranfield, cisi), then ``beir_variants.py``'s variants in the order it builds them, then the others by
 name; within one, thompson, gradient, batch and thompson_nomem
-first, then the others by name. The baselines come from the first file of each collection. A second table
+first, then the others by name. The baselines come from the first file of each collection, so files of one
+collection whose seeds, user, stream or candidates differ are refused (exit status 1). A second table
 splits the thompson runs' held-out figure between the held-out queries that share a relevant document with a
 stream query and those that share none. A folder without a simulate output is an error (exit status 1).
 
@@ -85,6 +86,23 @@ def find_results(root: Path) -> dict[str, dict[str, dict]]:
     return tables
 
 
+#: the settings that make one collection's runs one experiment: the table prints its first file's baselines
+#: beside every file's learned figures, so they must have the same seeds (on cranfield and cisi each seed draws
+#: its own held-out half), user, stream and candidates
+SAME_EXPERIMENT = ("seeds", "split", "stream_split", "user", "click_model", "interactions", "explicit_rate", "noise",
+                   "reformulation_rate", "mean_delay", "late_rate", "late_delay", "k", "answer_k", "candidate_k",
+                   "retrievers", "models", "max_heldout", "max_seen", "max_grade", "spacing", "grid_step", "rrf_c",
+                   "reward", "attribution_window")
+
+
+def mismatched(results: dict[str, dict]) -> list[str]:
+    """The :data:`SAME_EXPERIMENT` settings in which one collection's runs differ (a setting an older output
+    lacks is not compared)."""
+    configs = [r["config"] for r in results.values()]
+    return [k for k in SAME_EXPERIMENT
+            if len({json.dumps(c[k], sort_keys=True) for c in configs if k in c}) > 1]
+
+
 def fmt4(entry: dict) -> str:
     return "–" if entry is None or entry.get("mean") is None else f"{entry['mean']:.4f}"
 
@@ -117,6 +135,11 @@ def main(folder: str, *, variants: bool = False) -> None:
     if variants:
         variants_table(tables)
         return
+    for ds, results in tables.items():
+        differ = mismatched(results)
+        if differ:  # one run's baselines beside another's learned figures would compare other questions
+            sys.exit(f"results_table: the {ds} runs ({', '.join(results)}) differ in {', '.join(differ)}: the "
+                     "table sets each beside the first one's baselines, so run them with the same settings")
     print("| collection | system | held-out | seen | online |")
     print("|---|---|---|---|---|")
     for ds, results in tables.items():

@@ -137,3 +137,18 @@ def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path, output: dic
     err = proc.stderr.read()
     proc.wait()
     assert "Traceback" not in err, err
+
+
+def test_runs_of_one_collection_with_other_settings_are_refused(tmp_path: Path, output: dict) -> None:
+    # a gradient run of other seeds and another user was printed above the thompson run's baselines: on
+    # cranfield and cisi each seed draws its own held-out half, so the rows compared other questions
+    write(tmp_path / "cranfield_thompson.json", output, policy="thompson")
+    other = {**output, "config": {**output["config"], "seeds": [0, 1, 2, 3], "user": "informational"}}
+    write(tmp_path / "cranfield_gradient.json", other, policy="gradient")
+    done = table(tmp_path)
+    assert done.returncode == 1 and "cranfield runs" in done.stderr and "seeds, user" in done.stderr
+    assert "| cranfield |" not in done.stdout
+    write(tmp_path / "cranfield_gradient.json", output, policy="gradient")  # the same settings: tabled
+    done = table(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "**gradient**" in done.stdout and "**thompson**" in done.stdout

@@ -647,3 +647,18 @@ def test_a_missing_split_fails_before_the_corpus_is_indexed(monkeypatch) -> None
         prepare(textless, SimulationConfig(retrievers=("bm25",)), show_progress=False)
     with pytest.raises(ValidationError, match="both the stream and the held-out set"):
         prepare(one, SimulationConfig(retrievers=("bm25",)), show_progress=False)
+
+
+def test_prepared_for_another_run_is_refused() -> None:
+    # a run given contexts prepared with three retrievers and 100 candidates, and a config naming BM25 alone and
+    # 5, ran on the three and 100 while its JSON named BM25 and 5
+    from dataclasses import replace
+
+    data = generate_demo_corpus(n_devices=6, seed=1)
+    config = SimulationConfig(policy="fixed", interactions=5, seeds=(0,), checkpoints=1, retrievers=("bm25",))
+    prep = prepare(data, config)
+    for change, words in (({"candidate_k": 5}, "candidate_k 100"), ({"fusion": "zscore"}, "fusion 'minmax'"),
+                          ({"k": 5}, "k 10")):
+        with pytest.raises(ValidationError, match=words):
+            simulate(data, replace(config, **change), prepared=prep)
+    assert simulate(data, config, prepared=prep)["config"]["retrievers"] == ["bm25"]
