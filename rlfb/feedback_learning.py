@@ -12,6 +12,7 @@ feedback (:meth:`~rlfb.FeedbackEnsemble.observe`) is inferred from a session and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -163,20 +164,32 @@ def record_implicit(
     """The body of :meth:`FeedbackEnsemble.observe <rlfb.FeedbackEnsemble.observe>`: the implicit signals on the
     session's latest retrieval, each given to ``ens`` as feedback."""
     from rlfb.implicit import ImplicitSignals
+    from rlfb.reward import as_timestamp
 
     store = ens._require_store()
     previous = store.last_event(session_id)
-    if previous is None:
-        return []
     if ens._implicit is None:  # built on first use: it holds the dense model's encoder, if any
         ens._implicit = ImplicitSignals(encode=ens._dense_encoder())
+    if previous is None:
+        # nothing to judge yet; a bad argument is an error all the same, not only once the session has a retrieval
+        ens._implicit.infer({"id": ""}, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened)
+        if timestamp is not None:
+            as_timestamp(timestamp)
+        return []
+    signals = ens._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened)
+    maker = maker_of(previous["id"], store)
+    # all or nothing: a signal refused (an idempotency conflict, a busy or full store) took back those before it,
+    # which were kept and learned. Not where another connection to the file learns them: it would wait on this
+    # block's write lock (each is then a transaction of its own, as before)
+    together = maker is None or maker.store is store
     records = []
-    for sig in ens._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened):
-        records.append(
-            ens.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
-                         session_id=session_id, idempotency_key=sig.idempotency_key,
-                         comment=sig.reason or None)
-        )
+    with store.exclusive() if together else contextlib.nullcontext():
+        for sig in signals:
+            records.append(
+                ens.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
+                             session_id=session_id, idempotency_key=sig.idempotency_key,
+                             comment=sig.reason or None)
+            )
     return records
 
 

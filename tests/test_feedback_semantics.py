@@ -373,3 +373,28 @@ def test_feedback_inside_another_threads_exclusive_block_does_not_deadlock() -> 
     other.join(60)
     assert not worker.is_alive() and not other.is_alive() and len(done) == 2
     assert ens.learner.n_learned == 2
+
+
+def test_observe_is_all_or_nothing_and_checks_its_arguments_before_a_session_has_a_retrieval(
+    store: FeedbackStore,
+) -> None:
+    # each inferred signal was a transaction of its own: the reformulation was kept and learned, then the
+    # citation's idempotency conflict raised; and on a session without a retrieval nothing was checked at all
+    from rlfb.errors import NonFiniteValueError
+
+    ens = _ensemble(store)
+    r = ens.retrieve("aurora particles", k=2, session_id="s1", timestamp=T0)
+    cited = r.hits[1].chunk_id
+    ens.feedback(r.event_id, "explicit_negative", chunk_id=r.hits[0].chunk_id, timestamp=T0 + 5,
+                 idempotency_key=f"implicit:{r.event_id}:chunk:{cited}")  # takes the citation's key
+    before = _state(ens)
+    with pytest.raises(IdempotencyConflictError):
+        ens.observe("s1", query="aurora particles?", cited=[cited], timestamp=T0 + 10)
+    assert [f["signal"] for f in store.feedback(r.event_id)] == ["explicit_negative"]
+    assert _state(ens) == before  # the reformulation's learning was taken back with it
+    for bad, error in (({"dwell_seconds": float("nan")}, NonFiniteValueError), ({"cited": "a"}, ValidationError),
+                       ({"query": 5}, ValidationError), ({"timestamp": float("nan")}, NonFiniteValueError)):
+        with pytest.raises(error):
+            ens.observe("no retrieval yet", **bad)
+    assert ens.observe("no retrieval yet", query="tides") == []
+    assert [f.signal for f in ens.observe("s1", query="aurora particles?", timestamp=T0 + 10)] == ["reformulation"]
