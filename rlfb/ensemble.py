@@ -587,6 +587,10 @@ class FeedbackEnsemble:
         """:meth:`retrieve` for each query, in order; every query is checked before any is retrieved (and logged)."""
         if isinstance(queries, str):  # iterating it would retrieve once per character
             raise ValidationError("queries must be a sequence of strings, not one string: use retrieve()")
+        if isinstance(queries, Mapping) or not isinstance(queries, Iterable):  # a dict's keys, or a bare TypeError
+            raise ValidationError(f"queries must be a sequence of strings, got {type(queries).__name__}")
+        if kwargs.get("event_id") is not None:  # one id for every retrieval: the second was refused, the first logged
+            raise ValidationError("event_id names one retrieval: retrieve_batch cannot take one; use retrieve()")
         checked = []
         for i, q in enumerate(queries):
             try:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.files import folder_path
 from rlfb.members import SearchMember
 from rlfb.retrievers.base import ChunkTable
 from rlfb.saved_folder import read_whole, saving_into
@@ -34,6 +35,7 @@ _SAVED_NAMES = frozenset({_CONFIG_FILE, "chunks.jsonl", "retrievers", "learner.j
 
 def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
     """The body of :meth:`FeedbackEnsemble.save <rlfb.FeedbackEnsemble.save>`."""
+    path = folder_path(path)
     # flushed before this save's lock: flushing takes the store's lock, which a caller saving inside its own
     # store.exclusive() block holds while it waits for this lock (another thread's save held both for ever)
     ens.flush()
@@ -73,13 +75,19 @@ def load_ensemble(
 ) -> FeedbackEnsemble:
     """The body of :meth:`FeedbackEnsemble.load <rlfb.FeedbackEnsemble.load>` (``kwargs``: its keyword
     arguments that override the saved settings)."""
-    root = Path(path)
+    root = folder_path(path)
     learned = sorted({"policy", "learner_config", "weights"} & set(kwargs))
     if learned:  # the saved learner state would overwrite them: refuse rather than drop them unsaid
         raise ValidationError(
             f"load() brings back the saved learner, so it takes no {learned}: set weights afterwards with "
             "ens.set_weights(...), or build a new ensemble for another policy"
         )
+    from rlfb.ensemble import check_options
+
+    check_options(kwargs, cls)  # a bare TypeError of the constructor's, once the whole save was read
+    members = kwargs.get("members", ())
+    if isinstance(members, (str, bytes, Mapping)) or not isinstance(members, Iterable):
+        raise ValidationError(f"members must be a list of SearchMember, got {type(members).__name__}")
     if retriever_options is not None and not isinstance(retriever_options, Mapping):
         raise ValidationError("retriever_options must map retriever names to mappings of load() arguments")
     options_of = dict(retriever_options or {})

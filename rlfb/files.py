@@ -19,13 +19,38 @@ import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from rlfb.errors import ValidationError
 
-__all__ = ["write_atomically", "write_text_atomically", "same_file", "refuse_overwriting_store"]
+__all__ = ["write_atomically", "write_text_atomically", "same_file", "refuse_overwriting_store", "folder_path"]
 
 T = TypeVar("T")
+
+
+def folder_path(path: Any, what: str = "path") -> Path:
+    """``path`` (a ``str`` or ``os.PathLike``) as a :class:`~pathlib.Path`, or a :class:`ValidationError`: where
+    pathlib or the file system would raise a bare ``TypeError`` (``None``), ``ValueError`` (a NUL character)
+    or ``UnicodeEncodeError`` (a lone surrogate the file system cannot name).
+
+    >>> folder_path(None)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: path must be a str or os.PathLike, got NoneType None
+    """
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+    if not isinstance(path, str):
+        raise ValidationError(f"{what} must be a str or os.PathLike, got {type(path).__name__} {path!r:.80}")
+    if "\x00" in path:
+        raise ValidationError(f"{what} {path!r} contains a NUL character")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{what} {path!r} cannot name a file on this file system: {exc.reason}") from None
+    return Path(path)
 
 
 def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:

@@ -53,7 +53,12 @@ class SearchMember:
         for item in found:
             try:
                 chunk, score = item
+                if isinstance(score, (str, bytes)):  # "1.0" read as 1.0 hid a member that returns text
+                    raise TypeError("a score must be a number")
                 score = None if score is None else float(score)
+            except OverflowError:  # an int beyond float range
+                raise ValidationError(f"member {self.name!r} returned a score beyond float range for "
+                                      f"{getattr(item[0], 'id', item[0])!r}") from None
             except (TypeError, ValueError):
                 raise ValidationError(
                     f"member {self.name!r} returned {item!r}: each result must be a (Chunk, score or None) pair"

@@ -40,7 +40,13 @@ from uuid import UUID
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.errors import (
+    CorruptStateError,
+    NonFiniteValueError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
 from rlfb.types import content_id as content_id  # where it always was importable from
 
 __all__ = [
@@ -145,9 +151,12 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
         return 1.0 if score else -1.0
     if not isinstance(score, numbers.Real):
         raise ValidationError(f"score must be a number or a bool, got {type(score).__name__} {score!r}")
-    s = float(score)
+    try:
+        s = float(score)
+    except OverflowError:  # an int beyond float range: a bare OverflowError before
+        raise NonFiniteValueError("score must be finite, got an int beyond float range") from None
     if not math.isfinite(s):
-        raise ValidationError(f"score must be finite, got {s!r}")
+        raise NonFiniteValueError(f"score must be finite, got {s!r}")
     if scale == "unit":
         if not 0.0 <= s <= 1.0:
             raise ValidationError(

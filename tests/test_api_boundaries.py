@@ -236,3 +236,34 @@ def test_an_adapter_without_its_framework_names_the_extra_to_install(package: st
     name, message = out.split("\n", 1)
     assert name.split(".")[0] == framework
     assert f'pip install "rlfb[{extra}]"' in message
+
+
+def test_save_load_and_retrieve_batch_refuse_bad_arguments_by_name(tmp_path: Path) -> None:
+    # each was a bare TypeError, ValueError or UnicodeEncodeError; retrieve_batch(event_id=) logged the first
+    # retrieval before refusing the second, and a member's int score beyond float range was an OverflowError
+    from rlfb.errors import NonFiniteValueError
+    from rlfb.runs import score_value
+
+    ens = _bm25(tmp_path / "fb.db")
+    for path, words in ((None, "got NoneType"), (5, "got int"), ("x\x00", "NUL"), ("\ud800", "cannot name a file")):
+        with pytest.raises(ValidationError, match=words):
+            ens.save(path)
+    ens.save(tmp_path / "saved")
+    with pytest.raises(ValidationError, match="takes no option 'bogus'"):
+        FeedbackEnsemble.load(tmp_path / "saved", bogus=1)
+    with pytest.raises(ValidationError, match="members must be a list"):
+        FeedbackEnsemble.load(tmp_path / "saved", members=5)
+    with pytest.raises(ValidationError, match="got NoneType"):
+        FeedbackEnsemble.load(None)
+    with pytest.raises(ValidationError, match="event_id names one retrieval"):
+        ens.retrieve_batch(["tides", "aurora"], k=1, event_id="X")
+    assert not ens.store.has_event("X")
+    for queries in (5, {"tides": 1}):
+        with pytest.raises(ValidationError, match="queries must be a sequence"):
+            ens.retrieve_batch(queries)
+    for score, words in ((10**400, "beyond float range"), ("1.0", "each result must be")):
+        member = SearchMember("web", lambda q, k, s=score: [(Chunk("w", "tides on the web"), s)])
+        with pytest.raises(ValidationError, match=words):
+            FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), members=[member]).retrieve("tides")
+    with pytest.raises(NonFiniteValueError, match="beyond float range"):
+        score_value(10**400)
