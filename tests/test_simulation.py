@@ -662,3 +662,15 @@ def test_prepared_for_another_run_is_refused() -> None:
         with pytest.raises(ValidationError, match=words):
             simulate(data, replace(config, **change), prepared=prep)
     assert simulate(data, config, prepared=prep)["config"]["retrievers"] == ["bm25"]
+
+
+def test_heldout_overlap_counts_the_questions_the_stream_asked() -> None:
+    # every stream question counted, asked or not: after 300 scifact interactions 186 held-out claims
+    # "shared an answer" with the stream, 73 of them with a claim it had asked
+    from rlfb.simulation.runner import _overlap
+
+    judgments = {"h1": {"d1": 1}, "h2": {"d2": 1}, "s1": {"d1": 1}, "s2": {"d2": 1}}
+    per_heldout = {"learned": np.array([0.9, 0.1])}
+    split = _overlap(["h1", "h2"], ["s1"], judgments, per_heldout)  # s2 is a stream question never asked
+    assert split["shares_an_answer"] == {"queries": 1, "learned": 0.9}
+    assert split["shares_none"] == {"queries": 1, "learned": 0.1}
