@@ -122,9 +122,11 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     ) -> None:
         if ensemble is not None:
             ensemble = _check_ensemble(ensemble)  # a retriever given as the ensemble, as from_ensemble takes it
+        if ensemble is not None and ensemble.store is None:
+            # with store= too it was taken, and feedback on its retrievals was stored and taught it nothing: its
+            # retrievals are logged in no store. ("needs a store or an ensemble" would mislead without store=)
+            raise ValidationError(_NO_ENSEMBLE_STORE)
         if store is None and ensemble is not None:
-            if ensemble.store is None:  # an ensemble was given: "needs a store or an ensemble" would mislead
-                raise ValidationError(_NO_ENSEMBLE_STORE)
             store = ensemble.store
         if store is None:
             raise ValidationError("FeedbackCallbackHandler needs a store (a path or a FeedbackStore) "

@@ -256,6 +256,9 @@ class FeedbackEventHandler(BaseEventHandler):
                 "ensemble must be an rlfb.FeedbackEnsemble or an rlfb adapter holding one (a "
                 f"FeedbackFusionPostprocessor, a FeedbackEnsembleRetriever), got {type(ensemble).__name__}"
             )
+        if ensemble is not None and _store_of(ensemble) is None:
+            # taken beside a store of the handler's own, feedback on its retrievals was stored and taught nothing
+            raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
         if store is None and ensemble is not None:
             store = _store_of(ensemble)
         # a rebuild from a dump: the store and ensemble it could not carry must come again, never a new store

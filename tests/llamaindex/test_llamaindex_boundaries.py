@@ -130,3 +130,14 @@ def test_handler_logs_a_score_beyond_float_range_as_no_score() -> None:
         _Fixed([0.75, 10**400, float("nan")]).retrieve("moon tides")
         [event] = handler.retrievals()
         assert [(c["chunk_id"], c["score"]) for c in event["chunks"]] == [("a", 0.75), ("b", None), ("c", None)]
+
+
+def test_an_ensemble_without_a_store_is_refused_beside_a_handlers_own_store() -> None:
+    # taken, feedback on its retrievals was stored in the handler's store and taught the ensemble nothing
+    from llamaindex_rlfb import FeedbackEventHandler
+    from rlfb import FeedbackEnsemble, ValidationError
+    from rlfb.store import FeedbackStore
+
+    no_store = FeedbackEnsemble.from_texts(["tides follow the moon", "the aurora glows"], retrievers=("bm25",))
+    with pytest.raises(ValidationError, match="the ensemble has no feedback store"):
+        FeedbackEventHandler(FeedbackStore(), ensemble=no_store)
