@@ -57,7 +57,7 @@ def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) ->
     """
     present = _listing(root)
     if present is not None:
-        if present and marker not in present:
+        if present - _OS_NOTES and marker not in present:  # a new folder a file browser has shown is still new
             raise ValidationError(f"{root} is not empty and holds no saved {what}: choose a new folder")
         others = sorted(present - names - _OS_NOTES)
         if others:

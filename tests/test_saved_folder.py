@@ -199,6 +199,12 @@ def test_a_save_replaces_what_a_file_browser_left_in_the_folder(tmp_path: Path) 
         (root / name).write_bytes(b"\0")
     ens.save(root)
     assert ".DS_Store" not in {p.name for p in root.iterdir()}
+    # a new folder the file browser has shown already: refused as "not empty" before
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / ".DS_Store").write_bytes(b"\0")
+    ens.save(new)
+    assert FeedbackEnsemble.load(new).seed == 1 and ".DS_Store" not in {p.name for p in new.iterdir()}
 
 
 def test_a_save_refuses_a_folder_that_also_holds_other_files(tmp_path: Path) -> None:
