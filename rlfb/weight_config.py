@@ -205,8 +205,16 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
             learner, target = Learner.from_state_dict(wf.state), "the file's state"
         elif saved and saved.get("state"):
             learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"
-        else:  # an empty store: the weights become a fixed policy's
-            learner, target = Learner(tuple(wf.normalised), policy="fixed"), "a new state (the store held none)"
+        else:
+            # an empty store: the weights become the file's policy's (an export names it), else a fixed policy's
+            # (FeedbackEnsemble's own default). Always fixed before: an export of a thompson store imported into a
+            # new one was a fixed snapshot, which the thompson ensembles on it passed by, serving equal weights
+            policy = wf.data.get("policy") if wf.structured and isinstance(wf.data.get("policy"), str) else "fixed"
+            try:
+                learner = Learner(tuple(wf.normalised), policy=policy)
+            except ValidationError as exc:  # a policy this rlfb does not know
+                raise _naming(wf.path, exc) from exc
+            target = "a new state (the store held none)"
         return _apply(store, learner, target, saved, wf)
 
 

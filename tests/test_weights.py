@@ -263,3 +263,28 @@ def test_an_export_that_fails_part_way_leaves_the_earlier_file_whole(tmp_path, m
     assert main(["weights", "export", str(path), str(out)]) == 2
     assert out.read_text(encoding="utf-8") == '{"earlier": true}'
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+@pytest.mark.parametrize("policy", ["thompson", "gradient"])
+def test_weights_only_imported_into_a_new_store_go_to_the_files_policy(tmp_path, capsys, policy) -> None:
+    # they always went to a fixed policy's new state, which the thompson ensembles on the store passed by:
+    # they served equal weights, and only a note on stderr said why
+    db = tmp_path / "fb.db"
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=str(db), policy=policy)
+    r = ens.retrieve("aurora", k=2)
+    ens.feedback(r.event_id, "explicit_positive")
+    ens.close()
+    out = tmp_path / "w.json"
+    assert main(["weights", "export", str(db), str(out), "--weights-only"]) == 0
+    data = json.loads(out.read_text())
+    assert data["policy"] == policy
+    out.write_text(json.dumps({**data, "weights": {"bm25": 0.7, "dense": 0.3}}))
+    fresh = tmp_path / "fresh.db"
+    FeedbackStore(fresh).close()
+    assert main(["weights", "import", str(fresh), str(out)]) == 0
+    assert "is not used" not in capsys.readouterr().err
+    served = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=str(fresh), policy=policy)
+    assert served.weights == pytest.approx({"bm25": 0.7, "dense": 0.3})
+    served.close()
+    out.write_text(json.dumps({**data, "policy": "nonesuch"}))
+    assert main(["weights", "import", str(tmp_path / "other.db"), str(out)]) == 2
