@@ -22,7 +22,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.policies.base import Context, Decision, Episode
-from rlfb.runs import in_callers_block, maker_of, owns_event
+from rlfb.runs import followup_time, in_callers_block, maker_of, owns_event
 from rlfb.snapshot_sync import undo_on_rollback
 from rlfb.types import Hit
 
@@ -176,7 +176,8 @@ def record_implicit(
         if timestamp is not None:
             as_timestamp(timestamp)
         return []
-    signals = ens._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened)
+    signals = ens._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened,
+                                  at=followup_time(store, timestamp))
     maker = maker_of(previous["id"], store)
     # all or nothing: a signal refused (an idempotency conflict, a busy or full store) took back those before it,
     # which were kept and learned. Not where another connection to the file learns them: it would wait on this

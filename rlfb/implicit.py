@@ -126,6 +126,10 @@ class ImplicitSignals:
     stopwords
         Words ignored by the overlap rule (a collection of words, not one string). Runs of
         Japanese hiragana are ignored too: they are mostly particles and endings.
+    followup_window
+        Seconds after the previous retrieval within which a restatement is a reformulation (30 minutes);
+        later, a question asked again is a new visit, not a judgment of the answer it got before
+        (``None``: no limit). It applies where :meth:`infer` is told when the follow-up came (``at``).
 
     >>> imp = ImplicitSignals()
     >>> imp.classify_followup("what causes the aurora", "why does the aurora happen")
@@ -145,7 +149,13 @@ class ImplicitSignals:
         similarity_threshold: float = 0.8,
         encode: Callable[[list[str]], np.ndarray] | None = None,
         stopwords: Iterable[str] | None = None,
+        followup_window: float | None = 1800.0,
     ) -> None:
+        # a session id that is a user's id judged a question asked again a day later as a restatement of the
+        # answer it got then, whatever that answer's thumbs up said
+        self.followup_window = None if followup_window is None else finite_float(followup_window, "followup_window")
+        if self.followup_window is not None and self.followup_window <= 0:
+            raise ValidationError(f"followup_window must be positive or None, got {followup_window}")
         self.dwell_threshold = finite_float(dwell_threshold, "dwell_threshold")
         if self.dwell_threshold < 0:
             raise ValidationError(f"dwell_threshold must not be negative, got {dwell_threshold}")
@@ -218,6 +228,13 @@ class ImplicitSignals:
         restated = score >= threshold if measure == "similarity" else score > threshold
         return "reformulation" if restated else "new_topic"
 
+    def _past_window(self, previous_event: Mapping[str, Any], at: float | None) -> bool:
+        """Whether a follow-up at ``at`` came past :attr:`followup_window` after ``previous_event``."""
+        since = previous_event.get("timestamp")
+        if at is None or self.followup_window is None or not isinstance(since, (int, float)):
+            return False
+        return at - float(since) > self.followup_window
+
     # -- dwell ---------------------------------------------------------------------
     def from_dwell(self, dwell_seconds: float, had_followup: bool) -> str | None:
         """``"dwell"`` (implicit positive) when the user stayed over the threshold and asked nothing more."""
@@ -236,12 +253,15 @@ class ImplicitSignals:
         dwell_seconds: float | None = None,
         cited: Sequence[str] = (),
         opened: Sequence[str] = (),
+        *,
+        at: float | None = None,
     ) -> list[InferredSignal]:
         """Signals for ``previous_event`` (a dict as ``FeedbackStore.event`` returns it).
 
         ``query`` is the next query in the same session, or ``None`` if there was
-        none. When the store kept only a hash of the previous query
-        (``store_text=False``), only an exact repeat can be recognised. Chunk ids
+        none; ``at`` (unix seconds) when it came: past ``followup_window`` after the previous
+        retrieval's ``timestamp`` it is a new visit, and no reformulation. When the store kept only a hash
+        of the previous query (``store_text=False``), only an exact repeat can be recognised. Chunk ids
         in ``cited`` / ``opened`` must belong to the event when its ``chunks``
         are given (:class:`UnknownChunkError` otherwise); a chunk both cited and
         opened yields one signal.
@@ -256,8 +276,11 @@ class ImplicitSignals:
         if not isinstance(event_id, str):
             raise ValidationError("previous_event needs an 'id'")
         out: list[InferredSignal] = []
+        if at is not None:
+            at = finite_float(at, "at")
         if query is not None:
             _check_text(query, "query")
+        if query is not None and not self._past_window(previous_event, at):
             previous = previous_event.get("query")
             if isinstance(previous, str):
                 score, threshold, measure = self.followup_score(previous, query)

@@ -31,6 +31,7 @@ import math
 import numbers
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
@@ -466,7 +467,7 @@ def observe_followup(
     implicit = implicit if implicit is not None else default_implicit(ensemble)
     own = owns_event(ensemble, previous)
     records = []
-    for sig in implicit.infer(previous, query):
+    for sig in implicit.infer(previous, query, at=followup_time(store, timestamp)):
         if own:
             records.append(
                 ensemble.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
@@ -477,6 +478,17 @@ def observe_followup(
             fields = sig.as_feedback(session_id=session_id, timestamp=timestamp)
             records.append(store.record_feedback(**fields))
     return records
+
+
+def followup_time(store: Any, timestamp: Any) -> float:
+    """When a follow-up came, for :meth:`ImplicitSignals.infer <rlfb.implicit.ImplicitSignals.infer>`'s window:
+    ``timestamp`` as given (unix seconds, a ``datetime`` or ISO text), else now by the store's clock."""
+    from rlfb.reward import as_timestamp
+
+    if timestamp is not None:
+        return as_timestamp(timestamp)
+    clock = getattr(store, "_now", None)  # a store of the user's own may have no clock of its own
+    return float(clock()) if callable(clock) else time.time()
 
 
 def _run_id(run_id: Any) -> str:

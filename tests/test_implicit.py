@@ -257,3 +257,33 @@ def test_infer_then_record_in_the_store_once(imp):
     assert reward == pytest.approx((-0.2 + 0.4) * d)
     assert chunks == pytest.approx({"c1": -0.2 * d, "c2": (-0.2 + 0.4) * d})
     store.close()
+
+
+def test_a_question_asked_again_past_the_followup_window_is_no_reformulation():
+    # a session id that is a user's id: asked again the next day, the question was learned as a restatement,
+    # an implicit negative on the answer it got then, whatever that answer's thumbs up said
+    event = {"id": "e1", "query": "what causes the aurora", "timestamp": 1000.0, "chunks": []}
+    imp = ImplicitSignals()
+    assert [s.signal for s in imp.infer(event, "what causes the aurora?", at=1000.0 + 600)] == ["reformulation"]
+    assert imp.infer(event, "what causes the aurora?", at=1000.0 + 20 * 3600) == []
+    assert [s.signal for s in imp.infer(event, "what causes the aurora?")] == ["reformulation"]  # no time: no window
+    unlimited = ImplicitSignals(followup_window=None)
+    assert [s.signal for s in unlimited.infer(event, "what causes the aurora?", at=1e9)] == ["reformulation"]
+    for bad in (0, -1, float("nan"), "1h"):
+        with pytest.raises(ValidationError):
+            ImplicitSignals(followup_window=bad)
+
+
+def test_observe_a_day_later_records_no_reformulation(tmp_path):
+    import time
+
+    from rlfb import FeedbackEnsemble
+
+    ens = FeedbackEnsemble.from_texts(["The aurora is caused by charged particles from the sun.",
+                                       "Tides follow the pull of the moon."], retrievers=("bm25",),
+                                      store=str(tmp_path / "f.db"), policy="thompson")
+    t0 = time.time() - 20 * 3600
+    r = ens.retrieve("What causes the aurora?", k=1, session_id="user-42", timestamp=t0)
+    ens.feedback(r.event_id, "thumbs_up", timestamp=t0 + 30)
+    assert ens.observe("user-42", "What causes the aurora?") == []
+    assert [x.signal for x in ens.observe("user-42", "What causes the aurora?", timestamp=t0 + 60)] == ["reformulation"]

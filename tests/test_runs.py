@@ -18,6 +18,7 @@ from rlfb.runs import (
 from rlfb.store import FeedbackStore
 
 T0 = 1_000_000.0
+SOON = T0 + 60  # a follow-up a minute after the retrieval at T0
 DECISION = {"weights": {"bm25": 1.0}}
 
 
@@ -184,28 +185,32 @@ def test_feedback_on_the_ensembles_own_events_is_learned() -> None:
 
 
 def test_observe_followup(store: FeedbackStore) -> None:
-    assert observe_followup(store, "s", "anything") == []  # no previous retrieval in the session
+    assert observe_followup(store, "s", "anything", timestamp=SOON) == []  # no previous retrieval in the session
     log_external(store, "what causes the aurora", [("a", 1.0)], source="x", event_id="e1", session_id="s",
                  timestamp=T0)
-    assert observe_followup(store, "s", "best pizza in naples") == []  # a new topic
-    (rec,) = observe_followup(store, "s", "why does the aurora happen")
+    assert observe_followup(store, "s", "best pizza in naples", timestamp=SOON) == []  # a new topic
+    (rec,) = observe_followup(store, "s", "why does the aurora happen", timestamp=SOON)
     assert (rec.event_id, rec.signal, rec.value) == ("e1", "reformulation", -0.2)
-    (dup,) = observe_followup(store, "s", "why does the aurora happen")
+    (dup,) = observe_followup(store, "s", "why does the aurora happen", timestamp=SOON)
     assert dup.duplicate  # the same follow-up observed twice is recorded once
     with pytest.raises(ValidationError):
         observe_followup(store, "", "q")
+    # asked again past the follow-up window (30 minutes): a new visit, not a judgment of the answer it got
+    assert observe_followup(store, "s", "why does the aurora happen once more", timestamp=T0 + 3600) == []
+    assert observe_followup(store, "s", "why does the aurora happen once more", timestamp=SOON)
 
 
 def test_observe_followup_in_the_same_run_records_nothing(store: FeedbackStore) -> None:
     log_external(store, "what causes the aurora", [("a", 1.0)], source="x", event_id="e1", session_id="s",
                  parent_id="tool1", timestamp=T0)
-    assert observe_followup(store, "s", "why does the aurora happen", run_ancestors=("tool1",)) == []
+    assert observe_followup(store, "s", "why does the aurora happen", run_ancestors=("tool1",), timestamp=SOON) == []
     # sibling tool runs: one turn only once the links say both sit under the agent's run
     store.link_runs([("tool2", "agent")])
-    assert observe_followup(store, "s", "why does the aurora happen", run_ancestors=("tool2",)) != []
+    assert observe_followup(store, "s", "why does the aurora happen", run_ancestors=("tool2",), timestamp=SOON) != []
     store.link_runs([("tool1", "agent")])
-    assert observe_followup(store, "s", "why does the aurora happen again", run_ancestors=("tool2",)) == []
-    assert observe_followup(store, "s", "why does the aurora happen again", run_ancestors=("other",)) != []
+    again = "why does the aurora happen again"
+    assert observe_followup(store, "s", again, run_ancestors=("tool2",), timestamp=SOON) == []
+    assert observe_followup(store, "s", again, run_ancestors=("other",), timestamp=SOON) != []
 
 
 def test_a_store_of_before_failed_runs_is_migrated(tmp_path) -> None:
