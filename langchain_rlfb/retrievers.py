@@ -166,7 +166,7 @@ def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchM
         store = source.vectorstore
         extra = {k: v for k, v in source.search_kwargs.items() if k != "k"}
     if store is not None:
-        return SearchMember(name, _vectorstore_search(store, extra, scores))
+        return SearchMember(name, _vectorstore_search(name, store, extra, scores))
     if isinstance(source, Runnable):
         return SearchMember(name, _runnable_search(name, source))
     raise ValidationError(
@@ -175,13 +175,22 @@ def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchM
     )
 
 
-def _vectorstore_search(store: VectorStore, extra: dict[str, Any], scores: str) -> Any:
+def _vectorstore_search(name: str, store: VectorStore, extra: dict[str, Any], scores: str) -> Any:
+    warned = False
+
     def search(query: str, k: int) -> list[tuple[Chunk, float | None]]:
+        nonlocal warned
         pairs: list[tuple[Document, float | None]]
         if scores == "auto":
             try:
                 pairs = list(store.similarity_search_with_relevance_scores(query, k=k, **extra))
             except NotImplementedError:
+                if not warned:  # LangChain's own InMemoryVectorStore among them: its scores went unused, unsaid
+                    warned = True
+                    warnings.warn(
+                        f"member {name!r}: {type(store).__name__} gives no relevance scores, so it is fused by "
+                        f"rank; as_member({name!r}, store, scores='similarity') (or 'distance') fuses the scores "
+                        "of its similarity_search_with_score", UserWarning, stacklevel=2)
                 pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]
         elif scores == "rank":
             pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]

@@ -276,3 +276,26 @@ def test_feedback_with_an_unknown_argument_names_it(tmp_path) -> None:
         with pytest.raises(RlfbValidationError, match="no argument 'usr_id'.*user_id"):
             give()
     assert retriever.ensemble.store.counts()["feedback"] == 0
+
+
+def test_a_vector_store_without_relevance_scores_says_it_is_fused_by_rank() -> None:
+    # LangChain's own InMemoryVectorStore has scores but no relevance-score function: "auto" fused it by rank
+    # and said nothing
+    import warnings
+
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from langchain_rlfb import as_member
+
+    vs = InMemoryVectorStore(DeterministicFakeEmbedding(size=32))
+    vs.add_documents([Document(page_content=t, id=f"d{i}") for i, t in enumerate(["aurora sun", "tides", "lava"])])
+    member = as_member("vs", vs.as_retriever())
+    with pytest.warns(UserWarning, match="fused by rank.*scores='similarity'"):
+        by_rank = [s for _, s in member.search("aurora", 3)]
+    assert by_rank == pytest.approx([1 / 61, 1 / 62, 1 / 63])  # reciprocal ranks
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once a member
+        member.search("tides", 3)
+    scored = [s for _, s in as_member("vs", vs, scores="similarity").search("aurora", 3)]
+    assert scored != pytest.approx(by_rank) and scored == sorted(scored, reverse=True)
