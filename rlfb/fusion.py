@@ -60,10 +60,25 @@ def _as_matrix(scores: np.ndarray) -> np.ndarray:
     return arr
 
 
+#: a column whose scores reach this far is scaled down first: their span (up to 2e308) or squares overflow
+_HUGE = 1e150
+
+
 def _present(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mask of present scores, and ``arr`` with missing ones replaced by 0."""
+    """The mask of present scores, and ``arr`` with missing ones replaced by 0.
+
+    A column with a score beyond ``1e150`` in size is divided by its largest: min-max and z-scores do not
+    change with the scale, but its span or variance overflowed to infinity, which read as a constant column
+    (a member scoring 1e308 and -1e308 had its best and worst results tie).
+    """
     mask = ~np.isnan(arr)
-    return mask, np.where(mask, arr, 0.0)
+    filled = np.where(mask, arr, 0.0)
+    size = np.abs(filled).max(axis=0) if filled.shape[0] else np.zeros(filled.shape[1])
+    huge = size > _HUGE
+    if huge.any():
+        filled = filled.copy()
+        filled[:, huge] /= size[huge]
+    return mask, filled
 
 
 def minmax_normalize(scores: np.ndarray) -> np.ndarray:

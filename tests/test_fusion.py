@@ -148,3 +148,12 @@ def test_weighted_rrf_counts_a_repeated_id_once_and_checks_c() -> None:
         with pytest.raises(ValidationError, match="RRF constant"):
             weighted_rrf([["a"]], c=c)
     assert weighted_rrf([["a"]], c=np.int64(60)) == {"a": 1 / 61}
+
+
+@pytest.mark.parametrize("normalize", [minmax_normalize, zscore_normalize])
+def test_scores_near_the_float_limit_keep_their_order(normalize) -> None:
+    # their span (or variance) overflowed to infinity, which read as a constant column: best and worst tied
+    huge = np.array([[1e308], [-1e308], [np.nan], [5e307]])
+    out = normalize(huge).ravel()
+    assert np.isfinite(out).all() and out[0] > out[3] > out[1]
+    np.testing.assert_allclose(normalize(huge[[0, 1, 3]]), normalize(np.array([[10.0], [-10.0], [5.0]])))
