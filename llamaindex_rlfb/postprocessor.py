@@ -405,6 +405,10 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             raise ValidationError("the postprocessor needs the query: give query_bundle or query_str")
         if not nodes:
             return [], None
+        for n in nodes:  # a bare AttributeError ('TextNode' object has no attribute 'node') before
+            if not isinstance(n, NodeWithScore):
+                hint = " (wrap nodes as NodeWithScore(node=...))" if isinstance(n, BaseNode) else ""
+                raise ValidationError(f"expected a list of NodeWithScore, got {type(n).__name__}{hint}")
         query = query_bundle.query_str
         originals: dict[str, BaseNode] = {}
         for n in nodes:

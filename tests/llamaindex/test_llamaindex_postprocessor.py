@@ -644,3 +644,12 @@ def test_a_node_added_or_edited_since_indexing_wins_on_its_own_words() -> None:
         out = pp.postprocess_nodes(candidates, query_str=query)
         assert out[0].node.node_id == winner
         assert out[0].node.metadata["scores"]["bm25"] > 0
+
+
+def test_plain_nodes_are_refused_by_name() -> None:
+    nodes = [TextNode(id_=f"n{i}", text=t) for i, t in enumerate(["aurora glows", "tides rise"])]
+    pp = FeedbackFusionPostprocessor(nodes=nodes, retrievers=("bm25",), log=False)
+    with pytest.raises(ValidationError, match=r"NodeWithScore, got TextNode \(wrap nodes"):
+        pp.postprocess_nodes(nodes, query_str="aurora")  # a bare AttributeError before
+    with pytest.raises(ValidationError, match="got str"):
+        pp.postprocess_nodes(["aurora glows"], query_str="aurora")
