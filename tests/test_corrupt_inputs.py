@@ -94,6 +94,9 @@ DAMAGE = {
     "vocab id negative": (_edit_json(VOCAB, _set_term(-1)), "vocab.index.json"),
     "vocab id repeated": (_edit_json(VOCAB, _set_term(3)), "vocab.index.json"),
     "vocab id not a number": (_edit_json(VOCAB, _set_term("x")), "vocab.index.json"),
+    # True where the id was 1: distinct and in range as numpy reads it, and every query of the term failed
+    "vocab id a bool": (_edit_json(VOCAB, lambda d: d.__setitem__(next(t for t, i in d.items() if i == 1), True)),
+                        "vocab.index.json"),
     "vocab a list": (_edit_json(VOCAB, lambda d: [1, 2]), "cannot read the BM25 index in"),
     "indices beyond the corpus": (_edit_npy("indices", lambda a: a + 100), "indices.csc.index.npy"),
     "indices negative": (_edit_npy("indices", lambda a: a - 100), "indices.csc.index.npy"),

@@ -592,8 +592,11 @@ def _check_index(folder: Path, scores: dict[str, Any], vocab: object, n_docs: in
     vocab_file = folder / "vocab.index.json"
     if not isinstance(vocab, dict) or not vocab:
         raise CorruptStateError(f"{vocab_file}: expected a non-empty JSON object of term -> id")
-    ids = np.array(list(vocab.values()))
     n_vocab = len(vocab)
+    # a bool among ints makes an int array (True as 1), which then failed every query holding the term
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in vocab.values()):
+        raise CorruptStateError(f"{vocab_file}: term ids must be integers")
+    ids = np.array(list(vocab.values()))
     if ids.dtype.kind not in "iu":
         raise CorruptStateError(f"{vocab_file}: term ids must be integers")
     if ids.min() < 0 or ids.max() >= n_vocab or np.unique(ids).size != n_vocab:
