@@ -161,7 +161,7 @@ def check_choice(value: object, choices: Mapping[str, Any], what: str) -> str:
 
 
 def check_chunk_ids(ids: Sequence[Any], what: str = "chunk id") -> None:
-    """Refuse chunk ids that are not strings, or repeated.
+    """Refuse chunk ids that are not strings, empty, or repeated.
 
     A saved state keys chunks by JSON strings (chunk 101 would come back as ``"101"`` and lose all it had
     learned), and ``str(7)`` would index ``"7"`` where ``chunk(7)`` then finds nothing; of a repeated id only
@@ -181,6 +181,8 @@ def check_chunk_ids(ids: Sequence[Any], what: str = "chunk id") -> None:
     for cid in ids:
         if not isinstance(cid, str):
             raise ValidationError(f"{what}s must be strings, got {type(cid).__name__} {cid!r}")
+        if not cid:  # indexed, logged and rated, then refused by the store where a later step cut it
+            raise ValidationError(f"{what}s must not be empty")
         if cid in seen:
             raise DuplicateIdError(f"duplicate {what}: {cid!r}")
         seen.add(cid)

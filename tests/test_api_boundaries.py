@@ -267,3 +267,12 @@ def test_save_load_and_retrieve_batch_refuse_bad_arguments_by_name(tmp_path: Pat
             FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), members=[member]).retrieve("tides")
     with pytest.raises(NonFiniteValueError, match="beyond float range"):
         score_value(10**400)
+
+
+def test_an_empty_chunk_id_is_refused_where_chunks_are_indexed() -> None:
+    # indexed, logged and rated, it was refused by mark_unused (which the LlamaIndex handler calls when a later
+    # step cuts nodes), so a chunk could be learned about but not marked
+    with pytest.raises(ValidationError, match="chunk ids must not be empty"):
+        FeedbackEnsemble.from_texts(["aurora", "tides"], ids=["", "b"], retrievers=("bm25",))
+    with pytest.raises(ValidationError, match="chunk ids must not be empty"):
+        FeedbackEnsemble.from_chunks([Chunk("", "aurora"), Chunk("b", "tides")], retrievers=("bm25",))
