@@ -62,6 +62,8 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:
     share it. On any error it is removed and ``path`` is left as it was.
     """
     target = Path(path)
+    if target.is_dir():  # renamed over, a bare IsADirectoryError (the CLI named it; the library did not)
+        raise ValidationError(f"{target} is a directory, not a file to write")
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:

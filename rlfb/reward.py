@@ -289,6 +289,9 @@ class RewardConfig:
             raise ValidationError(
                 f"rating_min ({self.rating_min}) must be below rating_max ({self.rating_max})"
             )
+        if not (self.rating_max - self.rating_min) / 2 > 0:  # 0 and 5e-324: the half range is 0, a ZeroDivisionError
+            raise ValidationError(f"rating_min ({self.rating_min}) and rating_max ({self.rating_max}) are too "
+                                  "close for a rating to be scaled between them")
         if not isinstance(self.spread, str) or self.spread not in SPREAD_RULES:
             raise ValidationError(f"spread must be one of {sorted(SPREAD_RULES)}, got {self.spread!r}")
         for alias, base in dict(self.aliases).items():

@@ -327,3 +327,19 @@ def test_a_store_made_before_its_mode_was_recorded_takes_its_newest_events(tmp_p
     raw.close()
     with FeedbackStore(path) as store:
         assert store.store_text is False
+
+
+def test_odd_paths_times_and_rating_ranges_are_named_errors(tmp_path):
+    # each was a bare UnicodeEncodeError, IsADirectoryError or ZeroDivisionError, or passed unnoticed
+    from rlfb.errors import NonFiniteValueError
+    from rlfb.reward import RewardConfig
+
+    with pytest.raises(ValidationError, match="cannot name a file"):
+        FeedbackStore(str(tmp_path / "\ud800.db"))
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        with pytest.raises(ValidationError, match="is a directory"):
+            store.export_jsonl(tmp_path)
+        with pytest.raises(NonFiniteValueError):
+            store.prune(now=float("nan"))  # no retention: nothing to delete, but the time is still checked
+    with pytest.raises(ValidationError, match="too close"):
+        RewardConfig(rating_min=0, rating_max=5e-324)

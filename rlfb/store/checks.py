@@ -146,6 +146,10 @@ def _check_path(path: Any) -> str:
         return path
     if "\x00" in path:
         raise ValidationError(f"path {path!r} contains a NUL character")
+    try:  # a lone surrogate the file system cannot name: a bare UnicodeEncodeError from sqlite3 before
+        os.fsencode(path)
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"path {path!r} cannot name a file on this file system: {exc.reason}") from None
     # sqlite3 says only "unable to open database file" for these; name the path and the reason
     if os.path.isdir(path):
         raise ValidationError(f"path {path!r} is a directory, not a database file")

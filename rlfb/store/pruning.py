@@ -35,11 +35,12 @@ def prune(
     """Delete the rows older than the retention (the store's, or ``retention``); return the count per table."""
     keep = store.retention if retention is None else check_retention(retention, store.attribution_window)
     result = {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0, "run_links": 0}
+    # checked as every other timestamp is: a time in milliseconds by mistake put the cutoff far in the
+    # future and deleted every event, its feedback, the snapshots and the run links, live ones included.
+    # Also with no retention, when nothing is deleted: a NaN passed unnoticed until a retention was set
+    t = store._timestamp(now, "now", store._now())
     if keep is None:
         return result
-    # checked as every other timestamp is: a time in milliseconds by mistake put the cutoff far in the
-    # future and deleted every event, its feedback, the snapshots and the run links, live ones included
-    t = store._timestamp(now, "now", store._now())
     cutoff = t - keep
     old = "SELECT id FROM events WHERE ts < ?"
     old_feedback = f"SELECT id FROM feedback WHERE event_id IN ({old})"
