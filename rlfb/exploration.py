@@ -228,8 +228,9 @@ class ThompsonChunkExploration:
         theta = self._rng.beta(alpha, beta)
         noisy = fused + w * (theta - mean)
         order = _top(noisy, k)
-        greedy = set(ranked[:k].tolist())
-        explored = set(order.tolist()) != greedy
+        # the order shown, not its set: with no more candidates than k every draw shows one set, and a list
+        # reordered by the draw was logged as not explored (68 % of lists at 5 candidates and k = 10)
+        explored = not np.array_equal(order, ranked[:k])
         d = self.hyper.draws
         thetas = self._rng.beta(alpha[None, :], beta[None, :], size=(d, n))
         sims = fused[None, :] + w * (thetas - mean[None, :])

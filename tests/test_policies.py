@@ -841,3 +841,18 @@ def test_pdgd_refuses_a_context_it_cannot_rank(normalized) -> None:
     ctx = Context("q", RETRIEVERS, ("a", "b", "c"), np.ones((3, 3)), normalized)
     with pytest.raises(ValidationError, match="context"):
         policy.decide(ctx, explore=True)
+
+
+def test_chunk_exploration_that_reorders_the_greedy_set_is_logged_as_explored() -> None:
+    # it compared sets: with no more candidates than k every draw shows the greedy set, and a reordered list
+    # was logged as not explored
+    from rlfb.exploration import ThompsonChunkExploration
+
+    ex = ThompsonChunkExploration(weight=0.4, seed=1)
+    fused = np.array([1.0, 0.9, 0.8, 0.7, 0.6])
+    flags = []
+    for _ in range(200):
+        r = ex.explore(np.arange(5), 10, fused=fused, alpha=np.ones(5), beta=np.ones(5))
+        assert r.explored == (r.order.tolist() != [0, 1, 2, 3, 4])
+        flags.append(r.explored)
+    assert any(flags) and not all(flags)
