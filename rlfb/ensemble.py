@@ -69,6 +69,7 @@ from rlfb.runs import in_callers_block, remember_maker, store_lock
 from rlfb.snapshot_sync import (
     _UNKNOWN,
     asked,
+    forget,
     learned,
     persist_state,
     refresh_state,
@@ -787,6 +788,7 @@ class FeedbackEnsemble:
         if self._store is not None:
             self.flush()
             self._store.close()
+        forget(self)  # nor held for the exit hook: clean, yet registered after a caller's block rolled back
 
     def __enter__(self) -> FeedbackEnsemble:
         return self

@@ -163,7 +163,7 @@ def record_implicit(
 ) -> list[Any]:
     """The body of :meth:`FeedbackEnsemble.observe <rlfb.FeedbackEnsemble.observe>`: the implicit signals on the
     session's latest retrieval, each given to ``ens`` as feedback."""
-    from rlfb.implicit import ImplicitSignals
+    from rlfb.implicit import ImplicitSignals, infer_at
     from rlfb.reward import as_timestamp
 
     store = ens._require_store()
@@ -176,21 +176,27 @@ def record_implicit(
         if timestamp is not None:
             as_timestamp(timestamp)
         return []
-    signals = ens._implicit.infer(previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened,
-                                  at=followup_time(store, timestamp))
+    signals = infer_at(ens._implicit, previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened,
+                       at=followup_time(store, timestamp))
     maker = maker_of(previous["id"], store)
     # all or nothing: a signal refused (an idempotency conflict, a busy or full store) took back those before it,
     # which were kept and learned. Not where another connection to the file learns them: it would wait on this
     # block's write lock (each is then a transaction of its own, as before)
     together = maker is None or maker.store is store
     records = []
+    damaged = None
     with store.exclusive() if together else contextlib.nullcontext():
         for sig in signals:
-            records.append(
-                ens.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
-                             session_id=session_id, idempotency_key=sig.idempotency_key,
-                             comment=sig.reason or None)
-            )
+            try:
+                records.append(
+                    ens.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
+                                 session_id=session_id, idempotency_key=sig.idempotency_key,
+                                 comment=sig.reason or None)
+                )
+            except CorruptStateError as exc:  # stored, not learned (the event's row is damaged): kept, as it says
+                damaged = exc
+    if damaged is not None:
+        raise damaged
     return records
 
 

@@ -23,6 +23,7 @@ The signal names are aliases the :class:`rlfb.reward.RewardFunction` knows, so
 from __future__ import annotations
 
 import hashlib
+import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from rlfb.errors import UnknownChunkError, ValidationError
 from rlfb.features import HAN
 from rlfb.reward import finite_float
 
-__all__ = ["ImplicitSignals", "InferredSignal", "DEFAULT_STOPWORDS", "tokenize"]
+__all__ = ["ImplicitSignals", "InferredSignal", "DEFAULT_STOPWORDS", "tokenize", "infer_at"]
 
 FollowUp = Literal["reformulation", "new_topic"]
 
@@ -335,3 +336,15 @@ def _check_text(text: Any, name: str) -> str:
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
+
+def infer_at(implicit: Any, previous_event: Mapping[str, Any], query: str | None, *, at: float | None,
+             **kwargs: Any) -> list[InferredSignal]:
+    """``implicit.infer(previous_event, query, **kwargs, at=at)``; without ``at`` for an ``infer`` that takes none
+    (a subclass or stand-in written before it was added: a bare ``TypeError`` then, which a LangChain callback
+    only prints, so reformulations stopped being recorded unsaid)."""
+    try:
+        params = inspect.signature(implicit.infer).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: give it what it always took
+        params = ()
+    takes_at = any(p.name == "at" or p.kind is p.VAR_KEYWORD for p in params)
+    return implicit.infer(previous_event, query, **kwargs, **({"at": at} if takes_at else {}))

@@ -467,7 +467,9 @@ def observe_followup(
     implicit = implicit if implicit is not None else default_implicit(ensemble)
     own = owns_event(ensemble, previous)
     records = []
-    for sig in implicit.infer(previous, query, at=followup_time(store, timestamp)):
+    from rlfb.implicit import infer_at
+
+    for sig in infer_at(implicit, previous, query, at=followup_time(store, timestamp)):
         if own:
             records.append(
                 ensemble.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,

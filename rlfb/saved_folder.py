@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rlfb.errors import CorruptStateError, ReadOnlyFolderError, RlfbError, ValidationError
+from rlfb.files import folder_path
 
 __all__ = ["saving_into", "reads_whole", "read_whole"]
 
@@ -151,7 +152,8 @@ def reads_whole(marker: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
     def decorate(load: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(load)
         def wrapper(cls: Any, path: str | Path, *args: Any, **kwargs: Any) -> T:
-            return read_whole(Path(path), lambda: load(cls, path, *args, **kwargs), marker=marker)
+            path = folder_path(path)  # None, a NUL or a lone surrogate: a named error, not pathlib's bare one
+            return read_whole(path, lambda: load(cls, path, *args, **kwargs), marker=marker)
 
         return wrapper
 

@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
     ens._dirty = False
     ens._unsaved.clear()
     ens._unsaved_asks.clear()
-    _UNWRITTEN.pop(ens, None)
+    _PINNED.pop(id(ens), None)
 
 
 #: unwritten episodes kept for learning again on a newer snapshot; at this many a snapshot is written even
@@ -79,21 +80,34 @@ def learned(ens: FeedbackEnsemble, episode: Any, now: float) -> None:
     ens._unsaved.append(episode)
     persist_state(ens, now, force=len(ens._unsaved) >= MAX_UNSAVED)
     if ens._dirty:
-        _flush_at_exit(ens)
+        _flush_at_exit(ens, pin=True)
 
 
 # ensembles holding learning not written yet, with the process they learned in, flushed at exit: a script that
 # ended without close() lost up to persist_interval of learning (49 of 50 feedbacks at persist_interval=1.0).
 # A forked child inherits the parent's entries and skips them (its copy flushed them as well: 9 learned of 5).
-# Held strongly until written: an ensemble local to main() or to a worker's function was collected on its
-# return, before the exit hook, and took its learning with it (1 of 30 feedbacks learned). Filled on first use.
-_UNWRITTEN: dict[Any, int] = {}
+# Filled on first use, not at import.
+_UNWRITTEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+# Those with learning from feedback not yet written, held strongly until it is: an ensemble local to main() or
+# to a worker's function was collected on its return, before the exit hook, and took its learning with it (1 of
+# 30 feedbacks learned). Not those with only asks unwritten (counts repeat discovery reads): with the default
+# persist_interval=0 every retrieval of a remembered question would pin its ensemble, and an app that built one
+# per request without close() kept them all, with their connections (2 file descriptors each).
+_PINNED: dict[int, Any] = {}
 _EXIT_HOOKS: set[int] = set()  # the processes whose exit hooks are registered
 
 
-def _flush_at_exit(ens: FeedbackEnsemble) -> None:
+def forget(ens: FeedbackEnsemble) -> None:
+    """``ens`` is closed: nothing of it is written at exit, nor is it held for that."""
+    _PINNED.pop(id(ens), None)
+    _UNWRITTEN.pop(ens, None)
+
+
+def _flush_at_exit(ens: FeedbackEnsemble, *, pin: bool = False) -> None:
     pid = os.getpid()
     _UNWRITTEN[ens] = pid
+    if pin:
+        _PINNED[id(ens)] = ens
     if pid in _EXIT_HOOKS:
         return
     _EXIT_HOOKS.add(pid)
@@ -156,6 +170,10 @@ def write_unsaved(ens: FeedbackEnsemble, now: float) -> None:
     """
     from rlfb.runs import in_callers_block
 
+    if not callable(getattr(ens._store, "exclusive", None)):  # a store of the user's own may have none
+        take_newer(ens)
+        persist_state(ens, now, force=True)
+        return
     with ens._store.exclusive() as store:
         if in_callers_block(store):
             undo_on_rollback(ens, store)
@@ -336,3 +354,7 @@ def _take_back(ens: FeedbackEnsemble, state: Mapping[str, Any], replay: Any,
         ens._learner.load_state_dict(state)
         ens._learner.replay.restore_held(replay)
         ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks = marks
+        if ens._dirty or ens._unsaved_asks:  # unwritten again: written later, at exit at the latest
+            _flush_at_exit(ens, pin=ens._dirty)
+        else:
+            _PINNED.pop(id(ens), None)

@@ -398,3 +398,20 @@ def test_observe_is_all_or_nothing_and_checks_its_arguments_before_a_session_has
             ens.observe("no retrieval yet", **bad)
     assert ens.observe("no retrieval yet", query="tides") == []
     assert [f.signal for f in ens.observe("s1", query="aurora particles?", timestamp=T0 + 10)] == ["reformulation"]
+
+
+def test_observe_on_a_damaged_event_keeps_the_feedback_it_says_it_stored(tmp_path) -> None:
+    # the all-or-nothing block rolled back the row that CorruptStateError said was stored
+    import sqlite3
+
+    from rlfb.errors import CorruptStateError
+
+    path = tmp_path / "fb.db"
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=["a", "b", "c"], retrievers=("bm25",), store=path)
+    r = ens.retrieve("aurora", k=2, session_id="s")
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE event_chunks SET normalized = ? WHERE event_id = ?", ('"not a mapping"', r.event_id))
+    with pytest.raises(CorruptStateError, match="is stored"):
+        ens.observe("s", cited=[r.hits[0].chunk_id])
+    assert [f["signal"] for f in ens.store.feedback(r.event_id)] == ["cited"]
+    ens.close()

@@ -750,3 +750,19 @@ def test_a_loaded_bm25_index_updates_from_its_saved_counts(method: str, chunks: 
     bare.save(tmp_path / "again")  # saving it over a folder with counts drops counts that are not its own
     assert not (tmp_path / "again" / "term_counts.npz").exists()
     assert BM25Retriever.load(tmp_path / "again", tokenizer=tok).ids == [c.id for c in chunks]
+
+
+def test_retriever_save_and_load_refuse_bad_paths_by_name(tmp_path: Path) -> None:
+    # the ensemble's save and load named them; a retriever's gave pathlib's bare TypeError or ValueError
+    from rlfb.retrievers import load_retriever
+
+    r = BM25Retriever().index(make_chunks(["aurora glows", "tides rise"]))
+    for path, words in ((None, "got NoneType"), ("x\x00", "NUL")):
+        with pytest.raises(ValidationError, match=words):
+            r.save(path)
+        with pytest.raises(ValidationError, match=words):
+            BM25Retriever.load(path)
+        with pytest.raises(ValidationError, match=words):
+            load_retriever(path)
+    with pytest.raises(ValidationError, match="cannot name a file"):
+        load_retriever(str(tmp_path / "\ud800"))

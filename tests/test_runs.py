@@ -224,3 +224,18 @@ def test_a_store_of_before_failed_runs_is_migrated(tmp_path) -> None:
     with FeedbackStore(path) as store:
         assert store.migrations_applied == ["m008_failed_runs"]
         assert store.fail_run("attempt") and store.run_failed("attempt")
+
+
+def test_observe_followup_takes_an_implicit_whose_infer_predates_the_follow_up_time(store: FeedbackStore) -> None:
+    # infer(..., at=) broke a subclass or stand-in written against the old signature: a bare TypeError, which a
+    # LangChain callback only prints
+    from rlfb.implicit import ImplicitSignals
+
+    class Older(ImplicitSignals):
+        def infer(self, previous_event, query, dwell_seconds=None, cited=(), opened=()):  # type: ignore[override]
+            return super().infer(previous_event, query, dwell_seconds, cited, opened)
+
+    log_external(store, "what causes the aurora", [("a", 1.0)], source="x", event_id="e1", session_id="s",
+                 timestamp=T0)
+    (rec,) = observe_followup(store, "s", "why does the aurora happen", implicit=Older(), timestamp=SOON)
+    assert rec.signal == "reformulation"

@@ -339,7 +339,7 @@ def test_forked_processes_write_their_own_learning_at_exit_and_only_theirs(tmp_p
         assert store.load_policy_state()["state"]["n_learned"] == 13
 
 
-def test_set_weights_on_a_store_of_the_users_own_without_exclusive() -> None:
+def test_set_weights_on_a_store_of_the_users_own_without_exclusive(tmp_path: Path) -> None:
     class OwnStore:  # what an ensemble asks of a store, and saving snapshots; no exclusive()
         store_text = True
 
@@ -362,6 +362,11 @@ def test_set_weights_on_a_store_of_the_users_own_without_exclusive() -> None:
     ens = _ensemble(OwnStore(), policy="fixed")
     assert ens.set_weights({"bm25": 1.0}).weights == {"bm25": 1.0}
     assert ens.store.snaps[-1]["weights"] == {"bm25": 1.0}
+    # a save loaded onto such a store is written to it (a bare AttributeError of the missing exclusive() before)
+    ens.save(tmp_path / "saved")
+    own = OwnStore()
+    back = FeedbackEnsemble.load(tmp_path / "saved", store=own)
+    assert back.weights == {"bm25": 1.0} and own.snaps[-1]["weights"] == {"bm25": 1.0}
 
 
 def test_a_learner_that_reads_the_state_while_another_learns_waits_for_it(tmp_path: Path) -> None:
@@ -942,3 +947,56 @@ def test_a_restart_after_another_app_wrote_last_draws_anew(tmp_path: Path) -> No
         again = ensemble("thompson")
         assert draws(again) != fresh, f"a restart after {policy} wrote last"
         again.close()
+
+
+def test_ensembles_dropped_with_only_asks_unwritten_are_not_held(tmp_path: Path) -> None:
+    # held strongly whenever a remembered question was asked (even at persist_interval=0), an ensemble built per
+    # request and never closed was kept with its connection: 200 requests, 401 more open file descriptors
+    import gc
+    import weakref
+
+    from rlfb import snapshot_sync
+
+    path = tmp_path / "f.db"
+    with FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=path) as ens:
+        r = ens.retrieve("tides", k=2)
+        ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    refs = []
+    for _ in range(5):
+        ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=path)
+        ens.retrieve("tides", k=2)  # a remembered question: its ask is unwritten
+        assert ens._unsaved_asks and ens in snapshot_sync._UNWRITTEN
+        refs.append(weakref.ref(ens))
+        del ens
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+
+
+_ROLLED_BACK = """
+import sys
+from rlfb import FeedbackEnsemble
+
+ens = FeedbackEnsemble.from_texts(["solar wind aurora", "sourdough bread", "tides moon"], retrievers=("bm25",),
+                                  store=sys.argv[1], persist_interval=1e9, policy="thompson")
+for q in ("aurora", "bread"):
+    ens.feedback(ens.retrieve(q).event_id, "thumbs_up")
+try:
+    with ens.store.exclusive():
+        ens.flush()
+        raise RuntimeError("the caller's block fails")
+except RuntimeError:
+    pass
+"""
+
+
+def test_learning_a_rolled_back_flush_left_unwritten_is_written_at_exit(tmp_path: Path) -> None:
+    # the flush unpinned it; the rollback made it unwritten again, but nothing registered it for the exit hook
+    script = tmp_path / "rolled_back.py"
+    script.write_text(_ROLLED_BACK, encoding="utf-8")
+    path = tmp_path / "fb.db"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    with FeedbackStore(path) as store:
+        assert store.load_policy_state()["state"]["n_learned"] == 2

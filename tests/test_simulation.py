@@ -664,6 +664,21 @@ def test_prepared_for_another_run_is_refused() -> None:
     assert simulate(data, config, prepared=prep)["config"]["retrievers"] == ["bm25"]
 
 
+def test_the_run_splits_held_out_queries_by_the_questions_it_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # it passed every stream question to the split, asked or not
+    import rlfb.simulation.runner as runner
+
+    seen: list[list[str]] = []
+    split = runner._overlap
+    monkeypatch.setattr(runner, "_overlap", lambda heldout, asked, *a: seen.append(list(asked)) or split(
+        heldout, asked, *a))
+    config = SimulationConfig(policy="fixed", interactions=6, seeds=(0,), checkpoints=1, retrievers=("bm25",))
+    result = simulate(generate_demo_corpus(n_devices=10, seed=2), config)
+    (asked,) = seen
+    run = result["runs"][0]
+    assert len(asked) == len(set(asked)) == run["distinct_asked"] < run["stream_queries"]
+
+
 def test_heldout_overlap_counts_the_questions_the_stream_asked() -> None:
     # every stream question counted, asked or not: after 300 scifact interactions 186 held-out claims
     # "shared an answer" with the stream, 73 of them with a claim it had asked

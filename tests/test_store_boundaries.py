@@ -343,3 +343,32 @@ def test_odd_paths_times_and_rating_ranges_are_named_errors(tmp_path):
             store.prune(now=float("nan"))  # no retention: nothing to delete, but the time is still checked
     with pytest.raises(ValidationError, match="too close"):
         RewardConfig(rating_min=0, rating_max=5e-324)
+
+
+def test_opening_a_store_whose_mode_is_recorded_takes_no_write_lock(tmp_path):
+    # recording the mode wrote on every opening: a store opened while another connection held the write lock
+    # (a long prune, a caller's exclusive() block) waited busy_timeout, then was refused
+    path = tmp_path / "fb.db"
+    FeedbackStore(path).close()
+    with FeedbackStore(path) as holder, holder.exclusive():
+        with FeedbackStore(path, busy_timeout=0.5) as again:
+            assert again.store_text is True
+
+
+def test_a_store_that_mixed_both_modes_before_they_were_recorded_keeps_no_text(tmp_path):
+    # the newest event alone decided: a privacy app's file that a path-opener had written text into was
+    # recorded as keeping text, and the privacy app was refused its own file
+    path = tmp_path / "mixed.db"
+    with FeedbackStore(path, store_text=False) as store:
+        store.log_event("secret question", {"weights": {"a": 1.0}}, [{"chunk_id": "c", "rank": 1}])
+    raw = sqlite3.connect(path, isolation_level=None)  # as a path-opener then wrote a text event into it
+    raw.execute("DROP TABLE settings")
+    raw.execute("DELETE FROM _migrations WHERE name = 'm010_settings'")
+    row = raw.execute("SELECT * FROM events").fetchone()
+    names = [d[0] for d in raw.execute("SELECT * FROM events").description]
+    text_event = {**dict(zip(names, row, strict=True)), "id": "e2", "query": "plain text"}
+    raw.execute(f"INSERT INTO events ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                [text_event[n] for n in names])
+    raw.close()
+    with FeedbackStore(path) as store:
+        assert store.store_text is False

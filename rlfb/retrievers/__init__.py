@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.files import folder_path
 from rlfb.retrievers.base import ChunkTable, CorpusRetriever, Retriever, load_meta, top_k
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def load_retriever(path: str | Path, **kwargs: Any) -> Retriever:
     An argument that kind's ``load`` does not take is a :class:`ValidationError` (a BM25 index
     takes ``tokenizer``, a dense or SPLADE one ``model``, ``cache_dir``, ``device``, ``model_key``).
     """
-    path = Path(path)
+    path = folder_path(path)
     kind = _read_kind(path)
     cls = _retriever_class(kind)
     try:

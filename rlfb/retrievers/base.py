@@ -28,6 +28,7 @@ from rlfb.errors import (
     UnknownChunkError,
     ValidationError,
 )
+from rlfb.files import folder_path
 from rlfb.saved_folder import saving_into
 from rlfb.types import Chunk, make_chunks, validate_k
 
@@ -450,8 +451,9 @@ class CorpusRetriever:
         first, before any array is written) leaves an earlier save as it was. ``path`` must be new, empty, or
         an earlier save.
         """
+        path = folder_path(path)  # None, a NUL or a lone surrogate: a named error, not pathlib's bare one
         table = self._require_table()
-        with saving_into(Path(path), marker="meta.json", what="retriever", names=SAVED_NAMES) as tmp:
+        with saving_into(path, marker="meta.json", what="retriever", names=SAVED_NAMES) as tmp:
             table.save(tmp)
             write_index(tmp)
             write_meta(tmp, {"kind": self.name, **meta})

@@ -321,11 +321,15 @@ def settled_store_text(tx: Transactions, given: bool | None, path: str) -> bool:
     """Whether the file keeps query text: as recorded in it, or ``given`` (``None``: ``True``) recorded now for a
     file that records none yet. ``given`` otherwise than recorded is a :class:`ValidationError`: query text
     written into a store that keeps none, or hashed keys the learner does not find, would follow."""
-    with tx.write() as conn:
-        wanted = "true" if given in (None, True) else "false"
-        conn.execute("INSERT OR IGNORE INTO settings (key, value) VALUES ('store_text', ?)", [wanted])
-        recorded = conn.execute("SELECT value FROM settings WHERE key = 'store_text'").fetchone()[0]
-    keeps = recorded == "true"
+    query = "SELECT value FROM settings WHERE key = 'store_text'"
+    with tx.read() as conn:  # recorded already (every file but a new one): no write lock to wait for
+        row = conn.execute(query).fetchone()
+    if row is None:
+        with tx.write() as conn:  # another opener may record it first: theirs stands
+            wanted = "true" if given in (None, True) else "false"
+            conn.execute("INSERT OR IGNORE INTO settings (key, value) VALUES ('store_text', ?)", [wanted])
+            row = conn.execute(query).fetchone()
+    keeps = row[0] == "true"
     if given is not None and given != keeps:
         raise ValidationError(
             f"{path} keeps {'query text' if keeps else 'no query text (only its sha256)'}: open it with "

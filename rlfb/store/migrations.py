@@ -283,8 +283,12 @@ def m010_settings(db: Database) -> None:
     # settings the file itself must keep, whoever opens it: store_text. Set per connection only, a restart that
     # opened a store_text=False file by its path (the default, True) wrote query text into it, and keyed the
     # learner by the text, so nothing the memory had learned under the hashed keys was found again. A file
-    # made before this step takes the mode of its newest event; one without events, the next opener's.
+    # made before this step keeps no text if any of its events kept none (that bug mixed the two, and a
+    # privacy app must not be refused its own file); one with text events only keeps text; one without
+    # events, what the next opener says.
     db["settings"].create({"key": str, "value": str}, pk="key")
-    newest = db.execute("SELECT query IS NULL FROM events ORDER BY rowid DESC LIMIT 1").fetchone()
-    if newest is not None:
-        db["settings"].insert({"key": "store_text", "value": "false" if newest[0] else "true"})
+    hashed, any_event = db.execute(
+        "SELECT EXISTS(SELECT 1 FROM events WHERE query IS NULL), EXISTS(SELECT 1 FROM events)"
+    ).fetchone()
+    if any_event:
+        db["settings"].insert({"key": "store_text", "value": "false" if hashed else "true"})
