@@ -323,20 +323,30 @@ def _two(tmp_path: Path, policy: str, weights: Any) -> FeedbackEnsemble:
                                        store=tmp_path / "f.db", policy=policy, weights=weights)
 
 
+def _run_script(tmp_path: Path, text: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """``text`` run as a script of its own in ``tmp_path`` (this checkout importable), given the store ``path``."""
+    script = tmp_path / "script.py"
+    script.write_text(text, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, env=env)
+
+
+def _all_learned_after(tmp_path: Path, text: str, *, printed: str, feedback: int) -> None:
+    """Run ``text`` (:func:`_run_script`): it prints ``printed`` and leaves ``feedback`` rows, each learned."""
+    path = tmp_path / "fb.db"
+    done = _run_script(tmp_path, text, path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == printed
+    with FeedbackStore(path) as store:
+        assert store.counts()["feedback"] == feedback
+        assert store.load_policy_state()["state"]["n_learned"] == feedback
+
+
 def test_forked_processes_write_their_own_learning_at_exit_and_only_theirs(tmp_path: Path) -> None:
     # a multiprocessing worker ends with os._exit, which runs no atexit hook (4 learned of 240 rows); a forked
     # child that ends normally flushed its copy of the parent's learning, which the parent then wrote again
-    script = tmp_path / "forked.py"
-    script.write_text(_FORKED, encoding="utf-8")
-    path = tmp_path / "fb.db"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=False,
-                          cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[0, 0]"
-    with FeedbackStore(path) as store:
-        assert store.counts()["feedback"] == 13
-        assert store.load_policy_state()["state"]["n_learned"] == 13
+    _all_learned_after(tmp_path, _FORKED, printed="[0, 0]", feedback=13)
 
 
 def test_set_weights_on_a_store_of_the_users_own_without_exclusive(tmp_path: Path) -> None:
@@ -916,17 +926,7 @@ if __name__ == "__main__":
 def test_an_ensemble_local_to_a_function_is_written_at_exit(tmp_path: Path) -> None:
     # held weakly, an ensemble local to main() or to a worker's target was collected when the function
     # returned, before the exit hooks ran, and its unwritten learning went with it (1 of 30 feedbacks learned)
-    script = tmp_path / "local.py"
-    script.write_text(_LOCAL, encoding="utf-8")
-    path = tmp_path / "fb.db"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=False,
-                          cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "0"
-    with FeedbackStore(path) as store:
-        assert store.counts()["feedback"] == 11
-        assert store.load_policy_state()["state"]["n_learned"] == 11
+    _all_learned_after(tmp_path, _LOCAL, printed="0", feedback=11)
 
 
 def test_a_restart_after_another_app_wrote_last_draws_anew(tmp_path: Path) -> None:
@@ -991,12 +991,8 @@ except RuntimeError:
 
 def test_learning_a_rolled_back_flush_left_unwritten_is_written_at_exit(tmp_path: Path) -> None:
     # the flush unpinned it; the rollback made it unwritten again, but nothing registered it for the exit hook
-    script = tmp_path / "rolled_back.py"
-    script.write_text(_ROLLED_BACK, encoding="utf-8")
     path = tmp_path / "fb.db"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=False,
-                          cwd=tmp_path, env=env)
+    done = _run_script(tmp_path, _ROLLED_BACK, path)
     assert done.returncode == 0, done.stderr
     with FeedbackStore(path) as store:
         assert store.load_policy_state()["state"]["n_learned"] == 2
