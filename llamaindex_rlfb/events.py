@@ -617,7 +617,9 @@ class FeedbackEventHandler(BaseEventHandler):
         component = (made.get("metadata") or {}).get("component") or "rlfb"
         log_external(
             self._store,
-            made["query"],
+            # a learner store that keeps no query text has none to copy: the event's own (this store's mode then
+            # decides whether it is kept). Copying None failed, only logged, and the feedback never reached it
+            made["query"] if made.get("query") is not None else event.query_str,
             [(c["chunk_id"], c["score"]) for c in made["chunks"]],
             source=component,
             event_id=event.event_id,

@@ -179,6 +179,12 @@ class FeedbackEnsemble:
         takes = weights is not None and getattr(self._learner.policy, "set_weights", None) is not None
         given = self._learner._default_weights().copy() if takes else None
         self._store = open_store(store)
+        if self._store is not None and getattr(self._store, "store_text", True) is False:
+            # a store that keeps no query text: nor do the retrievers' disk caches keep its query encodings
+            # (a SPLADE encoding reads back as the question's words, keyed by the sha256 the events keep)
+            for r in self._retrievers.values():
+                if hasattr(r, "cache_queries"):
+                    r.cache_queries = False
         self._state_version = 0  # the newest snapshot read or written
         self._own_version = 0  # the newest snapshot of this ensemble's own state read or written
         self._last_refresh = -math.inf

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.files import folder_path
 from rlfb.members import SearchMember
+from rlfb.memory import knows_questions_by_text
 from rlfb.retrievers.base import ChunkTable
 from rlfb.saved_folder import read_whole, saving_into
 from rlfb.snapshot_sync import state_to_save
@@ -115,6 +116,12 @@ def _built(
 ) -> FeedbackEnsemble:
     """The ensemble in the save ``read`` (what :func:`_read_folder` read of ``root``), on the opened ``store``."""
     config, state, learner, saved_count, table, retrievers = read
+    if store is not None and getattr(store, "store_text", True) is False and knows_questions_by_text(state):
+        # its memory's keys are question texts: taken or written, they would go into a store that keeps none
+        raise ValidationError(
+            f"{root} was learned on a store that keeps query text, and its memory knows questions by their text: "
+            "a store_text=False store must not hold them; load it onto a store that keeps text"
+        )
     options = {
         "fusion": config.get("fusion", "minmax"),
         "candidate_k": config.get("candidate_k", 100),

@@ -292,7 +292,9 @@ def rebuild_episode(
         key = (event.get("metadata") or {}).get(QUERY_KEY)
         query = key if isinstance(key, str) else _HASHED + event["query_hash"]
     else:
-        query = event.get("query") or ""
+        # as the learner knows it: a text event in a store that keeps none (written before 2026-12-05, when a
+        # restart by path could) is known by its hash, and its text goes into no snapshot
+        query = learner_query(store, event.get("query") or "")
     return Episode(
         event_id=event_id,
         query=query,

@@ -57,7 +57,8 @@ from rlfb.policies._util import check_float, check_int, plain_numbers, saved_cou
 from rlfb.relevance_feedback import similar_to_clicked
 from rlfb.reward import finite_float
 
-__all__ = ["MemoryParams", "FeedbackMemory", "is_blank", "normalize_query", "naming_model", "without_embeddings"]
+__all__ = ["MemoryParams", "FeedbackMemory", "is_blank", "normalize_query", "naming_model", "without_embeddings",
+           "knows_questions_by_text"]
 
 _SPACE = re.compile(r"\s+")
 # sentence punctuation, quotes and brackets (also Spanish, full-width and CJK ones); not symbols that name
@@ -662,6 +663,26 @@ def naming_model(learner_state: dict[str, Any], model: str | None) -> dict[str, 
     if isinstance(memory, dict) and model is not None:
         memory["model"] = model
     return learner_state
+
+
+def knows_questions_by_text(state: Any) -> bool:
+    """Whether a saved memory's state (or a learner state holding one) keys a question by its text, not by the
+    hash a store that keeps no query text uses (``sha256:``): loading it into such a store would write the texts.
+
+    >>> knows_questions_by_text({"memory": {"queries": ["sha256:ab", ""]}})
+    False
+    >>> knows_questions_by_text({"queries": ["what causes tides"]})
+    True
+    """
+    if not isinstance(state, Mapping):
+        return False
+    memory = state.get("memory", state)
+    if not isinstance(memory, Mapping):
+        return False
+    keys = memory.get("queries")
+    if keys is None and isinstance(memory.get("entries"), list):  # the layout before 2026-12-05
+        keys = [e.get("q") for e in memory["entries"] if isinstance(e, Mapping)]
+    return any(isinstance(k, str) and k and not k.startswith("sha256:") for k in keys or ())
 
 
 def without_embeddings(state: Mapping[str, Any]) -> dict[str, Any]:

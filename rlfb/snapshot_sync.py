@@ -316,8 +316,16 @@ def dense_model_key(ens: FeedbackEnsemble) -> str | None:
 
 def state_to_save(ens: FeedbackEnsemble) -> dict[str, Any]:
     """The learner's state, its memory naming the dense model its query embeddings are of: a snapshot of
-    another model's memory is then set aside (:func:`is_ours`) even when the two share a dimension."""
-    return naming_model(ens._learner.state_dict(), dense_model_key(ens))
+    another model's memory is then set aside (:func:`is_ours`) even when the two share a dimension.
+
+    With a store that keeps no query text the memory's query embeddings are left out (snapshots, saves and
+    weights exports): an embedding can be partly read back into its text. The memory then recalls a
+    question after a restart, or from another process, by its hashed key alone, not by similarity.
+    """
+    state = naming_model(ens._learner.state_dict(), dense_model_key(ens))
+    if ens._store is not None and getattr(ens._store, "store_text", True) is False and "memory" in state:
+        state["memory"] = without_embeddings(state["memory"])
+    return state
 
 
 def query_dim(ens: FeedbackEnsemble) -> int | None:

@@ -21,7 +21,7 @@ import numpy as np
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.files import write_text_atomically
 from rlfb.fusion import validate_weights
-from rlfb.memory import naming_model
+from rlfb.memory import knows_questions_by_text, naming_model
 from rlfb.policies.base import same_hyperparameters
 from rlfb.snapshot_kind import SnapshotKind
 
@@ -199,6 +199,9 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
     wf = source if isinstance(source, WeightsFile) else read_weights_file(source)
     # one read-modify-write of the newest snapshot: a snapshot an app saved between the read and the save
     # was overwritten by one built from the older state
+    if getattr(store, "store_text", True) is False and knows_questions_by_text(wf.state):
+        raise ValidationError(f"{wf.path}: its state's memory knows questions by their text, and this store keeps "
+                              "no query text: import the weights alone (a file without its state)")
     with store.exclusive():
         saved = store.load_policy_state()
         if wf.state is not None:  # loaded once more: read_weights_file only checked it, and this one changes

@@ -134,6 +134,9 @@ class DenseRetriever(CorpusRetriever):
     """
 
     name = "dense"
+    #: Keep query encodings in the on-disk cache (keyed by the query's sha256). An ensemble whose store keeps no
+    #: query text (``store_text=False``) turns it off: an encoding can be read back into the question's words.
+    cache_queries: bool = True
     #: it scores by a query embedding: the ensemble averages its scores over a question's embedding strings
     #: (LlamaIndex's ``custom_embedding_strs``) where some are given
     embeds_queries = True
@@ -237,6 +240,7 @@ class DenseRetriever(CorpusRetriever):
         """Normalised query-side embeddings, ``(n, dim)`` float32 (cached in memory and on disk)."""
         queries = check_texts(queries, "queries")
         _, disk = self._caches()
+        disk = disk if self.cache_queries else None  # off for a store that keeps no query text
         vectors = cached_encode(
             queries,
             lambda b: self._encode(b, "query"),

@@ -161,6 +161,9 @@ class SpladeRetriever(CorpusRetriever):
     """
 
     name = "splade"
+    #: Keep query encodings in the on-disk cache (keyed by the query's sha256). An ensemble whose store keeps no
+    #: query text (``store_text=False``) turns it off: an encoding can be read back into the question's words.
+    cache_queries: bool = True
 
     def __init__(
         self,
@@ -268,6 +271,7 @@ class SpladeRetriever(CorpusRetriever):
         """Query-side encodings as a CSR matrix ``(n, vocab_size)`` (cached in memory and on disk)."""
         queries = check_texts(queries, "queries")
         _, disk = self._caches()
+        disk = disk if self.cache_queries else None  # off for a store that keeps no query text
         rows = cached_encode(
             queries,
             lambda b: self._encode(b, "query"),
