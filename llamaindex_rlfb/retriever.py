@@ -21,7 +21,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
-from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, node_text, nodes_to_chunks
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
@@ -87,6 +87,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         self.explore = flag(explore, "explore")  # bool("no") would be True: a typo must not turn exploring on
         self.log = flag(log, "log")
         self._nodes = dict(nodes or {})
+        # an update of the index and of the nodes kept beside it, one at a time: two inserts of one id could
+        # leave the index with one's text and the nodes with the other's, for every later retrieval
+        self._nodes_lock = threading.Lock()
         super().__init__(
             callback_manager=callback_manager, object_map=object_map, objects=objects, verbose=verbose
         )
@@ -139,20 +142,23 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         See :meth:`rlfb.FeedbackEnsemble.add_chunks`.
         """
         nodes = list(nodes)
-        self.ensemble.add_chunks(nodes_to_chunks(nodes))  # validates; a node id given twice keeps its first
+        chunks = nodes_to_chunks(nodes)  # validates; a node id given twice keeps its first
         first: dict[str, BaseNode] = {}
         for node in nodes:
             first.setdefault(str(node.node_id), node)
-        self._nodes.update(first)
+        with self._nodes_lock:
+            self.ensemble.add_chunks(chunks)
+            self._nodes.update(first)
 
     def delete_nodes(self, node_ids: Sequence[str]) -> None:
         """Remove the nodes with these ids from the index (:meth:`rlfb.FeedbackEnsemble.delete_chunks`)."""
         if isinstance(node_ids, str):
             raise ValidationError("node_ids must be a sequence of ids, not one string")
         node_ids = [str(n) for n in node_ids]
-        self.ensemble.delete_chunks(node_ids)  # an unknown id is an error, and nothing is removed
-        for nid in node_ids:
-            self._nodes.pop(nid, None)
+        with self._nodes_lock:
+            self.ensemble.delete_chunks(node_ids)  # an unknown id is an error, and nothing is removed
+            for nid in node_ids:
+                self._nodes.pop(nid, None)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -209,11 +215,18 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             parent_id=current_query_id(),
             metadata={"framework": "llamaindex", "component": self.class_name()},
         )
-        out = [hit_to_node(h, result.event_id, self._nodes.get(h.chunk_id)) for h in result.hits]
+        out = [hit_to_node(h, result.event_id, self._original(h)) for h in result.hits]
         if result.event_id is not None:
             dispatcher.event(FeedbackRetrievalEvent(event_id=result.event_id, query_str=result.query,
                                                     node_ids=result.chunk_ids, learner=self))
         return out
+
+    def _original(self, hit: Any) -> BaseNode | None:
+        """The node kept for ``hit``, if it holds the text the hit was scored on; else ``None`` (a node is built
+        from the hit). Scored on the index before an insert swapped in an edited node, or after, a retrieval
+        returned the other text with this one's rank and scores: the LLM read what nobody ranked."""
+        node = self._nodes.get(hit.chunk_id)
+        return node if node is not None and node_text(node) == hit.text else None
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return await in_thread(self._retrieve, query_bundle)

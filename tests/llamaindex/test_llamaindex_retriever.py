@@ -185,3 +185,25 @@ def test_a_misspelt_ensemble_option_is_a_named_error_before_indexing(monkeypatch
     with pytest.raises(ValidationError, match="takes no option 'top_k'"):
         FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), top_k=3)
     assert indexed == []
+
+
+def test_a_retrieval_returns_the_text_it_ranked_while_an_insert_swaps_a_node(monkeypatch: Any) -> None:
+    # the nodes kept beside the index were updated after the index: a retrieval between the two returned the
+    # new text with the old text's rank and scores (45 of 8,500 hits under a thread upserting one id), and two
+    # inserts of one id could leave the two apart for good
+    from llama_index.core.schema import TextNode
+
+    from llamaindex_rlfb import FeedbackEnsembleRetriever
+
+    base = [TextNode(id_=f"n{i}", text=f"filler text number {i} about rivers") for i in range(20)]
+    r = FeedbackEnsembleRetriever.from_defaults(nodes=[*base, TextNode(id_="x", text="x v0 aurora")],
+                                                retrievers=("bm25",), similarity_top_k=3, log=False)
+    r._nodes["x"] = TextNode(id_="x", text="x v1 volcano")  # as between the index's swap and the nodes'
+    (top, *_) = r.retrieve("aurora")
+    assert top.node.node_id == "x" and top.node.text == "x v0 aurora"
+    held = []
+    add = r.ensemble.add_chunks
+    monkeypatch.setattr(r.ensemble, "add_chunks", lambda chunks, **kw: held.append(r._nodes_lock.locked()) or add(
+        chunks, **kw))
+    r.insert_nodes([TextNode(id_="x", text="x v2 aurora")])
+    assert held == [True] and r.retrieve("aurora")[0].node.text == "x v2 aurora"
