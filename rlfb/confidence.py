@@ -42,7 +42,13 @@ from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.policies._util import check_float, plain_numbers, saved_times
 from rlfb.reward import finite_float
 
-__all__ = ["ConfidenceParams", "ChunkConfidence"]
+__all__ = ["ConfidenceParams", "ChunkConfidence", "MAX_CHUNKS"]
+
+#: Chunks that keep a confidence, at most: past it the least recently updated tenth is forgotten (they are
+#: back at the prior, as a chunk never rated is). Without a bound every chunk ever rated stayed in the state
+#: that each feedback writes: on a 50,000-chunk corpus about 2.8 new rows per feedback, and at 200,000 rows a
+#: 14 MB snapshot and 177 ms a feedback. At this bound the confidences are about 3.5 MB of it.
+MAX_CHUNKS = 50_000
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,18 @@ class ChunkConfidence:
         self._conf[rows] = np.clip(self._conf[rows], h.low, h.high)
         if now > 0:
             self._time[rows] = now
+        if len(self._ids) > MAX_CHUNKS:
+            self._forget_oldest(int(MAX_CHUNKS * 0.9))
+
+    def _forget_oldest(self, keep_n: int) -> None:
+        """Keep the ``keep_n`` chunks updated last (ties: those added last); the others go back to the prior."""
+        n = len(self._ids)
+        order = np.lexsort((-np.arange(n), -self._time[:n]))  # newest time first, then the latest added
+        keep = np.sort(order[:keep_n])
+        self._ids = [self._ids[i] for i in keep]
+        self._index = {c: i for i, c in enumerate(self._ids)}
+        self._conf, self._alpha = self._conf[keep].copy(), self._alpha[keep].copy()
+        self._beta, self._time = self._beta[keep].copy(), self._time[keep].copy()
 
     # ------------------------------------------------------------------ reading
     def read(self, chunk_ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
