@@ -23,34 +23,43 @@ from typing import Any, BinaryIO, TypeVar
 
 from rlfb.errors import ValidationError
 
-__all__ = ["write_atomically", "write_text_atomically", "same_file", "refuse_overwriting_store", "folder_path"]
+__all__ = ["write_atomically", "write_text_atomically", "same_file", "refuse_overwriting_store", "folder_path",
+           "path_text"]
 
 T = TypeVar("T")
 
 
-def folder_path(path: Any, what: str = "path") -> Path:
-    """``path`` (a ``str`` or ``os.PathLike``) as a :class:`~pathlib.Path`, or a :class:`ValidationError`: where
-    pathlib or the file system would raise a bare ``TypeError`` (``None``), ``ValueError`` (a NUL character)
-    or ``UnicodeEncodeError`` (a lone surrogate the file system cannot name).
+def path_text(path: Any, what: str = "path", *, also: str = "") -> str:
+    """``path`` (a ``str`` or ``os.PathLike``) as text, or a :class:`ValidationError`: where pathlib, sqlite3 or
+    the file system would raise a bare ``TypeError`` (``None``), ``ValueError`` (a NUL character) or
+    ``UnicodeEncodeError`` (a lone surrogate the file system cannot name). ``also`` names other forms the caller
+    takes, for the error.
 
-    >>> folder_path(None)
+    >>> path_text(None)
     Traceback (most recent call last):
     ...
     rlfb.errors.ValidationError: path must be a str or os.PathLike, got NoneType None
     """
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
-        if isinstance(path, bytes):
+        if isinstance(path, bytes):  # a PathLike may give bytes
             path = os.fsdecode(path)
     if not isinstance(path, str):
-        raise ValidationError(f"{what} must be a str or os.PathLike, got {type(path).__name__} {path!r:.80}")
+        raise ValidationError(
+            f"{what} must be a str or os.PathLike{also}, got {type(path).__name__} {path!r:.80}"
+        )
     if "\x00" in path:
         raise ValidationError(f"{what} {path!r} contains a NUL character")
     try:
         os.fsencode(path)
     except UnicodeEncodeError as exc:
         raise ValidationError(f"{what} {path!r} cannot name a file on this file system: {exc.reason}") from None
-    return Path(path)
+    return path
+
+
+def folder_path(path: Any, what: str = "path") -> Path:
+    """``path`` checked by :func:`path_text`, as a :class:`~pathlib.Path` (a save's or a load's folder)."""
+    return Path(path_text(path, what))
 
 
 def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rlfb.errors import InvalidWeightsError, ValidationError
+from rlfb.files import path_text
 from rlfb.reward import finite_float
 
 _IN_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
@@ -131,25 +132,12 @@ def _items(items: Any, name: str, what: str) -> Iterable[Any]:
 def _check_path(path: Any) -> str:
     """The database path as a str: an in-memory form, or a file whose folder exists.
 
-    Anything but a str or os.PathLike is refused: ``str(None)`` would open a
+    Anything but a str or os.PathLike is refused (:func:`rlfb.files.path_text`): ``str(None)`` would open a
     file named ``None`` in the working directory.
     """
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)
-        if isinstance(path, bytes):  # a PathLike may give bytes; sqlite3 wants the text
-            path = os.fsdecode(path)
-    if not isinstance(path, str):
-        raise ValidationError(
-            f"path must be a str or os.PathLike (or ':memory:'), got {type(path).__name__} {path!r:.80}"
-        )
+    path = path_text(path, also=" (or ':memory:')")
     if path in _MEMORY:
         return path
-    if "\x00" in path:
-        raise ValidationError(f"path {path!r} contains a NUL character")
-    try:  # a lone surrogate the file system cannot name: a bare UnicodeEncodeError from sqlite3 before
-        os.fsencode(path)
-    except UnicodeEncodeError as exc:
-        raise ValidationError(f"path {path!r} cannot name a file on this file system: {exc.reason}") from None
     # sqlite3 says only "unable to open database file" for these; name the path and the reason
     if os.path.isdir(path):
         raise ValidationError(f"path {path!r} is a directory, not a database file")
