@@ -65,7 +65,7 @@ from rlfb.fusion import check_fusion, rank_matrix
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever
-from rlfb.runs import in_callers_block, remember_maker, store_lock
+from rlfb.runs import hashes_queries, in_callers_block, remember_maker, store_lock
 from rlfb.snapshot_sync import (
     _UNKNOWN,
     asked,
@@ -179,7 +179,7 @@ class FeedbackEnsemble:
         takes = weights is not None and getattr(self._learner.policy, "set_weights", None) is not None
         given = self._learner._default_weights().copy() if takes else None
         self._store = open_store(store)
-        if self._store is not None and getattr(self._store, "store_text", True) is False:
+        if hashes_queries(self._store):
             # a store that keeps no query text: nor do the retrievers' disk caches keep its query encodings
             # (a SPLADE encoding reads back as the question's words, keyed by the sha256 the events keep)
             for r in self._retrievers.values():

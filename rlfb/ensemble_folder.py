@@ -21,6 +21,7 @@ from rlfb.files import folder_path
 from rlfb.members import SearchMember
 from rlfb.memory import knows_questions_by_text
 from rlfb.retrievers.base import ChunkTable
+from rlfb.runs import hashes_queries
 from rlfb.saved_folder import read_whole, saving_into
 from rlfb.snapshot_sync import state_to_save
 from rlfb.types import validate_seconds
@@ -116,7 +117,7 @@ def _built(
 ) -> FeedbackEnsemble:
     """The ensemble in the save ``read`` (what :func:`_read_folder` read of ``root``), on the opened ``store``."""
     config, state, learner, saved_count, table, retrievers = read
-    if store is not None and getattr(store, "store_text", True) is False and knows_questions_by_text(state):
+    if hashes_queries(store) and knows_questions_by_text(state):
         # its memory's keys are question texts: taken or written, they would go into a store that keeps none
         raise ValidationError(
             f"{root} was learned on a store that keeps query text, and its memory knows questions by their text: "

@@ -22,7 +22,7 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.policies.base import Context, Decision, Episode
-from rlfb.runs import followup_time, in_callers_block, maker_of, owns_event
+from rlfb.runs import followup_time, hashes_queries, in_callers_block, maker_of, owns_event
 from rlfb.snapshot_sync import undo_on_rollback
 from rlfb.types import Hit
 
@@ -39,7 +39,7 @@ def learner_query(store: Any, query: str) -> str:
     (``store_text=False``), the sha256 of its normalised text, logged with the event
     (:data:`QUERY_KEY`), so that no query text reaches the learner's saved state and a
     rebuilt episode finds the same question after a restart."""
-    if _hashes(store):
+    if hashes_queries(store):
         from rlfb.memory import is_blank, normalize_query
         from rlfb.store import query_hash
 
@@ -49,11 +49,6 @@ def learner_query(store: Any, query: str) -> str:
         # raw text took "What causes tides?" and "what causes tides" for two questions
         return _HASHED + query_hash(normalize_query(query))
     return query
-
-
-def _hashes(store: Any) -> bool:
-    """Whether ``store`` keeps questions only hashed."""
-    return store is not None and not store.store_text
 
 
 def metadata_to_log(
@@ -68,7 +63,7 @@ def metadata_to_log(
 ) -> dict[str, Any]:
     """The metadata to log a retrieval of ``ctx`` with (the learner knowing its question by ``key``), once
     ``store`` has checked the event's arguments."""
-    logged = _logged_metadata(metadata, key if key != ctx.query or _hashes(store) else None)
+    logged = _logged_metadata(metadata, key if key != ctx.query or hashes_queries(store) else None)
     # before ranking: a retrieval refused only when logged (a future timestamp, an id already
     # logged) had moved the policy's random state and the memory's count of asks all the same
     check = getattr(store, "check_event_args", None)  # a store of the user's own may lack it

@@ -482,6 +482,12 @@ def observe_followup(
     return records
 
 
+def hashes_queries(store: Any) -> bool:
+    """Whether ``store`` keeps questions only hashed (``store_text=False``); no store, or a store of the user's
+    own without the setting, keeps what it is given."""
+    return store is not None and getattr(store, "store_text", True) is False
+
+
 def followup_time(store: Any, timestamp: Any) -> float:
     """When a follow-up came, for :meth:`ImplicitSignals.infer <rlfb.implicit.ImplicitSignals.infer>`'s window:
     ``timestamp`` as given (unix seconds, a ``datetime`` or ISO text), else now by the store's clock."""

@@ -323,7 +323,9 @@ def state_to_save(ens: FeedbackEnsemble) -> dict[str, Any]:
     question after a restart, or from another process, by its hashed key alone, not by similarity.
     """
     state = naming_model(ens._learner.state_dict(), dense_model_key(ens))
-    if ens._store is not None and getattr(ens._store, "store_text", True) is False and "memory" in state:
+    from rlfb.runs import hashes_queries
+
+    if hashes_queries(ens._store) and "memory" in state:
         state["memory"] = without_embeddings(state["memory"])
     return state
 

@@ -23,6 +23,7 @@ from rlfb.files import write_text_atomically
 from rlfb.fusion import validate_weights
 from rlfb.memory import knows_questions_by_text, naming_model
 from rlfb.policies.base import same_hyperparameters
+from rlfb.runs import hashes_queries
 from rlfb.snapshot_kind import SnapshotKind
 
 __all__ = ["current_weights", "export_weights", "import_weights", "read_weights_file", "WeightsFile"]
@@ -199,7 +200,7 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
     wf = source if isinstance(source, WeightsFile) else read_weights_file(source)
     # one read-modify-write of the newest snapshot: a snapshot an app saved between the read and the save
     # was overwritten by one built from the older state
-    if getattr(store, "store_text", True) is False and knows_questions_by_text(wf.state):
+    if hashes_queries(store) and knows_questions_by_text(wf.state):
         raise ValidationError(f"{wf.path}: its state's memory knows questions by their text, and this store keeps "
                               "no query text: import the weights alone (a file without its state)")
     with store.exclusive():
