@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
+from rlfb.memory import HASHED_KEY
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.runs import followup_time, hashes_queries, in_callers_block, maker_of, owns_event
 from rlfb.snapshot_sync import undo_on_rollback
@@ -29,7 +30,6 @@ from rlfb.types import Hit
 if TYPE_CHECKING:
     from rlfb.ensemble import FeedbackEnsemble
 
-_HASHED = "sha256:"  # prefix of the learner's key for a question the store keeps only hashed
 #: The event metadata key of the learner's key for a question, logged where the store keeps no text.
 QUERY_KEY = "rlfb_query_key"
 
@@ -47,7 +47,7 @@ def learner_query(store: Any, query: str) -> str:
             return ""  # nothing to hide, and the memory must still see that it names nothing
         # of the normalised text, as the memory keys a question it knows by its text: a hash of the
         # raw text took "What causes tides?" and "what causes tides" for two questions
-        return _HASHED + query_hash(normalize_query(query))
+        return HASHED_KEY + query_hash(normalize_query(query))
     return query
 
 
@@ -285,7 +285,7 @@ def rebuild_episode(
         # the learner's key as logged (a hash of the normalised text); events logged before it was kept
         # are known by the hash of their raw text
         key = (event.get("metadata") or {}).get(QUERY_KEY)
-        query = key if isinstance(key, str) else _HASHED + event["query_hash"]
+        query = key if isinstance(key, str) else HASHED_KEY + event["query_hash"]
     else:
         # as the learner knows it: a text event in a store that keeps none (written before 2026-12-05, when a
         # restart by path could) is known by its hash, and its text goes into no snapshot

@@ -665,9 +665,14 @@ def naming_model(learner_state: dict[str, Any], model: str | None) -> dict[str, 
     return learner_state
 
 
+#: The prefix of the learner's key for a question a store keeps only hashed
+#: (:func:`rlfb.feedback_learning.learner_query`).
+HASHED_KEY = "sha256:"
+
+
 def knows_questions_by_text(state: Any) -> bool:
     """Whether a saved memory's state (or a learner state holding one) keys a question by its text, not by the
-    hash a store that keeps no query text uses (``sha256:``): loading it into such a store would write the texts.
+    hash a store that keeps no query text uses (:data:`HASHED_KEY`): loading it into such a store would write the texts.
 
     >>> knows_questions_by_text({"memory": {"queries": ["sha256:ab", ""]}})
     False
@@ -682,7 +687,7 @@ def knows_questions_by_text(state: Any) -> bool:
     keys = memory.get("queries")
     if keys is None and isinstance(memory.get("entries"), list):  # the layout before 2026-12-05
         keys = [e.get("q") for e in memory["entries"] if isinstance(e, Mapping)]
-    return any(isinstance(k, str) and k and not k.startswith("sha256:") for k in keys or ())
+    return any(isinstance(k, str) and k and not k.startswith(HASHED_KEY) for k in keys or ())
 
 
 def without_embeddings(state: Mapping[str, Any]) -> dict[str, Any]:
