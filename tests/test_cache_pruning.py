@@ -153,6 +153,24 @@ def test_prune_gives_back_pages_freed_earlier_even_when_it_removes_nothing(tmp_p
     assert prune_cache(tmp_path, max_mb=1000)["file_bytes_after"] == report["file_bytes_after"]  # nothing more
 
 
+def test_the_file_and_its_log_stay_near_max_mb_after_a_batch_larger_than_it(tmp_path: Path) -> None:
+    # one 31 MB batch under a 5 MB bound left a 93 MB file and a 94 MB write-ahead log: the batch was written
+    # whole and dropped in the same transaction, and each 1.5 kB vector took a 4 kB page of its own
+    rng = np.random.default_rng(0)
+    cache = EmbeddingCache(tmp_path, "m", max_mb=1.0)
+    cache.put_many({f"h{i}": rng.random(384).astype(np.float32) for i in range(4000)})  # 6.4 MB of vectors
+    for round_ in range(3):
+        cache.put_many({f"g{round_}-{j}": rng.random(384).astype(np.float32) for j in range(200)})
+    assert 400 <= len(cache) <= 700  # 0.9 MB of 1.6 kB entries
+    def on_disk() -> int:
+        return sum(p.stat().st_size for p in tmp_path.glob("embeddings.sqlite*"))
+
+    assert on_disk() < 8 * 1024 * 1024, on_disk()  # 37 MB before: 19 MB of file and as much of log
+    assert cache.get_many(["g2-199"])["g2-199"].shape == (384,)  # the newest are kept
+    cache.close()  # the log goes into the file
+    assert on_disk() < 2.5 * 1024 * 1024, on_disk()  # 19 MB before
+
+
 def test_prune_by_age_and_bad_settings(tmp_path: Path) -> None:
     cache = EmbeddingCache(tmp_path, "m")
     cache.put_many({"old": np.zeros(2), "new": np.zeros(2)})
@@ -244,8 +262,9 @@ def _damaged_cache(folder: Path) -> Path:
     cache.put_many({f"h{i}": np.full(256, i, dtype=np.float32) for i in range(20)})
     cache.close()  # the last connection checkpoints the WAL into the file
     data = bytearray(_file(folder).read_bytes())
-    assert len(data) > 4096
-    data[4096:] = bytes(len(data) - 4096)
+    page = int.from_bytes(data[16:18], "big")  # the page size, from the file's header
+    assert len(data) > page
+    data[page:] = bytes(len(data) - page)
     _file(folder).write_bytes(bytes(data))
     return _file(folder)
 

@@ -90,6 +90,8 @@ _ENTRY_BYTES = "length(vals) + coalesce(length(indices), 0) + length(text_hash) 
 
 # an automatic prune keeps this share of max_mb, so that the next writes do not prune again at once
 _PRUNE_TO = 0.9
+_WAL_KEEP_BYTES = 8 * 1024 * 1024
+_PAGE_BYTES = 16384
 # SQLite's integers are signed 64-bit: a bound or cutoff beyond them is clamped, which keeps its meaning
 _SQLITE_MAX = 2**63 - 1
 _SQLITE_MIN = -(2**63)
@@ -205,6 +207,13 @@ def _open(path: Path) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(path, timeout=60.0, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA busy_timeout=60000")
+        # the write-ahead log is cut back to this after each checkpoint: one large batch left it as large for good
+        conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
+        conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_KEEP_BYTES // _PAGE_BYTES}")  # as often as with 4 KB pages
+        # a new file's pages (an existing file's stay as they are): a row of a WITHOUT ROWID table is kept
+        # whole in its page only up to about a quarter of the page, so with 4 KB pages each 1.5 KB vector
+        # of MiniLM took a page of its own and the file was three times its entries
+        conn.execute(f"PRAGMA page_size={_PAGE_BYTES}")
         for attempt in range(100):
             try:
                 # switching a new file to WAL needs an exclusive lock and can report "locked" at once,
@@ -334,7 +343,8 @@ class EmbeddingCache:
     max_mb
         Bound on the entries of the whole file (every model's), in MB: once this
         object's writes take them past it, the least recently used encodings are
-        removed down to 90 % of it. ``None`` reads ``$RLFB_CACHE_MAX_MB``; unset
+        removed down to 90 % of it (a batch larger than that is written only as far as
+        it fits). ``None`` reads ``$RLFB_CACHE_MAX_MB``; unset
         there too, nothing is removed. Freed pages are reused by later writes
         rather than returned to the file system (``rlfb cache prune`` vacuums).
         The size is counted exactly when the bound may be passed; writes by other
@@ -534,6 +544,8 @@ class EmbeddingCache:
             else:
                 vec = np.ascontiguousarray(enc, dtype=np.float32).ravel()
                 rows.append((self.model_key, h, int(vec.shape[0]), None, vec.tobytes(), now))
+        if self.max_mb is not None:
+            rows = _within(rows, int(_bytes_of(self.max_mb) * _PRUNE_TO))
         if not rows:
             return
         with self._lock:
@@ -571,7 +583,7 @@ class EmbeddingCache:
         """
         assert self.max_mb is not None
         limit = _bytes_of(self.max_mb)
-        written = sum(len(r[1]) + len(r[0]) + len(r[4]) + (len(r[3]) if r[3] is not None else 0) for r in rows)
+        written = sum(map(_row_bytes, rows))
         if self._size is not None and self._size + written <= limit:
             self._size += written
             return
@@ -710,6 +722,23 @@ def _damaged_file(path: Path, exc: sqlite3.DatabaseError) -> CorruptStateError:
         f"the embedding cache {path} is damaged ({exc}); it holds only encodings that can be made again, "
         "so delete it and rlfb makes a new one"
     )
+
+
+def _row_bytes(row: tuple) -> int:
+    """The bytes of one row :meth:`EmbeddingCache.put_many` writes, counted as :data:`_ENTRY_BYTES` counts them."""
+    return len(row[0]) + len(row[1]) + len(row[4]) + (len(row[3]) if row[3] is not None else 0)
+
+
+def _within(rows: list[tuple], keep_bytes: int) -> list[tuple]:
+    """The first of ``rows`` that fit in ``keep_bytes``: a batch larger than the bound is not written whole only to
+    be dropped again in the same transaction, which grew the file and its write-ahead log past the bound (one
+    31 MB batch under a 5 MB bound left a 93 MB file and a 94 MB log)."""
+    total = 0
+    for i, row in enumerate(rows):
+        total += _row_bytes(row)
+        if total > keep_bytes:
+            return rows[:i]
+    return rows
 
 
 def _entry_bytes(conn: sqlite3.Connection) -> int:
