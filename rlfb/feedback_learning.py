@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
-from rlfb.memory import HASHED_KEY
+from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.runs import followup_time, hashes_queries, in_callers_block, maker_of, owns_event
 from rlfb.snapshot_sync import undo_on_rollback
@@ -35,9 +35,10 @@ QUERY_KEY = "rlfb_query_key"
 
 
 def learner_query(store: Any, query: str) -> str:
-    """What the learner knows a question by: its text, or, with a store that keeps no text
-    (``store_text=False``), the sha256 of its normalised text, logged with the event
-    (:data:`QUERY_KEY`), so that no query text reaches the learner's saved state and a
+    """What the learner knows a question by: its text (a long one by its hash:
+    :func:`rlfb.memory.question_key`), or, with a store that keeps no text
+    (``store_text=False``), the sha256 of its normalised text. A key other than the text is logged with
+    the event (:data:`QUERY_KEY`), so that no query text reaches the learner's saved state and a
     rebuilt episode finds the same question after a restart."""
     if hashes_queries(store):
         from rlfb.memory import is_blank, normalize_query
@@ -48,7 +49,7 @@ def learner_query(store: Any, query: str) -> str:
         # of the normalised text, as the memory keys a question it knows by its text: a hash of the
         # raw text took "What causes tides?" and "what causes tides" for two questions
         return HASHED_KEY + query_hash(normalize_query(query))
-    return query
+    return question_key(query)
 
 
 def metadata_to_log(

@@ -56,7 +56,7 @@ from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.exploration import EXPLORATIONS, EpsilonGreedyExploration, NoExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
-from rlfb.memory import FeedbackMemory
+from rlfb.memory import FeedbackMemory, question_key
 from rlfb.policies import make_policy
 from rlfb.policies._util import (
     check_float,
@@ -479,6 +479,7 @@ class Learner:
         validate_k(k)
         if not isinstance(context.query, str):  # the memory keys questions by their text
             raise ValidationError(f"context query must be a str, got {type(context.query).__name__}")
+        context = _keyed(context)
         check_chunk_ids(context.candidate_ids, "context candidate id")
         N, (conf, alpha, beta), mem, offsets, scale = self._features(context, touch=touch)
         n = N.shape[0]
@@ -582,7 +583,8 @@ class Learner:
     def learn(self, episode: Episode) -> Learner:
         """Learn from one logged episode; returns ``self``. A malformed episode raises
         :class:`ValidationError` and changes nothing."""
-        return self._learn_checked(episode, *self._episode(episode))
+        parsed = self._episode(episode)
+        return self._learn_checked(_keyed(episode), *parsed)
 
     def _learn_checked(self, episode: Episode, X: np.ndarray, r: np.ndarray, reward: float) -> Learner:
         """:meth:`learn` of an episode :meth:`_episode` has checked, with what it returned."""
@@ -653,7 +655,8 @@ class Learner:
             try:
                 if not isinstance(ep, Episode):
                     raise ValidationError(f"expected an Episode, got {type(ep).__name__}")
-                checked.append((ep, self._episode(ep)))
+                parsed = self._episode(ep)
+                checked.append((_keyed(ep), parsed))
                 dim = _embedding_dim(ep.query_embedding, dim)
             except ValidationError as exc:
                 raise ValidationError(f"episode {i} (event_id {getattr(ep, 'event_id', None)!r}): {exc}") from None
@@ -939,6 +942,13 @@ def _embedding_dim(embedding: Any, dim: int | None) -> int | None:
     return int(e.shape[0])
 
 
+def _keyed(item: Any) -> Any:
+    """A context or episode with its question as the learner keeps it (:func:`rlfb.memory.question_key`: a long
+    one by its hash), so that no part of the learned state keeps a long question's text."""
+    key = question_key(item.query)
+    return item if key == item.query else dataclasses.replace(item, query=key)
+
+
 def _as_answered(episode: Episode) -> Episode:
     """``episode`` as the policy learns it from praise or criticism of an answer: without the unused chunks ranked
     above the answer's last used one (a node a later step cut before the answer, never seen), which the
@@ -957,17 +967,7 @@ def _as_answered(episode: Episode) -> Episode:
     if not used.any():
         return episode
     keep = used | (np.arange(used.shape[0]) > int(np.flatnonzero(used)[-1]))
-    if keep.all():
-        return episode
-
-    def kept(values: Any) -> Any:
-        return None if values is None else np.asarray(values)[keep]
-
-    return dataclasses.replace(
-        episode, shown_ids=tuple(c for c, k in zip(episode.shown_ids, keep, strict=True) if k),
-        shown=np.asarray(episode.shown)[keep], chunk_rewards=np.asarray(episode.chunk_rewards)[keep],
-        scores=kept(episode.scores), prior_rewards=kept(episode.prior_rewards), used=used[keep],
-    )
+    return episode if keep.all() else episode.keeping(keep)
 
 
 def _discovers(config: LearnerConfig) -> bool:

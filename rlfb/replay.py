@@ -44,8 +44,13 @@ from rlfb.policies.base import Decision, Episode
 
 __all__ = [
     "ReplayParams", "PrioritizedReplay", "episode_to_dict", "episode_from_dict", "episode_columns",
-    "episodes_from_columns",
+    "episodes_from_columns", "MAX_SHOWN",
 ]
+
+#: The most shown chunks a kept episode keeps, its first: more than any reader reads. One retrieval of a whole
+#: corpus (50,000 chunks) with a thumbs on its answer was kept whole, 3.5 MB of every snapshot until 200 newer
+#: episodes pushed it out.
+MAX_SHOWN = 100
 
 
 def _floats(x: Any) -> list[Any]:
@@ -209,6 +214,8 @@ class PrioritizedReplay:
     def add(self, episode: Episode) -> bool:
         """Keep the episode if its reward (or any chunk reward) is non-zero; returns whether it was kept.
 
+        Only its first :data:`MAX_SHOWN` shown chunks are kept.
+
         Its priority is the reward's magnitude, clipped to 1 as rewards are: two of 1e308 summed to an
         infinity, every priority became 0 and sampling failed.
         """
@@ -218,6 +225,8 @@ class PrioritizedReplay:
         if not math.isfinite(mag) or mag == 0:
             return False
         mag = min(1.0, mag)
+        if len(episode.shown_ids) > MAX_SHOWN:
+            episode = episode.keeping(np.arange(len(episode.shown_ids)) < MAX_SHOWN)
         self._items.append((episode, mag, self._added))
         self._added += 1
         return True

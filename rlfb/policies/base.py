@@ -8,6 +8,7 @@ round-trips through JSON (never pickle).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping
@@ -127,6 +128,24 @@ class Episode:
     # which shown chunks the answer was written from (None: all of them, as logged with used=True): praise
     # of the answer reads no chunk the answer did not use as passed over (a node a later step cut)
     used: np.ndarray | None = None
+
+    def keeping(self, keep: np.ndarray) -> Episode:
+        """This episode with only the shown chunks ``keep`` (booleans, one per shown chunk) marks, in order.
+
+        >>> ep = Episode("e", "q", ("a",), Decision({"a": 1.0}), ("x", "y", "z"), np.ones((3, 1)), np.arange(3.0), 1.0)
+        >>> ep.keeping(np.array([True, False, True])).shown_ids
+        ('x', 'z')
+        """
+        keep = np.asarray(keep, dtype=bool)
+
+        def kept(values: Any) -> Any:
+            return None if values is None else np.asarray(values)[keep]
+
+        return dataclasses.replace(
+            self, shown_ids=tuple(c for c, k in zip(self.shown_ids, keep, strict=True) if k),
+            shown=np.asarray(self.shown)[keep], chunk_rewards=np.asarray(self.chunk_rewards)[keep],
+            scores=kept(self.scores), prior_rewards=kept(self.prior_rewards), used=kept(self.used),
+        )
 
 
 @runtime_checkable

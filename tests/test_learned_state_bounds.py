@@ -1,0 +1,107 @@
+"""Bounds on what one question adds to the learned state, found by an audit at scale (2026-12-05).
+
+A long question (a chat history sent as the query) is known to the learner by its hash, not its text: its text
+was kept whole up to four times in every snapshot (the memory, the click evidence of its query type and of all,
+the replay), and 2,500 questions of 2 KB made a 12 MB snapshot. And a whole corpus retrieved with a thumbs on its
+answer gave one memory entry 50,020 chunks, and every later feedback took 112 ms instead of 2: an entry keeps
+evidence on at most ``MAX_CHUNKS_PER_QUESTION`` chunks, and the replay the first ``MAX_SHOWN`` shown chunks of an
+episode.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+
+from rlfb import FeedbackEnsemble
+from rlfb.blocks import encode_block
+from rlfb.memory import HASHED_KEY, MAX_CHUNKS_PER_QUESTION, MAX_KEY_CHARS, FeedbackMemory, question_key
+from rlfb.replay import MAX_SHOWN
+
+TEXTS = ["The aurora is caused by charged particles from the sun.", "Tides follow the pull of the moon.",
+         "Volcanoes erupt molten rock.", "Glaciers carve valleys over thousands of years."]
+LONG = "Earlier in this chat we spoke about ZEBRA-HISTORY. " * 40 + "So what pulls the tides?"
+
+
+def _ensemble(path: Path) -> FeedbackEnsemble:
+    return FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=path, policy="thompson", seed=0)
+
+
+def _latest_state(path: Path) -> str:
+    with sqlite3.connect(path) as conn:
+        (state,) = conn.execute("SELECT state FROM policy_snapshots ORDER BY version DESC LIMIT 1").fetchone()
+    return state
+
+
+def test_a_long_question_is_learned_and_recalled_by_its_hash_and_its_text_is_in_no_snapshot(tmp_path: Path) -> None:
+    assert len(LONG) > MAX_KEY_CHARS
+    path = tmp_path / "fb.db"
+    with _ensemble(path) as ens:
+        hits = ens.retrieve(LONG, k=4)
+        tides = next(h for h in hits.hits if "Tides" in h.text)
+        ens.feedback(hits.event_id, "click", chunk_id=tides.chunk_id)
+        # the same question spaced and capitalised otherwise is the same question to the memory
+        again = ens.retrieve(LONG.upper().replace(". ", ".  "), k=4)
+        assert again.hits[0].chunk_id == tides.chunk_id and again.hits[0].memory > 0
+        ens.feedback(again.event_id, "thumbs_up")
+    state = _latest_state(path)
+    assert "ZEBRA" not in state and HASHED_KEY in state
+    # the events keep the question (a store that keeps text), and the key the learner knew it by
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM events WHERE query LIKE '%ZEBRA%'").fetchone()[0] == 2
+
+
+def test_feedback_after_a_restart_finds_the_long_question_the_memory_knows(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    with _ensemble(path) as ens:
+        hits = ens.retrieve(LONG, k=4)
+        first = ens.retrieve(LONG, k=4)  # asked twice before any feedback
+    tides = next(h for h in hits.hits if "Tides" in h.text)
+    with _ensemble(path) as ens:  # a new process: the episodes are rebuilt from the logged events
+        ens.feedback(hits.event_id, "click", chunk_id=tides.chunk_id)
+        ens.feedback(first.event_id, "click", chunk_id=tides.chunk_id)
+        assert list(ens.learner.memory.known(question_key(LONG))) == [tides.chunk_id]
+        assert ens.retrieve(LONG, k=4).hits[0].chunk_id == tides.chunk_id
+    assert "ZEBRA" not in _latest_state(path)
+
+
+def test_short_questions_keep_their_text() -> None:
+    text = "x" * MAX_KEY_CHARS
+    assert question_key(text) == text
+    assert question_key(text + "y").startswith(HASHED_KEY)
+    assert question_key(question_key(text + "y")) == question_key(text + "y")  # a key is its own key
+
+
+def test_one_questions_entry_keeps_the_strongest_evidence_up_to_its_bound() -> None:
+    n = MAX_CHUNKS_PER_QUESTION + 500
+    ids = [f"c{i}" for i in range(n)]
+    mem = FeedbackMemory()
+    # a whole list criticised, then one chunk clicked: the click and the strongest criticism stay
+    mem.update("tides", None, ids, [-0.1 - i / n for i in range(n)], timestamp=1.0)
+    mem.update("tides", None, ["c0"], [2.0], timestamp=2.0)
+    known = mem.known("tides")
+    assert len(known) == MAX_CHUNKS_PER_QUESTION
+    assert known["c0"] > 0 and f"c{n - 1}" in known and "c1" not in known
+    # a snapshot holding more (saved before the bound) is bounded as it is read
+    state = mem.state_dict()
+    state["counts"] = [n]
+    state["chunks"] = ids
+    state["values"] = encode_block(np.full(n, -0.5))
+    again = FeedbackMemory().load_state_dict(state)
+    assert list(again.known("tides")) == ids[:MAX_CHUNKS_PER_QUESTION]
+
+
+def test_a_whole_corpus_retrieved_and_criticised_fills_one_entry_only_to_its_bound(tmp_path: Path) -> None:
+    texts = [f"note {i} about tides and the moon, page {i}" for i in range(MAX_CHUNKS_PER_QUESTION + 200)]
+    ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=tmp_path / "fb.db", policy="thompson")
+    hits = ens.retrieve("tides and the moon", k=len(texts))
+    assert len(hits) == len(texts)
+    ens.feedback(hits.event_id, "thumbs_down")
+    assert len(ens.learner.memory.known("tides and the moon")) == MAX_CHUNKS_PER_QUESTION
+    # and the replay keeps the episode's first shown chunks only, in the order shown
+    (episode,) = ens.learner.replay.sample()
+    assert episode.shown_ids == tuple(hits.chunk_ids[:MAX_SHOWN]) and episode.shown.shape == (MAX_SHOWN, 1)
+    assert episode.chunk_rewards.shape == episode.scores.shape == (MAX_SHOWN,)
+    ens.close()
