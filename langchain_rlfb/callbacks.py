@@ -65,7 +65,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 from langchain_rlfb._checks import check_store, flag, session_text, usable_score
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
-from rlfb.errors import NotCopyableError, RlfbError, ValidationError
+from rlfb.errors import NoStoreError, NotCopyableError, RlfbError, ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
     default_implicit,
@@ -87,9 +87,6 @@ _OPEN_RUNS = 100_000
 
 #: The run name of ``Runnable.with_fallbacks``'s runnable, whose attempts LangChain reports under another run.
 _FALLBACKS = "RunnableWithFallbacks"
-
-_NO_ENSEMBLE_STORE = "the ensemble has no feedback store; build it with store='fb.db'"
-
 
 class FeedbackCallbackHandler(BaseCallbackHandler):
     """Logs every retrieval of a run by its run id and records feedback given on a run id later.
@@ -125,7 +122,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if ensemble is not None and ensemble.store is None:
             # with store= too it was taken, and feedback on its retrievals was stored and taught it nothing: its
             # retrievals are logged in no store. ("needs a store or an ensemble" would mislead without store=)
-            raise ValidationError(_NO_ENSEMBLE_STORE)
+            raise NoStoreError()
         if store is None and ensemble is not None:
             store = ensemble.store
         if store is None:
@@ -155,7 +152,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         """
         ensemble = _check_ensemble(ensemble)
         if ensemble.store is None:
-            raise ValidationError(_NO_ENSEMBLE_STORE)
+            raise NoStoreError()
         return cls(ensemble.store, ensemble=ensemble, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FeedbackCallbackHandler:

@@ -47,7 +47,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from langchain_rlfb._checks import flag, positive_count, session_text
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_options
-from rlfb.errors import DuplicateIdError, ValidationError
+from rlfb.errors import DuplicateIdError, NoStoreError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
 from rlfb.types import Chunk, Hit, copy_metadata
@@ -541,9 +541,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         :class:`~rlfb.store.FeedbackRecord` of each retrieval the run id stands for.
         """
         if self.ensemble.store is None:
-            raise ValidationError(
-                "this retriever's ensemble has no feedback store; build it with store='fb.db'"
-            )
+            raise NoStoreError()
         return record_run_feedback(
             self.ensemble.store, run_id, signal, ensemble=self.ensemble, score=score, score_scale=score_scale,
             value=value, rating=rating,

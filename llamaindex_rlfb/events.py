@@ -86,7 +86,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llamaindex_rlfb._checks import finite_or_none, session_text
 from llamaindex_rlfb._nodes import EVENT_ID_KEY, event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
-from rlfb.errors import NotCopyableError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.errors import NoStoreError, NotCopyableError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
     SCORE_SCALES,
     key_or_score,
@@ -258,7 +258,7 @@ class FeedbackEventHandler(BaseEventHandler):
             )
         if ensemble is not None and _store_of(ensemble) is None:
             # taken beside a store of the handler's own, feedback on its retrievals was stored and taught nothing
-            raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+            raise NoStoreError()
         if store is None and ensemble is not None:
             store = _store_of(ensemble)
         # a rebuild from a dump: the store and ensemble it could not carry must come again, never a new store

@@ -78,7 +78,7 @@ from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_settings
-from rlfb.errors import CorruptStateError, UnknownChunkError, ValidationError
+from rlfb.errors import CorruptStateError, NoStoreError, UnknownChunkError, ValidationError
 from rlfb.types import Chunk
 
 __all__ = ["FeedbackFusionPostprocessor"]
@@ -234,7 +234,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             if (has_corpus or any(v is not None for v in (store, retrievers, policy))) or ensemble_kwargs:
                 raise ValidationError("an ensemble brings its own corpus, store and policy: pass nothing else")
             if ensemble.store is None:
-                raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+                raise NoStoreError()
             open_store(ensemble.store, store_path)  # raises when a dump's file is not the ensemble's
             super().__init__(top_n=top_n, explore=explore, log=log, callback_manager=manager,
                              store_path=store_path_of(ensemble.store), not_serialised=["ensemble"])

@@ -26,7 +26,7 @@ from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
-from rlfb.errors import ValidationError
+from rlfb.errors import NoStoreError, ValidationError
 
 __all__ = ["FeedbackEnsembleRetriever"]
 
@@ -81,7 +81,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         if not isinstance(ensemble, FeedbackEnsemble):
             raise ValidationError(f"ensemble must be an rlfb.FeedbackEnsemble, got {type(ensemble).__name__}")
         if ensemble.store is None:
-            raise ValidationError("the ensemble has no feedback store; build it with store='fb.db'")
+            raise NoStoreError()
         self.ensemble = ensemble
         self.similarity_top_k = positive_count(similarity_top_k, "similarity_top_k")
         self.explore = flag(explore, "explore")  # bool("no") would be True: a typo must not turn exploring on

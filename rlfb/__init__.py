@@ -21,6 +21,7 @@ from rlfb.errors import (
     InvalidWeightsError,
     ModelNotFoundError,
     NonFiniteValueError,
+    NoStoreError,
     NotCopyableError,
     RatingOutOfRangeError,
     ReadOnlyFolderError,
@@ -65,6 +66,7 @@ __all__ = [
     "StoreBusyError",
     "StoreFullError",
     "NotCopyableError",
+    "NoStoreError",
     "ModelNotFoundError",
     "__version__",
 ]

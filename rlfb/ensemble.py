@@ -50,7 +50,7 @@ from rlfb.candidates import (
 )
 from rlfb.corpus_index import checked_chunks, checked_ids, index_with, indexed_table, rebuilt, removal, retriever_map
 from rlfb.ensemble_folder import load_ensemble, save_ensemble
-from rlfb.errors import NotCopyableError, UnknownChunkError, ValidationError
+from rlfb.errors import NoStoreError, NotCopyableError, UnknownChunkError, ValidationError
 from rlfb.feedback_learning import QUERY_KEY as QUERY_KEY  # importable from here, as it always was
 from rlfb.feedback_learning import (
     learn_record,
@@ -720,7 +720,7 @@ class FeedbackEnsemble:
 
     def _require_store(self) -> Any:
         if self._store is None:
-            raise ValidationError("this ensemble has no feedback store; pass store='feedback.db'")
+            raise NoStoreError()
         return self._store
 
     # ------------------------------------------------------------------ weight config centre

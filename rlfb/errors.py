@@ -32,6 +32,7 @@ __all__ = [
     "StoreBusyError",
     "StoreFullError",
     "NotCopyableError",
+    "NoStoreError",
 ]
 
 
@@ -132,3 +133,11 @@ class NotCopyableError(RlfbError, TypeError):
     """A live learner (a :class:`~rlfb.FeedbackEnsemble`, bound to its store and models) was deep-copied or
     pickled. Pass the same object to share it; ``save`` and ``load`` carry it elsewhere. Still a
     ``TypeError``, as copying an object that cannot be copied raised before it had a name."""
+
+
+class NoStoreError(ValidationError):
+    """Feedback, or an adapter that logs retrievals for feedback, was asked of an ensemble built without a
+    feedback store."""
+
+    def __init__(self, message: str = "the ensemble has no feedback store; build it with store='fb.db'") -> None:
+        super().__init__(message)

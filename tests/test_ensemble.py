@@ -13,6 +13,7 @@ from rlfb import (
     EmptyCorpusError,
     FeedbackEnsemble,
     InvalidWeightsError,
+    NoStoreError,
     ValidationError,
 )
 from rlfb.fusion import FUSION_METHODS
@@ -103,7 +104,7 @@ def test_bad_input_is_rejected_clearly(ens: FeedbackEnsemble) -> None:
         FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), fusion="borda")
     with pytest.raises(ValidationError):
         ens.retrieve(None, k=3)  # type: ignore[arg-type]
-    with pytest.raises(ValidationError, match="no feedback store"):
+    with pytest.raises(NoStoreError, match="no feedback store"):
         ens.feedback("e1", "explicit_positive")
 
 

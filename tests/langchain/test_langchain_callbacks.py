@@ -20,7 +20,7 @@ from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, callbacks
-from rlfb import IdempotencyConflictError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb import IdempotencyConflictError, NoStoreError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import EXTERNAL_POLICY
 from rlfb.store import FeedbackStore
 
@@ -583,13 +583,13 @@ def test_a_handler_given_an_ensemble_without_a_store_says_so() -> None:
     # it said "needs a store (a path or a FeedbackStore) or an ensemble", though an ensemble was given
     no_store = FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
     for given in (no_store, no_store.ensemble):
-        with pytest.raises(ValidationError, match="the ensemble has no feedback store"):
+        with pytest.raises(NoStoreError, match="the ensemble has no feedback store"):
             FeedbackCallbackHandler(ensemble=given)
-        with pytest.raises(ValidationError, match="the ensemble has no feedback store"):
+        with pytest.raises(NoStoreError, match="the ensemble has no feedback store"):
             FeedbackCallbackHandler.from_ensemble(given)
         # with a store of the handler's own it was taken: feedback on its retrievals was stored and taught it
         # nothing (they are logged in no store its learner reads)
-        with pytest.raises(ValidationError, match="the ensemble has no feedback store"):
+        with pytest.raises(NoStoreError, match="the ensemble has no feedback store"):
             FeedbackCallbackHandler(FeedbackStore(), ensemble=given)
     with pytest.raises(ValidationError, match="needs a store"):
         FeedbackCallbackHandler()

@@ -16,7 +16,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 
 import langchain_rlfb
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, document_to_chunk
-from rlfb import DuplicateIdError, FeedbackEnsemble, UnknownEventError, ValidationError
+from rlfb import DuplicateIdError, FeedbackEnsemble, NoStoreError, UnknownEventError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.runs import content_id
 from rlfb.store import FeedbackStore
@@ -116,6 +116,8 @@ def test_from_texts_and_from_documents(tmp_path: Any) -> None:
     assert doc.id == "doc4" and doc.metadata["source"] == "kb"
     assert doc.metadata["event_id"] is None  # no store: nothing logged
     assert r2.ensemble.learner.policy_name == "thompson"
+    with pytest.raises(NoStoreError, match="the ensemble has no feedback store; build it with store="):
+        r2.feedback("run-1", "thumbs_up")
     fixed = FeedbackEnsembleRetriever.from_documents(documents, retrievers=("bm25",), policy="fixed")
     assert fixed.ensemble.learner.policy_name == "fixed"
 

@@ -18,7 +18,7 @@ from llama_index.core.instrumentation.dispatcher import instrument_tags
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from llamaindex_rlfb import EVENT_ID_KEY, FeedbackEnsembleRetriever, FeedbackEventHandler, FeedbackFusionPostprocessor
-from rlfb import ValidationError
+from rlfb import NoStoreError, ValidationError
 from rlfb.store import FeedbackStore
 
 BAD_COUNTS = [0, -2, 2.0, True, "2", None]
@@ -135,9 +135,9 @@ def test_handler_logs_a_score_beyond_float_range_as_no_score() -> None:
 def test_an_ensemble_without_a_store_is_refused_beside_a_handlers_own_store() -> None:
     # taken, feedback on its retrievals was stored in the handler's store and taught the ensemble nothing
     from llamaindex_rlfb import FeedbackEventHandler
-    from rlfb import FeedbackEnsemble, ValidationError
+    from rlfb import FeedbackEnsemble
     from rlfb.store import FeedbackStore
 
     no_store = FeedbackEnsemble.from_texts(["tides follow the moon", "the aurora glows"], retrievers=("bm25",))
-    with pytest.raises(ValidationError, match="the ensemble has no feedback store"):
+    with pytest.raises(NoStoreError, match="the ensemble has no feedback store"):
         FeedbackEventHandler(FeedbackStore(), ensemble=no_store)

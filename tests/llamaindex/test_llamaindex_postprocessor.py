@@ -12,7 +12,7 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import ImageNode, NodeWithScore, QueryBundle, TextNode
 
 from llamaindex_rlfb import EVENT_ID_KEY, METADATA_KEYS, FeedbackFusionPostprocessor
-from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
+from rlfb import EmptyCorpusError, FeedbackEnsemble, NoStoreError, ValidationError
 from rlfb.store import FeedbackStore
 
 from _li_corpus import IDS, TEXTS
@@ -299,7 +299,7 @@ def test_bad_construction(make_ensemble: Any, nodes: list[TextNode]) -> None:
         FeedbackFusionPostprocessor(nodes=nodes, docstore=object(), retrievers=("bm25",))
     with pytest.raises(ValidationError, match="pass nothing else"):
         FeedbackFusionPostprocessor(ensemble=make_ensemble(), nodes=nodes)
-    with pytest.raises(ValidationError, match="no feedback store"):
+    with pytest.raises(NoStoreError, match="no feedback store"):
         no_store = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
         FeedbackFusionPostprocessor.from_ensemble(no_store)
     with pytest.raises(EmptyCorpusError):

@@ -14,7 +14,7 @@ from llama_index.core.schema import QueryBundle, TextNode
 from llama_index.core.storage.docstore import SimpleDocumentStore
 
 from llamaindex_rlfb import EVENT_ID_KEY, FeedbackEnsembleRetriever, FeedbackRetrievalEvent
-from rlfb import EmptyCorpusError, FeedbackEnsemble, ValidationError
+from rlfb import EmptyCorpusError, FeedbackEnsemble, NoStoreError, ValidationError
 
 from _li_corpus import IDS, TEXTS
 from _threads import Gate, cancel_inside
@@ -81,7 +81,7 @@ def test_exactly_one_source(nodes: list[TextNode], index: Any) -> None:
         FeedbackEnsembleRetriever.from_defaults(docstore=SimpleDocumentStore())
     with pytest.raises(ValidationError, match="similarity_top_k"):
         FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), similarity_top_k=0)
-    with pytest.raises(ValidationError, match="no feedback store"):
+    with pytest.raises(NoStoreError, match="no feedback store"):
         FeedbackEnsembleRetriever(FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",)))
 
 
