@@ -22,7 +22,6 @@ The signal names are aliases the :class:`rlfb.reward.RewardFunction` knows, so
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ import numpy as np
 from rlfb.errors import UnknownChunkError, ValidationError
 from rlfb.features import HAN
 from rlfb.reward import finite_float
+from rlfb.store.codec import query_hash  # the hash a store that keeps no text keeps
 
 __all__ = ["ImplicitSignals", "InferredSignal", "DEFAULT_STOPWORDS", "tokenize", "infer_at"]
 
@@ -294,7 +294,7 @@ class ImplicitSignals:
                             f"({measure} {score:.2f}, threshold {threshold:g})",
                         )
                     )
-            elif previous_event.get("query_hash") == _sha256(query):
+            elif previous_event.get("query_hash") == query_hash(query):
                 out.append(
                     InferredSignal(event_id, "reformulation", reason="follow-up repeats the query (hash)")
                 )
@@ -331,10 +331,6 @@ def _check_text(text: Any, name: str) -> str:
     if not isinstance(text, str):
         raise ValidationError(f"{name} must be a str, got {type(text).__name__}")
     return text
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def infer_at(implicit: Any, previous_event: Mapping[str, Any], query: str | None, *, at: float | None,
