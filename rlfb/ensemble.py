@@ -27,7 +27,6 @@ import inspect
 import math
 import threading
 import time
-import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -264,13 +263,19 @@ class FeedbackEnsemble:
         *,
         show_progress: bool = False,
     ) -> list[str]:
-        """:meth:`add_chunks` from raw texts; ``ids`` default to new random ones (uuid4 hex)."""
+        """:meth:`add_chunks` from raw texts; ``ids`` default to a hash of each text, as :meth:`from_texts` gives
+        them (:func:`rlfb.types.content_ids`), so a text added again is the chunk it was, not a second copy, and a
+        corpus built again with :meth:`from_texts` finds what was learned about it (until 2026-12-05 they were
+        random).
+
+        >>> ens = FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",))
+        >>> ens.add_texts(["geysers erupt"]) == ens.add_texts(["geysers erupt"]), len(ens)
+        (True, 2)
+        """
         if not isinstance(texts, str):
             texts = list(texts)  # a generator is read once, for the ids and the chunks alike
             if not texts and (ids is None or len(ids) == 0) and (metadatas is None or len(metadatas) == 0):
                 return []  # nothing to index, as add_chunks([]); ids without texts fail in make_chunks
-        if ids is None and not isinstance(texts, str):
-            ids = [uuid.uuid4().hex for _ in texts]
         return self.add_chunks(make_chunks(texts, ids, metadatas), show_progress=show_progress)
 
     def delete_chunks(self, chunk_ids: Iterable[str], *, show_progress: bool = False) -> None:

@@ -197,6 +197,10 @@ def test_add_texts_of_nothing_or_a_generator() -> None:
     assert ens.add_texts([]) == []
     ids = ens.add_texts(t for t in ["glaciers carve valleys", "comets have tails"])  # read once, ids included
     assert len(ids) == 2 and len(ens) == len(TEXTS) + 2
+    # ids are the texts' hashes, as from_texts gives them: a text added again is the same chunk, and a corpus
+    # built again from its texts finds what was learned under those ids (random ids orphaned it)
+    assert ens.add_texts(["comets have tails"]) == ids[1:] and len(ens) == len(TEXTS) + 2
+    assert ids == [c.id for c in make_chunks(["glaciers carve valleys", "comets have tails"])]
 
 
 def test_bm25_scores_stay_float_after_a_delete() -> None:
