@@ -198,3 +198,21 @@ def test_embedding_strs_score_a_members_chunks_as_the_pooled_ones() -> None:
         want = (np.mean([dense.score(s, [cid])[0] for s in strs]) if cid != "out"
                 else np.mean([dense.score_texts(s, ["the sea rises"])[0] for s in strs]))
         assert ctx.raw[i, col] == pytest.approx(want), cid
+
+
+def test_a_retrieval_no_feedback_can_reach_is_not_explored(tmp_path) -> None:
+    # an ensemble without a store (or log=False) explored all the same: the top chunk changed in about half of
+    # the calls, and thompson showed a sampled weight arm, for a reader whose feedback could teach nothing
+    words = "apple banana cherry date elder fig grape honey iris jade kiwi lemon mango".split()
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(words, size=8)) for _ in range(60)]
+    for store in (None, tmp_path / "fb.db"):
+        ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), policy="thompson", fusion="rrf", store=store)
+        greedy = ens.retrieve("apple banana cherry", k=10, explore=False, log=False)
+        unlogged = [ens.retrieve("apple banana cherry", k=10, log=store is None) for _ in range(30)]
+        assert all(r.chunk_ids == greedy.chunk_ids and not r.explored for r in unlogged)
+        assert all(r.weights == greedy.weights for r in unlogged)
+        if store is not None:  # logged, the same retrieval explores
+            logged = [ens.retrieve("apple banana cherry", k=10) for _ in range(30)]
+            assert any(r.explored for r in logged) and any(r.chunk_ids != greedy.chunk_ids for r in logged)
+        ens.close()

@@ -152,3 +152,22 @@ def test_runs_of_one_collection_with_other_settings_are_refused(tmp_path: Path, 
     done = table(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "**gradient**" in done.stdout and "**thompson**" in done.stdout
+
+
+def test_a_held_out_split_some_seeds_lack_is_named_not_tabled(tmp_path: Path, output: dict) -> None:
+    # cisi's "sharing none": one query of one seed of five printed as a row of zeros the README says is not there
+    result = json.loads(json.dumps(output))
+    result["config"]["seeds"] = [0, 1, 2, 3, 4]
+    none = result["heldout_overlap"]["shares_none"]
+    none["queries"] = 0.2
+    for name, figure in none.items():
+        if name != "queries":
+            figure.update({"mean": 0.0, "ci95": [None, None], "n": 1})
+    for figure in result["heldout_overlap"]["shares_an_answer"].values():
+        if isinstance(figure, dict):
+            figure["n"] = 5
+    write(tmp_path / "cisi_thompson.json", result, policy="thompson")
+    done = table(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "| cisi | sharing none |" not in done.stdout and "| cisi | sharing a relevant" in done.stdout
+    assert "cisi, sharing none: such queries in 1 of 5 seeds (0.2 a seed on average), not a row" in done.stdout
