@@ -40,10 +40,12 @@ def pool_rows(
     ids = [table.ids[int(r)] for r in rows]
     raw = np.stack([s[rows] for s in full], axis=1) if full else np.zeros((len(rows), 0))
     ranks = np.zeros_like(raw)
-    proposed = np.zeros(raw.shape, dtype=bool)  # in the retriever's own top list (a pool of depth k)
+    proposed = np.zeros(raw.shape, dtype=bool)  # in the retriever's own top list (a pool of depth k), scored
     for j, (s, top) in enumerate(zip(full, tops, strict=True)):
         at = np.searchsorted(rows, top)  # rows is sorted, so this finds each top row
-        proposed[at, j] = True
+        # a chunk scored 0 (for BM25 and SPLADE, no term in common) fills a top list longer than the matches:
+        # its retriever did not propose it
+        proposed[at, j] = s[top] != 0
         # the 1-based rank inside the retriever's own top list, then candidates below that list in
         # their order after it; tied scores share a rank (BM25's zeros are not ranked by corpus position)
         outside = np.setdiff1d(np.arange(len(rows)), at, assume_unique=True)

@@ -60,7 +60,8 @@ class Hit:
     ``scores`` holds each retriever's raw score, ``normalized`` the score after
     the fusion's normalisation, ``score`` the fused score and ``rank`` the
     1-based position. ``proposed_by`` names the retrievers whose own top list
-    contained the chunk; the others only scored it.
+    contained the chunk with a score other than 0; the others only scored it
+    (BM25 and SPLADE fill a top list longer than their matches with chunks they score 0).
     """
 
     chunk_id: str

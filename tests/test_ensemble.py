@@ -216,3 +216,12 @@ def test_a_retrieval_no_feedback_can_reach_is_not_explored(tmp_path) -> None:
             logged = [ens.retrieve("apple banana cherry", k=10) for _ in range(30)]
             assert any(r.explored for r in logged) and any(r.chunk_ids != greedy.chunk_ids for r in logged)
         ens.close()
+
+
+def test_a_chunk_bm25_scored_zero_is_not_proposed_by_it() -> None:
+    # BM25's top list pads with chunks sharing no word with the question; they were logged as proposed by it
+    texts = ["the aurora glows green over the pole"] + [f"note {i} on tides and volcanoes" for i in range(20)]
+    ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",))
+    hits = ens.retrieve("aurora", k=5).hits
+    assert hits[0].proposed_by == ("bm25",) and hits[0].scores["bm25"] > 0
+    assert all(h.proposed_by == () and h.scores["bm25"] == 0 for h in hits[1:])
