@@ -74,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Bad input (an rlfb error), an unreadable or unwritable path (``OSError``) and a file that is
     not an SQLite database end with one ``rlfb: error: ...`` line, never a traceback. A reader
-    that closes the output pipe early (``| head``) is not an error.
+    that closes the output pipe early (``| head``) is not an error; Ctrl-C ends with ``rlfb: interrupted``
+    and status 130.
     """
     import sqlite3
 
@@ -91,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         reader_gone()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: the outputs are written whole or not at all, so one line says it all
+        print("rlfb: interrupted", file=sys.stderr)
+        return 130
     except (RlfbError, OSError, sqlite3.DatabaseError) as exc:
         print(f"rlfb: error: {describe_error(exc)}", file=sys.stderr)
         return 2

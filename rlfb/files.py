@@ -68,12 +68,34 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:
     The new file is created with mode 0o666, narrowed by the umask, as ``open()`` would make it (mkstemp's
     0o600 left every output readable by its owner alone, and reading the umask means setting it, process-wide);
     over an existing file it takes that file's mode. Its name is unique, so two writers to one target never
-    share it. On any error it is removed and ``path`` is left as it was.
+    share it, and short, so that any name the file system takes can be written. On any error it is removed and
+    ``path`` is left as it was; an ``OSError`` of the write names ``path``.
+
+    A symbolic link is written through: the file it names is replaced, not the link. Something that is not a
+    regular file (a named pipe, ``/dev/stdout``, a terminal, ``/dev/null``) is written to directly, as
+    ``open()`` would: renamed over, it was replaced by a file, and a pipe's reader got nothing.
     """
     target = Path(path)
     if target.is_dir():  # renamed over, a bare IsADirectoryError (the CLI named it; the library did not)
         raise ValidationError(f"{target} is a directory, not a file to write")
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        mode: int | None = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    try:
+        if mode is not None and not stat.S_ISREG(mode):
+            with open(target, "wb") as fh:
+                return write(fh)
+        real = Path(os.path.realpath(target)) if target.is_symlink() else target
+        return _write_beside(real, write)
+    except OSError as exc:
+        if exc.filename is None and exc.strerror:  # a full disk, a size limit: say which file
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
+        raise
+
+
+def _write_beside(target: Path, write: Callable[[BinaryIO], T]) -> T:
+    tmp = target.parent / f".rlfb-{uuid.uuid4().hex[:16]}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:

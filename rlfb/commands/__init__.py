@@ -7,14 +7,15 @@ import errno
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, redirect_stdout, suppress
 from pathlib import Path
+from typing import TextIO
 
 from rlfb.files import refuse_overwriting_store, same_file
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
            "refuse_overwriting_store", "refuse_empty_store", "check_int", "check_output_name",
-           "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter"]
+           "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT", "report_beside"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -90,13 +91,34 @@ def parent_made(file: str | Path) -> Iterator[Path]:
         raise
 
 
-def write_output(file: str | Path, text: str) -> None:
+#: An output file named so is stdout, as in ``store export --jsonl -`` (``simulate --json -`` wrote a file named "-").
+STDOUT = "-"
+
+
+def write_output(file: str | Path, text: str, *, stdout: TextIO | None = None) -> None:
     """Write ``text`` to output ``file`` whole or not at all, making its folder first (and removing the
-    folders made if the write fails)."""
+    folders made if the write fails); :data:`STDOUT` (``-``) writes it to ``stdout`` (default ``sys.stdout``)."""
     from rlfb.files import write_text_atomically
 
+    if str(file) == STDOUT:
+        out = sys.stdout if stdout is None else stdout
+        out.write(text + "\n")
+        out.flush()
+        return
     with parent_made(file) as path:
         write_text_atomically(path, text)
+
+
+@contextmanager
+def report_beside(json_out: str | None) -> Iterator[TextIO]:
+    """Yield the stream a command's JSON goes to when ``--json`` is :data:`STDOUT`; meanwhile its report (what it
+    prints) goes to stderr, so that stdout holds the JSON alone. Otherwise nothing changes."""
+    out = sys.stdout
+    if json_out != STDOUT:
+        yield out
+        return
+    with redirect_stdout(sys.stderr):
+        yield out
 
 
 def refuse_empty_store(path: str | Path) -> None:

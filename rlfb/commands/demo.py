@@ -32,13 +32,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import check_int, prepare_output_dir, prepare_output_file, require_matplotlib, show_progress
+    from rlfb.commands import (
+        check_int,
+        check_output_name,
+        prepare_output_dir,
+        prepare_output_file,
+        require_matplotlib,
+        show_progress,
+    )
     from rlfb.commands.simulate import print_table
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.files import write_text_atomically
     from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
 
+    check_output_name("--out", args.out)  # '' was the current folder, written over without a word
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
     check_int("--devices", args.devices, 2, MAX_DEVICES)  # one (function, material) pair each, and another
     require_matplotlib("rlfb demo")  # it ends with the plot: fail now, not after the simulation

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=10, help="cut-off shown for nDCG, MRR and P (Recall uses 100)")
     p.add_argument("--candidate-k", type=int, default=100,
                    help="each retriever's candidates for the fusion: the fused run ranks their pool")
-    p.add_argument("--json", dest="json_out", default=None, help="write the metrics here, keyed by run name")
+    p.add_argument("--json", dest="json_out", default=None,
+                   help="write the metrics here, keyed by run name; - writes them to stdout (the report to stderr)")
     p.set_defaults(func=run)
 
 
@@ -52,7 +53,7 @@ def check_retriever_names(names: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import check_int, check_output_name, prepare_output_file, write_output
+    from rlfb.commands import STDOUT, check_int, check_output_name, prepare_output_file, report_beside, write_output
     from rlfb.datasets import find_dataset, load_beir
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.files import refuse_overwriting_dataset
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     check_retriever_names(names)
     weights = parse_weights(args.weights, names)
     check_output_name("--json", args.json_out)
-    if args.json_out:  # a bad output path fails now, not after indexing and evaluation
+    if args.json_out and args.json_out != STDOUT:  # a bad output path fails now, not after indexing and evaluation
         prepare_output_file(args.json_out)
         refuse_overwriting_dataset(args.json_out, find_dataset(args.dataset), "--json")
     data = load_beir(find_dataset(args.dataset))
@@ -89,11 +90,12 @@ def run(args: argparse.Namespace) -> int:
     measures = (("ndcg", k), ("mrr", k), ("p", k), ("recall", 100))
     results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=show_progress(False), k=k)
     cols = [f"{m}@{c}" for m, c in measures]
-    print(f"{data.name} / {args.split}: {len(queries)} queries, {len(data.corpus)} documents, "
-          f"fusion={args.fusion}, weights={ens.weights}")
-    print(f"{'run':<10}" + "".join(f"{c:>12}" for c in cols))
-    for name, metrics in results.items():
-        print(f"{name:<10}" + "".join(f"{metrics[c]:>12.4f}" for c in cols))
+    with report_beside(args.json_out) as stdout:  # with --json -, the report goes to stderr
+        print(f"{data.name} / {args.split}: {len(queries)} queries, {len(data.corpus)} documents, "
+              f"fusion={args.fusion}, weights={ens.weights}")
+        print(f"{'run':<10}" + "".join(f"{c:>12}" for c in cols))
+        for name, metrics in results.items():
+            print(f"{name:<10}" + "".join(f"{metrics[c]:>12.4f}" for c in cols))
     if args.json_out:
-        write_output(args.json_out, json.dumps(results, indent=2))
+        write_output(args.json_out, json.dumps(results, indent=2), stdout=stdout)
     return 0

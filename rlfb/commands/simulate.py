@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rlfb.commands import HelpFormatter, show_progress
 from rlfb.defaults import LEARNING_POLICY
@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(the value read as JSON, else as text); repeat for more")
     p.add_argument("--max-heldout", type=int, default=None,
                    help="evaluate at most this many held-out queries (default: all)")
-    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
+    p.add_argument("--json", dest="json_out", default=None,
+                   help="write the results as JSON to this file; - writes them to stdout (the report to stderr)")
     p.add_argument("--plot", default=None,
                    help="write the learning curves to this image file; its extension picks the format "
                         "(png, svg, pdf, ...); without one, .png is appended")
@@ -113,7 +114,7 @@ def plot_path(path: str) -> str:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Fail on a bad output path or option now, not after the simulation; ``args.plot`` becomes the real name."""
-    from rlfb.commands import check_int, check_output_name, prepare_output_file, same_file
+    from rlfb.commands import STDOUT, check_int, check_output_name, prepare_output_file, same_file
     from rlfb.datasets import find_dataset
     from rlfb.files import refuse_overwriting_dataset
 
@@ -126,11 +127,11 @@ def check_outputs(args: argparse.Namespace) -> None:
         # would append .png to it and write beside the folder
         prepare_output_file(args.plot)
         args.plot = plot_path(args.plot)
-    if args.json_out and args.plot and same_file(args.json_out, args.plot):
+    if args.json_out and args.json_out != STDOUT and args.plot and same_file(args.json_out, args.plot):
         raise ValidationError(f"--json and --plot name the same file {args.plot}: the plot would overwrite the JSON")
     dataset = None if args.dataset == "demo" else find_dataset(args.dataset)
     for option, out in (("--json", args.json_out), ("--plot", args.plot)):
-        if out:
+        if out and out != STDOUT:
             prepare_output_file(out)
             if dataset is not None:
                 refuse_overwriting_dataset(out, dataset, option)
@@ -159,10 +160,17 @@ def policy_options(given: list[str], flag: str = "--policy-option") -> dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlfb.commands import STDOUT, report_beside
+
+    check_outputs(args)
+    with report_beside(args.json_out) as stdout:  # with --json -, the report goes to stderr
+        return _run(args, stdout, to_stdout=args.json_out == STDOUT)
+
+
+def _run(args: argparse.Namespace, stdout: TextIO, *, to_stdout: bool) -> int:
     from rlfb.commands import make_parent, write_output
     from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
 
-    check_outputs(args)
     config = SimulationConfig(
         policy=args.policy, user=args.user, interactions=args.interactions, explicit_rate=args.explicit_rate,
         noise=args.noise, seeds=tuple(range(args.seeds)), checkpoints=args.checkpoints,
@@ -192,8 +200,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nindexing {t['index_seconds']:.1f}s, contexts {t['context_seconds']:.1f}s, "
           f"simulation {t['simulation_seconds']:.1f}s ({', '.join(f'{s:.1f}' for s in t['seconds_per_seed'])} s/seed)")
     if args.json_out:
-        write_output(args.json_out, json.dumps(result, indent=2))
-        print(f"wrote {args.json_out}")
+        write_output(args.json_out, json.dumps(result, indent=2), stdout=stdout)
+        if not to_stdout:
+            print(f"wrote {args.json_out}")
     if args.plot:
         try:
             plot_curves(result, str(make_parent(args.plot)))

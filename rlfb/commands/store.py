@@ -83,7 +83,8 @@ def _fail(message: str | BaseException) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """``store stats``."""
     days = args.window_days
-    if days is not None and not (math.isfinite(days) and days > 0):  # checked here to name the days given
+    # checked here to name the days given; 1e308 days is an infinite number of seconds
+    if days is not None and not (math.isfinite(days) and days > 0 and math.isfinite(days * 86400.0)):
         return _fail(f"--window-days must be a positive number of days, got {days:g}")
     try:
         with _open(args.file) as store:

@@ -81,11 +81,21 @@ def check_float(
 
 
 def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
-    """Return ``value`` as an int inside ``[lo, hi]``, or raise :class:`ValidationError`."""
+    """Return ``value`` as an int inside ``[lo, hi]``, or raise :class:`ValidationError`.
+
+    >>> check_int("replay_every", 0, 1)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: replay_every must be at least 1, got 0
+    """
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValidationError(f"{name} must be an integer, got {value!r}")
     v = int(value)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
+        if hi is None:  # "must be in [1, None]" named no bound
+            raise ValidationError(f"{name} must be at least {lo}, got {value!r}")
+        if lo is None:
+            raise ValidationError(f"{name} must be at most {hi}, got {value!r}")
         raise ValidationError(f"{name} must be in [{lo}, {hi}], got {value!r}")
     return v
 

@@ -30,6 +30,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -818,7 +819,8 @@ def iter_table(result: Mapping[str, Any]) -> Iterator[tuple[str, float | None, f
 
 
 def plot_curves(result: Mapping[str, Any], path: str) -> None:
-    """Learning curves (mean and 95% band over seeds) against the baselines' lines."""
+    """Learning curves (mean and 95% band over seeds) against the baselines' lines, written to ``path`` whole or
+    not at all (:func:`rlfb.files.write_atomically`), in the format its suffix names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -848,8 +850,14 @@ def plot_curves(result: Mapping[str, Any], path: str) -> None:
         ax.set_ylabel(f"nDCG@{k}")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from rlfb.files import write_atomically
+
+    # whole or not at all, as the JSON: saved in place, a full disk or Ctrl-C left a truncated image
+    fmt = Path(path).suffix[1:].lower() or None
+    try:
+        write_atomically(path, lambda fh: fig.savefig(fh, format=fmt, dpi=110))
+    finally:
+        plt.close(fig)
 
 
 def _num(value: float | None) -> float:

@@ -1,0 +1,115 @@
+"""Output files of the CLI, as a CLI audit (2026-12-05) found them: the plot written in place, a named pipe or
+``/dev/stdout`` replaced by a file, ``--json -`` writing a file named "-", a long legal name failing after the
+work, a full disk naming no file, Ctrl-C ending in a traceback, ``demo --out ''`` writing into the current folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from test_cli_boundaries import TINY, make_store, one_error_line, write_beir
+
+from rlfb.cli import main
+from rlfb.files import write_atomically, write_text_atomically
+
+
+def test_a_named_pipe_is_written_to_not_replaced(tmp_path: Path) -> None:
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_text_atomically(fifo, '{"a": 1}')
+    reader.join(timeout=30)
+    assert got == [b'{"a": 1}'] and fifo.is_fifo()
+
+
+def test_a_link_is_written_through_and_a_long_name_is_written(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_text_atomically(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+    long = tmp_path / ("a" * 245 + ".json")  # the temporary name took ~40 more characters than the file system's 255
+    write_text_atomically(long, "x")
+    assert long.read_text() == "x" and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    out.write_text("earlier")
+
+    def full(fh: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # as a full disk raises it: no file name
+
+    with pytest.raises(OSError, match="r.json") as caught:
+        write_atomically(out, full)
+    assert caught.value.errno == errno.ENOSPC and out.read_text() == "earlier"
+
+
+def test_a_plot_that_fails_part_way_leaves_the_earlier_one_whole(tmp_path: Path, capsys,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    data = write_beir(tmp_path / "beir")
+    plot = tmp_path / "p.png"
+    assert main(["simulate", "--dataset", str(data), *TINY, "--plot", str(plot)]) == 0
+    before = plot.read_bytes()
+
+    def savefig(self: Figure, fname: object, **kwargs: object) -> None:
+        fname.write(b"\x89PNG half an image")  # type: ignore[attr-defined]
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    capsys.readouterr()
+    assert main(["simulate", "--dataset", str(data), *TINY, "--plot", str(plot)]) == 2
+    assert str(plot) in capsys.readouterr().err and plot.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["simulate", "evaluate"])
+def test_json_dash_is_stdout_with_the_report_on_stderr(tmp_path: Path, capsys, command: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    data = write_beir(tmp_path / "beir")
+    monkeypatch.chdir(tmp_path)
+    extra = TINY if command == "simulate" else ["--retrievers", "bm25"]
+    assert main([command, "--dataset", str(data), "--json", "-", *extra]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)  # the JSON alone
+    assert ("final" in out) if command == "simulate" else ("fused" in out)
+    assert "nDCG" in captured.err or "ndcg" in captured.err
+    assert not (tmp_path / "-").exists()
+
+
+def test_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlfb.simulation.runner as runner
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "simulate", interrupted)
+    data = write_beir(tmp_path / "beir")
+    assert main(["simulate", "--dataset", str(data), *TINY]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "rlfb: interrupted"
+
+
+def test_demo_with_an_empty_out_is_refused(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--out", "", "--quiet"]) == 2
+    assert "--out needs a file name" in one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_messages_name_the_option_and_the_bound(tmp_path: Path, capsys) -> None:
+    db = make_store(tmp_path / "fb.db")
+    assert main(["store", "stats", str(db), "--window-days", "1e308"]) == 2  # "window must be finite, got inf"
+    assert "--window-days must be a positive number of days, got 1e+308" in one_error_line(capsys)
+    data = write_beir(tmp_path / "beir")
+    assert main(["simulate", "--dataset", str(data), *TINY, "--learner-option", "replay_every=0"]) == 2
+    assert "replay_every must be at least 1, got 0" in one_error_line(capsys)  # "must be in [1, None]"
