@@ -113,3 +113,33 @@ def test_messages_name_the_option_and_the_bound(tmp_path: Path, capsys) -> None:
     data = write_beir(tmp_path / "beir")
     assert main(["simulate", "--dataset", str(data), *TINY, "--learner-option", "replay_every=0"]) == 2
     assert "replay_every must be at least 1, got 0" in one_error_line(capsys)  # "must be in [1, None]"
+
+
+def test_a_store_that_cannot_be_written_is_inspected_from_a_copy(tmp_path: Path, capsys,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # a backup on a read-only mount: stats, weights and exports, which only read, failed as "read-only"
+    import rlfb.store
+    from rlfb.errors import ReadOnlyStoreError
+
+    db = make_store(tmp_path / "fb.db")
+    before = db.read_bytes()
+    real = rlfb.store.FeedbackStore
+
+    class ReadOnlyHere(real):  # root writes anywhere: the refusal SQLite gives a read-only mount, for this file
+        def __init__(self, path: object, *args: object, **kwargs: object) -> None:
+            if Path(str(path)) == db:
+                raise ReadOnlyStoreError(f"feedback store {db} is read-only: attempt to write a readonly database")
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(rlfb.store, "FeedbackStore", ReadOnlyHere)
+    assert main(["store", "stats", str(db)]) == 0
+    captured = capsys.readouterr()
+    assert f"store            {db}" in captured.out and "reading a copy" in captured.err
+    assert main(["weights", "show", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "gradient"
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 0
+    assert main(["weights", "export", str(db), str(tmp_path / "w.json")]) == 0
+    capsys.readouterr()
+    assert main(["weights", "import", str(db), str(tmp_path / "w.json")]) == 2  # a write is still refused
+    assert "read-only" in one_error_line(capsys)
+    assert db.read_bytes() == before

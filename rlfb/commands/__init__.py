@@ -9,13 +9,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout, suppress
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from rlfb.files import refuse_overwriting_store, same_file
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
            "refuse_overwriting_store", "refuse_empty_store", "check_int", "check_output_name",
-           "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT", "report_beside"]
+           "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT", "report_beside",
+           "store_for_reading"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -119,6 +120,38 @@ def report_beside(json_out: str | None) -> Iterator[TextIO]:
         return
     with redirect_stdout(sys.stderr):
         yield out
+
+
+@contextmanager
+def store_for_reading(path: str | Path) -> Iterator[Any]:
+    """The feedback store at ``path``, for a command that only reads it (``store stats``, ``store export``,
+    ``weights show``, ``weights export``). One that cannot be written (a read-only file, or a folder a WAL-mode
+    store cannot make its side files in: a backup on a read-only mount, a service account's store) is read from
+    a copy in a temporary folder, with a note on stderr; opening it writable was refused, so it could not be
+    looked at at all. The copy is named by the store's own path in what the command prints."""
+    import shutil
+    import tempfile
+
+    from rlfb.errors import ReadOnlyStoreError
+    from rlfb.store import FeedbackStore
+
+    try:
+        store = FeedbackStore(path)
+    except ReadOnlyStoreError:
+        store = None
+    if store is not None:
+        with store:
+            yield store
+        return
+    with tempfile.TemporaryDirectory(prefix="rlfb-read-") as tmp:
+        copy = Path(tmp) / "store.db"
+        shutil.copyfile(path, copy)
+        if Path(f"{path}-wal").is_file():  # what was written since the last checkpoint
+            shutil.copyfile(f"{path}-wal", f"{copy}-wal")
+        print(f"rlfb: note: {path} cannot be written: reading a copy of it", file=sys.stderr)
+        with FeedbackStore(copy) as store:
+            store.path = store._tx.path = str(path)  # errors and reports name the store, not the copy
+            yield store
 
 
 def refuse_empty_store(path: str | Path) -> None:

@@ -62,14 +62,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return store
 
 
-def _open(path: str) -> Any:
-    from rlfb.commands import refuse_empty_store
+def _open(path: str, *, reading: bool = True) -> Any:
+    """The store at ``path``; where the command only reads it (``reading``), one that cannot be written is read
+    from a copy (:func:`rlfb.commands.store_for_reading`)."""
+    from rlfb.commands import refuse_empty_store, store_for_reading
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no feedback store at {path}")  # as `rlfb weights` words it
     refuse_empty_store(path)
-    return FeedbackStore(path)
+    return store_for_reading(path) if reading else FeedbackStore(path)
 
 
 def _fail(message: str | BaseException) -> int:
@@ -143,7 +145,7 @@ def cmd_drop_snapshot(args: argparse.Namespace) -> int:
         return _fail(f"VERSION must be a snapshot's version, a whole number, got {args.version!r}")
     version = int(args.version)
     try:
-        with _open(args.file) as store:
+        with _open(args.file, reading=False) as store:
             dropped = store.drop_snapshot(version)
             left = store.state_version()
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError) as exc:

@@ -31,11 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 @contextmanager
-def _open(path: str) -> Iterator[Any]:
-    """The feedback store at ``path``; a file that is not one raises :class:`CorruptStateError` naming it."""
+def _open(path: str, *, reading: bool = True) -> Iterator[Any]:
+    """The feedback store at ``path`` (one that cannot be written is read from a copy where the command only
+    reads, ``reading``); a file that is not one raises :class:`CorruptStateError` naming it."""
     import sqlite3
 
-    from rlfb.commands import refuse_empty_store
+    from rlfb.commands import refuse_empty_store, store_for_reading
     from rlfb.errors import CorruptStateError, RlfbError, ValidationError
     from rlfb.store import FeedbackStore
 
@@ -43,7 +44,7 @@ def _open(path: str) -> Iterator[Any]:
         raise ValidationError(f"no feedback store at {path}")
     refuse_empty_store(path)
     try:
-        with FeedbackStore(path) as store:
+        with store_for_reading(path) if reading else FeedbackStore(path) as store:
             yield store
     except RlfbError:  # already named: a busy store (StoreBusyError) is not a damaged one
         raise
@@ -87,7 +88,7 @@ def run_import(args: argparse.Namespace) -> int:
     from rlfb.weight_config import import_weights, read_weights_file
 
     weights_file = read_weights_file(args.file)  # a bad file is refused before the store is opened (and migrated)
-    with _open(args.store) as store:
+    with _open(args.store, reading=False) as store:
         out = import_weights(store, weights_file)
     for note in out["notes"]:  # on stderr, so that stdout stays the one result line
         print(f"rlfb: note: {note}", file=sys.stderr)
