@@ -143,3 +143,21 @@ def test_a_store_that_cannot_be_written_is_inspected_from_a_copy(tmp_path: Path,
     assert main(["weights", "import", str(db), str(tmp_path / "w.json")]) == 2  # a write is still refused
     assert "read-only" in one_error_line(capsys)
     assert db.read_bytes() == before
+
+
+def test_an_export_that_meets_a_damaged_row_names_the_store_the_column_and_the_event(tmp_path: Path,
+                                                                                   capsys) -> None:
+    import sqlite3
+
+    from rlfb import FeedbackEnsemble
+
+    db = tmp_path / "fb.db"
+    with FeedbackEnsemble.from_texts(["tides follow the moon", "lava and ash"], retrievers=("bm25",),
+                                     store=db) as ens:
+        event_id = ens.retrieve("tides", k=2).event_id
+    with sqlite3.connect(db) as conn:  # damaged outside rlfb
+        conn.execute("UPDATE event_chunks SET scores = '{' WHERE rank = 1")
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 2
+    line = one_error_line(capsys)
+    assert f"cannot export {db}" in line and "event_chunks.scores of chunk" in line and event_id in line
+    assert not (tmp_path / "out.jsonl").exists()

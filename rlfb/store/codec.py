@@ -109,14 +109,22 @@ def _check_str_keys(obj: Any, name: str) -> None:
             stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(o))
 
 
-def _loads(s: Any) -> Any:
-    """A JSON column's value; a column damaged outside rlfb is a :class:`CorruptStateError`, not a raw error."""
+def _loads(s: Any, where: str = "") -> Any:
+    """A JSON column's value; a column damaged outside rlfb is a :class:`CorruptStateError`, not a raw error,
+    naming ``where`` it is (``events.metadata of event 'e1'``).
+
+    >>> _loads('[1', "events.metadata of event 'e1'")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.CorruptStateError: a stored JSON column is damaged (events.metadata of event 'e1'): JSONDecodeError(...)
+    """
     if s is None:
         return None
     try:
         return json.loads(_dec(s))
     except (ValueError, TypeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise CorruptStateError(f"a stored JSON column is damaged: {exc!r}"[:300]) from exc
+        at = f" ({where})" if where else ""
+        raise CorruptStateError(f"a stored JSON column is damaged{at}: {exc!r}"[:400]) from exc
 
 
 def _jsonl(obj: Any) -> bytes:

@@ -105,7 +105,10 @@ _DECISION_KEYS = frozenset({"weights", "arm", "propensity", "explored", "policy"
 
 
 def _event_dict(r: Mapping[str, Any]) -> dict[str, Any]:
-    weights = _loads(r["weights"])
+    def column(name: str) -> Any:  # a damaged one names itself and its event
+        return _loads(r[name], f"events.{name} of event {_dec(r['id'])!r:.80}")
+
+    weights = column("weights")
     d = {
         "id": _dec(r["id"]),
         "event_id": _dec(r["id"]),
@@ -116,14 +119,14 @@ def _event_dict(r: Mapping[str, Any]) -> dict[str, Any]:
         "session_id": _dec(r["session_id"]),
         "parent_id": _dec(r["parent_id"]),
         "query_type": _dec(r["query_type"]),
-        "features": _loads(r["features"]) or {},
+        "features": column("features") or {},
         "weights": weights,
         "retrievers": list(weights),
         "arm": _dec(r["arm"]),
         "policy": _dec(r["policy"]),
         "explored": bool(r["explored"]),
         "propensity": r["propensity"],
-        "metadata": _loads(r["metadata"]),
+        "metadata": column("metadata"),
         "n_chunks": r["n_chunks"],
         "created_at": r["created_at"],
         "sampling_temperature": r["sampling_temperature"],
@@ -135,13 +138,17 @@ def _event_dict(r: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _chunk_dict(c: Mapping[str, Any]) -> dict[str, Any]:
+    def column(name: str) -> Any:  # a damaged one names itself, its chunk and its event
+        where = f"event_chunks.{name} of chunk {_dec(c['chunk_id'])!r:.80}"
+        return _loads(c[name], where + (f" of event {_dec(c['event_id'])!r:.80}" if "event_id" in c.keys() else ""))
+
     return {
         "chunk_id": _dec(c["chunk_id"]),
         "rank": c["rank"],
         "score": c["score"],
-        "scores": _loads(c["scores"]),
-        "normalized": _loads(c["normalized"]),
-        "proposed_by": _loads(c["proposed_by"]),
+        "scores": column("scores"),
+        "normalized": column("normalized"),
+        "proposed_by": column("proposed_by"),
         "used": bool(c["used"]),
     }
 

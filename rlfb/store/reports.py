@@ -275,9 +275,12 @@ def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
             refuse_overwriting_store(path, store.path)
     if hasattr(path, "write"):
         n = 0
-        for row in store.export_rows():
-            path.write(_jsonl(row))  # type: ignore[union-attr]
-            n += 1
+        try:
+            for row in store.export_rows():
+                path.write(_jsonl(row))  # type: ignore[union-attr]
+                n += 1
+        except CorruptStateError as exc:  # a row damaged outside rlfb: say in which store
+            raise CorruptStateError(f"cannot export {store.path}: {exc}") from exc
         return n
     # whole or not at all: a failure part way leaves an earlier export as it was
     return write_atomically(Path(path), lambda fh: export_jsonl(store, fh))  # type: ignore[arg-type]
