@@ -78,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     and status 130.
     """
     import sqlite3
+    import warnings
 
     from rlfb.errors import RlfbError
 
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stdout = sys.stdout
     sys.stdout = _ReaderMayGo(stdout)  # a report cut short by `| head` must not cut the files' writing short
+    shown = warnings.showwarning
+    warnings.showwarning = _warning_line
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # `rlfb ... --json | head`: the reader has what it wanted
@@ -100,6 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         sys.stdout = stdout
+        warnings.showwarning = shown
+
+
+def _warning_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning as one ``rlfb: warning: ...`` line (a damaged embedding cache, say), not Python's two lines
+    with the source line of the library that warned."""
+    print(f"rlfb: warning: {' '.join(str(message).split())}", file=sys.stderr if file is None else file)
 
 
 class _ReaderMayGo:

@@ -161,3 +161,17 @@ def test_an_export_that_meets_a_damaged_row_names_the_store_the_column_and_the_e
     line = one_error_line(capsys)
     assert f"cannot export {db}" in line and "event_chunks.scores of chunk" in line and event_id in line
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_warning_is_one_line(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a damaged embedding cache warned in Python's two lines, with the library's source line
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "embeddings.sqlite").write_bytes(b"not a database at all" * 50)
+    monkeypatch.setenv("RLFB_CACHE_DIR", str(cache))
+    data = write_beir(tmp_path / "beir")
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25,dense"]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "embedding cache" in line or "embeddings.sqlite" in line]
+    assert warned and all(line.startswith("rlfb: warning: ") for line in warned), err
+    assert "conn = " not in err
