@@ -182,3 +182,15 @@ def test_forgotten_questions_keep_their_share_of_the_variance() -> None:
     assert ev.n_queries == 3
     adv, var = ev.posterior()
     assert adv[1] == pytest.approx(0.05) and np.isfinite(var[1]) and var[1] > 0
+
+
+def test_forgetting_the_past_alike_leaves_the_variance_of_the_advantage_as_it_was() -> None:
+    # a forgotten question's share of the variance decayed by the decay, not its square as the kept questions'
+    # squared residuals do: after every forgetting step the forgotten questions weighed more than the kept ones
+    ev = ClickEvidence(2, max_queries=2)
+    for query, utility in (("q1", [0.5, 1.0]), ("q2", [0.5, 0.0]), ("q3", [0.5, 0.7])):
+        ev.update(np.array(utility), query, 1.0, 1.0)
+    assert ev.n_queries == 2 and ev.state_dict()["gone"][1] > 0  # q1 was forgotten, its share kept
+    adv, var = (x.copy() for x in ev.posterior())
+    ev.update(np.array([0.5, 0.9]), "q3", 0.0, 0.5)  # the past halved, nothing new
+    assert ev.posterior()[0].tolist() == adv.tolist() and ev.posterior()[1].tolist() == var.tolist()

@@ -16,7 +16,7 @@ from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.exploration import EpsilonGreedyExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
 from rlfb.memory import FeedbackMemory, normalize_query
-from rlfb.policies._util import chunk_evidence
+from rlfb.policies._util import chunk_evidence, shared_credit
 from rlfb.policies.base import Decision, Episode
 from rlfb.replay import PrioritizedReplay, episode_from_dict, episode_to_dict
 
@@ -44,6 +44,11 @@ def test_chunk_evidence_reads_clicks_skips_and_abandonment():
     assert chunk_evidence(np.array([-1.0, 0.0, 1.0]), 0.0, 0.2, 0.1).tolist() == [-1.0, -0.2, 1.0]
 
 
+def test_praise_of_a_whole_answer_is_shared_but_a_skip_beside_it_stays_whole():
+    # every non-zero evidence was divided: a skipped chunk beside a thumbs up on two others counted -0.1, not -0.2
+    assert shared_credit(np.array([-0.2, 1.0, 1.0]), np.array([0.0, 1.0, 1.0])).tolist() == [-0.2, 0.5, 0.5]
+
+
 # ---------------------------------------------------------------------------- confidence
 
 
@@ -63,6 +68,13 @@ def test_confidence_updates_are_small_and_bounded():
     c2 = ChunkConfidence(learning_rate=0.02)
     c2.update(["x"], [0.5], [0.5])
     assert c2.confidence(["x"])[0] == pytest.approx(5.0 + 0.5 * 0.02 * 0.5)
+
+
+def test_confidence_relevance_outside_zero_to_one_counts_as_its_bound():
+    # relevance was not clipped: a relevance of 3 tripled the step and a negative one turned praise into blame
+    conf = ChunkConfidence(learning_rate=0.02)
+    conf.update(["x", "y"], [1.0, 1.0], [3.0, -1.0])
+    assert conf.confidence(["x", "y"]).tolist() == [5.0 + 0.02, 5.0]
 
 
 @pytest.mark.parametrize("lr", [0.0, 0.009, 0.051, 1.0, float("nan")])
@@ -324,6 +336,46 @@ def test_bad_memory_settings_raise(kwargs):
         FeedbackMemory(**kwargs)
 
 
+def test_negative_evidence_on_a_chunk_stops_at_minus_max_value():
+    # only the positive side was capped: thirty thumbs down left the chunk at -30, six times as far from neutral
+    # as any amount of praise (+5) could take it
+    mem = FeedbackMemory()
+    for _ in range(30):
+        mem.update("tides", None, ["c1"], [-1.0])
+    assert mem.known("tides") == {"c1": -5.0}
+
+
+def test_the_transfer_gate_opens_only_as_far_as_the_lower_bound_of_its_agreement_allows():
+    # the gate used the agreement rate itself: two agreeing observations (3/4 with the prior) opened it fully
+    mem = FeedbackMemory()
+    state = mem.state_dict()
+    state["gate_counts"] = [2.0, 0.0]
+    phat = 3 / 4
+    lcb = phat - math.sqrt(phat * (1 - phat) / 4)
+    assert FeedbackMemory().load_state_dict(state).gate() == pytest.approx((lcb - 0.5) / 0.25)
+
+
+def test_a_long_helpful_history_does_not_keep_the_gate_open_once_transfer_misleads():
+    # the agreement count did not decay: 2000 helpful paraphrases outweighed for good the 1000 misleading ones
+    # that followed, and the gate stayed open on transfer that now pointed at the wrong chunks
+    rng = np.random.default_rng(0)
+    mem = FeedbackMemory(similarity_threshold=0.8)
+
+    def feed(n: int, helpful: bool, tag: str) -> None:
+        for i in range(n):
+            base = _unit(rng.normal(size=8))
+            para = _unit(base + 0.1 * rng.normal(size=8))
+            good, bad = f"good{tag}{i}", f"bad{tag}{i}"
+            mem.update(f"q{tag}{i}", base, [bad, good], [-0.2, 0.4])
+            clicked, skipped = (good, bad) if helpful else (bad, good)
+            mem.update(f"p{tag}{i}", para, [skipped, clicked], [-0.2, 0.4])
+
+    feed(2000, True, "h")
+    assert mem.gate() == 1.0
+    feed(1000, False, "m")
+    assert mem.gate() == 0.0
+
+
 # ---------------------------------------------------------------------------- replay
 
 
@@ -560,6 +612,28 @@ def test_a_replay_state_of_more_episodes_than_the_capacity_keeps_the_newest():
     assert len(small) == 1 and small.held()[0][0][0].event_id == buf.held()[0][-1][0].event_id
 
 
+def test_a_saved_replay_keeps_its_newest_episodes():
+    # the oldest `persist` were written: a reloaded learner replayed its stalest feedback and lost the latest
+    buf = PrioritizedReplay(capacity=10, persist=2)
+    for i in range(5):
+        buf.add(_ep(f"e{i}", 0.5))
+    state = json.loads(json.dumps(buf.state_dict()))
+    assert state["episodes"]["event_ids"] == ["e3", "e4"]
+    back = PrioritizedReplay(capacity=10).load_state_dict(state)
+    assert [e.event_id for e, _, _ in back.held()[0]] == ["e3", "e4"] and back.held()[1] == 5
+
+
+def test_a_saved_replay_entry_numbered_at_the_buffers_count_is_refused():
+    # the check allowed an entry numbered at the count itself (one added after it), and its age came out as -1
+    buf = PrioritizedReplay(capacity=10)
+    buf.add(_ep("e0", 0.5))
+    state = json.loads(json.dumps(buf.state_dict()))
+    assert state["added"] == 1 and state["episodes"]["added"] == [0]
+    state["episodes"]["added"] = [1]
+    with pytest.raises(CorruptStateError):
+        PrioritizedReplay(capacity=10).load_state_dict(state)
+
+
 def test_a_number_beyond_float_range_in_a_saved_part_is_a_named_error():
     mem = FeedbackMemory()
     mem.update("tides", None, ["c1"], [0.4])
@@ -691,6 +765,15 @@ def test_thompson_chunk_exploration_moves_uncertain_chunks():
     assert moved > 25 and still == 0
     res = ex.explore(ranked, 5, fused=fused, alpha=alpha, beta=beta)
     assert 0 < res.propensity <= 1 and res.order.shape == (5,)
+
+
+def test_thompson_chunk_noise_is_centred_on_each_posterior_mean():
+    # the noise was centred on beta / (alpha + beta): a chunk surely bad was lifted by the weight and one surely
+    # good pushed down by it, so two certain posteriors swapped the fused order
+    ex = ThompsonChunkExploration(weight=10.0, seed=0)
+    res = ex.explore(np.array([0, 1]), 2, fused=np.array([0.1, 0.0]), alpha=np.array([1.0, 1000.0]),
+                     beta=np.array([1000.0, 1.0]))
+    assert res.order.tolist() == [0, 1] and not res.explored and res.propensity == 1.0
 
 
 @pytest.mark.parametrize("make", [

@@ -47,6 +47,17 @@ def test_not_eligible_without_repeats_or_a_known_good_chunk_on_top():
     assert off.explore(ORDER, RANKED, IDS, {"good": 0.5}, asks=5) is None
 
 
+def test_rate_is_the_beta_one_one_mean_of_the_clicks_seen():
+    # the estimate was (hits + 1) / (tries + 1): 1.0 before any feedback, and a third after two misses
+    d = RepeatDiscovery(max_rate=1.0, scale=1.0, forget=1.0)
+    assert d.rate == 0.5
+    d.observe(False)
+    d.observe(False)
+    assert d.rate == 0.25
+    d.observe(True)
+    assert d.rate == 0.4
+
+
 def test_rate_follows_the_click_rate_of_unknown_top_chunks():
     d = RepeatDiscovery(max_rate=0.5, scale=2.0)
     assert d.rate == 0.5  # Beta(1, 1): 2 x 1/2, at the cap

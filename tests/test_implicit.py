@@ -274,6 +274,15 @@ def test_a_question_asked_again_past_the_followup_window_is_no_reformulation():
             ImplicitSignals(followup_window=bad)
 
 
+def test_a_follow_up_exactly_at_the_end_of_the_window_is_still_a_reformulation():
+    # the window was open only below 1800 s: a restatement half an hour to the second later was dropped
+    event = {"id": "e1", "query": "what causes the aurora", "timestamp": 1000.0}
+    imp = ImplicitSignals()
+    assert imp.followup_window == 1800.0
+    assert [s.signal for s in imp.infer(event, "why does the aurora happen", at=1000.0 + 1800)] == ["reformulation"]
+    assert imp.infer(event, "why does the aurora happen", at=1000.0 + 1800.5) == []
+
+
 def test_observe_a_day_later_records_no_reformulation(tmp_path):
     import time
 

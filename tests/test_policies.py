@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -294,6 +295,78 @@ def test_thompson_default_moves_after_fifty_samples():
     assert d[0] > 1 / 3 + 0.1 and d[0] > d[2]
 
 
+def _bandit_evidence(policy, n, arm_reward, default_reward, arm="0.6/0.2/0.2"):
+    """``n`` rewards for one grid arm and ``n`` for the default, alternately."""
+    w = list(map(float, arm.split("/")))
+    for i in range(n):
+        policy.learn(_episode(w, np.eye(3), [0, 0, 0], arm_reward, arm=arm, eid=f"a{i}"), arm_reward)
+        policy.learn(_episode([1 / 3] * 3, np.eye(3), [0, 0, 0], default_reward, arm="default", eid=f"d{i}"),
+                     default_reward)
+
+
+def test_an_arm_replaces_the_default_only_once_it_has_min_samples():
+    # the gate checked only the lower bound: with gate_z 0 a single reward made an arm the greedy weights
+    p = ThompsonPolicy(RETRIEVERS, counterfactual=False, bandwidth=0.0, gate_z=0.0, min_samples=10.0)
+    _bandit_evidence(p, 10, 1.0, -1.0)
+    assert p.arm_stats()["0.6/0.2/0.2"]["n"] < 10 and _w(p.weights()) == pytest.approx(np.full(3, 1 / 3))
+    _bandit_evidence(p, 1, 1.0, -1.0)
+    assert p.arm_stats()["0.6/0.2/0.2"]["n"] >= 10 and _w(p.weights()).tolist() == [0.6, 0.2, 0.2]
+
+
+def test_the_evidence_gate_corrects_its_z_for_the_number_of_arms():
+    # z was the uncorrected 1.645, which the best of 66 arms no better than the default passes most of the time:
+    # an advantage of 2.6 standard errors replaced the default weights
+    p = ThompsonPolicy(RETRIEVERS, counterfactual=False, bandwidth=0.0, min_samples=0.0)
+    uncorrected = ThompsonPolicy(RETRIEVERS, counterfactual=False, bandwidth=0.0, min_samples=0.0,
+                                 gate_z=NormalDist().inv_cdf(0.95))
+    for policy in (p, uncorrected):
+        _bandit_evidence(policy, 6, 0.5, 0.0)
+    stats = p.arm_stats()
+    z = (stats["0.6/0.2/0.2"]["mean"] - stats["default"]["mean"]) / math.hypot(
+        stats["0.6/0.2/0.2"]["sd"], stats["default"]["sd"])
+    assert NormalDist().inv_cdf(0.95) < z < NormalDist().inv_cdf(1 - 0.05 / (p.n_arms - 1))
+    assert _w(p.weights()) == pytest.approx(np.full(3, 1 / 3))
+    assert _w(uncorrected.weights()).tolist() == [0.6, 0.2, 0.2]
+
+
+def test_a_query_type_is_as_unsure_as_the_global_posterior_about_arms_it_has_not_seen():
+    # the type's posterior variance left out the global prior's: one reward of the type made every arm far
+    # from it look certain (sd about 0), so the type's gate and sampling trusted arms nobody had played
+    p = ThompsonPolicy(RETRIEVERS, counterfactual=False, bandwidth=0.0)
+    p.learn(_episode([1 / 3] * 3, np.eye(3), [0, 0, 0], 1.0, arm="default", qtype="x"), 1.0)
+    far = p.arm_names[-1]
+    assert p.arm_stats("x")[far]["n"] == 0.0
+    assert p.arm_stats("x")[far]["sd"] == p.arm_stats(None)[far]["sd"] > 0.1
+
+
+def test_epsilon_greedy_tuned_to_no_exploration_never_explores():
+    # the guardrail's exploration multiplier was ignored: turned to 0 it still played a random arm one time in ten
+    p = EpsilonGreedyPolicy(RETRIEVERS, seed=0).tune(exploration=0.0)
+    decisions = [p.decide(None) for _ in range(200)]
+    assert {(d.arm, d.explored, d.propensity) for d in decisions} == {("default", False, 1.0)}
+
+
+def test_thompson_takes_a_reward_beyond_one_as_one():
+    # learn did not clip: a reward of 3 went into the sums, and the state saved after it failed to load
+    big, one = (ThompsonPolicy(RETRIEVERS, counterfactual=False, seed=0) for _ in range(2))
+    big.learn(_episode([1 / 3] * 3, np.eye(3), [1, 0, 0], 3.0, arm="default"), 3.0)
+    one.learn(_episode([1 / 3] * 3, np.eye(3), [1, 0, 0], 1.0, arm="default"), 1.0)
+    assert big.state_dict()["state"]["stats"] == one.state_dict()["state"]["stats"]
+    ThompsonPolicy(RETRIEVERS, counterfactual=False).load_state_dict(json.loads(json.dumps(big.state_dict())))
+
+
+def test_thompson_tuned_to_a_learning_rate_of_zero_keeps_its_default_weights():
+    # the default moved by default_step whatever the guardrail's learning-rate multiplier said
+    def run(learning_rate):
+        p = ThompsonPolicy(RETRIEVERS, counterfactual=False, default_after=0, gate_z=0.0, min_samples=0.0,
+                           bandwidth=0.0).tune(learning_rate=learning_rate)
+        _bandit_evidence(p, 20, 1.0, -1.0)
+        return p.default_weights
+
+    assert run(0.0).tolist() == [1 / 3] * 3
+    assert run(1.0)[0] > 0.5
+
+
 @pytest.mark.parametrize(("name", "kwargs"), [LEARNING[1], LEARNING[3], LEARNING[2]])
 def test_policy_follows_drift(name, kwargs):
     before = ToyEnv(seed=0, best={"A": 0, "B": 0})
@@ -466,6 +539,54 @@ def test_gradient_window_leaves_room_for_the_gate():
     assert not np.allclose(_w(p.weights()), 1 / 3)
 
 
+# a click on the second chunk shown, which retriever r0 ranked first and r1 last
+_CLICK_FOR_R0 = ([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], [0.0, 1.0])
+
+
+def test_gradient_step_is_at_most_max_step():
+    # the step was not bounded: at learning rate 10 one click moved the weights to the bounds
+    p = GradientPolicy(RETRIEVERS, learning_rate=10.0, evidence_z=0.0, max_step=0.01, shrinkage=0.0)
+    p.learn(_episode([1 / 3] * 3, *_CLICK_FOR_R0, 1.0), 1.0)
+    w = _w(p.weights())
+    assert np.linalg.norm(w - 1 / 3) == pytest.approx(0.01)
+    assert w == pytest.approx([1 / 3 + 0.01 / math.sqrt(2), 1 / 3 - 0.01 / math.sqrt(2), 1 / 3])
+
+
+def test_gradient_learning_rate_never_decays_below_min_learning_rate():
+    # the floor was missing: after ten million updates the rate was 0.0002 and the policy had all but stopped
+    p = GradientPolicy(RETRIEVERS, evidence_z=0.0, shrinkage=0.0, max_step=1.0)
+    state = p.state_dict()
+    state["n_updates"] = 1e7
+    p.load_state_dict(state)
+    p.learn(_episode([1 / 3] * 3, *_CLICK_FOR_R0, 1.0), 1.0)
+    assert _w(p.weights()) == pytest.approx([1 / 3 + 0.005, 1 / 3 - 0.005, 1 / 3], abs=1e-12)
+
+
+def test_a_weak_click_weighs_its_reward_times_a_full_click_in_the_gradient():
+    # every click counted as a full one: a 0.4 click weighed as much as a reward of 1
+    sums = {}
+    for r in (0.4, 1.0):
+        p = GradientPolicy(RETRIEVERS, seed=0)
+        p.learn(_episode([1 / 3] * 3, _CLICK_FOR_R0[0], [0.0, r], r), r)
+        sums[r] = np.array(p.state_dict()["state"]["grad_sums"][1])
+    assert sums[1.0][0] > 0 and sums[0.4] == pytest.approx(0.4 * sums[1.0], abs=1e-15)
+
+
+def test_gradient_evidence_gate_uses_the_unbiased_variance():
+    # the biased variance (no n / (n - 1)) made one click among three episodes pass a gate of 1.1 standard errors
+    def run(evidence_z):
+        p = GradientPolicy(RETRIEVERS, evidence_z=evidence_z, seed=0)
+        p.learn(_episode([1 / 3] * 3, *_CLICK_FOR_R0, 1.0), 1.0)
+        tie = [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]  # every retriever scored the two alike: a gradient of 0
+        for i in range(2):
+            p.learn(_episode([1 / 3] * 3, tie, [0.0, 1.0], 1.0, eid=f"t{i}"), 1.0)
+        return _w(p.weights())
+
+    # a mean of g/3 against a standard error of about g/3: z = 1.1 keeps the weights, 0.9 moves them
+    assert run(1.1).tolist() == [1 / 3] * 3
+    assert run(0.9)[0] > 1 / 3
+
+
 def test_pdgd_pairs_and_debias_weights_match_brute_force():
     pos, neg = pdgd_pairs(np.array([0.0, 0.5, 0.0, 0.5, 0.0, 0.0]))
     assert pos.tolist() == [1, 3] and neg.tolist() == [0, 2, 4]
@@ -515,6 +636,25 @@ def test_batch_direction_comes_from_logged_weights():
 
     w1, w2 = bad_batch(0), bad_batch(99)
     assert w1[0] < 1 / 3 - 0.01 and np.allclose(w1, w2)
+
+
+def test_a_batch_mean_of_exactly_a_threshold_does_not_move_the_weights():
+    # the thresholds were exclusive: a batch averaging exactly 0.5 (or -0.5) moved the weights
+    for rewards in ((1.0, 0.0), (-1.0, 0.0)):
+        p = BatchPolicy(RETRIEVERS, batch_size=2, seed=0)
+        for lw, r in zip(([0.8, 0.1, 0.1], [0.1, 0.1, 0.8]), rewards, strict=True):
+            p.learn(_episode(lw, [[1, 0, 0]], [1.0], r), r)
+        assert abs(p.state_dict()["state"]["last_mean"]) == 0.5
+        assert _w(p.weights()).tolist() == [1 / 3] * 3
+
+
+def test_a_replayed_event_counts_by_its_weight_in_the_batch_mean():
+    # the batch mean ignored the weights: a replay of weight 0.01 cancelled a fresh reward of 1 and nothing moved
+    p = BatchPolicy(RETRIEVERS, batch_size=2, seed=0)
+    p.learn(_episode([0.8, 0.1, 0.1], [[1, 0, 0]], [1.0], 1.0), 1.0, weight=1.0)
+    p.learn(_episode([0.1, 0.1, 0.8], [[1, 0, 0]], [1.0], -1.0), -1.0, weight=0.01)
+    assert p.state_dict()["state"]["last_mean"] == pytest.approx(0.99 / 1.01)
+    assert _w(p.weights())[0] > 1 / 3 + 0.02
 
 
 def test_batch_perturbations_are_logged_with_their_probability():

@@ -216,6 +216,12 @@ def test_attribute_deduplicates_and_handles_no_chunks(rf):
     assert {} == rf.attribute(1.0, [])
 
 
+def test_split_attribution_counts_a_chunk_listed_twice_once():
+    # the repeated id was counted in n: ["a", "b", "a"] gave each a third, and the shares summed to 2/3
+    shares = RewardFunction(RewardConfig(spread="split")).attribute(1.0, ["a", "b", "a"])
+    assert shares == {"a": 0.5, "b": 0.5}
+
+
 # -- configuration ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs",
@@ -295,3 +301,9 @@ def test_a_reward_config_can_be_copied_and_turned_into_a_dict():
     with pytest.raises(TypeError):
         config.aliases["downvote"] = "explicit_negative"  # still frozen
     assert dict(config.aliases) == {"upvote": "explicit_positive"}
+
+
+def test_a_rating_at_the_middle_of_a_custom_scale_is_neutral():
+    # the midpoint was fixed at 3, the middle of 1..5: on a 0..10 scale a 5 read as praise (0.4) and a 0 as -0.6
+    rf = RewardFunction(RewardConfig(rating_min=0, rating_max=10))
+    assert [rf.signal_value(rating=r) for r in (0, 5, 10)] == [-1.0, 0.0, 1.0]
