@@ -102,7 +102,7 @@ def test_ctrl_c_is_one_line_and_status_130(tmp_path: Path, capsys, monkeypatch: 
 def test_demo_with_an_empty_out_is_refused(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--out", "", "--quiet"]) == 2
-    assert "--out needs a file name" in one_error_line(capsys)
+    assert "--out needs a folder name" in one_error_line(capsys)
     assert list(tmp_path.iterdir()) == []
 
 

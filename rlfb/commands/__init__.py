@@ -191,12 +191,13 @@ def check_int(option: str, value: int | None, low: int, high: int | None = None)
     raise ValidationError(f"{option} must be {bound}, got {value}")
 
 
-def check_output_name(option: str, value: str | None) -> None:
-    """Raise :class:`ValidationError` for an empty output name (``--json ''``), which would be silently skipped."""
+def check_output_name(option: str, value: str | None, what: str = "file") -> None:
+    """Raise :class:`ValidationError` for an empty output name (``--json ''``), which would be silently skipped
+    (``what`` it names: a ``"file"`` or a ``"folder"``)."""
     from rlfb.errors import ValidationError
 
     if value is not None and not value.strip():
-        raise ValidationError(f"{option} needs a file name, got {value!r}")
+        raise ValidationError(f"{option} needs a {what} name, got {value!r}")
 
 
 def require_matplotlib(option: str) -> None:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from rlfb.files import write_text_atomically
     from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
 
-    check_output_name("--out", args.out)  # '' was the current folder, written over without a word
+    check_output_name("--out", args.out, "folder")  # '' was the current folder, written over without a word
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
     check_int("--devices", args.devices, 2, MAX_DEVICES)  # one (function, material) pair each, and another
     require_matplotlib("rlfb demo")  # it ends with the plot: fail now, not after the simulation
