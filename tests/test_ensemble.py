@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -225,3 +226,23 @@ def test_a_chunk_bm25_scored_zero_is_not_proposed_by_it() -> None:
     hits = ens.retrieve("aurora", k=5).hits
     assert hits[0].proposed_by == ("bm25",) and hits[0].scores["bm25"] > 0
     assert all(h.proposed_by == () and h.scores["bm25"] == 0 for h in hits[1:])
+
+
+def test_an_unlogged_greedy_ranking_changes_no_learned_state(tmp_path) -> None:
+    # an evaluation's ranking (log=False, explore=False) stamped the feedback memory's entries as used, so
+    # measuring the learner moved their eviction order and clock
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="thompson", store=tmp_path / "fb.db")
+    first = ens.retrieve("moon tides", k=3, explore=False)
+    ens.feedback(first.event_id, "click", chunk_id=first.hits[0].chunk_id)
+    assert ens.learner.memory.known("moon tides")  # the memory has an entry for the question
+
+    def state() -> str:
+        return json.dumps(ens.learner.state_dict(), sort_keys=True, default=str)
+
+    before = state()
+    for _ in range(3):
+        assert ens.retrieve("moon tides", k=3, explore=False, log=False).event_id is None
+    assert state() == before
+    ens.retrieve("moon tides", k=3, explore=False)  # a ranking a user is shown does count as a use
+    assert state() != before
+    ens.close()

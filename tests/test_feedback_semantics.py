@@ -102,6 +102,39 @@ def test_feedback_on_another_engines_retrieval_is_stored_not_learned(store: Feed
     assert _state(ens) != before  # its own retrieval it learns from
 
 
+def test_feedback_after_the_attribution_window_is_stored_and_flagged_not_learned(tmp_path) -> None:
+    # without the window check a thumbs up two days late moved the weights and the memory like a fresh one
+    with FeedbackStore(tmp_path / "fb.db", clock=lambda: T0 + 3 * DAY) as store:
+        ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=store, policy="thompson")
+        result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
+        before, weights = _state(ens), ens.weights
+        record = ens.feedback(result.event_id, "thumbs_up", timestamp=T0 + 2 * DAY)
+        assert not record.in_window and not record.duplicate and record.chunk_rewards == {}
+        assert [f["in_window"] for f in store.feedback(result.event_id)] == [False]  # kept, flagged
+        assert ens.learner.n_learned == 0 and _state(ens) == before and ens.weights == weights
+        assert ens.learner.memory.known("aurora") == {}
+        ens.feedback(result.event_id, "thumbs_up", timestamp=T0 + 60)  # the same thumb in time is learned
+        assert ens.learner.n_learned == 1 and ens.learner.memory.known("aurora") != {}
+
+
+def test_a_restarted_ensemble_with_more_retrievers_does_not_learn_a_bm25_only_decision(tmp_path) -> None:
+    # a decision counted as this ensemble's when its retrievers were a subset of the ensemble's: another
+    # ensemble's bm25-only ranking on the same file taught the bm25+dense one, with weights it never chose
+    path = tmp_path / "fb.db"
+    lexical = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=path, policy="gradient")
+    theirs = lexical.retrieve("aurora", 2, explore=False, timestamp=T0).event_id
+    lexical.close()  # an app restarted: no live ensemble of this process made the decision any more
+    with FeedbackStore(path) as store:
+        both = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=store, policy="gradient")
+        before = _state(both)
+        record = both.feedback(theirs, "thumbs_up", timestamp=T0 + 10)
+        assert record.in_window and not record.duplicate and len(store.feedback(theirs)) == 1  # stored
+        assert both.learner.n_learned == 0 and _state(both) == before  # not learned
+        mine = both.retrieve("aurora", 2, explore=False, timestamp=T0).event_id
+        both.feedback(mine, "thumbs_up", timestamp=T0 + 10)
+        assert both.learner.n_learned == 1  # its own decision it learns from
+
+
 def test_observe_on_another_engines_retrieval_is_stored_not_learned(store: FeedbackStore) -> None:
     ens = _ensemble(store)
     log_external(store, "what causes the aurora", [("0", 1.0)], source="elsewhere", session_id="s", timestamp=T0)

@@ -108,6 +108,40 @@ def test_exploration_is_logged_with_its_propensity():
     assert r.decision.ranking is not None and r.order.tolist() == list(r.decision.ranking)
 
 
+def test_the_logged_propensity_is_the_policys_times_the_chunk_explorations():
+    # only the chunk swap's probability was logged: weights the policy chose one time in two looked certain to
+    # every off-policy estimate read from the log
+    class HalfSure(FixedPolicy):  # a policy that draws these weights with probability 0.5
+        def decide(self, context, *, explore=True):
+            return dataclasses.replace(super().decide(context, explore=explore), propensity=0.5)
+
+    env = ToyEnv(seed=0, n_queries=4)  # 60 candidates
+    config = LearnerConfig(memory_weight=0.0, confidence_weight=0.0, exploration="epsilon", epsilon=1.0,
+                           epsilon_min=1.0)
+    r = Learner(RETRIEVERS, HalfSure(RETRIEVERS), config, seed=0).rank(env.context(0), 10)
+    assert r.decision.explored
+    # epsilon 1: one of the lower 5 slots of 10 swapped for one of the 50 candidates below them
+    assert r.decision.propensity == pytest.approx(0.5 * (1.0 / (5 * 50)))
+
+
+def test_an_answers_unused_chunks_below_its_last_used_one_are_learned_as_shown():
+    # only the used chunks reached the policy: the ones shown below the answer's last used chunk, which the
+    # user did see, were dropped from its pairs and click evidence as if a later step had cut them
+    taught = []
+
+    class Recording(FixedPolicy):
+        def learn(self, episode, reward, *, weight=1.0):
+            taught.append(tuple(episode.shown_ids))
+            return super().learn(episode, reward, weight=weight)
+
+    learner = Learner(RETRIEVERS, Recording(RETRIEVERS), PLAIN)
+    ep = Episode("e", "q", RETRIEVERS, Decision(dict.fromkeys(RETRIEVERS, 1 / 3)), ("cut", "used", "below"),
+                 np.ones((3, 3)), np.array([0.0, 1.0, 0.0]), 1.0, response_level=True,
+                 used=np.array([False, True, False]))
+    learner.learn(ep)
+    assert taught == [("used", "below")]  # the node cut above the answer's chunk goes; the one below stays
+
+
 # ---------------------------------------------------------------------------- learning in the loop
 
 

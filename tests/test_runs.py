@@ -213,6 +213,20 @@ def test_observe_followup_in_the_same_run_records_nothing(store: FeedbackStore) 
     assert observe_followup(store, "s", again, run_ancestors=("other",), timestamp=SOON) != []
 
 
+def test_a_restatement_does_not_judge_a_ranking_made_under_a_run_that_raised(tmp_path) -> None:
+    # the failed attempt's ranking answered nobody, yet the next question was recorded as a reformulation on it
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        for session, attempt in (("s1", "attempt1"), ("s2", "attempt2")):
+            log_external(store, "what causes the aurora", [("a", 1.0)], source="x", event_id=f"{session}-ret",
+                         session_id=session, parent_id=attempt, timestamp=T0)
+        store.fail_run("attempt1")
+        assert observe_followup(store, "s1", "why does the aurora happen", timestamp=SOON) == []
+        assert store.feedback("s1-ret") == []
+        # the same restatement after a ranking whose run went on is recorded
+        (rec,) = observe_followup(store, "s2", "why does the aurora happen", timestamp=SOON)
+        assert (rec.event_id, rec.signal) == ("s2-ret", "reformulation")
+
+
 def test_a_store_of_before_failed_runs_is_migrated(tmp_path) -> None:
     import sqlite3
 

@@ -86,6 +86,13 @@ def test_a_fine_scale_keeps_every_grade_apart_and_the_standard_scales_map_as_bef
     assert to_grade(12, 10) == 4.0 and to_grade(-1, 10) == 0.0
 
 
+def test_the_user_reads_down_to_the_last_position_of_its_depth() -> None:
+    # the cascade stopped one position short: a relevant chunk shown last in the top `depth` was never clicked
+    user = SimulatedUser("perfect", explicit_rate=0.0, reformulation_rate=0.0, depth=3, seed=0)
+    assert user.clicks(["x", "y", "r"], {"r": 1}) == ["r"]  # a perfect user clicks grade 4 with p = 1
+    assert user.clicks(["x", "y", "z", "r"], {"r": 1}) == []  # one past the depth is not read
+
+
 @pytest.mark.parametrize(("setting", "value"), [("late_delay", -1.0), ("late_delay", float("nan")),
                                                 ("mean_delay", "1"), ("answer_k", 0), ("depth", -1),
                                                 ("max_grade", 0), ("max_grade", 2.5), ("answer_k", True)])
@@ -123,6 +130,38 @@ def test_max_heldout_is_a_seeded_sample_not_the_first_ids() -> None:
     assert heldout == sorted(heldout) and _split(prep, config, seed=0)[1] == heldout
     assert _split(prep, config, seed=1)[1] != heldout
     assert _split(prep, SimulationConfig(max_heldout=500), seed=0)[1] == all_heldout
+
+
+def test_a_question_judged_in_both_splits_is_scored_with_the_held_out_splits_grades() -> None:
+    # the stream split's judgments overwrote the test split's: a held-out question was scored against the
+    # train qrels, not the ones the held-out figure claims to use
+    from types import SimpleNamespace
+
+    from rlfb.simulation.runner import _split
+
+    texts = {"both": "what pulls the tides", "s1": "why do volcanoes erupt"}
+    prep = SimpleNamespace(stream_qrels={"both": {"d1": 1}, "s1": {"d3": 1}}, qrels={"both": {"d2": 2}},
+                           contexts=dict.fromkeys(texts), dataset=SimpleNamespace(queries=texts))
+    stream, heldout, judgments = _split(prep, SimulationConfig(), seed=0)
+    assert heldout == ["both"] and stream == ["s1"]
+    assert judgments["both"] == {"d2": 2} and judgments["s1"] == {"d3": 1}
+
+
+def test_without_a_stream_split_each_seed_draws_its_own_halves() -> None:
+    # the halves were shuffled with one fixed seed: every seed streamed and held out the very same questions,
+    # so the spread over seeds left out which questions were held out
+    from types import SimpleNamespace
+
+    from rlfb.simulation.runner import _split
+
+    ids = [f"q{i:02d}" for i in range(40)]
+    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
+                           dataset=SimpleNamespace(queries={q: f"question {q}?" for q in ids}))
+    halves = {seed: _split(prep, SimulationConfig(), seed=seed)[:2] for seed in range(3)}
+    for stream, heldout in halves.values():
+        assert len(stream) == len(heldout) == 20 and sorted(stream + heldout) == ids
+    assert len({tuple(heldout) for _, heldout in halves.values()}) == 3
+    assert _split(prep, SimulationConfig(), seed=1)[:2] == halves[1]  # and each is reproducible
 
 
 def test_a_stream_question_worded_as_a_held_out_one_is_not_streamed() -> None:
@@ -479,6 +518,23 @@ def test_fixed_equal_weights_score_as_the_equal_baseline_on_the_same_queries() -
     assert cfg["learner"]["exploration"] == "none" and cfg["learner"]["memory_weight"] == 0.0
     assert "discovery_rate" in cfg["learner"]  # a default the caller did not set
     assert cfg["learner_overrides"] == {"confidence_weight": 0.0, "exploration": "none"}
+
+
+def test_the_online_figure_is_what_users_were_shown_exploration_included() -> None:
+    """The online figure scores the rankings users saw: with a chunk swapped in on every retrieval it falls
+    below the same weights' greedy figure, while the greedy held-out and seen figures stay equal to it
+    (without exploration all three equal the baseline's: see the test above)."""
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    config = SimulationConfig(
+        policy="fixed", interactions=200, seeds=(0,), checkpoints=1, retrievers=("bm25", "dense"), memory=False,
+        learner={"confidence_weight": 0.0, "exploration": "epsilon", "epsilon": 1.0, "epsilon_min": 1.0},
+        answer_k=5,
+    )
+    result = simulate(data, config, show_progress=False)
+    final, equal = result["final"], result["baselines"]["equal"]
+    for key in ("heldout_ndcg@10", "seen_ndcg@10"):
+        assert final[key]["mean"] == pytest.approx(equal[key]["mean"], abs=1e-12)
+    assert final["online_ndcg@10"]["mean"] < equal["online_ndcg@10"]["mean"] - 1e-3
 
 
 def test_a_question_judged_in_both_splits_is_held_out_and_never_streamed() -> None:

@@ -365,6 +365,17 @@ def test_attribution_window_is_a_setting(clock):
     assert not store.record_feedback(outside, "click").in_window
 
 
+def test_feedback_exactly_at_the_end_of_the_attribution_window_is_in_the_window(tmp_path, clock):
+    # with a strict bound, feedback arriving exactly 24 h after its retrieval was flagged and never learned
+    with FeedbackStore(tmp_path / "fb.db", clock=clock) as store:
+        edge = log(store, ts=NOW - store.attribution_window)
+        rec = store.record_feedback(edge, "thumbs_up", timestamp=NOW)
+        assert rec.delay == store.attribution_window and rec.in_window
+        assert set(rec.chunk_rewards) == {"c1", "c2", "c3"} and store.counts()["flagged"] == 0
+        past = log(store, ts=NOW - store.attribution_window - 1)
+        assert not store.record_feedback(past, "thumbs_up", timestamp=NOW).in_window  # a second later: out
+
+
 def test_feedback_inside_window_late_but_discounted(fresh_store):
     eid = log(fresh_store, ts=NOW - 23 * HOUR)
     rec = fresh_store.record_feedback(eid, "thumbs_up")
@@ -828,6 +839,22 @@ def test_prune_deletes_old_rows_and_their_children(clock):
     assert [] == list(store.db.query("PRAGMA foreign_key_check"))
     assert {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0, "run_links": 0} \
         == store.prune()
+
+
+def test_an_event_exactly_as_old_as_the_retention_keeps_its_chunks_feedback_and_rewards(tmp_path, clock):
+    # the children's cutoff included the edge while the events' did not: the kept event lost its chunks,
+    # feedback and rewards, an event that could no longer be rated or learned from
+    with FeedbackStore(tmp_path / "fb.db", retention=30 * DAY, clock=clock) as store:
+        edge = log(store, ts=NOW - 30 * DAY)
+        store.record_feedback(edge, "thumbs_up", timestamp=NOW - 30 * DAY + 60)
+        older = log(store, ts=NOW - 30 * DAY - 1, ids=("o1",))
+        store.record_feedback(older, "thumbs_up", timestamp=NOW - 30 * DAY + 60)
+        pruned = store.prune()
+        assert (pruned["events"], pruned["chunks"], pruned["feedback"], pruned["rewards"]) == (1, 1, 1, 1)
+        assert store.has_event(edge) and not store.has_event(older)
+        assert [c["chunk_id"] for c in store.event(edge)["chunks"]] == ["c1", "c2", "c3"]
+        assert len(store.feedback(edge)) == 1 and (1, 3, 1, 3) == rows(store)[:4]
+        assert [] == list(store.db.query("PRAGMA foreign_key_check"))
 
 
 def test_retention_prunes_when_the_store_opens(tmp_path, clock):

@@ -742,3 +742,57 @@ def test_a_click_on_a_citation_engines_source_teaches_the_ranked_node_it_was_cut
     [learned] = [r for r in records if r.event_id == decided["id"]]
     assert list(learned.chunk_rewards) == [ranked] and learned.chunk_rewards[ranked] == pytest.approx(0.4, abs=1e-3)
     assert ens.learner.n_learned == 1
+
+
+def test_feedback_on_an_outer_query_reaches_a_nested_query_engines_retrievals(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # a query engine run inside another (a router's choice, a sub-question) was not linked to the query around
+    # it: feedback on the outer query id, the one the app holds, never reached the learner that ranked the nodes
+    from llama_index.core.base.base_selector import BaseSelector, SelectorResult, SingleSelection
+    from llama_index.core.query_engine import RouterQueryEngine
+    from llama_index.core.tools import QueryEngineTool
+
+    class First(BaseSelector):  # the router's choice without an LLM to make it
+        def _get_prompts(self) -> dict[str, Any]:
+            return {}
+
+        def _update_prompts(self, prompts: Any) -> None:
+            pass
+
+        def _select(self, choices: Any, query: Any) -> SelectorResult:
+            return SelectorResult(selections=[SingleSelection(index=0, reason="the first engine")])
+
+        async def _aselect(self, choices: Any, query: Any) -> SelectorResult:
+            return self._select(choices, query)
+
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2, explore=False)
+    inner = index.as_query_engine(llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
+    tool = QueryEngineTool.from_defaults(inner, description="facts about nature")
+    response = RouterQueryEngine(selector=First(), query_engine_tools=[tool], llm=MockLLM()).query("moon tides")
+    outer = handler.last_query_id
+    assert outer is not None and outer.startswith("RouterQueryEngine.query-")
+    decision = response.source_nodes[0].node.metadata[EVENT_ID_KEY]
+    assert decision in {e["id"] for e in handler.retrievals(outer)}  # the inner engine's ranking
+    records = handler.record_feedback(outer, score=1.0)
+    assert decision in {r.event_id for r in records} and ens.learner.n_learned == 1
+
+
+def test_a_citation_engines_sources_leave_the_ranked_nodes_they_were_cut_from_used(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # every source of a CitationQueryEngine is a new node cut from a ranked one, so none of the decision's node
+    # ids is among them: the whole decision was marked unused, and praise of the answer reached none of it
+    from llama_index.core.query_engine import CitationQueryEngine
+
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2, explore=False)
+    engine = CitationQueryEngine.from_args(index, llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
+    sources = engine.query("moon tides").source_nodes
+    decided = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor")
+    ranked = [c["chunk_id"] for c in decided["chunks"]]
+    assert not {s.node.node_id for s in sources} & set(ranked)  # all derived copies
+    assert [c["used"] for c in decided["chunks"]] == [True, True]
+    [record] = [r for r in handler.record_feedback(score=1.0) if r.event_id == decided["id"]]
+    assert set(record.chunk_rewards) == set(ranked) and ens.learner.n_learned == 1
