@@ -552,6 +552,10 @@ class FeedbackMemory:
             raise CorruptStateError(f"cannot read the feedback memory: {exc!r}") from exc
         if len(set(keys)) != len(keys):
             raise CorruptStateError("the feedback memory holds a query twice")
+        # a state saved before long questions were known by their hash (2026-12-05): its long keys re-keyed, or
+        # their evidence went unfound and their text stayed in every snapshot (each key is normalised already, so
+        # two keys never meet in one hash)
+        keys = [question_key(k) for k in keys]
         if (not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch, *asks)) or conc < 0 or disc < 0
                 or any(a < 0 for a in asks)):
             raise CorruptStateError("the feedback memory holds non-finite or negative counters")

@@ -28,6 +28,7 @@ episode as a JSON-safe dict.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import deque
@@ -295,7 +296,8 @@ class PrioritizedReplay:
                 items = [
                     (episode_from_dict(it["episode"]), float(it["mag"]), int(it["i"])) for it in state["items"]
                 ]
-            items = [(e, min(1.0, m), i) for e, m, i in items]
+            # a long question of a state saved before it was known by its hash (2026-12-05) is re-keyed
+            items = [(_keyed(e), min(1.0, m), i) for e, m, i in items]
             added = saved_count("the replay buffer's count of episodes added", state["added"])
             # counts below 0 loaded here and were refused once saved again in columns
             if any(not math.isfinite(m) or m <= 0 or not 0 <= i < added for _, m, i in items):
@@ -310,6 +312,13 @@ class PrioritizedReplay:
         self._items = deque(items, maxlen=self.hyper.capacity)
         self._added = added
         return self
+
+
+def _keyed(episode: Episode) -> Episode:
+    from rlfb.memory import question_key  # the memory imports the policies, which import this module
+
+    key = question_key(episode.query)
+    return episode if key == episode.query else dataclasses.replace(episode, query=key)
 
 
 # ---------------------------------------------------------------------------- the saved columns

@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rlfb import FeedbackEnsemble
 from rlfb.blocks import encode_block
@@ -105,3 +106,50 @@ def test_a_whole_corpus_retrieved_and_criticised_fills_one_entry_only_to_its_bou
     assert episode.shown_ids == tuple(hits.chunk_ids[:MAX_SHOWN]) and episode.shown.shape == (MAX_SHOWN, 1)
     assert episode.chunk_rewards.shape == episode.scores.shape == (MAX_SHOWN,)
     ens.close()
+
+
+def test_a_state_saved_with_a_long_question_by_its_text_is_read_with_it_keyed_by_its_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a snapshot written before long questions were hashed: loaded as it was, its evidence went unfound (looked up
+    # by the hash) and its text stayed in every later snapshot
+    import rlfb.feedback_learning
+    import rlfb.learner
+    import rlfb.policies.click_evidence as click_evidence
+
+    with monkeypatch.context() as old:  # rlfb as it was: every question known by its text
+        old.setattr(rlfb.learner, "question_key", lambda q: q)
+        old.setattr(rlfb.feedback_learning, "question_key", lambda q: q)
+        old.setattr(click_evidence, "_key", lambda q: " ".join(q.lower().split()))
+        with _ensemble(tmp_path / "fb.db") as ens:
+            hits = ens.retrieve(LONG, k=4)
+            tides = next(h for h in hits.hits if "Tides" in h.text)
+            ens.feedback(hits.event_id, "click", chunk_id=tides.chunk_id)
+    assert "ZEBRA" in _latest_state(tmp_path / "fb.db")
+    with _ensemble(tmp_path / "fb.db") as ens:  # this rlfb reads it
+        assert list(ens.learner.memory.known(question_key(LONG))) == [tides.chunk_id]
+        again = ens.retrieve(LONG, k=4)
+        assert again.hits[0].chunk_id == tides.chunk_id and again.hits[0].memory > 0
+        ens.feedback(again.event_id, "thumbs_up")
+    assert "ZEBRA" not in _latest_state(tmp_path / "fb.db")
+
+
+def test_two_spellings_of_one_long_question_saved_apart_add_up_when_read() -> None:
+    # saved by their text, "…tides?" and "…tides" were two questions of the click evidence; one hash now
+    from rlfb.policies.click_evidence import ClickEvidence
+
+    ev = ClickEvidence(2)
+    old = " ".join  # the key as it was: lower case, single spaces
+    ev._rows = {old(LONG.lower().split()): 0, old((LONG + "?").lower().split()): 1, "short one": 2}
+    ev._q = np.array([[0.5, 1.0, 1.0], [0.25, 0.5, 2.0], [1.0, 0.0, 1.0]])
+    ev.n, ev._s = 4.0, np.array([1.75, 1.5])
+    again = ClickEvidence(2).load_state_dict(ev.state_dict())
+    assert again.n_queries == 2
+    state = again.state_dict()
+    # in the place of the more recently used of the two: before "short one", used after both
+    assert state["queries"] == [question_key(LONG), "short one"]
+    merged = ClickEvidence(2)
+    merged._rows, merged._q = {question_key(LONG): 0, "short one": 1}, np.array([[0.75, 1.5, 3.0], [1.0, 0.0, 1.0]])
+    merged.n, merged._s = 4.0, np.array([1.75, 1.5])
+    assert np.allclose(again.posterior()[0], merged.posterior()[0])
+    assert np.allclose(again.posterior()[1], merged.posterior()[1])

@@ -68,6 +68,31 @@ def _block_rows(raw: Any, keys: list[str], places: list[Any], k: int) -> list[tu
     return [(key, matrix[p]) for key, p in zip(keys, places, strict=True)]
 
 
+def _key(query: str) -> str:
+    """A question's key here: its text in lower case with single spaces, or the learner's hash of a long one."""
+    from rlfb.memory import question_key  # the memory imports the policies: not at import time
+
+    return " ".join(question_key(query).lower().split())
+
+
+def _rekeyed(rows: dict[str, int], q: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
+    """``rows`` and their sums ``q`` with a long question saved by its text (before 2026-12-05) keyed by the
+    learner's hash; two spellings of one question that meet in one hash add up (the rows are sums), in the
+    place of the more recently used."""
+    from rlfb.memory import MAX_KEY_CHARS
+
+    if all(len(key) <= MAX_KEY_CHARS for key in rows):
+        return rows, q
+    summed: dict[str, np.ndarray] = {}
+    for key, place in rows.items():  # least recently used first
+        new = _key(key)
+        summed[new] = summed.pop(new, 0.0) + q[place]
+    out = np.zeros((max(len(summed), 1), q.shape[1]))
+    for i, row in enumerate(summed.values()):
+        out[i] = row
+    return {key: i for i, key in enumerate(summed)}, out
+
+
 class ClickEvidence:
     """Running sums of arm utilities, overall and per query (least recently used queries forgotten).
 
@@ -94,7 +119,7 @@ class ClickEvidence:
         return mean - mean[0]
 
     def _row(self, query: str) -> int:
-        key = " ".join(query.lower().split())
+        key = _key(query)
         row = self._rows.pop(key, None)
         if row is None:
             if len(self._rows) >= self.max_queries:
@@ -213,6 +238,7 @@ class ClickEvidence:
                 or not np.isfinite(n) or n < 0 or not np.isfinite(clock)):
             raise CorruptStateError("click evidence is malformed")
         saved_times("the click evidence's clock", clock)  # 1e15 weighed every later click as long past
+        rows, q = _rekeyed(rows, q)
         self.n, self.clock, self._s, self._gone, self._rows, self._q = n, clock, s, gone, rows, q
         self._posterior = None
         return self
