@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 if __name__ == "__main__":
-    import sys
+    from rlfb.cli import console
 
-    from rlfb.cli import main
-
-    sys.exit(main())
+    console()

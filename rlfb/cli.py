@@ -69,6 +69,25 @@ def describe_error(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+#: :func:`main`'s status after Ctrl-C, as a shell reports a program SIGINT ended.
+INTERRUPTED = 130
+
+
+def console() -> None:
+    """The ``rlfb`` script (and ``python -m rlfb``): :func:`main`, exiting with its status. After Ctrl-C it ends
+    by SIGINT itself, once it has said so in one line, as any program Ctrl-C stops: a shell loop or script that
+    runs it stops too (with a status of 130 it took the interrupt for handled, and went on to the next)."""
+    import os
+    import signal
+
+    code = main()
+    if code == INTERRUPTED and os.name == "posix":
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for bad input, with the reason on stderr).
 
@@ -97,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:  # Ctrl-C: the outputs are written whole or not at all, so one line says it all
         print("rlfb: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except (RlfbError, OSError, sqlite3.DatabaseError) as exc:
         print(f"rlfb: error: {describe_error(exc)}", file=sys.stderr)
         return 2

@@ -266,7 +266,9 @@ class FeedbackEnsemble:
         """:meth:`add_chunks` from raw texts; ``ids`` default to a hash of each text, as :meth:`from_texts` gives
         them (:func:`rlfb.types.content_ids`), so a text added again is the chunk it was, not a second copy, and a
         corpus built again with :meth:`from_texts` finds what was learned about it (until 2026-12-05 they were
-        random).
+        random). As in :meth:`from_texts`, a text given twice in one call is two chunks (the second id ends in
+        ``#2``); added again in a later call, it is the chunk it was, with the metadata given last. Give ``ids`` to
+        keep copies of one text from different sources apart.
 
         >>> ens = FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",))
         >>> ens.add_texts(["geysers erupt"]) == ens.add_texts(["geysers erupt"]), len(ens)

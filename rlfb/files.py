@@ -96,7 +96,10 @@ def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:
 
 def _write_beside(target: Path, write: Callable[[BinaryIO], T]) -> T:
     tmp = target.parent / f".rlfb-{uuid.uuid4().hex[:16]}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    except OSError as exc:  # a missing or read-only folder: named by the file asked for, not the temporary one
+        raise OSError(exc.errno, exc.strerror, str(target)) from exc
     try:
         with os.fdopen(fd, "wb") as fh:
             out = write(fh)

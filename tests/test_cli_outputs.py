@@ -175,3 +175,31 @@ def test_a_warning_is_one_line(tmp_path: Path, capsys, monkeypatch: pytest.Monke
     warned = [line for line in err.splitlines() if "embedding cache" in line or "embeddings.sqlite" in line]
     assert warned and all(line.startswith("rlfb: warning: ") for line in warned), err
     assert "conn = " not in err
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals as POSIX shells see them")
+def test_ctrl_c_ends_the_script_by_sigint_so_a_shell_loop_stops_too(tmp_path: Path) -> None:
+    # returning 130 told bash the program handled the interrupt: a `for` loop of rlfb runs went on to the next
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlfb", "demo", "--retrievers", "bm25", "--interactions", "200000", "--seeds", "1",
+         "--out", str(tmp_path / "demo"), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().startswith("demo collection")  # running: interrupt it
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)  # a hung run fails the test rather than the whole suite
+    assert proc.returncode == -signal.SIGINT, err
+    assert err.strip().splitlines()[-1] == "rlfb: interrupted" and "Traceback" not in err
+    assert not (tmp_path / "demo").exists()  # nothing half-written
+
+
+def test_a_write_into_a_missing_folder_names_the_file_asked_for(tmp_path: Path) -> None:
+    # the error named the hidden temporary file beside it (".rlfb-0aa7….tmp")
+    with pytest.raises(FileNotFoundError) as caught:
+        write_text_atomically(tmp_path / "missing" / "out.json", "{}")
+    assert caught.value.filename == str(tmp_path / "missing" / "out.json")

@@ -129,7 +129,6 @@ def store_for_reading(path: str | Path) -> Iterator[Any]:
     store cannot make its side files in: a backup on a read-only mount, a service account's store) is read from
     a copy in a temporary folder, with a note on stderr; opening it writable was refused, so it could not be
     looked at at all. The copy is named by the store's own path in what the command prints."""
-    import shutil
     import tempfile
 
     from rlfb.errors import ReadOnlyStoreError
@@ -145,13 +144,39 @@ def store_for_reading(path: str | Path) -> Iterator[Any]:
         return
     with tempfile.TemporaryDirectory(prefix="rlfb-read-") as tmp:
         copy = Path(tmp) / "store.db"
-        shutil.copyfile(path, copy)
-        if Path(f"{path}-wal").is_file():  # what was written since the last checkpoint
-            shutil.copyfile(f"{path}-wal", f"{copy}-wal")
+        _copy_store(Path(path), copy)
         print(f"rlfb: note: {path} cannot be written: reading a copy of it", file=sys.stderr)
         with FeedbackStore(copy) as store:
             store.path = store._tx.path = str(path)  # errors and reports name the store, not the copy
             yield store
+
+
+def _copy_store(path: Path, copy: Path) -> None:
+    """A consistent copy of the SQLite file at ``path``: SQLite's online backup through a read-only connection,
+    which reads one snapshot while another process may be writing (copying the file and its write-ahead log one
+    after the other could take them either side of a checkpoint). Where SQLite cannot open it read-only (a
+    WAL-mode file without its shared-memory file, in a folder where none can be made), no process can be writing
+    it: the file and its log are copied as they are."""
+    import shutil
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        src = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+        try:
+            dst = sqlite3.connect(copy)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        return
+    except sqlite3.Error:
+        copy.unlink(missing_ok=True)
+    shutil.copyfile(path, copy)
+    if Path(f"{path}-wal").is_file():  # what was written since the last checkpoint
+        shutil.copyfile(f"{path}-wal", f"{copy}-wal")
 
 
 def refuse_empty_store(path: str | Path) -> None:
