@@ -82,7 +82,11 @@ def console() -> None:
 
     code = main()
     if code == INTERRUPTED and os.name == "posix":
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):  # a process a signal ends writes out no buffer of its own
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a reader gone, a closed stream: nothing left to keep
+                pass
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(code)

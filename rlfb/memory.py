@@ -553,9 +553,20 @@ class FeedbackMemory:
         if len(set(keys)) != len(keys):
             raise CorruptStateError("the feedback memory holds a query twice")
         # a state saved before long questions were known by their hash (2026-12-05): its long keys re-keyed, or
-        # their evidence went unfound and their text stayed in every snapshot (each key is normalised already, so
-        # two keys never meet in one hash)
+        # their evidence went unfound and their text stayed in every snapshot. A rolling upgrade can leave one
+        # question under its text and its hash both (an older process learned it again by its text): of the two,
+        # the more recently used is kept, with the askings of both, or every later load refused the state
         keys = [question_key(k) for k in keys]
+        if len(set(keys)) != len(keys):
+            latest: dict[str, int] = {}
+            for i, k in enumerate(keys):
+                if k not in latest or touch[i] >= touch[latest[k]]:
+                    latest[k] = i
+            total = {k: sum(a for key, a in zip(keys, asks, strict=True) if key == k) for k in latest}
+            kept = sorted(latest.values())
+            keys, values, embs, has, times, touch, asks = (
+                [col[i] for i in kept] for col in (keys, values, embs, has, times, touch, asks))
+            asks = [total[k] for k in keys]
         if (not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch, *asks)) or conc < 0 or disc < 0
                 or any(a < 0 for a in asks)):
             raise CorruptStateError("the feedback memory holds non-finite or negative counters")

@@ -203,3 +203,35 @@ def test_a_write_into_a_missing_folder_names_the_file_asked_for(tmp_path: Path) 
     with pytest.raises(FileNotFoundError) as caught:
         write_text_atomically(tmp_path / "missing" / "out.json", "{}")
     assert caught.value.filename == str(tmp_path / "missing" / "out.json")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals as POSIX shells see them")
+def test_what_was_printed_before_ctrl_c_reaches_a_pipe(tmp_path: Path) -> None:
+    # ended by SIGINT, the process wrote out no buffer: a report printed into a pipe was lost
+    import signal
+    import subprocess
+    import sys
+
+    code = "import rlfb.cli as cli; cli.main = lambda: (print('report'), cli.INTERRUPTED)[1]; cli.console()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})
+    assert done.returncode == -signal.SIGINT and done.stdout == "report\n", done.stderr
+
+
+def test_a_read_only_store_is_copied_whole_whatever_its_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a name that is not UTF-8 raised UnicodeEncodeError (a traceback), and "//tmp/..." read as a URI's authority
+    import shutil
+
+    from rlfb.commands import _copy_store
+    from rlfb.store import FeedbackStore
+
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/caf\xe9 #1?.db"))
+    with FeedbackStore(odd) as store:
+        store.log_event("what causes tides", {"weights": {"bm25": 1.0}},
+                        [{"chunk_id": "c1", "rank": 1, "score": 1.0, "scores": {"bm25": 1.0}}])
+    monkeypatch.setattr(shutil, "copyfile", lambda *a, **k: pytest.fail("copied the file, not a backup"))
+    for source in (odd, Path("/" + str(odd))):
+        copy = tmp_path / f"copy{len(str(source))}.db"
+        _copy_store(source, copy)
+        with FeedbackStore(copy) as read:
+            assert read.counts()["events"] == 1

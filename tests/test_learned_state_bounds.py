@@ -18,7 +18,14 @@ import pytest
 
 from rlfb import FeedbackEnsemble
 from rlfb.blocks import encode_block
-from rlfb.memory import HASHED_KEY, MAX_CHUNKS_PER_QUESTION, MAX_KEY_CHARS, FeedbackMemory, question_key
+from rlfb.memory import (
+    HASHED_KEY,
+    MAX_CHUNKS_PER_QUESTION,
+    MAX_KEY_CHARS,
+    FeedbackMemory,
+    normalize_query,
+    question_key,
+)
 from rlfb.replay import MAX_SHOWN
 
 TEXTS = ["The aurora is caused by charged particles from the sun.", "Tides follow the pull of the moon.",
@@ -153,3 +160,34 @@ def test_two_spellings_of_one_long_question_saved_apart_add_up_when_read() -> No
     merged.n, merged._s = 4.0, np.array([1.75, 1.5])
     assert np.allclose(again.posterior()[0], merged.posterior()[0])
     assert np.allclose(again.posterior()[1], merged.posterior()[1])
+
+
+def test_a_question_saved_under_its_text_and_its_hash_both_is_read_once() -> None:
+    # a rolling upgrade: a new process learned it by its hash, an older one again by its text; the state loaded
+    # with one key twice, and every snapshot after it was refused ("holds a query twice")
+    text_keyed, hash_keyed = FeedbackMemory(), FeedbackMemory()
+    normal = normalize_query(LONG)  # as the memory keyed it by its text
+    text_keyed.update(normal, None, ["old"], [0.4], timestamp=1.0)
+    text_keyed.note_ask(normal)
+    hash_keyed.update(question_key(LONG), None, ["new"], [0.4], timestamp=2.0)
+    b = hash_keyed.state_dict()
+    both = {**b, "queries": [normal, question_key(LONG)], "counts": [1, 1], "chunks": ["old", "new"],
+            "values": encode_block(np.array([0.4, 0.4])),
+            "clock": encode_block(np.array([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))}
+    mem = FeedbackMemory().load_state_dict(both)
+    assert len(mem) == 1 and mem.known(question_key(LONG)) == {"new": 0.4}  # the more recently used
+    assert mem.asks(question_key(LONG)) == 1  # the askings of both
+    FeedbackMemory().load_state_dict(mem.state_dict())  # and it saves a state that loads
+
+
+def test_a_short_key_that_grows_past_the_bound_when_normalised_is_re_keyed() -> None:
+    # the click evidence measured the saved key's raw length, the learner the normalised one: "\u0958" is two
+    # characters in NFC, so 300 of them (600 normalised) stayed keyed by their text and went unfound
+    from rlfb.policies.click_evidence import ClickEvidence
+
+    grows = "\u0958" * 300
+    ev = ClickEvidence(2)
+    ev._rows, ev._q = {grows: 0, "other": 1}, np.array([[0.5, 1.0, 1.0], [1.0, 0.0, 1.0]])
+    ev.n, ev._s = 2.0, np.array([1.5, 1.0])
+    again = ClickEvidence(2).load_state_dict(ev.state_dict())
+    assert again.state_dict()["queries"] == [question_key(grows), "other"]

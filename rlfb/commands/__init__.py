@@ -161,8 +161,11 @@ def _copy_store(path: Path, copy: Path) -> None:
     import sqlite3
     from urllib.parse import quote
 
+    # the path's own bytes, quoted (a name that is not UTF-8 has no str to quote); one leading slash, as "//tmp"
+    # would read as a URI's authority
+    where = "/" + quote(os.fsencode(path.absolute())).lstrip("/")
     try:
-        src = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+        src = sqlite3.connect(f"file:{where}?mode=ro", uri=True)
         try:
             dst = sqlite3.connect(copy)
             try:

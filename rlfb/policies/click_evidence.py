@@ -81,7 +81,8 @@ def _rekeyed(rows: dict[str, int], q: np.ndarray) -> tuple[dict[str, int], np.nd
     place of the more recently used."""
     from rlfb.memory import MAX_KEY_CHARS
 
-    if all(len(key) <= MAX_KEY_CHARS for key in rows):
+    # an ASCII key's length is its normalised length; another may grow past the bound when normalised (NFC)
+    if all(len(key) <= MAX_KEY_CHARS and key.isascii() for key in rows):
         return rows, q
     summed: dict[str, np.ndarray] = {}
     for key, place in rows.items():  # least recently used first
