@@ -257,20 +257,25 @@ def test_memory_transfer_by_similarity_with_a_fixed_gate():
         mem.score("q", np.ones(3), ["a"])
 
 
+def _feed_paraphrases(mem: FeedbackMemory, rng: np.random.Generator, n: int, helpful: bool, tag: str = "") -> None:
+    """``n`` questions, each with a click, then a paraphrase of each whose click is on the same chunk (helpful)
+    or on the other one (misleading)."""
+    for i in range(n):
+        base = _unit(rng.normal(size=8))
+        para = _unit(base + 0.1 * rng.normal(size=8))
+        good, bad = f"good{tag}{i}", f"bad{tag}{i}"
+        mem.update(f"q{tag}{i}", base, [bad, good], [-0.2, 0.4])
+        clicked, skipped = (good, bad) if helpful else (bad, good)
+        mem.update(f"p{tag}{i}", para, [skipped, clicked], [-0.2, 0.4])
+
+
 def test_adaptive_gate_opens_only_when_transfer_predicts_clicks():
     rng = np.random.default_rng(0)
 
     def run(helpful: bool) -> FeedbackMemory:
         mem = FeedbackMemory(similarity_threshold=0.8)
         assert mem.gate() == 0.0
-        for i in range(150):
-            base = _unit(rng.normal(size=8))
-            para = _unit(base + 0.1 * rng.normal(size=8))
-            good, bad = f"good{i}", f"bad{i}"
-            mem.update(f"q{i}", base, [bad, good], [-0.2, 0.4])
-            # the paraphrase: the same chunk is clicked (helpful), or the other one (misleading)
-            clicked, skipped = (good, bad) if helpful else (bad, good)
-            mem.update(f"p{i}", para, [skipped, clicked], [-0.2, 0.4])
+        _feed_paraphrases(mem, rng, 150, helpful)
         return mem
 
     assert run(helpful=True).gate() == 1.0
@@ -360,19 +365,9 @@ def test_a_long_helpful_history_does_not_keep_the_gate_open_once_transfer_mislea
     # that followed, and the gate stayed open on transfer that now pointed at the wrong chunks
     rng = np.random.default_rng(0)
     mem = FeedbackMemory(similarity_threshold=0.8)
-
-    def feed(n: int, helpful: bool, tag: str) -> None:
-        for i in range(n):
-            base = _unit(rng.normal(size=8))
-            para = _unit(base + 0.1 * rng.normal(size=8))
-            good, bad = f"good{tag}{i}", f"bad{tag}{i}"
-            mem.update(f"q{tag}{i}", base, [bad, good], [-0.2, 0.4])
-            clicked, skipped = (good, bad) if helpful else (bad, good)
-            mem.update(f"p{tag}{i}", para, [skipped, clicked], [-0.2, 0.4])
-
-    feed(2000, True, "h")
+    _feed_paraphrases(mem, rng, 2000, True, "h")
     assert mem.gate() == 1.0
-    feed(1000, False, "m")
+    _feed_paraphrases(mem, rng, 1000, False, "m")
     assert mem.gate() == 0.0
 
 
