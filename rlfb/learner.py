@@ -56,7 +56,8 @@ from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.exploration import EXPLORATIONS, EpsilonGreedyExploration, NoExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
-from rlfb.memory import FeedbackMemory, question_key
+from rlfb.memory import FeedbackMemory
+from rlfb.memory import keyed as _keyed
 from rlfb.policies import make_policy
 from rlfb.policies._util import (
     check_float,
@@ -940,13 +941,6 @@ def _embedding_dim(embedding: Any, dim: int | None) -> int | None:
     if dim is not None and e.shape[0] != dim:
         raise ValidationError(f"query embedding has {e.shape[0]} dimensions, earlier ones in the log {dim}")
     return int(e.shape[0])
-
-
-def _keyed(item: Any) -> Any:
-    """A context or episode with its question as the learner keeps it (:func:`rlfb.memory.question_key`: a long
-    one by its hash), so that no part of the learned state keeps a long question's text."""
-    key = question_key(item.query)
-    return item if key == item.query else dataclasses.replace(item, query=key)
 
 
 def _as_answered(episode: Episode) -> Episode:

@@ -41,6 +41,7 @@ then a pass over the chunks of at most ``max_neighbors + 1`` entries.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import heapq
 import itertools
 import math
@@ -59,7 +60,7 @@ from rlfb.relevance_feedback import similar_to_clicked
 from rlfb.reward import finite_float
 
 __all__ = ["MemoryParams", "FeedbackMemory", "is_blank", "normalize_query", "naming_model", "without_embeddings",
-           "knows_questions_by_text", "question_key", "MAX_KEY_CHARS", "MAX_CHUNKS_PER_QUESTION"]
+           "knows_questions_by_text", "question_key", "keyed", "MAX_KEY_CHARS", "MAX_CHUNKS_PER_QUESTION"]
 
 _SPACE = re.compile(r"\s+")
 # sentence punctuation, quotes and brackets (also Spanish, full-width and CJK ones); not symbols that name
@@ -559,10 +560,11 @@ class FeedbackMemory:
         keys = [question_key(k) for k in keys]
         if len(set(keys)) != len(keys):
             latest: dict[str, int] = {}
+            total: dict[str, float] = {}
             for i, k in enumerate(keys):
                 if k not in latest or touch[i] >= touch[latest[k]]:
                     latest[k] = i
-            total = {k: sum(a for key, a in zip(keys, asks, strict=True) if key == k) for k in latest}
+                total[k] = total.get(k, 0.0) + asks[i]
             kept = sorted(latest.values())
             keys, values, embs, has, times, touch, asks = (
                 [col[i] for i in kept] for col in (keys, values, embs, has, times, touch, asks))
@@ -718,6 +720,14 @@ def question_key(query: str) -> str:
     from rlfb.store.codec import query_hash  # one hash of a question's text, as the store's
 
     return HASHED_KEY + query_hash(normal)
+
+
+def keyed(item: Any) -> Any:
+    """A context or episode (anything with a ``query``) with its question as the learner keeps it
+    (:func:`question_key`: a long one by its hash), so that no part of the learned state keeps a long question's
+    text."""
+    key = question_key(item.query)
+    return item if key == item.query else dataclasses.replace(item, query=key)
 
 
 def knows_questions_by_text(state: Any) -> bool:

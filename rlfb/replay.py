@@ -28,7 +28,6 @@ episode as a JSON-safe dict.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections import deque
@@ -315,10 +314,9 @@ class PrioritizedReplay:
 
 
 def _keyed(episode: Episode) -> Episode:
-    from rlfb.memory import question_key  # the memory imports the policies, which import this module
+    from rlfb.memory import keyed  # the memory imports the policies, which import this module
 
-    key = question_key(episode.query)
-    return episode if key == episode.query else dataclasses.replace(episode, query=key)
+    return keyed(episode)
 
 
 # ---------------------------------------------------------------------------- the saved columns

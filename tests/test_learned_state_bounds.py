@@ -125,7 +125,7 @@ def test_a_state_saved_with_a_long_question_by_its_text_is_read_with_it_keyed_by
     import rlfb.policies.click_evidence as click_evidence
 
     with monkeypatch.context() as old:  # rlfb as it was: every question known by its text
-        old.setattr(rlfb.learner, "question_key", lambda q: q)
+        old.setattr(rlfb.learner, "_keyed", lambda item: item)
         old.setattr(rlfb.feedback_learning, "question_key", lambda q: q)
         old.setattr(click_evidence, "_key", lambda q: " ".join(q.lower().split()))
         with _ensemble(tmp_path / "fb.db") as ens:
