@@ -711,9 +711,11 @@ class FeedbackEnsemble:
 
         Call it *before* retrieving for the follow-up in the same session: the session's latest
         retrieval is the one judged, so called after, the follow-up would be compared with itself
-        and judged a restatement of itself. The signals are kept and learned together or not at all: one
-        refused (an idempotency conflict, a busy store) takes back those before it. The arguments are
-        checked also when the session has no retrieval yet (nothing to judge: ``[]``).
+        and judged a restatement of itself. With ``timestamp`` (a log replayed, events from a client's
+        queue) the one judged is the session's latest retrieval made by then, and a time past the store's
+        clock is a :class:`~rlfb.errors.FutureTimestampError`. The signals are kept and learned together or
+        not at all: one refused (an idempotency conflict, a busy store) takes back those before it. The
+        arguments are checked also when the session has no retrieval yet (nothing to judge: ``[]``).
         """
         return record_implicit(self, session_id, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened,
                                timestamp=timestamp)

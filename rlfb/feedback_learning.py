@@ -23,7 +23,7 @@ import numpy as np
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
-from rlfb.runs import followup_time, hashes_queries, in_callers_block, maker_of, owns_event
+from rlfb.runs import followup_time, hashes_queries, in_callers_block, maker_of, owns_event, previous_retrieval
 from rlfb.snapshot_sync import undo_on_rollback
 from rlfb.types import Hit
 
@@ -158,22 +158,20 @@ def record_implicit(
     timestamp: float | None,
 ) -> list[Any]:
     """The body of :meth:`FeedbackEnsemble.observe <rlfb.FeedbackEnsemble.observe>`: the implicit signals on the
-    session's latest retrieval, each given to ``ens`` as feedback."""
+    session's latest retrieval (made by ``timestamp``, where given), each given to ``ens`` as feedback."""
     from rlfb.implicit import ImplicitSignals, infer_at
-    from rlfb.reward import as_timestamp
 
     store = ens._require_store()
-    previous = store.last_event(session_id)
+    at = followup_time(store, timestamp)
+    previous = previous_retrieval(store, session_id, timestamp, at)
     if ens._implicit is None:  # built on first use: it holds the dense model's encoder, if any
         ens._implicit = ImplicitSignals(encode=ens._dense_encoder())
     if previous is None:
         # nothing to judge yet; a bad argument is an error all the same, not only once the session has a retrieval
         ens._implicit.infer({"id": ""}, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened)
-        if timestamp is not None:
-            as_timestamp(timestamp)
         return []
     signals = infer_at(ens._implicit, previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened,
-                       at=followup_time(store, timestamp))
+                       at=at)
     maker = maker_of(previous["id"], store)
     # all or nothing: a signal refused (an idempotency conflict, a busy or full store) took back those before it,
     # which were kept and learned. Not where another connection to the file learns them: it would wait on this

@@ -864,17 +864,18 @@ def _number(what: str, value: Any) -> None:
         raise ValidationError(f"{what} must be finite, got {value!r}")
 
 
-#: How far past the wall clock a logged time may be (clocks of other machines drift; a time in milliseconds,
-#: as JavaScript's Date.now() gives, is 50,000 years ahead)
-FUTURE_TOLERANCE = 86_400.0
+#: How far past this machine's clock a logged or saved time may be: a time in milliseconds, as JavaScript's
+#: Date.now() gives, is 50,000 years ahead, while the clock of the machine that logged it, or of this one, may
+#: be days off (one that ran two days fast wrote snapshots that a bound of a day refused to load once corrected)
+FUTURE_TOLERANCE = 30 * 86_400.0
 
 
 def _not_future(what: str, t: float) -> None:
     """Refuse a time far in the future: the learner's clocks only move forward, so one such time would
     decay everything learned to nothing and weigh every later episode as long past, for good."""
     if t > time.time() + FUTURE_TOLERANCE:
-        raise ValidationError(f"{what} {t!r} is more than a day in the future: times are seconds since the "
-                              "epoch (a time in milliseconds?)")
+        raise ValidationError(f"{what} {t!r} is more than 30 days in the future by this machine's clock: times "
+                              "are seconds since the epoch (a time in milliseconds?)")
 
 
 def _check_logged_fields(episode: Episode, n_shown: int) -> None:

@@ -453,7 +453,8 @@ def observe_followup(
     """
     if not isinstance(session_id, str) or not session_id:
         raise ValidationError(f"session_id must be a non-empty str, got {session_id!r}")
-    previous = store.last_event(session_id)
+    at = followup_time(store, timestamp)
+    previous = previous_retrieval(store, session_id, timestamp, at)
     if previous is None:
         return []
     if previous.get("parent_id") is not None:
@@ -469,7 +470,7 @@ def observe_followup(
     records = []
     from rlfb.implicit import infer_at
 
-    for sig in infer_at(implicit, previous, query, at=followup_time(store, timestamp)):
+    for sig in infer_at(implicit, previous, query, at=at):
         if own:
             records.append(
                 ensemble.feedback(sig.event_id, sig.signal, chunk_id=sig.chunk_id, timestamp=timestamp,
@@ -490,13 +491,33 @@ def hashes_queries(store: Any) -> bool:
 
 def followup_time(store: Any, timestamp: Any) -> float:
     """When a follow-up came, for :meth:`ImplicitSignals.infer <rlfb.implicit.ImplicitSignals.infer>`'s window:
-    ``timestamp`` as given (unix seconds, a ``datetime`` or ISO text), else now by the store's clock."""
+    ``timestamp`` as given (unix seconds, a ``datetime`` or ISO text), else now by the store's clock.
+
+    A time past the store's clock is its :class:`~rlfb.errors.FutureTimestampError`, as feedback's is: one in
+    milliseconds fell outside the follow-up window and a reformulation passed for a new visit, without a word.
+    """
     from rlfb.reward import as_timestamp
 
-    if timestamp is not None:
-        return as_timestamp(timestamp)
     clock = getattr(store, "_now", None)  # a store of the user's own may have no clock of its own
+    check = getattr(store, "_timestamp", None)
+    if timestamp is not None:
+        if callable(clock) and callable(check):
+            return float(check(timestamp, "timestamp", float(clock())))
+        return as_timestamp(timestamp)
     return float(clock()) if callable(clock) else time.time()
+
+
+def previous_retrieval(store: Any, session_id: str, timestamp: Any, at: float) -> dict[str, Any] | None:
+    """The session's retrieval a follow-up at ``at`` judges: its latest made by then when the follow-up's
+    ``timestamp`` was given (a log replayed, a client's queue), else its latest. Taking the latest whatever
+    the time judged a replayed reformulation against a later question and dropped it, and gave a dwell to a
+    retrieval made after it."""
+    if timestamp is None:
+        return store.last_event(session_id)
+    try:
+        return store.last_event(session_id, at=at)
+    except TypeError:  # a store of the user's own, whose last_event takes no time
+        return store.last_event(session_id)
 
 
 def _run_id(run_id: Any) -> str:

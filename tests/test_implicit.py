@@ -296,3 +296,46 @@ def test_observe_a_day_later_records_no_reformulation(tmp_path):
     ens.feedback(r.event_id, "thumbs_up", timestamp=t0 + 30)
     assert ens.observe("user-42", "What causes the aurora?") == []
     assert [x.signal for x in ens.observe("user-42", "What causes the aurora?", timestamp=t0 + 60)] == ["reformulation"]
+
+
+def test_observe_at_a_given_time_judges_the_retrieval_made_by_then(tmp_path):
+    # the session's newest retrieval was judged whatever the follow-up's time: replayed from a log, a restated
+    # question was compared with a later one and dropped, and a dwell went to a retrieval made after it
+    import time
+
+    from rlfb import FeedbackEnsemble
+
+    ens = FeedbackEnsemble.from_texts(["The aurora is caused by charged particles from the sun.",
+                                       "Tides follow the pull of the moon.", "Volcanoes erupt molten rock."],
+                                      retrievers=("bm25",), store=str(tmp_path / "f.db"), policy="thompson")
+    t0 = time.time() - 7200
+    aurora = ens.retrieve("what causes the aurora", k=2, session_id="s", timestamp=t0).event_id
+    ens.retrieve("why do volcanoes erupt", k=2, session_id="s", timestamp=t0 + 1200)
+    restated = ens.observe("s", "what causes the aurora borealis", timestamp=t0 + 60)
+    assert [(x.event_id, x.signal) for x in restated] == [(aurora, "reformulation")]
+    dwelt = ens.observe("s", dwell_seconds=120, timestamp=t0 + 1000)
+    assert [(x.event_id, x.signal, x.delay) for x in dwelt] == [(aurora, "dwell", 1000.0)]
+    # logged out of time order (a replay): the one made by then, not the one logged last
+    ens.retrieve("how do tides work", k=2, session_id="s2", timestamp=t0 + 3000)
+    later_logged = ens.retrieve("what causes the aurora", k=2, session_id="s2", timestamp=t0 + 2000).event_id
+    assert [x.event_id for x in ens.observe("s2", "what causes the aurora borealis", timestamp=t0 + 2100)] \
+        == [later_logged]
+    assert ens.store.last_event("s", at=t0 - 1) is None
+    assert ens.store.last_event("s")["query"] == "why do volcanoes erupt"  # no time given: the latest
+
+
+def test_a_follow_up_time_in_milliseconds_is_refused_not_taken_for_a_new_visit(tmp_path):
+    import time
+
+    from rlfb import FeedbackEnsemble
+    from rlfb.errors import FutureTimestampError
+
+    ens = FeedbackEnsemble.from_texts(["The aurora is caused by charged particles from the sun.",
+                                       "Tides follow the pull of the moon."], retrievers=("bm25",),
+                                      store=str(tmp_path / "f.db"), policy="thompson")
+    t0 = time.time() - 600
+    ens.retrieve("what causes the aurora", k=1, session_id="s", timestamp=t0)
+    for session in ("s", "fresh"):  # a session with nothing to judge checks its arguments all the same
+        with pytest.raises(FutureTimestampError):
+            ens.observe(session, "what causes the aurora borealis", timestamp=(t0 + 60) * 1000)
+    assert ens.store.counts()["feedback"] == 0

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -723,7 +724,6 @@ def test_a_second_store_on_the_file_inside_exclusive_is_a_named_error(tmp_path: 
 
 def test_prune_keeps_the_newest_snapshot_of_each_kind_of_ensemble(tmp_path: Path) -> None:
     # it kept each policy's newest: a thompson ensemble of other retrievers writing later took this one's only state
-    import time
 
     path = str(tmp_path / "fb.db")
     alone = _ensemble(path)
@@ -885,7 +885,6 @@ def test_a_rolled_back_feedback_leaves_the_whole_replay_buffer(tmp_path: Path) -
 def test_prune_keeps_the_newest_snapshot_of_each_dense_model(tmp_path: Path) -> None:
     # two dense models of one dimension are two kinds of ensemble (their memories' embeddings are not
     # comparable): pruning kept one snapshot for both, and the other model's app lost its only state
-    import time
 
     path = str(tmp_path / "fb.db")
     with FeedbackStore(path) as store:
@@ -996,3 +995,21 @@ def test_learning_a_rolled_back_flush_left_unwritten_is_written_at_exit(tmp_path
     assert done.returncode == 0, done.stderr
     with FeedbackStore(path) as store:
         assert store.load_policy_state()["state"]["n_learned"] == 2
+
+
+def test_a_store_written_while_the_clock_ran_two_days_fast_still_opens_and_learns_once_it_is_corrected(tmp_path):
+    # the learner refused times more than a day past this machine's clock: its snapshots, stamped by the fast
+    # clock, were "damaged" once the clock was put right, and the store could not be opened but by dropping them
+    path = str(tmp_path / "fb.db")
+    fast = FeedbackStore(path, clock=lambda: time.time() + 2 * 86_400)
+    ens = _ensemble(fast)
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.feedback(r.event_id, "explicit_positive", chunk_id=r.hits[0].chunk_id)  # was refused too: a pinned clock
+    ens.close()
+    fast.close()
+    ens = _ensemble(path)  # the clock put right
+    assert ens.learner.n_learned == 1
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.feedback(r.event_id, "explicit_positive", chunk_id=r.hits[0].chunk_id)
+    assert ens.learner.n_learned == 2
+    ens.close()

@@ -487,10 +487,10 @@ def saved_count(name: str, value: Any) -> int:
 
 
 def saved_times(what: str, times: Any) -> None:
-    """Refuse saved clocks ``times`` (a number or an array) beyond the learner's own bound on the future (a day
-    past the wall clock), with :class:`CorruptStateError`: the clocks only move forward, so one such time made
-    every later episode count as long past (weight about 0) and the policy stopped learning, for good. Times that
-    are not finite are the caller's to refuse."""
+    """Refuse saved clocks ``times`` (a number or an array) beyond the learner's own bound on the future (30
+    days past this machine's clock), with :class:`CorruptStateError`: the clocks only move forward, so one such
+    time made every later episode count as long past (weight about 0) and the policy stopped learning, for good.
+    Times that are not finite are the caller's to refuse."""
     from rlfb.learner import _not_future  # the same bound as the learner's; rlfb.learner imports this module
 
     arr = np.asarray(times, dtype=float)

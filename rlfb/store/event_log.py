@@ -300,6 +300,18 @@ def events_for_session(
     return rows[::-1]
 
 
+def last_event_at(store: FeedbackStore, session_id: str, at: float) -> dict[str, Any] | None:
+    """The session's most recent event made at or before ``at``, or ``None``."""
+    rows = select_events(
+        store,
+        "e.session_id = ? AND e.ts <= ?",
+        [_enc(_check_id(session_id, "session_id", allow_empty=True)), at],
+        order="e.ts DESC, e.rowid DESC",
+        tail=" LIMIT 1",
+    )
+    return rows[0] if rows else None
+
+
 def children(store: FeedbackStore, parent_id: str, *, with_chunks: bool = True) -> list[dict[str, Any]]:
     """Events logged with ``parent_id`` (oldest first)."""
     enc = _enc(_check_id(parent_id, "parent_id", allow_empty=True))  # "" may be logged as a parent

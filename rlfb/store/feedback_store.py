@@ -334,10 +334,14 @@ class FeedbackStore:
         """The session's events, oldest first; with ``limit``, only the most recent ``limit`` of them."""
         return event_log.events_for_session(self, session_id, limit, with_chunks=with_chunks)
 
-    def last_event(self, session_id: str) -> dict[str, Any] | None:
-        """The session's most recent event, or ``None``."""
-        rows = self.events_for_session(session_id, 1)
-        return rows[-1] if rows else None
+    def last_event(self, session_id: str, *, at: Any = None) -> dict[str, Any] | None:
+        """The session's most recent event, or ``None``; with ``at`` (unix seconds, a ``datetime`` or ISO
+        text), its most recent one made at or before then (a follow-up replayed from a log judges the
+        retrieval that came before it, not the session's newest)."""
+        if at is None:
+            rows = self.events_for_session(session_id, 1)
+            return rows[-1] if rows else None
+        return event_log.last_event_at(self, session_id, as_timestamp(at, "at"))
 
     def children(self, parent_id: str, *, with_chunks: bool = True) -> list[dict[str, Any]]:
         """Events logged with ``parent_id`` (oldest first)."""
