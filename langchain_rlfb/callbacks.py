@@ -371,13 +371,13 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 event_id, parent = f"{rid}/result", rid
         session = info["session_id"]
         if session is not None and self.observe_followups:
-            if self._implicit is None:
-                self._implicit = default_implicit(self.ensemble)
+            # given, else the ensemble's as they are now (ens.implicit), else word overlap
+            implicit = self._implicit if self._implicit is not None else default_implicit(self.ensemble)
             # a retrieval under the same run (parent or any run above it) is a restatement on purpose; so is one
             # under this very retrieval (an rlfb retriever inside a wrapper retriever logged it moments ago)
             ancestors = {p for _, p in links} | ({parent} if parent is not None else set()) | {rid}
             observe_followup(self.store, session, info["query"], ensemble=self.ensemble,
-                             implicit=self._implicit, run_ancestors=ancestors)
+                             implicit=implicit, run_ancestors=ancestors)
         results, dropped = _results(documents)
         if session is None and info["raw_session_id"] is not None:
             dropped.insert(0, f"its session_id {info['raw_session_id']!r} (not a non-empty str, int or UUID)")

@@ -42,12 +42,12 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
 from langchain_rlfb._checks import flag, positive_count, session_text
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_options
-from rlfb.errors import DuplicateIdError, NoStoreError, ValidationError
+from rlfb.errors import DuplicateEventError, DuplicateIdError, NoStoreError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
 from rlfb.types import Chunk, Hit, copy_metadata
@@ -73,6 +73,8 @@ SESSION_KEY = "rlfb_session_id"
 
 # Callbacks for members' runs, so a member retriever's run nests under the ensemble's run.
 _MEMBER_CALLBACKS: ContextVar[Any] = ContextVar("rlfb_member_callbacks", default=None)
+#: LangChain retriever members' documents that ``ainvoke`` fetched with their ``ainvoke``, by member name
+_FETCHED: ContextVar[dict[str, Any] | None] = ContextVar("rlfb_fetched_members", default=None)
 
 MemberLike = Any  # a BaseRetriever / Runnable[str, list[Document]], a VectorStore, or a SearchMember
 
@@ -204,17 +206,31 @@ def _vectorstore_search(name: str, store: VectorStore, extra: dict[str, Any], sc
 
 def _runnable_search(name: str, retriever: Runnable) -> Any:
     def search(query: str, k: int) -> list[tuple[Chunk, None]]:
-        # Explicit callbacks: without them the run would inherit an enclosing chain's and show up
-        # as a sibling retrieval of the ensemble's own run.
-        config = {"callbacks": _MEMBER_CALLBACKS.get() or []}
-        docs = retriever.invoke(query, config=config)
+        fetched = _FETCHED.get()
+        if fetched is not None and name in fetched:  # ainvoke searched it already, with its ainvoke
+            docs = fetched[name]
+        else:
+            # Explicit callbacks: without them the run would inherit an enclosing chain's and show up
+            # as a sibling retrieval of the ensemble's own run.
+            docs = retriever.invoke(query, config={"callbacks": _MEMBER_CALLBACKS.get() or []})
         for wrong in (docs,) if not isinstance(docs, (list, tuple)) else docs:
             if not isinstance(wrong, Document):
                 raise ValidationError(f"member {name!r} returned a {type(wrong).__name__}, where a retriever "
                                       "returns a list of Documents")
         return [(document_to_chunk(d), None) for d in docs]
 
+    search.runnable = retriever  # type: ignore[attr-defined]  # what ainvoke awaits, all members at once
     return search
+
+
+async def _fetch_runnables(members: Sequence[SearchMember], query: str, callbacks: Any) -> dict[str, Any]:
+    """Each LangChain retriever member's documents for ``query``, from its ``ainvoke``, all at once (as
+    LangChain's ``EnsembleRetriever`` does): a member with an async search only works under ``ainvoke``, and
+    remote ones are searched side by side."""
+    runnables = [(m.name, getattr(m.function, "runnable", None)) for m in members]
+    runnables = [(name, r) for name, r in runnables if r is not None]
+    found = await asyncio.gather(*(r.ainvoke(query, config={"callbacks": callbacks}) for _, r in runnables))
+    return {name: docs for (name, _), docs in zip(runnables, found, strict=True)}
 
 
 def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) -> list[SearchMember]:
@@ -293,7 +309,6 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     observe_followups: bool = True
     """Record a restated follow-up in the same session as a reformulation of the previous query."""
 
-    _implicit: Any = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
         # Checked before pydantic, which would read k=2.0 as 2 and explore="no" as False, and would wrap
@@ -337,10 +352,13 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     ) -> list[Document]:
         # The core is synchronous (numpy, SQLite): run it in a thread, as LangChain's default does.
         cancelled = threading.Event()
+        child = run_manager.get_child()
+        token = None
         try:
-            return await run_in_executor(
-                None, self._retrieve, query, run_manager, run_manager.get_child(), k, explore, log, cancelled
-            )
+            members = self.ensemble.members
+            if any(getattr(m.function, "runnable", None) is not None for m in members):
+                token = _FETCHED.set(await _fetch_runnables(members, query, child))  # the thread copies it
+            return await run_in_executor(None, self._retrieve, query, run_manager, child, k, explore, log, cancelled)
         except asyncio.CancelledError as exc:
             # A cancelled ainvoke (asyncio.wait_for timing out) is a BaseException, which BaseRetriever.ainvoke
             # does not pass to the callbacks' error hook: say it here, so a FeedbackCallbackHandler drops the
@@ -348,6 +366,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             cancelled.set()
             await asyncio.shield(run_manager.on_retriever_error(exc))
             raise
+        finally:
+            if token is not None:
+                _FETCHED.reset(token)
 
     def _retrieve(
         self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None, log: bool | None,
@@ -360,12 +381,11 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session = _run_session(run.metadata, self.session_id)
         wanted = flag(self.log if log is None else log, "log")  # checked also where there is no store
         logging = ens.store is not None and wanted
-        if session is not None and logging and self.observe_followups:
-            if self._implicit is None:
-                self._implicit = default_implicit(ens)
-            parent = None if run.parent_run_id is None else str(run.parent_run_id)
-            observe_followup(ens.store, session, query, ensemble=ens, implicit=self._implicit,
-                             run_ancestors=() if parent is None else (parent,))
+        has_event = getattr(ens.store, "has_event", None) if logging else None  # a store of the user's own may lack it
+        if has_event is not None and has_event(str(run.run_id)):
+            # refused before anything is searched or written: the refusal came after a reformulation of the
+            # session's previous retrieval had been stored and learned
+            raise DuplicateEventError(f"event id {str(run.run_id)!r} was already logged (a run id given twice)")
         token = _MEMBER_CALLBACKS.set(child_callbacks)
         try:
             ctx = ens.context(query, session_id=session, k=k)  # the slow part: encoding, scoring, members
@@ -375,6 +395,13 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             # nobody will see this ranking: logging it would give the session's next question a "previous
             # retrieval" to be a reformulation of, and the learner a decision nobody rated
             return []
+        if session is not None and logging and self.observe_followups:
+            # once the search has worked, as the callback handler does: a search that raised answered nobody,
+            # and its question had already been stored as a reformulation of the previous one
+            parent = None if run.parent_run_id is None else str(run.parent_run_id)
+            # the ensemble's settings as they are now (ens.implicit), not as they were at the first follow-up
+            observe_followup(ens.store, session, query, ensemble=ens, implicit=default_implicit(ens),
+                             run_ancestors=() if parent is None else (parent,))
         result = ens.rank_context(
             ctx,
             k,

@@ -61,6 +61,7 @@ from rlfb.feedback_learning import (
     record_implicit,
 )
 from rlfb.fusion import check_fusion, rank_matrix
+from rlfb.implicit import ImplicitSignals
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever
@@ -313,6 +314,11 @@ class FeedbackEnsemble:
     def retriever_names(self) -> tuple[str, ...]:
         """Corpus retrievers, then members: the columns of the score matrices and the weights' keys."""
         return tuple(self._retrievers) + tuple(self._members)
+
+    @property
+    def members(self) -> tuple[SearchMember, ...]:
+        """The search-only members, in the order of :attr:`retriever_names`."""
+        return tuple(self._members.values())
 
     @property
     def retrievers(self) -> Mapping[str, Retriever]:
@@ -629,6 +635,23 @@ class FeedbackEnsemble:
     def _hits(self, ctx: Context, ranking: Any) -> list[Hit]:
         return make_hits(ctx, ranking, table=self._scored_on.get(ctx), given=self._given_on.get(ctx) or {},
                          chunk=self.chunk, candidate_k=self.candidate_k)
+
+    @property
+    def implicit(self) -> ImplicitSignals:
+        """How :meth:`observe` (and the LangChain retriever and handler made from this ensemble) read implicit
+        signals: by default :class:`~rlfb.implicit.ImplicitSignals` comparing follow-ups with the dense
+        retriever's encoder where there is one. Set it to change the follow-up window or the dwell
+        threshold, ``ens.implicit = ImplicitSignals(followup_window=600, encode=ens.implicit.encode)``;
+        it is not saved."""
+        if self._implicit is None:  # built on first use: it holds the dense model's encoder, if any
+            self._implicit = ImplicitSignals(encode=self._dense_encoder())
+        return self._implicit
+
+    @implicit.setter
+    def implicit(self, value: ImplicitSignals) -> None:
+        if not isinstance(value, ImplicitSignals):
+            raise ValidationError(f"implicit must be an rlfb.implicit.ImplicitSignals, got {type(value).__name__}")
+        self._implicit = value
 
     def _dense_encoder(self) -> Any:
         """The dense retriever's query encoder (normalised vectors), or ``None`` without one.

@@ -159,18 +159,17 @@ def record_implicit(
 ) -> list[Any]:
     """The body of :meth:`FeedbackEnsemble.observe <rlfb.FeedbackEnsemble.observe>`: the implicit signals on the
     session's latest retrieval (made by ``timestamp``, where given), each given to ``ens`` as feedback."""
-    from rlfb.implicit import ImplicitSignals, infer_at
+    from rlfb.implicit import infer_at
 
     store = ens._require_store()
     at = followup_time(store, timestamp)
     previous = previous_retrieval(store, session_id, timestamp, at)
-    if ens._implicit is None:  # built on first use: it holds the dense model's encoder, if any
-        ens._implicit = ImplicitSignals(encode=ens._dense_encoder())
+    implicit = ens.implicit
     if previous is None:
         # nothing to judge yet; a bad argument is an error all the same, not only once the session has a retrieval
-        ens._implicit.infer({"id": ""}, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened)
+        implicit.infer({"id": ""}, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened)
         return []
-    signals = infer_at(ens._implicit, previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened,
+    signals = infer_at(implicit, previous, query, dwell_seconds=dwell_seconds, cited=cited, opened=opened,
                        at=at)
     maker = maker_of(previous["id"], store)
     # all or nothing: a signal refused (an idempotency conflict, a busy or full store) took back those before it,

@@ -39,6 +39,11 @@ class SearchMember:
         self.name = name
         self._search = search
 
+    @property
+    def function(self) -> SearchFn:
+        """The ``search(query, k)`` function this member wraps."""
+        return self._search
+
     def search(self, query: str, k: int, *, c: float = 60.0) -> list[tuple[Chunk, float]]:
         """The member's chunks for ``query``, each with a finite score (rank-based where it gave none)."""
         validate_k(k)

@@ -409,7 +409,8 @@ def _event_key(store: Any, key: str | None, event_id: str) -> str | None:
 
 
 def default_implicit(ensemble: Any = None) -> Any:
-    """:class:`~rlfb.implicit.ImplicitSignals` as :meth:`rlfb.FeedbackEnsemble.observe` builds it.
+    """:class:`~rlfb.implicit.ImplicitSignals` as :meth:`rlfb.FeedbackEnsemble.observe` reads them: the
+    ensemble's own (:attr:`rlfb.FeedbackEnsemble.implicit`) where it has them.
 
     With an ensemble that has a dense retriever, follow-ups are compared by
     embedding similarity; otherwise by word overlap.
@@ -417,6 +418,9 @@ def default_implicit(ensemble: Any = None) -> Any:
     from rlfb.implicit import ImplicitSignals
     from rlfb.retrievers.base import dense_retriever
 
+    own = getattr(ensemble, "implicit", None)  # a FeedbackEnsemble's, whose settings the user may have set
+    if isinstance(own, ImplicitSignals):
+        return own
     encode = None
     if ensemble is not None:
         pick = getattr(ensemble, "_dense_encoder", None)

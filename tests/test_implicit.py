@@ -339,3 +339,31 @@ def test_a_follow_up_time_in_milliseconds_is_refused_not_taken_for_a_new_visit(t
         with pytest.raises(FutureTimestampError):
             ens.observe(session, "what causes the aurora borealis", timestamp=(t0 + 60) * 1000)
     assert ens.store.counts()["feedback"] == 0
+
+
+def test_the_follow_up_window_is_set_on_the_ensemble_and_read_by_its_langchain_retriever(tmp_path):
+    # the README offered ImplicitSignals(followup_window=...) but only the LangChain handler took one: observe
+    # and the retriever kept 30 minutes, but through a private attribute
+    import time
+
+    from rlfb import FeedbackEnsemble
+
+    ens = FeedbackEnsemble.from_texts(["The aurora is caused by charged particles from the sun.",
+                                       "Tides follow the pull of the moon."], retrievers=("bm25",),
+                                      store=str(tmp_path / "f.db"), policy="thompson")
+    assert ens.implicit.followup_window == 1800.0
+    with pytest.raises(ValidationError, match="ImplicitSignals"):
+        ens.implicit = {"followup_window": 60}
+    ens.implicit = ImplicitSignals(followup_window=60.0)
+    t0 = time.time() - 600
+    ens.retrieve("what causes the aurora", k=1, session_id="s", timestamp=t0)
+    assert ens.observe("s", "what causes the aurora borealis", timestamp=t0 + 120) == []  # past 60 s
+    pytest.importorskip("langchain_core")
+    from langchain_rlfb import FeedbackEnsembleRetriever
+
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=1)
+    config = {"metadata": {"session_id": "lc"}}
+    first = retriever.invoke("what causes the aurora", config=config)[0].metadata["event_id"]
+    ens.implicit = ImplicitSignals(followup_window=1e-6)  # no follow-up comes within a microsecond
+    retriever.invoke("what causes the aurora borealis", config=config)
+    assert ens.store.feedback(first) == []

@@ -206,6 +206,62 @@ def test_session_followup_is_a_reformulation(make_ensemble: Any) -> None:
     assert ens.store.last_event("s2") is not None
 
 
+def test_a_retrieval_that_fails_or_is_refused_records_no_reformulation(tmp_path: Any) -> None:
+    # the follow-up was observed before the search: a member that timed out, or a run id given twice, left a
+    # reformulation stored and learned on the session's previous retrieval, which the handler's path did not
+    from langchain_core.runnables import RunnableLambda
+
+    from rlfb import DuplicateEventError
+
+    failing = {"on": False}
+
+    def search(query: str) -> list[Document]:
+        if failing["on"]:
+            raise TimeoutError("vector DB timed out")
+        return [Document(page_content=TEXTS[0], id=IDS[0])]
+
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), k=2,
+                                                     members={"remote": RunnableLambda(search)},
+                                                     store=str(tmp_path / "fb.db"))
+    config = {"metadata": {"session_id": "s1"}}
+    first = retriever.invoke("what causes the aurora borealis", config=config)[0].metadata["event_id"]
+    failing["on"] = True
+    with pytest.raises(TimeoutError):
+        retriever.invoke("what really causes the aurora borealis lights", config=config)
+    failing["on"] = False
+    with pytest.raises(DuplicateEventError):
+        retriever.invoke("what really causes the aurora borealis lights", config=config, run_id=uuid.UUID(first))
+    store = retriever.ensemble.store
+    assert store.feedback(first) == [] and store.counts()["events"] == 1
+    retriever.invoke("what really causes the aurora borealis lights", config=config)  # now it is one
+    assert [f["signal"] for f in store.feedback(first)] == ["reformulation"]
+
+
+async def test_a_member_with_only_an_async_search_works_under_ainvoke() -> None:
+    # ainvoke ran the whole ensemble in a thread, calling each member's sync invoke: a member whose search is a
+    # coroutine (an async HTTP client) raised "Cannot invoke a coroutine function synchronously"
+    from langchain_core.runnables import RunnableLambda
+
+    running = 0
+    together = 0
+
+    async def remote(query: str) -> list[Document]:
+        nonlocal running, together
+        running += 1
+        await asyncio.sleep(0.01)
+        together = max(together, running)  # both members searched side by side, as EnsembleRetriever does
+        running -= 1
+        return [Document(page_content=TEXTS[0], id=IDS[0]), Document(page_content=TEXTS[1], id=IDS[1])]
+
+    retriever = FeedbackEnsembleRetriever.from_retrievers(
+        {"a": RunnableLambda(remote), "b": RunnableLambda(remote)}, k=2, explore=False)
+    docs = await retriever.ainvoke("aurora")
+    assert [d.id for d in docs] == [IDS[0], IDS[1]] and docs[0].metadata["proposed_by"] == ["a", "b"]
+    assert together == 2
+    with pytest.raises(TypeError, match="ainvoke"):
+        retriever.invoke("aurora")  # the sync path calls invoke, as LangChain would
+
+
 def test_restated_retrievals_inside_one_run_are_not_reformulations(make_ensemble: Any) -> None:
     # a multi-query retriever asks variants of one question in one run: each variant used to record an
     # implicit negative on the one before, as though the user had restated a failed question
