@@ -156,15 +156,17 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         return cls(ensemble.store, ensemble=ensemble, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FeedbackCallbackHandler:
-        # its open runs, lock and store connection (and the ensemble it teaches) cannot be copied: a bare
-        # "cannot pickle '_thread.lock' object" before
-        raise NotCopyableError(
-            "a FeedbackCallbackHandler cannot be copied or pickled: it holds its store's connection, the runs it "
-            "has open and the learner it teaches; pass the same handler, or make another one on the same store"
-        )
+        # itself, as LangChain's tracers give (BaseTracer.__deepcopy__): a config deep-copied per request
+        # (copy.deepcopy(base_config)) keeps the one handler, whose open runs and store are shared state
+        return self
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.__deepcopy__({})
+        # its open runs, lock and store connection (and the ensemble it teaches) cannot be pickled: a bare
+        # "cannot pickle '_thread.lock' object" before
+        raise NotCopyableError(
+            "a FeedbackCallbackHandler cannot be pickled: it holds its store's connection, the runs it has open "
+            "and the learner it teaches; pass the same handler, or make another one on the same store"
+        )
 
     def __copy__(self) -> FeedbackCallbackHandler:
         # a shallow copy shares everything (the store, the open runs, the lock), as it did before pickling was

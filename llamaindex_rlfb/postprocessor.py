@@ -72,7 +72,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
-from llamaindex_rlfb._nodes import corpus_nodes, event_id_of, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb._nodes import chunk_id_of, corpus_nodes, event_id_of, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
@@ -310,6 +310,9 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     @classmethod
     def from_index(cls, index: Any, **kwargs: Any) -> FeedbackFusionPostprocessor:
         """Index the nodes of a LlamaIndex index's docstore (``kwargs``: the constructor's)."""
+        if index is None:  # an index that failed to load: the postprocessor silently indexed what it was given
+            raise ValidationError("from_index needs an index, got None (to index the nodes each query gives, "
+                                  "build FeedbackFusionPostprocessor(...) without one)")
         return cls(index=index, **kwargs)
 
     # ------------------------------------------------------------------ state
@@ -412,7 +415,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         query = query_bundle.query_str
         originals: dict[str, BaseNode] = {}
         for n in nodes:
-            originals.setdefault(str(n.node.node_id), n.node)
+            originals.setdefault(chunk_id_of(n.node), n.node)
         chunks = nodes_to_chunks(originals.values())
         if self._seen is None:  # a corpus given (not self-indexing, which indexes the texts as given)
             chunks = self._content_as_indexed(chunks, originals)

@@ -7,6 +7,7 @@ events' ``parent_id``, :func:`resolve_run` through the links too, passing failed
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -85,7 +86,31 @@ def resolve(store: FeedbackStore, run_id: str) -> list[str]:
 
 
 def resolve_run(store: FeedbackStore, run_id: str) -> list[str]:
-    """The events ``run_id`` stands for, through the links and the events' ``parent_id`` (oldest first)."""
+    """The events ``run_id`` stands for, through the links and the events' ``parent_id`` (oldest first).
+
+    A run id that names nothing as written, but is another spelling of a UUID (upper case, without dashes, in
+    braces, as ``uuid.UUID`` reads them; LangSmith parses run ids so), is looked up as the UUID's dashed and
+    plain hex forms: LangChain's run ids are logged dashed, and an id copied from a trace as hex found nothing.
+    """
+    found = _resolve_run(store, run_id)
+    if not found:
+        for spelling in _uuid_spellings(run_id):
+            found = _resolve_run(store, spelling)
+            if found:
+                break
+    return found
+
+
+def _uuid_spellings(run_id: str) -> list[str]:
+    """The dashed and hex forms of the UUID ``run_id`` spells, other than ``run_id`` itself."""
+    try:
+        u = uuid.UUID(run_id)
+    except (ValueError, TypeError, AttributeError):
+        return []
+    return [s for s in (str(u), u.hex) if s != run_id]
+
+
+def _resolve_run(store: FeedbackStore, run_id: str) -> list[str]:
     root = _enc(_check_id(run_id, "run_id"))
     if store.has_event(run_id):
         return [run_id]

@@ -204,8 +204,9 @@ def test_a_retriever_is_shared_shallowly_and_refuses_a_deep_copy_by_name() -> No
 
 
 @pytest.mark.parametrize("made", ["from_ensemble", "from_store"])
-def test_a_callback_handler_refuses_a_copy_or_pickle_by_name(made: str) -> None:
-    # a bare "TypeError: cannot pickle '_thread.lock' object", where the README promises NotCopyableError
+def test_a_callback_handler_refuses_a_pickle_by_name_and_a_deep_copy_is_itself(made: str) -> None:
+    # a bare "TypeError: cannot pickle '_thread.lock' object", where the README promises NotCopyableError; and
+    # copy.deepcopy of a config holding the handler raised, where LangChain's tracers give themselves
     import copy
     import pickle
 
@@ -214,9 +215,13 @@ def test_a_callback_handler_refuses_a_copy_or_pickle_by_name(made: str) -> None:
     retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, retrievers=("bm25",), store=FeedbackStore(), k=2)
     handler = (FeedbackCallbackHandler.from_ensemble(retriever) if made == "from_ensemble"
                else FeedbackCallbackHandler(retriever.ensemble.store))
-    for duplicate in (copy.deepcopy, pickle.dumps):
-        with pytest.raises(NotCopyableError, match="FeedbackCallbackHandler cannot be copied or pickled"):
-            duplicate(handler)
+    with pytest.raises(NotCopyableError, match="FeedbackCallbackHandler cannot be pickled"):
+        pickle.dumps(handler)
+    config = copy.deepcopy({"callbacks": [handler], "metadata": {"session_id": "s"}})
+    assert config["callbacks"][0] is handler
+    run_id = uuid.uuid4()
+    retriever.invoke("tides", config=config, run_id=run_id)
+    assert handler.record_feedback(run_id, score=1.0)
     assert copy.copy(handler).store is handler.store  # a shallow copy shares it, as before
 
 

@@ -125,6 +125,20 @@ def test_chain_with_two_retrievals_rates_both_and_chunk_feedback_picks_one(bm25:
         handler.record_feedback(top, signal="click", chunk_id="no-such-chunk")
 
 
+def test_a_run_id_spelled_as_another_form_of_its_uuid_finds_the_run(bm25: BM25Retriever) -> None:
+    # run ids were matched as written: the hex, upper-case or braced spelling of a run's UUID (a trace's id,
+    # copied) was an UnknownEventError, where LangSmith reads any of them as the run's UUID
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    run_id = uuid.uuid4()
+    bm25.invoke("molten magma volcano", config={"callbacks": [handler]}, run_id=run_id)
+    for spelling in (run_id.hex, str(run_id).upper(), "{%s}" % run_id, f"urn:uuid:{run_id}"):
+        (record,) = handler.record_feedback(spelling, score=1.0)
+        assert record.event_id == str(run_id)
+    assert handler.retrievals(run_id.hex)[0]["id"] == str(run_id)
+    with pytest.raises(UnknownEventError):
+        handler.record_feedback(uuid.uuid4().hex, score=1.0)
+
+
 def test_unknown_run_id_is_a_clear_error() -> None:
     handler = FeedbackCallbackHandler(store=FeedbackStore())
     run_id = uuid.uuid4()

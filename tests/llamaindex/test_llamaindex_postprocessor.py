@@ -96,6 +96,40 @@ def test_from_index_and_nodes_outside_the_index(index: Any, fast_dense: dict[str
     assert out[0].node.node_id == "new"  # scored from its text by BM25 and dense
 
 
+def test_what_is_learned_about_a_chunk_survives_rebuilding_the_index_from_its_documents(
+    tmp_path: Any, embed_model: Any, fast_dense: dict[str, Any]
+) -> None:
+    # LlamaIndex's node parsers give each node a random id: an app that built its index from its documents at
+    # each start (the README's example) found every chunk's confidence and memory back at the prior
+    from llama_index.core import Document, VectorStoreIndex
+
+    from llamaindex_rlfb._nodes import chunk_id_of
+    from rlfb.types import content_id
+
+    db = str(tmp_path / "fb.db")
+
+    def start() -> tuple[Any, FeedbackFusionPostprocessor]:
+        index = VectorStoreIndex.from_documents([Document(text=t) for t in TEXTS], embed_model=embed_model)
+        return index, FeedbackFusionPostprocessor.from_index(index, store=db, top_n=3, **fast_dense)
+
+    index, pp = start()
+    given = [NodeWithScore(node=n) for n in index.docstore.docs.values()]
+    tides = next(n for n in index.docstore.docs.values() if "moon" in n.get_content())
+    assert chunk_id_of(tides) == content_id(tides.get_content()) != tides.node_id
+    for _ in range(5):
+        out = pp.postprocess_nodes(given, query_str="what pulls the tides")
+        pp.feedback(out[0].node.metadata[EVENT_ID_KEY], "click", chunk_id=tides.node_id)  # the app's node id
+    learned = pp.ensemble.learner.confidence.confidence([chunk_id_of(tides)])[0]
+    assert learned > 5.0
+    pp.ensemble.close()
+    index, pp = start()  # the next start: the same documents, new node ids
+    again = next(n for n in index.docstore.docs.values() if "moon" in n.get_content())
+    assert again.node_id != tides.node_id
+    assert pp.ensemble.learner.confidence.confidence([chunk_id_of(again)])[0] == pytest.approx(learned)
+    # a node of the app's own id keeps it
+    assert chunk_id_of(TextNode(id_="kb-17", text=TEXTS[0])) == "kb-17"
+
+
 def test_learns_from_feedback(make_ensemble: Any, nodes: list[TextNode]) -> None:
     """A user who clicks what BM25 likes best moves the weight towards BM25."""
     pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
