@@ -342,6 +342,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
                           config=self._options.get("learner_config"), seed=self._options.get("seed", 0))
         # this policy's newest snapshot this learner can take: one of other retrievers or another chunk
         # exploration on a shared store is not this one's, and the first build pages back past it too
+        if self._options.get("weights") is not None:
+            return learner.weights()  # weights given win over the store's at the first build (and are written)
         saved = self._store.load_policy_state(policy=learner.policy_name)
         while saved is not None:
             try:

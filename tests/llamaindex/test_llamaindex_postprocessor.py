@@ -687,3 +687,20 @@ def test_plain_nodes_are_refused_by_name() -> None:
         pp.postprocess_nodes(nodes, query_str="aurora")  # a bare AttributeError before
     with pytest.raises(ValidationError, match="got str"):
         pp.postprocess_nodes(["aurora glows"], query_str="aurora")
+
+
+def test_weights_given_are_the_weights_before_the_first_call_as_after_it(
+    tmp_path: Any, nodes: list[TextNode], fast_dense: dict[str, Any]
+) -> None:
+    # weights= win over the store's at the first build, but before it the property showed the store's snapshot
+    from rlfb.learner import Learner
+
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        learner = Learner(("bm25", "dense"), policy="gradient")
+        learner.set_weights({"bm25": 0.8, "dense": 0.2})
+        store.save_policy_state(learner.state_dict(), learner.weights(), policy=learner.policy_name)
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25", "dense"), top_n=2,
+                                     policy="gradient", weights={"bm25": 0.3, "dense": 0.7}, **fast_dense)
+    assert pp.weights == pytest.approx({"bm25": 0.3, "dense": 0.7})
+    pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="tides")
+    assert pp.weights == pytest.approx({"bm25": 0.3, "dense": 0.7})
