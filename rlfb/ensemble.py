@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,7 +61,6 @@ from rlfb.feedback_learning import (
     record_implicit,
 )
 from rlfb.fusion import check_fusion, rank_matrix
-from rlfb.implicit import ImplicitSignals
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context, Decision, Episode, Policy
 from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever
@@ -77,6 +76,9 @@ from rlfb.snapshot_sync import (
     write_unsaved,
 )
 from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k, validate_seconds
+
+if TYPE_CHECKING:
+    from rlfb.implicit import ImplicitSignals
 
 __all__ = ["FeedbackEnsemble"]
 
@@ -643,12 +645,16 @@ class FeedbackEnsemble:
         retriever's encoder where there is one. Set it to change the follow-up window or the dwell
         threshold, ``ens.implicit = ImplicitSignals(followup_window=600, encode=ens.implicit.encode)``;
         it is not saved."""
+        from rlfb.implicit import ImplicitSignals  # not at import: it brings the store's codec
+
         if self._implicit is None:  # built on first use: it holds the dense model's encoder, if any
             self._implicit = ImplicitSignals(encode=self._dense_encoder())
         return self._implicit
 
     @implicit.setter
     def implicit(self, value: ImplicitSignals) -> None:
+        from rlfb.implicit import ImplicitSignals
+
         if not isinstance(value, ImplicitSignals):
             raise ValidationError(f"implicit must be an rlfb.implicit.ImplicitSignals, got {type(value).__name__}")
         self._implicit = value

@@ -648,7 +648,10 @@ class Learner:
         :class:`ValidationError` naming its index and event id, and changes nothing. The first
         episode of each event also counts as an asking of its question, as :meth:`rank` counts it
         online, so that the memory's ask counts and repeat discovery's statistics come out as if
-        the log had been ranked and learned here.
+        the log had been ranked and learned here, where each event's feedback came before the next
+        retrieval: an asking is counted where its event's first episode stands in the log, so with
+        feedback that came late (after later retrievals) the counts that discovery read at those
+        retrievals differ from the live ones, as does what it then learned (an audit, 2026-12-05).
         """
         checked = []  # each episode with what _episode made of it, so that learning does not check it again
         dim: int | None = None  # the memory takes one embedding dimension: the log's must agree
