@@ -14,7 +14,9 @@ Both forget: with ``half_life_days`` set, a chunk's confidence decays back
 towards ``initial`` and its Beta counts towards the prior, halving every half
 life, so a drifting world is followed: with the default 45 days, evidence
 from 90 days ago keeps a quarter of its weight (the feedback issue's 90-day
-window, made smooth).
+window, made smooth). Evidence is aged by the time of the retrieval it is on: feedback
+on a retrieval older than the newest learned from counts as decayed as it would
+have, learned in time order.
 
 :meth:`ChunkConfidence.feature` is the confidence as a fusion feature: centred
 so that an unseen chunk contributes 0, +1 at ``high`` and -1 at ``low``.
@@ -39,7 +41,7 @@ import numpy as np
 
 from rlfb.blocks import encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
-from rlfb.policies._util import check_float, plain_numbers, saved_times
+from rlfb.policies._util import check_float, decay_factor, plain_numbers, saved_times
 from rlfb.reward import finite_float
 
 __all__ = ["ConfidenceParams", "ChunkConfidence", "MAX_CHUNKS"]
@@ -190,7 +192,10 @@ class ChunkConfidence:
         conf = h.initial + (self._conf[rows] - h.initial) * f
         alpha = h.prior_alpha + (self._alpha[rows] - h.prior_alpha) * f
         beta = h.prior_beta + (self._beta[rows] - h.prior_beta) * f
-        # a chunk listed twice gets both updates (np.add.at)
+        # a chunk listed twice gets both updates (np.add.at); feedback on a decision older than the clock (it
+        # came late, or a log is replayed out of order) counts as decayed as it would be had it come in time
+        late = decay_factor(now - timestamp, h.half_life_days) if timestamp > 0 else 1.0
+        r = r * late
         delta = r * h.learning_rate * rel
         self._conf[rows] = conf
         self._alpha[rows] = alpha

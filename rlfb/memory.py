@@ -55,7 +55,7 @@ import numpy as np
 
 from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
-from rlfb.policies._util import check_float, check_int, plain_numbers, saved_count, saved_times
+from rlfb.policies._util import check_float, check_int, decay_factor, plain_numbers, saved_count, saved_times
 from rlfb.relevance_feedback import similar_to_clicked
 from rlfb.reward import finite_float
 
@@ -443,7 +443,8 @@ class FeedbackMemory:
         *,
         timestamp: float = 0.0,
     ) -> None:
-        """Remember the per-chunk evidence of one feedback on ``query``."""
+        """Remember the per-chunk evidence of one feedback on ``query``, given at ``timestamp``, the time of
+        the retrieval it is on (evidence older than the newest remembered counts decayed by its age)."""
         ev = np.asarray(evidence, dtype=float)
         if ev.shape != (len(shown_ids),) or not np.all(np.isfinite(ev)):
             raise ValidationError(f"got {len(shown_ids)} shown chunks but evidence of shape {ev.shape}")
@@ -470,6 +471,10 @@ class FeedbackMemory:
             for c in vals:
                 vals[c] *= f
         cap = self.hyper.max_value
+        # evidence on a decision older than the clock (late feedback, a log replayed out of order) counts as
+        # decayed as it would be had it come in time
+        if timestamp > 0:
+            ev = ev * decay_factor(self._now - timestamp, self.hyper.half_life_days)
         for c, v in zip(shown_ids, ev, strict=True):
             if v != 0:
                 vals[c] = max(-cap, min(cap, vals.get(c, 0.0) + float(v)))

@@ -106,6 +106,20 @@ def test_confidence_forgets_with_time():
     assert a[0] == pytest.approx(1.0 + 20 / 2)
 
 
+def test_confidence_takes_late_feedback_as_decayed_as_it_would_be_in_time_order():
+    # feedback on a 90-day-old retrieval, learned after a newer one, counted whole: four times what it would
+    # have counted in time order (a 45-day half-life)
+    def learned(order):
+        conf = ChunkConfidence(learning_rate=0.05, half_life_days=45.0)
+        for t in order:
+            conf.update(["a"], [1.0], timestamp=t)
+        return conf.confidence(["a"])[0], conf.posterior(["a"])[0][0]
+
+    in_order, late = learned([DAY, 91 * DAY]), learned([91 * DAY, DAY])
+    assert late == pytest.approx(in_order)
+    assert in_order[1] == pytest.approx(1.0 + 1.25)  # the prior's 1, the newer click's 1, the older's 1/4
+
+
 def _confidence_rows(state):
     return np.frombuffer(base64.b64decode(state["rows"]), dtype="<f8").reshape(-1, 4)
 
@@ -329,6 +343,18 @@ def test_memory_forgets_with_time():
     fresh = mem.score("q", None, ["a"])[0]
     mem.update("other", None, ["b"], [0.3], timestamp=1000.0 + 2 * DAY)
     assert mem.score("q", None, ["a"])[0] == pytest.approx(np.tanh(np.arctanh(fresh) / 4))
+
+
+def test_memory_takes_late_feedback_as_decayed_as_it_would_be_in_time_order():
+    def remembered(order):
+        mem = FeedbackMemory(half_life_days=1.0)
+        for t in order:
+            mem.update("q", None, ["a"], [0.3], timestamp=t)
+        return mem.score("q", None, ["a"])[0]
+
+    in_order = remembered([1000.0, 1000.0 + 2 * DAY])
+    assert remembered([1000.0 + 2 * DAY, 1000.0]) == pytest.approx(in_order)
+    assert in_order < remembered([1000.0 + 2 * DAY, 1000.0 + 2 * DAY])  # the older evidence counts a quarter
 
 
 @pytest.mark.parametrize(
