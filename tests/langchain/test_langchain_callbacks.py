@@ -131,7 +131,7 @@ def test_a_run_id_spelled_as_another_form_of_its_uuid_finds_the_run(bm25: BM25Re
     handler = FeedbackCallbackHandler(store=FeedbackStore())
     run_id = uuid.uuid4()
     bm25.invoke("molten magma volcano", config={"callbacks": [handler]}, run_id=run_id)
-    for spelling in (run_id.hex, str(run_id).upper(), "{%s}" % run_id, f"urn:uuid:{run_id}"):
+    for spelling in (run_id.hex, str(run_id).upper(), f"{{{run_id}}}", f"urn:uuid:{run_id}"):
         (record,) = handler.record_feedback(spelling, score=1.0)
         assert record.event_id == str(run_id)
     assert handler.retrievals(run_id.hex)[0]["id"] == str(run_id)
