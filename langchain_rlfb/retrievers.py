@@ -73,8 +73,8 @@ SESSION_KEY = "rlfb_session_id"
 
 # Callbacks for members' runs, so a member retriever's run nests under the ensemble's run.
 _MEMBER_CALLBACKS: ContextVar[Any] = ContextVar("rlfb_member_callbacks", default=None)
-#: LangChain retriever members' documents that ``ainvoke`` fetched with their ``ainvoke``, by member name
-_FETCHED: ContextVar[dict[str, Any] | None] = ContextVar("rlfb_fetched_members", default=None)
+#: LangChain retriever members' documents that ``ainvoke`` fetched with their ``ainvoke``, by (member, query)
+_FETCHED: ContextVar[dict[tuple[int, str], Any] | None] = ContextVar("rlfb_fetched_members", default=None)
 
 MemberLike = Any  # a BaseRetriever / Runnable[str, list[Document]], a VectorStore, or a SearchMember
 
@@ -207,8 +207,9 @@ def _vectorstore_search(name: str, store: VectorStore, extra: dict[str, Any], sc
 def _runnable_search(name: str, retriever: Runnable) -> Any:
     def search(query: str, k: int) -> list[tuple[Chunk, None]]:
         fetched = _FETCHED.get()
-        if fetched is not None and name in fetched:  # ainvoke searched it already, with its ainvoke
-            docs = fetched[name]
+        key = (id(retriever), query)  # not by name: an rlfb retriever called inside has members of its own
+        if fetched is not None and key in fetched:  # ainvoke searched it already, with its ainvoke
+            docs = fetched[key]
         else:
             # Explicit callbacks: without them the run would inherit an enclosing chain's and show up
             # as a sibling retrieval of the ensemble's own run.
@@ -223,14 +224,14 @@ def _runnable_search(name: str, retriever: Runnable) -> Any:
     return search
 
 
-async def _fetch_runnables(members: Sequence[SearchMember], query: str, callbacks: Any) -> dict[str, Any]:
+async def _fetch_runnables(members: Sequence[SearchMember], query: str,
+                           callbacks: Any) -> dict[tuple[int, str], Any]:
     """Each LangChain retriever member's documents for ``query``, from its ``ainvoke``, all at once (as
-    LangChain's ``EnsembleRetriever`` does): a member with an async search only works under ``ainvoke``, and
-    remote ones are searched side by side."""
-    runnables = [(m.name, getattr(m.function, "runnable", None)) for m in members]
-    runnables = [(name, r) for name, r in runnables if r is not None]
-    found = await asyncio.gather(*(r.ainvoke(query, config={"callbacks": callbacks}) for _, r in runnables))
-    return {name: docs for (name, _), docs in zip(runnables, found, strict=True)}
+    LangChain's ``EnsembleRetriever`` does), by the member's identity and the query: a member with an async
+    search only works under ``ainvoke``, and remote ones are searched side by side."""
+    runnables = [r for m in members if (r := getattr(m.function, "runnable", None)) is not None]
+    found = await asyncio.gather(*(r.ainvoke(query, config={"callbacks": callbacks}) for r in runnables))
+    return {(id(r), query): docs for r, docs in zip(runnables, found, strict=True)}
 
 
 def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) -> list[SearchMember]:
@@ -357,6 +358,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         try:
             members = self.ensemble.members
             if any(getattr(m.function, "runnable", None) is not None for m in members):
+                self._refuse_a_logged_run(run_manager, log)  # before any member is searched, as invoke does
                 token = _FETCHED.set(await _fetch_runnables(members, query, child))  # the thread copies it
             return await run_in_executor(None, self._retrieve, query, run_manager, child, k, explore, log, cancelled)
         except asyncio.CancelledError as exc:
@@ -370,6 +372,16 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             if token is not None:
                 _FETCHED.reset(token)
 
+    def _refuse_a_logged_run(self, run: Any, log: bool | None) -> None:
+        """A run id logged before is refused before anything is searched or written: the refusal came after a
+        reformulation of the session's previous retrieval had been stored and learned."""
+        store = self.ensemble.store
+        if store is None or not flag(self.log if log is None else log, "log"):
+            return
+        has_event = getattr(store, "has_event", None)  # a store of the user's own may lack it
+        if has_event is not None and has_event(str(run.run_id)):
+            raise DuplicateEventError(f"event id {str(run.run_id)!r} was already logged (a run id given twice)")
+
     def _retrieve(
         self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None, log: bool | None,
         cancelled: threading.Event | None = None,
@@ -381,11 +393,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session = _run_session(run.metadata, self.session_id)
         wanted = flag(self.log if log is None else log, "log")  # checked also where there is no store
         logging = ens.store is not None and wanted
-        has_event = getattr(ens.store, "has_event", None) if logging else None  # a store of the user's own may lack it
-        if has_event is not None and has_event(str(run.run_id)):
-            # refused before anything is searched or written: the refusal came after a reformulation of the
-            # session's previous retrieval had been stored and learned
-            raise DuplicateEventError(f"event id {str(run.run_id)!r} was already logged (a run id given twice)")
+        self._refuse_a_logged_run(run, log)
         token = _MEMBER_CALLBACKS.set(child_callbacks)
         try:
             ctx = ens.context(query, session_id=session, k=k)  # the slow part: encoding, scoring, members

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamaindex_rlfb._nodes import chunk_id_for
 from rlfb.errors import UnknownEventError
 from rlfb.runs import record_run_feedback
 
@@ -13,8 +12,6 @@ __all__ = ["adapter_feedback"]
 
 def adapter_feedback(store: Any, event_id: Any, signal: str | None, *, ensemble: Any, **fields: Any) -> list[Any]:
     """:func:`rlfb.runs.record_run_feedback` on ``store``; an unknown id names what a LlamaIndex app passes."""
-    if isinstance(fields.get("chunk_id"), str):  # a node id the app holds, for a node known by its text's hash
-        fields["chunk_id"] = chunk_id_for(fields["chunk_id"])
     try:
         return record_run_feedback(store, event_id, signal, ensemble=ensemble, **fields)
     except UnknownEventError:

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import math
 import threading
-import uuid
 import warnings
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from rlfb.errors import EmptyCorpusError, ValidationError
-from rlfb.types import Chunk, Hit, content_id, copy_metadata
+from rlfb.types import Chunk, Hit, copy_metadata
 
 __all__ = [
     "EVENT_ID_KEY",
     "METADATA_KEYS",
-    "chunk_id_of",
-    "chunk_id_for",
     "node_text",
     "node_to_chunk",
     "nodes_to_chunks",
@@ -36,10 +32,6 @@ EVENT_ID_KEY = "event_id"
 #: warning, once per set of keys), as ``langchain_rlfb.METADATA_KEYS`` override a Document's.
 METADATA_KEYS = (EVENT_ID_KEY, "rank", "scores", "proposed_by")
 
-#: The random node ids of this process's nodes with the text hash each is known by (the newest 100,000)
-_known: OrderedDict[str, str] = OrderedDict()
-_known_lock = threading.Lock()
-_KNOWN_MAX = 100_000
 _warned: set[tuple[str, ...]] = set()  # the sets of a node's own keys replaced that a warning named already
 _warned_lock = threading.Lock()
 
@@ -57,62 +49,13 @@ def node_text(node: BaseNode) -> str:
     return text if isinstance(text, str) else ""
 
 
-def chunk_id_of(node: BaseNode) -> str:
-    """The id rlfb knows a node by, and keeps what it learns about it under: the node's ``node_id``, unless that
-    is a random UUID, as LlamaIndex's node parsers give every node by default (``id_func``), which names
-    another id each time the index is built: then :func:`rlfb.types.content_id` of the node's text (without
-    metadata: the id ``FeedbackEnsemble.from_texts`` and LangChain's adapter give that text). An app that built
-    its ``VectorStoreIndex`` from its documents at each start lost every chunk's confidence and memory.
-
-    >>> chunk_id_of(TextNode(id_="kb-17", text="Tides follow the moon."))
-    'kb-17'
-    >>> chunk_id_of(TextNode(id_="5f0c6a4e-8a3b-4a4f-9d2e-3b8f0c1a2d3e", text="Tides follow the moon."))
-    'sha256:6f8c7cc82375f6e5'
-    """
-    nid = str(node.node_id)
-    if not _random_uuid(nid):
-        return nid
-    try:
-        text = node.get_content(metadata_mode=MetadataMode.NONE)
-    except Exception:  # a node type whose content cannot be rendered: known by its id
-        return nid
-    if not isinstance(text, str) or not text:
-        return nid
-    cid = content_id(text)
-    with _known_lock:  # feedback may name the node by its node id: chunk_id_for finds the chunk id
-        _known[nid] = cid
-        _known.move_to_end(nid)
-        while len(_known) > _KNOWN_MAX:
-            _known.popitem(last=False)
-    return cid
-
-
-def chunk_id_for(given: str) -> str:
-    """The chunk id that feedback's ``chunk_id=`` names: a node id this process knows by its text's hash
-    (:func:`chunk_id_of`) gives that hash, anything else is the chunk id as given. The app holds node ids, so
-    ``chunk_id=node.node_id`` of a node it was shown keeps working.
-    """
-    with _known_lock:
-        return _known.get(given, given)
-
-
-def _random_uuid(text: str) -> bool:
-    """Whether ``text`` is a version-4 UUID as ``str(uuid.uuid4())`` writes it."""
-    if len(text) != 36:
-        return False
-    try:
-        return uuid.UUID(text).version == 4 and str(uuid.UUID(text)) == text
-    except ValueError:
-        return False
-
-
 def node_to_chunk(node: BaseNode) -> Chunk:
-    """A node as an rlfb chunk: its :func:`chunk_id_of`, :func:`node_text` and a copy of its metadata."""
-    return Chunk(chunk_id_of(node), node_text(node), copy_metadata(node.metadata))
+    """A node as an rlfb chunk: its ``node_id``, :func:`node_text` and a copy of its metadata."""
+    return Chunk(str(node.node_id), node_text(node), copy_metadata(node.metadata))
 
 
 def nodes_to_chunks(nodes: Iterable[BaseNode]) -> list[Chunk]:
-    """Chunks of ``nodes``, in order; a chunk id seen twice keeps its first node."""
+    """Chunks of ``nodes``, in order; a node id seen twice keeps its first node."""
     seen: set[str] = set()
     out = []
     for node in nodes:

@@ -84,7 +84,7 @@ from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import finite_or_none, session_text
-from llamaindex_rlfb._nodes import EVENT_ID_KEY, chunk_id_for, chunk_id_of, event_id_of
+from llamaindex_rlfb._nodes import EVENT_ID_KEY, event_id_of
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import NoStoreError, NotCopyableError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
@@ -170,7 +170,7 @@ def _query_str(query: Any) -> str:
 
 
 def _results(nodes: Sequence[NodeWithScore]) -> list[tuple[str, float | None]]:
-    return [(chunk_id_of(n.node), finite_or_none(n.score)) for n in nodes]
+    return [(str(n.node.node_id), finite_or_none(n.score)) for n in nodes]
 
 
 def _component(span_id: str | None, default: str) -> str:
@@ -484,9 +484,10 @@ class FeedbackEventHandler(BaseEventHandler):
             if not (isinstance(eid, str) and isinstance(rank, int) and rank >= 1):
                 continue
             ranked = ranked_ids(eid) or []
-            if rank <= len(ranked) and chunk_id_of(n.node) not in ranked:
-                with self._lock:  # by the node id the app holds
-                    self._cut_from[(qid, str(n.node.node_id))] = (eid, ranked[rank - 1])
+            nid = str(n.node.node_id)
+            if rank <= len(ranked) and nid not in ranked:
+                with self._lock:
+                    self._cut_from[(qid, nid)] = (eid, ranked[rank - 1])
                     while len(self._cut_from) > _REMEMBER:
                         self._cut_from.popitem(last=False)
 
@@ -688,9 +689,6 @@ class FeedbackEventHandler(BaseEventHandler):
             )
         makers = self._makers_of(event_ids)
         here = {eid: ens for eid, ens in makers.items() if same_store(ens.store, self._store)}
-        given = chunk_id
-        if isinstance(chunk_id, str):  # a node id the app holds, for a node known by its text's hash
-            chunk_id = chunk_id_for(chunk_id)
         fb = dict(signal=signal, score=score, score_scale=self.score_scale, value=value, rating=rating,
                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         # Each decision is learned once, by the learner that made it (two learners on one store may have the
@@ -713,7 +711,7 @@ class FeedbackEventHandler(BaseEventHandler):
                     # about one chunk its decision did not return (only another member of a fusion found it):
                     # record_run_feedback refuses before writing, and this store has taken the feedback
                     continue
-        derived = None if given is None else self._cut_from.get((qid, str(given)))
+        derived = None if chunk_id is None else self._cut_from.get((qid, str(chunk_id)))
         if derived is not None and derived[0] in makers and not any(r.event_id == derived[0] for r in records):
             # a node made from a ranked one (a citation engine's source): the click is the ranked node's too
             eid, ranked = derived
@@ -839,8 +837,7 @@ _STEPS: dict[type, Callable[[FeedbackEventHandler, Any], None]] = {
 
 
 def _ids(nodes: Sequence[NodeWithScore]) -> tuple[str, ...]:
-    """The chunk ids the nodes are logged under (:func:`~llamaindex_rlfb._nodes.chunk_id_of`)."""
-    return tuple(chunk_id_of(n.node) for n in nodes)
+    return tuple(str(n.node.node_id) for n in nodes)
 
 
 def _span(event: BaseEvent) -> str:

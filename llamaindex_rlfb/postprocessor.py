@@ -72,7 +72,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
-from llamaindex_rlfb._nodes import chunk_id_of, corpus_nodes, event_id_of, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb._nodes import corpus_nodes, event_id_of, hit_to_node, nodes_to_chunks
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
@@ -417,7 +417,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         query = query_bundle.query_str
         originals: dict[str, BaseNode] = {}
         for n in nodes:
-            originals.setdefault(chunk_id_of(n.node), n.node)
+            originals.setdefault(str(n.node.node_id), n.node)
         chunks = nodes_to_chunks(originals.values())
         if self._seen is None:  # a corpus given (not self-indexing, which indexes the texts as given)
             chunks = self._content_as_indexed(chunks, originals)

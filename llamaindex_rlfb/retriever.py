@@ -21,7 +21,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
-from llamaindex_rlfb._nodes import chunk_id_of, corpus_nodes, hit_to_node, node_text, nodes_to_chunks
+from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, node_text, nodes_to_chunks
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
@@ -133,37 +133,32 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         )
         by_id: dict[str, BaseNode] = {}
         for node in corpus:
-            by_id.setdefault(chunk_id_of(node), node)
+            by_id.setdefault(str(node.node_id), node)
         return cls(ens, similarity_top_k, nodes=by_id, explore=explore, log=log, callback_manager=callback_manager)
 
     def insert_nodes(self, nodes: Sequence[BaseNode]) -> None:
-        """Index more nodes, as an index's ``insert_nodes``; a node whose chunk id is indexed replaces it
-        (:func:`~llamaindex_rlfb._nodes.chunk_id_of`: its ``node_id``, or for a random UUID its text's hash).
+        """Index more nodes, as an index's ``insert_nodes``; a node whose id is indexed replaces it.
 
         See :meth:`rlfb.FeedbackEnsemble.add_chunks`.
         """
         nodes = list(nodes)
-        chunks = nodes_to_chunks(nodes)  # validates; a chunk id given twice keeps its first node
+        chunks = nodes_to_chunks(nodes)  # validates; a node id given twice keeps its first
         first: dict[str, BaseNode] = {}
         for node in nodes:
-            first.setdefault(chunk_id_of(node), node)
+            first.setdefault(str(node.node_id), node)
         with self._nodes_lock:
             self.ensemble.add_chunks(chunks)
             self._nodes.update(first)
 
     def delete_nodes(self, node_ids: Sequence[str]) -> None:
-        """Remove the nodes with these node ids (or chunk ids) from the index
-        (:meth:`rlfb.FeedbackEnsemble.delete_chunks`)."""
+        """Remove the nodes with these ids from the index (:meth:`rlfb.FeedbackEnsemble.delete_chunks`)."""
         if isinstance(node_ids, str):
             raise ValidationError("node_ids must be a sequence of ids, not one string")
         node_ids = [str(n) for n in node_ids]
         with self._nodes_lock:
-            # a node known by its text's hash (a random node id) is deleted by its node id too
-            chunk_of = {str(node.node_id): cid for cid, node in self._nodes.items()}
-            chunk_ids = [chunk_of.get(nid, nid) for nid in node_ids]
-            self.ensemble.delete_chunks(chunk_ids)  # an unknown id is an error, and nothing is removed
-            for cid in chunk_ids:
-                self._nodes.pop(cid, None)
+            self.ensemble.delete_chunks(node_ids)  # an unknown id is an error, and nothing is removed
+            for nid in node_ids:
+                self._nodes.pop(nid, None)
 
     @property
     def weights(self) -> dict[str, float]:

@@ -125,6 +125,16 @@ class ChunkConfidence:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def known(self, chunk_ids: Sequence[str]) -> int:
+        """How many of ``chunk_ids`` have a confidence learned from feedback.
+
+        >>> conf = ChunkConfidence()
+        >>> conf.update(["a"], [1.0])
+        >>> conf.known(["a", "b"])
+        1
+        """
+        return int(np.count_nonzero(self._rows(list(chunk_ids), create=False) >= 0))
+
     # ------------------------------------------------------------------ storage
     def _rows(self, chunk_ids: Sequence[str], create: bool) -> np.ndarray:
         idx = np.empty(len(chunk_ids), dtype=np.int64)

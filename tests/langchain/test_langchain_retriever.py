@@ -262,6 +262,28 @@ async def test_a_member_with_only_an_async_search_works_under_ainvoke() -> None:
         retriever.invoke("aurora")  # the sync path calls invoke, as LangChain would
 
 
+async def test_an_rlfb_retriever_called_inside_an_ainvoke_searches_its_own_members() -> None:
+    # the documents ainvoke fetched were found by member name: an rlfb retriever called by a member, in the
+    # worker thread, took the outer member of the same name's documents (for the outer query) as its own
+    from langchain_core.runnables import RunnableLambda
+
+    def web(tag: str) -> RunnableLambda:
+        return RunnableLambda(lambda q: [Document(page_content=f"{tag} result for {q}", id=f"{tag}:{q}")])
+
+    inner = FeedbackEnsembleRetriever.from_retrievers({"web": web("inner")}, k=1, explore=False)
+    seen: list[str] = []
+
+    def via_inner(query: str, k: int) -> list[tuple[Chunk, None]]:  # a plain search, run in ainvoke's thread
+        docs = inner.invoke(f"{query} details")
+        seen.extend(d.page_content for d in docs)
+        return [(document_to_chunk(d), None) for d in docs]
+
+    outer = FeedbackEnsembleRetriever.from_retrievers(
+        {"web": web("outer"), "sub": SearchMember("sub", via_inner)}, k=2, explore=False)
+    await outer.ainvoke("aurora")
+    assert seen == ["inner result for aurora details"]
+
+
 def test_restated_retrievals_inside_one_run_are_not_reformulations(make_ensemble: Any) -> None:
     # a multi-query retriever asks variants of one question in one run: each variant used to record an
     # implicit negative on the one before, as though the user had restated a failed question

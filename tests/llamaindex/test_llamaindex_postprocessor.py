@@ -96,40 +96,6 @@ def test_from_index_and_nodes_outside_the_index(index: Any, fast_dense: dict[str
     assert out[0].node.node_id == "new"  # scored from its text by BM25 and dense
 
 
-def test_what_is_learned_about_a_chunk_survives_rebuilding_the_index_from_its_documents(
-    tmp_path: Any, embed_model: Any, fast_dense: dict[str, Any]
-) -> None:
-    # LlamaIndex's node parsers give each node a random id: an app that built its index from its documents at
-    # each start (the README's example) found every chunk's confidence and memory back at the prior
-    from llama_index.core import Document, VectorStoreIndex
-
-    from llamaindex_rlfb._nodes import chunk_id_of
-    from rlfb.types import content_id
-
-    db = str(tmp_path / "fb.db")
-
-    def start() -> tuple[Any, FeedbackFusionPostprocessor]:
-        index = VectorStoreIndex.from_documents([Document(text=t) for t in TEXTS], embed_model=embed_model)
-        return index, FeedbackFusionPostprocessor.from_index(index, store=db, top_n=3, **fast_dense)
-
-    index, pp = start()
-    given = [NodeWithScore(node=n) for n in index.docstore.docs.values()]
-    tides = next(n for n in index.docstore.docs.values() if "moon" in n.get_content())
-    assert chunk_id_of(tides) == content_id(tides.get_content()) != tides.node_id
-    for _ in range(5):
-        out = pp.postprocess_nodes(given, query_str="what pulls the tides")
-        pp.feedback(out[0].node.metadata[EVENT_ID_KEY], "click", chunk_id=tides.node_id)  # the app's node id
-    learned = pp.ensemble.learner.confidence.confidence([chunk_id_of(tides)])[0]
-    assert learned > 5.0
-    pp.ensemble.close()
-    index, pp = start()  # the next start: the same documents, new node ids
-    again = next(n for n in index.docstore.docs.values() if "moon" in n.get_content())
-    assert again.node_id != tides.node_id
-    assert pp.ensemble.learner.confidence.confidence([chunk_id_of(again)])[0] == pytest.approx(learned)
-    # a node of the app's own id keeps it
-    assert chunk_id_of(TextNode(id_="kb-17", text=TEXTS[0])) == "kb-17"
-
-
 def test_learns_from_feedback(make_ensemble: Any, nodes: list[TextNode]) -> None:
     """A user who clicks what BM25 likes best moves the weight towards BM25."""
     pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(policy="gradient"), top_n=3)
@@ -704,3 +670,44 @@ def test_weights_given_are_the_weights_before_the_first_call_as_after_it(
     assert pp.weights == pytest.approx({"bm25": 0.3, "dense": 0.7})
     pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="tides")
     assert pp.weights == pytest.approx({"bm25": 0.3, "dense": 0.7})
+
+
+def test_an_index_built_again_with_new_node_ids_is_named_and_id_func_keeps_what_was_learned(
+    tmp_path: Any, embed_model: Any, fast_dense: dict[str, Any]
+) -> None:
+    # LlamaIndex's node parsers give every node a random id at each build: an app that built its index from its
+    # documents at each start found every chunk's confidence and memory back at the prior, without a word
+    import warnings
+
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core.node_parser import SentenceSplitter
+
+    docs = [Document(text=f"{t} (copy {i // len(TEXTS)})", doc_id=f"doc{i}.txt")
+            for i, t in enumerate(TEXTS * 3)]
+    db = str(tmp_path / "fb.db")
+
+    def start(splitter: Any) -> FeedbackFusionPostprocessor:
+        index = VectorStoreIndex.from_documents(docs, embed_model=embed_model, transformations=[splitter])
+        return FeedbackFusionPostprocessor.from_index(index, store=db, top_n=3, explore=False, **fast_dense)
+
+    def click_every_chunk(pp: FeedbackFusionPostprocessor) -> None:
+        for chunk_id in pp.ensemble.chunks.ids:
+            text = pp.ensemble.chunk(chunk_id).text
+            out = pp.postprocess_nodes([NodeWithScore(node=TextNode(id_=chunk_id, text=text))], query_str=text)
+            pp.feedback(out[0].node.metadata[EVENT_ID_KEY], "click", chunk_id=chunk_id)
+
+    pp = start(SentenceSplitter())
+    click_every_chunk(pp)
+    pp.ensemble.close()
+    with pytest.warns(UserWarning, match=f"none of this corpus's {3 * len(TEXTS)} chunk ids.*id_func"):
+        start(SentenceSplitter()).ensemble.close()  # the same documents, new random node ids
+    stable = SentenceSplitter(id_func=lambda i, doc: f"{doc.doc_id}-{i}")
+    with pytest.warns(UserWarning, match="none of this corpus's"):
+        pp = start(stable)  # ids of the app's own, new to this store
+    click_every_chunk(pp)
+    pp.ensemble.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pp = start(stable)  # the next start: the same ids, and what was learned under them is found
+    assert pp.ensemble.learner.confidence.known(pp.ensemble.chunks.ids) == len(docs) == 3 * len(TEXTS)
+    pp.ensemble.close()

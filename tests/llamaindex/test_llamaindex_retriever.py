@@ -156,22 +156,11 @@ def test_insert_and_delete_nodes_change_the_index_and_return_the_inserted_nodes(
         retriever.insert_nodes(["a text"])
 
 
-def test_nodes_of_random_ids_are_known_by_their_text_and_deleted_by_their_node_id(nodes: list[TextNode]) -> None:
-    import uuid
-
+def test_from_index_of_none_is_refused() -> None:
+    # an index variable left None by a failed load: the postprocessor silently indexed whatever it was given
     from llamaindex_rlfb import FeedbackFusionPostprocessor
-    from rlfb.types import content_id
 
-    text = "Penguins huddle together through the Antarctic winter."
-    penguin = TextNode(id_=str(uuid.uuid4()), text=text)
-    retriever = FeedbackEnsembleRetriever.from_defaults(nodes=[*nodes, penguin], retrievers=("bm25",),
-                                                        similarity_top_k=1, explore=False)
-    [hit] = retriever.retrieve("penguins in the antarctic winter")
-    assert hit.node.node_id == penguin.node_id  # the node itself, known to rlfb as content_id(text)
-    assert retriever.ensemble.chunk(content_id(text)).text == text
-    retriever.delete_nodes([penguin.node_id])
-    assert retriever.retrieve("penguins in the antarctic winter")[0].node.node_id != penguin.node_id
-    with pytest.raises(ValidationError, match="got None"):  # an index that failed to load: was accepted silently
+    with pytest.raises(ValidationError, match="got None"):
         FeedbackFusionPostprocessor.from_index(None)
 
 
