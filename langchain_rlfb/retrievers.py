@@ -230,7 +230,16 @@ async def _fetch_runnables(members: Sequence[SearchMember], query: str,
     LangChain's ``EnsembleRetriever`` does), by the member's identity and the query: a member with an async
     search only works under ``ainvoke``, and remote ones are searched side by side."""
     runnables = [r for m in members if (r := getattr(m.function, "runnable", None)) is not None]
-    found = await asyncio.gather(*(r.ainvoke(query, config={"callbacks": callbacks}) for r in runnables))
+    tasks = [asyncio.ensure_future(r.ainvoke(query, config={"callbacks": callbacks})) for r in runnables]
+    try:
+        found = await asyncio.gather(*tasks)
+    except BaseException:
+        # one member failed (or the call was cancelled): the others are cancelled and awaited, so none ends
+        # after the ensemble's run has ended, an orphan in the trace
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     return {(id(r), query): docs for r, docs in zip(runnables, found, strict=True)}
 
 
@@ -358,7 +367,10 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         try:
             members = self.ensemble.members
             if any(getattr(m.function, "runnable", None) is not None for m in members):
-                self._refuse_a_logged_run(run_manager, log)  # before any member is searched, as invoke does
+                # refused before any member is searched, as invoke refuses them
+                positive_count(self.k if k is None else k, "k")
+                flag(self.explore if explore is None else explore, "explore")
+                self._refuse_a_logged_run(run_manager, log)
                 token = _FETCHED.set(await _fetch_runnables(members, query, child))  # the thread copies it
             return await run_in_executor(None, self._retrieve, query, run_manager, child, k, explore, log, cancelled)
         except asyncio.CancelledError as exc:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
+import uuid
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -96,6 +98,53 @@ def corpus_nodes(
     if not nodes:
         raise EmptyCorpusError("cannot index an empty corpus: no nodes given")
     return nodes
+
+
+#: Below this many chunks learned, a store that knows none of a corpus's nodes is no sign of ids made anew
+_LEARNED_ENOUGH = 20
+
+
+def warn_if_ids_were_made_anew(nodes: Sequence[BaseNode], ensemble: Any) -> None:
+    """Warn when every node has a random id (LlamaIndex's node parsers' default, a new one at each build of an
+    index from its documents) and the store's learned state knows 20 chunks or more, none of them these:
+    what rlfb learns about a node is kept by its id, so an app that builds its index anew at each start loses
+    every chunk's confidence and memory at each start, silently (an audit, 2026-12-05). An index loaded from
+    storage keeps its ids, and a store that knows some of them is no such case."""
+    if not nodes or not all(_random_uuid(str(n.node_id)) for n in nodes):
+        return
+    confidence = ensemble.learner.confidence
+    if len(confidence) < _LEARNED_ENOUGH or confidence.known([str(n.node_id) for n in nodes]) > 0:
+        return
+    warnings.warn(
+        f"these {len(nodes)} nodes have random ids (the node parser's default) and the store has learned about "
+        f"{len(confidence)} chunks, none of them these: what rlfb learns about a node is kept by its node id, so "
+        "an index built again from its documents starts every chunk afresh. Give the node parser ids of your "
+        "own (SentenceSplitter(id_func=lambda i, doc: f\"{doc.doc_id}-{i}\")), or load the persisted index",
+        UserWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _random_uuid(text: str) -> bool:
+    """Whether ``text`` is a version-4 UUID as ``str(uuid.uuid4())`` writes it."""
+    if len(text) != 36:
+        return False
+    try:
+        return uuid.UUID(text).version == 4
+    except ValueError:
+        return False
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that names the first frame outside rlfb, its adapters, LlamaIndex and pydantic."""
+    inside = ("rlfb", "llamaindex_rlfb", "llama_index", "pydantic")
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.split(".", 1)[0] not in inside:
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
 
 
 def _finite(x: float | None) -> float | None:

@@ -72,7 +72,13 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
-from llamaindex_rlfb._nodes import corpus_nodes, event_id_of, hit_to_node, nodes_to_chunks
+from llamaindex_rlfb._nodes import (
+    corpus_nodes,
+    event_id_of,
+    hit_to_node,
+    nodes_to_chunks,
+    warn_if_ids_were_made_anew,
+)
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
@@ -267,10 +273,11 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         self._store = store
         options = {"policy": policy, **ensemble_kwargs}
         if any(v is not None for v in (nodes, index, docstore)):
-            chunks = nodes_to_chunks(corpus_nodes(index=index, nodes=nodes, docstore=docstore))
+            corpus = corpus_nodes(index=index, nodes=nodes, docstore=docstore)
             self._ensemble = FeedbackEnsemble.from_chunks(
-                chunks, retrievers=retrievers, store=self._store, **options
+                nodes_to_chunks(corpus), retrievers=retrievers, store=self._store, **options
             )
+            warn_if_ids_were_made_anew(corpus, self._ensemble)
         else:
             self._seen = OrderedDict()
             self._pending = OrderedDict()

@@ -21,7 +21,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
-from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, node_text, nodes_to_chunks
+from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, node_text, nodes_to_chunks, warn_if_ids_were_made_anew
 from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
@@ -131,6 +131,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             nodes_to_chunks(corpus), retrievers=retrievers, store=_open_store(store), policy=policy,
             **ensemble_kwargs,
         )
+        warn_if_ids_were_made_anew(corpus, ens)
         by_id: dict[str, BaseNode] = {}
         for node in corpus:
             by_id.setdefault(str(node.node_id), node)

@@ -27,7 +27,6 @@ import inspect
 import math
 import threading
 import time
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -202,7 +201,6 @@ class FeedbackEnsemble:
                 # the weights given are this app's choice (a redeploy with new weights): the store's snapshot,
                 # taken whole above, had put the old ones back without a word. Written as set_weights writes them.
                 self.set_weights(weights)
-            _warn_if_no_chunk_is_known(self)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -935,31 +933,3 @@ def open_store(store: Any) -> Any:
     from rlfb.store import ENSEMBLE_STORE_METHODS, as_store
 
     return as_store(store, methods=ENSEMBLE_STORE_METHODS)
-
-
-#: Below this many chunks learned, or indexed, a corpus that shares none of them is no sign of new ids
-_KNOWN_CHUNKS_WARNING = 20
-
-
-def _warn_if_no_chunk_is_known(ens: FeedbackEnsemble) -> None:
-    """Warn when the store's state has learned about many chunks and none of them is in this corpus.
-
-    What is learned about a chunk is kept by its id. A corpus whose ids are new at each start (LlamaIndex's
-    node parsers give every node a random id at each build of an index from its documents; a vector store's
-    ``add_documents`` gives random ids too) starts every chunk's confidence and memory afresh, silently.
-    """
-    learned = len(ens.learner.confidence)
-    if learned < _KNOWN_CHUNKS_WARNING or len(ens) < _KNOWN_CHUNKS_WARNING:
-        return
-    if ens.learner.confidence.known(ens.chunks.ids) == 0:
-        warnings.warn(
-            f"the store's learned state knows {learned} chunks and none of this corpus's {len(ens)} chunk ids: "
-            "what is learned about a chunk is kept by its id, so if the corpus was built again with new ids "
-            "(LlamaIndex's node parsers give random node ids at each build: pass id_func=, or load the "
-            "persisted index; LangChain documents without ids are known by their text), every chunk's "
-            "confidence and memory start afresh. A second corpus sharing the store (another app) is known "
-            "by its own ids: give it a store of its own to silence this.",
-            UserWarning,
-            stacklevel=3,
-        )
-

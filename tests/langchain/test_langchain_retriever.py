@@ -262,6 +262,35 @@ async def test_a_member_with_only_an_async_search_works_under_ainvoke() -> None:
         retriever.invoke("aurora")  # the sync path calls invoke, as LangChain would
 
 
+async def test_ainvoke_checks_its_arguments_before_searching_and_a_failing_member_stops_the_others() -> None:
+    # ainvoke searched the members and then refused k=0; and a member that raised left the others running, to
+    # end after the ensemble's run had ended
+    from langchain_core.runnables import RunnableLambda
+
+    calls: list[str] = []
+
+    async def slow(query: str) -> list[Document]:
+        calls.append("slow started")
+        await asyncio.sleep(0.5)
+        calls.append("slow ended")
+        return [Document(page_content=TEXTS[0], id=IDS[0])]
+
+    async def down(query: str) -> list[Document]:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("member down")
+
+    retriever = FeedbackEnsembleRetriever.from_retrievers(
+        {"slow": RunnableLambda(slow), "down": RunnableLambda(down)}, store=FeedbackStore(), explore=False)
+    for bad in ({"k": 0}, {"explore": "maybe"}):
+        with pytest.raises(ValidationError):
+            await retriever.ainvoke("aurora", **bad)
+    assert calls == []
+    with pytest.raises(RuntimeError, match="member down"):
+        await retriever.ainvoke("aurora")
+    await asyncio.sleep(0.6)
+    assert calls == ["slow started"] and retriever.ensemble.store.counts()["events"] == 0
+
+
 async def test_an_rlfb_retriever_called_inside_an_ainvoke_searches_its_own_members() -> None:
     # the documents ainvoke fetched were found by member name: an rlfb retriever called by a member, in the
     # worker thread, took the outer member of the same name's documents (for the outer query) as its own

@@ -699,15 +699,15 @@ def test_an_index_built_again_with_new_node_ids_is_named_and_id_func_keeps_what_
     pp = start(SentenceSplitter())
     click_every_chunk(pp)
     pp.ensemble.close()
-    with pytest.warns(UserWarning, match=f"none of this corpus's {3 * len(TEXTS)} chunk ids.*id_func"):
+    with pytest.warns(UserWarning, match=f"these {3 * len(TEXTS)} nodes have random ids.*id_func") as caught:
         start(SentenceSplitter()).ensemble.close()  # the same documents, new random node ids
+    assert caught[0].filename == __file__  # it names the app's line, not the library's
     stable = SentenceSplitter(id_func=lambda i, doc: f"{doc.doc_id}-{i}")
-    with pytest.warns(UserWarning, match="none of this corpus's"):
-        pp = start(stable)  # ids of the app's own, new to this store
-    click_every_chunk(pp)
-    pp.ensemble.close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        pp = start(stable)  # ids of the app's own: new to this store, but no sign of ids made anew
+        click_every_chunk(pp)
+        pp.ensemble.close()
         pp = start(stable)  # the next start: the same ids, and what was learned under them is found
     assert pp.ensemble.learner.confidence.known(pp.ensemble.chunks.ids) == len(docs) == 3 * len(TEXTS)
     pp.ensemble.close()
