@@ -319,7 +319,6 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     observe_followups: bool = True
     """Record a restated follow-up in the same session as a reformulation of the previous query."""
 
-
     def __init__(self, **data: Any) -> None:
         # Checked before pydantic, which would read k=2.0 as 2 and explore="no" as False, and would wrap
         # rlfb's ValidationError in its own; invoke(k=0) raises rlfb's, so construction does too.

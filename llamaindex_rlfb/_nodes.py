@@ -126,7 +126,7 @@ def warn_if_ids_were_made_anew(nodes: Sequence[BaseNode], ensemble: Any) -> None
 
 
 def _random_uuid(text: str) -> bool:
-    """Whether ``text`` is a version-4 UUID as ``str(uuid.uuid4())`` writes it."""
+    """Whether ``text`` is a version-4 UUID in its 36-character form, as ``str(uuid.uuid4())`` writes it."""
     if len(text) != 36:
         return False
     try:
