@@ -1122,3 +1122,17 @@ def test_chunk_confidences_are_bounded_and_forget_the_least_recently_updated(mon
     again = confidence.ChunkConfidence().load_state_dict(state)
     np.testing.assert_array_equal(again.confidence([f"c{i}" for i in range(150)]),
                                   c.confidence([f"c{i}" for i in range(150)]))
+
+
+def test_feedback_without_a_time_after_timed_feedback_counts_whole():
+    # "no time" (0) is not "the oldest time": decayed by the whole clock, it would count nothing
+    conf, alone = ChunkConfidence(learning_rate=0.05), ChunkConfidence(learning_rate=0.05)
+    conf.update(["x"], [1.0], timestamp=1.7e9)
+    conf.update(["y"], [1.0])
+    alone.update(["y"], [1.0])
+    assert conf.confidence(["y"])[0] == pytest.approx(alone.confidence(["y"])[0])
+    mem, fresh = FeedbackMemory(), FeedbackMemory()
+    mem.update("q", None, ["x"], [0.3], timestamp=1.7e9)
+    mem.update("q", None, ["y"], [0.3])
+    fresh.update("q", None, ["y"], [0.3])
+    assert mem.score("q", None, ["y"])[0] == pytest.approx(fresh.score("q", None, ["y"])[0])

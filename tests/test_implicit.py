@@ -367,3 +367,37 @@ def test_the_follow_up_window_is_set_on_the_ensemble_and_read_by_its_langchain_r
     ens.implicit = ImplicitSignals(followup_window=1e-6)  # no follow-up comes within a microsecond
     retriever.invoke("what causes the aurora borealis", config=config)
     assert ens.store.feedback(first) == []
+
+
+def test_observe_without_a_time_judges_by_the_stores_clock_and_a_time_ahead_of_it_is_refused(tmp_path):
+    import time
+
+    from rlfb import FeedbackEnsemble
+    from rlfb.errors import FutureTimestampError
+    from rlfb.runs import observe_followup
+    from rlfb.store import FeedbackStore
+
+    then = time.time() - 10 * 86_400
+    store = FeedbackStore(str(tmp_path / "f.db"), clock=lambda: then)  # a store whose clock is ten days back
+    ens = FeedbackEnsemble.from_texts(["The aurora is caused by charged particles from the sun.",
+                                       "Tides follow the pull of the moon."], retrievers=("bm25",),
+                                      store=store, policy="thompson")
+    ens.retrieve("what causes the aurora", k=1, session_id="s")
+    # judged by the store's clock (a minute later by it), not this machine's, which is ten days on
+    assert [x.signal for x in ens.observe("s", "what causes the aurora borealis")] == ["reformulation"]
+    with pytest.raises(FutureTimestampError):  # an hour past the store's clock: beyond its 300 s of skew
+        ens.observe("s", "what causes the aurora lights", timestamp=then + 3600)
+
+    class OwnStore:  # a store of the user's own, whose last_event takes no time
+        def __init__(self, inner):
+            self.inner = inner
+
+        def last_event(self, session_id):
+            return self.inner.last_event(session_id)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    ens.retrieve("why do tides rise", k=1, session_id="own")
+    records = observe_followup(OwnStore(store), "own", "why do the tides rise", ensemble=ens, timestamp=then + 60)
+    assert [r.signal for r in records] == ["reformulation"]

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import stat
 import threading
+import uuid
 from datetime import datetime, timezone
 
 import pytest
@@ -1191,3 +1192,22 @@ def test_export_jsonl_refuses_the_stores_own_files(tmp_path, tail):
     with FeedbackStore(path) as s:
         assert s.counts()["feedback"] == 1
         assert s.export_jsonl(tmp_path / "out.jsonl") == 1
+
+
+def test_last_event_at_a_time_takes_the_newest_made_by_then_whatever_order_they_were_logged_in(fresh_store):
+    later = log(fresh_store, query="tides", ts=NOW - 100, session_id="s")  # logged first, made later
+    earlier = log(fresh_store, query="aurora", ts=NOW - 200, session_id="s")
+    assert fresh_store.last_event("s", at=NOW - 90)["id"] == later
+    assert fresh_store.last_event("s", at=NOW - 100)["id"] == later  # made at that very time: by then
+    assert fresh_store.last_event("s", at=NOW - 150)["id"] == earlier
+    assert fresh_store.last_event("s", at=datetime.fromtimestamp(NOW - 150, timezone.utc))["id"] == earlier
+    assert fresh_store.last_event("s", at=NOW - 201) is None
+    tie = log(fresh_store, query="tides again", ts=NOW - 100, session_id="s")
+    assert fresh_store.last_event("s", at=NOW - 90)["id"] == tie  # same time: the one logged last
+
+
+def test_a_run_id_in_another_spelling_of_a_logged_hex_event_id_finds_it(fresh_store):
+    eid = log(fresh_store)  # rlfb's own event ids are uuid4 hex
+    for spelling in (str(uuid.UUID(eid)), str(uuid.UUID(eid)).upper()):
+        assert fresh_store.resolve_run(spelling) == [eid]
+    assert fresh_store.resolve_run(str(uuid.uuid4())) == []

@@ -771,3 +771,26 @@ def test_two_rlfb_retrievers_on_two_stores_in_one_chain_both_learn(make_ensemble
     assert {r.event_id for r in records} == {e["id"] for e in handler.retrievals(top)}
     handler.record_feedback(top, score=1.0, idempotency_key="fb-1")  # a retry is learned by neither again
     assert first.learner.n_learned == second.learner.n_learned == 1
+
+
+def test_the_handler_reads_the_follow_up_settings_given_or_the_ensembles_as_they_are_now() -> None:
+    from rlfb.implicit import ImplicitSignals
+
+    def restated_twice(handler: FeedbackCallbackHandler, retriever: Any, session: str) -> list[str]:
+        config = {"callbacks": [handler], "metadata": {"session_id": session}}
+        first = uuid.uuid4()
+        retriever.invoke("what causes the aurora borealis", config=config, run_id=first)
+        retriever.invoke("what really causes the aurora borealis", config=config)
+        return [f["signal"] for f in handler.store.feedback(str(first))]
+
+    plain = BM25Retriever.from_documents([Document(page_content=t, id=i) for i, t in zip(IDS, TEXTS, strict=True)],
+                                         k=2)
+    given = FeedbackCallbackHandler(store=FeedbackStore(), implicit=ImplicitSignals(followup_window=1e-6))
+    assert restated_twice(given, plain, "a") == []  # the window given: no follow-up within a microsecond
+    from rlfb import FeedbackEnsemble
+
+    ours = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=FeedbackStore())
+    handler = FeedbackCallbackHandler.from_ensemble(ours)
+    assert restated_twice(handler, plain, "b") == ["reformulation"]
+    ours.implicit = ImplicitSignals(followup_window=1e-6)  # read at the next follow-up, not kept
+    assert restated_twice(handler, plain, "c") == []

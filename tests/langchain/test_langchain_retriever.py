@@ -271,7 +271,12 @@ async def test_ainvoke_checks_its_arguments_before_searching_and_a_failing_membe
 
     async def slow(query: str) -> list[Document]:
         calls.append("slow started")
-        await asyncio.sleep(0.5)
+        try:
+            await asyncio.sleep(0.5)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # winding down takes a while: ainvoke waits for it
+            calls.append("slow cancelled")
+            raise
         calls.append("slow ended")
         return [Document(page_content=TEXTS[0], id=IDS[0])]
 
@@ -287,8 +292,9 @@ async def test_ainvoke_checks_its_arguments_before_searching_and_a_failing_membe
     assert calls == []
     with pytest.raises(RuntimeError, match="member down"):
         await retriever.ainvoke("aurora")
+    assert calls == ["slow started", "slow cancelled"]  # ended before the error reached the caller
     await asyncio.sleep(0.6)
-    assert calls == ["slow started"] and retriever.ensemble.store.counts()["events"] == 0
+    assert calls == ["slow started", "slow cancelled"] and retriever.ensemble.store.counts()["events"] == 0
 
 
 async def test_an_rlfb_retriever_called_inside_an_ainvoke_searches_its_own_members() -> None:
@@ -543,3 +549,49 @@ def test_nested_metadata_is_copied_in_and_out() -> None:
     assert r.invoke("titanium bolt XK-4471")[0].metadata["authors"] == ["ann"]
     documents[4].metadata["authors"].append("LATER")
     assert r.invoke("titanium bolt XK-4471")[0].metadata["authors"] == ["ann"]
+
+
+async def test_ainvoke_refuses_a_logged_run_id_before_searching_unless_it_logs_nothing() -> None:
+    from langchain_core.runnables import RunnableLambda
+
+    from rlfb import DuplicateEventError
+
+    calls: list[str] = []
+
+    async def remote(query: str) -> list[Document]:
+        calls.append(query)
+        return [Document(page_content=TEXTS[0], id=IDS[0])]
+
+    retriever = FeedbackEnsembleRetriever.from_retrievers({"remote": RunnableLambda(remote)}, store=FeedbackStore(),
+                                                          explore=False)
+    run_id = uuid.uuid4()
+    await retriever.ainvoke("aurora", run_id=run_id)
+    calls.clear()
+    with pytest.raises(DuplicateEventError):
+        await retriever.ainvoke("aurora again", run_id=run_id)
+    assert calls == []
+    assert await retriever.ainvoke("aurora again", run_id=run_id, log=False)  # nothing to log: nothing refused
+
+
+async def test_one_member_shared_by_an_outer_and_an_inner_retriever_is_searched_for_each_ones_query() -> None:
+    # the documents ainvoke fetched are keyed by member and query: one runnable serving both retrievers gave
+    # the inner one the outer query's documents
+    from langchain_core.runnables import RunnableLambda
+
+    web = RunnableLambda(lambda q: [Document(page_content=f"result for {q}", id=f"web:{q}")])
+    inner = FeedbackEnsembleRetriever.from_retrievers({"web": web}, k=1, explore=False)
+    seen: list[str] = []
+
+    def via_inner(query: str, k: int) -> list[tuple[Chunk, None]]:
+        docs = inner.invoke(f"{query} details")
+        seen.extend(d.page_content for d in docs)
+        return [(document_to_chunk(d), None) for d in docs]
+
+    outer = FeedbackEnsembleRetriever.from_retrievers({"web": web, "sub": SearchMember("sub", via_inner)}, k=2,
+                                                      explore=False)
+    await outer.ainvoke("aurora")
+    assert seen == ["result for aurora details"]
+
+
+def test_the_ensembles_implicit_signals_compare_follow_ups_with_the_dense_encoder(make_ensemble: Any) -> None:
+    assert make_ensemble().implicit.encode is not None

@@ -215,3 +215,54 @@ def test_a_retrieval_returns_the_text_it_ranked_while_an_insert_swaps_a_node(mon
         chunks, **kw))
     r.insert_nodes([TextNode(id_="x", text="x v2 aurora")])
     assert held == [True] and r.retrieve("aurora")[0].node.text == "x v2 aurora"
+
+
+def test_the_ids_made_anew_warning_fires_only_on_random_ids_unknown_to_a_store_that_learned_enough() -> None:
+    import inspect
+    import uuid
+    import warnings
+    from types import SimpleNamespace
+
+    from llamaindex_rlfb._nodes import warn_if_ids_were_made_anew
+    from rlfb.confidence import ChunkConfidence
+
+    def store_that_learned(n: int, also: tuple[str, ...] = ()) -> Any:
+        confidence = ChunkConfidence()
+        confidence.update([f"old{i}" for i in range(n)] + list(also), [1.0] * (n + len(also)))
+        return SimpleNamespace(learner=SimpleNamespace(confidence=confidence))
+
+    def nodes(ids: list[str]) -> list[TextNode]:
+        return [TextNode(id_=i, text=f"text {i}") for i in ids]
+
+    fresh = [str(uuid.uuid4()) for _ in range(4)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_ids_were_made_anew(nodes(fresh), store_that_learned(0))  # a new store
+        warn_if_ids_were_made_anew(nodes(fresh), store_that_learned(19))  # too little learned to tell
+        warn_if_ids_were_made_anew(nodes([*fresh, "own-id"]), store_that_learned(30))  # ids of the app's own
+        warn_if_ids_were_made_anew(nodes([str(uuid.uuid5(uuid.NAMESPACE_URL, u)) for u in "ab"]),
+                                   store_that_learned(30))  # derived from a name: the same at each build
+        warn_if_ids_were_made_anew(nodes(["x" * 36]), store_that_learned(30))
+        warn_if_ids_were_made_anew(nodes(fresh), store_that_learned(30, also=(fresh[0],)))  # a loaded index
+    with pytest.warns(UserWarning, match="these 4 nodes have random ids") as caught:
+        line = inspect.currentframe().f_lineno + 1
+        warn_if_ids_were_made_anew(nodes(fresh), store_that_learned(20))
+    assert (caught[0].filename, caught[0].lineno) == (__file__, line)  # the app's line
+
+
+def test_a_retriever_built_again_over_nodes_of_new_random_ids_warns(tmp_path: Any) -> None:
+    import uuid
+
+    path = tmp_path / "fb.db"
+
+    def build() -> FeedbackEnsembleRetriever:
+        made = [TextNode(id_=str(uuid.uuid4()), text=t) for t in TEXTS * 3]
+        return FeedbackEnsembleRetriever.from_defaults(nodes=made, retrievers=("bm25",), store=path, explore=False)
+
+    ens = build().ensemble
+    result = ens.retrieve("what causes the aurora", k=len(ens))
+    ens.feedback(result.event_id, "thumbs_down")  # criticism of the answer reaches every chunk shown
+    assert len(ens.learner.confidence) == len(ens) >= 20
+    ens.close()
+    with pytest.warns(UserWarning, match="random ids"):
+        build().ensemble.close()
