@@ -15,10 +15,23 @@ from rlfb.runs import finite_score, session_text
 from rlfb.types import validate_flag, validate_k
 
 # the adapters' shared rules live in the core: validate_k, validate_flag, session_text, finite_score
-__all__ = ["positive_count", "flag", "session_text", "usable_score", "check_store"]
+__all__ = ["positive_count", "flag", "session_text", "session_key", "SESSION_KEYS", "usable_score", "check_store"]
 
 positive_count = validate_k
 flag = validate_flag
+
+#: Run metadata keys that name a conversation, first found first: rlfb's own, then those LangSmith groups a
+#: thread's traces by (``thread_id``, ``conversation_id``), which an app that traces threads already sets
+SESSION_KEYS = ("session_id", "thread_id", "conversation_id")
+
+
+def session_key(metadata: Any) -> str | None:
+    """The first of :data:`SESSION_KEYS` that run ``metadata`` holds, else ``None``.
+
+    >>> session_key({"thread_id": "t-1", "user": "u"}), session_key({"user": "u"})
+    ('thread_id', None)
+    """
+    return next((key for key in SESSION_KEYS if key in metadata), None)
 
 
 def usable_score(value: Any) -> tuple[float | None, bool]:

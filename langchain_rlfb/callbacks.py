@@ -36,7 +36,8 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
 * ``on_retriever_error`` forgets the run: a failed retrieval logs nothing, and
   the error reaches the caller as usual.
 * The session comes from the run's metadata (``config={"metadata":
-  {"session_id": ...}}``: a non-empty str, an int or a UUID; any other value is
+  {"session_id": ...}}``, else LangSmith's ``thread_id`` or ``conversation_id``:
+  a non-empty str, an int or a UUID; any other value is
   dropped with a warning and the retrieval logged without a session), else
   from a :class:`~langchain_rlfb.FeedbackEnsembleRetriever`'s own
   ``session_id``, as the retriever takes it; a
@@ -63,7 +64,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.runnables.config import var_child_runnable_config
 
-from langchain_rlfb._checks import check_store, flag, session_text, usable_score
+from langchain_rlfb._checks import check_store, flag, session_key, session_text, usable_score
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
 from rlfb.errors import NoStoreError, NotCopyableError, RlfbError, ValidationError
 from rlfb.runs import (
@@ -301,8 +302,10 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         metadata = metadata or {}
-        # the run's session, else the one a FeedbackEnsembleRetriever falls back to (its session_id), as it does
-        session = metadata["session_id"] if "session_id" in metadata else metadata.get(SESSION_KEY)
+        # the run's session (session_id, else LangSmith's thread_id or conversation_id), else the one a
+        # FeedbackEnsembleRetriever falls back to (its session_id), as it does
+        key = session_key(metadata)
+        session = metadata[key] if key is not None else metadata.get(SESSION_KEY)
         with self._lock:
             parent = self._parent_of(_str(parent_run_id))
             adopted = parent != _str(parent_run_id)

@@ -9,7 +9,8 @@ and maps LangChain's run ids, run metadata and retrievers onto the core.
   :class:`~langchain_rlfb.callbacks.FeedbackCallbackHandler` and this retriever
   name the same event, and feedback can be given by run id.
 * The **session** comes from the run's metadata
-  (``config={"metadata": {"session_id": ...}}``), else from the retriever's
+  (``config={"metadata": {"session_id": ...}}``, else LangSmith's ``thread_id`` or
+  ``conversation_id``), else from the retriever's
   ``session_id`` field (reported in the run's metadata as ``rlfb_session_id``,
   so that a handler's copy of the retrieval has it too). A follow-up in the
   same session that restates the previous query is recorded as a
@@ -44,7 +45,7 @@ from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from langchain_rlfb._checks import flag, positive_count, session_text
+from langchain_rlfb._checks import flag, positive_count, session_key, session_text
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_options
 from rlfb.errors import DuplicateEventError, DuplicateIdError, NoStoreError, ValidationError
@@ -266,18 +267,20 @@ def _checked_fields(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run_session(metadata: Mapping[str, Any], default: str | None) -> str | None:
-    """The run metadata's session id, else ``default``; one that cannot be a session id is dropped.
+    """The run metadata's session id (:data:`~langchain_rlfb._checks.SESSION_KEYS`: ``session_id``, else
+    LangSmith's ``thread_id`` or ``conversation_id``), else ``default``; one that cannot be a session id is dropped.
 
     Run metadata is inherited by every run of a chain, so it is not the retriever's argument to refuse:
     the retrieval goes ahead and is logged without a session, with a warning (as the callback handler does).
     """
-    if "session_id" not in metadata:
+    key = session_key(metadata)  # session_id, else LangSmith's thread_id or conversation_id
+    if key is None:
         return default
-    if metadata["session_id"] is None:  # an explicit None: this call has no session
+    if metadata[key] is None:  # an explicit None: this call has no session
         return None
-    session = session_text(metadata["session_id"])
+    session = session_text(metadata[key])
     if session is None:
-        warnings.warn(f"ignoring run metadata session_id {metadata['session_id']!r}: "
+        warnings.warn(f"ignoring run metadata {key} {metadata[key]!r}: "
                       "not a non-empty str, int or UUID", stacklevel=2)
     return session
 

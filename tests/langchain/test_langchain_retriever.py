@@ -595,3 +595,21 @@ async def test_one_member_shared_by_an_outer_and_an_inner_retriever_is_searched_
 
 def test_the_ensembles_implicit_signals_compare_follow_ups_with_the_dense_encoder(make_ensemble: Any) -> None:
     assert make_ensemble().implicit.encode is not None
+
+
+@pytest.mark.parametrize("key", ["thread_id", "conversation_id"])
+def test_a_langsmith_thread_id_is_the_session_for_the_retriever_and_the_handler(make_ensemble: Any, key: str) -> None:
+    # only metadata["session_id"] was read: an app that groups its traces by LangSmith's thread_id saw no
+    # reformulation recorded
+    ens = make_ensemble()
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    config = {"metadata": {key: "t-1"}}
+    first = retriever.invoke("what causes the aurora borealis", config=config)[0].metadata["event_id"]
+    retriever.invoke("what really causes the aurora borealis lights", config=config)
+    assert ens.store.event(first)["session_id"] == "t-1"
+    assert [f["signal"] for f in ens.store.feedback(first)] == ["reformulation"]
+    handler = FeedbackCallbackHandler(store=FeedbackStore())
+    plain = BM25Retriever.from_documents([Document(page_content=t, id=i) for i, t in zip(IDS, TEXTS, strict=True)])
+    run_id = uuid.uuid4()
+    plain.invoke("tides", config={"callbacks": [handler], "metadata": {key: "t-2"}}, run_id=run_id)
+    assert handler.store.event(str(run_id))["session_id"] == "t-2"
