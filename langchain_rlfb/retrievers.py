@@ -369,10 +369,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         try:
             members = self.ensemble.members
             if any(getattr(m.function, "runnable", None) is not None for m in members):
-                # refused before any member is searched, as invoke refuses them
-                positive_count(self.k if k is None else k, "k")
-                flag(self.explore if explore is None else explore, "explore")
-                self._refuse_a_logged_run(run_manager, log)
+                self._call_options(run_manager, k, explore, log)  # refused before any member is searched
                 token = _FETCHED.set(await _fetch_runnables(members, query, child))  # the thread copies it
             return await run_in_executor(None, self._retrieve, query, run_manager, child, k, explore, log, cancelled)
         except asyncio.CancelledError as exc:
@@ -386,28 +383,31 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             if token is not None:
                 _FETCHED.reset(token)
 
-    def _refuse_a_logged_run(self, run: Any, log: bool | None) -> None:
-        """A run id logged before is refused before anything is searched or written: the refusal came after a
-        reformulation of the session's previous retrieval had been stored and learned."""
+    def _call_options(self, run: Any, k: int | None, explore: bool | None,
+                      log: bool | None) -> tuple[int, bool, bool]:
+        """This call's ``(k, explore, logging)``, checked, before anything is searched or written.
+
+        The fields are checked too: one set after construction (retriever.k = "2") is not checked by pydantic.
+        ``log`` is checked also where there is no store. A run id logged before is refused: the refusal came
+        after a reformulation of the session's previous retrieval had been stored and learned.
+        """
+        k = positive_count(self.k if k is None else k, "k")
+        explore = flag(self.explore if explore is None else explore, "explore")
+        wanted = flag(self.log if log is None else log, "log")
         store = self.ensemble.store
-        if store is None or not flag(self.log if log is None else log, "log"):
-            return
-        has_event = getattr(store, "has_event", None)  # a store of the user's own may lack it
+        logging = store is not None and wanted
+        has_event = getattr(store, "has_event", None) if logging else None  # a store of the user's own may lack it
         if has_event is not None and has_event(str(run.run_id)):
             raise DuplicateEventError(f"event id {str(run.run_id)!r} was already logged (a run id given twice)")
+        return k, explore, logging
 
     def _retrieve(
         self, query: str, run: Any, child_callbacks: Any, k: int | None, explore: bool | None, log: bool | None,
         cancelled: threading.Event | None = None,
     ) -> list[Document]:
         ens = self.ensemble
-        # the fields too: one set after construction (retriever.k = "2") is not checked by pydantic
-        k = positive_count(self.k if k is None else k, "k")
-        explore = flag(self.explore if explore is None else explore, "explore")
+        k, explore, logging = self._call_options(run, k, explore, log)
         session = _run_session(run.metadata, self.session_id)
-        wanted = flag(self.log if log is None else log, "log")  # checked also where there is no store
-        logging = ens.store is not None and wanted
-        self._refuse_a_logged_run(run, log)
         token = _MEMBER_CALLBACKS.set(child_callbacks)
         try:
             ctx = ens.context(query, session_id=session, k=k)  # the slow part: encoding, scoring, members
