@@ -69,6 +69,19 @@ def test_click_evidence_round_trips_through_json_and_rejects_corrupt_state() -> 
     bad["state"]["clicks"]["*"]["s"] = [1.0]
     with pytest.raises(CorruptStateError):
         ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(bad)
+    # damage that had loaded as "no clicks yet", resetting the weights silently: a null in place of the
+    # evidence, and a weight below its questions' (n = 0 read as no clicks, the gate shut)
+    nulled = json.loads(json.dumps(state))
+    nulled["state"]["clicks"] = None
+    with pytest.raises(CorruptStateError, match="click evidence"):
+        ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(nulled)
+    emptied = json.loads(json.dumps(state))
+    emptied["state"]["clicks"]["*"]["n"] = 0.0
+    with pytest.raises(CorruptStateError, match="below its questions"):
+        ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(emptied)
+    older = json.loads(json.dumps(state))  # saved before clicks counted: no key at all, which still loads
+    del older["state"]["clicks"]
+    assert ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(older).weights() == {"a": 0.5, "b": 0.5}
 
 
 def test_a_click_evidence_clock_far_in_the_future_is_refused() -> None:
@@ -194,3 +207,26 @@ def test_forgetting_the_past_alike_leaves_the_variance_of_the_advantage_as_it_wa
     adv, var = (x.copy() for x in ev.posterior())
     ev.update(np.array([0.5, 0.9]), "q3", 0.0, 0.5)  # the past halved, nothing new
     assert ev.posterior()[0].tolist() == adv.tolist() and ev.posterior()[1].tolist() == var.tolist()
+
+
+def test_feedback_without_clicks_ages_the_click_evidence_until_the_gate_shuts_again() -> None:
+    # a world that stops showing anything worth a click (thumbs down only) must not keep months-old click
+    # evidence whole: it decays on the clock at every feedback, falls below cf_min_clicks, and the default
+    # weights come back (an audit found them held at 0.05/0.95 through 400 days of thumbs down)
+    policy = ThompsonPolicy(("bm25", "dense"), seed=0)
+    X = np.array([[1.0, 0.0], [0.0, 1.0]])
+    t0 = 1.7e9
+    for i in range(40):
+        policy.learn(Episode(f"e{i}", f"q{i}", ("bm25", "dense"), Decision({"bm25": 0.5, "dense": 0.5},
+                                                                            arm="default"),
+                             ("a", "b"), X, np.array([0.0, 0.4]), 0.4, timestamp=t0 + 60 * i), 0.4)
+    moved = policy.decide(None, explore=False)
+    assert moved.weights["dense"] > 0.9
+    clicks = policy.state_dict()["state"]["clicks"]["*"]["n"]
+    # 45 days of thumbs down: one half-life, and the evidence is below the gate's 20 clicks
+    for i in range(45):
+        policy.learn(Episode(f"n{i}", f"z{i}", ("bm25", "dense"), moved, ("a", "b"), X, np.array([-1.0, -1.0]),
+                             -1.0, timestamp=t0 + 2400 + (i + 1) * 86_400), -1.0)
+    aged = policy.state_dict()["state"]["clicks"]["*"]["n"]
+    assert aged == pytest.approx(clicks * 0.5, rel=0.01)
+    assert policy.decide(None, explore=False).weights == {"bm25": 0.5, "dense": 0.5}

@@ -149,6 +149,20 @@ class ClickEvidence:
         self._q[row, :-1] += weight * utility
         self._q[row, -1] += weight
 
+    def decay(self, factor: float) -> None:
+        """Decay everything summed so far by ``factor``, with no click added: time passing without clicks.
+
+        The advantages and their variance do not change (both sums shrink alike); the weight ``n`` does, so
+        evidence that stops being renewed falls back below the gate.
+        """
+        if factor == 1.0:
+            return
+        self._posterior = None
+        self.n *= factor
+        self._s = self._s * factor
+        self._q *= factor
+        self._gone *= factor * factor
+
     def posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Mean advantage of every arm over arm 0, and the clustered variance of that mean (read-only).
 
@@ -238,6 +252,12 @@ class ClickEvidence:
                 or not all(np.all(np.isfinite(a)) for a in (s, gone, q))
                 or not np.isfinite(n) or n < 0 or not np.isfinite(clock)):
             raise CorruptStateError("click evidence is malformed")
+        # n sums every click's weight, the rows those of the questions kept (forgotten ones only add to n): an n
+        # below the rows' sum, or a negative weight, is damage, which read as fewer clicks than were learned
+        weights = q[:, -1]
+        if np.any(weights < 0) or n < weights.sum() * (1.0 - 1e-9) - 1e-9:
+            raise CorruptStateError(f"click evidence is malformed: its weight {n:g} is below its questions' "
+                                    f"{weights.sum():g}")
         saved_times("the click evidence's clock", clock)  # 1e15 weighed every later click as long past
         rows, q = _rekeyed(rows, q)
         self.n, self.clock, self._s, self._gone, self._rows, self._q = n, clock, s, gone, rows, q

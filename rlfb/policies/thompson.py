@@ -54,6 +54,12 @@ chunk exploration off it moves on some seeds (12 of 36 weightings over 3 worlds
 x 4 seeds x global and two query types, 0.010 nDCG@10 worse on average): the
 gate (``cf_gate_z``) takes the best of 66 arms without a correction for
 testing that many. The epsilon policy moves with the defaults too.
+
+Only clicks add click evidence: a thumbs down or a reformulation says that the
+answer was bad, not which weights would have ranked a good chunk higher. But
+every feedback passes time: the evidence decays on the ``half_life_days`` clock
+at each one (``forget`` applies per click), so evidence that stops being renewed
+falls below ``cf_min_clicks`` and the gate, and arm sampling, resume.
 """
 
 from __future__ import annotations
@@ -493,6 +499,19 @@ class ThompsonPolicy(BasePolicy):
         ev.update(u, str(episode.query), weight * late, past * self.hyper.forget**weight)
         self._version += 1
 
+    def _age_counterfactual(self, key: str, t: float) -> None:
+        # feedback with no click (a thumbs down, a reformulation) adds no click evidence, but its time passes:
+        # evidence decayed only when a click came, so a world that stopped showing anything worth a click kept
+        # months-old evidence whole, its gate open and arm exploration off, for good
+        ev = self._clicks.get(key)
+        if ev is None:
+            return
+        past, _, clock = clock_decay(ev.clock, t, self.hyper.half_life_days)
+        if clock != ev.clock:
+            ev.decay(past)
+            ev.clock = clock
+            self._version += 1
+
     def _epsilon(self) -> float:
         p = self.hyper
         eps = max(p.epsilon_min, p.epsilon / (1.0 + self._n_updates / p.epsilon_decay))
@@ -588,6 +607,10 @@ class ThompsonPolicy(BasePolicy):
             self._learn_counterfactual(GLOBAL, episode, u, weight, t)
             if self.hyper.contextual and episode.query_type:
                 self._learn_counterfactual(str(episode.query_type), episode, u, weight, t)
+        elif self.hyper.counterfactual:
+            self._age_counterfactual(GLOBAL, t)
+            if self.hyper.contextual and episode.query_type:
+                self._age_counterfactual(str(episode.query_type), t)
         self._add(GLOBAL, arm, r, weight, t)
         if self.hyper.contextual and episode.query_type:
             self._add(str(episode.query_type), arm, r, weight, t)
@@ -682,9 +705,12 @@ class ThompsonPolicy(BasePolicy):
         saved_clock = dict(state["clock"])
         clock = {str(k): read_number(saved_clock, k) for k in saved_clock}
         saved_times("thompson's clock", list(clock.values()))
+        saved_clicks = state.get("clicks", {})  # absent in states saved before clicks counted
+        if not isinstance(saved_clicks, Mapping):  # a null here loaded as "no clicks": the weights reset, silently
+            raise CorruptStateError(f"click evidence is malformed: {type(saved_clicks).__name__}, not a mapping")
         clicks = {
             str(k): ClickEvidence(self.n_arms, self.hyper.cf_max_queries).load_state_dict(v)
-            for k, v in dict(state.get("clicks") or {}).items()  # absent in states saved before clicks counted
+            for k, v in saved_clicks.items()
         }
         self._stats, self._clock = stats, clock
         self._clicks = clicks
