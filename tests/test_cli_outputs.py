@@ -145,6 +145,57 @@ def test_a_store_that_cannot_be_written_is_inspected_from_a_copy(tmp_path: Path,
     assert db.read_bytes() == before
 
 
+def test_a_look_at_a_store_of_an_older_rlfb_leaves_the_file_as_it_was(tmp_path: Path, capsys) -> None:
+    # stats, show and the exports brought such a store up to date (schema steps, WAL mode): a backup looked at
+    # with a newer rlfb was upgraded, and an older rlfb then refused it as a newer one's
+    import sqlite3
+
+    db = make_store(tmp_path / "fb.db")
+    with sqlite3.connect(db) as conn:  # as rlfb wrote it before its last two schema steps
+        conn.execute("DELETE FROM _migrations WHERE name IN ('m009_snapshot_kind', 'm010_settings')")
+        conn.execute("DROP TABLE settings")
+        conn.execute("DROP INDEX IF EXISTS idx_policy_snapshots_kind_version")
+        conn.execute("ALTER TABLE policy_snapshots DROP COLUMN kind")
+    conn.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = db.read_bytes()
+    assert main(["store", "stats", str(db)]) == 0
+    captured = capsys.readouterr()
+    assert f"store            {db}" in captured.out and "older rlfb" in captured.err
+    assert main(["weights", "show", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "gradient"
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 0
+    assert main(["weights", "export", str(db), str(tmp_path / "w.json")]) == 0
+    assert db.read_bytes() == before
+    with sqlite3.connect(db) as conn:
+        assert "settings" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    conn.close()
+    # one in another journal mode is read from a copy too, and a file of SQLite with no table is no store
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    from rlfb.store import FeedbackStore
+
+    FeedbackStore(tmp_path / "fresh.db").close()
+    with sqlite3.connect(tmp_path / "fresh.db") as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    before = (tmp_path / "fresh.db").read_bytes()
+    assert main(["store", "stats", str(tmp_path / "fresh.db")]) == 0
+    assert "journal mode" in capsys.readouterr().err
+    assert (tmp_path / "fresh.db").read_bytes() == before
+    blank = tmp_path / "blank.db"
+    with sqlite3.connect(blank) as conn:
+        conn.execute("PRAGMA user_version = 7")
+    conn.close()
+    before = blank.read_bytes()
+    assert main(["store", "stats", str(blank)]) == 2
+    assert "holds no tables" in one_error_line(capsys)
+    assert blank.read_bytes() == before
+
+
 def test_an_export_that_meets_a_damaged_row_names_the_store_the_column_and_the_event(tmp_path: Path,
                                                                                    capsys) -> None:
     import sqlite3
@@ -161,6 +212,30 @@ def test_an_export_that_meets_a_damaged_row_names_the_store_the_column_and_the_e
     line = one_error_line(capsys)
     assert f"cannot export {db}" in line and "event_chunks.scores of chunk" in line and event_id in line
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("column", ["events.query", "events.arm", "event_chunks.chunk_id"])
+def test_text_damaged_outside_rlfb_is_a_named_error_not_a_traceback(tmp_path: Path, capsys, column: str) -> None:
+    # bytes that are not UTF-8 in a text column raised UnicodeDecodeError out of export and stats
+    import sqlite3
+
+    from rlfb import FeedbackEnsemble
+
+    db = tmp_path / "fb.db"
+    with FeedbackEnsemble.from_texts(["tides follow the moon", "lava and ash"], retrievers=("bm25",),
+                                     store=db) as ens:
+        ens.retrieve("tides", k=2)
+    table, name = column.split(".")
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE {table} SET {name} = X'FF00' WHERE rowid = (SELECT MIN(rowid) FROM {table})")
+    conn.close()
+    for command in (["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")], ["store", "stats", str(db)]):
+        code = main(command)
+        if code == 0:  # stats reads no query text nor chunk ids
+            capsys.readouterr()
+            continue
+        assert code == 2
+        assert "is not text rlfb wrote" in one_error_line(capsys)
 
 
 def test_a_warning_is_one_line(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,16 +128,23 @@ def store_for_reading(path: str | Path) -> Iterator[Any]:
     ``weights show``, ``weights export``). One that cannot be written (a read-only file, or a folder a WAL-mode
     store cannot make its side files in: a backup on a read-only mount, a service account's store) is read from
     a copy in a temporary folder, with a note on stderr; opening it writable was refused, so it could not be
-    looked at at all. The copy is named by the store's own path in what the command prints."""
+    looked at at all. So is one that opening would change: a store of an older rlfb, which opening upgrades, or
+    one not in WAL mode. The copy is named by the store's own path in what the command prints and raises."""
     import tempfile
 
-    from rlfb.errors import ReadOnlyStoreError
+    from rlfb.errors import ReadOnlyStoreError, RlfbError
     from rlfb.store import FeedbackStore
 
-    try:
-        store = FeedbackStore(path)
-    except ReadOnlyStoreError:
-        store = None
+    # opening a store writable brings it up to date: rlfb's newer schema steps, the switch to WAL mode. A look
+    # must not do that (a backup looked at with a newer rlfb was upgraded, and an older one then refused it), so
+    # such a store is read from an upgraded copy too
+    why = _why_opening_writes(Path(path))
+    store = None
+    if why is None:
+        try:
+            store = FeedbackStore(path)
+        except ReadOnlyStoreError:
+            why = "cannot be written"
     if store is not None:
         with store:
             yield store
@@ -145,10 +152,57 @@ def store_for_reading(path: str | Path) -> Iterator[Any]:
     with tempfile.TemporaryDirectory(prefix="rlfb-read-") as tmp:
         copy = Path(tmp) / "store.db"
         _copy_store(Path(path), copy)
-        print(f"rlfb: note: {path} cannot be written: reading a copy of it", file=sys.stderr)
-        with FeedbackStore(copy) as store:
+        print(f"rlfb: note: {path} {why}: reading a copy of it", file=sys.stderr)
+        try:
+            opened = FeedbackStore(copy)
+        except RlfbError as exc:  # name the store, not the copy, which is gone when the message is read
+            raise type(exc)(str(exc).replace(str(copy), str(path))) from exc
+        with opened as store:
             store.path = store._tx.path = str(path)  # errors and reports name the store, not the copy
             yield store
+
+
+def _why_opening_writes(path: Path) -> str | None:
+    """Why opening the store at ``path`` writable would change the file (schema steps it lacks, another journal
+    mode), read through a read-only connection; ``None`` where it would not, or where the file cannot be read
+    so (the store's own opening then names what is wrong). A file of SQLite with no table at all is no store."""
+    import sqlite3
+
+    from sqlite_utils import Database
+
+    from rlfb.errors import ValidationError
+    from rlfb.store.migrations import MIGRATIONS
+
+    try:
+        conn = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        db = Database(conn)
+        tables = db.table_names()
+        if not tables:
+            raise ValidationError(f"{path} holds no tables: not an rlfb feedback store")
+        if MIGRATIONS.table not in tables:
+            return None  # another application's database: the store's opening refuses it before any write
+        pending = MIGRATIONS.pending(db)
+        mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    if pending:
+        return f"is a store of an older rlfb (schema steps {pending} to come), which opening it would upgrade"
+    if mode != "wal":
+        return f"is in {mode} journal mode, which opening it would switch to WAL"
+    return None
+
+
+def _uri_path(path: Path) -> str:
+    """``path`` for a ``file:`` URI: its own bytes, quoted (a name that is not UTF-8 has no str to quote), with
+    one leading slash, as "//tmp" would read as a URI's authority."""
+    from urllib.parse import quote
+
+    return "/" + quote(os.fsencode(path.absolute())).lstrip("/")
 
 
 def _copy_store(path: Path, copy: Path) -> None:
@@ -159,13 +213,9 @@ def _copy_store(path: Path, copy: Path) -> None:
     it: the file and its log are copied as they are."""
     import shutil
     import sqlite3
-    from urllib.parse import quote
 
-    # the path's own bytes, quoted (a name that is not UTF-8 has no str to quote); one leading slash, as "//tmp"
-    # would read as a URI's authority
-    where = "/" + quote(os.fsencode(path.absolute())).lstrip("/")
     try:
-        src = sqlite3.connect(f"file:{where}?mode=ro", uri=True)
+        src = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True)
         try:
             dst = sqlite3.connect(copy)
             try:
