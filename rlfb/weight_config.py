@@ -208,7 +208,13 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
         if wf.state is not None:  # loaded once more: read_weights_file only checked it, and this one changes
             learner, target = Learner.from_state_dict(wf.state), "the file's state"
         elif saved and saved.get("state"):
-            learner, target = Learner.from_state_dict(saved["state"]), "the store's newest state"
+            try:
+                learner = Learner.from_state_dict(saved["state"])
+            except (CorruptStateError, ValidationError) as exc:  # damaged outside rlfb: name it, and the way on
+                from rlfb.store.snapshots import damaged_snapshot
+
+                raise damaged_snapshot(store, saved.get("version"), exc) from exc
+            target = "the store's newest state"
         else:
             # an empty store: the weights become the file's policy's (an export names it), else a fixed policy's
             # (FeedbackEnsemble's own default). Always fixed before: an export of a thompson store imported into a

@@ -233,6 +233,22 @@ def test_weights_import_huge_weights_normalise_safely(tmp_path: Path, capsys) ->
         assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.5, "dense": 0.5})
 
 
+def test_weights_import_onto_a_damaged_snapshot_names_it_and_the_way_on(tmp_path: Path, capsys) -> None:
+    # it said "cannot rebuild a learner from this state: TypeError(...)", naming neither store nor snapshot
+    import sqlite3
+
+    db = make_store(tmp_path / "fb.db")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE policy_snapshots SET state = json_set(state, '$.policy', 'garbage')")
+    conn.close()
+    src = tmp_path / "w.json"
+    src.write_text('{"bm25": 0.3, "dense": 0.7}', encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 2
+    message = one_error_line(capsys)
+    assert "policy snapshot 1" in message and str(db) in message and "drop-snapshot" in message
+    assert store_version(db) == 1
+
+
 def test_weights_import_says_when_weights_are_clamped(tmp_path: Path, capsys) -> None:
     db = make_store(tmp_path / "fb.db", policy="gradient")
     src = tmp_path / "w.json"

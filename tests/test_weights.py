@@ -37,6 +37,9 @@ def test_show_export_import_round_trip(tmp_path, capsys) -> None:
     assert shown["weights"] == pytest.approx({"bm25": 0.5, "dense": 0.5})
     out = tmp_path / "w.json"
     assert main(["weights", "export", str(db), str(out)]) == 0
+    said = capsys.readouterr()
+    # the status line goes to stderr: `weights export STORE /dev/stdout` printed it after the JSON, on stdout
+    assert said.out == "" and "wrote version" in said.err
     data = json.loads(out.read_text())
     assert data["state"]["retrievers"] == ["bm25", "dense"]
     data["weights"] = {"bm25": 0.8, "dense": 0.2}

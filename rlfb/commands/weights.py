@@ -80,7 +80,8 @@ def run_export(args: argparse.Namespace) -> int:
     with _open(args.store) as store:
         out = export_weights(store, None, with_state=not args.weights_only)
     write_output(args.file, json.dumps(out, indent=2))
-    print(f"wrote version {out['version']} to {args.file}")
+    # on stderr, as `store export` says it: `weights export STORE /dev/stdout` wrote it after the JSON
+    print(f"wrote version {out['version']} to {args.file}", file=sys.stderr)
     return 0
 
 

@@ -29,7 +29,21 @@ def _enc(s: str | None) -> str | bytes | None:
 
 
 def _dec(v: Any) -> Any:
-    return v.decode("utf-8", "surrogatepass") if isinstance(v, bytes) else v
+    """A stored str back: a BLOB is the surrogatepass UTF-8 of one (:func:`_enc`). One that is not was written
+    outside rlfb, and raises :class:`CorruptStateError`, not a bare ``UnicodeDecodeError``.
+
+    >>> _dec(b"\\xed\\xa0\\x80") == "\\ud800"
+    True
+    >>> _dec(b"\\xff\\x00")
+    Traceback (most recent call last):
+    rlfb.errors.CorruptStateError: a text value in the store is damaged: b'\\xff\\x00' is not text rlfb wrote
+    """
+    if not isinstance(v, bytes):
+        return v
+    try:
+        return v.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise CorruptStateError(f"a text value in the store is damaged: {v[:40]!r} is not text rlfb wrote") from None
 
 
 def _decode_row(row: Mapping[str, Any]) -> dict[str, Any]:
