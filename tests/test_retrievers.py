@@ -260,7 +260,8 @@ def test_a_neural_index_loads_with_its_cache_switch_device_and_model_key(
     assert loaded._model.key == built._model.key == f"{name}:tuned-v2" + (  # type: ignore[attr-defined]
         "|max_active_dims=64" if extra else "")
     # what the caller passes wins; a save without these settings loads with the defaults, as before
-    again = load_retriever(tmp_path, model=model, cache_dir=tmp_path / "c", device="cpu", model_key="other")
+    with pytest.warns(RuntimeWarning, match="another model"):  # another key names other encodings: encoded again
+        again = load_retriever(tmp_path, model=model, cache_dir=tmp_path / "c", device="cpu", model_key="other")
     assert (again.cache_dir, again.device) == (tmp_path / "c", "cpu")  # type: ignore[attr-defined]
     assert again._model.key.startswith(f"{name}:other")  # type: ignore[attr-defined]
     meta = json.loads((tmp_path / "meta.json").read_text())
@@ -272,6 +273,35 @@ def test_a_neural_index_loads_with_its_cache_switch_device_and_model_key(
     (tmp_path / "meta.json").write_text(json.dumps({**meta, "device": 3}))
     with pytest.raises(CorruptStateError, match="device"):
         load_retriever(tmp_path, model=model)
+
+
+@pytest.mark.parametrize("name", ["dense", "splade"])
+def test_an_index_loaded_under_another_model_is_encoded_again(
+    name: str, indexed: dict[str, Retriever], tmp_path: Path, cache_dir: Path
+) -> None:
+    """The saved model key was never compared with the model loaded: a model given to load, or the bundled one
+    after an upgrade of its package, scored queries against another model's vectors (only the dimension was
+    checked), silently wrong."""
+    indexed[name].save(tmp_path / "index")
+    meta_file = tmp_path / "index" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["model_key"] == indexed[name].cache_key  # type: ignore[attr-defined]
+    # as another model (by its key) wrote it: its vectors are not the ones this model gives
+    meta["model_key"] = f"{name}:dir:0123456789abcdef0123456789abcdef"
+    meta_file.write_text(json.dumps(meta))
+    if name == "dense":
+        vectors = np.load(tmp_path / "index" / "embeddings.npy")
+        np.save(tmp_path / "index" / "embeddings.npy", np.roll(vectors, 1, axis=0))
+    else:
+        import scipy.sparse as sp
+
+        matrix = sp.load_npz(tmp_path / "index" / "doc_matrix.npz").tocsr()
+        sp.save_npz(tmp_path / "index" / "doc_matrix.npz", matrix[np.roll(np.arange(matrix.shape[0]), 1)])
+    with pytest.warns(RuntimeWarning, match="encoded by another model") as caught:
+        loaded = load_retriever(tmp_path / "index", cache_dir=cache_dir)
+    assert caught[0].filename == __file__  # the app's line, not rlfb's
+    assert loaded.ids == indexed[name].ids
+    np.testing.assert_allclose(loaded.score_all_batch(QUERIES), indexed[name].score_all_batch(QUERIES), atol=1e-6)
 
 
 def test_load_retriever_refuses_arguments_its_kind_does_not_take(indexed: dict[str, Retriever], tmp_path: Path) -> None:

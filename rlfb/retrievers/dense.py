@@ -38,6 +38,7 @@ from rlfb.retrievers.models import (
     AsSaved,
     LazyModel,
     default_dense_model,
+    encoded_by_another_model,
     load_sentence_transformer,
     model_meta,
     saved_model,
@@ -384,6 +385,9 @@ class DenseRetriever(CorpusRetriever):
         if "dim" in meta and meta["dim"] != embeddings.shape[1]:
             # one of the two files was changed after the save: which one is right is unknown
             raise CorruptStateError(f"{meta_file}: dim is {meta['dim']!r}, {file} holds {embeddings.shape[1]}")
+        if encoded_by_another_model(meta, retriever.cache_key, path):
+            return retriever.index([Chunk(i, t, m) for i, t, m in zip(table.ids, table.texts, table.metadatas,
+                                                                      strict=True)])
         retriever._embeddings = embeddings.astype(np.float32, copy=False)
         retriever._table = table
         return retriever

@@ -17,6 +17,8 @@ import enum
 import hashlib
 import importlib.util
 import os
+import sys
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -284,6 +286,34 @@ def model_meta(model: LazyModel, cache_dir: object, device: str | None, model_ke
         "cache_dir_off": cache_dir is False,
         "device": device,
     }
+
+
+def encoded_by_another_model(meta: Mapping[str, Any], key: str | None, where: object) -> bool:
+    """Whether a saved neural index's vectors came from another model than the one that encodes queries now (by
+    their keys: a model folder's is a digest of its files), with a warning that says so. Its vectors and the new
+    model's query vectors are then not comparable: a model given to ``load``, or the bundled one after an
+    upgrade of its package, served cosines across two embedding spaces, silently, where only the dimension was
+    checked. The caller encodes the chunks again. Unknown keys (a model handed over already loaded) say nothing.
+    """
+    saved = meta.get("model_key")
+    if not isinstance(saved, str) or key is None or saved == key:
+        return False
+    warnings.warn(
+        f"{where}: its vectors were encoded by another model ({saved}) than the one loaded now ({key}), with "
+        "which they cannot be compared: its chunks are encoded again (save it afterwards to keep them)",
+        RuntimeWarning, stacklevel=_caller_level(),
+    )
+    return True
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside rlfb and its adapters, for a warning to name the app's line
+    (a load is reached through several layers: ``FeedbackEnsemble.load``, a retry on a swapped folder)."""
+    frame, level = sys._getframe(2), 2  # the caller of the function that warns
+    while frame is not None and frame.f_globals.get("__name__", "").split(".", 1)[0] in (
+            "rlfb", "langchain_rlfb", "llamaindex_rlfb"):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
 
 
 def saved_model(meta: Mapping[str, Any], model: Any, where: object) -> Any:

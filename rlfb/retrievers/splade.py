@@ -45,6 +45,7 @@ from rlfb.retrievers.models import (
     AsSaved,
     LazyModel,
     default_splade_model,
+    encoded_by_another_model,
     load_sparse_encoder,
     model_meta,
     saved_model,
@@ -401,6 +402,9 @@ class SpladeRetriever(CorpusRetriever):
             raise CorruptStateError(
                 f"{meta_file}: vocab_size is {meta['vocab_size']!r}, {file} has {matrix.shape[1]} columns"
             )
+        if encoded_by_another_model(meta, retriever.cache_key, path):
+            return retriever.index([Chunk(i, t, m) for i, t, m in zip(table.ids, table.texts, table.metadatas,
+                                                                      strict=True)])
         retriever._matrix = sp.csr_matrix(matrix, dtype=np.float32)
         retriever._vocab_size = int(matrix.shape[1])
         retriever._table = table
