@@ -89,13 +89,19 @@ def test_processes_opening_an_older_file_at_once_migrate_it_once(tmp_path: Path)
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
 
 
-def test_a_newer_schema_is_a_named_error(tmp_path: Path) -> None:
+def test_a_newer_schema_is_passed_by_with_a_warning_and_named_by_a_look(tmp_path: Path) -> None:
+    # a newer rlfb's cache stopped every index and search of an older one beside it (it raised at the first
+    # lookup); it holds nothing that cannot be encoded again, so lookups and writes go on without it
     EmbeddingCache(tmp_path, "m").put_many({"h": np.zeros(2)})
     conn = sqlite3.connect(_file(tmp_path))
     conn.execute("PRAGMA user_version=7")
     conn.close()
-    with pytest.raises(CorruptStateError, match="schema 7"):
-        EmbeddingCache(tmp_path, "m").get_many(["h"])
+    before = _file(tmp_path).read_bytes()
+    cache = EmbeddingCache(tmp_path, "m")
+    with pytest.warns(RuntimeWarning, match="schema 7.*without it"):
+        assert cache.get_many(["h"]) == {}
+    cache.put_many({"g": np.ones(2)})
+    assert _file(tmp_path).read_bytes() == before
     with pytest.raises(CorruptStateError, match="schema 7"):
         cache_stats(tmp_path)
 
@@ -422,3 +428,32 @@ def test_prune_bounds_beyond_sqlite_integers_keep_everything(tmp_path: Path, opt
     bounded = EmbeddingCache(tmp_path, "m", max_mb=1e308)  # a write's bound is clamped alike
     bounded.put_many({"g": np.zeros(8)})
     assert len(bounded) == 2
+
+
+def test_a_search_does_not_wait_on_another_process_holding_the_cache(tmp_path: Path) -> None:
+    # a lookup's used-marks and a new query's encoding waited up to a minute for another process's write lock
+    # (a prune's VACUUM): both are best effort, and now drop instead of waiting. No timing here: the waits are
+    # read off the statements the cache's connection runs
+    from rlfb.retrievers.cache import open_side_caches
+
+    documents, queries = open_side_caches(tmp_path, "m")
+    queries.put_many({"old": np.zeros(2)})
+    _set_used_at(tmp_path, {"old": int(time.time()) - 3 * 86400})
+    holder = sqlite3.connect(_file(tmp_path), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write, under way
+    try:
+        statements: list[str] = []
+        queries._connect().set_trace_callback(statements.append)
+        assert set(queries.get_many(["old"])) == {"old"}
+        queries.put_many({"new": np.ones(2)})  # dropped, not an error
+        waits = [s for s in statements if s.startswith("PRAGMA busy_timeout")]
+        assert waits[0] == "PRAGMA busy_timeout=0" and statements.index(waits[0]) < statements.index("BEGIN IMMEDIATE")
+        assert waits.count("PRAGMA busy_timeout=0") == 2  # the marks' and the write's
+        assert statements[-1] == "PRAGMA busy_timeout=60000"  # the connection's own wait put back
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert documents.write_wait == 60.0 and queries.write_wait == 0.0
+    assert queries.get_many(["new"]) == {}
+    queries.put_many({"new": np.ones(2)})  # free again: stored
+    assert set(queries.get_many(["new"])) == {"new"}

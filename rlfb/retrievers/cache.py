@@ -70,6 +70,7 @@ _FILE_NAME = "embeddings.sqlite"
 # the version kept at 1: an older rlfb reading or writing the same file still works (its writes count as
 # unused since 1970, so they are pruned first)
 _SCHEMA_VERSION = 1
+_BUSY_MS = 60_000  # how long a connection waits for another's lock: opening, migrating, a document write
 _BATCH = 500  # parameters per IN (...) clause, well under SQLite's limit
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS encodings (
@@ -168,6 +169,22 @@ def _is_damage(exc: sqlite3.DatabaseError) -> bool:
     return type(exc) is sqlite3.DatabaseError
 
 
+def _is_busy(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` reports a lock another connection held past the busy timeout.
+
+    >>> _is_busy(sqlite3.OperationalError("database is locked")), _is_busy(sqlite3.OperationalError("no such table"))
+    (True, False)
+    """
+    return isinstance(exc, sqlite3.OperationalError) and any(m in str(exc).lower() for m in ("locked", "busy"))
+
+
+def _begin_waiting(conn: sqlite3.Connection, seconds: float) -> None:
+    """``BEGIN IMMEDIATE``, waiting at most ``seconds`` for another connection's write lock (the caller puts the
+    connection's own busy timeout back)."""
+    conn.execute(f"PRAGMA busy_timeout={min(int(seconds * 1000), _BUSY_MS)}")
+    conn.execute("BEGIN IMMEDIATE")
+
+
 def _is_unavailable(exc: sqlite3.DatabaseError) -> bool:
     """Whether ``exc`` reports a file that cannot be opened or written (read-only, a full disk), not a damaged,
     busy one or wrong SQL.
@@ -205,8 +222,8 @@ def _open(path: Path) -> sqlite3.Connection:
     except OSError as exc:
         raise _CacheUnavailable(f"cannot make the embedding cache's folder {path.parent}: {exc}") from exc
     try:
-        conn = sqlite3.connect(path, timeout=60.0, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA busy_timeout=60000")
+        conn = sqlite3.connect(path, timeout=_BUSY_MS / 1000, check_same_thread=False, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
         # the write-ahead log is cut back to this after each checkpoint: one large batch left it as large for good
         conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
         conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_KEEP_BYTES // _PAGE_BYTES}")  # as often as with 4 KB pages
@@ -228,7 +245,7 @@ def _open(path: Path) -> sqlite3.Connection:
                 time.sleep(0.01 * (attempt + 1))
         if version != _SCHEMA_VERSION:
             conn.close()
-            raise CorruptStateError(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
+            raise _OtherSchema(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
     except sqlite3.DatabaseError as exc:
         if _is_unavailable(exc):  # a read-only folder, a full disk: nothing is wrong with the file
             raise _CacheUnavailable(f"cannot open the embedding cache {path}: {exc}") from exc
@@ -251,8 +268,12 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
         raise CorruptStateError(f"cannot open embedding cache {path}: {exc}") from exc
     if version != _SCHEMA_VERSION:
         conn.close()
-        raise CorruptStateError(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
+        raise _OtherSchema(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
     return conn
+
+
+class _OtherSchema(CorruptStateError):
+    """A cache file of another schema (a newer rlfb's): passed by, as a damaged one is; never written."""
 
 
 def _migrate(conn: sqlite3.Connection) -> int:
@@ -349,6 +370,12 @@ class EmbeddingCache:
         rather than returned to the file system (``rlfb cache prune`` vacuums).
         The size is counted exactly when the bound may be passed; writes by other
         processes in between are seen at that count.
+    write_wait
+        Seconds a write waits for another process's write lock (a ``rlfb cache
+        prune`` vacuuming, another process's batch) before it is dropped: what is
+        not stored is encoded again when next needed. The query-side cache of a
+        retriever waits 0 s, so a search never stalls on the cache; lookups never
+        wait either (their used-marks are dropped while the file is busy).
 
     Examples
     --------
@@ -361,9 +388,13 @@ class EmbeddingCache:
     >>> cache.close()
     """
 
-    def __init__(self, directory: str | Path | None, model_key: str, *, max_mb: float | None = None) -> None:
+    def __init__(self, directory: str | Path | None, model_key: str, *, max_mb: float | None = None,
+                 write_wait: float = 60.0) -> None:
         if not isinstance(model_key, str) or not model_key:
             raise ValidationError("model_key must be a non-empty string")
+        # how long a write waits for another process's write lock (a prune's VACUUM) before it is dropped: the
+        # query side's is 0, as a search must not stall on the cache
+        self.write_wait = _check_nonnegative("write_wait", write_wait)
         self.directory = _cache_folder(directory)
         self.path = self.directory / _FILE_NAME
         self.model_key = model_key
@@ -439,7 +470,7 @@ class EmbeddingCache:
     def _usable(self) -> sqlite3.Connection | None:
         """The connection, under the lock; ``None`` once the file is known damaged, also when it is damaged
         past opening (a header that is no database): that is :meth:`_give_up` as well; and when it cannot be
-        opened (:meth:`_go_without`). A cache of another schema version still raises."""
+        opened (:meth:`_go_without`), or is of another schema version (a newer rlfb's)."""
         if self._damaged:
             return None
         try:
@@ -452,6 +483,11 @@ class EmbeddingCache:
                 return None
             self._go_without(exc, readable=True)
             return self._conn
+        except _OtherSchema as exc:
+            # a newer rlfb's file (one process of an upgrade beside one not yet upgraded): it holds nothing that
+            # cannot be encoded again, so going on without it beats refusing every index and search
+            self._go_without(exc, readable=False)
+            return None
         except CorruptStateError as exc:
             cause = exc.__cause__
             if isinstance(cause, sqlite3.DatabaseError) and _is_damage(cause):
@@ -506,9 +542,10 @@ class EmbeddingCache:
         return out
 
     def _touch(self, conn: sqlite3.Connection, hashes: list[str], now: int) -> None:
-        """Mark ``hashes`` as used at ``now``: best effort, since a read must not fail for it."""
+        """Mark ``hashes`` as used at ``now``: best effort, since a read must not fail, nor wait, for it (it
+        waited up to a minute for another process's write lock)."""
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            _begin_waiting(conn, 0.0)
             for start in range(0, len(hashes), _BATCH):
                 part = hashes[start : start + _BATCH]
                 marks = ",".join("?" * len(part))
@@ -519,6 +556,8 @@ class EmbeddingCache:
             conn.execute("COMMIT")
         except sqlite3.OperationalError:  # a read-only or busy file: the marks wait for the next read
             _rollback(conn)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
 
     def put_many(self, items: Mapping[str, Encoding] | Sequence[tuple[str, Encoding]]) -> None:
         """Store encodings, ``{hash: vector}`` or ``{hash: SparseVector}``, in one transaction.
@@ -553,7 +592,7 @@ class EmbeddingCache:
             if conn is None:
                 return
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                _begin_waiting(conn, self.write_wait)
                 conn.executemany(
                     "INSERT OR REPLACE INTO encodings (model_key, text_hash, dim, indices, vals, used_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
@@ -568,11 +607,13 @@ class EmbeddingCache:
                     self._give_up(exc)
                 elif _is_unavailable(exc):
                     self._go_without(exc, readable=True)
-                else:
+                elif not _is_busy(exc):  # busy past write_wait: dropped, encoded again when next needed
                     raise
             except BaseException:
                 _rollback(conn)
                 raise
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
 
     def _keep_bound(self, conn: sqlite3.Connection, rows: list[tuple]) -> None:
         """Inside the write's transaction: past ``max_mb``, drop the least recently used to 90 % of it.
@@ -819,7 +860,8 @@ def open_side_caches(
     if cache_dir is False or model_key is None:
         return None, None
     directory = None if cache_dir is None or cache_dir is True else cache_dir
-    return EmbeddingCache(directory, model_key + "|document"), EmbeddingCache(directory, model_key + "|query")
+    return (EmbeddingCache(directory, model_key + "|document"),
+            EmbeddingCache(directory, model_key + "|query", write_wait=0.0))
 
 
 def cached_encode(
