@@ -106,6 +106,30 @@ def test_plot_path_names_the_file_matplotlib_writes(given: str, written: str) ->
     assert plot_path(given) == written
 
 
+@pytest.mark.parametrize("given", ["-", "/dev/stdout", "/dev/null"])
+def test_a_plot_to_stdout_or_a_device_is_refused_up_front(tmp_path: Path, capsys, given: str) -> None:
+    # "-" wrote a file named "-.png" where the command ran, /dev/stdout became /dev/stdout.png
+    from rlfb.commands.simulate import plot_path
+    from rlfb.errors import ValidationError
+
+    with pytest.raises(ValidationError, match="image file's name"):
+        plot_path(given)
+
+
+def test_a_store_file_named_like_sqlites_memory_database_is_that_file(tmp_path: Path, capsys,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # `rlfb weights import :memory: w.json` with such a file imported into an in-memory database, and said so
+    monkeypatch.chdir(tmp_path)
+    make_store(tmp_path / ":memory:")
+    src = tmp_path / "w.json"
+    src.write_text('{"bm25": 0.3, "dense": 0.7}', encoding="utf-8")
+    assert main(["weights", "import", ":memory:", str(src)]) == 0
+    capsys.readouterr()
+    assert store_version(tmp_path / ":memory:") == 2
+    assert main(["store", "stats", ":memory:", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy_snapshots"] == 2
+
+
 def test_plot_without_extension_writes_and_names_a_png(tmp_path: Path, capsys) -> None:
     data = write_beir(tmp_path / "beir")
     assert main(["simulate", "--dataset", str(data), "--plot", str(tmp_path / "curves"), "--max-heldout", "1",

@@ -95,6 +95,10 @@ def plot_path(path: str) -> str:
     from matplotlib.backend_bases import FigureCanvasBase
 
     p = Path(path)
+    # an image goes to a file: "-" wrote a file named "-.png", and /dev/stdout became /dev/stdout.png
+    if path == "-" or p.absolute().parent == Path("/dev") or (p.exists() and not p.is_file() and not p.is_dir()):
+        raise ValidationError(f"--plot {path}: give an image file's name (a plot is not written to stdout, a pipe "
+                              "or a device)")
     if not p.suffix:  # "out" or "out.": as matplotlib does, name.rstrip(".") + ".png"
         return str(p.with_name(p.name.rstrip(".") + ".png"))
     supported = FigureCanvasBase.get_supported_filetypes()

@@ -71,6 +71,8 @@ def _open(path: str, *, reading: bool = True) -> Any:
     if not Path(path).is_file():
         raise FileNotFoundError(f"no feedback store at {path}")  # as `rlfb weights` words it
     refuse_empty_store(path)
+    if path == ":memory:":  # a file of that name: the store would take the name for an in-memory database
+        path = f"./{path}"
     return store_for_reading(path) if reading else FeedbackStore(path)
 
 

@@ -43,6 +43,8 @@ def _open(path: str, *, reading: bool = True) -> Iterator[Any]:
     if not Path(path).is_file():
         raise ValidationError(f"no feedback store at {path}")
     refuse_empty_store(path)
+    if path == ":memory:":  # a file of that name: the store would take the name for an in-memory database
+        path = f"./{path}"
     try:
         with store_for_reading(path) if reading else FeedbackStore(path) as store:
             yield store
