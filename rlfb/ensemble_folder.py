@@ -155,6 +155,14 @@ def _built(
     return ens
 
 
+def _json_file(file: Path) -> Any:
+    """The JSON that ``file`` holds; a file missing or damaged is a :class:`CorruptStateError` that names it."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise CorruptStateError(f"cannot read {file}: {exc}"[:500]) from exc
+
+
 def _read_folder(
     root: Path, options_of: Mapping[str, Mapping[str, Any]], kwargs: Mapping[str, Any]
 ) -> tuple[dict[str, Any], Any, Any, int, ChunkTable, dict[str, Any]]:
@@ -163,9 +171,15 @@ def _read_folder(
     from rlfb.learner import Learner
     from rlfb.retrievers import load_retriever
 
+    if not (root / _CONFIG_FILE).is_file():
+        # a typo'd path, an empty folder, a retriever's own save: said so, not FileNotFoundError(2, ...). Still a
+        # CorruptStateError, which read_whole waits on while a save swaps the folder in
+        what = "there is no such folder" if not root.exists() else f"it holds no {_CONFIG_FILE}"
+        raise CorruptStateError(f"cannot read an ensemble from {root}: {what} (FeedbackEnsemble.save(path) "
+                                "writes one)")
+    config = _json_file(root / _CONFIG_FILE)
+    state = _json_file(root / "learner.json")
     try:
-        config = json.loads((root / _CONFIG_FILE).read_text(encoding="utf-8"), parse_constant=_no_constant)
-        state = json.loads((root / "learner.json").read_text(encoding="utf-8"), parse_constant=_no_constant)
         if not isinstance(config, dict):
             raise CorruptStateError(f"{root / _CONFIG_FILE} holds a {type(config).__name__}, not settings")
         if config.get("format") != _FORMAT:

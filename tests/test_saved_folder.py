@@ -74,8 +74,16 @@ def test_damage_that_stays_is_raised_at_once(tmp_path: Path, monkeypatch) -> Non
     with pytest.raises(CorruptStateError, match="chunks.jsonl"):
         FeedbackEnsemble.load(root)
     assert len(reads) == 1  # not read again: the folder did not change
-    with pytest.raises(CorruptStateError, match="cannot read an ensemble"):
+    with pytest.raises(CorruptStateError, match="cannot read an ensemble from .*never-saved: there is no such folder"):
         FeedbackEnsemble.load(tmp_path / "never-saved")
+    # a damaged file of the save is named (its repr dropped the name: "JSONDecodeError(...)")
+    (root / "chunks.jsonl").unlink()
+    (root / "learner.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(CorruptStateError, match="cannot read .*learner.json: Expecting"):
+        FeedbackEnsemble.load(root)
+    (root / "ensemble.json").unlink()
+    with pytest.raises(CorruptStateError, match="holds no ensemble.json"):
+        FeedbackEnsemble.load(root)
 
 
 def test_a_folder_replaced_on_every_read_gives_up_with_a_named_error(tmp_path: Path, monkeypatch) -> None:
