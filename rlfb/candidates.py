@@ -263,8 +263,16 @@ def retriever_scores(
     """``score(r, query)`` as float64; for a retriever that embeds queries, the mean over ``embedding_strs``
     where there are any (normalised embeddings: the mean similarity is the averaged embedding's, scaled)."""
     if embedding_strs and getattr(r, "embeds_queries", False):
-        return np.mean([np.asarray(score(r, s), dtype=np.float64) for s in embedding_strs], axis=0)
-    return np.asarray(score(r, query), dtype=np.float64)
+        out = np.mean([np.asarray(score(r, s), dtype=np.float64) for s in embedding_strs], axis=0)
+    else:
+        out = np.asarray(score(r, query), dtype=np.float64)
+    if not np.all(np.isfinite(out)):
+        # rlfb's own retrievers give none; a custom one's NaN or inf was fused one way by min-max (an error, or
+        # a NaN taken as missing) and another by RRF (an inf ranked first, its score shown as None)
+        bad = out[~np.isfinite(out)][0]
+        raise ValidationError(f"retriever {getattr(r, 'name', type(r).__name__)!r} scored {query!r} {bad}: a "
+                              "corpus retriever's scores must be finite")
+    return out
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -348,3 +348,26 @@ def test_a_subclass_takes_its_own_options_through_from_texts() -> None:
     assert Strict.from_texts(["tides"], retrievers=("bm25",), tag="y").tag == "y"
     with pytest.raises(ValidationError, match="takes no option 'seed'"):
         Strict.from_texts(["tides"], retrievers=("bm25",), seed=3)
+
+
+class _OddScores(BM25Retriever):
+    """A custom corpus retriever whose scores hold a NaN or an inf."""
+
+    def __init__(self, odd: float) -> None:
+        super().__init__()
+        self.odd = odd
+
+    def score_all(self, query):
+        out = np.array(super().score_all(query), dtype=float)
+        out[0] = self.odd
+        return out
+
+
+@pytest.mark.parametrize("fusion", ["minmax", "zscore", "rrf"])
+@pytest.mark.parametrize("odd", [float("nan"), float("inf"), float("-inf")])
+def test_a_custom_retrievers_non_finite_score_is_one_named_error_under_every_fusion(fusion: str, odd: float) -> None:
+    # min-max refused an inf and took a NaN for missing; RRF ranked an inf first and showed its score as None
+    ens = FeedbackEnsemble.from_texts(["tides follow the moon", "lava and ash", "the moon and stars"],
+                                      retrievers=(_OddScores(odd),), fusion=fusion)
+    with pytest.raises(ValidationError, match="scored 'moon' .*must be finite"):
+        ens.retrieve("moon", k=2, log=False)
