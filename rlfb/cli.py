@@ -100,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     that closes the output pipe early (``| head``) is not an error; Ctrl-C ends with ``rlfb: interrupted``
     and status 130.
     """
+    import os
     import sqlite3
     import warnings
 
@@ -108,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     stdout = sys.stdout
+    if stdout is None:  # started with stdout closed (`>&-`): what a command prints goes nowhere, as print's would
+        stdout = open(os.devnull, "w", encoding="utf-8")  # lives as long as the process
+        sys.stdout = stdout
     sys.stdout = _ReaderMayGo(stdout)  # a report cut short by `| head` must not cut the files' writing short
     shown = warnings.showwarning
     warnings.showwarning = _warning_line

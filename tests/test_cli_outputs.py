@@ -310,3 +310,16 @@ def test_a_read_only_store_is_copied_whole_whatever_its_name(tmp_path: Path, mon
         _copy_store(source, copy)
         with FeedbackStore(copy) as read:
             assert read.counts()["events"] == 1
+
+
+def test_a_command_run_with_stdout_closed_prints_nowhere_without_a_traceback(tmp_path: Path) -> None:
+    # `rlfb store stats FILE >&-` raised AttributeError ('NoneType' object has no attribute 'write')
+    import subprocess
+    import sys
+
+    db = make_store(tmp_path / "fb.db")
+    for command in (["store", "stats", str(db)], ["weights", "export", str(db), "-"]):
+        done = subprocess.run(["sh", "-c", '"$0" -m rlfb "$@" >&-', sys.executable, *command],
+                              capture_output=False, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
