@@ -80,6 +80,16 @@ def console() -> None:
     import os
     import signal
 
+    ended_by = signal.SIGINT
+    if os.name == "posix":
+        def terminate(signum: int, frame: object) -> None:
+            # SIGTERM (`timeout`, a service manager) ends it as Ctrl-C does: outputs written whole or not at all
+            # (it killed an export outright, its temporary file left beside the target), then by SIGTERM itself
+            nonlocal ended_by
+            ended_by = signal.SIGTERM
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, terminate)
     code = main()
     if code == INTERRUPTED and os.name == "posix":
         for stream in (sys.stdout, sys.stderr):  # a process a signal ends writes out no buffer of its own
@@ -87,8 +97,8 @@ def console() -> None:
                 stream.flush()
             except (OSError, ValueError):  # a reader gone, a closed stream: nothing left to keep
                 pass
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.signal(ended_by, signal.SIG_DFL)
+        os.kill(os.getpid(), ended_by)
     sys.exit(code)
 
 

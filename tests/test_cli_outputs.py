@@ -253,11 +253,16 @@ def test_a_warning_is_one_line(tmp_path: Path, capsys, monkeypatch: pytest.Monke
 
 
 @pytest.mark.skipif(os.name != "posix", reason="signals as POSIX shells see them")
-def test_ctrl_c_ends_the_script_by_sigint_so_a_shell_loop_stops_too(tmp_path: Path) -> None:
-    # returning 130 told bash the program handled the interrupt: a `for` loop of rlfb runs went on to the next
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_ends_the_script_by_sigint_so_a_shell_loop_stops_too(tmp_path: Path, sig: str) -> None:
+    # returning 130 told bash the program handled the interrupt: a `for` loop of rlfb runs went on to the next.
+    # SIGTERM (`timeout`, a service manager) killed it outright, an export's temporary file left behind: it now
+    # ends as Ctrl-C does, by its own signal
     import signal
     import subprocess
     import sys
+
+    signum = getattr(signal, sig)
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
@@ -266,11 +271,12 @@ def test_ctrl_c_ends_the_script_by_sigint_so_a_shell_loop_stops_too(tmp_path: Pa
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )
     assert proc.stdout is not None and proc.stdout.readline().startswith("demo collection")  # running: interrupt it
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=600)  # a hung run fails the test rather than the whole suite
-    assert proc.returncode == -signal.SIGINT, err
+    assert proc.returncode == -signum, err
     assert err.strip().splitlines()[-1] == "rlfb: interrupted" and "Traceback" not in err
     assert not (tmp_path / "demo").exists()  # nothing half-written
+    assert not list(tmp_path.glob(".rlfb-*"))
 
 
 def test_a_write_into_a_missing_folder_names_the_file_asked_for(tmp_path: Path) -> None:
