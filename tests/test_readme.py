@@ -41,3 +41,39 @@ def test_the_adapter_test_folders_collect_together() -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "tests/langchain/" in done.stdout and "tests/llamaindex/" in done.stdout
+
+
+def test_the_command_line_synopsis_names_each_commands_options_and_defaults() -> None:
+    """Every option the README's synopsis gives a command is that command's, and a default it shows is the
+    parser's (``--split test``, resolved later, has none there to compare)."""
+    import argparse
+
+    from rlfb.cli import build_parser
+
+    block = README.read_text(encoding="utf-8").split("## Command line", 1)[1].split("```bash\n", 1)[1]
+    block = block.split("```", 1)[0].replace("\\\n", " ").replace("\n", " ")
+    segments = re.findall(r"rlfb ((?:[a-z][a-z-]* )+)(.*?)(?=rlfb |\Z)", block, flags=re.S)
+    assert len(segments) == 11  # evaluate, simulate, demo; three of store, three of weights, two of cache
+
+    def sub(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return actions[0].choices.get(name) if actions else None
+
+    seen = set()
+    for words, rest in segments:
+        parser, path = build_parser(), []
+        for word in words.split():
+            inner = sub(parser, word)
+            if inner is None:
+                break
+            parser, path = inner, [*path, word]
+        assert path, words
+        seen.add(" ".join(path))
+        options = {s: a for a in parser._actions for s in a.option_strings}
+        for flag, value in re.findall(r"(--[a-z][a-z-]*)(?:[ =]([^\]\s]+))?", rest):
+            assert flag in options, f"rlfb {' '.join(path)} has no {flag}"
+            default = options[flag].default
+            if value and not re.search(r"[A-Z|]", value) and default is not None and not isinstance(default, bool):
+                same = float(value) == float(default) if isinstance(default, (int, float)) else value == str(default)
+                assert same, f"rlfb {' '.join(path)} {flag}: README says {value}, the parser {default!r}"
+    assert {"evaluate", "simulate", "demo", "store stats", "weights import", "cache prune"} <= seen
