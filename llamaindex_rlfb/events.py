@@ -236,6 +236,9 @@ class FeedbackEventHandler(BaseEventHandler):
     # (query id, a response node's id) -> (the rlfb decision it was cut from, the ranked node's id): a
     # CitationQueryEngine's sources are new nodes carrying their ranked node's event id and rank
     _cut_from: Any = PrivateAttr(default_factory=OrderedDict)
+    # id(response) -> (a weak reference to it, its query id); by id, as LlamaIndex's Response is an unhashable
+    # dataclass; an entry goes with its response
+    _responses: Any = PrivateAttr(default_factory=dict)
 
     def __init__(
         self,
@@ -297,6 +300,32 @@ class FeedbackEventHandler(BaseEventHandler):
         """Id of the latest top-level query (or bare retrieval) in the current thread or asyncio task."""
         last = self._last.get()
         return None if last is None else last[0]
+
+    def query_id_of(self, response: Any) -> str | None:
+        """The query id of a ``response`` a query engine returned while this handler was attached, from any
+        thread or task; ``None`` for one it did not see.
+
+        :attr:`last_query_id` is per thread and asyncio task, so a query run through
+        ``asyncio.to_thread`` or a worker pool is not the calling code's latest; the response it
+        returned still names its query: ``handler.record_feedback(handler.query_id_of(response), score=1.0)``.
+        """
+        with self._lock:
+            ref, qid = self._responses.get(id(response), (None, None))
+        return qid if ref is not None and ref() is response else None
+
+    def _remember_response(self, response: Any, qid: str) -> None:
+        """Let ``response`` name its query wherever it is read (:meth:`query_id_of`), as long as it lives."""
+        key, responses = id(response), self._responses
+
+        def gone(_: Any) -> None:  # the response was collected: its id may name another object next
+            responses.pop(key, None)
+
+        try:
+            ref = weakref.ref(response, gone)
+        except TypeError:  # a response no weak reference can name (a str from a custom engine)
+            return
+        with self._lock:
+            responses[key] = (ref, qid)
 
     def _set_last(self, qid: str) -> None:
         task = _task_key()
@@ -454,6 +483,7 @@ class FeedbackEventHandler(BaseEventHandler):
     def _query_end(self, event: QueryEndEvent) -> None:
         qid = _span(event)
         _pop(_QUERIES, qid)
+        self._remember_response(event.response, qid)
         outer = current_query_id()
         if outer is not None:
             self._store.link_runs([(qid, outer)])

@@ -62,6 +62,24 @@ def test_captures_a_plain_vector_index_engine(index: Any, handler: FeedbackEvent
     assert handler.store.counts()["feedback"] == 4
 
 
+def test_a_response_names_its_query_in_any_thread(index: Any, handler: FeedbackEventHandler) -> None:
+    # last_query_id is per thread and task: a query run through asyncio.to_thread was not the caller's latest,
+    # and feedback without an id rated the caller's earlier query. The response itself now names its query
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
+    first = engine.query("tides")
+
+    async def ask() -> Any:
+        return await asyncio.to_thread(engine.query, "what causes the aurora borealis")
+
+    second = asyncio.run(ask())
+    qid = handler.query_id_of(second)
+    assert qid is not None and qid != handler.query_id_of(first) and qid != handler.last_query_id
+    [event] = handler.retrievals(qid)
+    assert event["query"] == "what causes the aurora borealis"
+    assert handler.record_feedback(qid, score=1.0)[0].event_id == event["id"]
+    assert handler.query_id_of("not a response") is None and handler.query_id_of(object()) is None
+
+
 def test_bad_feedback(index: Any, handler: FeedbackEventHandler) -> None:
     with pytest.raises(UnknownEventError, match="no query was captured"):
         handler.record_feedback(score=1.0)
