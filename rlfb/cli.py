@@ -89,7 +89,8 @@ def console() -> None:
             ended_by = signal.SIGTERM
             raise KeyboardInterrupt
 
-        signal.signal(signal.SIGTERM, terminate)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # left ignored by the parent: stays so
+            signal.signal(signal.SIGTERM, terminate)
     code = main()
     if code == INTERRUPTED and os.name == "posix":
         for stream in (sys.stdout, sys.stderr):  # a process a signal ends writes out no buffer of its own

@@ -796,3 +796,27 @@ def test_retriever_save_and_load_refuse_bad_paths_by_name(tmp_path: Path) -> Non
             load_retriever(path)
     with pytest.raises(ValidationError, match="cannot name a file"):
         load_retriever(str(tmp_path / "\ud800"))
+
+
+@pytest.mark.parametrize("name", ["dense", "splade"])
+def test_scoring_outside_texts_does_not_wait_on_another_process_holding_the_cache(
+    name: str, indexed: dict[str, Retriever], cache_dir: Path
+) -> None:
+    # a search member's hits and rerank's chunks are encoded as documents: their write waited a minute for
+    # another process's lock on the cache (a prune's VACUUM), where a query's did not. No timing: the waits are
+    # read off the statements the cache's connection runs
+    retriever = indexed[name]
+    documents, _ = retriever._caches()  # type: ignore[attr-defined]
+    statements: list[str] = []
+    documents._connect().set_trace_callback(statements.append)
+    holder = sqlite3.connect(cache_dir / "embeddings.sqlite", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        scores = retriever.score_texts(QUERIES[0], [f"a text never indexed, for {name}"])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        documents._connect().set_trace_callback(None)
+    assert np.isfinite(scores).all()
+    begin = statements.index("BEGIN IMMEDIATE")
+    assert [s for s in statements[:begin] if s.startswith("PRAGMA busy_timeout")][-1] == "PRAGMA busy_timeout=0"

@@ -486,7 +486,9 @@ class EmbeddingCache:
         except _OtherSchema as exc:
             # a newer rlfb's file (one process of an upgrade beside one not yet upgraded): it holds nothing that
             # cannot be encoded again, so going on without it beats refusing every index and search
-            self._go_without(exc, readable=False)
+            self._damaged = True
+            self._warn_once("other schema", f"the embedding cache {exc}: going on without it, encoding texts "
+                                            "afresh (upgrade this rlfb, or give it a cache_dir of its own)")
             return None
         except CorruptStateError as exc:
             cause = exc.__cause__
@@ -559,12 +561,14 @@ class EmbeddingCache:
         finally:
             conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
 
-    def put_many(self, items: Mapping[str, Encoding] | Sequence[tuple[str, Encoding]]) -> None:
+    def put_many(self, items: Mapping[str, Encoding] | Sequence[tuple[str, Encoding]], *,
+                 wait: float | None = None) -> None:
         """Store encodings, ``{hash: vector}`` or ``{hash: SparseVector}``, in one transaction.
 
         Into a damaged file nothing is written: the first write that finds it so warns
         (once per file and process), and this cache drops writes from then on. So it does
-        when the file cannot be written (read-only, a full disk), reading it still.
+        when the file cannot be written (read-only, a full disk), reading it still. ``wait`` (default
+        :attr:`write_wait`) is how long it waits for another process's write lock before it drops them.
         """
         pairs = items.items() if isinstance(items, Mapping) else items
         now = int(time.time())
@@ -592,7 +596,7 @@ class EmbeddingCache:
             if conn is None:
                 return
             try:
-                _begin_waiting(conn, self.write_wait)
+                _begin_waiting(conn, self.write_wait if wait is None else _check_nonnegative("wait", wait))
                 conn.executemany(
                     "INSERT OR REPLACE INTO encodings (model_key, text_hash, dim, indices, vals, used_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
@@ -874,6 +878,7 @@ def cached_encode(
     show_progress: bool = False,
     desc: str = "encoding",
     accept: Callable[[Encoding], bool] | None = None,
+    wait: float | None = None,
 ) -> list[Encoding]:
     """Encodings of ``texts``, calling ``encode`` only for texts found in neither cache.
 
@@ -882,7 +887,8 @@ def cached_encode(
     written to ``disk`` as soon as it is done, so an interrupted run resumes
     where it stopped. The result is aligned with ``texts``. A disk hit that
     ``accept`` refuses (one ``encode`` could not have made) is a miss: encoded
-    again, and its row rewritten.
+    again, and its row rewritten. ``wait`` is how long a write to ``disk`` waits for
+    another process's lock (default: the cache's ``write_wait``).
 
     >>> calls = []
     >>> def enc(batch):
@@ -928,7 +934,7 @@ def cached_encode(
                     raise RuntimeError(f"encoder returned {len(new)} encodings for {len(part)} texts")
                 fresh = {h: enc for (h, _), enc in zip(part, new, strict=True)}
                 if disk is not None:
-                    disk.put_many(fresh)
+                    disk.put_many(fresh, wait=wait)
                 if memory is not None:
                     for h, enc in fresh.items():
                         memory.put(h, enc)

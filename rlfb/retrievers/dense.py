@@ -225,7 +225,10 @@ class DenseRetriever(CorpusRetriever):
 
     def encode_documents(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         """Normalised document-side embeddings of ``texts``, ``(n, dim)`` float32 (disk-cached)."""
-        texts = check_texts(texts)
+        return self._encode_documents(check_texts(texts), show_progress=show_progress)
+
+    def _encode_documents(self, texts: list[str], *, show_progress: bool = False,
+                          wait: float | None = None) -> np.ndarray:
         disk, _ = self._caches()
         vectors = cached_encode(
             texts,
@@ -234,6 +237,7 @@ class DenseRetriever(CorpusRetriever):
             show_progress=show_progress,
             desc=f"{self.name} documents",
             accept=_cacheable,
+            wait=wait,
         )
         return self._stack(vectors)
 
@@ -309,7 +313,7 @@ class DenseRetriever(CorpusRetriever):
         texts = check_texts(texts)
         if not texts:
             return np.zeros(0, dtype=np.float64)
-        docs = self.encode_documents(texts)
+        docs = self._encode_documents(texts, wait=0.0)  # a search's: it must not wait on the cache's lock
         q = self.encode_queries([query])
         if docs.shape[1] != q.shape[1]:
             raise CorruptStateError(

@@ -299,8 +299,9 @@ def encoded_by_another_model(meta: Mapping[str, Any], key: str | None, where: ob
     if not isinstance(saved, str) or key is None or saved == key:
         return False
     warnings.warn(
-        f"{where}: its vectors were encoded by another model ({saved}) than the one loaded now ({key}), with "
-        "which they cannot be compared: its chunks are encoded again (save it afterwards to keep them)",
+        f"{where}: its vectors were encoded by another model than the one loaded now (model key {saved}, now "
+        f"{key}: another model, or the same one under another model_key), with which they cannot be compared: "
+        "its chunks are encoded again (save it afterwards to keep them)",
         RuntimeWarning, stacklevel=_caller_level(),
     )
     return True

@@ -257,7 +257,9 @@ class SpladeRetriever(CorpusRetriever):
 
     def encode_documents(self, texts: Sequence[str], *, show_progress: bool = False) -> Any:
         """Document-side encodings of ``texts`` as a CSR matrix ``(n, vocab_size)`` (disk-cached)."""
-        texts = check_texts(texts)
+        return self._encode_documents(check_texts(texts), show_progress=show_progress)
+
+    def _encode_documents(self, texts: list[str], *, show_progress: bool = False, wait: float | None = None) -> Any:
         disk, _ = self._caches()
         rows = cached_encode(
             texts,
@@ -265,6 +267,7 @@ class SpladeRetriever(CorpusRetriever):
             disk=disk,
             show_progress=show_progress,
             desc=f"{self.name} documents",
+            wait=wait,
         )
         return self._to_csr(rows)  # type: ignore[arg-type]
 
@@ -328,7 +331,8 @@ class SpladeRetriever(CorpusRetriever):
         texts = check_texts(texts)
         if not texts:
             return np.zeros(0, dtype=np.float64)
-        return self._scores(self.encode_documents(texts), self.encode_queries([query]))[0]
+        # a search's: it must not wait on the cache's lock
+        return self._scores(self._encode_documents(texts, wait=0.0), self.encode_queries([query]))[0]
 
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
