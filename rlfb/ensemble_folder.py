@@ -160,7 +160,7 @@ def _json_file(file: Path) -> Any:
     try:
         return json.loads(file.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-        raise CorruptStateError(f"cannot read {file}: {exc}"[:500]) from exc
+        raise CorruptStateError(f"cannot read {file}: {type(exc).__name__}: {exc}"[:500]) from exc
 
 
 def _read_folder(

@@ -79,7 +79,7 @@ def test_damage_that_stays_is_raised_at_once(tmp_path: Path, monkeypatch) -> Non
     # a damaged file of the save is named (its repr dropped the name: "JSONDecodeError(...)")
     (root / "chunks.jsonl").unlink()
     (root / "learner.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(CorruptStateError, match="cannot read .*learner.json: Expecting"):
+    with pytest.raises(CorruptStateError, match="cannot read .*learner.json: JSONDecodeError: Expecting"):
         FeedbackEnsemble.load(root)
     (root / "ensemble.json").unlink()
     with pytest.raises(CorruptStateError, match="holds no ensemble.json"):
