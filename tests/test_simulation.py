@@ -745,3 +745,23 @@ def test_heldout_overlap_counts_the_questions_the_stream_asked() -> None:
     split = _overlap(["h1", "h2"], ["s1"], judgments, per_heldout)  # s2 is a stream question never asked
     assert split["shares_an_answer"] == {"queries": 1, "learned": 0.9}
     assert split["shares_none"] == {"queries": 1, "learned": 0.1}
+
+
+def test_the_table_gives_the_learned_figures_interval_and_its_paired_differences(capsys) -> None:
+    # it printed means alone: on the demo the learned held-out interval overlapped the oracle weights' one, while
+    # every seed's learned figure was above it; the paired differences are what says so
+    from rlfb.commands.simulate import print_table
+    from rlfb.simulation.runner import paired_differences
+
+    data = generate_demo_corpus(n_devices=10, seed=2)
+    config = SimulationConfig(policy="fixed", interactions=30, seeds=(0, 1, 2), checkpoints=1, retrievers=("bm25",))
+    result = simulate(data, config, show_progress=False)
+    diffs = paired_differences(result)
+    for name, d in diffs.items():
+        each = [r["final"]["heldout_ndcg@10"] - r["baselines"][name]["heldout_ndcg@10"] for r in result["runs"]]
+        assert d["mean"] == pytest.approx(np.mean(each)) and d["n"] == 3
+        assert d["ci95"][0] <= d["mean"] <= d["ci95"][1]
+    print_table(result)
+    out = capsys.readouterr().out
+    assert "held-out, learned: 95 % interval over seeds [" in out
+    assert f"  rrf{'':<19}{diffs['rrf']['mean']:+10.4f}   95 % interval [" in out

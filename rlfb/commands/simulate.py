@@ -74,13 +74,22 @@ def load_dataset(name: str):  # noqa: ANN201 - BeirDataset
 
 
 def print_table(result: dict) -> None:
-    from rlfb.simulation.runner import iter_table
+    from rlfb.simulation.runner import iter_table, paired_differences
 
     print(f"\n{result['dataset']}: nDCG@{result['config']['k']}, mean over {len(result['config']['seeds'])} seed(s)")
     print("(seen: the stream queries asked before; online: what the users were shown, as they asked)")
     print(f"{'system':<24}{'held-out':>10}{'seen':>10}{'online':>10}")
     for name, *figures in iter_table(result):
         print(f"{name:<24}" + "".join("{:>10}".format("-" if v is None else f"{v:.4f}") for v in figures))
+    # the means alone hide how sure they are: with 3 seeds the learned figure's interval and a baseline's overlap
+    # where every seed's learned figure is above it, which the paired differences show
+    lo, hi = result["final"][f"heldout_ndcg@{result['config']['k']}"]["ci95"]
+    if lo is not None:
+        print(f"held-out, learned: 95 % interval over seeds [{lo:.4f}, {hi:.4f}]; learned minus each baseline, "
+              "paired by seed:")
+        for name, d in paired_differences(result).items():
+            if name in ("equal", "rrf", "tuned_fixed", "oracle_fixed") and d["ci95"][0] is not None:
+                print(f"  {name:<22}{d['mean']:+10.4f}   95 % interval [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")
 
 
 def plot_path(path: str) -> str:
