@@ -60,8 +60,9 @@ def export_weights(store: Any, path: str | Path | None, *, with_state: bool = Tr
     """Write the newest snapshot to a JSON file (the learner state too, unless ``with_state=False``).
 
     Returns what was written; with ``path=None`` it only returns it. With the state, a snapshot whose state
-    was damaged outside rlfb (not an object) raises :class:`CorruptStateError` and nothing is written; its
-    weights alone, still sound, export with ``with_state=False``.
+    was damaged outside rlfb (not an object, or one no learner can be rebuilt from) raises
+    :class:`CorruptStateError` and nothing is written; its weights alone, still sound, export with
+    ``with_state=False``.
     """
     saved = store.load_policy_state()
     if saved is None:
@@ -69,6 +70,16 @@ def export_weights(store: Any, path: str | Path | None, *, with_state: bool = Tr
     out = {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
     if with_state:
         _sound_state(store, saved)
+        # an export is for importing: one of a state no learner can read (damaged inside, a policy field not an
+        # object) was written, and the import then refused it
+        from rlfb.learner import Learner
+
+        try:
+            Learner.from_state_dict(saved["state"])
+        except (CorruptStateError, ValidationError) as exc:
+            from rlfb.store.snapshots import damaged_snapshot
+
+            raise damaged_snapshot(store, saved.get("version"), exc) from exc
         out["state"] = saved.get("state")
     if path is not None:
         write_text_atomically(path, json.dumps(out, indent=2))  # a failed write leaves an earlier export whole

@@ -271,6 +271,11 @@ def test_weights_import_onto_a_damaged_snapshot_names_it_and_the_way_on(tmp_path
     message = one_error_line(capsys)
     assert "policy snapshot 1" in message and str(db) in message and "drop-snapshot" in message
     assert store_version(db) == 1
+    # nor is it exported as sound, to a file the import then refused; its weights alone still export
+    out = tmp_path / "export.json"
+    assert main(["weights", "export", str(db), str(out)]) == 2
+    assert "policy snapshot 1" in one_error_line(capsys) and not out.exists()
+    assert main(["weights", "export", str(db), str(out), "--weights-only"]) == 0
 
 
 def test_weights_import_says_when_weights_are_clamped(tmp_path: Path, capsys) -> None:
