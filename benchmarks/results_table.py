@@ -103,6 +103,20 @@ def mismatched(results: dict[str, dict]) -> list[str]:
             if len({json.dumps(c[k], sort_keys=True) for c in configs if k in c}) > 1]
 
 
+def environments(tables: dict[str, dict[str, dict]]) -> dict[str, list[str]]:
+    """The runs of each environment their JSON records (``config.environment`` less its threads; outputs made
+    before it was recorded are left out), by a short description of it."""
+    out: dict[str, list[str]] = {}
+    for ds, results in tables.items():
+        for policy, r in results.items():
+            env = r["config"].get("environment")
+            if env is None:
+                continue
+            key = json.dumps({k: v for k, v in env.items() if k != "threads"}, sort_keys=True)
+            out.setdefault(key, []).append(f"{ds} {policy}")
+    return out
+
+
 def fmt4(entry: dict) -> str:
     return "–" if entry is None or entry.get("mean") is None else f"{entry['mean']:.4f}"
 
@@ -140,6 +154,11 @@ def main(folder: str, *, variants: bool = False) -> None:
         if differ:  # one run's baselines beside another's learned figures would compare other questions
             sys.exit(f"results_table: the {ds} runs ({', '.join(results)}) differ in {', '.join(differ)}: the "
                      "table sets each beside the first one's baselines, so run them with the same settings")
+    places = environments(tables)
+    if len(places) > 1:  # the same code and seeds gave scifact thompson 0.7520 on one machine and 0.7471 on another
+        print("results_table: note: these runs were made in " + str(len(places)) + " environments (processor, "
+              "packages or code): " + "; ".join(f"{', '.join(runs)}: {env}" for env, runs in places.items()),
+              file=sys.stderr)
     print("| collection | system | held-out | seen | online |")
     print("|---|---|---|---|---|")
     for ds, results in tables.items():

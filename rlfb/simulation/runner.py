@@ -742,14 +742,15 @@ _PACKAGES = ("rlfb", "numpy", "scipy", "torch", "sentence-transformers", "transf
 
 
 def environment() -> dict[str, Any]:
-    """What a run's figures rest on besides its settings and seeds: Python, the machine's processor and the
-    packages' versions. The learned figures follow a chain of close decisions, which the last bits of a
-    number can turn, and a run with them: the same code and seeds gave scifact thompson's held-out nDCG@10
-    0.7520 in one session and 0.7471 in the next, on another machine or package build (neither recorded then),
-    the fixed systems the same to the fourth digit (README, Results).
+    """What a run's figures rest on besides its settings and seeds: Python, the machine's processor, the
+    packages' versions, the git commit of a checkout's code and the arithmetic's thread settings. The learned
+    figures follow a chain of close decisions, which the last bits of a number can turn, and a run with them:
+    the same code and seeds gave scifact thompson's held-out nDCG@10 0.7520 in one session and 0.7471 in the
+    next, on another machine or package build (neither recorded then), the fixed systems the same to the
+    fourth digit (README, Results).
 
     >>> env = environment()
-    >>> sorted(env) == ["machine", "packages", "processor", "python"] and "numpy" in env["packages"]
+    >>> sorted(env) == ["commit", "machine", "packages", "processor", "python", "threads"]
     True
     """
     import platform
@@ -761,8 +762,31 @@ def environment() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
+    import os
+    import sys
+
+    # the threads that sum a dot product (their count can change its last bits), as this process has them
+    torch = sys.modules.get("torch")  # only if loaded: a run of BM25 alone does not import it for this
+    threads = {var: os.environ.get(var) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    threads["torch"] = torch.get_num_threads() if torch is not None else None
     return {"python": platform.python_version(), "machine": platform.machine(), "processor": _processor(),
-            "packages": versions}
+            "packages": versions, "commit": _commit(), "threads": threads}
+
+
+def _commit() -> str | None:
+    """The git commit of the rlfb source running, where it runs from a checkout (the version alone, 0.1.0,
+    does not tell two sessions' code apart); ``None`` for an installed wheel or without git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def _processor() -> str:
@@ -918,7 +942,8 @@ def plot_curves(result: Mapping[str, Any], path: str) -> None:
         hi = [_num(p[key]["ci95"][1]) for p in result["curve"]]
         ax.plot(x, mean, "-", lw=2, label=label)
         seeds = len(result["config"].get("seeds") or [])
-        ax.fill_between(x, lo, hi, alpha=0.2, label=f"95 % interval over {seeds} seeds")
+        # (one seed draws no band: its interval is None)
+        ax.fill_between(x, lo, hi, alpha=0.2, label=f"95 % interval over {seeds} seeds" if seeds > 1 else None)
         for name, colour in (("rrf", "tab:red"), ("equal", "tab:orange"), ("tuned_fixed", "tab:green"),
                              ("oracle_fixed", "tab:purple")):
             if key in result["baselines"].get(name, {}):
