@@ -50,8 +50,11 @@ def garbage_db(tmp_path: Path) -> Path:
 @pytest.fixture
 def good_db(tmp_path: Path) -> Path:
     path = tmp_path / "fb.db"
-    with FeedbackStore(path) as store:
-        store.save_policy_state({"n": 1}, {"bm25": 0.6, "dense": 0.4}, policy="fixed")
+    from rlfb.learner import Learner
+
+    learner = Learner(("bm25", "dense"), policy="fixed", weights={"bm25": 0.6, "dense": 0.4})
+    with FeedbackStore(path) as store:  # a learner's state: one no learner can be rebuilt from is not exported
+        store.save_policy_state(learner.state_dict(), learner.weights(), policy="fixed")
     return path
 
 
