@@ -57,9 +57,10 @@ testing that many. The epsilon policy moves with the defaults too.
 
 Only clicks add click evidence: a thumbs down or a reformulation says that the
 answer was bad, not which weights would have ranked a good chunk higher. But
-every feedback passes time: the evidence decays on the ``half_life_days`` clock
-at each one (``forget`` applies per click), so evidence that stops being renewed
-falls below ``cf_min_clicks`` and the gate, and arm sampling, resume.
+every timed feedback passes time: the global evidence and its query type's decay
+on the ``half_life_days`` clock at each one (``forget`` applies per click), so
+evidence that stops being renewed falls below ``cf_min_clicks`` and the gate,
+and arm sampling, resume.
 """
 
 from __future__ import annotations
