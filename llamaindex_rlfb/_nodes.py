@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import uuid
 import warnings
@@ -12,6 +11,7 @@ from typing import Any
 
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
+from rlfb._caller import caller_stacklevel
 from rlfb.errors import EmptyCorpusError, ValidationError
 from rlfb.types import Chunk, Hit, copy_metadata
 
@@ -121,7 +121,7 @@ def warn_if_ids_were_made_anew(nodes: Sequence[BaseNode], ensemble: Any) -> None
         "an index built again from its documents starts every chunk afresh. Give the node parser ids of your "
         "own (SentenceSplitter(id_func=lambda i, doc: f\"{doc.doc_id}-{i}\")), or load the persisted index",
         UserWarning,
-        stacklevel=_caller_level(),
+        stacklevel=caller_stacklevel(("llama_index", "pydantic")),
     )
 
 
@@ -134,17 +134,6 @@ def _random_uuid(text: str) -> bool:
     except ValueError:
         return False
 
-
-def _caller_level() -> int:
-    """The ``stacklevel`` that names the first frame outside rlfb, its adapters, LlamaIndex and pydantic."""
-    inside = ("rlfb", "llamaindex_rlfb", "llama_index", "pydantic")
-    frame, level = sys._getframe(1), 1
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module.split(".", 1)[0] not in inside:
-            return level
-        frame, level = frame.f_back, level + 1
-    return 2
 
 
 def _finite(x: float | None) -> float | None:

@@ -17,12 +17,12 @@ import enum
 import hashlib
 import importlib.util
 import os
-import sys
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlfb._caller import caller_stacklevel
 from rlfb._extras import missing_framework
 from rlfb.errors import CorruptStateError, ModelNotFoundError, ValidationError
 
@@ -302,19 +302,10 @@ def encoded_by_another_model(meta: Mapping[str, Any], key: str | None, where: ob
         f"{where}: its vectors were encoded by another model than the one loaded now (model key {saved}, now "
         f"{key}: another model, or the same one under another model_key), with which they cannot be compared: "
         "its chunks are encoded again (save it afterwards to keep them)",
-        RuntimeWarning, stacklevel=_caller_level(),
+        RuntimeWarning, stacklevel=caller_stacklevel(),
     )
     return True
 
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside rlfb and its adapters, for a warning to name the app's line
-    (a load is reached through several layers: ``FeedbackEnsemble.load``, a retry on a swapped folder)."""
-    frame, level = sys._getframe(2), 2  # the caller of the function that warns
-    while frame is not None and frame.f_globals.get("__name__", "").split(".", 1)[0] in (
-            "rlfb", "langchain_rlfb", "llamaindex_rlfb"):
-        frame, level = frame.f_back, level + 1
-    return level if frame is not None else 2
 
 
 def saved_model(meta: Mapping[str, Any], model: Any, where: object) -> Any:
