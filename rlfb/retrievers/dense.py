@@ -390,8 +390,7 @@ class DenseRetriever(CorpusRetriever):
             # one of the two files was changed after the save: which one is right is unknown
             raise CorruptStateError(f"{meta_file}: dim is {meta['dim']!r}, {file} holds {embeddings.shape[1]}")
         if encoded_by_another_model(meta, retriever.cache_key, path):
-            return retriever.index([Chunk(i, t, m) for i, t, m in zip(table.ids, table.texts, table.metadatas,
-                                                                      strict=True)])
+            return retriever.index(table.chunks())
         retriever._embeddings = embeddings.astype(np.float32, copy=False)
         retriever._table = table
         return retriever

@@ -407,8 +407,7 @@ class SpladeRetriever(CorpusRetriever):
                 f"{meta_file}: vocab_size is {meta['vocab_size']!r}, {file} has {matrix.shape[1]} columns"
             )
         if encoded_by_another_model(meta, retriever.cache_key, path):
-            return retriever.index([Chunk(i, t, m) for i, t, m in zip(table.ids, table.texts, table.metadatas,
-                                                                      strict=True)])
+            return retriever.index(table.chunks())
         retriever._matrix = sp.csr_matrix(matrix, dtype=np.float32)
         retriever._vocab_size = int(matrix.shape[1])
         retriever._table = table
