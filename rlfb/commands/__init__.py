@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from rlfb.files import refuse_overwriting_store, same_file
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
-           "refuse_overwriting_store", "refuse_empty_store", "check_int", "check_output_name",
+           "refuse_overwriting_store", "refuse_empty_store", "store_file", "check_int", "check_output_name",
            "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT", "report_beside",
            "store_for_reading"]
 
@@ -242,6 +242,14 @@ def refuse_empty_store(path: str | Path) -> None:
 
     if Path(path).stat().st_size == 0:
         raise ValidationError(f"{path} is empty: not an rlfb feedback store")
+
+
+def store_file(path: str) -> str:
+    """The path to open the store file a command names by: refused when empty (:func:`refuse_empty_store`), and
+    a file named ``:memory:`` as ``./:memory:``, which the store would take for an in-memory database (an import
+    into it reported success and wrote nothing)."""
+    refuse_empty_store(path)
+    return f"./{path}" if path == ":memory:" else path
 
 
 def show_progress(quiet: bool) -> bool:

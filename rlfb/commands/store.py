@@ -65,14 +65,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def _open(path: str, *, reading: bool = True) -> Any:
     """The store at ``path``; where the command only reads it (``reading``), one that cannot be written is read
     from a copy (:func:`rlfb.commands.store_for_reading`)."""
-    from rlfb.commands import refuse_empty_store, store_for_reading
+    from rlfb.commands import store_file, store_for_reading
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no feedback store at {path}")  # as `rlfb weights` words it
-    refuse_empty_store(path)
-    if path == ":memory:":  # a file of that name: the store would take the name for an in-memory database
-        path = f"./{path}"
+    path = store_file(path)
     return store_for_reading(path) if reading else FeedbackStore(path)
 
 

@@ -36,15 +36,13 @@ def _open(path: str, *, reading: bool = True) -> Iterator[Any]:
     reads, ``reading``); a file that is not one raises :class:`CorruptStateError` naming it."""
     import sqlite3
 
-    from rlfb.commands import refuse_empty_store, store_for_reading
+    from rlfb.commands import store_file, store_for_reading
     from rlfb.errors import CorruptStateError, RlfbError, ValidationError
     from rlfb.store import FeedbackStore
 
     if not Path(path).is_file():
         raise ValidationError(f"no feedback store at {path}")
-    refuse_empty_store(path)
-    if path == ":memory:":  # a file of that name: the store would take the name for an in-memory database
-        path = f"./{path}"
+    path = store_file(path)
     try:
         with store_for_reading(path) if reading else FeedbackStore(path) as store:
             yield store
