@@ -72,18 +72,23 @@ def export_weights(store: Any, path: str | Path | None, *, with_state: bool = Tr
         _sound_state(store, saved)
         # an export is for importing: one of a state no learner can read (damaged inside, a policy field not an
         # object) was written, and the import then refused it
-        from rlfb.learner import Learner
-
-        try:
-            Learner.from_state_dict(saved["state"])
-        except (CorruptStateError, ValidationError) as exc:
-            from rlfb.store.snapshots import damaged_snapshot
-
-            raise damaged_snapshot(store, saved.get("version"), exc) from exc
+        _saved_learner(store, saved)
         out["state"] = saved.get("state")
     if path is not None:
         write_text_atomically(path, json.dumps(out, indent=2))  # a failed write leaves an earlier export whole
     return out
+
+
+def _saved_learner(store: Any, saved: Mapping[str, Any]) -> Any:
+    """The learner the snapshot ``saved`` rebuilds; one no learner can be rebuilt from was damaged outside rlfb,
+    and is the store's named error for such a snapshot, with the way on (``drop-snapshot``)."""
+    from rlfb.learner import Learner
+    from rlfb.store.snapshots import damaged_snapshot
+
+    try:
+        return Learner.from_state_dict(saved["state"])
+    except (CorruptStateError, ValidationError) as exc:
+        raise damaged_snapshot(store, saved.get("version"), exc) from exc
 
 
 def _read(path: str | Path) -> dict[str, Any]:
@@ -219,13 +224,7 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
         if wf.state is not None:  # loaded once more: read_weights_file only checked it, and this one changes
             learner, target = Learner.from_state_dict(wf.state), "the file's state"
         elif saved and saved.get("state"):
-            try:
-                learner = Learner.from_state_dict(saved["state"])
-            except (CorruptStateError, ValidationError) as exc:  # damaged outside rlfb: name it, and the way on
-                from rlfb.store.snapshots import damaged_snapshot
-
-                raise damaged_snapshot(store, saved.get("version"), exc) from exc
-            target = "the store's newest state"
+            learner, target = _saved_learner(store, saved), "the store's newest state"
         else:
             # an empty store: the weights become the file's policy's (an export names it), else a fixed policy's
             # (FeedbackEnsemble's own default). Always fixed before: an export of a thompson store imported into a
