@@ -696,13 +696,19 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
     arr = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
     if arr.size == 0:
         return {"mean": None, "ci95": [None, None], "n": 0}
-    mean = float(arr.mean())
-    if arr.size < 2:
+    mean, half = float(arr.mean()), _t_half_width(arr)
+    if half is None:
         return {"mean": mean, "ci95": [None, None], "n": int(arr.size)}
+    return {"mean": mean, "ci95": [max(0.0, mean - half), min(1.0, mean + half)], "n": int(arr.size)}
+
+
+def _t_half_width(arr: np.ndarray) -> float | None:
+    """Half the width of the Student-t 95 % interval of the mean of ``arr``; ``None`` for fewer than two values."""
+    if arr.size < 2:
+        return None
     from scipy import stats
 
-    half = float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
-    return {"mean": mean, "ci95": [max(0.0, mean - half), min(1.0, mean + half)], "n": int(arr.size)}
+    return float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
 
 
 def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[str, Any]:
@@ -733,7 +739,6 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
         # ... and the split itself only where it was read: "train" on a collection without one misled readers
         "stream_split": config.stream_split if prep.stream_qrels is not None else None,
         "dropped_queries": {split: prep.dataset.dropped_queries(split) for split in splits},
-        "environment": environment(),
     }
 
 
@@ -753,7 +758,9 @@ def environment() -> dict[str, Any]:
     >>> sorted(env) == ["commit", "machine", "packages", "processor", "python", "threads"]
     True
     """
+    import os
     import platform
+    import sys
     from importlib import metadata
 
     versions: dict[str, str | None] = {}
@@ -762,9 +769,6 @@ def environment() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    import os
-    import sys
-
     # the threads that sum a dot product (their count can change its last bits), as this process has them
     torch = sys.modules.get("torch")  # only if loaded: a run of BM25 alone does not import it for this
     threads = {var: os.environ.get(var) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
@@ -838,7 +842,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         "heldout_overlap": overlap,
         # every setting; "learner" as the learner ran (defaults filled in), "learner_overrides" as given
         "config": {**config.to_dict(), "learner": runs[0]["learner_config"], "learner_overrides": dict(config.learner),
-                   **runs[0]["settings"]},
+                   **runs[0]["settings"], "environment": environment()},
         "weights": [r["weights"] for r in runs],
         "runs": [{k: v for k, v in r.items()
                   if k not in ("curve", "learner_config", "settings", "heldout_overlap")}
@@ -903,17 +907,12 @@ def paired_differences(result: Mapping[str, Any], metric: str = "heldout") -> di
     runs = result.get("runs") or []
     out: dict[str, dict[str, Any]] = {}
     for baseline in (runs[0]["baselines"] if runs else {}):
-        diffs = [run["final"].get(name, math.nan) - run["baselines"][baseline].get(name, math.nan) for run in runs
+        diffs = [run["final"][name] - run["baselines"][baseline][name] for run in runs
                  if run["final"].get(name) is not None and run["baselines"][baseline].get(name) is not None]
         arr = np.asarray([d for d in diffs if not math.isnan(d)], dtype=np.float64)
         if arr.size == 0:
             continue
-        half = None
-        if arr.size >= 2:
-            from scipy import stats
-
-            half = float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
-        mean = float(arr.mean())
+        mean, half = float(arr.mean()), _t_half_width(arr)  # a difference may be negative: not clipped
         out[baseline] = {"mean": mean, "ci95": [None, None] if half is None else [mean - half, mean + half],
                          "n": int(arr.size)}
     return out
