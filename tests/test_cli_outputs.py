@@ -132,17 +132,22 @@ def test_a_store_that_cannot_be_written_is_inspected_from_a_copy(tmp_path: Path,
             super().__init__(path, *args, **kwargs)
 
     monkeypatch.setattr(rlfb.store, "FeedbackStore", ReadOnlyHere)
-    assert main(["store", "stats", str(db)]) == 0
-    captured = capsys.readouterr()
-    assert f"store            {db}" in captured.out and "reading a copy" in captured.err
-    assert main(["weights", "show", str(db), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["policy"] == "gradient"
-    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 0
-    assert main(["weights", "export", str(db), str(tmp_path / "w.json")]) == 0
+    _every_reading_command_reads(db, tmp_path, capsys, note="reading a copy")
     capsys.readouterr()
     assert main(["weights", "import", str(db), str(tmp_path / "w.json")]) == 2  # a write is still refused
     assert "read-only" in one_error_line(capsys)
     assert db.read_bytes() == before
+
+
+def _every_reading_command_reads(db: Path, tmp_path: Path, capsys, *, note: str) -> None:
+    """stats, show and both exports of ``db`` succeed, stats naming the store itself and noting ``note``."""
+    assert main(["store", "stats", str(db)]) == 0
+    captured = capsys.readouterr()
+    assert f"store            {db}" in captured.out and note in captured.err
+    assert main(["weights", "show", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "gradient"
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 0
+    assert main(["weights", "export", str(db), str(tmp_path / "w.json")]) == 0
 
 
 def test_a_look_at_a_store_of_an_older_rlfb_leaves_the_file_as_it_was(tmp_path: Path, capsys) -> None:
@@ -161,13 +166,7 @@ def test_a_look_at_a_store_of_an_older_rlfb_leaves_the_file_as_it_was(tmp_path: 
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     before = db.read_bytes()
-    assert main(["store", "stats", str(db)]) == 0
-    captured = capsys.readouterr()
-    assert f"store            {db}" in captured.out and "older rlfb" in captured.err
-    assert main(["weights", "show", str(db), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["policy"] == "gradient"
-    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 0
-    assert main(["weights", "export", str(db), str(tmp_path / "w.json")]) == 0
+    _every_reading_command_reads(db, tmp_path, capsys, note="older rlfb")
     assert db.read_bytes() == before
     with sqlite3.connect(db) as conn:
         assert "settings" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
