@@ -122,7 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     stdout = sys.stdout
     if stdout is None:  # started with stdout closed (`>&-`): what a command prints goes nowhere, as print's would
         stdout = open(os.devnull, "w", encoding="utf-8")  # lives as long as the process
-        sys.stdout = stdout
     sys.stdout = _ReaderMayGo(stdout)  # a report cut short by `| head` must not cut the files' writing short
     shown = warnings.showwarning
     warnings.showwarning = _warning_line
