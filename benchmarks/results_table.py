@@ -45,12 +45,15 @@ BASELINES = ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_f
 def policy_key(result: dict) -> str:
     """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix; a run given
     ``--policy-option`` or ``--learner-option`` values has them after it (``thompson cf_min_questions=10``,
-    ``thompson learner.relevance_feedback_weight=0.1``), as its table row does."""
+    ``thompson learner.relevance_feedback_weight=0.1``), as its table row does, and a fusion other than
+    min-max after those (``gradient fusion="zscore"``): the tuned and oracle weights search the learner's fusion."""
     config = result["config"]
     key = config["policy"] + ("" if config.get("memory", True) else "_nomem")
     # the learner's settings named apart: thompson's epsilon is a policy option and a learner setting both
     options = {**(config.get("policy_options") or {}),
                **{f"learner.{k}": v for k, v in (config.get("learner_overrides") or {}).items()}}
+    if config.get("fusion", "minmax") != "minmax":
+        options["fusion"] = config["fusion"]
     return key + "".join(f" {name}={json.dumps(value)}" for name, value in sorted(options.items()))
 
 
@@ -88,11 +91,12 @@ def find_results(root: Path) -> dict[str, dict[str, dict]]:
 
 #: the settings that make one collection's runs one experiment: the table prints its first file's baselines
 #: beside every file's learned figures, so they must have the same seeds (on cranfield and cisi each seed draws
-#: its own held-out half), user, stream and candidates
+#: its own held-out half), user, stream and candidates, and fusion (the grid of the tuned and oracle weights holds
+#: the learner's own fusion)
 SAME_EXPERIMENT = ("seeds", "split", "stream_split", "user", "click_model", "interactions", "explicit_rate", "noise",
                    "reformulation_rate", "mean_delay", "late_rate", "late_delay", "k", "answer_k", "candidate_k",
                    "retrievers", "models", "max_heldout", "max_seen", "max_grade", "spacing", "grid_step", "rrf_c",
-                   "reward", "attribution_window")
+                   "reward", "attribution_window", "fusion")
 
 
 def mismatched(results: dict[str, dict]) -> list[str]:

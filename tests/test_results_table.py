@@ -152,6 +152,16 @@ def test_runs_of_one_collection_with_other_settings_are_refused(tmp_path: Path, 
     done = table(tmp_path)
     assert done.returncode == 0, done.stderr
     assert "**gradient**" in done.stdout and "**thompson**" in done.stdout
+    # the tuned and oracle weights search the learner's fusion: a z-score run beside min-max baselines was
+    # tabled as plain gradient, compared with a tuned figure its own run did not have
+    zscore = {**output, "config": {**output["config"], "fusion": "zscore"}}
+    write(tmp_path / "cranfield_gradient.json", zscore, policy="gradient", dataset="cranfield")
+    done = table(tmp_path)
+    assert done.returncode == 1 and "cranfield runs" in done.stderr and "fusion" in done.stderr
+    (tmp_path / "cranfield_thompson.json").unlink()
+    done = table(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert '| cranfield | **gradient (fusion="zscore")** |' in done.stdout
 
 
 def test_a_held_out_split_some_seeds_lack_is_named_not_tabled(tmp_path: Path, output: dict) -> None:

@@ -556,6 +556,22 @@ def test_a_question_judged_in_both_splits_is_held_out_and_never_streamed() -> No
     assert run["distinct_asked"] <= 30
 
 
+def test_the_users_read_grades_on_the_stream_splits_own_scale() -> None:
+    """Binary stream judgments are grade 4 whatever the held-out split's scale: a graded test split made a
+    relevant train chunk grade 1 (P(click) 0.3 instead of 0.95), so held-out judgments changed the feedback."""
+    from dataclasses import replace
+
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    ids = sorted(data.qrels["test"])
+    test = {q: {d: 3 for d in data.qrels["test"][q]} for q in ids[:20]}  # graded 3
+    train = {q: {d: 1 for d in data.qrels["test"][q]} for q in ids[20:]}  # binary
+    config = SimulationConfig(policy="fixed", interactions=10, seeds=(0,), checkpoints=1, retrievers=("bm25",))
+    prep = prepare(replace(data, qrels={"test": test, "train": train}), config)
+    assert prep.max_grade == 1
+    # without a stream split of its own the stream is half of the split, read on the split's scale
+    assert prepare(replace(data, qrels={"test": test}), config).max_grade == 3
+
+
 def test_each_seeds_baselines_are_kept_in_its_run() -> None:
     """Learned minus a baseline pairs by seed: each run held its learned figures, the baselines only their
     means over seeds."""
@@ -765,3 +781,18 @@ def test_the_table_gives_the_learned_figures_interval_and_its_paired_differences
     out = capsys.readouterr().out
     assert "held-out, learned: 95 % interval over seeds [" in out
     assert f"  rrf{'':<19}{diffs['rrf']['mean']:+10.4f}   95 % interval [" in out
+
+
+def test_the_environment_names_the_packages_files_that_differ_from_the_commit(monkeypatch) -> None:
+    # a run of changed code recorded the commit alone, as if it were that commit's
+    from rlfb.simulation import runner
+
+    answers = {("rev-parse", "HEAD"): "2fbee23", ("diff", "--name-only", "HEAD", "--", "rlfb"): "rlfb/fusion.py",
+               ("ls-files", "--others", "--exclude-standard", "--", "rlfb"): "rlfb/new_policy.py"}
+    monkeypatch.setattr(runner, "_git", lambda *args: answers.get(args))
+    env = runner.environment()
+    assert env["commit"] == "2fbee23" and env["uncommitted"] == ["rlfb/fusion.py", "rlfb/new_policy.py"]
+    answers = {("rev-parse", "HEAD"): "2fbee23"}  # git prints nothing for a clean tree
+    assert runner.environment()["uncommitted"] == []
+    answers.clear()  # an installed wheel: no checkout to ask
+    assert runner.environment()["commit"] is None and runner.environment()["uncommitted"] is None

@@ -211,7 +211,7 @@ class Prepared:
     contexts: dict[str, Context]
     qrels: dict[str, dict[str, int]]
     stream_qrels: dict[str, dict[str, int]] | None
-    max_grade: int
+    max_grade: int  # the highest grade of the stream's judgments, the scale the simulated users read
     fusion: str
     candidate_k: int
     index_seconds: float
@@ -266,7 +266,9 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
     for q in progress(wanted, desc="contexts", disable=not show_progress):
         contexts[q] = ens.context(dataset.queries[q], k=config.k)
     context_seconds = time.perf_counter() - t
-    grades = [g for r in itertools.chain(qrels.values(), (stream_qrels or {}).values()) for g in r.values()]
+    # the scale the simulated users read grades on is the stream's own: the users judge stream questions
+    # only, and a graded held-out split must not change how they click on a binary stream split
+    grades = [g for r in (qrels if stream_qrels is None else stream_qrels).values() for g in r.values()]
     return Prepared(
         dataset, dict(ens.retrievers), ens.chunks, contexts, qrels, stream_qrels, max(grades, default=1),
         config.fusion, config.candidate_k, index_seconds, context_seconds, config.k, config.split,
@@ -755,7 +757,7 @@ def environment() -> dict[str, Any]:
     fourth digit (README, Results).
 
     >>> env = environment()
-    >>> sorted(env) == ["commit", "machine", "packages", "processor", "python", "threads"]
+    >>> sorted(env) == ["commit", "machine", "packages", "processor", "python", "threads", "uncommitted"]
     True
     """
     import os
@@ -774,23 +776,35 @@ def environment() -> dict[str, Any]:
     threads = {var: os.environ.get(var) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     threads["torch"] = torch.get_num_threads() if torch is not None else None
     return {"python": platform.python_version(), "machine": platform.machine(), "processor": _processor(),
-            "packages": versions, "commit": _commit(), "threads": threads}
+            "packages": versions, "commit": _git("rev-parse", "HEAD"), "threads": threads,
+            "uncommitted": _uncommitted()}
 
 
-def _commit() -> str | None:
-    """The git commit of the rlfb source running, where it runs from a checkout (the version alone, 0.1.0,
-    does not tell two sessions' code apart); ``None`` for an installed wheel or without git."""
+def _git(*args: str) -> str | None:
+    """What git prints for ``args`` in the checkout the rlfb source runs from (the version alone, 0.1.0, does
+    not tell two sessions' code apart); ``None`` for an installed wheel, without git, or where git fails."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return None
     try:
-        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=False)
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
+                              check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def _uncommitted() -> list[str] | None:
+    """The package's files that differ from the commit recorded (changed, added, removed): a run of changed
+    code is not that commit's. ``[]`` for a clean checkout; ``None`` where :func:`_git` cannot tell."""
+    if _git("rev-parse", "HEAD") is None:
+        return None
+    # a path a line (git prints nothing, so None here, where nothing differs)
+    changed = _git("diff", "--name-only", "HEAD", "--", "rlfb") or ""
+    added = _git("ls-files", "--others", "--exclude-standard", "--", "rlfb") or ""
+    return sorted({line for line in (*changed.splitlines(), *added.splitlines()) if line})
 
 
 def _processor() -> str:

@@ -1,0 +1,145 @@
+"""How far a learned figure moves when the dense embeddings change in their last bits.
+
+The same code and seeds gave scifact thompson 0.7520 held-out nDCG@10 on one machine and 0.7471 on
+another, while every fixed system's figure agreed to the last digit. This script tests the likely cause:
+each machine encodes the embedding cache afresh, and another processor or BLAS build rounds the float32
+vectors differently. It runs ``rlfb simulate`` once as it is, then once per *salt* with every dense
+embedding (documents and queries) moved by ``--perturb`` times a standard normal vector drawn from a hash
+of the salt and the text, and normalised again: a change of the size of float32 rounding (about 6e-8 per
+component of a unit vector of 384 dimensions), which no retrieval figure can be expected to depend on.
+
+If the learned figures move by more than their fixed baselines do, a run's figure is one draw from a
+spread that the seeds' interval does not show; the spread over salts is that draw's noise. SPLADE's
+encodings are left as they are.
+
+    RLFB_DATASETS=$(realpath ../shared/datasets) HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 \\
+        .venv/bin/python benchmarks/float_sensitivity.py --dataset scifact --policy thompson --salts 8 --jobs 2
+
+Nothing here is used by rlfb; each run is a separate process (``--salt`` runs one), so that nothing
+cached in memory is shared between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+METRICS = ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10")
+BASELINES = ("rrf", "equal", "tuned_fixed", "oracle_fixed")
+
+
+def perturbed(vector: Any, text: str, salt: str, scale: float) -> np.ndarray:
+    """``vector`` moved by ``scale`` times a normal vector seeded by ``salt`` and ``text``, unit length again.
+
+    >>> v = np.array([0.6, 0.8], dtype=np.float32)
+    >>> w = perturbed(v, "a text", "s1", 1e-3)
+    >>> bool(np.allclose(w, v, atol=1e-2)), bool(np.array_equal(w, perturbed(v, "a text", "s1", 1e-3)))
+    (True, True)
+    >>> round(float(np.linalg.norm(w)), 6)
+    1.0
+    """
+    seed = int.from_bytes(hashlib.sha256((salt + text).encode()).digest()[:4], "little")
+    noise = np.random.default_rng(seed).standard_normal(np.shape(vector)).astype(np.float32)
+    moved = np.asarray(vector, dtype=np.float32) + np.float32(scale) * noise
+    return (moved / np.linalg.norm(moved)).astype(np.float32)
+
+
+def _run_one(salt: str, scale: float, simulate_args: list[str]) -> int:
+    """One ``rlfb simulate`` in this process, every dense encoding perturbed (none for an empty salt)."""
+    import rlfb.retrievers.dense as dense
+    from rlfb.cli import main
+
+    if salt:
+        encode = dense.cached_encode
+
+        def cached_encode(texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
+            return [perturbed(v, t, salt, scale) for t, v in zip(texts, encode(texts, *args, **kwargs), strict=True)]
+
+        dense.cached_encode = cached_encode  # what DenseRetriever calls for documents and queries alike
+    return main(["simulate", *simulate_args])
+
+
+def _figures(path: Path) -> dict[str, float]:
+    data = json.loads(path.read_text())
+    out = {m: data["final"][m]["mean"] for m in METRICS}
+    out.update({b: data["baselines"][b]["heldout_ndcg@10"]["mean"] for b in BASELINES})
+    out["moved"] = sum(1 for run in data["runs"] if _moved(run["weights"]))
+    return out
+
+
+def _moved(weights: dict[str, float]) -> bool:
+    """Whether a seed's final global weights (``{retriever: weight}``) left equal weights."""
+    values = list(weights.values())
+    return max(values) - min(values) > 1e-9
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="scifact", help="a folder name under $RLFB_DATASETS, or a path")
+    parser.add_argument("--policy", default="thompson")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--interactions", type=int, default=2000)
+    parser.add_argument("--salts", type=int, default=8, help="how many perturbed runs (salts s1, s2, ...)")
+    parser.add_argument("--perturb", type=float, default=3e-7, help="the perturbation's scale")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (each is one process)")
+    parser.add_argument("--target", type=float, default=None, help="count the runs whose held-out figure reaches it")
+    parser.add_argument("--out", default=None, help="a folder to keep each run's JSON in")
+    parser.add_argument("--salt", default=None, help=argparse.SUPPRESS)  # a child process: one run
+    args, rest = parser.parse_known_args(argv)
+    if args.salt is not None:
+        return _run_one(args.salt, args.perturb, [
+            "--dataset", args.dataset, "--policy", args.policy, "--seeds", str(args.seeds),
+            "--interactions", str(args.interactions), *rest])
+
+    from rlfb.datasets import find_dataset
+
+    folder = find_dataset(args.dataset)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rlfb-float-"))
+    out.mkdir(parents=True, exist_ok=True)
+    salts = ["", *(f"s{i}" for i in range(1, args.salts + 1))]
+
+    def run(salt: str) -> dict[str, float]:
+        path = out / f"{salt or 'as-is'}.json"
+        cmd = [sys.executable, __file__, "--salt", salt, "--perturb", str(args.perturb),
+               "--dataset", str(folder), "--policy", args.policy, "--seeds", str(args.seeds),
+               "--interactions", str(args.interactions), "--quiet", "--json", str(path)]
+        subprocess.run(cmd, check=True, env=os.environ.copy(), stdout=subprocess.DEVNULL)
+        return _figures(path)
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = dict(zip(salts, pool.map(run, salts), strict=True))
+
+    print(f"{folder.name}, {args.policy}, {args.seeds} seeds, {args.interactions} interactions; "
+          f"dense embeddings perturbed by {args.perturb:g}; each row the mean over seeds")
+    head = ["run", "held-out", "seen", "online", *BASELINES, "weights moved"]
+    print(" | ".join(head))
+    for salt, r in results.items():
+        cells = [f"{r[m]:.4f}" for m in (*METRICS, *BASELINES)]
+        print(" | ".join([salt or "as is", *cells, f"{r['moved']}/{args.seeds}"]))
+    perturbed_runs = [results[s] for s in salts[1:]]
+    for m in (*METRICS, *BASELINES):
+        values = [r[m] for r in perturbed_runs]
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"{m} over {len(values)} salts: mean {statistics.fmean(values):.4f}, sd {sd:.4f}, "
+              f"range {min(values):.4f} to {max(values):.4f}")
+    if args.target is not None:
+        hits = sum(r["heldout_ndcg@10"] >= args.target for r in perturbed_runs)
+        print(f"held-out at or above {args.target:g}: {hits} of {len(perturbed_runs)} perturbed runs "
+              f"({'met' if results[''][METRICS[0]] >= args.target else 'missed'} as is)")
+    print(f"runs' JSON in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
