@@ -664,6 +664,9 @@ def test_the_cut_off_is_checked_itself(k: object) -> None:
     ({"late_delay": 1e10}, "time since 1970"),
     ({"checkpoints": 2.0}, "checkpoints must be a positive int"),
     ({"interactions": 0}, "interactions must be a positive int"),
+    ({"max_seen": 0}, "max_seen must be a positive int"),  # NaN seen figures
+    ({"max_seen": -3}, "max_seen must be a positive int"),  # a ValueError mid-run
+    ({"max_heldout": 0}, "max_heldout must be a positive int"),
     ({"grid_step": 0.3}, "grid_step must be 1/m"),  # it searched thirds while the JSON said 0.3
     ({"grid_step": 0.15}, "grid_step must be 1/m"),
 ])

@@ -124,7 +124,9 @@ class SimulationConfig:
             p = getattr(self, name)
             if isinstance(p, bool) or not (isinstance(p, (int, float)) and 0.0 <= p <= 1.0):
                 raise ValidationError(f"{name} must be a probability in [0, 1], got {p!r}")
-        for name in ("interactions", "checkpoints"):
+        # max_seen 0 gave NaN seen figures, and a negative one a ValueError from random.sample mid-run
+        sizes = ("interactions", "checkpoints", "max_seen", *(("max_heldout",) if self.max_heldout is not None else ()))
+        for name in sizes:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValidationError(f"{name} must be a positive int, got {v!r}")
