@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import math
@@ -867,6 +868,143 @@ def test_a_state_refused_late_leaves_the_policy_as_it_was(cls, field):
     with pytest.raises(CorruptStateError):
         dst.load_state_dict(state)
     assert dst.weights() == before  # the weights had been replaced before the counter was read
+
+
+# ---------------------------------------------------------------------------- saved states in proportion
+# A field dropped from a saved state, or one out of proportion with what the policy learned, loaded: a query type's
+# arm statistics or clock, a batch buffer emptied, gradient sums of 1e300, negative clocks. Each is refused, naming
+# the field; every state a policy saves still loads (the round trips first).
+
+
+def _saved(name: str, n: int = 60, **kwargs):
+    """A policy after ``n`` toy episodes through a learner (two query types, timestamps, gradient's replays at
+    weight 0.25), and its state as JSON gives it back."""
+    policy = make_policy(name, RETRIEVERS, seed=0, **kwargs)
+    simulate(Learner(RETRIEVERS, policy, LearnerConfig(replay_every=10)), ToyEnv(seed=1, n_queries=10), n, seed=1,
+             t0=1_700_000_000.0)
+    return policy, json.loads(json.dumps(policy.state_dict(), allow_nan=False))
+
+
+def _loads_as_saved(name: str, policy, state, **kwargs) -> None:
+    again = make_policy(name, RETRIEVERS, seed=0, **kwargs).load_state_dict(state)
+    assert json.dumps(again.state_dict()) == json.dumps(policy.state_dict())
+
+
+@pytest.mark.parametrize(("name", "n", "kwargs"), [
+    *[(name, 80, {}) for name in sorted(POLICIES)],
+    ("batch", 23, {}),  # no batch yet: every event still in the buffer
+    ("batch", 50, {"batch_size": 25}),  # a batch just learned: the buffer empty
+    ("batch", 61, {"batch_size": 7}),
+    ("thompson", 40, {"half_life_days": None, "forget": 1.0}),
+    ("thompson", 40, {"contextual": False}),
+    ("gradient", 120, {"window": 3.0}),
+])
+def test_a_state_a_policy_learned_loads_as_it_was_saved(name, n, kwargs):
+    policy, state = _saved(name, n, **kwargs)
+    _loads_as_saved(name, policy, state, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["batch", "epsilon", "gradient", "thompson"])
+def test_a_state_learned_at_any_weight_and_time_loads_as_it_was_saved(name):
+    # the bounds the sums are checked against hold for every weight learn() takes, untimed and late episodes, query
+    # types that come and go, and logged weights it cannot read
+    rng = np.random.default_rng(5)
+    kwargs = {"batch_size": 3} if name == "batch" else {}
+    policy = make_policy(name, RETRIEVERS, seed=0, **kwargs)
+    for i in range(150):
+        n = int(rng.integers(1, 12))
+        rewards = np.zeros(n)
+        rewards[rng.integers(n, size=int(rng.integers(0, 3)))] = rng.uniform(-1.5, 1.5)
+        logged = rng.random(3) if i % 9 else [float("nan"), 1.0, 1.0]
+        ep = _episode(logged, rng.random((n, 3)) * 10.0 ** rng.uniform(-2, 2), rewards, float(rng.uniform(-1, 1)),
+                      qtype=str(rng.choice(["A", "B", ""])), eid=f"e{i}")
+        t = 0.0 if i % 4 == 0 else 1_700_000_000.0 + rng.uniform(-1e6, 1e6)
+        policy.learn(dataclass_replace(ep, timestamp=t), ep.reward, weight=float(rng.choice([1.0, 0.25, 1e-9, 7.5])))
+    _loads_as_saved(name, policy, json.loads(json.dumps(policy.state_dict(), allow_nan=False)), **kwargs)
+
+
+def _click_rows(ev, change):
+    """``ev`` (a saved click evidence) with ``change`` applied to its rows (one per question: utilities, weight)."""
+    from rlfb.blocks import encode_block
+
+    rows = np.frombuffer(base64.b64decode(ev["rows"]), dtype="<f8").reshape(len(ev["queries"]), -1).copy()
+    change(rows)
+    ev["rows"] = encode_block(rows)
+
+
+def _first_arm(stats):
+    return int(np.argmax(stats[0]))
+
+
+DAMAGE = {
+    "thompson": [
+        ("stats-null", lambda s: s.update(stats=None), "'stats' must be a Mapping"),
+        ("clock-dropped", lambda s: s.pop("clock"), "'clock' is missing"),
+        ("type-stats-dropped", lambda s: s["stats"].pop("A"), r"for \['A'\] but no arm statistics"),
+        ("global-stats-dropped", lambda s: s["stats"].pop("*"), r"for \['\*'\] but no arm statistics"),
+        ("global-scope-dropped", lambda s: [s[f].pop("*") for f in ("stats", "clock", "clicks")], "none global"),
+        ("type-clock-dropped", lambda s: s["clock"].pop("A"), "click evidence of 'A' has a clock"),
+        ("global-clock-dropped", lambda s: s["clock"].pop("*"), "past its global clock"),
+        ("clock-negative", lambda s: s["clock"].update({"B": -5.0}), r"clock\[B\]"),
+        ("arm-count-1e300", lambda s: s["stats"]["*"][0].__setitem__(_first_arm(s["stats"]["*"]), 1e300),
+         r"arm statistics for '\*': their count"),
+        ("click-clock-negative", lambda s: s["clicks"]["A"].update(clock=-1.0), "clock out of range"),
+        ("click-weight-1e300", lambda s: s["clicks"]["*"].update(n=1e300), r"click evidence of '\*': its weight"),
+        ("click-sums-1e300", lambda s: s["clicks"]["*"].update(s=[1e300] * len(s["clicks"]["*"]["s"])),
+         "s out of range"),
+        ("click-sums-negative", lambda s: s["clicks"]["*"]["s"].__setitem__(1, -0.5), "s out of range"),
+        ("click-gone-negative", lambda s: s["clicks"]["*"]["gone"].__setitem__(1, -0.5), "gone out of range"),
+        ("click-row-past-its-weight", lambda s: _click_rows(s["clicks"]["*"], lambda r: r.__setitem__((0, 1), 1e300)),
+         "rows out of range"),
+    ],
+    "gradient": [
+        ("sums-dropped", lambda s: s.pop("grad_sums"), "'grad_sums' is missing"),
+        ("sums-null", lambda s: s.update(grad_sums=None), "'grad_sums' must be a list"),
+        ("sums-short", lambda s: s["grad_sums"].pop(), "'grad_sums' must hold a count"),
+        ("count-negative", lambda s: s["grad_sums"].__setitem__(0, -1.0), r"'grad_sums\[0\]'"),
+        ("count-1e300", lambda s: s["grad_sums"].__setitem__(0, 1e300), r"'grad_sums\[0\]'"),
+        ("sum-1e300", lambda s: s["grad_sums"][1].__setitem__(0, 1e300), r"'grad_sums\[1\]'"),
+        ("sum-wrong-length", lambda s: s["grad_sums"][1].pop(), r"'grad_sums\[1\]' has the wrong shape"),
+        ("squares-1e300", lambda s: s["grad_sums"][2].__setitem__(0, 1e300), r"'grad_sums\[2\]'"),
+        ("squares-zeroed", lambda s: s["grad_sums"].__setitem__(2, [0.0, 0.0, 0.0]), "'grad_sums' is malformed"),
+        ("pairs-1e300", lambda s: s.update(n_pairs=1e300), "'n_pairs'"),
+    ],
+    "batch": [
+        ("buffer-null", lambda s: s.update(buffer=None), "'buffer' must be a list"),
+        ("buffer-emptied", lambda s: s.update(buffer=[]), "'buffer' holds events of weight 0, but 23"),
+        ("buffer-halved", lambda s: s.update(buffer=s["buffer"][:10]), "'buffer' holds events of weight 10, but 23"),
+        ("buffer-overfull", lambda s: s.update(buffer=s["buffer"] * 3), "'buffer' holds 69 events"),
+        ("buffer-heavier", lambda s: s["buffer"][0].__setitem__(2, 100.0), "'buffer': its events' weight"),
+        ("buffer-event-short", lambda s: s["buffer"][0].pop(), "'buffer': event 0 is malformed"),
+        ("buffer-weights-off-simplex", lambda s: s["buffer"][0].__setitem__(0, [5.0, 0.0, 0.0]),
+         "'buffer': event 0's weights are not on the simplex"),
+    ],
+}
+
+
+@pytest.mark.parametrize(("name", "damage", "match"), [
+    pytest.param(name, damage, match, id=f"{name}-{label}")
+    for name, cases in DAMAGE.items() for label, damage, match in cases
+])
+def test_a_saved_state_out_of_proportion_is_corrupt_state_naming_the_field(name, damage, match):
+    policy, state = _saved(name, 23 if name == "batch" else 60)  # 23 events: no batch yet
+    if name == "thompson":
+        assert set(state["state"]["stats"]) == set(state["state"]["clicks"]) == {"*", "A", "B"}
+    intact = json.loads(json.dumps(state))
+    damage(state["state"])
+    dst = make_policy(name, RETRIEVERS, seed=0)
+    before = json.dumps(dst.state_dict())
+    with pytest.raises(CorruptStateError, match=match):
+        dst.load_state_dict(state)
+    assert json.dumps(dst.state_dict()) == before  # nothing of the damaged state was taken
+    _loads_as_saved(name, policy, intact)
+
+
+def test_a_batch_buffer_emptied_by_its_batch_still_loads():
+    # after a batch the buffer is empty: only before the first batch must it hold all that was learned
+    policy, state = _saved("batch", 50, batch_size=25)
+    assert state["state"]["buffer"] == [] and state["state"]["n_batches"] == 2
+    _loads_as_saved("batch", policy, state, batch_size=25)
 
 
 def test_thompson_tuned_to_no_exploration_shows_its_gated_arm():

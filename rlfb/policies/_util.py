@@ -514,6 +514,45 @@ def read_count(state: Mapping[str, Any], key: str) -> int:
     return saved_count(f"policy state field {key!r}", value)
 
 
+def read_field(state: Mapping[str, Any], key: str, kind: type = object) -> Any:
+    """``state[key]``, which must be a ``kind``, or raise :class:`CorruptStateError` naming the field.
+
+    >>> read_field({"buffer": None}, "buffer", list)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.CorruptStateError: policy state field 'buffer' must be a list, got NoneType
+    """
+    try:
+        value = state[key]
+    except KeyError:
+        raise CorruptStateError(f"policy state field {key!r} is missing") from None
+    if not isinstance(value, kind):
+        raise CorruptStateError(f"policy state field {key!r} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def check_at_most(what: str, value: Any, most: float) -> None:
+    """Refuse ``value`` (a running sum, or an array of them) above ``most``, the most the updates that built it
+    could have added, with :class:`CorruptStateError`; the slack is rounding in the running sums.
+
+    >>> check_at_most("arm statistics for '*': their count", 1e300, 60.0)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.CorruptStateError: arm statistics for '*': their count is 1e+300, more than the 60 its updates could add
+    """
+    top = float(np.max(value)) if np.size(value) else 0.0
+    if not top <= most * (1.0 + 1e-9) + 1e-9:
+        raise CorruptStateError(f"{what} is {top:g}, more than the {most:g} its updates could add")
+
+
+def check_simplex(what: str, weights: np.ndarray) -> np.ndarray:
+    """``weights``, or :class:`CorruptStateError` where they are not on the simplex (non-negative, summing to 1),
+    as every policy keeps and logs its weights."""
+    if np.any(weights < 0) or abs(float(weights.sum()) - 1.0) > 1e-6:
+        raise CorruptStateError(f"{what} are not on the simplex: {weights.tolist()}")
+    return weights
+
+
 def read_number(state: Mapping[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> float:
     """Read a finite number in ``[lo, hi]`` from a state dict, or raise :class:`CorruptStateError`."""
     try:
@@ -628,6 +667,7 @@ class BasePolicy:
             set_rng_state(np.random.default_rng(), state["rng"])  # checked before anything is changed
             backup = dict(vars(self))
             try:
+                self._n_updates = n_updates  # what the learned sums are checked against (check_at_most)
                 self._load_state(state["state"])
             except BaseException:
                 # a field read after others were set (batch's weights before its counters) left a half-loaded

@@ -38,15 +38,18 @@ import numpy as np
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.policies._util import (
     BasePolicy,
+    check_at_most,
     check_bounds,
     check_float,
     check_int,
+    check_simplex,
     float_list,
     logged_weights,
     plain_numbers,
     project_simplex,
     read_array,
     read_count,
+    read_field,
     read_number,
     weights_dict,
     weights_vector,
@@ -252,22 +255,24 @@ class BatchPolicy(BasePolicy):
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         n = len(self.retrievers)
-        w = read_array(state, "weights", n)
-        default = read_array(state, "default", n)
         # the default too: one off the simplex loaded, and the next save could not be rebuilt (InvalidWeightsError)
-        for v in (w, default):
-            if np.any(v < 0) or abs(v.sum() - 1.0) > 1e-6:
-                raise CorruptStateError("saved batch weights are not on the simplex")
+        w = check_simplex("saved batch weights", read_array(state, "weights", n))
+        default = check_simplex("saved batch default weights", read_array(state, "default", n))
         buffer = []
-        for item in state["buffer"]:
-            bw, br, bo = item
-            bw = [float(x) for x in bw]
+        for i, item in enumerate(read_field(state, "buffer", list)):
+            try:
+                bw, br, bo = item
+                bw, br, bo = [float(x) for x in bw], float(br), float(bo)
+            except (TypeError, ValueError) as exc:
+                raise CorruptStateError(f"policy state field 'buffer': event {i} is malformed: {exc}") from exc
             # learn() buffers rewards clipped to [-1, 1] and positive weights: a weight of 0 or less could make
             # the batch's weight sum 0, and its mean NaN
-            if (len(bw) != n or not all(math.isfinite(x) for x in [*bw, float(br), float(bo)])
-                    or not -1.0 <= float(br) <= 1.0 or float(bo) <= 0.0):
-                raise CorruptStateError("a buffered batch event is malformed")
-            buffer.append((bw, float(br), float(bo)))
+            if (len(bw) != n or not all(math.isfinite(x) for x in [*bw, br, bo])
+                    or not -1.0 <= br <= 1.0 or bo <= 0.0):
+                raise CorruptStateError(f"policy state field 'buffer': event {i} is malformed: {item!r}")
+            # its logged weights as logged_weights() gives them
+            check_simplex(f"policy state field 'buffer': event {i}'s weights", np.asarray(bw))
+            buffer.append((bw, br, bo))
         # counted, never negative: a negative n_batches passed, and uncertainty()'s sqrt(1 + n) then failed at every
         # retrieval of every ensemble on the store; each batch moves the weights at most once
         n_batches = read_count(state, "n_batches")
@@ -275,5 +280,15 @@ class BatchPolicy(BasePolicy):
         if n_moves > n_batches:
             raise CorruptStateError(f"saved batch state has {n_moves} moves in only {n_batches} batches")
         last_mean = read_number(state, "last_mean", -1.0, 1.0)  # a weighted mean of rewards in [-1, 1]
+        # learn() buffers every event it counts in n_updates and learns the buffer, emptying it, once it holds
+        # batch_size events: so the buffer holds fewer, weighing at most n_updates, and all of it before a first batch
+        held = sum(b[2] for b in buffer)
+        if len(buffer) >= self.hyper.batch_size:
+            raise CorruptStateError(f"policy state field 'buffer' holds {len(buffer)} events, a full batch of "
+                                    f"{self.hyper.batch_size} is learned as it fills")
+        check_at_most("policy state field 'buffer': its events' weight", held, self._n_updates)
+        if n_batches == 0 and held < self._n_updates * (1.0 - 1e-9) - 1e-9:
+            raise CorruptStateError(f"policy state field 'buffer' holds events of weight {held:g}, but "
+                                    f"{self._n_updates:g} were learned and no batch: events were lost from it")
         self._w, self._default, self._buffer = w, default, buffer
         self._n_batches, self._n_moves, self._last_mean = n_batches, n_moves, last_mean

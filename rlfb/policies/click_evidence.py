@@ -258,6 +258,15 @@ class ClickEvidence:
         if np.any(weights < 0) or n < weights.sum() * (1.0 - 1e-9) - 1e-9:
             raise CorruptStateError(f"click evidence is malformed: its weight {n:g} is below its questions' "
                                     f"{weights.sum():g}")
+        # every click adds its weight times each arm's utility, a DCG ratio in [0, 1], to the arms' sums and to its
+        # question's row, and the forgotten questions' squares to gone: a sum past its weight (1e300 read as an
+        # advantage that opened the gate at once) or below 0 was never learned; no time is clock 0, never below
+        slack = 1e-9 * n + 1e-12  # rounding in the running sums
+        out = {"clock": clock < 0, "gone": np.any(gone < 0), "s": np.any(s < 0) or np.any(s > n + slack),
+               "rows": np.any(q[:, :-1] < 0) or np.any(q[:, :-1] > q[:, -1:] * (1.0 + 1e-9) + 1e-12)}
+        if any(out.values()):
+            raise CorruptStateError(f"click evidence is malformed: {', '.join(k for k, v in out.items() if v)} out "
+                                    "of range (a clock is at least 0, the sums between 0 and their weight)")
         saved_times("the click evidence's clock", clock)  # 1e15 weighed every later click as long past
         rows, q = _rekeyed(rows, q)
         self.n, self.clock, self._s, self._gone, self._rows, self._q = n, clock, s, gone, rows, q

@@ -60,15 +60,19 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.policies._util import (
+    MAX_COUNT,
     BasePolicy,
+    check_at_most,
     check_bounds,
     check_float,
+    check_simplex,
     float_list,
     logged_weights,
     pdgd_pairs,
     plain_numbers,
     project_simplex,
     read_array,
+    read_field,
     read_number,
     score_scale,
     weights_dict,
@@ -412,20 +416,31 @@ class GradientPolicy(BasePolicy):
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         n = len(self.retrievers)
-        w = read_array(state, "weights", n)
-        default = read_array(state, "default", n)
-        for v in (w, default):
-            if np.any(v < 0) or abs(v.sum() - 1.0) > 1e-6:
-                raise CorruptStateError("saved gradient weights are not on the simplex")
-        s0, s1, s2 = state["grad_sums"]
-        s0 = float(s0)
-        s1 = np.asarray(s1, dtype=float)
-        s2 = np.asarray(s2, dtype=float)
-        if (not math.isfinite(s0) or s0 < 0 or s1.shape != (n,) or s2.shape != (n,)
-                or not np.all(np.isfinite(s1)) or not np.all(np.isfinite(s2)) or np.any(s2 < 0)):
-            raise CorruptStateError("saved gradient statistics are malformed")
+        w = check_simplex("saved gradient weights", read_array(state, "weights", n))
+        default = check_simplex("saved gradient default weights", read_array(state, "default", n))
+        sums = read_field(state, "grad_sums", list)
+        if len(sums) != 3:
+            raise CorruptStateError(f"policy state field 'grad_sums' must hold a count, a sum and a sum of squares, "
+                                    f"got {len(sums)} entries")
+        named = {f"grad_sums[{i}]": v for i, v in enumerate(sums)}
+        s0 = read_number(named, "grad_sums[0]", 0.0)
+        s1, s2 = read_array(named, "grad_sums[1]", n), read_array(named, "grad_sums[2]", n)
         # only reported and saved, but an infinite count (1e999 reads as inf) made every later save fail
         n_pairs = read_number(state, "n_pairs", 0.0)
+        # How far the sums can reach, from learn() and _evidence(): s0, s1 and s2 sum a, a*g and a*g*g over the same
+        # decayed weights a <= w of the episodes' gradients g. A pair adds rho * sigmoid' * strength <= 1/4 times a
+        # score difference of at most 2 scales (divided out), so |g| <= pairs / 2; n_pairs sums pairs * w, and an
+        # episode's pairs are the entries of one array (fewer than MAX_COUNT). Hence s0 <= n_updates,
+        # |s1| <= n_pairs / 2, s2 <= max|g| * sum a|g| <= MAX_COUNT / 2 * n_pairs / 2, n_pairs <= MAX_COUNT *
+        # n_updates and s1 * s1 <= s0 * s2 (Cauchy-Schwarz). Sums of 1e300 loaded, and the steps follow their mean
+        # over their root mean square.
+        check_at_most("policy state field 'n_pairs'", n_pairs, MAX_COUNT * self._n_updates)
+        check_at_most("policy state field 'grad_sums[0]'", s0, self._n_updates)
+        check_at_most("policy state field 'grad_sums[1]' (its magnitude)", np.abs(s1), n_pairs / 2)
+        check_at_most("policy state field 'grad_sums[2]'", s2, MAX_COUNT * n_pairs / 4)
+        if np.any(s2 < 0) or np.any(s1 * s1 > s0 * s2 * (1.0 + 1e-9) + 1e-300):
+            raise CorruptStateError("policy state field 'grad_sums' is malformed: a sum of squares is negative, or "
+                                    "below the squared sum over the count")
         self._w, self._default = w, default
         self._n_pairs = n_pairs
         self._s0, self._s1, self._s2 = s0, s1, s2

@@ -77,9 +77,11 @@ import numpy as np
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.policies._util import (
     BasePolicy,
+    check_at_most,
     check_bounds,
     check_float,
     check_int,
+    check_simplex,
     clock_decay,
     episode_time,
     float_list,
@@ -87,6 +89,7 @@ from rlfb.policies._util import (
     plain_numbers,
     project_simplex,
     read_array,
+    read_field,
     read_number,
     saved_times,
     weights_dict,
@@ -684,11 +687,9 @@ class ThompsonPolicy(BasePolicy):
         }
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
-        default = read_array(state, "default", len(self.retrievers))
-        if np.any(default < 0) or abs(default.sum() - 1.0) > 1e-6:
-            raise CorruptStateError("saved default weights are not on the simplex")
+        default = check_simplex("saved default weights", read_array(state, "default", len(self.retrievers)))
         stats = {}
-        for key, rows in dict(state["stats"]).items():
+        for key, rows in read_field(state, "stats", Mapping).items():
             arr = np.asarray(rows, dtype=float)
             if arr.shape != (3, self.n_arms) or not np.all(np.isfinite(arr)) or np.any(arr[0] < 0):
                 raise CorruptStateError(f"arm statistics for {key!r} are malformed")
@@ -699,13 +700,15 @@ class ThompsonPolicy(BasePolicy):
             if np.any(np.abs(s) > n + slack) or np.any(ss < 0) or np.any(ss > n + slack):
                 raise CorruptStateError(f"arm statistics for {key!r} are out of range: with rewards in [-1, 1], "
                                         "an arm's reward sum and sum of squares are at most its count")
+            # each update adds at most its weight to one arm's count and decays the rest: the counts sum to at most
+            # the n_updates learned (a count of 1e300 made that arm certain)
+            check_at_most(f"arm statistics for {key!r}: their count", n.sum(), self._n_updates)
             stats[str(key)] = arr
         # a clock is the time of the latest reward: an infinite one (1e999 reads as inf) made every later reward
         # count as infinitely late, weight 0, so the policy silently stopped learning; one far in the future (1e15)
-        # did the same until the wall clock caught up
-        saved_clock = dict(state["clock"])
-        clock = {str(k): read_number(saved_clock, k) for k in saved_clock}
-        saved_times("thompson's clock", list(clock.values()))
+        # did the same until the wall clock caught up; no time is 0, so a negative one is damage
+        saved_clock = read_field(state, "clock", Mapping)
+        clock = {str(k): read_number({f"clock[{k}]": t}, f"clock[{k}]", 0.0) for k, t in saved_clock.items()}
         saved_clicks = state.get("clicks", {})  # absent in states saved before clicks counted
         if not isinstance(saved_clicks, Mapping):  # a null here loaded as "no clicks": the weights reset, silently
             raise CorruptStateError(f"click evidence is malformed: {type(saved_clicks).__name__}, not a mapping")
@@ -713,10 +716,37 @@ class ThompsonPolicy(BasePolicy):
             str(k): ClickEvidence(self.n_arms, self.hyper.cf_max_queries).load_state_dict(v)
             for k, v in saved_clicks.items()
         }
+        saved_times("thompson's clock", list(clock.values()))  # after the click evidence's, the earlier of the two
+        self._check_scopes(stats, clock, clicks)
         self._stats, self._clock = stats, clock
         self._clicks = clicks
         self._cache.clear()
         self._set_default(default)
+
+    def _check_scopes(self, stats: Mapping[str, Any], clock: Mapping[str, float],
+                      clicks: Mapping[str, ClickEvidence]) -> None:
+        """Refuse a state whose query types do not fit together as :meth:`learn` writes them: every update adds to
+        the global statistics (and its type's) after its click evidence, at one time, so a clock or click
+        evidence has arm statistics of its scope, a type's imply the global ones, no type's clock is past the
+        global clock and no click evidence's clock past its scope's. A dropped scope or clock broke one of these
+        and loaded: the type decided by the global posterior, or its next update aged nothing (a clock of 0)."""
+        orphans = sorted((set(clock) | set(clicks)) - set(stats))
+        if orphans:
+            raise CorruptStateError(f"thompson state has a clock or click evidence for {orphans} but no arm "
+                                    "statistics for them: field 'stats' lost them")
+        if stats and GLOBAL not in stats:
+            raise CorruptStateError(f"thompson state has arm statistics of query types {sorted(stats)} but none "
+                                    f"global ({GLOBAL!r}): field 'stats' lost them")
+        for key, t in clock.items():
+            if t > clock.get(GLOBAL, 0.0):
+                raise CorruptStateError(f"thompson's clock of {key!r} ({t:g}) is past its global clock "
+                                        f"({clock.get(GLOBAL, 0.0):g}): field 'clock' lost or moved it")
+        for key, ev in clicks.items():
+            if ev.clock > clock.get(key, 0.0):
+                raise CorruptStateError(f"click evidence of {key!r} has a clock ({ev.clock:g}) past its arm "
+                                        f"statistics' ({clock.get(key, 0.0):g}): field 'clock' lost or moved it")
+            # a click adds at most its episode's weight, as the arm statistics do
+            check_at_most(f"click evidence of {key!r}: its weight", ev.n, self._n_updates)
 
 
 class EpsilonGreedyPolicy(ThompsonPolicy):
