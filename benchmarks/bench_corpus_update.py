@@ -20,12 +20,15 @@ import atexit
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-from bench_retrieval import precomputed_embeddings, synthetic_corpus, unit
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
+
+import numpy as np  # noqa: E402
+from bench_retrieval import precomputed_embeddings, synthetic_corpus, unit  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

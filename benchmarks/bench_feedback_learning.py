@@ -1,27 +1,33 @@
 """Feedback learned end to end: ``FeedbackEnsemble.feedback`` records, learns and writes a snapshot per call.
 
-    python benchmarks/bench_feedback_learning.py [--feedback 300] [--chunks 2000]
+    python benchmarks/bench_feedback_learning.py [--feedback 300] [--throttled-feedback 3000] [--chunks 2000]
 
 ``bench_feedback.py`` times the store's writes alone; this is what an app's thumbs cost with learning, with
 the default ``persist_interval=0`` (a policy snapshot after every feedback) and with snapshots at most once a
-second. BM25 only, so that no model encoding is timed. No framework learns from feedback to time against; the
-ratio printed is against recording the same feedback in the store alone (``FeedbackStore.record_feedback``, in
-the same run), which is what learning adds.
+second (``persist_interval=1.0``: enough feedback is timed for the run to span seconds, each of which writes
+one, and the seconds it spanned are printed). BM25 only, so that no model encoding is timed. No framework learns
+from feedback to time against; the ratio printed is against recording the same feedback in the store alone
+(``FeedbackStore.record_feedback``, in the same run), which is what learning adds. Each mode runs
+``--repeats`` times, the modes interleaved, and the median rate is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rlfb import FeedbackEnsemble
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
+
+from rlfb import FeedbackEnsemble  # noqa: E402
 
 
-def rate(policy: str, n: int, chunks: int, persist_interval: float | None) -> float:
-    """Feedback per second through ``ens.feedback``; ``persist_interval=None``: the store's
-    ``record_feedback`` alone on the same events (nothing learned)."""
+def rate(policy: str, n: int, chunks: int, persist_interval: float | None) -> tuple[float, float]:
+    """Feedback per second through ``ens.feedback``, and the seconds timed; ``persist_interval=None``: the
+    store's ``record_feedback`` alone on the same events (nothing learned)."""
     texts = [f"doc {i} about topic {i % 17} and subject {i % 5}" for i in range(chunks)]
     with tempfile.TemporaryDirectory() as tmp:
         ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(Path(tmp) / "fb.db"),
@@ -33,22 +39,29 @@ def rate(policy: str, n: int, chunks: int, persist_interval: float | None) -> fl
             give(event, "thumbs_up")
         seconds = time.perf_counter() - start
         ens.store.close()
-    return n / seconds
+    return n / seconds, seconds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--feedback", type=int, default=300, help="feedback calls timed per policy")
+    parser.add_argument("--feedback", type=int, default=300, help="feedback calls timed per policy and mode")
+    parser.add_argument("--throttled-feedback", type=int, default=3000,
+                        help="feedback calls timed with persist_interval=1.0 (a run of seconds, not a fraction)")
     parser.add_argument("--chunks", type=int, default=2000, help="chunks indexed")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each mode; the median is printed")
     args = parser.parse_args()
     for policy in ("thompson", "gradient", "batch"):
-        every = rate(policy, args.feedback, args.chunks, 0.0)
-        throttled = rate(policy, args.feedback, args.chunks, 1.0)
-        alone = rate(policy, args.feedback, args.chunks, None)
+        runs: dict[str, list[tuple[float, float]]] = {"every": [], "throttled": [], "alone": []}
+        for _ in range(max(1, args.repeats)):  # interleaved: a change of load falls on every mode
+            runs["every"].append(rate(policy, args.feedback, args.chunks, 0.0))
+            runs["throttled"].append(rate(policy, args.throttled_feedback, args.chunks, 1.0))
+            runs["alone"].append(rate(policy, args.feedback, args.chunks, None))
+        every, throttled, alone = (statistics.median(r for r, _ in runs[m]) for m in ("every", "throttled", "alone"))
+        spanned = statistics.median(s for _, s in runs["throttled"])
         print(f"{policy:<9} {every:6.0f} feedback/s with a snapshot each ({alone / every:5.1f}x slower than "
-              f"recording alone), {throttled:6.0f}/s with one a second ({alone / throttled:4.1f}x); "
-              f"recording alone {alone:6.0f}/s")
+              f"recording alone), {throttled:6.0f}/s with one a second over {spanned:.1f} s "
+              f"({alone / throttled:4.1f}x); recording alone {alone:6.0f}/s")
 
 
 if __name__ == "__main__":
