@@ -26,7 +26,7 @@ from rlfb.policies.base import same_hyperparameters
 from rlfb.runs import hashes_queries
 from rlfb.snapshot_kind import SnapshotKind
 
-__all__ = ["current_weights", "export_weights", "import_weights", "read_weights_file", "WeightsFile"]
+__all__ = ["current_weights", "damaged_state", "export_weights", "import_weights", "read_weights_file", "WeightsFile"]
 
 
 def _sound_state(store: Any, saved: Mapping[str, Any]) -> None:
@@ -47,13 +47,26 @@ def _sound_state(store: Any, saved: Mapping[str, Any]) -> None:
 def current_weights(store: Any) -> dict[str, Any]:
     """``{"weights", "policy", "version", "updated_at"}`` of the newest snapshot (empty weights if none).
 
-    A snapshot whose learner state was damaged outside rlfb (not an object) raises :class:`CorruptStateError`.
+    A snapshot whose learner state was damaged outside rlfb (not an object, or one no learner can be rebuilt
+    from) raises :class:`CorruptStateError` naming it: every ensemble on the store refuses it, so its weights
+    are not the ones in use.
     """
     saved = store.load_policy_state()
     if saved is None:
         return {"weights": {}, "policy": None, "version": 0, "updated_at": None}
     _sound_state(store, saved)
+    _saved_learner(store, saved)  # damaged inside (a policy field not an object) was shown as sound
     return {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
+
+
+def damaged_state(store: Any) -> CorruptStateError | None:
+    """The error naming the newest snapshot where no learner can be rebuilt from it, else ``None`` (and for a
+    store with no snapshot): for reports that show the rest of the store whatever the snapshot holds."""
+    try:
+        current_weights(store)
+    except CorruptStateError as exc:
+        return exc
+    return None
 
 
 def export_weights(store: Any, path: str | Path | None, *, with_state: bool = True) -> dict[str, Any]:

@@ -276,6 +276,15 @@ def test_weights_import_onto_a_damaged_snapshot_names_it_and_the_way_on(tmp_path
     assert main(["weights", "export", str(db), str(out)]) == 2
     assert "policy snapshot 1" in one_error_line(capsys) and not out.exists()
     assert main(["weights", "export", str(db), str(out), "--weights-only"]) == 0
+    capsys.readouterr()
+    # nor shown as sound: show names it as export does, and store stats, whose counts are sound, warns of it
+    assert main(["weights", "show", str(db)]) == 2
+    message = one_error_line(capsys)
+    assert "policy snapshot 1" in message and "drop-snapshot" in message
+    assert main(["store", "stats", str(db), "--json"]) == 0
+    out_text, err = capsys.readouterr()
+    assert err.startswith("rlfb: warning: policy snapshot 1 in") and "drop-snapshot" in err
+    assert "policy snapshot 1" in json.loads(out_text)["snapshot_error"]
 
 
 def test_weights_import_says_when_weights_are_clamped(tmp_path: Path, capsys) -> None:

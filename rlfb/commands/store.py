@@ -2,7 +2,8 @@
 
 ``rlfb store stats FILE [--json] [--window-days N]``
     Row counts (events, retrieved chunks, feedback, rewards, flagged feedback),
-    sliding-window statistics and the current weights.
+    sliding-window statistics and the current weights; a newest snapshot no
+    learner can be rebuilt from is named on stderr (and in ``snapshot_error``).
 ``rlfb store export FILE --jsonl OUT``
     One JSON line per (event, retrieved chunk) with the event's fields, the
     chunk's scores and its feedback (see ``FeedbackStore.export_rows``);
@@ -84,6 +85,8 @@ def _fail(message: str | BaseException) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``store stats``."""
+    from rlfb.weight_config import damaged_state
+
     days = args.window_days
     # checked here to name the days given; 1e308 days is an infinite number of seconds
     if days is not None and not (math.isfinite(days) and days > 0 and math.isfinite(days * 86400.0)):
@@ -92,8 +95,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
         with _open(args.file) as store:
             window = None if args.window_days is None else args.window_days * 86400.0
             stats = store.stats(window)
+            damage = damaged_state(store)
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError) as exc:
         return _fail(exc)
+    # the counts are sound whatever the snapshot holds; its damage is said, not shown as sound weights
+    stats["snapshot_error"] = None if damage is None else str(damage)
+    if damage is not None:
+        print(f"rlfb: warning: {damage}", file=sys.stderr)
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=True))
         return 0
