@@ -15,6 +15,7 @@ encodings are left as they are.
     RLFB_DATASETS=$(realpath ../shared/datasets) HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 \\
         .venv/bin/python benchmarks/float_sensitivity.py --dataset scifact --policy thompson --salts 8 --jobs 2
 
+Any other option is handed to ``rlfb simulate`` (``--learner-option transfer_weight=0``, ``--no-memory``).
 Nothing here is used by rlfb; each run is a separate process (``--salt`` runs one), so that nothing
 cached in memory is shared between them.
 """
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         path = out / f"{salt or 'as-is'}.json"
         cmd = [sys.executable, __file__, "--salt", salt, "--perturb", str(args.perturb),
                "--dataset", str(folder), "--policy", args.policy, "--seeds", str(args.seeds),
-               "--interactions", str(args.interactions), "--quiet", "--json", str(path)]
+               "--interactions", str(args.interactions), "--quiet", "--json", str(path), *rest]
         subprocess.run(cmd, check=True, env=os.environ.copy(), stdout=subprocess.DEVNULL)
         return _figures(path)
 
