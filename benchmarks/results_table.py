@@ -96,7 +96,7 @@ def find_results(root: Path) -> dict[str, dict[str, dict]]:
 SAME_EXPERIMENT = ("seeds", "split", "stream_split", "user", "click_model", "interactions", "explicit_rate", "noise",
                    "reformulation_rate", "mean_delay", "late_rate", "late_delay", "k", "answer_k", "candidate_k",
                    "retrievers", "models", "max_heldout", "max_seen", "max_grade", "spacing", "grid_step", "rrf_c",
-                   "reward", "attribution_window", "fusion")
+                   "reward", "attribution_window", "fusion", "dataset_sha256")
 
 
 def mismatched(results: dict[str, dict]) -> list[str]:

@@ -9,6 +9,7 @@ folder that holds such collections by name.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -66,6 +67,24 @@ class BeirDataset:
         no_text = sum(q not in self.queries for q in judged)
         no_relevant = sum(q in self.queries and not any(g > 0 for g in r.values()) for q, r in judged.items())
         return {"no_text": no_text, "no_relevant": no_relevant}
+
+    def digest(self) -> str:
+        """A sha256 of what a run reads of the collection: each chunk's id and text, in corpus order (which
+        breaks ties), each query's text and each split's judgments; a simulation records it, so that two
+        runs' figures are known to come from the same data.
+
+        >>> a = BeirDataset("x", [Chunk("d1", "text")], {"q1": "question"}, {"test": {"q1": {"d1": 1}}})
+        >>> b = BeirDataset("y", [Chunk("d1", "text")], {"q1": "question"}, {"test": {"q1": {"d1": 2}}})
+        >>> a.digest() == BeirDataset("z", a.corpus, a.queries, a.qrels).digest(), a.digest() == b.digest()
+        (True, False)
+        """
+        h = hashlib.sha256()
+        for chunk in self.corpus:
+            h.update(json.dumps([chunk.id, chunk.text]).encode())
+        h.update(json.dumps(sorted(self.queries.items())).encode())
+        h.update(json.dumps({s: {q: dict(r) for q, r in j.items()} for s, j in self.qrels.items()},
+                            sort_keys=True).encode())
+        return h.hexdigest()
 
     def left_out_notes(self, name: str = "test") -> list[str]:
         """The ``rlfb: left out ...`` lines of split ``name`` that ``rlfb evaluate`` and ``rlfb simulate``

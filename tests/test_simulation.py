@@ -556,6 +556,24 @@ def test_a_question_judged_in_both_splits_is_held_out_and_never_streamed() -> No
     assert run["distinct_asked"] <= 30
 
 
+def test_each_run_says_how_many_stream_questions_were_left_out_as_repeats() -> None:
+    # the JSON said how many questions were streamed, not how many the held-out set cost the stream
+    from dataclasses import replace
+
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    ids = sorted(data.qrels["test"])
+    queries = {**data.queries, ids[20]: data.queries[ids[0]]}  # a train question worded as a test one
+    split = replace(data, queries=queries, qrels={"test": {q: data.qrels["test"][q] for q in ids[:20]},
+                                                  "train": {q: data.qrels["test"][q] for q in ids[20:]}})
+    config = SimulationConfig(policy="fixed", interactions=10, seeds=(0,), checkpoints=1, retrievers=("bm25",))
+    result = simulate(split, config)
+    run = result["runs"][0]
+    assert run["stream_left_out"] == {"same_text": 1, "near": 0}  # BM25 alone: no embedding to be near by
+    assert run["stream_queries"] == len(ids) - 21
+    # and which data the figures come from, which a folder's path alone does not say
+    assert result["config"]["dataset_sha256"] == split.digest() != data.digest()
+
+
 def test_the_users_read_grades_on_the_stream_splits_own_scale() -> None:
     """Binary stream judgments are grade 4 whatever the held-out split's scale: a graded test split made a
     relevant train chunk grade 1 (P(click) 0.3 instead of 0.95), so held-out judgments changed the feedback."""

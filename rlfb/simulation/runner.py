@@ -221,6 +221,7 @@ class Prepared:
     k: int | None = None  # what the contexts were made for (None: not recorded, so not checked)
     split: str | None = None
     stream_split: str | None = None
+    digest: str | None = None  # the collection's (BeirDataset.digest), recorded in each run's settings
 
     def check_for(self, dataset: BeirDataset, config: SimulationConfig) -> None:
         """Raise :class:`ValidationError` where ``config`` (or ``dataset``) is not what this was prepared for:
@@ -274,7 +275,7 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
     return Prepared(
         dataset, dict(ens.retrievers), ens.chunks, contexts, qrels, stream_qrels, max(grades, default=1),
         config.fusion, config.candidate_k, index_seconds, context_seconds, config.k, config.split,
-        config.stream_split,
+        config.stream_split, dataset.digest(),
     )
 
 
@@ -644,6 +645,9 @@ def run_seed(
         "curve": curve,
         "weights": ens.learner.weights(),
         "stream_queries": len(stream),
+        # the stream questions left out as repeats of held-out ones, by text and by embedding: what the
+        # held-out figure's "never asked" cost the stream
+        "stream_left_out": {"same_text": parts.same_text, "near": parts.near},
         "heldout_queries": len(heldout),
         "distinct_asked": len(asked),
         "mean_times_asked": float(np.mean(list(asked.values()))),
@@ -743,6 +747,7 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
         # ... and the split itself only where it was read: "train" on a collection without one misled readers
         "stream_split": config.stream_split if prep.stream_qrels is not None else None,
         "dropped_queries": {split: prep.dataset.dropped_queries(split) for split in splits},
+        "dataset_sha256": getattr(prep, "digest", None),  # what a path alone does not tell: the data's content
     }
 
 
