@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -104,7 +105,7 @@ def _naive_store(path: str, synchronous: str) -> Database:
     return db
 
 
-def _timed(items: list[dict], write) -> tuple[float, float]:  # noqa: ANN001
+def _timed(items: list[dict], write: Callable[[dict], object]) -> tuple[float, float]:
     start, cpu = time.perf_counter(), time.process_time()
     for item in items:
         write(item)

@@ -52,16 +52,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each mode; the median is printed")
     args = parser.parse_args()
     for policy in ("thompson", "gradient", "batch"):
-        runs: dict[str, list[tuple[float, float]]] = {"every": [], "throttled": [], "alone": []}
+        runs: dict[str, list[tuple[float, float]]] = {"every": [], "alone": [], "throttled": [], "alone_long": []}
         for _ in range(max(1, args.repeats)):  # interleaved: a change of load falls on every mode
             runs["every"].append(rate(policy, args.feedback, args.chunks, 0.0))
-            runs["throttled"].append(rate(policy, args.throttled_feedback, args.chunks, 1.0))
             runs["alone"].append(rate(policy, args.feedback, args.chunks, None))
-        every, throttled, alone = (statistics.median(r for r, _ in runs[m]) for m in ("every", "throttled", "alone"))
+            # each learning mode against recording as many feedbacks: a longer run's store is larger
+            runs["throttled"].append(rate(policy, args.throttled_feedback, args.chunks, 1.0))
+            runs["alone_long"].append(rate(policy, args.throttled_feedback, args.chunks, None))
+        every, alone, throttled, alone_long = (statistics.median(r for r, _ in runs[m]) for m in runs)
         spanned = statistics.median(s for _, s in runs["throttled"])
         print(f"{policy:<9} {every:6.0f} feedback/s with a snapshot each ({alone / every:5.1f}x slower than "
-              f"recording alone), {throttled:6.0f}/s with one a second over {spanned:.1f} s "
-              f"({alone / throttled:4.1f}x); recording alone {alone:6.0f}/s")
+              f"recording {args.feedback} alone, {alone:6.0f}/s), {throttled:6.0f}/s with one a second over "
+              f"{spanned:.1f} s ({alone_long / throttled:4.1f}x recording {args.throttled_feedback} alone, "
+              f"{alone_long:6.0f}/s)")
 
 
 if __name__ == "__main__":

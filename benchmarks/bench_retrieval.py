@@ -35,9 +35,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from langchain_core.retrievers import BaseRetriever
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,20 +76,34 @@ def precomputed_embeddings(documents: dict[str, list[float]], queries: dict[str,
 
 
 def numpy_dense_retriever(texts: list[str], ids: list[str], vectors: np.ndarray, queries: dict[str, np.ndarray],
-                          k: int = 10):  # noqa: ANN201
+                          k: int = 10) -> BaseRetriever:
     """A LangChain retriever searching ``vectors`` as rlfb's dense retriever does: one matrix product, then
     ``argpartition`` and a sort of the top ``k`` (the query's vector looked up, as both sides' are)."""
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
 
     class NumpyDense(BaseRetriever):
-        def _get_relevant_documents(self, query: str, *, run_manager) -> list[Document]:  # noqa: ANN001
+        def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                    ) -> list[Document]:
             scores = vectors @ queries[query]
             top = np.argpartition(-scores, k)[:k]
             top = top[np.argsort(-scores[top])]
             return [Document(page_content=texts[i], id=ids[i], metadata={"score": float(scores[i])}) for i in top]
 
     return NumpyDense()
+
+
+def interleaved_ms(fns: dict[str, Callable[[str], object]], items: list[str]) -> dict[str, float]:
+    """The median ms of each of ``fns`` over ``items``, the functions taking turns on each item: a change of
+    the machine's load falls on all of them, where timing one after another compared other moments."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for item in items:
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn(item)
+            times[name].append((time.perf_counter() - t) * 1000)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def median_ms(fn, items) -> float:  # noqa: ANN001
@@ -158,17 +177,17 @@ def main() -> None:
     store.add_texts(texts, ids=ids)
     lc = EnsembleRetriever(retrievers=[lc_bm25, store.as_retriever(search_kwargs={"k": 10})], weights=[0.5, 0.5])
     print(f"LangChain index: {time.perf_counter() - t:.1f}s")
-    lc.invoke(queries[0])
-    lc_ms = median_ms(lc.invoke, timed)
-    # the same ensemble with rlfb's kind of vector search, and each of LangChain's parts alone
+    # the same ensemble with rlfb's kind of vector search, and each of LangChain's parts alone, taking turns
     vs = store.as_retriever(search_kwargs={"k": 10})
     np_dense = numpy_dense_retriever(texts, ids, doc_vecs, dict(zip(queries, query_vecs, strict=True)))
     lc_np = EnsembleRetriever(retrievers=[lc_bm25, np_dense], weights=[0.5, 0.5])
     lc_np.invoke(queries[0])
-    lc_np_ms = median_ms(lc_np.invoke, timed)
-    parts = {"rank_bm25 BM25Retriever": median_ms(lc_bm25.invoke, timed),
-             "InMemoryVectorStore retriever": median_ms(vs.invoke, timed),
-             "numpy dense retriever (as rlfb's)": median_ms(np_dense.invoke, timed)}
+    lc.invoke(queries[0])
+    timings = interleaved_ms({"ensemble": lc.invoke, "numpy ensemble": lc_np.invoke,
+                              "rank_bm25 BM25Retriever": lc_bm25.invoke, "InMemoryVectorStore retriever": vs.invoke,
+                              "numpy dense retriever (as rlfb's)": np_dense.invoke}, timed)
+    lc_ms, lc_np_ms = timings.pop("ensemble"), timings.pop("numpy ensemble")
+    parts = timings
     print("\nBM25 + dense, median per query (same vectors, cached query embedding):")
     print(f"  LangChain EnsembleRetriever  {lc_ms:10.1f} ms  (rank_bm25 + InMemoryVectorStore, as an app builds it)")
     print(f"  the same, numpy vector search{lc_np_ms:10.1f} ms  (rank_bm25 + a retriever searching as rlfb's does)")

@@ -46,7 +46,8 @@ def policy_key(result: dict) -> str:
     """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix; a run given
     ``--policy-option`` or ``--learner-option`` values has them after it (``thompson cf_min_questions=10``,
     ``thompson learner.relevance_feedback_weight=0.1``), as its table row does, and a fusion other than
-    min-max after those (``gradient fusion="zscore"``): the tuned and oracle weights search the learner's fusion."""
+    min-max after those (``gradient fusion="zscore"``): the tuned and oracle weights search the learner's fusion;
+    and a run of ``float_sensitivity.py`` its perturbation."""
     config = result["config"]
     key = config["policy"] + ("" if config.get("memory", True) else "_nomem")
     # the learner's settings named apart: thompson's epsilon is a policy option and a learner setting both
@@ -54,6 +55,8 @@ def policy_key(result: dict) -> str:
                **{f"learner.{k}": v for k, v in (config.get("learner_overrides") or {}).items()}}
     if config.get("fusion", "minmax") != "minmax":
         options["fusion"] = config["fusion"]
+    if config.get("perturbation"):  # a run of benchmarks/float_sensitivity.py: not the code's own figure
+        options["perturbation"] = config["perturbation"]
     return key + "".join(f" {name}={json.dumps(value)}" for name, value in sorted(options.items()))
 
 

@@ -917,10 +917,28 @@ def test_a_state_learned_at_any_weight_and_time_loads_as_it_was_saved(name):
         rewards[rng.integers(n, size=int(rng.integers(0, 3)))] = rng.uniform(-1.5, 1.5)
         logged = rng.random(3) if i % 9 else [float("nan"), 1.0, 1.0]
         ep = _episode(logged, rng.random((n, 3)) * 10.0 ** rng.uniform(-2, 2), rewards, float(rng.uniform(-1, 1)),
-                      qtype=str(rng.choice(["A", "B", ""])), eid=f"e{i}")
+                      qtype=str(rng.choice(["A", "B", "", "*"])), eid=f"e{i}")  # "*" names thompson's global scope
         t = 0.0 if i % 4 == 0 else 1_700_000_000.0 + rng.uniform(-1e6, 1e6)
         policy.learn(dataclass_replace(ep, timestamp=t), ep.reward, weight=float(rng.choice([1.0, 0.25, 1e-9, 7.5])))
     _loads_as_saved(name, policy, json.loads(json.dumps(policy.state_dict(), allow_nan=False)), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["thompson", "epsilon"])
+def test_a_query_type_named_as_the_global_scope_is_learned_once(name):
+    # an episode of query type "*" (a caller's log_event(query_type="*")) was learned into the global scope twice:
+    # its counts ran to twice the updates, and the check of them refused the policy's own saved state
+    policy = make_policy(name, RETRIEVERS, seed=0, forget=1.0, half_life_days=None)
+    for i in range(5):
+        policy.learn(_episode([0.3, 0.3, 0.4], np.eye(3)[[0, 1, 2, 0]], np.array([1.0, 0, 0, 0]), 1.0,
+                              qtype="*", eid=f"e{i}"), 1.0)
+    state = json.loads(json.dumps(policy.state_dict()))
+    assert sorted(state["state"]["stats"]) == ["*"]
+    assert np.asarray(state["state"]["stats"]["*"])[0].sum() == pytest.approx(5.0)
+    _loads_as_saved(name, policy, state, forget=1.0, half_life_days=None)
+    # a state saved while it was learned twice still loads
+    doubled = json.loads(json.dumps(state))
+    doubled["state"]["stats"]["*"] = (np.asarray(doubled["state"]["stats"]["*"]) * 2).tolist()
+    make_policy(name, RETRIEVERS, seed=0, forget=1.0, half_life_days=None).load_state_dict(doubled)
 
 
 def _click_rows(ev, change):

@@ -162,6 +162,12 @@ def test_runs_of_one_collection_with_other_settings_are_refused(tmp_path: Path, 
     done = table(tmp_path)
     assert done.returncode == 0, done.stderr
     assert '| cranfield | **gradient (fusion="zscore")** |' in done.stdout
+    # a run of benchmarks/float_sensitivity.py is labelled, not tabled as the code's own figure
+    moved = {**output, "config": {**output["config"], "perturbation": {"scale": 3e-7, "salt": "s1"}}}
+    (tmp_path / "cranfield_gradient.json").unlink()
+    write(tmp_path / "cranfield_thompson.json", moved, policy="thompson", dataset="cranfield")
+    done = table(tmp_path)
+    assert '| cranfield | **thompson (perturbation={"scale": 3e-07, "salt": "s1"})** |' in done.stdout
 
 
 def test_a_held_out_split_some_seeds_lack_is_named_not_tabled(tmp_path: Path, output: dict) -> None:

@@ -808,12 +808,15 @@ def test_the_environment_names_the_packages_files_that_differ_from_the_commit(mo
     # a run of changed code recorded the commit alone, as if it were that commit's
     from rlfb.simulation import runner
 
-    answers = {("rev-parse", "HEAD"): "2fbee23", ("diff", "--name-only", "HEAD", "--", "rlfb"): "rlfb/fusion.py",
-               ("ls-files", "--others", "--exclude-standard", "--", "rlfb"): "rlfb/new_policy.py"}
+    diff = ("diff", "--name-only", "HEAD", "--", "rlfb")
+    others = ("ls-files", "--others", "--exclude-standard", "--", "rlfb")
+    answers = {("rev-parse", "HEAD"): ["2fbee23"], diff: ["rlfb/fusion.py"], others: ["rlfb/new_policy.py"]}
     monkeypatch.setattr(runner, "_git", lambda *args: answers.get(args))
     env = runner.environment()
     assert env["commit"] == "2fbee23" and env["uncommitted"] == ["rlfb/fusion.py", "rlfb/new_policy.py"]
-    answers = {("rev-parse", "HEAD"): "2fbee23"}  # git prints nothing for a clean tree
+    answers.update({diff: [], others: []})  # a clean tree
     assert runner.environment()["uncommitted"] == []
+    answers[diff] = None  # git failing is not a clean tree
+    assert runner.environment()["uncommitted"] is None
     answers.clear()  # an installed wheel: no checkout to ask
     assert runner.environment()["commit"] is None and runner.environment()["uncommitted"] is None

@@ -606,18 +606,19 @@ class ThompsonPolicy(BasePolicy):
         if arm is None or weight == 0.0:
             return self
         t = episode_time(episode)
+        # the global scope, and the episode's query type's; a type named as the global scope ("*", which a
+        # caller's log_event(query_type=...) can give) is that scope, learned once (it was learned twice)
+        scopes = [GLOBAL]
+        if self.hyper.contextual and episode.query_type and str(episode.query_type) != GLOBAL:
+            scopes.append(str(episode.query_type))
         u = self._utility(episode) if self.hyper.counterfactual else None
-        if u is not None:
-            self._learn_counterfactual(GLOBAL, episode, u, weight, t)
-            if self.hyper.contextual and episode.query_type:
-                self._learn_counterfactual(str(episode.query_type), episode, u, weight, t)
-        elif self.hyper.counterfactual:
-            self._age_counterfactual(GLOBAL, t)
-            if self.hyper.contextual and episode.query_type:
-                self._age_counterfactual(str(episode.query_type), t)
-        self._add(GLOBAL, arm, r, weight, t)
-        if self.hyper.contextual and episode.query_type:
-            self._add(str(episode.query_type), arm, r, weight, t)
+        for scope in scopes:
+            if u is not None:
+                self._learn_counterfactual(scope, episode, u, weight, t)
+            elif self.hyper.counterfactual:
+                self._age_counterfactual(scope, t)
+        for scope in scopes:
+            self._add(scope, arm, r, weight, t)
         self._n_updates += weight
         self._move_default()
         return self
@@ -701,8 +702,9 @@ class ThompsonPolicy(BasePolicy):
                 raise CorruptStateError(f"arm statistics for {key!r} are out of range: with rewards in [-1, 1], "
                                         "an arm's reward sum and sum of squares are at most its count")
             # each update adds at most its weight to one arm's count and decays the rest: the counts sum to at most
-            # the n_updates learned (a count of 1e300 made that arm certain)
-            check_at_most(f"arm statistics for {key!r}: their count", n.sum(), self._n_updates)
+            # the n_updates learned (a count of 1e300 made that arm certain); the global scope's to twice that,
+            # as rlfb before 2026-12-05 learned an episode of query type "*" into it twice
+            check_at_most(f"arm statistics for {key!r}: their count", n.sum(), self._n_updates * _times(key))
             stats[str(key)] = arr
         # a clock is the time of the latest reward: an infinite one (1e999 reads as inf) made every later reward
         # count as infinitely late, weight 0, so the policy silently stopped learning; one far in the future (1e15)
@@ -716,7 +718,9 @@ class ThompsonPolicy(BasePolicy):
             str(k): ClickEvidence(self.n_arms, self.hyper.cf_max_queries).load_state_dict(v)
             for k, v in saved_clicks.items()
         }
-        saved_times("thompson's clock", list(clock.values()))  # after the click evidence's, the earlier of the two
+        # checked after the click evidence loaded and checked its own clock, which is never past this one
+        # (_check_scopes): a far-future time is named where it was first written, in the click evidence
+        saved_times("thompson's clock", list(clock.values()))
         self._check_scopes(stats, clock, clicks)
         self._stats, self._clock = stats, clock
         self._clicks = clicks
@@ -746,7 +750,13 @@ class ThompsonPolicy(BasePolicy):
                 raise CorruptStateError(f"click evidence of {key!r} has a clock ({ev.clock:g}) past its arm "
                                         f"statistics' ({clock.get(key, 0.0):g}): field 'clock' lost or moved it")
             # a click adds at most its episode's weight, as the arm statistics do
-            check_at_most(f"click evidence of {key!r}: its weight", ev.n, self._n_updates)
+            check_at_most(f"click evidence of {key!r}: its weight", ev.n, self._n_updates * _times(key))
+
+
+def _times(scope: str) -> int:
+    """How many times an update could add to ``scope``: the global scope twice (an episode of query type "*"
+    was learned into it twice before 2026-12-05, and states saved then must load), a query type's once."""
+    return 2 if scope == GLOBAL else 1
 
 
 class EpsilonGreedyPolicy(ThompsonPolicy):

@@ -747,7 +747,7 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
         # ... and the split itself only where it was read: "train" on a collection without one misled readers
         "stream_split": config.stream_split if prep.stream_qrels is not None else None,
         "dropped_queries": {split: prep.dataset.dropped_queries(split) for split in splits},
-        "dataset_sha256": getattr(prep, "digest", None),  # what a path alone does not tell: the data's content
+        "dataset_sha256": prep.digest,  # what a path alone does not tell: the data's content
     }
 
 
@@ -783,13 +783,13 @@ def environment() -> dict[str, Any]:
     threads = {var: os.environ.get(var) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     threads["torch"] = torch.get_num_threads() if torch is not None else None
     return {"python": platform.python_version(), "machine": platform.machine(), "processor": _processor(),
-            "packages": versions, "commit": _git("rev-parse", "HEAD"), "threads": threads,
+            "packages": versions, "commit": _commit(), "threads": threads,
             "uncommitted": _uncommitted()}
 
 
-def _git(*args: str) -> str | None:
-    """What git prints for ``args`` in the checkout the rlfb source runs from (the version alone, 0.1.0, does
-    not tell two sessions' code apart); ``None`` for an installed wheel, without git, or where git fails."""
+def _git(*args: str) -> list[str] | None:
+    """The lines git prints for ``args`` in the checkout the rlfb source runs from (``[]`` where it prints
+    nothing); ``None`` for an installed wheel, without git, or where git fails."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
@@ -800,18 +800,27 @@ def _git(*args: str) -> str | None:
                               check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else None
+
+
+def _commit() -> str | None:
+    """The git commit of the rlfb source running, where it runs from a checkout (the version alone, 0.1.0,
+    does not tell two sessions' code apart)."""
+    head = _git("rev-parse", "HEAD")
+    return head[0] if head else None
 
 
 def _uncommitted() -> list[str] | None:
     """The package's files that differ from the commit recorded (changed, added, removed): a run of changed
-    code is not that commit's. ``[]`` for a clean checkout; ``None`` where :func:`_git` cannot tell."""
-    if _git("rev-parse", "HEAD") is None:
+    code is not that commit's. ``[]`` for a clean checkout; ``None`` where git cannot tell (no checkout, or a
+    git command failing: a failure must not read as a clean tree)."""
+    if _commit() is None:
         return None
-    # a path a line (git prints nothing, so None here, where nothing differs)
-    changed = _git("diff", "--name-only", "HEAD", "--", "rlfb") or ""
-    added = _git("ls-files", "--others", "--exclude-standard", "--", "rlfb") or ""
-    return sorted({line for line in (*changed.splitlines(), *added.splitlines()) if line})
+    changed = _git("diff", "--name-only", "HEAD", "--", "rlfb")
+    added = _git("ls-files", "--others", "--exclude-standard", "--", "rlfb")
+    if changed is None or added is None:
+        return None
+    return sorted({*changed, *added})
 
 
 def _processor() -> str:
