@@ -157,3 +157,9 @@ def test_scores_near_the_float_limit_keep_their_order(normalize) -> None:
     out = normalize(huge).ravel()
     assert np.isfinite(out).all() and out[0] > out[3] > out[1]
     np.testing.assert_allclose(normalize(huge[[0, 1, 3]]), normalize(np.array([[10.0], [-10.0], [5.0]])))
+
+
+def test_minmax_spans_the_scores_a_retriever_gave_not_its_missing_ones() -> None:
+    # a missing score filled with 0 before the span was taken made 0 the floor: 0.7 of [0.7, 0.9] scored 0.78
+    # instead of 0
+    assert minmax_normalize(np.array([[0.7], [0.9], [np.nan]])).ravel().tolist() == [0.0, 1.0, 0.0]

@@ -188,3 +188,9 @@ def test_evaluate_run_refuses_a_bad_measure_even_with_no_query_judged(measures) 
     for qrels in ({"q": {"a": 1}}, {}):
         with pytest.raises(ValidationError):
             evaluate_run({"q": ["a"]}, qrels, measures)
+
+
+def test_a_judged_query_missing_from_the_run_scores_zero() -> None:
+    # trec_eval's -c: a judged query the run has no ranking for counts as 0, not as absent (skipping it would
+    # raise every mean by the queries a system failed to answer)
+    assert evaluate_run({"q1": ["a"]}, {"q1": {"a": 1}, "q2": {"b": 1}}, [("p", 1)]) == {"p@1": 0.5}

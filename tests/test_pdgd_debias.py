@@ -165,3 +165,28 @@ def test_the_sampling_temperature_is_exported(tmp_path):
         assert rows[sampled]["sampling_temperature"] == pytest.approx(logged)
         assert rows[greedy]["sampling_temperature"] is None
         assert "sampling_temperature" in ens.store.to_dataframe().columns
+
+
+def test_the_debiasing_weight_reads_the_logged_weights() -> None:
+    # rho must come from the ranking the user saw (the logging weights), not the current ones: a click on a
+    # chunk the logger ranked first is partly explained by its place, so two loggers teach different steps
+    X = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    clicks = np.array([0.0, 1.0, 0.0])
+
+    def final(logged: list[float]) -> np.ndarray:
+        policy = GradientPolicy(["a", "b"], evidence_z=0.0, seed=0)
+        for i in range(5):
+            policy.learn(Episode(f"e{i}", "q", ("a", "b"), Decision(dict(zip("ab", logged, strict=True))),
+                                 ("c1", "c2", "c3"), X, clicks, 1.0), 1.0)
+        return np.array(list(policy.weights().values()))
+
+    assert not np.allclose(final([0.95, 0.05]), final([0.05, 0.95]))
+
+
+def test_the_learning_rate_decays_as_one_over_the_root_of_the_updates() -> None:
+    # learning_rate / sqrt(1 + t / lr_decay): at t = 3 lr_decay, half the rate (1 / (1 + t / d) gave a quarter)
+    policy = GradientPolicy(["a", "b"], seed=0)
+    no_preference = Episode("e", "q", ("a", "b"), Decision({"a": 0.5, "b": 0.5}), ("c1", "c2"),
+                            np.eye(2), np.zeros(2), 0.0)
+    policy.learn(no_preference, 0.0, weight=3 * policy.hyper.lr_decay)  # counted, nothing to learn from
+    assert policy._lr() == pytest.approx(policy.hyper.learning_rate / 2)

@@ -307,3 +307,11 @@ def test_a_rating_at_the_middle_of_a_custom_scale_is_neutral():
     # the midpoint was fixed at 3, the middle of 1..5: on a 0..10 scale a 5 read as praise (0.4) and a 0 as -0.6
     rf = RewardFunction(RewardConfig(rating_min=0, rating_max=10))
     assert [rf.signal_value(rating=r) for r in (0, 5, 10)] == [-1.0, 0.0, 1.0]
+
+
+def test_an_events_reward_is_clipped_once_at_the_end_whatever_the_order() -> None:
+    # clipped after each signal, two thumbs up then one down gave 0.0, and the other order -1.0
+    rf = RewardFunction()
+    signals = [("thumbs_up", 0), ("thumbs_up", 0), ("thumbs_down", 0)]
+    assert rf.compute(0, signals) == 1.0
+    assert rf.compute(0, signals[::-1]) == rf.compute(0, signals)

@@ -93,6 +93,25 @@ def test_the_user_reads_down_to_the_last_position_of_its_depth() -> None:
     assert user.clicks(["x", "y", "z", "r"], {"r": 1}) == []  # one past the depth is not read
 
 
+def test_a_chunk_passed_over_never_ends_the_scan() -> None:
+    # cascade: the stop probability is drawn after a click only; drawn after a chunk passed over too, the relevant
+    # chunk below an irrelevant one was clicked 77 % of the time instead of 94 %
+    user = SimulatedUser("navigational", explicit_rate=0.0, reformulation_rate=0.0, seed=3)
+    nav = CLICK_MODELS["navigational"]
+    rate = np.mean(["r" in user.clicks(["n", "r"], {"r": 1}) for _ in range(4000)])
+    # reached unless a noise click on "n" (p 0.05) was followed by a stop (p 0.2); then clicked with p 0.95
+    assert rate == pytest.approx((1 - nav.click[0] * nav.stop[0]) * nav.click[4], abs=0.02)
+
+
+def test_the_answer_is_judged_on_its_top_answer_k_chunks_the_last_included() -> None:
+    # a relevant chunk at rank answer_k is in the answer: a thumb up, and no restated question
+    user = SimulatedUser("perfect", explicit_rate=1.0, reformulation_rate=1.0, answer_k=3, seed=0)
+    shown = user.interact(["a", "b", "r", "d"], {"r": 1})
+    assert shown.explicit == "explicit_positive" and not shown.reformulated
+    below = user.interact(["a", "b", "d", "r"], {"r": 1})
+    assert below.explicit == "explicit_negative" and below.reformulated
+
+
 @pytest.mark.parametrize(("setting", "value"), [("late_delay", -1.0), ("late_delay", float("nan")),
                                                 ("mean_delay", "1"), ("answer_k", 0), ("depth", -1),
                                                 ("max_grade", 0), ("max_grade", 2.5), ("answer_k", True)])
