@@ -1136,3 +1136,23 @@ def test_feedback_without_a_time_after_timed_feedback_counts_whole():
     mem.update("q", None, ["y"], [0.3])
     fresh.update("q", None, ["y"], [0.3])
     assert mem.score("q", None, ["y"])[0] == pytest.approx(fresh.score("q", None, ["y"])[0])
+
+
+def test_a_question_found_by_its_embedding_as_an_exact_repeat_counts_once() -> None:
+    # a remembered question within the exact-repeat cosine was counted as the exact repeat and again as a
+    # similar question's transfer: another wording of it scored its chunks higher than the question itself
+    embedding = np.array([1.0, 0.0, 0.0])
+    for gate in (1.0, 0.5):
+        memory = FeedbackMemory(transfer_gate=gate, transfer_weight=0.5)
+        memory.update("what causes tides", embedding, ["c1", "c2"], [0.4, -0.2])
+        by_text = memory.score("what causes tides", embedding, ["c1", "c2"], touch=False)
+        assert np.allclose(memory.score("why do tides happen", embedding, ["c1", "c2"], touch=False), by_text)
+
+
+def test_a_short_question_padded_with_spaces_keeps_its_text_as_its_key() -> None:
+    # the key is hashed by the normalised question's length, not the raw one: padding made a short question
+    # a hashed one, and its memory unreadable by text
+    from rlfb.memory import HASHED_KEY, MAX_KEY_CHARS, question_key
+
+    padded = "what causes" + " " * (MAX_KEY_CHARS + 10) + "tides?"
+    assert not question_key(padded).startswith(HASHED_KEY) and question_key(padded) == padded

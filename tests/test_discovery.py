@@ -205,3 +205,15 @@ def test_praise_of_the_whole_answer_is_not_a_click_on_its_top_chunk():
     # the thumbs up taught the memory the answer's chunks: a click on u3, still unknown, on top is a click
     learner.learn(episode("e2", [3, 0, 1, 2], [0.4, 0.0, 0.0, 0.0], False))
     assert learner.discovery.state_dict() != before
+
+
+def test_discovery_skips_a_chunk_the_memory_knows_to_be_bad_as_well_as_a_good_one() -> None:
+    # "unknown" read as "no positive evidence": a chunk the users had passed over (negative evidence) was moved
+    # to the top as a discovery
+    discovery = RepeatDiscovery(max_rate=1.0, seed=0)
+    for _ in range(8):
+        discovery.observe(clicked=True)
+    ids = ["good", "bad", "new"]
+    moved = discovery.explore(np.array([0, 1, 2]), np.array([0, 1, 2]), ids, {"good": 0.8, "bad": -0.3}, asks=3)
+    assert moved is not None and moved.explored
+    assert ids[int(moved.order[0])] == "new"

@@ -246,3 +246,21 @@ def test_an_unlogged_greedy_ranking_changes_no_learned_state(tmp_path) -> None:
     ens.retrieve("moon tides", k=3, explore=False)  # a ranking a user is shown does count as a use
     assert state() != before
     ens.close()
+
+
+def test_a_chunk_only_a_member_found_ranks_below_every_pooled_candidate_in_a_corpus_retrievers_column() -> None:
+    # a member's chunk outside the index took rank 1 in BM25's column (its rank tail lost the pool's offset),
+    # so RRF gave it BM25's top rank as well as the member's
+    from rlfb.members import SearchMember
+    from rlfb.types import Chunk
+
+    outside = Chunk("web1", "tides tides tides moon sea")
+    member = SearchMember("web", lambda q, k: [(outside, 1.0)])
+    ens = FeedbackEnsemble.from_texts(["tides follow the moon", "the moon pulls the sea", "tides rise twice a day",
+                                       "volcanoes erupt lava"], ids=["a", "b", "c", "d"], retrievers=("bm25",),
+                                      members=[member], fusion="rrf")
+    ctx = ens.context("tides moon")
+    i = list(ctx.candidate_ids).index("web1")
+    col = list(ctx.retrievers).index("bm25")
+    others = [j for j in range(len(ctx.candidate_ids)) if j != i]
+    assert ctx.ranks[i, col] > ctx.ranks[others, col].max()

@@ -854,3 +854,52 @@ def test_the_bound_on_future_times_is_thirty_days_past_this_machines_clock():
     _not_future("t", time.time() + 29 * 86_400)  # a clock days fast: taken
     with pytest.raises(ValidationError, match="30 days in the future"):
         _not_future("t", time.time() + 31 * 86_400)
+
+
+def test_the_memorys_offset_is_in_units_of_the_fusions_score_scale() -> None:
+    # without the scale, the memory's evidence outweighed RRF-sized scores (about 1/61) and vanished beside
+    # large ones: the learned order depended on the fusion's units
+    from rlfb.policies._util import score_scale
+
+    config = LearnerConfig(confidence_weight=0.0, exploration="none", discovery_rate=0.0)
+    orders = []
+    for unit in (1.0 / 61, 1.0, 10.0):
+        learner = Learner(("r0",), "fixed", config, weights={"r0": 1.0}, seed=0)
+        learner.memory.update("tides", None, ["b"], [0.4])
+        scores = unit * np.array([[1.0], [0.5], [0.2]])
+        ranked = learner.rank(Context("tides", ("r0",), ("a", "b", "x"), scores.copy(), scores), 3,
+                              explore=False, touch=False)
+        assert np.allclose(ranked.fused - scores[:, 0], score_scale(scores) * ranked.memory)
+        orders.append(ranked.order.tolist())
+    assert orders[0] == orders[1] == orders[2]
+
+
+def test_relevance_feedback_is_weighed_by_the_memory_weight_too() -> None:
+    # scale * memory_weight * relevance_feedback_weight * likeness: the memory weight was left out of it
+    from rlfb.policies._util import score_scale
+
+    config = LearnerConfig(confidence_weight=0.0, exploration="none", discovery_rate=0.0, memory_weight=2.0,
+                           relevance_feedback_weight=0.5)
+    learner = Learner(("r0",), "fixed", config, weights={"r0": 1.0}, seed=0)
+    learner.memory.update("tides", None, ["a"], [0.4])
+    ids = ("a", "b", "c")
+    vectors = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]], dtype=np.float32)
+    scores = np.array([[0.2], [0.5], [1.0]])
+    ranked = learner.rank(Context("tides", ("r0",), ids, scores.copy(), scores, candidate_embeddings=vectors), 3,
+                          explore=False, touch=False)
+    likeness = learner.memory.relevance_feedback("tides", list(ids), vectors)
+    s = score_scale(scores)
+    assert np.allclose(ranked.fused, scores[:, 0] + s * 2.0 * ranked.memory + s * 2.0 * 0.5 * likeness)
+
+
+def test_a_sampled_ranking_shorter_than_k_is_filled_up_from_the_fused_ranking() -> None:
+    # a policy that samples only its first choices left the list short of k
+    class FirstOnly(FixedPolicy):
+        def decide(self, context: Context, *, explore: bool = True) -> Decision:
+            return dataclasses.replace(super().decide(context, explore=explore), ranking=(2,))
+
+    learner = Learner(("r0",), FirstOnly(("r0",)), LearnerConfig(memory_weight=0.0, confidence_weight=0.0,
+                                                                 exploration="none"), seed=0)
+    scores = np.array([[1.0], [0.8], [0.1], [0.5]])
+    assert learner.rank(Context("q", ("r0",), ("a", "b", "c", "d"), scores.copy(), scores), 3).order.tolist() == [
+        2, 0, 1]

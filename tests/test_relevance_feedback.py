@@ -144,3 +144,11 @@ def test_contexts_kept_for_later_feedback_do_not_hold_the_embeddings(tmp_path):
     ens.feedback(result.event_id, "thumbs_up")  # learning from it needs none
     assert ens.learner.memory.known("what causes aurora")
     ens.close()
+
+
+def test_negative_evidence_takes_no_part_in_the_clicked_centroid() -> None:
+    # a negative weight pulled the centroid away from what was passed over, towards its opposite
+    vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    assert np.allclose(similar_to_clicked(vectors, np.array([1.0, -5.0, 0.0])),
+                       similar_to_clicked(vectors, np.array([1.0, 0.0, 0.0])))
+    assert similar_to_clicked(vectors, np.array([0.0, -1.0, 0.0])).tolist() == [0.0, 0.0, 0.0]

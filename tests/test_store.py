@@ -1211,3 +1211,19 @@ def test_a_run_id_in_another_spelling_of_a_logged_hex_event_id_finds_it(fresh_st
     for spelling in (str(uuid.UUID(eid)), str(uuid.UUID(eid)).upper()):
         assert fresh_store.resolve_run(spelling) == [eid]
     assert fresh_store.resolve_run(str(uuid.uuid4())) == []
+
+
+@pytest.mark.parametrize("store_text", [True, False])
+def test_the_settings_migration_reads_whether_an_older_store_kept_text_from_its_events(tmp_path, store_text) -> None:
+    # the migration that records store_text for a store made before settings existed: no test ran it on a store
+    # that already held events, and a swapped answer would have a hashed store read as one keeping text
+    path = tmp_path / "older.db"
+    store = FeedbackStore(path, store_text=store_text)
+    store.log_event("what causes tides", {"weights": {"bm25": 1.0}}, [{"chunk_id": "c1", "rank": 1, "score": 1.0}])
+    store.close()
+    with sqlite3.connect(path) as conn:  # as rlfb wrote it before that migration
+        conn.execute("DELETE FROM _migrations WHERE name = 'm010_settings'")
+        conn.execute("DROP TABLE settings")
+    conn.close()
+    with FeedbackStore(path) as again:
+        assert again.store_text is store_text
