@@ -35,9 +35,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -94,7 +94,7 @@ def numpy_dense_retriever(texts: list[str], ids: list[str], vectors: np.ndarray,
     return NumpyDense()
 
 
-def interleaved_ms(fns: dict[str, Callable[[str], object]], items: list[str]) -> dict[str, float]:
+def interleaved_ms(fns: dict[str, Callable[[Any], object]], items: list) -> dict[str, float]:
     """The median ms of each of ``fns`` over ``items``, the functions taking turns on each item: a change of
     the machine's load falls on all of them, where timing one after another compared other moments."""
     times: dict[str, list[float]] = {name: [] for name in fns}
@@ -106,13 +106,9 @@ def interleaved_ms(fns: dict[str, Callable[[str], object]], items: list[str]) ->
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def median_ms(fn, items) -> float:  # noqa: ANN001
-    times = []
-    for item in items:
-        t = time.perf_counter()
-        fn(item)
-        times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
+def median_ms(fn: Callable[[Any], object], items: Iterable) -> float:
+    """The median ms of ``fn`` over ``items``."""
+    return interleaved_ms({"fn": fn}, list(items))["fn"]
 
 
 def main() -> None:

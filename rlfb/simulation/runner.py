@@ -690,9 +690,10 @@ def _overlap(heldout: Sequence[str], asked: Sequence[str], judgments: Mapping[st
     return out
 
 
-def _interval(values: Sequence[float]) -> dict[str, Any]:
+def _interval(values: Sequence[float], *, clip: bool = True) -> dict[str, Any]:
     """Mean and Student-t 95 % interval over seeds (NaN values left out), clipped to [0, 1], the range
-    of every figure it summarises: with few seeds the t interval alone can pass 1.
+    of every figure it summarises (with few seeds the t interval alone can pass 1); ``clip=False`` for
+    differences of figures, which may be negative.
 
     >>> _interval([0.5])["ci95"]  # one seed gives no interval, not a zero-width one
     [None, None]
@@ -704,19 +705,14 @@ def _interval(values: Sequence[float]) -> dict[str, Any]:
     arr = np.asarray([v for v in values if not math.isnan(v)], dtype=np.float64)
     if arr.size == 0:
         return {"mean": None, "ci95": [None, None], "n": 0}
-    mean, half = float(arr.mean()), _t_half_width(arr)
-    if half is None:
-        return {"mean": mean, "ci95": [None, None], "n": int(arr.size)}
-    return {"mean": mean, "ci95": [max(0.0, mean - half), min(1.0, mean + half)], "n": int(arr.size)}
-
-
-def _t_half_width(arr: np.ndarray) -> float | None:
-    """Half the width of the Student-t 95 % interval of the mean of ``arr``; ``None`` for fewer than two values."""
+    mean = float(arr.mean())
     if arr.size < 2:
-        return None
+        return {"mean": mean, "ci95": [None, None], "n": int(arr.size)}
     from scipy import stats
 
-    return float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
+    half = float(stats.t.ppf(0.975, arr.size - 1) * arr.std(ddof=1) / math.sqrt(arr.size))
+    lo, hi = mean - half, mean + half
+    return {"mean": mean, "ci95": [max(0.0, lo), min(1.0, hi)] if clip else [lo, hi], "n": int(arr.size)}
 
 
 def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[str, Any]:
@@ -782,9 +778,10 @@ def environment() -> dict[str, Any]:
     torch = sys.modules.get("torch")  # only if loaded: a run of BM25 alone does not import it for this
     threads = {var: os.environ.get(var) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     threads["torch"] = torch.get_num_threads() if torch is not None else None
+    commit = _commit()
     return {"python": platform.python_version(), "machine": platform.machine(), "processor": _processor(),
-            "packages": versions, "commit": _commit(), "threads": threads,
-            "uncommitted": _uncommitted()}
+            "packages": versions, "commit": commit, "threads": threads,
+            "uncommitted": None if commit is None else _uncommitted()}
 
 
 def _git(*args: str) -> list[str] | None:
@@ -811,11 +808,9 @@ def _commit() -> str | None:
 
 
 def _uncommitted() -> list[str] | None:
-    """The package's files that differ from the commit recorded (changed, added, removed): a run of changed
-    code is not that commit's. ``[]`` for a clean checkout; ``None`` where git cannot tell (no checkout, or a
-    git command failing: a failure must not read as a clean tree)."""
-    if _commit() is None:
-        return None
+    """The package's files that differ from the commit of the checkout (changed, added, removed): a run of
+    changed code is not that commit's. ``[]`` for a clean checkout; ``None`` where git fails (a failure must not
+    read as a clean tree)."""
     changed = _git("diff", "--name-only", "HEAD", "--", "rlfb")
     added = _git("ls-files", "--others", "--exclude-standard", "--", "rlfb")
     if changed is None or added is None:
@@ -939,12 +934,9 @@ def paired_differences(result: Mapping[str, Any], metric: str = "heldout") -> di
     for baseline in (runs[0]["baselines"] if runs else {}):
         diffs = [run["final"][name] - run["baselines"][baseline][name] for run in runs
                  if run["final"].get(name) is not None and run["baselines"][baseline].get(name) is not None]
-        arr = np.asarray([d for d in diffs if not math.isnan(d)], dtype=np.float64)
-        if arr.size == 0:
-            continue
-        mean, half = float(arr.mean()), _t_half_width(arr)  # a difference may be negative: not clipped
-        out[baseline] = {"mean": mean, "ci95": [None, None] if half is None else [mean - half, mean + half],
-                         "n": int(arr.size)}
+        interval = _interval(diffs, clip=False)  # a difference may be negative
+        if interval["n"]:
+            out[baseline] = interval
     return out
 
 
