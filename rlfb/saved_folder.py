@@ -10,12 +10,19 @@ save it replaces, for the moment between the renames). On POSIX a save holds an 
 ``.NAME.lock-TAG`` from start to end: a folder whose lock can be taken is left over from a killed save (the
 kernel lets a lock go with its process, in any PID namespace), and one without such a file (a save of rlfb before
 2026-12-05, or on Windows) is never touched.
+
+Each save ends with ``checksums.json``: the SHA-256 of every file it wrote (a save nested in it, a retriever's in
+an ensemble's, by its own ``checksums.json``), so a load finds a file damaged in a way its checks of the content
+cannot see (a byte flipped inside a saved array) and names it. Saves written before the checksums (2026-12-05)
+have none and load unchecked, as before.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -31,7 +38,7 @@ from typing import Any, TypeVar
 from rlfb.errors import CorruptStateError, ReadOnlyFolderError, RlfbError, ValidationError
 from rlfb.files import folder_path
 
-__all__ = ["saving_into", "reads_whole", "read_whole"]
+__all__ = ["saving_into", "reads_whole", "read_whole", "check_checksums", "CHECKSUMS"]
 
 T = TypeVar("T")
 
@@ -42,6 +49,8 @@ _MAX_WAIT = 0.25
 
 # HOST~PID~RANDOM since 2026-12-05 (PID-RANDOM before, with no lock file: never touched)
 _TAG = re.compile(r"^\.(?P<name>.+)\.(?P<kind>saving|old|lock)-(?P<tag>(?:.*~)?\d+[-~][0-9a-f]{12})$")
+#: the file a save writes last: the SHA-256 of every other file it wrote
+CHECKSUMS = "checksums.json"
 #: what a file browser leaves in a folder it showed (macOS, Windows): a save replaces them with the folder
 _OS_NOTES = frozenset({".DS_Store", "Thumbs.db", "desktop.ini"})
 
@@ -60,7 +69,7 @@ def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) ->
     if present is not None:
         if present - _OS_NOTES and marker not in present:  # a new folder a file browser has shown is still new
             raise ValidationError(f"{root} is not empty and holds no saved {what}: choose a new folder")
-        others = sorted(present - names - _OS_NOTES)
+        others = sorted(present - names - _OS_NOTES - {CHECKSUMS})
         if others:
             raise ValidationError(
                 f"{root} holds {others[:5]}, which are not part of a saved {what}: a save replaces the folder "
@@ -88,6 +97,7 @@ def saving_into(root: Path, *, marker: str, what: str, names: frozenset[str]) ->
         wrote = sorted(p.name for p in tmp.iterdir() if p.name not in names)
         if wrote:  # the next save would refuse the folder: a name missing from its kind's list
             raise RlfbError(f"a {what} save wrote {wrote}, which its list of saved names lacks")
+        _write_checksums(tmp)
         try:
             if root.exists():
                 root.rename(old)
@@ -123,6 +133,8 @@ def read_whole(root: Path, read: Callable[[], T], *, marker: str) -> T:
             continue
         try:
             out = read()
+            # after the read, whose own checks name what they find more precisely; this finds what they cannot
+            check_checksums(root)
         except CorruptStateError as exc:
             after = _identity(root, marker)
             if after == before and (before is not None or not _being_swapped(root, marker)):
@@ -158,6 +170,72 @@ def reads_whole(marker: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
         return wrapper
 
     return decorate
+
+
+def check_checksums(root: Path) -> None:
+    """Check each file the save in ``root`` lists in its ``checksums.json`` against its SHA-256.
+
+    A file missing, or changed since the save, is a :class:`CorruptStateError` naming it; a save without
+    ``checksums.json`` (written before the checksums, 2026-12-05) is not checked.
+    """
+    file = root / CHECKSUMS
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CorruptStateError(f"cannot read {file}: {exc}") from exc
+    try:
+        listed = json.loads(raw)["sha256"]
+        if not isinstance(listed, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for k, v in listed.items()
+        ):
+            raise ValueError("'sha256' must map file names to SHA-256 digests")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise CorruptStateError(f"{file} is damaged: {type(exc).__name__}: {exc}"[:500]) from exc
+    for name, digest in sorted(listed.items()):
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts:
+            raise CorruptStateError(f"{file} lists {name!r}, which is not a file inside the save")
+        try:
+            found = _sha256(root / name)
+        except FileNotFoundError:
+            raise CorruptStateError(f"{root / name} is missing from the save ({CHECKSUMS} lists it)") from None
+        except OSError as exc:
+            raise CorruptStateError(f"cannot read {root / name}: {exc}") from exc
+        if found != digest:
+            raise CorruptStateError(
+                f"{root / name} has changed since it was saved (its SHA-256 is not the one {CHECKSUMS} lists): "
+                "the save is damaged; save again from a live ensemble, or restore a copy. A file edited on "
+                f"purpose: remove {file} to load the folder unchecked"
+            )
+
+
+def _write_checksums(folder: Path) -> None:
+    """Write ``folder``'s ``checksums.json`` (last: a save's other files are all written)."""
+    listed = {path.relative_to(folder).as_posix(): _sha256(path) for path in _covered(folder, top=folder)}
+    (folder / CHECKSUMS).write_text(json.dumps({"sha256": listed}, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def _covered(folder: Path, *, top: Path) -> Iterator[Path]:
+    """The files under ``folder`` that ``top``'s checksums list: a folder that is a save of its own (it has
+    ``checksums.json``) by that file alone, whose own list covers the rest."""
+    for path in sorted(folder.iterdir()):
+        if path.is_dir():
+            if (path / CHECKSUMS).is_file():
+                yield path / CHECKSUMS
+            else:
+                yield from _covered(path, top=top)
+        elif not (folder == top and path.name == CHECKSUMS):
+            yield path
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _identity(root: Path, marker: str) -> tuple[int, ...] | None:

@@ -21,3 +21,12 @@ def zip_method(name: str, method: int) -> Callable[[Path], None]:
         (root / name).write_bytes(bytes(data))
 
     return mutate
+
+
+def unchecked(root: Path) -> Path:
+    """``root``, a saved folder, without the ``checksums.json`` files of it and of the saves nested in it: a save
+    as rlfb wrote it before the checksums (2026-12-05), or one whose files are edited on purpose, whose content
+    checks alone then stand between a damaged file and a load (what these tests exercise)."""
+    for file in root.rglob("checksums.json"):
+        file.unlink()
+    return root

@@ -8,6 +8,7 @@ import math
 import time
 
 import pytest
+from _damage import unchecked
 
 from rlfb import CorruptStateError, FeedbackEnsemble, ValidationError
 from rlfb.learner import LearnerConfig
@@ -92,6 +93,7 @@ def test_damaged_saves_are_named_errors(tmp_path) -> None:
     ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",))
     root = tmp_path / "idx"
     ens.save(root)
+    unchecked(root)  # what the content checks find (a save with checksums: test_saved_folder.py)
     config = json.loads((root / "ensemble.json").read_text())
     state = json.loads((root / "learner.json").read_text())
     damaged = [
@@ -128,6 +130,7 @@ def test_a_bad_store_argument_to_load_is_the_callers_error_not_damage_to_the_sav
 
 def test_a_load_that_fails_leaves_no_store_file_and_closes_a_store_it_opened(tmp_path, monkeypatch) -> None:
     FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",)).save(tmp_path / "idx")
+    unchecked(tmp_path / "idx")  # its ensemble.json is edited below
     with pytest.raises(CorruptStateError):  # a mistyped folder: the store is not made before the save is read
         FeedbackEnsemble.load(tmp_path / "idxx", store=str(tmp_path / "fb.db"))
     assert not (tmp_path / "fb.db").exists()
@@ -161,6 +164,7 @@ def test_load_brings_back_the_saved_intervals(tmp_path, persist, refresh) -> Non
 def test_a_save_without_intervals_or_with_damaged_ones(tmp_path) -> None:
     root = tmp_path / "idx"
     FeedbackEnsemble.from_texts(TEXTS[:4], retrievers=("bm25",), persist_interval=1.0).save(root)
+    unchecked(root)  # older saves had no checksums either
     config = json.loads((root / "ensemble.json").read_text())
     old = {k: v for k, v in config.items() if k not in ("persist_interval", "refresh_interval")}
     (root / "ensemble.json").write_text(json.dumps(old))  # as saved before the intervals were

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _damage import unchecked
 
 from rlfb.errors import (
     CorruptStateError,
@@ -230,7 +231,7 @@ def test_an_index_of_a_model_handed_over_loaded_needs_that_model_to_load(
     model = indexed[name].model  # type: ignore[attr-defined]
     built = RETRIEVERS[name](model=model, cache_dir=False).index(chunks)
     built.save(tmp_path)
-    meta = json.loads((tmp_path / "meta.json").read_text())
+    meta = json.loads((unchecked(tmp_path) / "meta.json").read_text())
     assert meta["model"] is None and meta["model_instance"] is True and meta["model_hint"] == built.model_name
     with pytest.raises(ValidationError, match=f"model=.*retriever_options=.*'{name}'"):
         load_retriever(tmp_path)
@@ -254,6 +255,7 @@ def test_a_neural_index_loads_with_its_cache_switch_device_and_model_key(
     model = indexed[name].model  # type: ignore[attr-defined]
     built = RETRIEVERS[name](model=model, cache_dir=False, device="cuda:7", model_key="tuned-v2", **extra)
     built.index(chunks).save(tmp_path)
+    unchecked(tmp_path)  # its meta.json is edited below, as older saves wrote it
     loaded = load_retriever(tmp_path, model=model)
     assert loaded.cache_dir is False and loaded._caches() == (None, None)  # type: ignore[attr-defined]
     assert loaded.device == loaded._model.device == "cuda:7"  # type: ignore[attr-defined]
@@ -283,7 +285,7 @@ def test_an_index_loaded_under_another_model_is_encoded_again(
     after an upgrade of its package, scored queries against another model's vectors (only the dimension was
     checked), silently wrong."""
     indexed[name].save(tmp_path / "index")
-    meta_file = tmp_path / "index" / "meta.json"
+    meta_file = unchecked(tmp_path / "index") / "meta.json"
     meta = json.loads(meta_file.read_text())
     assert meta["model_key"] == indexed[name].cache_key  # type: ignore[attr-defined]
     # as another model (by its key) wrote it: its vectors are not the ones this model gives
@@ -397,7 +399,7 @@ def test_a_saved_dense_row_off_unit_norm_is_corrupt_state(
     indexed: dict[str, Retriever], tmp_path: Path, cache_dir: Path
 ) -> None:
     indexed["dense"].save(tmp_path)
-    file = tmp_path / "embeddings.npy"
+    file = unchecked(tmp_path) / "embeddings.npy"
     saved = np.load(file)
     np.save(file, np.vstack([saved[:2], saved[2:3] * 1e17, saved[3:]]))
     with pytest.raises(CorruptStateError, match="row.*not unit"):
@@ -616,6 +618,7 @@ def test_an_older_bm25_save_of_a_grouped_pattern_asks_to_be_built_again(tmp_path
     BM25Retriever(tokenizer=r"([a-z]+)(?:-[a-z]+)*").index(make_chunks(texts)).save(tmp_path / "g")
     BM25Retriever(tokenizer=r"[a-z]+").index(make_chunks(texts)).save(tmp_path / "plain")
     for name in ("g", "plain"):
+        unchecked(tmp_path / name)
         meta = json.loads((tmp_path / name / "meta.json").read_text())
         assert meta.pop("whole_matches") is True
         (tmp_path / name / "meta.json").write_text(json.dumps(meta))  # as an older rlfb wrote it
@@ -643,7 +646,7 @@ def test_bm25_matches_a_word_however_its_accents_were_typed(tmp_path: Path) -> N
 
 def test_a_bm25_save_from_before_normalising_keeps_tokenising_as_it_was_built(tmp_path: Path) -> None:
     BM25Retriever().index(make_chunks([f"my {NFD}", "bread"])).save(tmp_path)
-    meta = json.loads((tmp_path / "meta.json").read_text())
+    meta = json.loads((unchecked(tmp_path) / "meta.json").read_text())
     del meta["unicode_nfc"]
     (tmp_path / "meta.json").write_text(json.dumps(meta))  # as an older rlfb wrote it
     old = load_retriever(tmp_path)
@@ -770,7 +773,7 @@ def test_a_loaded_bm25_index_updates_from_its_saved_counts(method: str, chunks: 
     np.testing.assert_allclose(again.score_all_batch(QUERIES), fresh.updated(new_chunks[1:]).score_all_batch(QUERIES),
                                rtol=1e-12, atol=1e-12)
 
-    (tmp_path / "with" / "term_counts.npz").unlink()
+    (unchecked(tmp_path / "with") / "term_counts.npz").unlink()  # as saved before the counts were
     bare = BM25Retriever.load(tmp_path / "with", tokenizer=tok)
     tok.calls = 0
     rebuilt = bare.updated(new_chunks)

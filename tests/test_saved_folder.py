@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import warnings
@@ -242,9 +243,9 @@ def test_every_kind_of_save_writes_only_the_names_a_later_save_replaces(tmp_path
     ens = FeedbackEnsemble.from_texts(OLD_TEXTS, retrievers=("bm25", "dense", "splade"))
     ens.save(tmp_path / "ens")
     ens.save(tmp_path / "ens")  # again over the first: nothing refused
-    assert {p.name for p in (tmp_path / "ens").iterdir()} <= _SAVED_NAMES
+    assert {p.name for p in (tmp_path / "ens").iterdir()} <= _SAVED_NAMES | {saved_folder.CHECKSUMS}
     for folder in (tmp_path / "ens" / "retrievers").iterdir():
-        assert {p.name for p in folder.iterdir()} <= SAVED_NAMES
+        assert {p.name for p in folder.iterdir()} <= SAVED_NAMES | {saved_folder.CHECKSUMS}
         ens.retrievers[folder.name].save(tmp_path / folder.name)
         ens.retrievers[folder.name].save(tmp_path / folder.name)
 
@@ -261,3 +262,92 @@ def test_a_file_system_without_locks_still_saves(tmp_path: Path, monkeypatch) ->
     _ensemble(OLD_TEXTS, seed=5).save(tmp_path / "ens")
     assert FeedbackEnsemble.load(tmp_path / "ens").seed == 5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ens"]
+
+
+# -- checksums: damage the content checks cannot see ------------------------------------------------------
+
+
+def _flip_last_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[-1] ^= 0x01  # the lowest bit of the last number: a valid array still, a slightly different score
+    file.write_bytes(bytes(data))
+
+
+def test_a_byte_flipped_inside_a_saved_array_is_named(tmp_path: Path) -> None:
+    """Before the checksums (2026-12-05) a flipped bit inside a saved array loaded: the arrays' shapes and
+    values passed every content check, and the index scored with the damaged number."""
+    ens = _ensemble(OLD_TEXTS, seed=0)
+    ens.save(tmp_path / "ens")
+    ens.retrievers["bm25"].save(tmp_path / "bm25")
+    for root, rel in ((tmp_path / "ens", "retrievers/bm25/bm25s/data.csc.index.npy"),
+                      (tmp_path / "bm25", "bm25s/data.csc.index.npy")):
+        file = root / rel
+        intact = file.read_bytes()
+        _flip_last_byte(file)
+        loader = FeedbackEnsemble.load if root.name == "ens" else BM25Retriever.load
+        with pytest.raises(CorruptStateError, match=f"{rel}.* changed since it was saved"):
+            loader(root)
+        file.write_bytes(intact)
+        loader(root)  # intact again
+
+
+def test_a_learned_number_edited_within_its_bounds_is_named_and_loads_once_the_checksums_go(tmp_path: Path) -> None:
+    ens = _ensemble(OLD_TEXTS, seed=0)
+    root = tmp_path / "ens"
+    ens.save(root)
+    state = json.loads((root / "learner.json").read_text())
+    state["now"] = state["now"] + 1.0  # a clock a little later: nothing about it is out of bounds
+    (root / "learner.json").write_text(json.dumps(state))
+    with pytest.raises(CorruptStateError, match=r"learner\.json has changed since it was saved.*remove .*checksums"):
+        FeedbackEnsemble.load(root)
+    (root / saved_folder.CHECKSUMS).unlink()  # edited on purpose: loaded unchecked, as a save from before
+    assert FeedbackEnsemble.load(root).learner.state_dict()["now"] == state["now"]
+
+
+def test_a_file_the_checksums_list_that_is_gone_is_named(tmp_path: Path) -> None:
+    BM25Retriever().index(make_chunks(OLD_TEXTS)).save(tmp_path / "bm25")
+    (tmp_path / "bm25" / "term_counts.npz").unlink()  # a load without it would tokenize everything again
+    with pytest.raises(CorruptStateError, match="term_counts.npz is missing from the save"):
+        BM25Retriever.load(tmp_path / "bm25")
+
+
+def test_the_ensembles_checksums_cover_each_retrievers_own(tmp_path: Path) -> None:
+    """A retriever's file changed and its own checksums.json written again to match: the ensemble's list,
+    which holds the retriever's list's digest, still finds it."""
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=0).save(root)
+    inner = root / "retrievers" / "bm25"
+    _flip_last_byte(inner / "bm25s" / "data.csc.index.npy")
+    (inner / saved_folder.CHECKSUMS).unlink()
+    saved_folder._write_checksums(inner)
+    with pytest.raises(CorruptStateError, match="retrievers/bm25/checksums.json has changed"):
+        FeedbackEnsemble.load(root)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("not json", "checksums.json is damaged"),
+        (json.dumps({"sha256": {"chunks.jsonl": "abc"}}), "checksums.json is damaged"),
+        (json.dumps({"sha256": ["chunks.jsonl"]}), "checksums.json is damaged"),
+        (json.dumps({"files": {}}), "checksums.json is damaged"),
+        (json.dumps({"sha256": {"../outside.txt": "0" * 64}}), "not a file inside the save"),
+        (json.dumps({"sha256": {"/etc/passwd": "0" * 64}}), "not a file inside the save"),
+    ],
+)
+def test_a_damaged_checksums_file_is_named(tmp_path: Path, content: str, words: str) -> None:
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=0).save(root)
+    (root / saved_folder.CHECKSUMS).write_text(content)
+    with pytest.raises(CorruptStateError, match=words):
+        FeedbackEnsemble.load(root)
+
+
+def test_a_save_lists_every_file_it_wrote(tmp_path: Path) -> None:
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=0).save(root)
+    listed = set(json.loads((root / saved_folder.CHECKSUMS).read_text())["sha256"])
+    assert listed == {"chunks.jsonl", "ensemble.json", "learner.json", "retrievers/bm25/checksums.json"}
+    inner = root / "retrievers" / "bm25"
+    files = {p.relative_to(inner).as_posix() for p in inner.rglob("*") if p.is_file()} - {saved_folder.CHECKSUMS}
+    assert set(json.loads((inner / saved_folder.CHECKSUMS).read_text())["sha256"]) == files
