@@ -45,6 +45,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from rlfb.errors import (
+    FeedbackBeforeEventError,
     NonFiniteValueError,
     RatingOutOfRangeError,
     UnknownSignalError,
@@ -481,12 +482,15 @@ class RewardFunction:
         """``value * discount(dt)``, unclipped."""
         return finite_float(value, "value") * self.discount(dt_seconds)
 
-    def compute(self, event_time: float | datetime, signals: Iterable[Any]) -> float:
+    def compute(self, event_time: float | datetime, signals: Iterable[Any], *, clock_skew: float = 300.0) -> float:
         """Sum of the discounted signals of one event, clipped; no signals gives ``no_feedback``.
 
         Each signal is a :class:`Signal`, a ``(type, timestamp[, value[, rating]])``
         tuple or a mapping with ``signal`` (or ``type``), ``timestamp`` and
-        optionally ``value`` / ``rating``.
+        optionally ``value`` / ``rating``. Each signal counts, a repeated one too (two clicks are two). A
+        signal stamped more than ``clock_skew`` seconds (300, the store's tolerance) before the event is a
+        :class:`~rlfb.errors.FeedbackBeforeEventError`, as the store refuses it (before 2026-12-05 it was
+        taken as undelayed); one within it counts as undelayed.
 
         >>> rf = RewardFunction()
         >>> rf.compute(0, [])
@@ -497,15 +501,27 @@ class RewardFunction:
         -1.0
         >>> round(rf.compute(0, [{"signal": "rating", "rating": 4, "timestamp": 1800}]), 6)
         0.25
+        >>> rf.compute(1000, [("click", 0)])
+        Traceback (most recent call last):
+        ...
+        rlfb.errors.FeedbackBeforeEventError: the click at 0.000 is 1000s before its event (tolerance 300s)
         """
         t0 = as_timestamp(event_time, "event_time")
+        skew = finite_float(clock_skew, "clock_skew")
+        if skew < 0:
+            raise ValidationError(f"clock_skew must be at least 0, got {clock_skew!r}")
         items = [self._signal_tuple(s) for s in signals]
         if not items:
             return self.clip(self.config.no_feedback)
         total = 0.0
         for sig, ts, value, rating in items:
             v = self.signal_value(sig, value, rating)
-            total += v * self.discount(as_timestamp(ts) - t0)
+            at = as_timestamp(ts)
+            if at < t0 - skew:
+                raise FeedbackBeforeEventError(
+                    f"the {sig} at {at:.3f} is {t0 - at:.0f}s before its event (tolerance {skew:g}s)"
+                )
+            total += v * self.discount(at - t0)
         return self.clip(total)
 
     @staticmethod

@@ -8,7 +8,13 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 
-from rlfb.errors import NonFiniteValueError, RatingOutOfRangeError, UnknownSignalError, ValidationError
+from rlfb.errors import (
+    FeedbackBeforeEventError,
+    NonFiniteValueError,
+    RatingOutOfRangeError,
+    UnknownSignalError,
+    ValidationError,
+)
 from rlfb.reward import BASE_SIGNALS, SIGNAL_ALIASES, RewardConfig, RewardFunction, Signal
 
 MIN = 60.0
@@ -315,3 +321,17 @@ def test_an_events_reward_is_clipped_once_at_the_end_whatever_the_order() -> Non
     signals = [("thumbs_up", 0), ("thumbs_up", 0), ("thumbs_down", 0)]
     assert rf.compute(0, signals) == 1.0
     assert rf.compute(0, signals[::-1]) == rf.compute(0, signals)
+
+
+def test_compute_refuses_a_signal_stamped_before_its_event_as_the_store_does() -> None:
+    """``compute`` took a signal stamped an hour before its event as undelayed (discount 1), where the store
+    refuses it as FeedbackBeforeEventError."""
+    rf = RewardFunction()
+    with pytest.raises(FeedbackBeforeEventError, match="thumbs_up.*3600s before its event"):
+        rf.compute(3600.0, [("thumbs_up", 0.0)])
+    assert rf.compute(3600.0, [("thumbs_up", 3400.0)]) == 1.0  # within the 300 s tolerance: undelayed
+    with pytest.raises(FeedbackBeforeEventError):
+        rf.compute(3600.0, [("thumbs_up", 3400.0)], clock_skew=60)
+    assert rf.compute(3600.0, [("thumbs_up", 0.0)], clock_skew=3600) == 1.0
+    with pytest.raises(ValidationError, match="clock_skew"):
+        rf.compute(0.0, [], clock_skew=-1)
