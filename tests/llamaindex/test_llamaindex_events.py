@@ -702,6 +702,41 @@ def test_nodes_a_later_step_cut_take_no_share_of_praise_of_the_answer(
     assert ens.learner.memory.known("moon tides").get(cut[0], 0.0) == 0.0
 
 
+def test_nodes_of_a_decision_a_later_step_cut_whole_take_no_share_of_praise_of_the_answer(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    # a cutoff above every node: no response node named the decision any more, so none was marked unused, and a
+    # thumbs up on the answer (written without them) praised every one
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    class DropAll(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
+            return []
+
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=3, explore=False)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp, DropAll()])
+    assert engine.query("moon tides").source_nodes == []
+    decision = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor")
+    ranked = [c["chunk_id"] for c in decision["chunks"]]
+    assert len(ranked) == 3 and [c["used"] for c in decision["chunks"]] == [False] * 3
+    assert [c["used"] for c in ens.store.event(decision["id"])["chunks"]] == [False] * 3  # the learner's too
+    before = ens.learner.confidence.confidence(ranked).tolist()
+    [record] = [r for r in handler.record_feedback(score=1.0) if r.event_id == decision["id"]]
+    assert record.chunk_rewards == {}  # the praise reached none of them
+    assert ens.learner.confidence.confidence(ranked).tolist() == before
+    assert not any(ens.learner.memory.known("moon tides").get(c, 0.0) > 0 for c in ranked)
+    # a later step that keeps a node of the decision (here its first) leaves the whole-cut rule out of it
+    class KeepFirst(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
+            return nodes[:1]
+
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp, KeepFirst()])
+    kept = engine.query("moon tides").source_nodes[0].node.node_id
+    decision = [e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor"][-1]
+    assert {c["chunk_id"]: c["used"] for c in decision["chunks"]}[kept] is True
+
+
 @pytest.mark.parametrize("given", ["fb.db", 5, object()])
 def test_a_handler_refuses_an_ensemble_that_is_none_of_rlfbs(given: Any) -> None:
     # kept silently: the handler fell back to an in-memory store of its own and taught nothing
