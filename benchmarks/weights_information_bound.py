@@ -34,7 +34,8 @@ import numpy as np
 
 from rlfb.datasets import DATASETS_ENV, datasets_dir, find_dataset, load_beir
 from rlfb.fusion import normalize
-from rlfb.simulation.runner import Prepared, SimulationConfig, _Judge, _split, prepare, simplex_grid, stream_seed
+from rlfb.simulation.baselines import Judge as _Judge
+from rlfb.simulation.runner import Prepared, SimulationConfig, _split, prepare, simplex_grid, stream_seed
 from rlfb.simulation.users import SimulatedUser
 
 K = 10

@@ -79,7 +79,7 @@ def test_the_simulators_vectorised_ndcg_matches_pytrec_eval() -> None:
 
     import numpy as np
 
-    from rlfb.simulation.runner import _Judge
+    from rlfb.simulation.baselines import Judge as _Judge
 
     qrels, runs = _random_runs(seed=5)
     rng = random.Random(5)
@@ -100,7 +100,7 @@ def test_the_simulators_ndcg_breaks_tied_scores_as_trec_eval_does() -> None:
 
     import numpy as np
 
-    from rlfb.simulation.runner import _Judge
+    from rlfb.simulation.baselines import Judge as _Judge
 
     rng = random.Random(11)
     for trial in range(200):

@@ -285,7 +285,8 @@ def test_the_tuned_and_oracle_fixed_weights_can_be_equal_weights() -> None:
     from types import SimpleNamespace
 
     from rlfb.fusion import rank_matrix
-    from rlfb.simulation.runner import _baselines, _Judge
+    from rlfb.simulation.baselines import Judge as _Judge
+    from rlfb.simulation.baselines import fixed_baselines as _baselines
 
     ids = ("r", "a", "b", "c", "z")
     raw = np.array([[0.6, 0.6, 0.6], [1.0, 0.39, 0.39], [0.39, 1.0, 0.39], [0.39, 0.39, 1.0], [0.0, 0.0, 0.0]])
@@ -671,7 +672,7 @@ def test_feedback_later_than_the_clocks_end_is_delivered_too(monkeypatch) -> Non
 def test_the_figures_are_named_by_their_cut_off(capsys, tmp_path, k: int) -> None:
     # k=5 was labelled ndcg@10 in the JSON keys, the table and the plot
     from rlfb.commands.simulate import print_table
-    from rlfb.simulation.runner import iter_table
+    from rlfb.simulation.results import iter_table
 
     data = generate_demo_corpus(n_devices=10, seed=2)
     config = SimulationConfig(policy="fixed", interactions=40, seeds=(0,), checkpoints=2, retrievers=("bm25",),
@@ -807,7 +808,7 @@ def test_the_table_gives_the_learned_figures_interval_and_its_paired_differences
     # it printed means alone: on the demo the learned held-out interval overlapped the oracle weights' one, while
     # every seed's learned figure was above it; the paired differences are what says so
     from rlfb.commands.simulate import print_table
-    from rlfb.simulation.runner import paired_differences
+    from rlfb.simulation.results import paired_differences
 
     data = generate_demo_corpus(n_devices=10, seed=2)
     config = SimulationConfig(policy="fixed", interactions=30, seeds=(0, 1, 2), checkpoints=1, retrievers=("bm25",))
@@ -825,7 +826,7 @@ def test_the_table_gives_the_learned_figures_interval_and_its_paired_differences
 
 def test_the_environment_names_the_packages_files_that_differ_from_the_commit(monkeypatch) -> None:
     # a run of changed code recorded the commit alone, as if it were that commit's
-    from rlfb.simulation import runner
+    from rlfb.simulation import provenance as runner
 
     diff = ("diff", "--name-only", "HEAD", "--", "rlfb")
     others = ("ls-files", "--others", "--exclude-standard", "--", "rlfb")

@@ -74,7 +74,7 @@ def load_dataset(name: str):  # noqa: ANN201 - BeirDataset
 
 
 def print_table(result: dict) -> None:
-    from rlfb.simulation.runner import iter_table, paired_differences
+    from rlfb.simulation.results import iter_table, paired_differences
 
     print(f"\n{result['dataset']}: nDCG@{result['config']['k']}, mean over {len(result['config']['seeds'])} seed(s)")
     print("(seen: the stream queries asked before; online: what the users were shown, as they asked)")
