@@ -840,3 +840,30 @@ def test_the_environment_names_the_packages_files_that_differ_from_the_commit(mo
     assert runner.environment()["uncommitted"] is None
     answers.clear()  # an installed wheel: no checkout to ask
     assert runner.environment()["commit"] is None and runner.environment()["uncommitted"] is None
+
+
+def test_each_curve_point_gives_rrf_and_equal_weights_on_its_own_questions() -> None:
+    """The plot drew the whole seen curve against RRF's figure on the final checkpoint's questions, where an
+    early point's questions are fewer and others: each point now carries RRF's and equal weights' seen and
+    online figures on its own questions, and the last point's are the final baselines'."""
+    from rlfb.simulation.results import summarize
+
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    config = SimulationConfig(policy="thompson", interactions=90, seeds=(0, 1), checkpoints=3, retrievers=("bm25",),
+                              max_seen=25)
+    prep = prepare(data, config)
+    runs = [run_seed(prep, config, seed) for seed in config.seeds]
+    for run in runs:
+        first, *_, last = run["curve"]
+        assert all(np.isnan(first["baselines"][n][k]) for n in ("rrf", "equal")
+                   for k in ("seen_ndcg@10", "online_ndcg@10"))  # nothing asked yet
+        for name in ("rrf", "equal"):
+            for key in ("seen_ndcg@10", "online_ndcg@10"):
+                assert last["baselines"][name][key] == pytest.approx(run["baselines"][name][key], abs=1e-12)
+    # an early point's questions are not the last point's: its figures are its own (here they differ)
+    early = [run["curve"][1]["baselines"]["rrf"]["seen_ndcg@10"] for run in runs]
+    assert early != [run["baselines"]["rrf"]["seen_ndcg@10"] for run in runs]
+    summary = summarize(runs, config, {})
+    point = summary["curve"][1]["baselines"]["rrf"]["seen_ndcg@10"]
+    assert point["mean"] == pytest.approx(float(np.mean(early)), abs=1e-12) and point["n"] == 2
+    assert "baselines" not in runs[0]["final"]

@@ -17,7 +17,7 @@ from rlfb.simulation.config import SimulationConfig, metric_keys
 if TYPE_CHECKING:
     from rlfb.simulation.runner import Prepared
 
-__all__ = ["simplex_grid", "Judge", "fixed_baselines"]
+__all__ = ["simplex_grid", "Judge", "fixed_baselines", "untuned_ndcg", "UNTUNED"]
 
 
 def simplex_grid(n: int, step: float = 0.1) -> np.ndarray:
@@ -143,3 +143,19 @@ def fixed_baselines(
     result["oracle_fixed"] = best_fixed(held, "oracle_fixed")  # chosen on the held-out queries: an upper bound
     result["per_query_oracle"] = figures(per_query_oracle(held), per_query_oracle(tune))
     return result
+
+
+#: the fixed systems that need no tuning, whose seen and online figures every checkpoint of a run measures too,
+#: on the questions of that checkpoint (the learned curve's own)
+UNTUNED = ("rrf", "equal")
+
+
+def untuned_ndcg(prep: Prepared, qids: Sequence[str], judges: Mapping[str, Judge]) -> dict[str, dict[str, float]]:
+    """Each of :data:`UNTUNED`'s nDCG@k on each of ``qids``, as :func:`fixed_baselines` scores them."""
+    out: dict[str, dict[str, float]] = {name: {} for name in UNTUNED}
+    for q in qids:
+        ctx, judge = prep.contexts[q], judges[q]
+        equal = np.full(ctx.raw.shape[1], 1.0 / ctx.raw.shape[1])
+        out["equal"][q] = float(judge.ndcg((normalize(ctx.raw, "minmax") @ equal)[:, None])[0])
+        out["rrf"][q] = float(judge.ndcg((normalize(ctx.raw, "rrf", ranks=ctx.ranks) @ equal)[:, None])[0])
+    return out

@@ -67,6 +67,9 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         row: dict[str, Any] = {"interactions": point["interactions"]}
         for k in keys:
             row[k] = _interval([r["curve"][i][k] for r in runs])
+        if "baselines" in point:  # RRF's and equal weights' seen and online figures on this point's questions
+            row["baselines"] = {name: {k: _interval([r["curve"][i]["baselines"][name][k] for r in runs])
+                                       for k in figures} for name, figures in point["baselines"].items()}
         curve.append(row)
     return {
         "final": final,
@@ -146,8 +149,14 @@ def plot_curves(result: Mapping[str, Any], path: str) -> None:
         ax.fill_between(x, lo, hi, alpha=0.2, label=f"95 % interval over {seeds} seeds" if seeds > 1 else None)
         for name, colour in (("rrf", "tab:red"), ("equal", "tab:orange"), ("tuned_fixed", "tab:green"),
                              ("oracle_fixed", "tab:purple")):
-            if key in result["baselines"].get(name, {}):
-                ax.axhline(result["baselines"][name][key]["mean"], ls="--", color=colour, lw=1, label=name)
+            along = [p.get("baselines", {}).get(name, {}).get(key) for p in result["curve"]]
+            if key != held_key and all(a is not None for a in along):
+                # on the questions of each point, as the learned curve: seen and online questions change as
+                # the stream goes on, and the final figure is the last point's questions' alone
+                ax.plot(x, [_num(a["mean"]) for a in along], "--", color=colour, lw=1, label=name)
+            elif key in result["baselines"].get(name, {}):
+                final = " (final questions)" if key != held_key else ""
+                ax.axhline(result["baselines"][name][key]["mean"], ls="--", color=colour, lw=1, label=name + final)
         ax.set_title(f"{result.get('dataset', '')}: {title}")
         ax.set_xlabel("interactions")
         ax.set_ylabel(f"nDCG@{k}")

@@ -38,7 +38,7 @@ from rlfb.datasets import BeirDataset
 from rlfb.errors import ValidationError
 from rlfb.memory import MemoryParams, normalize_query
 from rlfb.policies.base import Context
-from rlfb.simulation.baselines import Judge, fixed_baselines, simplex_grid
+from rlfb.simulation.baselines import Judge, fixed_baselines, simplex_grid, untuned_ndcg
 from rlfb.simulation.config import SimulationConfig, clock_lead, metric_keys, metric_name
 from rlfb.simulation.results import plot_curves, summarize
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
@@ -289,6 +289,10 @@ def run_seed(
     marks = sorted({round(config.interactions * (i + 1) / config.checkpoints) for i in range(config.checkpoints)})
     asked: dict[str, int] = {}
     online: list[float] = []
+    # RRF's and equal weights' nDCG on each stream question: each checkpoint gives their seen and online figures
+    # on its own questions, which the curve is read against (the final baselines' are the last sample's only)
+    untuned = untuned_ndcg(prep, stream, judges)
+    untuned_online: dict[str, list[float]] = {name: [] for name in untuned}
     curve: list[dict[str, float]] = []
     seen_sample: list[str] = []  # the stream queries the latest seen figure was measured on
     n_feedback = n_flagged = 0
@@ -324,6 +328,10 @@ def run_seed(
             held_key: greedy(heldout, held_values),
             seen_key: greedy(seen),
             online_key: float(np.mean(online)) if online else float("nan"),
+            "baselines": {name: {
+                seen_key: float(np.mean([by_query[q] for q in seen])) if seen else float("nan"),
+                online_key: float(np.mean(untuned_online[name])) if online else float("nan"),
+            } for name, by_query in untuned.items()},
         })
 
     checkpoint(0)
@@ -339,6 +347,8 @@ def run_seed(
         result = ens.rank_context(ctx, config.k, explore=True, log=True, timestamp=now, used=config.answer_k)
         order = [ctx.candidate_ids.index(c) for c in result.chunk_ids] if result.hits else []
         online.append(judges[q].ndcg_order(np.asarray(order)))
+        for name, by_query in untuned.items():
+            untuned_online[name].append(by_query[q])
         asked[q] = asked.get(q, 0) + 1
         for fb in user.interact(result.chunk_ids, judgments[q]).feedback:
             heapq.heappush(pending, (now + fb.delay, next(counter), result.event_id, fb.signal, fb.chunk_id))
@@ -352,8 +362,7 @@ def run_seed(
     stats = store.counts() if hasattr(store, "counts") else {}
     settings = _run_settings(prep, config, ens)
     ens.close()
-    final = dict(curve[-1])
-    final.pop("interactions")
+    final = {k: v for k, v in curve[-1].items() if k not in ("interactions", "baselines")}
     per_heldout: dict[str, np.ndarray] = {"learned": np.asarray(held_values)}
     baselines = fixed_baselines(prep, config, stream, heldout, judges, seen_sample, asked, per_heldout)
     return {
