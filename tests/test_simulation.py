@@ -867,3 +867,30 @@ def test_each_curve_point_gives_rrf_and_equal_weights_on_its_own_questions() -> 
     point = summary["curve"][1]["baselines"]["rrf"]["seen_ndcg@10"]
     assert point["mean"] == pytest.approx(float(np.mean(early)), abs=1e-12) and point["n"] == 2
     assert "baselines" not in runs[0]["final"]
+
+
+def test_the_seen_figure_is_given_by_how_often_its_questions_were_asked() -> None:
+    """The seen figure averages questions asked once with questions asked many times; seen_by_asks takes it
+    apart, and its groups put together give the seen figure (learned and RRF's) back."""
+    from rlfb.simulation.results import summarize
+
+    data = generate_demo_corpus(n_devices=30, seed=2)
+    config = SimulationConfig(policy="thompson", interactions=80, seeds=(0, 1), checkpoints=2, retrievers=("bm25",))
+    prep = prepare(data, config)
+    runs = [run_seed(prep, config, seed) for seed in config.seeds]
+    for run in runs:
+        groups = run["seen_by_asks"]
+        exact = ("1", "2", "3", "4-5", "6+")
+        total = sum(groups[g]["queries"] for g in exact)
+        assert total == run["distinct_asked"] and total > 0  # every seen question (fewer than max_seen) once
+        assert groups["3+"]["queries"] == sum(groups[g]["queries"] for g in ("3", "4-5", "6+"))
+        for name, figure in (("learned", run["final"]["seen_ndcg@10"]),
+                             ("rrf", run["baselines"]["rrf"]["seen_ndcg@10"])):
+            put_together = sum(groups[g]["queries"] * groups[g][name] for g in exact if groups[g]["queries"]) / total
+            assert put_together == pytest.approx(figure, abs=1e-12)
+        assert any(groups[g]["queries"] for g in ("1", "2")) and any(groups[g]["queries"] for g in ("4-5", "6+"))
+    summary = summarize(runs, config, {})
+    three = summary["seen_by_asks"]["3+"]
+    lifts = [r["seen_by_asks"]["3+"]["learned"] - r["seen_by_asks"]["3+"]["rrf"] for r in runs]
+    assert three["learned_minus_rrf"]["mean"] == pytest.approx(float(np.mean(lifts)), abs=1e-12)
+    assert "seen_by_asks" not in summary["runs"][0]

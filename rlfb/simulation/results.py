@@ -62,6 +62,15 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
                    for name in runs[0]["heldout_overlap"][group] if name != "queries"}}
         for group in runs[0]["heldout_overlap"]
     }
+    by_asks = {
+        group: {"queries": _interval([r["seen_by_asks"][group]["queries"] for r in runs])["mean"],
+                **{name: _interval([r["seen_by_asks"][group][name] for r in runs])
+                   for name in runs[0]["seen_by_asks"][group] if name != "queries"},
+                # paired by seed: the memory's lift over RRF on the same questions
+                "learned_minus_rrf": _interval([r["seen_by_asks"][group]["learned"] - r["seen_by_asks"][group]["rrf"]
+                                                for r in runs], clip=False)}
+        for group in (runs[0].get("seen_by_asks") or {})
+    }
     curve = []
     for i, point in enumerate(runs[0]["curve"]):
         row: dict[str, Any] = {"interactions": point["interactions"]}
@@ -77,12 +86,15 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         "curve": curve,
         # held-out nDCG@k on the held-out queries that share a relevant document with the stream, and the rest
         "heldout_overlap": overlap,
+        # the final seen figure by how often its questions were asked (1, 2, 3, 4-5, 6+ and 3+ times), learned,
+        # RRF and equal weights on the same questions
+        "seen_by_asks": by_asks,
         # every setting; "learner" as the learner ran (defaults filled in), "learner_overrides" as given
         "config": {**config.to_dict(), "learner": runs[0]["learner_config"], "learner_overrides": dict(config.learner),
                    **runs[0]["settings"], "environment": environment()},
         "weights": [r["weights"] for r in runs],
         "runs": [{k: v for k, v in r.items()
-                  if k not in ("curve", "learner_config", "settings", "heldout_overlap")}
+                  if k not in ("curve", "learner_config", "settings", "heldout_overlap", "seen_by_asks")}
                  for r in runs],
         **dict(extra),
     }

@@ -306,6 +306,7 @@ def run_seed(
             n_flagged += not record.in_window
 
     held_values: list[float] = []  # the latest held-out figure, per query
+    seen_values: list[float] = []  # ... and the latest seen figure, per query of seen_sample
 
     def greedy(qids: Sequence[str], keep: list[float] | None = None) -> float:
         if not qids:
@@ -326,7 +327,7 @@ def run_seed(
         curve.append({
             "interactions": n,
             held_key: greedy(heldout, held_values),
-            seen_key: greedy(seen),
+            seen_key: greedy(seen, seen_values),
             online_key: float(np.mean(online)) if online else float("nan"),
             "baselines": {name: {
                 seen_key: float(np.mean([by_query[q] for q in seen])) if seen else float("nan"),
@@ -370,6 +371,7 @@ def run_seed(
         "final": final,
         "baselines": baselines,
         "heldout_overlap": _overlap(heldout, list(asked), judgments, per_heldout),
+        "seen_by_asks": _by_asks(seen_sample, seen_values, asked, untuned),
         "learner_config": ens.learner.config.to_dict(),
         "settings": settings,
         "curve": curve,
@@ -417,6 +419,29 @@ def _overlap(heldout: Sequence[str], asked: Sequence[str], judgments: Mapping[st
         out[group] = {"queries": int(mask.sum()),
                       **{name: float(v[mask].mean()) if mask.any() else float("nan")
                          for name, v in per_heldout.items()}}
+    return out
+
+
+#: how :func:`_by_asks` groups the seen questions by the times they were asked: exactly, and at least 3
+ASK_GROUPS: dict[str, Callable[[int], bool]] = {
+    "1": lambda n: n == 1, "2": lambda n: n == 2, "3": lambda n: n == 3, "4-5": lambda n: 4 <= n <= 5,
+    "6+": lambda n: n >= 6, "3+": lambda n: n >= 3,
+}
+
+
+def _by_asks(seen: Sequence[str], values: Sequence[float], asked: Mapping[str, int],
+             untuned: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """The final seen figure by how often its questions were asked (:data:`ASK_GROUPS`): how many, the learned
+    nDCG, and RRF's and equal weights' on the same questions. The seen figure averages questions asked once with
+    questions asked many times; what the memory gives a question asked three times is read here."""
+    def mean(xs: list[float]) -> float:
+        return float(np.mean(xs)) if xs else float("nan")
+
+    out: dict[str, dict[str, float]] = {}
+    for group, within in ASK_GROUPS.items():
+        rows = [i for i, q in enumerate(seen) if within(asked[q])]
+        out[group] = {"queries": len(rows), "learned": mean([values[i] for i in rows]),
+                      **{name: mean([by_query[seen[i]] for i in rows]) for name, by_query in untuned.items()}}
     return out
 
 
