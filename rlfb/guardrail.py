@@ -182,5 +182,9 @@ class Guardrail:
         if not (-1.0 <= ema <= 1.0 and 0.0 <= ema2 <= 1.0 and n >= 0 and p.lr_bounds[0] <= lr <= p.lr_bounds[1]
                 and p.explore_bounds[0] <= ex <= p.explore_bounds[1]):
             raise CorruptStateError("guardrail state is out of range")
+        if ema * ema > ema2 + 1e-9:
+            # the mean's square above the mean square is a negative variance, which no sequence of rewards gives:
+            # its standard error of 0 would let the next episode move the multipliers on the mean alone
+            raise CorruptStateError(f"guardrail state is inconsistent: ema {ema!r} squared is above ema2 {ema2!r}")
         self._ema, self._ema2, self._n, self._lr, self._explore = ema, ema2, n, lr, ex
         return self

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from rlfb._progress import progress
+from rlfb.errors import ValidationError
 from rlfb.metrics import evaluate_run, run_to_ranking
 
 __all__ = ["evaluate_ensemble", "trec_top", "MEASURES"]
@@ -65,7 +67,13 @@ def trec_top(ids: Sequence[str], scores: np.ndarray, depth: int) -> list[str]:
 
     >>> trec_top(["a", "b", "c", "d"], np.array([0.5, 1.0, 0.5, 0.5]), 2)
     ['b', 'd']
+    >>> trec_top(["a", "b"], np.array([1.0, 0.5]), 0)  # numpy's partition raised ValueError here
+    []
     """
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 0:
+        raise ValidationError(f"depth must be a non-negative int, got {depth!r}")
+    if depth == 0:
+        return []
     s = np.where(np.isnan(scores), -np.inf, np.asarray(scores, dtype=float))
     n = s.shape[0]
     if depth < n:

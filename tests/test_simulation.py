@@ -456,20 +456,35 @@ def test_each_curve_is_drawn_against_the_baselines_figures_of_its_kind(small_run
     # the online curve was drawn on the seen panel, against the baselines' seen lines
     import matplotlib.axes
 
+    # (and since RRF's and equal weights' seen and online figures are curves on each point's own questions,
+    # those panels draw them as such, the tuned and oracle weights' final figures as lines)
     _, result, _ = small_run
     lines: dict[int, list[float]] = {}
-    original = matplotlib.axes.Axes.axhline
+    curves: dict[int, dict[str, list[float]]] = {}
+    axhline, plot = matplotlib.axes.Axes.axhline, matplotlib.axes.Axes.plot
 
     def record(ax, y=0, *args, **kwargs):
         lines.setdefault(id(ax), []).append(y)
-        return original(ax, y, *args, **kwargs)
+        return axhline(ax, y, *args, **kwargs)
+
+    def record_plot(ax, x, y, *args, **kwargs):
+        curves.setdefault(id(ax), {})[kwargs.get("label")] = list(y)
+        return plot(ax, x, y, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.axes.Axes, "axhline", record)
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record_plot)
     plot_curves(result, str(tmp_path / "curves.png"))
     panels = list(lines.values())
-    names = [n for n in ("rrf", "equal", "tuned_fixed", "oracle_fixed") if n in result["baselines"]]
-    for panel, key in zip(panels, ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"), strict=True):
-        assert panel == [result["baselines"][n][key]["mean"] for n in names]
+    drawn = list(curves.values())
+    fixed = [n for n in ("tuned_fixed", "oracle_fixed") if n in result["baselines"]]
+    keys = ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10")
+    assert panels[0] == [result["baselines"][n][keys[0]]["mean"] for n in ("rrf", "equal", *fixed)]
+    for panel, on_panel, key in zip(panels[1:], drawn[1:], keys[1:], strict=True):
+        assert panel == [result["baselines"][n][key]["mean"] for n in fixed]
+        for name in ("rrf", "equal"):
+            along = [p["baselines"][name][key]["mean"] for p in result["curve"]]
+            assert on_panel[name] == pytest.approx([np.nan if v is None else v for v in along], nan_ok=True)
+            assert on_panel[name][-1] == pytest.approx(result["baselines"][name][key]["mean"], abs=1e-12)
 
 
 def test_simulate_cli_on_the_demo_collection(tmp_path, capsys) -> None:
@@ -680,7 +695,8 @@ def test_the_figures_are_named_by_their_cut_off(capsys, tmp_path, k: int) -> Non
     result = simulate(data, config, show_progress=False)
     keys = {f"heldout_ndcg@{k}", f"seen_ndcg@{k}", f"online_ndcg@{k}"}
     assert set(result["final"]) == keys and set(result["runs"][0]["final"]) == keys
-    assert all(set(p) == {"interactions", *keys} for p in result["curve"])
+    assert all(set(p) == {"interactions", "baselines", *keys} for p in result["curve"])
+    assert all(set(b) == keys - {f"heldout_ndcg@{k}"} for p in result["curve"] for b in p["baselines"].values())
     assert all(keys <= set(b) for b in result["baselines"].values())
     assert all(row[1] is not None for row in iter_table(result))
     print_table(result)
