@@ -236,7 +236,10 @@ class FeedbackEventHandler(BaseEventHandler):
     # (query id, a response node's id) -> (the rlfb decision it was cut from, the ranked node's id): a
     # CitationQueryEngine's sources are new nodes carrying their ranked node's event id and rank
     _cut_from: Any = PrivateAttr(default_factory=OrderedDict)
-    _decided_in: Any = PrivateAttr(default_factory=OrderedDict)  # open query id -> learner events decided in it
+    # open query id -> (learner event decided in it, whether inside a retrieval), and the node ids its outermost
+    # retrievals returned
+    _decided_in: Any = PrivateAttr(default_factory=OrderedDict)
+    _retrieved_in: Any = PrivateAttr(default_factory=OrderedDict)
     # id(response) -> (a weak reference to it, its query id); by id, as LlamaIndex's Response is an unhashable
     # dataclass; an entry goes with its response
     _responses: Any = PrivateAttr(default_factory=dict)
@@ -434,6 +437,7 @@ class FeedbackEventHandler(BaseEventHandler):
         with self._lock:
             self._nested.pop(event.span_id, None)
             self._decided_in.pop(event.span_id, None)
+            self._retrieved_in.pop(event.span_id, None)
             last = self.last_query_id
             # the span the latest query began with (its id, or a re-ranking's "<span>/reranked/<event>")
             since = None if last is None else self._span_of.get(last) or last.split("/", 1)[0]
@@ -460,6 +464,11 @@ class FeedbackEventHandler(BaseEventHandler):
         if _RETRIEVALS.get():  # nested in another retrieval: the outer result is what counts
             return
         parent = current_query_id()
+        if parent is not None:  # what the query's retrieval returned, which _mark_all_cut reads at its end
+            with self._lock:
+                self._retrieved_in.setdefault(parent, set()).update(_ids(event.nodes))
+                while len(self._retrieved_in) > _REMEMBER:
+                    self._retrieved_in.popitem(last=False)
         own = self._own_event(event.nodes)  # an rlfb retriever logged it already
         with self._lock:
             nested = self._nested.pop(rid, [])
@@ -494,7 +503,8 @@ class FeedbackEventHandler(BaseEventHandler):
         nodes = list(getattr(event.response, "source_nodes", None) or [])
         with self._lock:
             decided = self._decided_in.pop(qid, [])
-        self._mark_all_cut(decided, nodes)
+            retrieved = self._retrieved_in.pop(qid, set())
+        self._mark_all_cut(decided, retrieved, nodes)
         if nodes:
             read: dict[str, list[str] | None] = {}  # each decision the nodes name, read from the store once
 
@@ -541,21 +551,29 @@ class FeedbackEventHandler(BaseEventHandler):
             if cut and decided is not None and len(cut) < len(decided):
                 store.mark_unused(eid, cut)
 
-    def _mark_all_cut(self, decided: Sequence[str], nodes: Sequence[NodeWithScore]) -> None:
+    def _mark_all_cut(self, decided: Sequence[tuple[str, bool]], retrieved: set[str],
+                      nodes: Sequence[NodeWithScore]) -> None:
         """The rlfb decisions made in a query that no node of its response comes from (a later step, a cutoff
         above all of their scores, cut every one): all their nodes are marked unused, so that feedback on the
         answer praises none of them and reads none as passed over. Until 2026-12-05 no node named such a
-        decision, so none was marked, and a thumbs up on the answer praised every one."""
+        decision, so none was marked, and a thumbs up on the answer praised every one.
+
+        A decision made inside a retrieval counts only where the query's retrieval returned its nodes as
+        ranked: a ``RecursiveRetriever`` over an rlfb retriever returns the nodes its ranked index nodes point
+        to, and the answer used those (``retrieved``: the node ids the query's outermost retrievals returned)."""
         named = {(n.node.metadata or {}).get(EVENT_ID_KEY) for n in nodes}
         kept = set(_ids(nodes))
-        for eid in dict.fromkeys(decided):
+        for eid, in_retrieval in dict.fromkeys(decided):
             if eid in named:  # its nodes, or new nodes made from them (a citation engine's): _mark_cut's case
                 continue
             stores = [self._store, *(e.store for e in self._makers_of([eid]).values())]
             for store in dict.fromkeys(stores):
                 ranked = _ranked_ids(store, eid)
-                if ranked and not kept & set(ranked):  # a later step that drops the metadata keeps the nodes
-                    store.mark_unused(eid, ranked)
+                if not ranked or kept & set(ranked):  # a later step that drops the metadata keeps the nodes
+                    continue
+                if in_retrieval and not set(ranked) <= retrieved:  # followed or merged within the retrieval
+                    continue
+                store.mark_unused(eid, ranked)
 
     def _own_event(self, nodes: Sequence[NodeWithScore],
                    ranked_ids: Callable[[str], list[str] | None] | None = None) -> str | None:
@@ -615,7 +633,7 @@ class FeedbackEventHandler(BaseEventHandler):
         query, retrievals = current_query_id(), _RETRIEVALS.get()
         if query is not None:  # whether the query's response keeps any of its nodes is known at its end
             with self._lock:
-                self._decided_in.setdefault(query, []).append(event.event_id)
+                self._decided_in.setdefault(query, []).append((event.event_id, bool(retrievals)))
                 while len(self._decided_in) > _REMEMBER:
                     self._decided_in.popitem(last=False)
         if query is None and not retrievals:

@@ -758,7 +758,7 @@ def _as_answered(episode: Episode) -> Episode:
 
 def _discovers(config: LearnerConfig) -> bool:
     """Whether repeat discovery is on: it works from the memory, and ``exploration="none"`` means none."""
-    return config.memory_weight > 0 and config.discovery_rate > 0 and config.exploration != "none"
+    return config.memory_weight > 0 and config.discovery_rate > 0 and config.chunk_exploration != "none"
 
 
 def _explored(decision: Decision, res: Any) -> Decision:

@@ -123,7 +123,7 @@ class LearnerConfig:
     confidence_weight: float = 0.05
     memory_weight: float = 1.0
     relevance_feedback_weight: float = 0.0
-    exploration: str | None = None  # None: "thompson" with the memory on, "none" with it off (set on construction)
+    exploration: str | None = None  # None: "thompson" with the memory on, "none" with it off (chunk_exploration)
     epsilon: float = 0.1
     epsilon_min: float = 0.02
     epsilon_half_life: float = 1000.0
@@ -159,12 +159,13 @@ class LearnerConfig:
         plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
         check_float("confidence_weight", self.confidence_weight, 0.0, 10.0)
         check_float("memory_weight", self.memory_weight, 0.0, 10.0)
-        if self.exploration is None:  # the default follows the memory (see the class docstring)
-            object.__setattr__(self, "exploration", "thompson" if self.memory_weight > 0 else "none")
         check_float("relevance_feedback_weight", self.relevance_feedback_weight, 0.0, 10.0)
-        if not isinstance(self.exploration, str) or self.exploration not in EXPLORATIONS:
+        # None (the default) stays None, resolved by chunk_exploration: written out as given, a config copied
+        # with dataclasses.replace(..., memory_weight=0) or read back from to_dict() follows its own memory
+        if self.exploration is not None and (not isinstance(self.exploration, str)
+                                             or self.exploration not in EXPLORATIONS):
             raise ValidationError(
-                f"exploration must be one of {sorted(EXPLORATIONS)}, got {self.exploration!r}"
+                f"exploration must be one of {sorted(EXPLORATIONS)} or None, got {self.exploration!r}"
             )
         # validated here too: the epsilon explorer that checks them is built only when chosen
         check_float("epsilon", self.epsilon, 0.0, 1.0)
@@ -190,14 +191,26 @@ class LearnerConfig:
             name, _, rest = str(exc).partition(" ")
             raise ValidationError(f"{_PART_SETTINGS.get(name, name)} {rest}") from None
 
+    @property
+    def chunk_exploration(self) -> str:
+        """The chunk exploration a learner of these settings runs: ``exploration`` where given, else
+        ``"thompson"`` with the memory on and ``"none"`` with it off.
+
+        >>> LearnerConfig().chunk_exploration, LearnerConfig(memory_weight=0).chunk_exploration
+        ('thompson', 'none')
+        """
+        if self.exploration is not None:
+            return self.exploration
+        return "thompson" if self.memory_weight > 0 else "none"
+
     def _parts(self, seed: int | None) -> dict[str, Any]:
         explorer: Any
-        if self.exploration == "epsilon":
+        if self.chunk_exploration == "epsilon":
             explorer = EpsilonGreedyExploration(
                 self.epsilon, epsilon_min=self.epsilon_min, half_life=self.epsilon_half_life,
                 depth=self.explore_depth, min_position=self.explore_min_position, seed=seed,
             )
-        elif self.exploration == "thompson":
+        elif self.chunk_exploration == "thompson":
             explorer = ThompsonChunkExploration(self.thompson_weight, seed=seed)
         else:
             explorer = NoExploration()

@@ -507,9 +507,10 @@ class RewardFunction:
         rlfb.errors.FeedbackBeforeEventError: the click at 0.000 is 1000s before its event (tolerance 300s)
         """
         t0 = as_timestamp(event_time, "event_time")
-        skew = finite_float(clock_skew, "clock_skew")
-        if skew < 0:
-            raise ValidationError(f"clock_skew must be at least 0, got {clock_skew!r}")
+        # infinity (math.inf) turns the check off
+        if isinstance(clock_skew, bool) or not isinstance(clock_skew, numbers.Real) or not clock_skew >= 0:
+            raise ValidationError(f"clock_skew must be a number of seconds, at least 0, got {clock_skew!r}")
+        skew = float(clock_skew)
         items = [self._signal_tuple(s) for s in signals]
         if not items:
             return self.clip(self.config.no_feedback)

@@ -194,8 +194,10 @@ def check_checksums(root: Path) -> None:
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise CorruptStateError(f"{file} is damaged: {type(exc).__name__}: {exc}"[:500]) from exc
     for name, digest in sorted(listed.items()):
-        parts = Path(name).parts
-        if not parts or Path(name).is_absolute() or ".." in parts:
+        # names as a save writes them: "/"-separated parts, none empty, "." or "..", none holding a drive or a
+        # backslash (on Windows "C:x" or "\\x" is not absolute, and would still reach outside the save)
+        parts = name.split("/")
+        if any(p in ("", ".", "..") or "\\" in p or ":" in p for p in parts):
             raise CorruptStateError(f"{file} lists {name!r}, which is not a file inside the save")
         try:
             found = _sha256(root / name)
@@ -204,11 +206,22 @@ def check_checksums(root: Path) -> None:
         except OSError as exc:
             raise CorruptStateError(f"cannot read {root / name}: {exc}") from exc
         if found != digest:
+            lists = ", ".join(str(f) for f in _lists_covering(root))
             raise CorruptStateError(
                 f"{root / name} has changed since it was saved (its SHA-256 is not the one {CHECKSUMS} lists): "
                 "the save is damaged; save again from a live ensemble, or restore a copy. A file edited on "
-                f"purpose: remove {file} to load the folder unchecked"
+                f"purpose: remove {lists} to load the folder unchecked"
             )
+
+
+def _lists_covering(root: Path) -> list[Path]:
+    """``root``'s ``checksums.json`` and those of the saves it is nested in (a retriever's folder inside an
+    ensemble's lists its own list's digest): each must go for an edited file to load."""
+    found = [root / CHECKSUMS]
+    for folder in list(root.parents)[:2]:  # an ensemble's retriever sits at ENSEMBLE/retrievers/NAME
+        if (folder / CHECKSUMS).is_file():
+            found.append(folder / CHECKSUMS)
+    return found
 
 
 def _write_checksums(folder: Path) -> None:

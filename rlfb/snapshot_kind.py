@@ -72,7 +72,7 @@ class SnapshotKind:
         and dense model)."""
         params = getattr(learner.policy, "params", None)  # a user's own policy may have none
         return cls(policy=learner.policy_name, retrievers=tuple(learner.retrievers),
-                   exploration=learner.config.exploration, dim=dim, model=model,
+                   exploration=learner.config.chunk_exploration, dim=dim, model=model,
                    params=params() if callable(params) else None)
 
     def key(self) -> str:

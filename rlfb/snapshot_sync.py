@@ -208,6 +208,8 @@ def take_newer(ens: FeedbackEnsemble) -> int:
         if saved is None and ens._own_version == 0:
             saved = other_models_snapshot(ens)
         if saved is None:
+            if ens._own_version == 0:
+                note_default_exploration(ens)
             return 0
     try:
         # the learning is shared, not the random draws: with the writer's generators, workers given other
@@ -282,6 +284,32 @@ def other_models_snapshot(ens: FeedbackEnsemble) -> Mapping[str, Any] | None:
     except (TypeError, ValueError, AttributeError):  # a damaged memory: not a state to start from
         return None
     return {**saved, "state": state}
+
+
+def note_default_exploration(ens: FeedbackEnsemble) -> None:
+    """Warn, once, where ``ens`` runs no chunk exploration because its memory is off (the default since
+    2026-12-05; ``"thompson"`` before) and its policy's newest snapshot in the store differs from it in that
+    alone: the learning of an app that ran with ``memory_weight=0`` before is another kind's, and not taken."""
+    config = ens._learner.config
+    if getattr(ens, "_exploration_noted", False) or config.exploration is not None or config.memory_weight > 0:
+        return
+    ens._exploration_noted = True
+    try:
+        saved = ens._store.load_policy_state(policy=ens._learner.policy_name)
+    except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
+        return
+    if saved is None:
+        return
+    theirs = SnapshotKind.of(saved)
+    if set(theirs.differences(SnapshotKind.of_learner(ens._learner))) == {"exploration"}:
+        warnings.warn(
+            f"rlfb: the store holds this policy's learning with chunk exploration {theirs.exploration!r}, and "
+            "with the memory off this ensemble explores no chunks by default (since 2026-12-05), so it starts "
+            f"afresh; pass learner_config={{'exploration': {theirs.exploration!r}, ...}} to go on with that "
+            "learning",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def is_ours(ens: FeedbackEnsemble, saved: Mapping[str, Any]) -> bool:

@@ -909,10 +909,14 @@ def test_a_sampled_ranking_shorter_than_k_is_filled_up_from_the_fused_ranking() 
 def test_chunk_exploration_follows_the_memory_unless_given() -> None:
     """Without the memory a swapped-in chunk teaches only the confidences' small prior, and exploring cost
     0.03-0.05 online nDCG@10 (README, target 4): the default explores chunks only with the memory on."""
-    assert LearnerConfig().exploration == "thompson"
-    assert LearnerConfig(memory_weight=0.0).exploration == "none"
-    assert LearnerConfig.from_dict({"memory_weight": 0.0}).exploration == "none"
-    assert LearnerConfig(memory_weight=0.0, exploration="thompson").exploration == "thompson"  # given: kept
-    assert LearnerConfig.from_dict(LearnerConfig(memory_weight=0.0).to_dict()).exploration == "none"  # saved
+    assert LearnerConfig().chunk_exploration == "thompson"
+    assert LearnerConfig(memory_weight=0.0).chunk_exploration == "none"
+    assert LearnerConfig.from_dict({"memory_weight": 0.0}).chunk_exploration == "none"
+    assert LearnerConfig(memory_weight=0.0, exploration="thompson").chunk_exploration == "thompson"  # given: kept
+    assert LearnerConfig.from_dict(LearnerConfig(memory_weight=0.0).to_dict()).chunk_exploration == "none"  # saved
+    # the default is kept as None, not written in: a copy with the memory turned off or on follows it
+    assert dataclasses.replace(LearnerConfig(), memory_weight=0.0).chunk_exploration == "none"
+    assert dataclasses.replace(LearnerConfig(memory_weight=0.0), memory_weight=1.0).chunk_exploration == "thompson"
+    assert LearnerConfig.from_dict({**LearnerConfig().to_dict(), "memory_weight": 0.0}).chunk_exploration == "none"
     assert isinstance(Learner(RETRIEVERS, "thompson", {"memory_weight": 0.0}, seed=0)._explorer, NoExploration)
     assert isinstance(Learner(RETRIEVERS, "thompson", seed=0)._explorer, ThompsonChunkExploration)

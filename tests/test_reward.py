@@ -333,5 +333,7 @@ def test_compute_refuses_a_signal_stamped_before_its_event_as_the_store_does() -
     with pytest.raises(FeedbackBeforeEventError):
         rf.compute(3600.0, [("thumbs_up", 3400.0)], clock_skew=60)
     assert rf.compute(3600.0, [("thumbs_up", 0.0)], clock_skew=3600) == 1.0
-    with pytest.raises(ValidationError, match="clock_skew"):
-        rf.compute(0.0, [], clock_skew=-1)
+    assert rf.compute(3600.0, [("thumbs_up", 0.0)], clock_skew=math.inf) == 1.0  # the check off
+    for bad in (-1, float("nan"), "300", True):
+        with pytest.raises(ValidationError, match="clock_skew"):
+            rf.compute(0.0, [], clock_skew=bad)

@@ -324,6 +324,21 @@ def test_the_ensembles_checksums_cover_each_retrievers_own(tmp_path: Path) -> No
         FeedbackEnsemble.load(root)
 
 
+def test_an_edited_retriever_file_in_an_ensemble_names_every_list_to_remove(tmp_path: Path) -> None:
+    """The message named the retriever's checksums.json alone; removed, the ensemble's list (which holds its
+    digest) refused the load again, with no word of itself."""
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=0).save(root)
+    _flip_last_byte(root / "retrievers" / "bm25" / "bm25s" / "data.csc.index.npy")
+    with pytest.raises(CorruptStateError) as caught:
+        FeedbackEnsemble.load(root)
+    inner, outer = root / "retrievers" / "bm25" / saved_folder.CHECKSUMS, root / saved_folder.CHECKSUMS
+    assert f"remove {inner}, {outer} to load" in str(caught.value)
+    inner.unlink()
+    outer.unlink()
+    FeedbackEnsemble.load(root)  # as it says
+
+
 @pytest.mark.parametrize(
     ("content", "words"),
     [
@@ -333,6 +348,10 @@ def test_the_ensembles_checksums_cover_each_retrievers_own(tmp_path: Path) -> No
         (json.dumps({"files": {}}), "checksums.json is damaged"),
         (json.dumps({"sha256": {"../outside.txt": "0" * 64}}), "not a file inside the save"),
         (json.dumps({"sha256": {"/etc/passwd": "0" * 64}}), "not a file inside the save"),
+        # not absolute on Windows, and outside the save all the same
+        (json.dumps({"sha256": {"C:secret.txt": "0" * 64}}), "not a file inside the save"),
+        (json.dumps({"sha256": {"\\Windows\\win.ini": "0" * 64}}), "not a file inside the save"),
+        (json.dumps({"sha256": {"retrievers//bm25/meta.json": "0" * 64}}), "not a file inside the save"),
     ],
 )
 def test_a_damaged_checksums_file_is_named(tmp_path: Path, content: str, words: str) -> None:

@@ -1013,3 +1013,23 @@ def test_a_store_written_while_the_clock_ran_two_days_fast_still_opens_and_learn
     ens.feedback(r.event_id, "explicit_positive", chunk_id=r.hits[0].chunk_id)
     assert ens.learner.n_learned == 2
     ens.close()
+
+
+def test_a_memory_off_app_of_before_the_exploration_default_is_told_how_to_keep_its_learning(tmp_path) -> None:
+    """With the memory off, chunk exploration became "none" by default (it was "thompson"): the store's
+    learning of such an app is another kind's, and a new ensemble of the same settings started afresh unsaid."""
+    db = str(tmp_path / "fb.db")
+    before = {"memory_weight": 0.0, "exploration": "thompson"}  # what memory_weight=0 ran with before
+    old = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=db, learner_config=before)
+    for q in ("aurora", "tides", "volcano"):
+        old.feedback(old.retrieve(q, k=3).event_id, "thumbs_up")
+    learned = old.learner.n_learned
+    old.close()
+    with pytest.warns(RuntimeWarning, match="'exploration': 'thompson'"):
+        fresh = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=db,
+                                            learner_config={"memory_weight": 0.0})
+    assert fresh.learner.n_learned == 0
+    fresh.close()
+    kept = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=db, learner_config=before)
+    assert kept.learner.n_learned == learned == 3  # what the warning says to do
+    kept.close()

@@ -40,13 +40,14 @@ from rlfb.memory import MemoryParams, normalize_query
 from rlfb.policies.base import Context
 from rlfb.simulation.baselines import Judge, fixed_baselines, simplex_grid, untuned_ndcg
 from rlfb.simulation.config import SimulationConfig, clock_lead, metric_keys, metric_name
-from rlfb.simulation.results import plot_curves, summarize
+from rlfb.simulation.provenance import environment
+from rlfb.simulation.results import iter_table, paired_differences, plot_curves, summarize
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
 
 # the settings, the baselines and the summary live in modules of their own (rlfb.simulation.config,
 # .baselines, .results); their public names are importable from here too, where scripts found them first
 __all__ = ["SimulationConfig", "Prepared", "prepare", "simulate", "simplex_grid", "summarize", "plot_curves",
-           "stream_seed", "metric_name"]
+           "stream_seed", "metric_name", "iter_table", "paired_differences", "environment"]
 
 
 @dataclass
@@ -465,6 +466,8 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
         "attribution_window": ens.store.attribution_window,
         "reward": {f.name: getattr(reward, f.name) for f in fields(reward) if f.name != "aliases"},
         "policy_params": params() if callable(params) else None,
+        # the learner's chunk exploration as it ran (its settings say null where it follows the memory)
+        "chunk_exploration": ens.learner.config.chunk_exploration,
         "rrf_c": ens.rrf_c,
         # where the stream's questions came from: config's stream_split names the one wanted, which a
         # collection without it (cranfield, cisi) replaces by a seeded half of the held-out split

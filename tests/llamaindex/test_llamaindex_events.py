@@ -24,8 +24,17 @@ from llamaindex_rlfb import (
     current_query_id,
     instrument,
 )
-from rlfb import IdempotencyConflictError, RlfbError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb import (
+    FeedbackEnsemble,
+    IdempotencyConflictError,
+    RlfbError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
 from rlfb.store import FeedbackStore
+
+from _li_corpus import IDS, TEXTS
 
 LEXICAL_QUERIES = ("what makes the sky glow green", "moon", "hot rock from mountains", "titanium 400 bar")
 
@@ -735,6 +744,49 @@ def test_nodes_of_a_decision_a_later_step_cut_whole_take_no_share_of_praise_of_t
     kept = engine.query("moon tides").source_nodes[0].node.node_id
     decision = [e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor"][-1]
     assert {c["chunk_id"]: c["used"] for c in decision["chunks"]}[kept] is True
+
+
+def test_a_recursive_retrievers_followed_index_nodes_stay_used(handler: FeedbackEventHandler) -> None:
+    # a RecursiveRetriever over an rlfb retriever of index nodes answers from the nodes they point to: none of
+    # the decision's nodes is among the response's, and the whole-cut rule took them all for cut (a review found
+    # praise of the answer reaching none of them)
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from llama_index.core.retrievers import RecursiveRetriever
+    from llama_index.core.schema import IndexNode
+
+    pointers = [IndexNode(id_=f"ptr-{i}", text=t, index_id="detail") for i, t in zip(IDS, TEXTS, strict=True)]
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=[p.node_id for p in pointers], retrievers=("bm25",),
+                                      store=handler.store, policy="thompson")
+    top = FeedbackEnsembleRetriever(ens, similarity_top_k=2, nodes={p.node_id: p for p in pointers}, explore=False)
+
+    class Detail(BaseRetriever):
+        def _retrieve(self, query_bundle: Any) -> list[NodeWithScore]:
+            return [NodeWithScore(node=TextNode(id_="detail-part", text="the moon pulls the tides"), score=1.0)]
+
+    engine = RetrieverQueryEngine.from_args(RecursiveRetriever("root", {"root": top, "detail": Detail()}),
+                                            llm=MockLLM())
+    assert [n.node.node_id for n in engine.query("moon tides").source_nodes] == ["detail-part"]
+    decision = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackEnsembleRetriever")
+    assert [c["used"] for c in decision["chunks"]] == [True, True]
+    [record] = [r for r in handler.record_feedback(score=1.0) if r.event_id == decision["id"]]
+    assert set(record.chunk_rewards) == {c["chunk_id"] for c in decision["chunks"]}
+
+
+def test_an_rlfb_retrievers_nodes_a_later_step_cut_whole_are_marked_unused(
+    index: Any, handler: FeedbackEventHandler, make_ensemble: Any
+) -> None:
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    class DropAll(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
+            return []
+
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    retriever = FeedbackEnsembleRetriever(ens, similarity_top_k=3, explore=False)
+    engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM(), node_postprocessors=[DropAll()])
+    assert engine.query("moon tides").source_nodes == []
+    decision = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackEnsembleRetriever")
+    assert [c["used"] for c in decision["chunks"]] == [False] * 3
 
 
 @pytest.mark.parametrize("given", ["fb.db", 5, object()])
