@@ -910,3 +910,17 @@ def test_the_seen_figure_is_given_by_how_often_its_questions_were_asked() -> Non
     lifts = [r["seen_by_asks"]["3+"]["learned"] - r["seen_by_asks"]["3+"]["rrf"] for r in runs]
     assert three["learned_minus_rrf"]["mean"] == pytest.approx(float(np.mean(lifts)), abs=1e-12)
     assert "seen_by_asks" not in summary["runs"][0]
+
+
+def test_the_table_prints_the_seen_lift_by_times_asked(capsys) -> None:
+    from rlfb.commands.simulate import print_table
+
+    config = SimulationConfig(policy="thompson", interactions=80, seeds=(0, 1), checkpoints=2, retrievers=("bm25",))
+    result = simulate(generate_demo_corpus(n_devices=30, seed=2), config, show_progress=False)
+    print_table(result)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("seen, learned minus RRF"))
+    lift = result["seen_by_asks"]["1"]["learned_minus_rrf"]["mean"]
+    assert f"1: {lift:+.3f} (" in line and "3+:" in line
+    del result["seen_by_asks"]  # an output of before: no line, no error
+    print_table(result)
+    assert "by times asked" not in capsys.readouterr().out

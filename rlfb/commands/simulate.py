@@ -90,6 +90,12 @@ def print_table(result: dict) -> None:
         for name, d in paired_differences(result).items():
             if name in ("equal", "rrf", "tuned_fixed", "oracle_fixed") and d["ci95"][0] is not None:
                 print(f"  {name:<22}{d['mean']:+10.4f}   95 % interval [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")
+    # the seen figure averages questions asked once with questions asked many times: the lift by asks
+    by_asks = result.get("seen_by_asks") or {}  # absent from outputs of before 2026-12-05's later session
+    groups = [(g, v) for g, v in by_asks.items() if v["learned_minus_rrf"]["mean"] is not None]
+    if groups:
+        print("seen, learned minus RRF on the same questions, by times asked (questions a seed): "
+              + ", ".join(f"{g}: {v['learned_minus_rrf']['mean']:+.3f} ({v['queries']:.1f})" for g, v in groups))
 
 
 def plot_path(path: str) -> str:
