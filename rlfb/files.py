@@ -14,6 +14,7 @@ export``, ``rlfb weights export``, the JSON of ``simulate``, ``evaluate`` and ``
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import uuid
@@ -24,7 +25,7 @@ from typing import Any, BinaryIO, TypeVar
 from rlfb.errors import ValidationError
 
 __all__ = ["write_atomically", "write_text_atomically", "same_file", "refuse_overwriting_store", "folder_path",
-           "path_text"]
+           "path_text", "file_sha256"]
 
 T = TypeVar("T")
 
@@ -60,6 +61,16 @@ def path_text(path: Any, what: str = "path", *, also: str = "") -> str:
 def folder_path(path: Any, what: str = "path") -> Path:
     """``path`` checked by :func:`path_text`, as a :class:`~pathlib.Path` (a save's or a load's folder)."""
     return Path(path_text(path, what))
+
+
+def file_sha256(file: Path) -> bytes:
+    """The SHA-256 of a file's bytes, read in 1 MiB blocks (a model's weights or a saved index need not fit in
+    memory twice)."""
+    digest = hashlib.sha256()
+    with open(file, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.digest()
 
 
 def write_atomically(path: str | Path, write: Callable[[BinaryIO], T]) -> T:

