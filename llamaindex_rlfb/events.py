@@ -544,12 +544,16 @@ class FeedbackEventHandler(BaseEventHandler):
         if eid is None:
             return
         kept = set(_ids(nodes))
-        stores = [self._store, *(e.store for e in self._makers_of([eid]).values())]
-        for store in dict.fromkeys(stores):  # the handler's, and the learner's where that is another file
+        for store in self._stores_of(eid):
             decided = ranked_ids(eid) if store is self._store else _ranked_ids(store, eid)
             cut = [c for c in decided or () if c not in kept]
             if cut and decided is not None and len(cut) < len(decided):
                 store.mark_unused(eid, cut)
+
+    def _stores_of(self, eid: str) -> list[Any]:
+        """The stores that hold decision ``eid``: the handler's, and the learner's where that is another file."""
+        stores = [self._store, *(e.store for e in self._makers_of([eid]).values())]
+        return list(dict.fromkeys(stores))
 
     def _mark_all_cut(self, decided: Sequence[tuple[str, bool]], retrieved: set[str],
                       nodes: Sequence[NodeWithScore]) -> None:
@@ -566,8 +570,7 @@ class FeedbackEventHandler(BaseEventHandler):
         for eid, in_retrieval in dict.fromkeys(decided):
             if eid in named:  # its nodes, or new nodes made from them (a citation engine's): _mark_cut's case
                 continue
-            stores = [self._store, *(e.store for e in self._makers_of([eid]).values())]
-            for store in dict.fromkeys(stores):
+            for store in self._stores_of(eid):
                 ranked = _ranked_ids(store, eid)
                 if not ranked or kept & set(ranked):  # a later step that drops the metadata keeps the nodes
                     continue

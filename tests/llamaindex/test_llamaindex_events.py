@@ -711,20 +711,25 @@ def test_nodes_a_later_step_cut_take_no_share_of_praise_of_the_answer(
     assert ens.learner.memory.known("moon tides").get(cut[0], 0.0) == 0.0
 
 
+def _keeping(n: int) -> Any:
+    """A later step that keeps the first ``n`` nodes it is given (0: a cutoff above all of them)."""
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+
+    class Keeping(BaseNodePostprocessor):
+        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
+            return nodes[:n]
+
+    return Keeping()
+
+
 def test_nodes_of_a_decision_a_later_step_cut_whole_take_no_share_of_praise_of_the_answer(
     index: Any, handler: FeedbackEventHandler, make_ensemble: Any
 ) -> None:
     # a cutoff above every node: no response node named the decision any more, so none was marked unused, and a
     # thumbs up on the answer (written without them) praised every one
-    from llama_index.core.postprocessor.types import BaseNodePostprocessor
-
-    class DropAll(BaseNodePostprocessor):
-        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
-            return []
-
     ens = make_ensemble(store=handler.store, policy="thompson")
     pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=3, explore=False)
-    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp, DropAll()])
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp, _keeping(0)])
     assert engine.query("moon tides").source_nodes == []
     decision = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor")
     ranked = [c["chunk_id"] for c in decision["chunks"]]
@@ -736,11 +741,7 @@ def test_nodes_of_a_decision_a_later_step_cut_whole_take_no_share_of_praise_of_t
     assert ens.learner.confidence.confidence(ranked).tolist() == before
     assert not any(ens.learner.memory.known("moon tides").get(c, 0.0) > 0 for c in ranked)
     # a later step that keeps a node of the decision (here its first) leaves the whole-cut rule out of it
-    class KeepFirst(BaseNodePostprocessor):
-        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
-            return nodes[:1]
-
-    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp, KeepFirst()])
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=6, node_postprocessors=[pp, _keeping(1)])
     kept = engine.query("moon tides").source_nodes[0].node.node_id
     decision = [e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackFusionPostprocessor"][-1]
     assert {c["chunk_id"]: c["used"] for c in decision["chunks"]}[kept] is True
@@ -775,15 +776,9 @@ def test_a_recursive_retrievers_followed_index_nodes_stay_used(handler: Feedback
 def test_an_rlfb_retrievers_nodes_a_later_step_cut_whole_are_marked_unused(
     index: Any, handler: FeedbackEventHandler, make_ensemble: Any
 ) -> None:
-    from llama_index.core.postprocessor.types import BaseNodePostprocessor
-
-    class DropAll(BaseNodePostprocessor):
-        def _postprocess_nodes(self, nodes: list[NodeWithScore], query_bundle: Any = None) -> list[NodeWithScore]:
-            return []
-
     ens = make_ensemble(store=handler.store, policy="thompson")
     retriever = FeedbackEnsembleRetriever(ens, similarity_top_k=3, explore=False)
-    engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM(), node_postprocessors=[DropAll()])
+    engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM(), node_postprocessors=[_keeping(0)])
     assert engine.query("moon tides").source_nodes == []
     decision = next(e for e in handler.retrievals() if e["metadata"]["component"] == "FeedbackEnsembleRetriever")
     assert [c["used"] for c in decision["chunks"]] == [False] * 3
