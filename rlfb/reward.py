@@ -148,6 +148,22 @@ def finite_float(x: Any, name: str = "value") -> float:
     return f
 
 
+def check_not_before(at: float, event_time: float, clock_skew: float, what: str = "feedback") -> None:
+    """Raise :class:`~rlfb.errors.FeedbackBeforeEventError` where feedback at ``at`` is stamped more than
+    ``clock_skew`` seconds before its event (the store's check, and :meth:`RewardFunction.compute`'s).
+
+    >>> check_not_before(100.0, 300.0, 300.0)
+    >>> check_not_before(0.0, 1000.0, 300.0)
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.FeedbackBeforeEventError: feedback at 0.000 is 1000s before its event (tolerance 300s)
+    """
+    if at < event_time - clock_skew:
+        raise FeedbackBeforeEventError(
+            f"{what} at {at:.3f} is {event_time - at:.0f}s before its event (tolerance {clock_skew:g}s)"
+        )
+
+
 def as_timestamp(x: Any, name: str = "timestamp") -> float:
     """Return a unix timestamp (float seconds) from a number, a ``datetime`` or an ISO-8601 string.
 
@@ -518,10 +534,7 @@ class RewardFunction:
         for sig, ts, value, rating in items:
             v = self.signal_value(sig, value, rating)
             at = as_timestamp(ts)
-            if at < t0 - skew:
-                raise FeedbackBeforeEventError(
-                    f"the {sig} at {at:.3f} is {t0 - at:.0f}s before its event (tolerance {skew:g}s)"
-                )
+            check_not_before(at, t0, skew, f"the {sig}")
             total += v * self.discount(at - t0)
         return self.clip(total)
 

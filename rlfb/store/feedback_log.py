@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from rlfb.errors import (
     CorruptStateError,
-    FeedbackBeforeEventError,
     IdempotencyConflictError,
     RlfbError,
     UnknownChunkError,
     UnknownEventError,
     ValidationError,
 )
+from rlfb.reward import check_not_before
 from rlfb.store.checks import _batches, _check_event_id, _check_int, _items, _marks, _opt_str, _req_str
 from rlfb.store.codec import _dec, _decode_row, _enc, _loads
 from rlfb.store.records import (
@@ -156,11 +156,7 @@ def apply_feedback(
                 raise UnknownEventError(f"unknown event id {p.event_id!r}")
             if p.chunk_id is not None and p.chunk_id not in ev.chunks:
                 raise UnknownChunkError(f"chunk {p.chunk_id!r} was not part of event {p.event_id!r}")
-            if p.ts < ev.ts - store.clock_skew:
-                raise FeedbackBeforeEventError(
-                    f"feedback at {p.ts:.3f} is {ev.ts - p.ts:.0f}s before its event "
-                    f"(tolerance {store.clock_skew:g}s)"
-                )
+            check_not_before(p.ts, ev.ts, store.clock_skew)
         except RlfbError as exc:
             raise (_prefixed(exc, f"feedback item {i}: ") if prefix else exc) from None
         delay = max(0.0, p.ts - ev.ts)
