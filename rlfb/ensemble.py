@@ -173,6 +173,7 @@ class FeedbackEnsemble:
         self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
         self._query_dim_cache: Any = _UNKNOWN
         self._other_models_asked = False  # other_models_snapshot: a first start takes another model's state once
+        self._exploration_noted = False  # note_default_exploration: warned once
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )

@@ -252,6 +252,15 @@ def own_snapshot(ens: FeedbackEnsemble, after: int) -> Mapping[str, Any] | None:
     return None
 
 
+def _policys_newest(ens: FeedbackEnsemble) -> Mapping[str, Any] | None:
+    """The store's newest snapshot of ``ens``'s policy, of any kind; ``None`` if there is none, or from a store of
+    the user's own whose ``load_policy_state`` takes no policy."""
+    try:
+        return ens._store.load_policy_state(policy=ens._learner.policy_name)
+    except TypeError:
+        return None
+
+
 def other_models_snapshot(ens: FeedbackEnsemble) -> Mapping[str, Any] | None:
     """For an ensemble with no snapshot of its own, asked once: this policy's newest snapshot if it is of its
     kind but for the dense model, with the memory's query embeddings left out (another model's), or ``None``.
@@ -267,10 +276,7 @@ def other_models_snapshot(ens: FeedbackEnsemble) -> Mapping[str, Any] | None:
     ens._other_models_asked = True
     if model is None:
         return None
-    try:
-        saved = ens._store.load_policy_state(policy=ens._learner.policy_name)
-    except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
-        return None
+    saved = _policys_newest(ens)
     theirs = SnapshotKind.of(saved)
     if saved is None or theirs.model is None:
         return None
@@ -291,13 +297,10 @@ def note_default_exploration(ens: FeedbackEnsemble) -> None:
     2026-12-05; ``"thompson"`` before) and its policy's newest snapshot in the store differs from it in that
     alone: the learning of an app that ran with ``memory_weight=0`` before is another kind's, and not taken."""
     config = ens._learner.config
-    if getattr(ens, "_exploration_noted", False) or config.exploration is not None or config.memory_weight > 0:
+    if ens._exploration_noted or config.exploration is not None or config.memory_weight > 0:
         return
     ens._exploration_noted = True
-    try:
-        saved = ens._store.load_policy_state(policy=ens._learner.policy_name)
-    except TypeError:  # a store of the user's own, whose load_policy_state takes no policy
-        return
+    saved = _policys_newest(ens)
     if saved is None:
         return
     theirs = SnapshotKind.of(saved)
