@@ -94,8 +94,8 @@ def fixed_baselines(
             for j, n in enumerate(names):
                 out[n].append(judge.ndcg(ctx.raw[:, [j]])[0])
             fused = {m: normalize(ctx.raw, m, ranks=ctx.ranks if m == "rrf" else None) for m in modes}
-            out["equal"].append(judge.ndcg((fused["minmax"] @ equal)[:, None])[0])
-            out["rrf"].append(judge.ndcg((fused["rrf"] @ equal)[:, None])[0])
+            for name, value in _untuned(judge, fused["minmax"], fused["rrf"]).items():
+                out[name].append(value)
             for m in modes:
                 out[f"grid_{m}"].append(judge.ndcg(fused[m] @ grid.T))
         return {key: np.array(v) for key, v in out.items()}
@@ -154,8 +154,15 @@ def untuned_ndcg(prep: Prepared, qids: Sequence[str], judges: Mapping[str, Judge
     """Each of :data:`UNTUNED`'s nDCG@k on each of ``qids``, as :func:`fixed_baselines` scores them."""
     out: dict[str, dict[str, float]] = {name: {} for name in UNTUNED}
     for q in qids:
-        ctx, judge = prep.contexts[q], judges[q]
-        equal = np.full(ctx.raw.shape[1], 1.0 / ctx.raw.shape[1])
-        out["equal"][q] = float(judge.ndcg((normalize(ctx.raw, "minmax") @ equal)[:, None])[0])
-        out["rrf"][q] = float(judge.ndcg((normalize(ctx.raw, "rrf", ranks=ctx.ranks) @ equal)[:, None])[0])
+        ctx = prep.contexts[q]
+        untuned = _untuned(judges[q], normalize(ctx.raw, "minmax"), normalize(ctx.raw, "rrf", ranks=ctx.ranks))
+        for name, value in untuned.items():
+            out[name][q] = value
     return out
+
+
+def _untuned(judge: Judge, minmax: np.ndarray, rrf: np.ndarray) -> dict[str, float]:
+    """Equal weights' and RRF's nDCG@k of one question, from its candidates' min-max and RRF scores."""
+    equal = np.full(minmax.shape[1], 1.0 / minmax.shape[1])
+    return {"equal": float(judge.ndcg((minmax @ equal)[:, None])[0]),
+            "rrf": float(judge.ndcg((rrf @ equal)[:, None])[0])}
