@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.errors import CorruptStateError
 from rlfb.retrievers.base import (
     ARRAY_HEADER_ERRORS,
     ChunkTable,
@@ -32,7 +32,7 @@ from rlfb.retrievers.base import (
     reused_rows,
     saved_positive_int,
 )
-from rlfb.retrievers.cache import EmbeddingCache, LRUCache, cached_encode, check_cache_dir, open_side_caches
+from rlfb.retrievers.encoding import ModelEncoding
 from rlfb.retrievers.models import (
     AS_SAVED,
     AsSaved,
@@ -104,7 +104,7 @@ def _check_embeddings(file: Path, embeddings: np.ndarray, n_docs: int) -> None:
         )
 
 
-class DenseRetriever(CorpusRetriever):
+class DenseRetriever(ModelEncoding, CorpusRetriever):
     """Cosine similarity over sentence-transformers embeddings.
 
     Parameters
@@ -135,12 +135,10 @@ class DenseRetriever(CorpusRetriever):
     """
 
     name = "dense"
-    #: Keep query encodings in the on-disk cache (keyed by the query's sha256). An ensemble whose store keeps no
-    #: query text (``store_text=False``) turns it off: an encoding can be read back into the question's words.
-    cache_queries: bool = True
     #: it scores by a query embedding: the ensemble averages its scores over a question's embedding strings
     #: (LlamaIndex's ``custom_embedding_strs``) where some are given
     embeds_queries = True
+    _accept = staticmethod(_cacheable)
 
     def __init__(
         self,
@@ -152,43 +150,14 @@ class DenseRetriever(CorpusRetriever):
         model_key: str | None = None,
         query_cache_size: int = 10_000,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
-        check_cache_dir(cache_dir)  # here, not at the first encoding: "" would be the working directory
-        self.batch_size = batch_size
-        self.cache_dir = cache_dir
-        self._model_key = model_key  # as given: saved, so that a load keys the cache as this retriever did
         self.device = device
-        self._model = LazyModel(
-            model,
-            kind="dense",
-            loader=load_sentence_transformer,
-            default=default_dense_model,
-            device=device,
+        lazy = LazyModel(
+            model, kind="dense", loader=load_sentence_transformer, default=default_dense_model, device=device,
             key=model_key,
         )
-        self._memory = LRUCache(query_cache_size)
-        self._doc_cache: EmbeddingCache | None = None
-        self._query_cache: EmbeddingCache | None = None
-        self._caches_ready = False
+        self._init_encoding(lazy, batch_size, cache_dir, model_key, query_cache_size)
         self._table: ChunkTable | None = None
         self._embeddings: np.ndarray = np.zeros((0, 0), dtype=np.float32)
-
-    # -- model and caches ---------------------------------------------------------------------------
-    @property
-    def model(self) -> Any:
-        """The ``SentenceTransformer`` (loaded on first access)."""
-        return self._model.get()
-
-    @property
-    def cache_key(self) -> str | None:
-        """The key its encodings are cached under on disk (kind-prefixed); ``None`` for a model of unknown origin."""
-        return self._model.key
-
-    @property
-    def model_name(self) -> str | None:
-        """Name or path of the model; ``None`` for the bundled default."""
-        return self._model.name
 
     @property
     def embeddings(self) -> np.ndarray:
@@ -205,16 +174,8 @@ class DenseRetriever(CorpusRetriever):
             out[at] = self._embeddings[[row[chunk_ids[i]] for i in at]]
         return out
 
-    def _caches(self) -> tuple[EmbeddingCache | None, EmbeddingCache | None]:
-        if not self._caches_ready:
-            self._doc_cache, self._query_cache = open_side_caches(self.cache_dir, self._model.key)
-            self._caches_ready = True
-        return self._doc_cache, self._query_cache
-
     def _encode(self, texts: list[str], side: str) -> list[np.ndarray]:
-        model = self.model
-        method = getattr(model, f"encode_{side}", None) or model.encode
-        out = method(
+        out = self._model_call(side)(
             [model_text(t) for t in texts],
             batch_size=self.batch_size,
             convert_to_numpy=True,
@@ -225,37 +186,11 @@ class DenseRetriever(CorpusRetriever):
 
     def encode_documents(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         """Normalised document-side embeddings of ``texts``, ``(n, dim)`` float32 (disk-cached)."""
-        return self._encode_documents(check_texts(texts), show_progress=show_progress)
-
-    def _encode_documents(self, texts: list[str], *, show_progress: bool = False,
-                          wait: float | None = None) -> np.ndarray:
-        disk, _ = self._caches()
-        vectors = cached_encode(
-            texts,
-            lambda b: self._encode(b, "document"),
-            disk=disk,
-            show_progress=show_progress,
-            desc=f"{self.name} documents",
-            accept=_cacheable,
-            wait=wait,
-        )
-        return self._stack(vectors)
+        return self._stack(self._cached_documents(check_texts(texts), show_progress=show_progress))
 
     def encode_queries(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         """Normalised query-side embeddings, ``(n, dim)`` float32 (cached in memory and on disk)."""
-        queries = check_texts(queries, "queries")
-        _, disk = self._caches()
-        disk = disk if self.cache_queries else None  # off for a store that keeps no query text
-        vectors = cached_encode(
-            queries,
-            lambda b: self._encode(b, "query"),
-            disk=disk,
-            memory=self._memory,
-            show_progress=show_progress,
-            desc=f"{self.name} queries",
-            accept=_cacheable,
-        )
-        return self._stack(vectors)
+        return self._stack(self._cached_queries(check_texts(queries, "queries"), show_progress=show_progress))
 
     def _stack(self, vectors: list[np.ndarray]) -> np.ndarray:
         if not vectors:
@@ -313,7 +248,7 @@ class DenseRetriever(CorpusRetriever):
         texts = check_texts(texts)
         if not texts:
             return np.zeros(0, dtype=np.float64)
-        docs = self._encode_documents(texts, wait=0.0)  # a search's: it must not wait on the cache's lock
+        docs = self._stack(self._cached_documents(texts, wait=0.0))  # a search's: it must not wait on the lock
         q = self.encode_queries([query])
         if docs.shape[1] != q.shape[1]:
             raise CorruptStateError(

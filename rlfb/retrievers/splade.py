@@ -32,14 +32,8 @@ from rlfb.retrievers.base import (
     reused_rows,
     saved_positive_int,
 )
-from rlfb.retrievers.cache import (
-    EmbeddingCache,
-    LRUCache,
-    SparseVector,
-    cached_encode,
-    check_cache_dir,
-    open_side_caches,
-)
+from rlfb.retrievers.cache import SparseVector
+from rlfb.retrievers.encoding import ModelEncoding
 from rlfb.retrievers.models import (
     AS_SAVED,
     AsSaved,
@@ -135,7 +129,7 @@ def _check_matrix(file: Path, matrix: Any, n_docs: int) -> None:
         raise CorruptStateError(f"{file}: SPLADE term weights must be finite")
 
 
-class SpladeRetriever(CorpusRetriever):
+class SpladeRetriever(ModelEncoding, CorpusRetriever):
     """SPLADE: dot products of learned sparse term weights.
 
     Parameters
@@ -162,9 +156,6 @@ class SpladeRetriever(CorpusRetriever):
     """
 
     name = "splade"
-    #: Keep query encodings in the on-disk cache (keyed by the query's sha256). An ensemble whose store keeps no
-    #: query text (``store_text=False``) turns it off: an encoding can be read back into the question's words.
-    cache_queries: bool = True
 
     def __init__(
         self,
@@ -177,22 +168,16 @@ class SpladeRetriever(CorpusRetriever):
         model_key: str | None = None,
         query_cache_size: int = 10_000,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValidationError(f"batch_size must be a positive integer, got {batch_size!r}")
         if max_active_dims is not None and (
             isinstance(max_active_dims, bool) or not isinstance(max_active_dims, int) or max_active_dims <= 0
         ):
             raise ValidationError(
                 f"max_active_dims must be a positive integer or None, got {max_active_dims!r}"
             )
-        check_cache_dir(cache_dir)  # here, not at the first encoding: "" would be the working directory
-        self.batch_size = batch_size
-        self.cache_dir = cache_dir
-        self._model_key = model_key  # as given: saved, so that a load keys the cache as this retriever did
         self.max_active_dims = max_active_dims
         self.device = device
         extra = f"|max_active_dims={max_active_dims}" if max_active_dims is not None else ""
-        self._model = LazyModel(
+        lazy = LazyModel(
             model,
             kind="splade",
             loader=load_sparse_encoder,
@@ -201,45 +186,18 @@ class SpladeRetriever(CorpusRetriever):
             key=None if model_key is None else model_key + extra,
             key_extra=extra,  # pruned encodings are not the model's full encodings
         )
-        self._memory = LRUCache(query_cache_size)
-        self._doc_cache: EmbeddingCache | None = None
-        self._query_cache: EmbeddingCache | None = None
-        self._caches_ready = False
+        self._init_encoding(lazy, batch_size, cache_dir, model_key, query_cache_size)
         self._table: ChunkTable | None = None
         self._matrix: Any = None  # scipy CSR, documents x vocabulary, float32
         self._vocab_size: int | None = None
-
-    # -- model and caches ---------------------------------------------------------------------------
-    @property
-    def model(self) -> Any:
-        """The ``SparseEncoder`` (loaded on first access)."""
-        return self._model.get()
-
-    @property
-    def cache_key(self) -> str | None:
-        """The key its encodings are cached under on disk (kind-prefixed); ``None`` for a model of unknown origin."""
-        return self._model.key
-
-    @property
-    def model_name(self) -> str | None:
-        """Name or path of the model; ``None`` for the bundled default."""
-        return self._model.name
 
     @property
     def matrix(self) -> Any:
         """Document term weights, CSR ``(len(self), vocab_size)`` float32, rows aligned with :attr:`ids`."""
         return self._matrix
 
-    def _caches(self) -> tuple[EmbeddingCache | None, EmbeddingCache | None]:
-        if not self._caches_ready:
-            self._doc_cache, self._query_cache = open_side_caches(self.cache_dir, self._model.key)
-            self._caches_ready = True
-        return self._doc_cache, self._query_cache
-
     def _encode(self, texts: list[str], side: str) -> list[SparseVector]:
-        model = self.model
-        method = getattr(model, f"encode_{side}", None) or model.encode
-        out = method(
+        out = self._model_call(side)(
             [model_text(t) for t in texts],
             batch_size=self.batch_size,
             convert_to_tensor=True,
@@ -257,34 +215,11 @@ class SpladeRetriever(CorpusRetriever):
 
     def encode_documents(self, texts: Sequence[str], *, show_progress: bool = False) -> Any:
         """Document-side encodings of ``texts`` as a CSR matrix ``(n, vocab_size)`` (disk-cached)."""
-        return self._encode_documents(check_texts(texts), show_progress=show_progress)
-
-    def _encode_documents(self, texts: list[str], *, show_progress: bool = False, wait: float | None = None) -> Any:
-        disk, _ = self._caches()
-        rows = cached_encode(
-            texts,
-            lambda b: self._encode(b, "document"),
-            disk=disk,
-            show_progress=show_progress,
-            desc=f"{self.name} documents",
-            wait=wait,
-        )
-        return self._to_csr(rows)  # type: ignore[arg-type]
+        return self._to_csr(self._cached_documents(check_texts(texts), show_progress=show_progress))
 
     def encode_queries(self, queries: Sequence[str], *, show_progress: bool = False) -> Any:
         """Query-side encodings as a CSR matrix ``(n, vocab_size)`` (cached in memory and on disk)."""
-        queries = check_texts(queries, "queries")
-        _, disk = self._caches()
-        disk = disk if self.cache_queries else None  # off for a store that keeps no query text
-        rows = cached_encode(
-            queries,
-            lambda b: self._encode(b, "query"),
-            disk=disk,
-            memory=self._memory,
-            show_progress=show_progress,
-            desc=f"{self.name} queries",
-        )
-        return self._to_csr(rows)  # type: ignore[arg-type]
+        return self._to_csr(self._cached_queries(check_texts(queries, "queries"), show_progress=show_progress))
 
     # -- Retriever ----------------------------------------------------------------------------------
     def index(self, chunks: Sequence[Chunk], *, show_progress: bool = False) -> SpladeRetriever:
@@ -332,7 +267,7 @@ class SpladeRetriever(CorpusRetriever):
         if not texts:
             return np.zeros(0, dtype=np.float64)
         # a search's: it must not wait on the cache's lock
-        return self._scores(self._encode_documents(texts, wait=0.0), self.encode_queries([query]))[0]
+        return self._scores(self._to_csr(self._cached_documents(texts, wait=0.0)), self.encode_queries([query]))[0]
 
     # -- persistence --------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
