@@ -23,16 +23,13 @@ from rlfb.retrievers.base import (
     CorpusRetriever,
     array_problem,
     as_table,
-    check_format_version,
     check_query,
     check_texts,
     kept_then_new,
     model_text,
-    read_meta,
     reused_rows,
-    saved_positive_int,
 )
-from rlfb.retrievers.encoding import ModelEncoding
+from rlfb.retrievers.encoding import ModelEncoding, saved_arguments
 from rlfb.retrievers.models import (
     AS_SAVED,
     AsSaved,
@@ -41,8 +38,6 @@ from rlfb.retrievers.models import (
     encoded_by_another_model,
     load_sentence_transformer,
     model_meta,
-    saved_model,
-    saved_settings,
 )
 from rlfb.saved_folder import reads_whole
 from rlfb.types import Chunk
@@ -299,21 +294,10 @@ class DenseRetriever(ModelEncoding, CorpusRetriever):
         default folder, the device, and a key the caller gave); a value given here overrides it.
         """
         path = Path(path)
-        meta = read_meta(path, "dense")
+        meta, arguments = saved_arguments(path, "dense", _FORMAT_VERSION, 64, model=model, cache_dir=cache_dir,
+                                          device=device, model_key=model_key)
         meta_file = path / "meta.json"
-        check_format_version(meta, _FORMAT_VERSION, meta_file)
-        batch_size = saved_positive_int(meta, "batch_size", 64, meta_file)
-        model = saved_model(meta, model, path)
-        cache_dir, device, model_key = saved_settings(
-            meta, meta_file, cache_dir=cache_dir, device=device, model_key=model_key
-        )
-        retriever = cls(
-            model,
-            batch_size=batch_size,
-            cache_dir=cache_dir,
-            device=device,
-            model_key=model_key,
-        )
+        retriever = cls(**arguments)
         file = path / "embeddings.npy"
         try:
             embeddings = np.load(file, allow_pickle=False)

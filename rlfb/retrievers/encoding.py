@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rlfb.errors import ValidationError
+from rlfb.retrievers.base import check_format_version, read_meta, saved_positive_int
 from rlfb.retrievers.cache import EmbeddingCache, Encoding, LRUCache, cached_encode, check_cache_dir, open_side_caches
-from rlfb.retrievers.models import LazyModel
+from rlfb.retrievers.models import LazyModel, saved_model, saved_settings
 
-__all__ = ["ModelEncoding"]
+__all__ = ["ModelEncoding", "saved_arguments"]
 
 
 class ModelEncoding:
@@ -89,3 +90,20 @@ class ModelEncoding:
         disk = disk if self.cache_queries else None  # off for a store that keeps no query text
         return cached_encode(queries, lambda b: self._encode(b, "query"), disk=disk, memory=self._memory,
                              show_progress=show_progress, desc=f"{self.name} queries", accept=self._accept)
+
+
+def saved_arguments(path: Path, kind: str, format_version: int, default_batch_size: int, *, model: Any,
+                    cache_dir: Any, device: Any, model_key: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A saved model retriever's ``meta.json`` (its kind and format version checked) and the constructor
+    arguments it gives: the saved model unless ``model`` is given, the batch size, and the cache folder, device
+    and model key it was built with, each unless given here (``AS_SAVED``: not given)."""
+    meta = read_meta(path, kind)
+    meta_file = path / "meta.json"
+    check_format_version(meta, format_version, meta_file)
+    batch_size = saved_positive_int(meta, "batch_size", default_batch_size, meta_file)
+    model = saved_model(meta, model, path)
+    cache_dir, device, model_key = saved_settings(
+        meta, meta_file, cache_dir=cache_dir, device=device, model_key=model_key
+    )
+    return meta, {"model": model, "batch_size": batch_size, "cache_dir": cache_dir, "device": device,
+                  "model_key": model_key}

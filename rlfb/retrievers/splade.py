@@ -23,17 +23,15 @@ from rlfb.retrievers.base import (
     CorpusRetriever,
     array_problem,
     as_table,
-    check_format_version,
     check_query,
     check_texts,
     kept_then_new,
     model_text,
-    read_meta,
     reused_rows,
     saved_positive_int,
 )
 from rlfb.retrievers.cache import SparseVector
-from rlfb.retrievers.encoding import ModelEncoding
+from rlfb.retrievers.encoding import ModelEncoding, saved_arguments
 from rlfb.retrievers.models import (
     AS_SAVED,
     AsSaved,
@@ -42,8 +40,6 @@ from rlfb.retrievers.models import (
     encoded_by_another_model,
     load_sparse_encoder,
     model_meta,
-    saved_model,
-    saved_settings,
 )
 from rlfb.saved_folder import reads_whole
 from rlfb.types import Chunk
@@ -310,25 +306,13 @@ class SpladeRetriever(ModelEncoding, CorpusRetriever):
         import scipy.sparse as sp
 
         path = Path(path)
-        meta = read_meta(path, "splade")
+        meta, arguments = saved_arguments(path, "splade", _FORMAT_VERSION, 32, model=model, cache_dir=cache_dir,
+                                          device=device, model_key=model_key)
         meta_file = path / "meta.json"
-        check_format_version(meta, _FORMAT_VERSION, meta_file)
-        batch_size = saved_positive_int(meta, "batch_size", 32, meta_file)
         max_active_dims = meta.get("max_active_dims")
         if max_active_dims is not None:  # null: the model's own setting
             max_active_dims = saved_positive_int(meta, "max_active_dims", 0, meta_file)
-        model = saved_model(meta, model, path)
-        cache_dir, device, model_key = saved_settings(
-            meta, meta_file, cache_dir=cache_dir, device=device, model_key=model_key
-        )
-        retriever = cls(
-            model,
-            batch_size=batch_size,
-            cache_dir=cache_dir,
-            max_active_dims=max_active_dims,
-            device=device,
-            model_key=model_key,
-        )
+        retriever = cls(**arguments, max_active_dims=max_active_dims)
         file = path / "doc_matrix.npz"
         try:
             matrix = sp.csr_matrix(sp.load_npz(file))
