@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ from rlfb.policies.base import same_hyperparameters
 from rlfb.runs import hashes_queries
 from rlfb.snapshot_kind import SnapshotKind
 
-__all__ = ["current_weights", "damaged_state", "export_weights", "import_weights", "read_weights_file", "WeightsFile"]
+__all__ = ["current_weights", "damaged_state", "describe_kind", "export_weights", "import_weights", "read_weights_file",
+           "WeightsFile"]
 
 
 def _sound_state(store: Any, saved: Mapping[str, Any]) -> None:
@@ -44,19 +45,66 @@ def _sound_state(store: Any, saved: Mapping[str, Any]) -> None:
         )
 
 
-def current_weights(store: Any) -> dict[str, Any]:
-    """``{"weights", "policy", "version", "updated_at"}`` of the newest snapshot (empty weights if none).
+def describe_kind(snapshot: Mapping[str, Any]) -> str:
+    """One line naming a snapshot and its kind: ``version 3: policy thompson, bm25+dense``."""
+    weights = snapshot.get("weights")
+    names = "+".join(weights) if isinstance(weights, Mapping) else "weights unreadable"
+    return f"version {snapshot.get('version')}: policy {snapshot.get('policy')}, {names}"
+
+
+def _matches(snapshot: Mapping[str, Any], retrievers: Sequence[str] | None, policy: str | None) -> bool:
+    weights = snapshot.get("weights")
+    if retrievers is not None and not (isinstance(weights, Mapping) and set(weights) == set(retrievers)):
+        return False
+    return policy is None or snapshot.get("policy") == policy
+
+
+def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *, whole: bool
+            ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The snapshot to show or export and the newest of each kind in the store.
+
+    Without ``retrievers`` or ``policy`` it is the newest snapshot; with them, the newest of the kinds whose
+    weights name exactly those retrievers and whose policy is that one (none: :class:`ValidationError` listing
+    the kinds there are). ``whole``: where the store holds several kinds, one must be named, since the newest
+    may be another app's (an export meant as a backup of one app's state saved another's).
+    """
+    kinds = store.newest_snapshots()
+    if retrievers is None and policy is None:
+        if whole and len(kinds) > 1:
+            raise ValidationError(
+                f"the store holds the snapshots of {len(kinds)} kinds of ensemble ("
+                + "; ".join(describe_kind(k) for k in kinds)
+                + "): name one with --retrievers (and --policy)"
+            )
+        return store.load_policy_state(), kinds
+    picked = [k for k in kinds if _matches(k, retrievers, policy)]
+    if not picked:
+        wanted = " and ".join(part for part in (
+            None if retrievers is None else "retrievers " + "+".join(retrievers),
+            None if policy is None else f"policy {policy}") if part)
+        there = "; ".join(describe_kind(k) for k in kinds) or "none"
+        raise ValidationError(f"the store holds no snapshot of {wanted}; it holds: {there}")
+    return store.load_policy_state(before=int(picked[0]["version"]) + 1), kinds
+
+
+def current_weights(store: Any, *, retrievers: Sequence[str] | None = None,
+                    policy: str | None = None) -> dict[str, Any]:
+    """``{"weights", "policy", "version", "updated_at", "kinds"}`` of the newest snapshot (empty weights if none).
+
+    ``kinds`` lists the newest snapshot of each kind of ensemble in the store (without states): apps with other
+    retrievers or another policy can share one file, and the newest snapshot is then only one of theirs.
+    ``retrievers`` (their names, in any order) and ``policy`` pick the newest snapshot of such a kind instead.
 
     A snapshot whose learner state was damaged outside rlfb (not an object, or one no learner can be rebuilt
     from) raises :class:`CorruptStateError` naming it: every ensemble on the store refuses it, so its weights
     are not the ones in use.
     """
-    saved = store.load_policy_state()
+    saved, kinds = _chosen(store, retrievers, policy, whole=False)
     if saved is None:
-        return {"weights": {}, "policy": None, "version": 0, "updated_at": None}
+        return {"weights": {}, "policy": None, "version": 0, "updated_at": None, "kinds": []}
     _sound_state(store, saved)
     _saved_learner(store, saved)  # damaged inside (a policy field not an object) was shown as sound
-    return {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
+    return {**{k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}, "kinds": kinds}
 
 
 def damaged_state(store: Any) -> CorruptStateError | None:
@@ -69,15 +117,20 @@ def damaged_state(store: Any) -> CorruptStateError | None:
     return None
 
 
-def export_weights(store: Any, path: str | Path | None, *, with_state: bool = True) -> dict[str, Any]:
+def export_weights(store: Any, path: str | Path | None, *, with_state: bool = True,
+                   retrievers: Sequence[str] | None = None, policy: str | None = None) -> dict[str, Any]:
     """Write the newest snapshot to a JSON file (the learner state too, unless ``with_state=False``).
+
+    Where the store holds the snapshots of more than one kind of ensemble (apps with other retrievers or
+    another policy on one file), ``retrievers`` (and ``policy``) must name the one to export: otherwise a
+    :class:`ValidationError` lists the kinds, since the newest snapshot may be another app's.
 
     Returns what was written; with ``path=None`` it only returns it. With the state, a snapshot whose state
     was damaged outside rlfb (not an object, or one no learner can be rebuilt from) raises
     :class:`CorruptStateError` and nothing is written; its weights alone, still sound, export with
     ``with_state=False``.
     """
-    saved = store.load_policy_state()
+    saved, _ = _chosen(store, retrievers, policy, whole=True)
     if saved is None:
         raise ValidationError("the store holds no weights yet: nothing to export")
     out = {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}

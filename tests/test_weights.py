@@ -291,3 +291,51 @@ def test_weights_only_imported_into_a_new_store_go_to_the_files_policy(tmp_path,
     served.close()
     out.write_text(json.dumps({**data, "policy": "nonesuch"}))
     assert main(["weights", "import", str(tmp_path / "other.db"), str(out)]) == 2
+
+
+def _two_kinds_store(tmp_path):
+    """A store two apps share: bm25 + dense with thompson, then bm25 alone with gradient (written last)."""
+    db = tmp_path / "shared.db"
+    for retrievers, policy in ((("bm25", "dense"), "thompson"), (("bm25",), "gradient")):
+        ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=retrievers, store=str(db), policy=policy)
+        ens.set_weights({"bm25": 0.3, "dense": 0.7} if len(retrievers) == 2 else {"bm25": 1.0})
+        ens.close()
+    return db
+
+
+def test_weights_show_and_export_tell_two_apps_on_one_store_apart(tmp_path, capsys) -> None:
+    # the newest snapshot was shown and exported as "the current weights": another app's, where it wrote last
+    db = _two_kinds_store(tmp_path)
+    assert main(["weights", "show", str(db), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["weights"] == {"bm25": 1.0} and shown["policy"] == "gradient"
+    assert [(k["policy"], sorted(k["weights"])) for k in shown["kinds"]] == [
+        ("gradient", ["bm25"]), ("thompson", ["bm25", "dense"])]
+    assert main(["weights", "show", str(db)]) == 0
+    text = capsys.readouterr().out
+    assert "2 kinds" in text and "policy thompson, bm25+dense" in text
+    assert main(["weights", "show", str(db), "--retrievers", "dense,bm25", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights"] == pytest.approx({"bm25": 0.3, "dense": 0.7})
+    assert main(["weights", "show", str(db), "--retrievers", "bm25,splade"]) == 2
+    err = capsys.readouterr().err
+    assert "no snapshot of retrievers bm25+splade" in err and "policy thompson, bm25+dense" in err
+
+    out = tmp_path / "w.json"
+    assert main(["weights", "export", str(db), str(out)]) == 2  # which of the two is a guess: refused
+    assert "2 kinds" in capsys.readouterr().err and not out.exists()
+    assert main(["weights", "export", str(db), str(out), "--retrievers", "bm25,dense", "--policy", "thompson"]) == 0
+    data = json.loads(out.read_text())
+    assert data["policy"] == "thompson" and data["state"]["retrievers"] == ["bm25", "dense"]
+    assert data["weights"] == pytest.approx({"bm25": 0.3, "dense": 0.7})
+
+    assert main(["store", "stats", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["snapshot_kinds"] == 2
+
+
+def test_one_kind_on_a_store_exports_without_naming_it(tmp_path, capsys) -> None:
+    db = _two_retriever_store(tmp_path)
+    assert main(["weights", "export", str(db), "-", "--weights-only"]) == 0
+    assert json.loads(capsys.readouterr().out)["weights"] == pytest.approx({"bm25": 0.5, "dense": 0.5})
+    with FeedbackStore(db) as store:
+        assert [k["weights"] for k in store.newest_snapshots()] == [pytest.approx({"bm25": 0.5, "dense": 0.5})]
+        assert store.stats()["snapshot_kinds"] == 1

@@ -120,6 +120,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"weights          v{stats['policy_version']} {stats['policy'] or ''}".rstrip())
         for name, w in weights.items():
             print(f"  {name:<14} {w!r}" if isinstance(w, dict) else f"  {name:<14} {w:.4f}")
+        if stats["snapshot_kinds"] > 1:
+            print(f"  (the newest snapshot of {stats['snapshot_kinds']} kinds of ensemble on this file: "
+                  "`rlfb weights show --retrievers A,B` shows another's)")
     return 0
 
 

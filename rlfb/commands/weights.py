@@ -18,16 +18,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = wsub.add_parser("show", help="print the current weights")
     show.add_argument("store", help="the feedback store (SQLite file)")
     show.add_argument("--json", action="store_true", help="print JSON")
+    _kind_options(show)
     show.set_defaults(func=run_show)
     exp = wsub.add_parser("export", help="write the current weights and learner state to a JSON file")
     exp.add_argument("store", help="the feedback store (SQLite file)")
     exp.add_argument("file", help="the JSON file to write (not the store itself); - writes to stdout")
     exp.add_argument("--weights-only", action="store_true", help="leave the learner state out")
+    _kind_options(exp)
     exp.set_defaults(func=run_export)
     imp = wsub.add_parser("import", help="validate a JSON weights file and make it the current weights")
     imp.add_argument("store", help="the feedback store (SQLite file)")
     imp.add_argument("file", help="a JSON file written by 'rlfb weights export'")
     imp.set_defaults(func=run_import)
+
+
+def _kind_options(parser: argparse.ArgumentParser) -> None:
+    # apps with other retrievers or another policy can share one store: the newest snapshot is one of theirs
+    parser.add_argument("--retrievers", type=_names, metavar="A,B",
+                        help="the snapshot of the ensemble with these retrievers (comma-separated, any order), "
+                             "where the store holds snapshots of several kinds")
+    parser.add_argument("--policy", help="the snapshot of the ensemble with this policy")
+
+
+def _names(value: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give the retrievers' names, comma-separated")
+    return names
+
+
+def _kind(args: argparse.Namespace) -> dict[str, Any]:
+    return {"retrievers": args.retrievers, "policy": args.policy}
 
 
 @contextmanager
@@ -53,16 +74,22 @@ def _open(path: str, *, reading: bool = True) -> Iterator[Any]:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from rlfb.weight_config import current_weights
+    from rlfb.weight_config import current_weights, describe_kind
 
     with _open(args.store) as store:
-        info = current_weights(store)
+        info = current_weights(store, **_kind(args))
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         print(f"policy {info['policy']}, version {info['version']}")
         for name, w in info["weights"].items():
             print(f"  {name:<12}{w:.4f}" if isinstance(w, float) else f"  {name:<12}{w}")
+        others = [k for k in info["kinds"] if k["version"] != info["version"]]
+        if others:  # another app's weights on the same file: which of them this was is worth saying
+            print(f"the store holds snapshots of {len(info['kinds'])} kinds of ensemble; the newest of the others "
+                  "(--retrievers and --policy pick one):")
+            for k in others:
+                print(f"  {describe_kind(k)}")
     return 0
 
 
@@ -72,13 +99,13 @@ def run_export(args: argparse.Namespace) -> int:
 
     if args.file == "-":  # as `store export --jsonl -`: a file named "-" was written
         with _open(args.store) as store:
-            out = export_weights(store, None, with_state=not args.weights_only)
+            out = export_weights(store, None, with_state=not args.weights_only, **_kind(args))
         print(json.dumps(out, indent=2))
         return 0
     refuse_overwriting_store(args.file, args.store)  # before opening: writing JSON over the store destroys it
     prepare_output_file(args.file)  # a folder named as the file is refused now; a missing one is made at write
     with _open(args.store) as store:
-        out = export_weights(store, None, with_state=not args.weights_only)
+        out = export_weights(store, None, with_state=not args.weights_only, **_kind(args))
     write_output(args.file, json.dumps(out, indent=2))
     # on stderr, as `store export` says it: `weights export STORE /dev/stdout` wrote it after the JSON
     print(f"wrote version {out['version']} to {args.file}", file=sys.stderr)

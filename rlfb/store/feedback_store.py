@@ -521,6 +521,11 @@ class FeedbackStore:
         """
         return snapshots.load_policy_state(self, policy, before=before)
 
+    def newest_snapshots(self) -> list[dict[str, Any]]:
+        """The newest snapshot of each kind of ensemble that wrote to this store (other retrievers, policy,
+        hyperparameters: :class:`~rlfb.snapshot_kind.SnapshotKind`), newest first, without their states."""
+        return snapshots.newest_of_each_kind(self)
+
     def drop_snapshot(self, version: int) -> bool:
         """Delete the policy snapshot ``version`` (one that is damaged: its error names it); whether there was one.
 
@@ -559,7 +564,8 @@ class FeedbackStore:
         (events, explored events, rewarded events and mean reward per arm); the rewards
         leave out repeated feedback (:meth:`repeats_latest`), as the learner does, the counts not.
         ``mean_reward`` is repeated at the top level; ``weights``, ``policy``
-        and ``policy_version`` come from the newest policy snapshot. A feedback or
+        and ``policy_version`` come from the newest policy snapshot, ``snapshot_kinds`` counts the kinds of
+        ensemble whose snapshots the file holds (:meth:`newest_snapshots`). A feedback or
         reward row whose number was damaged outside rlfb (text, infinity) raises
         :class:`CorruptStateError` naming it, rather than counting as 0.
         """

@@ -135,6 +135,7 @@ def stats(
             entry.update(rewarded_events=n_rw, mean_reward=m)
         win["by_arm"] = by_arm
         snap = store.load_policy_state()
+        kinds = len(store.newest_snapshots())
     return {
         "path": store.path,
         **totals,
@@ -144,6 +145,8 @@ def stats(
         "policy": None if snap is None else snap["policy"],
         "policy_version": 0 if snap is None else snap["version"],
         "policy_updated_at": None if snap is None else snap["updated_at"],
+        # apps with other retrievers or another policy on one file: the newest snapshot is one of theirs
+        "snapshot_kinds": kinds,
     }
 
 def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, Any]]:

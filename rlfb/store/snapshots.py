@@ -99,6 +99,23 @@ def load_policy_state(
     return _snapshot(store, rows[0], with_state=True) if rows else None
 
 
+def newest_of_each_kind(store: FeedbackStore) -> list[dict[str, Any]]:
+    """The newest snapshot of each kind of ensemble that wrote to the store (as a prune keeps them), newest first,
+    without their states: ``{"version", "updated_at", "policy", "weights"}``; weights damaged outside rlfb are
+    ``None`` here (reading that snapshot whole names the damage)."""
+    sql = (f"SELECT version, ts, policy, weights FROM policy_snapshots WHERE version IN "
+           f"(SELECT MAX(version) FROM policy_snapshots GROUP BY {_SNAPSHOT_KIND}) ORDER BY version DESC")
+    with store._read():
+        rows = list(store.db.query(sql))
+    out = []
+    for row in rows:
+        try:
+            out.append(_snapshot_dict(row, with_state=False))
+        except ValueError:  # CorruptStateError and ValidationError are ValueErrors
+            out.append({"version": row["version"], "updated_at": row["ts"], "policy": None, "weights": None})
+    return out
+
+
 def policy_history(store: FeedbackStore, limit: int | None = None, *, with_state: bool = False) -> list[dict[str, Any]]:
     """Snapshots oldest first; with ``limit``, the most recent ``limit``."""
     lim = "" if limit is None else f" LIMIT {_check_limit(limit)}"
