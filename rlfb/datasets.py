@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.errors import CorruptStateError, EmptyCorpusError, ValidationError
 from rlfb.types import Chunk
 
 __all__ = ["BeirDataset", "load_beir", "datasets_dir", "dataset_path", "DATASETS_ENV"]
@@ -138,6 +138,8 @@ def find_dataset(arg: str | Path) -> Path:
     >>> str(find_dataset("no-such-collection-here"))
     'no-such-collection-here'
     """
+    if isinstance(arg, str) and not arg.strip():  # Path("") is ".", a folder the caller never named
+        raise ValidationError("no dataset folder given: the path is empty")
     path = Path(arg)
     if path.is_dir() or path.is_absolute() or len(path.parts) != 1:
         return path
@@ -195,7 +197,9 @@ def _row_text(row: dict[str, Any], key: str, where: str, *, required: bool) -> s
 def _read_corpus(file: Path) -> list[Chunk]:
     corpus: list[Chunk] = []
     first_line: dict[str, int] = {}
+    fields: list[str] = []
     for lineno, row in _read_jsonl(file):
+        fields = fields or sorted(row)
         where = f"{file}:{lineno}"
         cid = _row_id(row, where)
         if cid in first_line:
@@ -209,6 +213,14 @@ def _read_corpus(file: Path) -> list[Chunk]:
             raise CorruptStateError(f"{where}: metadata must be a JSON object, got {type(metadata).__name__}")
         # the title indexed wins over a "title" in metadata, so the metadata says what was indexed
         corpus.append(Chunk(cid, f"{title} {text}".strip(), {**metadata, "title": title}))
+    if not corpus:  # it was read as a corpus all of whose documents the judgments name wrongly
+        raise EmptyCorpusError(f"{file} holds no documents")
+    if not any(c.text for c in corpus):
+        # a corpus in another shape (Pyserini's "contents") was indexed as empty texts and scored nDCG 0.005
+        raise ValidationError(
+            f"{file}: none of its {len(corpus)} documents has text in 'title' or 'text', the fields a BEIR corpus "
+            f"names (its first document has {', '.join(fields)})"
+        )
     return corpus
 
 
@@ -283,9 +295,13 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     count, and :meth:`BeirDataset.check_known_documents` refuses a split none of whose relevant
     judgments names a document of the corpus.
     """
+    if isinstance(path, str) and not path.strip():  # Path("") is ".", a folder the caller never named
+        raise ValidationError("no dataset folder given: the path is empty")
     root = Path(path)
     if not root.exists():  # "is not a BEIR folder: corpus.jsonl is missing" read as if the folder were there
         raise ValidationError(_no_such_folder(root))
+    if root.is_file():  # corpus.jsonl itself, say: "is not a BEIR folder: corpus.jsonl is missing" misled
+        raise ValidationError(f"{root} is a file; give the BEIR folder that holds corpus.jsonl, such as {root.parent}")
     for required in ("corpus.jsonl", "queries.jsonl"):
         if not (root / required).is_file():
             raise ValidationError(f"{root} is not a BEIR folder: {required} is missing")

@@ -49,7 +49,7 @@ from rlfb.candidates import (
 )
 from rlfb.corpus_index import checked_chunks, checked_ids, index_with, indexed_table, rebuilt, removal, retriever_map
 from rlfb.ensemble_folder import load_ensemble, save_ensemble
-from rlfb.errors import NoStoreError, NotCopyableError, UnknownChunkError, ValidationError
+from rlfb.errors import EmptyCorpusError, NoStoreError, NotCopyableError, UnknownChunkError, ValidationError
 from rlfb.feedback_learning import QUERY_KEY as QUERY_KEY  # importable from here, as it always was
 from rlfb.feedback_learning import (
     learn_record,
@@ -218,6 +218,10 @@ class FeedbackEnsemble:
         :class:`FeedbackEnsemble` (an option it does not take is a :class:`ValidationError`, before any indexing)."""
         check_options(kwargs, cls)
         table = ChunkTable(chunks)
+        if len(table) and not any(t.strip() for t in table.texts):
+            # every chunk scored 0 and ranked in corpus order, with no error: a BEIR corpus whose text is in a
+            # field the loader does not read ("contents") was indexed so, and evaluated to nDCG 0.005
+            raise EmptyCorpusError(f"all {len(table)} chunk texts are empty or blank: nothing to index")
         return cls(index_with(table, retrievers, dict(retriever_options or {}), show_progress), table, **kwargs)
 
     @classmethod

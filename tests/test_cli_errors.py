@@ -235,6 +235,32 @@ def test_a_dataset_folder_that_does_not_exist_is_named_as_such(tmp_path: Path, c
                                              "corpus.jsonl is missing"
 
 
+def test_a_corpus_file_an_empty_path_and_an_empty_corpus_are_named_for_what_they_are(tmp_path: Path, capsys) -> None:
+    # corpus.jsonl given for its folder read "X is not a BEIR folder: corpus.jsonl is missing", "" read as ".", and
+    # an empty corpus.jsonl as judgments that name no document of it
+    def error_for(folder: str) -> str:
+        assert main(["evaluate", "--dataset", folder, "--retrievers", "bm25"]) == 2
+        return one_error_line(capsys)
+
+    data = write_beir(tmp_path / "beir")
+    assert error_for(str(data / "corpus.jsonl")) == (
+        f"rlfb: error: {data / 'corpus.jsonl'} is a file; give the BEIR folder that holds corpus.jsonl, such as {data}")
+    assert error_for("") == "rlfb: error: no dataset folder given: the path is empty"
+    (data / "corpus.jsonl").write_text("")
+    assert error_for(str(data)) == f"rlfb: error: {data / 'corpus.jsonl'} holds no documents"
+
+
+def test_a_corpus_with_its_text_in_other_fields_is_refused_naming_them(tmp_path: Path, capsys) -> None:
+    # Pyserini's shape ("contents") was indexed as empty texts, and evaluated without a word (nDCG@10 0.005)
+    data = write_beir(tmp_path / "beir")
+    rows = [json.loads(line) for line in (data / "corpus.jsonl").read_text().splitlines()]
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"_id": r["_id"], "contents": r["text"]}) + "\n"
+                                               for r in rows))
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25"]) == 2
+    line = one_error_line(capsys)
+    assert f"none of its {len(rows)} documents has text in 'title' or 'text'" in line and "_id, contents" in line
+
+
 def _tiny_under_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """A collection ``tiny`` under ``$RLFB_DATASETS``, and a working folder of the command's where it is not."""
     collections = tmp_path / "collections"

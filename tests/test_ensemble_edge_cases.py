@@ -371,3 +371,14 @@ def test_a_custom_retrievers_non_finite_score_is_one_named_error_under_every_fus
                                       retrievers=(_OddScores(odd),), fusion=fusion)
     with pytest.raises(ValidationError, match="scored 'moon' .*must be finite"):
         ens.retrieve("moon", k=2, log=False)
+
+
+@pytest.mark.parametrize("texts", [["", "  "], ["\n", "\t"]])
+def test_a_corpus_of_blank_texts_is_refused(texts: list[str]) -> None:
+    # every chunk scored 0 and ranked in corpus order, with no error
+    from rlfb.errors import EmptyCorpusError
+
+    with pytest.raises(EmptyCorpusError, match="all 2 chunk texts are empty or blank"):
+        FeedbackEnsemble.from_texts(texts, retrievers=("bm25",))
+    assert FeedbackEnsemble.from_texts(["", "the moon"], retrievers=("bm25",)).retrieve("moon", k=1, log=False) \
+        .hits[0].text == "the moon"  # one blank chunk among others stays indexable

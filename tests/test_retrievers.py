@@ -823,3 +823,16 @@ def test_scoring_outside_texts_does_not_wait_on_another_process_holding_the_cach
     assert np.isfinite(scores).all()
     begin = statements.index("BEGIN IMMEDIATE")
     assert [s for s in statements[:begin] if s.startswith("PRAGMA busy_timeout")][-1] == "PRAGMA busy_timeout=0"
+
+
+@pytest.mark.parametrize("cls", [DenseRetriever, SpladeRetriever])
+def test_a_device_torch_cannot_use_is_named_before_the_model_loads(cls) -> None:
+    # torch's own error came from some 25 frames inside the model's loading: "AssertionError: Torch not
+    # compiled with CUDA enabled", or a RuntimeError listing torch's device types for "gpu"
+    import torch
+
+    with pytest.raises(ValidationError, match="'gpu' is not a torch device"):
+        cls(device="gpu", cache_dir=False).index(make_chunks(["a new text about tides"]))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValidationError, match="'cuda' is not available.*device='cpu'"):
+            cls(device="cuda", cache_dir=False).index(make_chunks(["a new text about tides"]))

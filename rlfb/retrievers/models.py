@@ -125,6 +125,24 @@ _EXTRA = {"SentenceTransformer": ("dense", "rlfb's dense retriever"),
           "SparseEncoder": ("splade", "rlfb's SPLADE retriever")}
 
 
+def _check_device(device: str | None) -> None:
+    """Raise :class:`ValidationError` for a device torch cannot name or this machine does not have: torch's own
+    error came from deep inside the model's loading (``AssertionError: Torch not compiled with CUDA enabled``)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValidationError(f"device {device!r} is not a torch device ({exc}); use 'cpu', 'cuda' or 'mps'") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "torch finds no CUDA device"
+        raise ValidationError(f"device {device!r} is not available: {why}; use device='cpu' (the default)")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ValidationError(f"device {device!r} is not available on this machine; use device='cpu' (the default)")
+
+
 def _load(cls_name: str, model: str, device: str | None, hint: str, **kwargs: Any) -> Any:
     try:
         import sentence_transformers
@@ -136,6 +154,7 @@ def _load(cls_name: str, model: str, device: str | None, hint: str, **kwargs: An
             raise
         missing_framework(exc, module=top, package=user, framework="sentence-transformers", extra=extra)
 
+    _check_device(device)
     cls = getattr(sentence_transformers, cls_name)
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar for a small local model
