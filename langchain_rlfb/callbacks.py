@@ -448,7 +448,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
 
         LangSmith's shape: ``record_feedback(run_id, score=1.0, key="user_score", comment=...)``, also with
         the key second, as ``create_feedback(run_id, "user_score", score=1.0)`` takes it; a number second is
-        the score (``record_feedback(run_id, 1.0)``).
+        the score (``record_feedback(run_id, 1.0)``), and a signal's name second is the signal where nothing else
+        rates the run (``record_feedback(run_id, "thumbs_down")``).
         Or a ``rating`` (1-5), a ``signal`` (``"thumbs_up"``, ``"explicit_negative"``,
         ``"click"``, ...) or a raw ``value`` in [-1, 1]. ``chunk_id`` rates one
         retrieved chunk. ``kwargs``: ``timestamp``, ``session_id``, ``user_id``,
@@ -468,7 +469,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
         under ``run_id`` or below it.
         """
-        key, score = key_or_score(args, key, score, "record_feedback")  # LangSmith puts the key second
+        key, score, signal = key_or_score(args, key, score, "record_feedback", signal=signal,  # LangSmith puts
+                                          rated=rating is not None or value is not None)  # the key second
         fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         ens = self.ensemble

@@ -723,7 +723,8 @@ class FeedbackEventHandler(BaseEventHandler):
 
         ``query_id`` defaults to :attr:`last_query_id`. Second, as LangSmith's ``create_feedback`` and the
         LangChain handler take them, a key (``record_feedback(qid, "user_score", score=1.0)``) or the score
-        (``record_feedback(qid, 1.0)``). Give one of ``score``
+        (``record_feedback(qid, 1.0)``), or a signal's name where nothing else rates it
+        (``record_feedback(qid, "thumbs_up")``). Give one of ``score``
         (read with the handler's ``score_scale``), ``rating`` (1 to 5),
         ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...)
         or a raw ``value`` in [-1, 1]; ``chunk_id`` (a node id) rates one node.
@@ -743,7 +744,8 @@ class FeedbackEventHandler(BaseEventHandler):
         logged under, :class:`rlfb.errors.UnknownChunkError` for a chunk none of
         its retrievals returned, and the store's validation errors.
         """
-        key, score = key_or_score(args, key, score, "record_feedback")
+        key, score, signal = key_or_score(args, key, score, "record_feedback", signal=signal,
+                                          rated=rating is not None or value is not None)
         given = [n for n, v in (("score", score), ("rating", rating), ("signal", signal), ("value", value))
                  if v is not None]
         if len(given) != 1:

@@ -367,7 +367,9 @@ _VALUES: Mapping[str, Callable[[RewardConfig, float], float]] = MappingProxyType
         "score": _score_value,
     }
 )
-_NUMERIC = frozenset({"rating", "score"})
+#: The base signals that take a number (``signal="rating", value=4``).
+NUMERIC_SIGNALS = frozenset({"rating", "score"})
+_NUMERIC = NUMERIC_SIGNALS
 
 
 class RewardFunction:

@@ -48,6 +48,7 @@ from rlfb.errors import (
     UnknownEventError,
     ValidationError,
 )
+from rlfb.reward import NUMERIC_SIGNALS, SIGNAL_ALIASES
 from rlfb.types import content_id as content_id  # where it always was importable from
 
 __all__ = [
@@ -169,20 +170,31 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
     return s
 
 
-def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str) -> tuple[str | None, Any]:
-    """``(key, score)`` of a handler's ``record_feedback(run_id, *args, key=..., score=...)``: LangSmith's
+def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str, *, signal: str | None = None,
+                 rated: bool = False) -> tuple[str | None, Any, str | None]:
+    """``(key, score, signal)`` of a handler's ``record_feedback(run_id, *args, key=..., score=...)``: LangSmith's
     ``create_feedback(run_id, "user_score", score=1.0)`` puts the key second, and a number there is the score.
 
+    A signal's name second (``record_feedback(run_id, "thumbs_up")``, as ``FeedbackEnsemble.feedback`` takes it)
+    is the signal where nothing else rates the run (no ``score``, ``signal``, nor, ``rated``, a rating or value):
+    it was read as a LangSmith key, and the call refused for want of a signal.
+
     >>> key_or_score(("user_score",), None, 1.0, "record_feedback")
-    ('user_score', 1.0)
+    ('user_score', 1.0, None)
     >>> key_or_score((0.0,), "thumbs", None, "record_feedback")
-    ('thumbs', 0.0)
+    ('thumbs', 0.0, None)
+    >>> key_or_score(("thumbs_down",), None, None, "record_feedback")
+    (None, None, 'thumbs_down')
     """
     if len(args) > 1:
         raise ValidationError(f"{method} takes the run id and a key or a score, got {len(args) + 1} "
                               "positional arguments")
     for given in args:
         if isinstance(given, str):
+            if (signal is None and score is None and not rated and key is None
+                    and SIGNAL_ALIASES.get(given) not in (None, *NUMERIC_SIGNALS)):
+                signal = given
+                continue
             if key is not None:
                 raise ValidationError(f"give the key once: {given!r} and key={key!r}")
             key = given
@@ -190,7 +202,7 @@ def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str
             if score is not None:
                 raise ValidationError(f"give the score once: {given!r} and score={score!r}")
             score = given
-    return key, score
+    return key, score, signal
 
 
 def same_store(a: Any, b: Any) -> bool:

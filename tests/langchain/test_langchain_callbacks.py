@@ -621,6 +621,19 @@ def test_record_feedback_takes_langsmiths_key_second(bm25: BM25Retriever) -> Non
         handler.record_feedback(run, "user_score", key="other", score=1)
 
 
+def test_record_feedback_takes_a_signals_name_second_as_the_ensemble_does(bm25: BM25Retriever) -> None:
+    # record_feedback(run, "thumbs_down") read the signal as a LangSmith key and refused for want of a signal
+    handler = FeedbackCallbackHandler(FeedbackStore())
+    run = uuid.uuid4()
+    bm25.invoke("tides", config={"callbacks": [handler]}, run_id=run)
+    (down,) = handler.record_feedback(run, "thumbs_down")
+    assert down.value == -1.0 and handler.store.feedback(down.event_id)[-1]["key"] is None
+    (keyed,) = handler.record_feedback(run, "thumbs_up", score=0.0)  # with a score it is LangSmith's key
+    assert keyed.value == -1.0 and handler.store.feedback(keyed.event_id)[-1]["key"] == "thumbs_up"
+    with pytest.raises(ValidationError, match="needs a signal"):
+        handler.record_feedback(run, "rating")  # a signal that takes a number stays a key
+
+
 class Trim(BaseRetriever):
     """A wrapper retriever (compression, dedup, re-ranking...): calls ``inner`` as a child run, keeps ``keep``."""
 

@@ -625,6 +625,9 @@ def test_record_feedback_takes_langsmiths_key_second_as_the_langchain_handler_do
         handler.record_feedback(qid, "user_score", score=1.0, key="other")
     with pytest.raises(ValidationError, match="a key or a score"):
         handler.record_feedback(qid, "user_score", 1.0)
+    # a signal's name second, as FeedbackEnsemble.feedback takes it, was read as a key: "got none"
+    [down] = handler.record_feedback(qid, "thumbs_down")
+    assert down.reward == pytest.approx(-1.0, abs=1e-3) and handler.store.feedback(down.event_id)[-1]["key"] is None
 
 
 @pytest.mark.parametrize("mode", ["context", "condense_plus_context"])
