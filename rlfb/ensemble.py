@@ -22,7 +22,6 @@ store's snapshots) and :mod:`rlfb.ensemble_folder` (:meth:`~FeedbackEnsemble.sav
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import math
 import threading
@@ -75,7 +74,17 @@ from rlfb.snapshot_sync import (
     undo_on_rollback,
     write_unsaved,
 )
-from rlfb.types import Chunk, Hit, RetrievalResult, make_chunks, validate_flag, validate_k, validate_seconds
+from rlfb.types import (
+    Chunk,
+    Hit,
+    RetrievalResult,
+    check_known_options,
+    keyword_options,
+    make_chunks,
+    validate_flag,
+    validate_k,
+    validate_seconds,
+)
 
 if TYPE_CHECKING:
     from rlfb.implicit import ImplicitSignals
@@ -879,16 +888,9 @@ def check_options(kwargs: Mapping[str, Any], cls: type | None = None) -> None:
     ...
     rlfb.errors.ValidationError: FeedbackEnsemble takes no option 'polciy' (did you mean 'policy'?); its options are ...
     """
-    params = inspect.signature((cls or FeedbackEnsemble).__init__).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    known = sorted(n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                   and n not in ("self", "retrievers", "chunks"))
-    for name in sorted(set(kwargs) - set(known)):
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValidationError(f"{(cls or FeedbackEnsemble).__name__} takes no option {name!r}{hint}; "
-                              f"its options are {known}")
+    known = keyword_options((cls or FeedbackEnsemble).__init__, leave_out=("retrievers", "chunks"))
+    if known is not None:
+        check_known_options(kwargs, known, (cls or FeedbackEnsemble).__name__)
 
 
 def _scalar_settings(

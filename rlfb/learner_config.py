@@ -16,6 +16,7 @@ from rlfb.guardrail import Guardrail
 from rlfb.memory import FeedbackMemory
 from rlfb.policies._util import check_float, check_int, plain_numbers
 from rlfb.replay import PrioritizedReplay
+from rlfb.types import check_known_options
 
 __all__ = ["LearnerConfig"]
 
@@ -246,8 +247,5 @@ class LearnerConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LearnerConfig:
         """Build from a dict; unknown keys raise :class:`ValidationError`."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValidationError(f"unknown learner settings {unknown}")
+        check_known_options(d, [f.name for f in dataclasses.fields(cls)], "the learner config")
         return cls(**dict(d))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
+import inspect
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,6 +161,32 @@ def check_choice(value: object, choices: Mapping[str, Any], what: str) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValidationError(f"unknown {what} {value!r}; choose one of {sorted(choices)}")
     return value
+
+
+def check_known_options(given: Iterable[str], known: Iterable[str], owner: str) -> None:
+    """Raise :class:`ValidationError` for the first name in ``given`` that is not in ``known``, with the closest
+    known name and the whole list: a bare ``TypeError`` ("got an unexpected keyword argument") listed neither.
+
+    >>> check_known_options(["memory_wieght"], ["memory_weight", "exploration"], "the learner")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: the learner takes no option 'memory_wieght' (did you mean 'memory_weight'?); ...
+    """
+    options = sorted(known)
+    for name in sorted(set(given) - set(options)):
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValidationError(f"{owner} takes no option {name!r}{hint}; its options are {options}")
+
+
+def keyword_options(func: Any, *, leave_out: Iterable[str] = ()) -> list[str] | None:
+    """The names ``func`` takes by keyword (leaving out ``self`` and ``leave_out``); ``None`` where it takes any
+    (``**kwargs``)."""
+    params = inspect.signature(func).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    skip = {"self", *leave_out}
+    return [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in skip]
 
 
 def check_chunk_ids(ids: Sequence[Any], what: str = "chunk id") -> None:

@@ -706,7 +706,9 @@ def test_bad_learner_settings_raise(kwargs):
 
 def test_learner_construction():
     assert Learner(RETRIEVERS, "thompson", {"memory_weight": 0.5}).config.memory_weight == 0.5
-    with pytest.raises(ValidationError, match="unknown learner settings"):
+    # it said "unknown learner settings ['memory_wieght']", with neither the list nor the closest name
+    with pytest.raises(ValidationError, match="takes no option 'memory_wieght' \\(did you mean 'memory_weight'\\?\\); "
+                                              "its options are \\['abandon_weight'"):
         Learner(RETRIEVERS, "thompson", {"memory_wieght": 0.5})
     with pytest.raises(ValidationError):
         Learner(RETRIEVERS, "nope")

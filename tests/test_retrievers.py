@@ -836,3 +836,10 @@ def test_a_device_torch_cannot_use_is_named_before_the_model_loads(cls) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValidationError, match="'cuda' is not available.*device='cpu'"):
             cls(device="cuda", cache_dir=False).index(make_chunks(["a new text about tides"]))
+
+
+def test_a_misspelt_retriever_option_is_a_named_error() -> None:
+    # a bare TypeError ("unexpected keyword argument 'tokeniser'") escaped `except RlfbError`
+    with pytest.raises(ValidationError, match="bm25 retriever takes no option 'tokeniser' "
+                                              "\\(did you mean 'tokenizer'\\?\\); its options are \\['b',"):
+        make_retriever("bm25", tokeniser=str.split)

@@ -36,7 +36,7 @@ from rlfb.policies.batch import BatchParams, BatchPolicy
 from rlfb.policies.fixed import FixedParams, FixedPolicy
 from rlfb.policies.gradient import GradientParams, GradientPolicy
 from rlfb.policies.thompson import EpsilonGreedyPolicy, ThompsonParams, ThompsonPolicy
-from rlfb.types import check_choice
+from rlfb.types import check_choice, check_known_options, keyword_options
 
 __all__ = [
     "POLICIES",
@@ -83,6 +83,9 @@ def make_policy(policy: str | Policy, retrievers: Sequence[str], **kwargs: Any) 
     """
     if isinstance(policy, str):
         cls = POLICIES[check_policy_name(policy)]
+        known = keyword_options(cls.__init__, leave_out=("retrievers",))
+        if known is not None:
+            check_known_options(kwargs, known, f"policy {policy!r}")
         try:
             return cls(retrievers, **kwargs)
         except TypeError as exc:  # an option this policy does not take

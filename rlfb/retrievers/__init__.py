@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.files import folder_path
 from rlfb.retrievers.base import ChunkTable, CorpusRetriever, Retriever, load_meta, top_k
+from rlfb.types import check_known_options, keyword_options
 
 if TYPE_CHECKING:
     from rlfb.retrievers.bm25 import BM25Retriever
@@ -96,7 +97,11 @@ def make_retriever(name: str, **kwargs: Any) -> Retriever:
     ...
     rlfb.errors.ValidationError: unknown retriever 'colbert'; valid names: bm25, dense, splade
     """
-    return _retriever_class(name)(**kwargs)  # type: ignore[no-any-return]
+    cls = _retriever_class(name)
+    known = keyword_options(cls.__init__)
+    if known is not None:  # a bare TypeError ("unexpected keyword argument") escaped `except RlfbError`
+        check_known_options(kwargs, known, f"the {name} retriever")
+    return cls(**kwargs)  # type: ignore[no-any-return]
 
 
 def load_retriever(path: str | Path, **kwargs: Any) -> Retriever:
