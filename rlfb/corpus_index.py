@@ -93,6 +93,13 @@ def indexed_table(chunks: Sequence[Chunk] | ChunkTable | None, retrievers: Mappi
     for name, r in retrievers.items():
         if list(r.ids) != table.ids:
             raise ValidationError(f"retriever {name!r} does not index the ensemble's chunks in the same order")
+        # the ids alone were checked: a retriever indexed on other texts under the same ids (an older copy, a
+        # damaged save's chunks.jsonl) scored one text while the hits showed another
+        texts = getattr(r, "texts", None)  # a retriever of the caller's own may not say
+        if texts is not None and texts is not table.texts and list(texts) != table.texts:
+            at = next(i for i, (a, b) in enumerate(zip(texts, table.texts, strict=True)) if a != b)
+            raise ValidationError(f"retriever {name!r} indexes another text for chunk {table.ids[at]!r} than the "
+                                  "ensemble's chunks: index it with the same chunks")
     return table
 
 

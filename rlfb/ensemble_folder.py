@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlfb.corpus_index import indexed_table
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.files import folder_path
 from rlfb.members import SearchMember
@@ -199,6 +200,10 @@ def _read_folder(
         raise ValidationError(f"retriever_options names {unknown}, but {root} holds the retrievers {names}")
     table = ChunkTable.load(root)
     retrievers = {n: load_retriever(root / "retrievers" / n, **options_of.get(n, {})) for n in names}
+    try:
+        indexed_table(table, retrievers)  # each retriever's own chunks.jsonl: the same ids and texts
+    except ValidationError as exc:
+        raise CorruptStateError(f"{root}: {exc}; the save is damaged") from exc
     learner = Learner.untrained_like(state)  # settings and hyperparameters as saved; state loads later
     saved_count = _n_learned(state, root)
     try:

@@ -16,6 +16,7 @@ from rlfb.policies import make_policy
 from rlfb.policies.base import MIN_PROPENSITY, Decision
 from rlfb.retrievers import BM25Retriever
 from rlfb.store import FeedbackStore
+from rlfb.types import make_chunks
 
 TEXTS = [
     f"document {i} about {w} and {v}"
@@ -111,6 +112,27 @@ def test_damaged_saves_are_named_errors(tmp_path) -> None:
             FeedbackEnsemble.load(root)
         (root / name).write_text(original)
     FeedbackEnsemble.load(root)  # intact again
+
+
+def test_a_retrievers_copy_of_the_chunks_with_other_texts_is_damage(tmp_path) -> None:
+    # the ids of each retriever's chunks.jsonl were checked against the ensemble's, not the texts: a save whose
+    # copy differs loaded, and BM25 scored one text while the hit showed the other
+    ens = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",))
+    root = tmp_path / "idx"
+    ens.save(root)
+    copy = unchecked(root) / "retrievers" / "bm25" / "chunks.jsonl"
+    rows = [json.loads(line) for line in copy.read_text().splitlines()]
+    rows[1] = {**rows[1], "text": rows[1]["text"] + " changed"}
+    copy.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(CorruptStateError, match="retriever 'bm25' indexes another text for chunk '1'"):
+        FeedbackEnsemble.load(root)
+    # and a retriever given already indexed, on other texts under the same ids
+    chunks = make_chunks(TEXTS, IDS)
+    stale = BM25Retriever().index(make_chunks([*TEXTS[:2], "an older text", *TEXTS[3:]], IDS))
+    with pytest.raises(ValidationError, match="retriever 'bm25' indexes another text for chunk '2'"):
+        FeedbackEnsemble({"bm25": stale}, chunks)
+    assert FeedbackEnsemble({"bm25": BM25Retriever().index(chunks)}, chunks).retrieve(TEXTS[2], k=1, log=False) \
+        .hits[0].chunk_id == "2"
 
 
 @pytest.mark.parametrize(

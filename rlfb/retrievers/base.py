@@ -435,6 +435,11 @@ class CorpusRetriever:
         """Chunk ids in index order (the order of every score vector); do not mutate."""
         return self._table.ids if self._table is not None else []
 
+    @property
+    def texts(self) -> list[str]:
+        """Chunk texts in index order, as indexed; do not mutate."""
+        return self._table.texts if self._table is not None else []
+
     def __len__(self) -> int:
         return len(self._table) if self._table is not None else 0
 
