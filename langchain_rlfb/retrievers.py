@@ -249,6 +249,10 @@ def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) 
         return []
     if isinstance(members, Mapping):
         return [as_member(name, m) for name, m in members.items()]
+    unnamed = [type(m).__name__ for m in members if not (isinstance(getattr(m, "name", None), str) and m.name)]
+    if unnamed:  # a list of LangChain retrievers, named by an attribute they leave None: "needs a non-empty name"
+        raise ValidationError(f"members must map a name to each retriever or vector store ({{'bm25': retriever, "
+                              f"...}}), or name each one; got an unnamed {unnamed[0]} in a sequence")
     return [as_member(m.name, m) for m in members]
 
 

@@ -190,6 +190,12 @@ def test_a_misspelt_ensemble_option_is_a_named_error_before_indexing(monkeypatch
     assert indexed == []
     with pytest.raises(ValidationError, match="did you mean 'policy'"):
         FeedbackEnsembleRetriever.from_retrievers({"kw": LCBM25.from_texts(TEXTS)}, polciy="thompson")
+    # a list of retrievers for the mapping said "a member needs a non-empty name"
+    with pytest.raises(ValidationError, match="must map a name to each retriever.*unnamed BM25Retriever"):
+        FeedbackEnsembleRetriever.from_retrievers([LCBM25.from_texts(TEXTS)])
+    named = LCBM25.from_texts(TEXTS)
+    named.name = "kw"  # a sequence of named ones is taken, by their names
+    assert [m.name for m in FeedbackEnsembleRetriever.from_retrievers([named]).ensemble.members] == ["kw"]
 
 
 def test_a_retriever_is_shared_shallowly_and_refuses_a_deep_copy_by_name() -> None:
