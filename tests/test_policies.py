@@ -71,7 +71,8 @@ def test_registry_names_and_errors():
         make_policy("ucb", RETRIEVERS)
     with pytest.raises(ValidationError, match="retrievers"):
         make_policy(FixedPolicy(("a", "b")), RETRIEVERS)
-    with pytest.raises(ValidationError, match="bad options"):
+    with pytest.raises(ValidationError, match="policy 'fixed' takes no option 'step'; its options are \\['seed', "
+                                              "'weights'\\]"):
         make_policy("fixed", RETRIEVERS, step=0.1)
 
 
