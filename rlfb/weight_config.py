@@ -59,22 +59,31 @@ def _matches(snapshot: Mapping[str, Any], retrievers: Sequence[str] | None, poli
     return policy is None or snapshot.get("policy") == policy
 
 
-def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *, whole: bool
-            ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *, whole: bool,
+            version: int | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The snapshot to show or export and the newest of each kind in the store.
 
-    Without ``retrievers`` or ``policy`` it is the newest snapshot; with them, the newest of the kinds whose
-    weights name exactly those retrievers and whose policy is that one (none: :class:`ValidationError` listing
-    the kinds there are). ``whole``: where the store holds several kinds, one must be named, since the newest
-    may be another app's (an export meant as a backup of one app's state saved another's).
+    Without ``retrievers``, ``policy`` or ``version`` it is the newest snapshot; with ``version``, that one; with
+    the others, the newest of the kinds whose weights name exactly those retrievers and whose policy is that one
+    (none: :class:`ValidationError` listing the kinds there are). ``whole``: the choice must be one kind, since
+    the newest may be another app's (an export meant as a backup of one app's state saved another's): where
+    several kinds are left to choose from, a :class:`ValidationError` lists them.
     """
     kinds = store.newest_snapshots()
+    if version is not None:
+        saved = store.load_policy_state(before=version + 1)
+        if saved is None or saved["version"] != version:
+            there = "; ".join(describe_kind(k) for k in kinds) or "none"
+            raise ValidationError(f"the store holds no snapshot of version {version}; the newest of each kind: {there}")
+        if not _matches(saved, retrievers, policy):
+            raise ValidationError(f"snapshot {describe_kind(saved)} is not of the retrievers or policy named")
+        return saved, kinds
     if retrievers is None and policy is None:
         if whole and len(kinds) > 1:
             raise ValidationError(
                 f"the store holds the snapshots of {len(kinds)} kinds of ensemble ("
                 + "; ".join(describe_kind(k) for k in kinds)
-                + "): name one with --retrievers (and --policy)"
+                + "): name one with --retrievers (and --policy), or its --version"
             )
         return store.load_policy_state(), kinds
     picked = [k for k in kinds if _matches(k, retrievers, policy)]
@@ -84,22 +93,28 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
             None if policy is None else f"policy {policy}") if part)
         there = "; ".join(describe_kind(k) for k in kinds) or "none"
         raise ValidationError(f"the store holds no snapshot of {wanted}; it holds: {there}")
+    if whole and len(picked) > 1:  # the same retrievers and policy, other settings (the memory off, say)
+        raise ValidationError(
+            f"the store holds {len(picked)} kinds of ensemble with these retrievers and policy ("
+            + "; ".join(describe_kind(k) for k in picked) + "): name one by its --version"
+        )
     return store.load_policy_state(before=int(picked[0]["version"]) + 1), kinds
 
 
-def current_weights(store: Any, *, retrievers: Sequence[str] | None = None,
-                    policy: str | None = None) -> dict[str, Any]:
+def current_weights(store: Any, *, retrievers: Sequence[str] | None = None, policy: str | None = None,
+                    version: int | None = None) -> dict[str, Any]:
     """``{"weights", "policy", "version", "updated_at", "kinds"}`` of the newest snapshot (empty weights if none).
 
     ``kinds`` lists the newest snapshot of each kind of ensemble in the store (without states): apps with other
     retrievers or another policy can share one file, and the newest snapshot is then only one of theirs.
-    ``retrievers`` (their names, in any order) and ``policy`` pick the newest snapshot of such a kind instead.
+    ``retrievers`` (their names, in any order) and ``policy`` pick the newest snapshot of such a kind instead,
+    ``version`` one snapshot.
 
     A snapshot whose learner state was damaged outside rlfb (not an object, or one no learner can be rebuilt
     from) raises :class:`CorruptStateError` naming it: every ensemble on the store refuses it, so its weights
     are not the ones in use.
     """
-    saved, kinds = _chosen(store, retrievers, policy, whole=False)
+    saved, kinds = _chosen(store, retrievers, policy, whole=False, version=version)
     if saved is None:
         return {"weights": {}, "policy": None, "version": 0, "updated_at": None, "kinds": []}
     _sound_state(store, saved)
@@ -118,19 +133,21 @@ def damaged_state(store: Any) -> CorruptStateError | None:
 
 
 def export_weights(store: Any, path: str | Path | None, *, with_state: bool = True,
-                   retrievers: Sequence[str] | None = None, policy: str | None = None) -> dict[str, Any]:
+                   retrievers: Sequence[str] | None = None, policy: str | None = None,
+                   version: int | None = None) -> dict[str, Any]:
     """Write the newest snapshot to a JSON file (the learner state too, unless ``with_state=False``).
 
     Where the store holds the snapshots of more than one kind of ensemble (apps with other retrievers or
-    another policy on one file), ``retrievers`` (and ``policy``) must name the one to export: otherwise a
-    :class:`ValidationError` lists the kinds, since the newest snapshot may be another app's.
+    another policy on one file), ``retrievers`` (and ``policy``, or a snapshot's ``version``) must name the one
+    to export: otherwise a :class:`ValidationError` lists the kinds, since the newest snapshot may be another
+    app's.
 
     Returns what was written; with ``path=None`` it only returns it. With the state, a snapshot whose state
     was damaged outside rlfb (not an object, or one no learner can be rebuilt from) raises
     :class:`CorruptStateError` and nothing is written; its weights alone, still sound, export with
     ``with_state=False``.
     """
-    saved, _ = _chosen(store, retrievers, policy, whole=True)
+    saved, _ = _chosen(store, retrievers, policy, whole=True, version=version)
     if saved is None:
         raise ValidationError("the store holds no weights yet: nothing to export")
     out = {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}

@@ -330,6 +330,33 @@ def test_weights_show_and_export_tell_two_apps_on_one_store_apart(tmp_path, caps
 
     assert main(["store", "stats", str(db), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["snapshot_kinds"] == 2
+    assert main(["weights", "export", str(db), "-", "--weights-only", "--version", "1"]) == 0  # by its version
+    assert json.loads(capsys.readouterr().out)["policy"] == "thompson"
+    assert main(["weights", "show", str(db), "--version", "7"]) == 2
+    assert "no snapshot of version 7" in capsys.readouterr().err
+    assert main(["weights", "show", str(db), "--version", "1", "--policy", "gradient"]) == 2
+    assert "not of the retrievers or policy named" in capsys.readouterr().err
+
+
+def test_export_refuses_two_kinds_of_the_same_retrievers_and_policy_unless_a_version_names_one(tmp_path,
+                                                                                                 capsys) -> None:
+    # two apps of one policy and retrievers, one with the memory off (another chunk exploration): --retrievers
+    # and --policy took the newest of the two without a word
+    db = tmp_path / "shared.db"
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=str(db), policy="thompson")
+    ens.set_weights({"bm25": 1.0})
+    ens.close()
+    with pytest.warns(RuntimeWarning, match="starts afresh"):  # the other kind's learning is not taken
+        ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=str(db), policy="thompson",
+                                          learner_config={"memory_weight": 0.0})
+    ens.set_weights({"bm25": 1.0})
+    ens.close()
+    assert main(["weights", "export", str(db), "-", "--retrievers", "bm25", "--policy", "thompson"]) == 2
+    assert "2 kinds of ensemble with these retrievers and policy" in capsys.readouterr().err
+    assert main(["weights", "export", str(db), "-", "--version", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"]["exploration"]["kind"] == "thompson"
+    assert main(["weights", "show", str(db), "--retrievers", "bm25"]) == 0  # showing takes the newest
+    assert "version 2" in capsys.readouterr().out
 
 
 def test_one_kind_on_a_store_exports_without_naming_it(tmp_path, capsys) -> None:

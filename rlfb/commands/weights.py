@@ -38,6 +38,17 @@ def _kind_options(parser: argparse.ArgumentParser) -> None:
                         help="the snapshot of the ensemble with these retrievers (comma-separated, any order), "
                              "where the store holds snapshots of several kinds")
     parser.add_argument("--policy", help="the snapshot of the ensemble with this policy")
+    parser.add_argument("--version", type=_version, help="the snapshot of this version (`weights show` lists them)")
+
+
+def _version(value: str) -> int:
+    try:
+        version = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a snapshot version is a whole number, got {value!r}") from None
+    if version < 1:
+        raise argparse.ArgumentTypeError(f"a snapshot version is 1 or more, got {version}")
+    return version
 
 
 def _names(value: str) -> list[str]:
@@ -48,7 +59,7 @@ def _names(value: str) -> list[str]:
 
 
 def _kind(args: argparse.Namespace) -> dict[str, Any]:
-    return {"retrievers": args.retrievers, "policy": args.policy}
+    return {"retrievers": args.retrievers, "policy": args.policy, "version": args.version}
 
 
 @contextmanager
@@ -87,7 +98,7 @@ def run_show(args: argparse.Namespace) -> int:
         others = [k for k in info["kinds"] if k["version"] != info["version"]]
         if others:  # another app's weights on the same file: which of them this was is worth saying
             print(f"the store holds snapshots of {len(info['kinds'])} kinds of ensemble; the newest of the others "
-                  "(--retrievers and --policy pick one):")
+                  "(--retrievers and --policy, or --version, pick one):")
             for k in others:
                 print(f"  {describe_kind(k)}")
     return 0
