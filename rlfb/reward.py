@@ -54,6 +54,7 @@ from rlfb.errors import (
 
 __all__ = [
     "BASE_SIGNALS",
+    "NUMERIC_SIGNALS",
     "SIGNAL_ALIASES",
     "SPREAD_RULES",
     "RewardConfig",
@@ -355,7 +356,7 @@ def _scale(cfg: RewardConfig, centred: float) -> float:
     return centred * cfg.explicit_positive if centred >= 0 else centred * -cfg.explicit_negative
 
 
-# Base kind -> value(config, number). Kinds in _NUMERIC take a number; the others must not.
+# Base kind -> value(config, number). Kinds in NUMERIC_SIGNALS take a number; the others must not.
 _VALUES: Mapping[str, Callable[[RewardConfig, float], float]] = MappingProxyType(
     {
         "explicit_positive": lambda cfg, _: cfg.explicit_positive,
@@ -369,7 +370,6 @@ _VALUES: Mapping[str, Callable[[RewardConfig, float], float]] = MappingProxyType
 )
 #: The base signals that take a number (``signal="rating", value=4``).
 NUMERIC_SIGNALS = frozenset({"rating", "score"})
-_NUMERIC = NUMERIC_SIGNALS
 
 
 class RewardFunction:
@@ -444,7 +444,7 @@ class RewardFunction:
         if not isinstance(signal, str):
             raise UnknownSignalError(f"signal must be a str, got {type(signal).__name__} {signal!r}")
         base = self.resolve(signal)
-        if base in _NUMERIC:
+        if base in NUMERIC_SIGNALS:
             if rating is not None and value is not None:
                 raise ValidationError(f"signal {signal!r} takes one number: give rating= or value=, not both")
             number = rating if rating is not None else value
