@@ -16,7 +16,7 @@ from rlfb.files import refuse_overwriting_store, same_file
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
            "refuse_overwriting_store", "refuse_empty_store", "store_file", "check_int", "check_output_name",
            "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT", "report_beside",
-           "store_for_reading"]
+           "store_for_reading", "snapshot_version"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -275,6 +275,16 @@ def check_int(option: str, value: int | None, low: int, high: int | None = None)
         return
     bound = f"at least {low}" if high is None else f"between {low} and {high}"
     raise ValidationError(f"{option} must be {bound}, got {value}")
+
+
+def snapshot_version(text: str) -> int | None:
+    """A snapshot's version written as a whole number, else ``None``: ASCII digits only, since ``int()`` takes
+    ``"3_0"`` and ``" 3"``.
+
+    >>> snapshot_version("12"), snapshot_version("3_0"), snapshot_version(" 3")
+    (12, None, None)
+    """
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def check_output_name(option: str, value: str | None, what: str = "file") -> None:

@@ -152,9 +152,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_drop_snapshot(args: argparse.Namespace) -> int:
     """``store drop-snapshot``."""
-    if not (args.version.isascii() and args.version.isdigit()):  # int() would take "3_0" and " 3"
+    from rlfb.commands import snapshot_version
+
+    version = snapshot_version(args.version)
+    if version is None:
         return _fail(f"VERSION must be a snapshot's version, a whole number, got {args.version!r}")
-    version = int(args.version)
     try:
         with _open(args.file, reading=False) as store:
             dropped = store.drop_snapshot(version)

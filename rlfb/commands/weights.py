@@ -42,12 +42,11 @@ def _kind_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _version(value: str) -> int:
-    try:
-        version = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a snapshot version is a whole number, got {value!r}") from None
-    if version < 1:
-        raise argparse.ArgumentTypeError(f"a snapshot version is 1 or more, got {version}")
+    from rlfb.commands import snapshot_version
+
+    version = snapshot_version(value)
+    if version is None or version < 1:
+        raise argparse.ArgumentTypeError(f"a snapshot version is a whole number, 1 or more, got {value!r}")
     return version
 
 
