@@ -53,7 +53,12 @@ class Judge:
         order = self.tie_order[np.argsort(-scores[self.tie_order], axis=0, kind="stable")[:kk]]
         return (self.gains[order] * self.disc[:kk, None]).sum(axis=0) / self.ideal
 
+    def ndcg_of(self, scores: np.ndarray) -> float:
+        """nDCG of ranking by one score per candidate, ties as trec_eval breaks them (as :meth:`ndcg`)."""
+        return float(self.ndcg(np.asarray(scores, dtype=np.float64)[:, None])[0])
+
     def ndcg_order(self, order: np.ndarray) -> float:
+        """nDCG of the candidates in this order, as shown (no re-sorting)."""
         if self.ideal == 0:
             return 0.0
         kk = min(self.k, len(order))
