@@ -349,6 +349,27 @@ def test_empty_output_name_is_refused(tmp_path: Path, capsys, command: str, opti
     assert f"{option} needs a file name" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("command", ["simulate", "evaluate"])
+def test_a_folder_given_for_the_json_file_is_refused_before_the_run(tmp_path: Path, capsys, command: str,
+                                                                      monkeypatch) -> None:
+    """It said "Is a directory" once the run was over, naming no option."""
+    import rlfb.datasets
+
+    data = write_beir(tmp_path / "beir")
+    folder = tmp_path / "results"
+    folder.mkdir()
+
+    def not_read(*args, **kwargs):
+        raise AssertionError("the dataset was read before the option was checked")
+
+    monkeypatch.setattr(rlfb.datasets, "load_beir", not_read)
+    extra = TINY if command == "simulate" else ["--retrievers", "bm25"]
+    assert main([command, "--dataset", str(data), "--json", str(folder), *extra]) == 2
+    line = one_error_line(capsys)
+    assert f"--json {folder}: that is a folder" in line
+    assert list(folder.iterdir()) == []
+
+
 # -- one error line everywhere, and settings checked before a dataset is indexed --------------------------------
 def test_store_commands_use_the_one_error_prefix(tmp_path: Path, capsys) -> None:
     db = make_store(tmp_path / "fb.db")

@@ -296,6 +296,15 @@ def check_output_name(option: str, value: str | None, what: str = "file") -> Non
         raise ValidationError(f"{option} needs a {what} name, got {value!r}")
 
 
+def check_not_folder(option: str, value: str | None) -> None:
+    """Raise :class:`ValidationError` now where a file's name given to ``option`` is an existing folder: the write
+    failed only when the run was over, as "Is a directory", naming no option."""
+    from rlfb.errors import ValidationError
+
+    if value is not None and value != STDOUT and os.path.isdir(value):
+        raise ValidationError(f"{option} {value}: that is a folder; give the name of a file to write in it")
+
+
 def require_matplotlib(option: str) -> None:
     """Raise :class:`RlfbError` now when ``option`` (a plot) needs matplotlib and it is not installed."""
     import importlib.util

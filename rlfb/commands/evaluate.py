@@ -53,7 +53,15 @@ def check_retriever_names(names: list[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlfb.commands import STDOUT, check_int, check_output_name, prepare_output_file, report_beside, write_output
+    from rlfb.commands import (
+        STDOUT,
+        check_int,
+        check_not_folder,
+        check_output_name,
+        prepare_output_file,
+        report_beside,
+        write_output,
+    )
     from rlfb.datasets import find_dataset, load_beir
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.files import refuse_overwriting_dataset
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     check_retriever_names(names)
     weights = parse_weights(args.weights, names)
     check_output_name("--json", args.json_out)
+    check_not_folder("--json", args.json_out)
     if args.json_out and args.json_out != STDOUT:  # a bad output path fails now, not after indexing and evaluation
         prepare_output_file(args.json_out)
         refuse_overwriting_dataset(args.json_out, find_dataset(args.dataset), "--json")

@@ -133,11 +133,12 @@ def plot_path(path: str) -> str:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Fail on a bad output path or option now, not after the simulation; ``args.plot`` becomes the real name."""
-    from rlfb.commands import STDOUT, check_int, check_output_name, prepare_output_file, same_file
+    from rlfb.commands import STDOUT, check_int, check_not_folder, check_output_name, prepare_output_file, same_file
     from rlfb.datasets import find_dataset
     from rlfb.files import refuse_overwriting_dataset
 
     check_output_name("--json", args.json_out)
+    check_not_folder("--json", args.json_out)
     check_output_name("--plot", args.plot)
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)
     check_int("--max-heldout", args.max_heldout, 1)  # a Python slice bound: -1 meant "all but one"
