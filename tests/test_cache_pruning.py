@@ -391,6 +391,7 @@ def test_a_whole_cache_in_a_folder_that_cannot_be_written_is_still_read(
     connection failed, every text was encoded again, and `rlfb cache stats` exited 2. (Root writes anywhere,
     so the folder's refusal is what the usual connection is made to raise here.)"""
     import rlfb.retrievers.cache as cache_module
+    import rlfb.retrievers.cache_admin as cache_admin
 
     EmbeddingCache(tmp_path, "m").put_many({"h0": np.full(4, 2.0)})
     EmbeddingCache(tmp_path, "m").close()
@@ -398,7 +399,9 @@ def test_a_whole_cache_in_a_folder_that_cannot_be_written_is_still_read(
     def refused(path: Path) -> None:
         raise cache_module._CacheUnavailable(f"cannot open the embedding cache {path}: unable to open database file")
 
+    # patched where it is looked up: by EmbeddingCache (cache) and by cache stats / prune (cache_admin)
     monkeypatch.setattr(cache_module, "_open", refused)
+    monkeypatch.setattr(cache_admin, "_open", refused)
     cache = EmbeddingCache(tmp_path, "m")
     with pytest.warns(RuntimeWarning, match="cannot be written .*reading it"):
         assert cache.get_many(["h0"])["h0"].tolist() == [2.0] * 4

@@ -5,7 +5,7 @@
     and the bound that writes keep (``$RLFB_CACHE_MAX_MB``), if any.
 ``rlfb cache prune [--dir DIR] [--max-mb N] [--unused-days D] [--no-vacuum] [--json]``
     Remove the encodings unused for ``D`` days, then the least recently used
-    beyond ``N`` MB (see :func:`rlfb.retrievers.cache.prune_cache`); what is
+    beyond ``N`` MB (see :func:`rlfb.retrievers.cache_admin.prune_cache`); what is
     removed is encoded again when next needed. Run it from cron, say, to keep
     a long-lived service's cache bounded.
 
@@ -60,7 +60,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``cache stats``."""
-    from rlfb.retrievers.cache import cache_stats, default_max_mb
+    from rlfb.retrievers.cache_admin import cache_stats
+    from rlfb.retrievers.cache_file import default_max_mb
 
     _check_dir(args.dir)
     stats = {**cache_stats(args.dir), "max_mb": default_max_mb()}
@@ -81,7 +82,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     """``cache prune``."""
-    from rlfb.retrievers.cache import prune_cache
+    from rlfb.retrievers.cache_admin import prune_cache
 
     if args.max_mb is None and args.unused_days is None:
         print("rlfb: error: cache prune needs --max-mb, --unused-days or both", file=sys.stderr)
@@ -106,7 +107,7 @@ def _check_dir(directory: str | None) -> None:
     an error; but when it exists it must be a folder too. In either, ``embeddings.sqlite`` must
     be a file if it exists.
     """
-    from rlfb.retrievers.cache import _cache_file
+    from rlfb.retrievers.cache_file import _cache_file
 
     if directory is not None and not directory.strip():
         raise ValidationError("no embedding cache at '': --dir needs a folder")

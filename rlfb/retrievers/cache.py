@@ -13,31 +13,57 @@ writing process drop the least recently used encodings once the file's entries p
 
 The cache holds nothing that cannot be encoded again: a damaged row is a miss, and a damaged
 file warns once and is then passed by (lookups miss, writes are dropped), so indexing and
-search go on; :func:`cache_stats` and :func:`prune_cache` name it in a :class:`CorruptStateError`.
-A cache that cannot be written is passed by alike: a folder that cannot be made, or a file that
+search go on. A cache that cannot be written is passed by alike: a folder that cannot be made, or a file that
 cannot be opened, warns once and is not used; a file that cannot be written (read-only, in a
 read-only folder, a full disk) warns once, drops writes and is still read (in a folder that cannot
 be written, opened read-only and immutable, since WAL mode needs its side files beside the file).
+
+This module is the cache as retrieval uses it (:class:`EmbeddingCache`, :class:`LRUCache`,
+:func:`cached_encode`). The file itself (its folder, schema, opening and migrating it, what its errors
+mean) is :mod:`rlfb.retrievers.cache_file`; :func:`cache_stats` and :func:`prune_cache`, which name a damaged
+file in a :class:`CorruptStateError`, are :mod:`rlfb.retrievers.cache_admin`; their public names are still
+imported from here too.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import sqlite3
 import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.retrievers.cache_admin import cache_stats, prune_cache
+from rlfb.retrievers.cache_file import (
+    _BUSY_MS,
+    _FILE_NAME,
+    _begin_waiting,
+    _bytes_of,
+    _cache_folder,
+    _CacheUnavailable,
+    _check_nonnegative,
+    _drop_least_recent,
+    _entry_bytes,
+    _is_busy,
+    _is_damage,
+    _is_unavailable,
+    _open,
+    _open_read_only,
+    _OtherSchema,
+    _rollback,
+    check_cache_dir,
+    default_cache_dir,
+    default_max_mb,
+)
+from rlfb.retrievers.cache_file import _cache_file as _cache_file  # where the file is, imported from here too
 
 __all__ = [
     "EmbeddingCache",
@@ -65,140 +91,14 @@ class SparseVector(NamedTuple):
 #: a dense float32 vector or a :class:`SparseVector`
 Encoding = np.ndarray | SparseVector
 
-_FILE_NAME = "embeddings.sqlite"
-# used_at (the last time an encoding was written or read, for pruning) came later as an added column, with
-# the version kept at 1: an older rlfb reading or writing the same file still works (its writes count as
-# unused since 1970, so they are pruned first)
-_SCHEMA_VERSION = 1
-_BUSY_MS = 60_000  # how long a connection waits for another's lock: opening, migrating, a document write
 _BATCH = 500  # parameters per IN (...) clause, well under SQLite's limit
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS encodings (
-    model_key TEXT NOT NULL,
-    text_hash TEXT NOT NULL,
-    dim INTEGER NOT NULL,
-    indices BLOB,
-    vals BLOB NOT NULL,
-    used_at INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (model_key, text_hash)
-) WITHOUT ROWID
-"""
 # A read marks its hits as used at most once a day: a write per lookup would make every read a write.
 _TOUCH_EVERY = 86400
-# bytes an entry takes, as pruning counts them: its blobs and its key
-_ENTRY_BYTES = "length(vals) + coalesce(length(indices), 0) + length(text_hash) + length(model_key)"
-
-
 # an automatic prune keeps this share of max_mb, so that the next writes do not prune again at once
 _PRUNE_TO = 0.9
-_WAL_KEEP_BYTES = 8 * 1024 * 1024
-_PAGE_BYTES = 16384
-# SQLite's integers are signed 64-bit: a bound or cutoff beyond them is clamped, which keeps its meaning
-_SQLITE_MAX = 2**63 - 1
-_SQLITE_MIN = -(2**63)
 # files whose damage (or that they cannot be opened or written) has been reported in this process: one
 # warning per file and kind, not per lookup
 _WARNED: set[str] = set()
-# what SQLite says of a file it cannot open or write (SQLITE_READONLY, _CANTOPEN, _FULL, _IOERR, _PERM), as
-# the messages name them: sqlite_errorcode is Python 3.11 or later
-_UNAVAILABLE = ("readonly", "unable to open", "disk is full", "disk i/o error", "permission denied")
-
-
-def default_cache_dir() -> Path:
-    """``$RLFB_CACHE_DIR`` if set, else ``~/.cache/rlfb``."""
-    env = os.environ.get("RLFB_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "rlfb"
-
-
-def check_cache_dir(value: object) -> None:
-    """Refuse an empty or blank ``cache_dir`` string: ``Path("")`` is the working directory, where the cache
-    file would be written unasked (an empty ``$RLFB_CACHE_DIR`` means the default, and ``rlfb cache --dir ''``
-    is refused).
-
-    >>> check_cache_dir(" ")
-    Traceback (most recent call last):
-    ...
-    rlfb.errors.ValidationError: cache_dir must name a folder, got ' ' (None uses the default folder, ...
-    """
-    if isinstance(value, str) and not value.strip():
-        raise ValidationError(
-            f"cache_dir must name a folder, got {value!r} (None uses the default folder, False no disk cache)"
-        )
-
-
-def _cache_folder(directory: str | Path | None) -> Path:
-    """``directory`` as a folder (``~`` expanded), ``None`` as :func:`default_cache_dir`."""
-    check_cache_dir(directory)
-    return Path(directory).expanduser() if directory is not None else default_cache_dir()
-
-
-def default_max_mb() -> float | None:
-    """``$RLFB_CACHE_MAX_MB`` as a number of megabytes, or ``None`` (no bound) when unset or empty."""
-    env = os.environ.get("RLFB_CACHE_MAX_MB", "").strip()
-    if not env:
-        return None
-    try:
-        value = float(env)
-    except ValueError:
-        raise ValidationError(f"RLFB_CACHE_MAX_MB must be a number of megabytes, got {env!r}") from None
-    return _check_nonnegative("RLFB_CACHE_MAX_MB", value)
-
-
-def _check_nonnegative(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValidationError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _bytes_of(mb: float) -> int:
-    """``mb`` megabytes in bytes, clamped to SQLite's integers (more than any file can hold).
-
-    >>> _bytes_of(1.5), _bytes_of(1e13) == _bytes_of(1e308) == 2**63 - 1
-    (1572864, True)
-    """
-    n = mb * 1024 * 1024
-    return _SQLITE_MAX if n >= _SQLITE_MAX else int(n)  # compared exactly; int(inf) would raise
-
-
-def _is_damage(exc: sqlite3.DatabaseError) -> bool:
-    """Whether ``exc`` reports a damaged file (SQLITE_CORRUPT, SQLITE_NOTADB), not a busy or read-only one.
-
-    sqlite3 raises the plain :class:`sqlite3.DatabaseError` for exactly these; locks, I/O and
-    full disks raise its subclass :class:`sqlite3.OperationalError`.
-    """
-    return type(exc) is sqlite3.DatabaseError
-
-
-def _is_busy(exc: sqlite3.DatabaseError) -> bool:
-    """Whether ``exc`` reports a lock another connection held past the busy timeout.
-
-    >>> _is_busy(sqlite3.OperationalError("database is locked")), _is_busy(sqlite3.OperationalError("no such table"))
-    (True, False)
-    """
-    return isinstance(exc, sqlite3.OperationalError) and any(m in str(exc).lower() for m in ("locked", "busy"))
-
-
-def _begin_waiting(conn: sqlite3.Connection, seconds: float) -> None:
-    """``BEGIN IMMEDIATE``, waiting at most ``seconds`` for another connection's write lock (the caller puts the
-    connection's own busy timeout back)."""
-    conn.execute(f"PRAGMA busy_timeout={min(int(seconds * 1000), _BUSY_MS)}")
-    conn.execute("BEGIN IMMEDIATE")
-
-
-def _is_unavailable(exc: sqlite3.DatabaseError) -> bool:
-    """Whether ``exc`` reports a file that cannot be opened or written (read-only, a full disk), not a damaged,
-    busy one or wrong SQL.
-
-    >>> _is_unavailable(sqlite3.OperationalError("attempt to write a readonly database"))
-    True
-    >>> _is_unavailable(sqlite3.OperationalError("database is locked"))
-    False
-    """
-    return isinstance(exc, sqlite3.OperationalError) and any(m in str(exc).lower() for m in _UNAVAILABLE)
-
-
-class _CacheUnavailable(OSError):
-    """The cache file cannot be opened: its folder cannot be made, or SQLite cannot open the file."""
 
 
 def text_hash(text: str) -> str:
@@ -209,105 +109,6 @@ def text_hash(text: str) -> str:
     'ba7816bf8f01cfea'
     """
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _open(path: Path) -> sqlite3.Connection:
-    """A connection to the cache file at ``path`` (made if missing), in WAL mode, schema up to date.
-
-    A file that cannot be opened raises :class:`_CacheUnavailable` naming it, one that is damaged or of
-    another schema :class:`CorruptStateError`.
-    """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _CacheUnavailable(f"cannot make the embedding cache's folder {path.parent}: {exc}") from exc
-    try:
-        conn = sqlite3.connect(path, timeout=_BUSY_MS / 1000, check_same_thread=False, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
-        # the write-ahead log is cut back to this after each checkpoint: one large batch left it as large for good
-        conn.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
-        conn.execute(f"PRAGMA wal_autocheckpoint={_WAL_KEEP_BYTES // _PAGE_BYTES}")  # as often as with 4 KB pages
-        # a new file's pages (an existing file's stay as they are): a row of a WITHOUT ROWID table is kept
-        # whole in its page only up to about a quarter of the page, so with 4 KB pages each 1.5 KB vector
-        # of MiniLM took a page of its own and the file was three times its entries
-        conn.execute(f"PRAGMA page_size={_PAGE_BYTES}")
-        for attempt in range(100):
-            try:
-                # switching a new file to WAL needs an exclusive lock and can report "locked" at once,
-                # without waiting, when another process is setting up the same file: retry it
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                version = _migrate(conn)
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc) or attempt == 99:
-                    raise
-                time.sleep(0.01 * (attempt + 1))
-        if version != _SCHEMA_VERSION:
-            conn.close()
-            raise _OtherSchema(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
-    except sqlite3.DatabaseError as exc:
-        if _is_unavailable(exc):  # a read-only folder, a full disk: nothing is wrong with the file
-            raise _CacheUnavailable(f"cannot open the embedding cache {path}: {exc}") from exc
-        raise CorruptStateError(f"cannot open embedding cache {path}: {exc}") from exc
-    return conn
-
-
-def _open_read_only(path: Path) -> sqlite3.Connection:
-    """A read-only connection to an existing cache file whose folder cannot be written (a read-only mount):
-    WAL mode needs its side files made beside the file, so the usual connection fails there. Opened as
-    immutable, it reads what the file holds (not a write-ahead log another process left behind). A file
-    that is no cache of this schema raises as :func:`_open` does."""
-    try:
-        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro&immutable=1", uri=True,
-                               check_same_thread=False, isolation_level=None)
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    except sqlite3.DatabaseError as exc:
-        if _is_unavailable(exc):
-            raise _CacheUnavailable(f"cannot open the embedding cache {path}: {exc}") from exc
-        raise CorruptStateError(f"cannot open embedding cache {path}: {exc}") from exc
-    if version != _SCHEMA_VERSION:
-        conn.close()
-        raise _OtherSchema(f"{path} has cache schema {version}, expected {_SCHEMA_VERSION}")
-    return conn
-
-
-class _OtherSchema(CorruptStateError):
-    """A cache file of another schema (a newer rlfb's): passed by, as a damaged one is; never written."""
-
-
-def _migrate(conn: sqlite3.Connection) -> int:
-    """Create the table, or add what an older file lacks; returns the schema version.
-
-    Safe to rerun, and to race: the check and the change run under one write lock,
-    so of two processes opening an old file one adds the column and the other sees it
-    done. A newer schema is left alone (the caller names it).
-    """
-    def state() -> tuple[int, bool]:
-        columns = {row[1] for row in conn.execute("PRAGMA table_info(encodings)")}
-        return int(conn.execute("PRAGMA user_version").fetchone()[0]), "used_at" in columns
-
-    def due(version: int, tracked: bool) -> bool:  # a new file, or one written before use was tracked
-        return version == 0 or (version == _SCHEMA_VERSION and not tracked)
-
-    version, tracked = state()
-    if not due(version, tracked):
-        return version
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        version, tracked = state()  # another process may have done it meanwhile
-        if due(version, tracked):
-            conn.execute(_SCHEMA)  # a new file: the table, used_at included
-            if not state()[1]:  # written before use was tracked: unused since 1970, as far as we know
-                conn.execute("ALTER TABLE encodings ADD COLUMN used_at INTEGER NOT NULL DEFAULT 0")
-            conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
-            version = _SCHEMA_VERSION
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    return version
 
 
 def _decode_row(dim: object, idx: object, vals: object) -> Encoding | None:
@@ -340,15 +141,6 @@ def _decode_row(dim: object, idx: object, vals: object) -> Encoding | None:
     if indices.size and (indices.min() < 0 or indices.max() >= dim):
         return None
     return SparseVector(indices.copy(), values.copy(), dim)
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back an open transaction; a rollback that fails too must not hide the error that led to it."""
-    if conn.in_transaction:
-        try:
-            conn.execute("ROLLBACK")
-        except sqlite3.DatabaseError:
-            pass
 
 
 class EmbeddingCache:
@@ -648,127 +440,6 @@ class EmbeddingCache:
         return f"EmbeddingCache({str(self.directory)!r}, {self.model_key!r})"
 
 
-def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
-    """What the cache file holds: per model key, entries, bytes and last use; and its size on disk.
-
-    ``directory`` defaults to :func:`default_cache_dir`. A missing file holds nothing
-    (and is not made).
-
-    >>> import tempfile
-    >>> folder = tempfile.mkdtemp()
-    >>> EmbeddingCache(folder, "toy|query").put_many({"h": np.zeros(4)})
-    >>> [(m["model_key"], m["entries"], m["bytes"]) for m in cache_stats(folder)["models"]]
-    [('toy|query', 1, 26)]
-    """
-    path = _cache_file(directory)
-    out: dict[str, Any] = {"path": str(path), "file_bytes": _file_bytes(path), "models": []}
-    if not path.is_file() or out["file_bytes"] == 0:  # an empty file is an empty database: opened, it got a schema
-        return out
-    with _report_connection(path, read_only=True) as conn:
-        rows = conn.execute(
-            f"SELECT model_key, COUNT(*), SUM({_ENTRY_BYTES}), MIN(used_at), MAX(used_at) "
-            "FROM encodings GROUP BY model_key ORDER BY model_key"
-        ).fetchall()
-    out["models"] = [
-        {"model_key": key, "entries": int(n), "bytes": int(size), "oldest_use": int(lo), "latest_use": int(hi)}
-        for key, n, size, lo, hi in rows
-    ]
-    return out
-
-
-def prune_cache(
-    directory: str | Path | None = None,
-    *,
-    max_mb: float | None = None,
-    unused_days: float | None = None,
-    vacuum: bool = True,
-) -> dict[str, Any]:
-    """Remove encodings: those unused for ``unused_days``, then the least recently used beyond ``max_mb``.
-
-    "Used" is the last write, or the last read (marked at most once a day). The
-    size counts every model's entries (blobs and keys), as :func:`cache_stats`
-    does. ``vacuum`` then gives the freed pages back to the file system (also pages freed
-    earlier, once they are a tenth of the file). Returns
-    the entries removed and the sizes before and after. Anything removed is
-    encoded again when next needed; nothing else is lost.
-
-    >>> import tempfile, time
-    >>> folder = tempfile.mkdtemp()
-    >>> cache = EmbeddingCache(folder, "toy|query")
-    >>> cache.put_many({f"h{i}": np.zeros(256) for i in range(10)})
-    >>> prune_cache(folder, max_mb=0.002)["removed"], len(cache)
-    (8, 2)
-    """
-    if max_mb is None and unused_days is None:
-        raise ValidationError("give max_mb, unused_days or both: what to prune")
-    for name, value in (("max_mb", max_mb), ("unused_days", unused_days)):
-        if value is not None:
-            _check_nonnegative(name, value)
-    path = _cache_file(directory)
-    before = _file_bytes(path)
-    if not path.is_file():
-        return {"path": str(path), "removed": 0, "bytes_before": 0, "bytes_after": 0,
-                "file_bytes_before": before, "file_bytes_after": before}
-    with _report_connection(path) as conn:
-        bytes_before = _entry_bytes(conn)
-        removed = 0
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if unused_days is not None:
-                # clamped: a cutoff before SQLite's smallest integer removes nothing, as its day count means
-                cutoff = time.time() - unused_days * 86400
-                cutoff = _SQLITE_MIN if cutoff <= _SQLITE_MIN else int(cutoff)
-                removed += conn.execute("DELETE FROM encodings WHERE used_at < ?", (cutoff,)).rowcount
-            if max_mb is not None:
-                removed += _drop_least_recent(conn, _bytes_of(max_mb))
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
-        # also when this prune removed nothing: pages freed by RLFB_CACHE_MAX_MB's trimming are given back here,
-        # once they are worth rewriting the whole file for (a tenth of it)
-        if vacuum and (removed or _free_bytes(conn) >= 0.1 * _file_bytes(path)):
-            conn.execute("VACUUM")
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        bytes_after = _entry_bytes(conn)
-    return {"path": str(path), "removed": removed, "bytes_before": bytes_before, "bytes_after": bytes_after,
-            "file_bytes_before": before, "file_bytes_after": _file_bytes(path)}
-
-
-def _free_bytes(conn: sqlite3.Connection) -> int:
-    """The bytes of the file's free pages."""
-    pages = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
-    return pages * int(conn.execute("PRAGMA page_size").fetchone()[0])
-
-
-@contextmanager
-def _report_connection(path: Path, *, read_only: bool = False) -> Iterator[sqlite3.Connection]:
-    """A connection to the cache file for :func:`cache_stats` and :func:`prune_cache`, closed after; damage
-    SQLite finds in the file is a :class:`CorruptStateError` naming it. With ``read_only``, a file whose
-    folder cannot be written is opened read-only (stats); a prune needs to write and fails as before."""
-    try:
-        conn = _open(path)
-    except _CacheUnavailable:
-        if not (read_only and path.is_file()):
-            raise
-        conn = _open_read_only(path)
-    try:
-        yield conn
-    except sqlite3.DatabaseError as exc:
-        if not _is_damage(exc):
-            raise
-        raise _damaged_file(path, exc) from exc
-    finally:
-        conn.close()
-
-
-def _damaged_file(path: Path, exc: sqlite3.DatabaseError) -> CorruptStateError:
-    return CorruptStateError(
-        f"the embedding cache {path} is damaged ({exc}); it holds only encodings that can be made again, "
-        "so delete it and rlfb makes a new one"
-    )
-
-
 def _row_bytes(row: tuple) -> int:
     """The bytes of one row :meth:`EmbeddingCache.put_many` writes, counted as :data:`_ENTRY_BYTES` counts them."""
     return len(row[0]) + len(row[1]) + len(row[4]) + (len(row[3]) if row[3] is not None else 0)
@@ -784,33 +455,6 @@ def _within(rows: list[tuple], keep_bytes: int) -> list[tuple]:
         if total > keep_bytes:
             return rows[:i]
     return rows
-
-
-def _entry_bytes(conn: sqlite3.Connection) -> int:
-    """Bytes of every model's entries in the file, counted as :func:`cache_stats` counts them."""
-    return int(conn.execute(f"SELECT COALESCE(SUM({_ENTRY_BYTES}), 0) FROM encodings").fetchone()[0])
-
-
-def _drop_least_recent(conn: sqlite3.Connection, keep_bytes: int) -> int:
-    """Delete the least recently used entries beyond the newest ``keep_bytes``; returns how many."""
-    # newest first: what keeps within the limit stays, the rest goes
-    victims = conn.execute(
-        f"SELECT model_key, text_hash FROM (SELECT model_key, text_hash, SUM({_ENTRY_BYTES}) OVER "
-        "(ORDER BY used_at DESC, model_key, text_hash ROWS UNBOUNDED PRECEDING) AS running "
-        "FROM encodings) WHERE running > ?",
-        (keep_bytes,),
-    ).fetchall()
-    conn.executemany("DELETE FROM encodings WHERE model_key = ? AND text_hash = ?", victims)
-    return len(victims)
-
-
-def _cache_file(directory: str | Path | None) -> Path:
-    return _cache_folder(directory) / _FILE_NAME
-
-
-def _file_bytes(path: Path) -> int:
-    """The cache file's size on disk, with its write-ahead log."""
-    return sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.is_file())
 
 
 class LRUCache:
