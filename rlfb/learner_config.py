@@ -30,6 +30,7 @@ _PART_SETTINGS = {
     "batch_size": "replay_batch_size",
     "half_life": "replay_half_life",
     "persist": "replay_persist",
+    "beta": "replay_beta",
     "tolerance": "guardrail_tolerance",
     "min_episodes": "guardrail_min_episodes",
     "weight": "thompson_weight",
@@ -106,7 +107,9 @@ class LearnerConfig:
         ``replay`` on/off, ``replay_capacity`` (10,000), ``replay_batch_size``
         (32), ``replay_every`` (50 episodes), ``replay_weight`` (0.25 of a fresh
         episode), ``replay_half_life``, ``replay_persist`` (episodes saved in
-        the state), ``replay_all`` (also replay into bandit and batch
+        the state), ``replay_beta`` (1: the importance-sampling exponent that
+        undoes the ``|reward|`` priority, :mod:`rlfb.replay`; 0 turns it off),
+        ``replay_all`` (also replay into bandit and batch
         policies, whose statistics would count a replay as new evidence; off).
     Guardrail
         ``guardrail`` on/off, ``guardrail_tolerance``, ``guardrail_min_episodes``.
@@ -150,6 +153,7 @@ class LearnerConfig:
     replay_weight: float = 0.25
     replay_half_life: float = 2000.0
     replay_persist: int = 200
+    replay_beta: float = 1.0
     replay_all: bool = False
     guardrail: bool = True
     guardrail_tolerance: float = 0.01
@@ -228,7 +232,7 @@ class LearnerConfig:
             ),
             "replay": PrioritizedReplay(
                 self.replay_capacity, self.replay_batch_size, half_life=self.replay_half_life,
-                persist=self.replay_persist, seed=None if seed is None else seed + 2,
+                persist=self.replay_persist, beta=self.replay_beta, seed=None if seed is None else seed + 2,
             ),
             "guardrail": Guardrail(
                 tolerance=self.guardrail_tolerance, min_episodes=self.guardrail_min_episodes

@@ -9,6 +9,14 @@ and old episodes describe a world that may have changed. ``age`` counts the
 episodes added since. The learner replays them through the policy update with
 a lower weight, so they are not counted as fresh evidence.
 
+Sampling by ``|reward|`` makes an episode of a strong reward weigh more in
+the replayed updates than in the data. ``beta`` (1, the default; 0 turns it
+off) corrects that with importance-sampling weights, as prioritised experience
+replay does (Schaul et al., 2016): :meth:`PrioritizedReplay.sample_weighted`
+gives each episode ``(min |reward| / |reward|) ** beta``, the smallest-reward
+episode held taking 1, so a correction only scales replays down. The age decay
+is left uncorrected: favouring recent episodes is the point of it.
+
 The buffer's most recent ``persist`` episodes survive a restart: its state
 holds them column by column (without the query embedding, which the policy
 update does not read), their texts and ids as JSON lists and their numbers as
@@ -168,6 +176,7 @@ class ReplayParams:
     batch_size: int = 32
     half_life: float = 2000.0
     persist: int = 200
+    beta: float = 1.0
 
     def __post_init__(self) -> None:
         plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
@@ -175,6 +184,7 @@ class ReplayParams:
         check_int("batch_size", self.batch_size, 1, 100_000)
         check_float("half_life", self.half_life, 0.0, None, lo_open=True)
         check_int("persist", self.persist, 0, 10_000_000)
+        check_float("beta", self.beta, 0.0, 1.0)
 
 
 class PrioritizedReplay:
@@ -190,6 +200,9 @@ class PrioritizedReplay:
         Age, in episodes added, at which an episode's priority halves.
     persist
         How many of the most recent episodes :meth:`state_dict` writes.
+    beta
+        Importance-sampling exponent of :meth:`sample_weighted`'s weights, in [0, 1]: 1 (the default) undoes the
+        ``|reward|`` priority in full, 0 weighs every replay alike (as before 2026-12-06).
     seed
         Seed of its own generator.
     """
@@ -201,9 +214,10 @@ class PrioritizedReplay:
         *,
         half_life: float = 2000.0,
         persist: int = 200,
+        beta: float = 1.0,
         seed: int | None = 0,
     ) -> None:
-        self.hyper = ReplayParams(capacity, batch_size, half_life, persist)
+        self.hyper = ReplayParams(capacity, batch_size, half_life, persist, beta)
         self._rng = np.random.default_rng(None if seed is None else check_int("seed", seed, 0))
         self._items: deque[tuple[Episode, float, int]] = deque(maxlen=self.hyper.capacity)
         self._added = 0
@@ -244,13 +258,34 @@ class PrioritizedReplay:
 
     def sample(self, n: int | None = None) -> list[Episode]:
         """Up to ``n`` (default ``batch_size``) distinct episodes, drawn by priority."""
+        return [ep for ep, _ in self.sample_weighted(n)]
+
+    def sample_weighted(self, n: int | None = None) -> list[tuple[Episode, float]]:
+        """As :meth:`sample` (the same draws), each episode with its importance-sampling weight in (0, 1].
+
+        The weight is ``(m / |reward|) ** beta``, ``m`` the smallest ``|reward|`` held: it undoes the share
+        of the sampling probability that the reward's size gave, a ``beta``-th of it, and leaves the age
+        decay's. With ``beta`` 0 every weight is 1.
+
+        >>> from rlfb.policies.base import Decision, Episode
+        >>> buf = PrioritizedReplay(capacity=10, batch_size=2, beta=1.0, seed=0)
+        >>> for i, r in enumerate((1.0, 0.25)):
+        ...     _ = buf.add(Episode(f"e{i}", "q", ("a",), Decision({"a": 1.0}), ("c",), np.ones((1, 1)),
+        ...                         np.ones(1), r))
+        >>> sorted((e.event_id, w) for e, w in buf.sample_weighted())
+        [('e0', 0.25), ('e1', 1.0)]
+        """
         n = self.hyper.batch_size if n is None else check_int("n", n, 0)
         if not self._items or n == 0:
             return []
         p = self.priorities()
         n = min(n, int(np.count_nonzero(p)))
         idx = self._rng.choice(p.size, size=n, replace=False, p=p)
-        return [self._items[int(i)][0] for i in idx]
+        beta = self.hyper.beta
+        if beta == 0:
+            return [(self._items[int(i)][0], 1.0) for i in idx]
+        smallest = min(m for _, m, _ in self._items)
+        return [(self._items[int(i)][0], float((smallest / self._items[int(i)][1]) ** beta)) for i in idx]
 
     def held(self) -> tuple[tuple[Any, ...], int]:
         """Every episode held and the count added, for :meth:`restore_held` in this process (an undo): a

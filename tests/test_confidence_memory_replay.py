@@ -425,6 +425,25 @@ def test_replay_priority_is_abs_reward_decayed_with_age():
     assert freq == pytest.approx(raw / raw.sum(), abs=0.03)
 
 
+def test_importance_weights_undo_the_reward_priority_by_beta_and_leave_the_draws_alone():
+    def filled(beta):
+        buf = PrioritizedReplay(capacity=50, batch_size=6, half_life=3.0, beta=beta, seed=4)
+        for i, r in enumerate((1.0, -0.2, 0.5, 0.1, -0.8, 0.4, 0.3, 1.0)):
+            buf.add(_ep(f"e{i}", r))
+        return buf
+
+    mags = {f"e{i}": abs(r) for i, r in enumerate((1.0, -0.2, 0.5, 0.1, -0.8, 0.4, 0.3, 1.0))}
+    plain = filled(0.0).sample()
+    for beta in (0.0, 0.5, 1.0):
+        drawn = filled(beta).sample_weighted()
+        assert [e.event_id for e, _ in drawn] == [e.event_id for e in plain]  # the same draws
+        # the smallest |reward| held (0.1) takes 1; the age decay is not corrected
+        assert [w for _, w in drawn] == pytest.approx([(0.1 / mags[e.event_id]) ** beta for e, _ in drawn])
+    assert any(w < 0.5 for _, w in filled(1.0).sample_weighted())
+    with pytest.raises(ValidationError, match="beta must be in"):
+        PrioritizedReplay(beta=1.5)
+
+
 def test_replay_priorities_stay_a_distribution_for_huge_rewards():
     # two rewards of 1e308 summed to an infinity: every priority became 0 and sample() raised
     buf = PrioritizedReplay(capacity=10, batch_size=2, seed=0)

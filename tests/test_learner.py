@@ -514,10 +514,11 @@ def test_replayed_episodes_keep_their_prior_rewards_across_a_save():
 
 def test_replay_and_guardrail_are_wired_in():
     env = ToyEnv(seed=0)
-    learner = Learner(RETRIEVERS, "gradient", LearnerConfig(replay_every=20, replay_batch_size=8), seed=0)
+    learner = Learner(RETRIEVERS, "gradient", LearnerConfig(replay_every=20, replay_batch_size=8, replay_beta=0.0),
+                      seed=0)
     simulate(learner, env, 200, seed=1, types=("A",))
     assert len(learner.replay) > 0
-    # 200 fresh updates plus 10 replays of 8 episodes at weight 0.25
+    # 200 fresh updates plus 10 replays of 8 episodes at weight 0.25 (no importance weights: replay_beta 0)
     assert learner.policy.n_updates == pytest.approx(200 + 10 * 8 * 0.25)
     lr, ex = learner.guardrail.multipliers
     assert 0.1 <= lr <= 2.0 and 0.5 <= ex <= 3.0
@@ -525,6 +526,29 @@ def test_replay_and_guardrail_are_wired_in():
     bandit = Learner(RETRIEVERS, "thompson", LearnerConfig(replay_every=20), seed=0)
     simulate(bandit, env, 100, seed=1)
     assert bandit.policy.n_updates == pytest.approx(100)
+
+
+def test_replays_are_learned_at_their_importance_weights():
+    """By default (``replay_beta`` 1) each replayed episode's weight is ``replay_weight`` times its importance
+    weight, so the policy counts less than the uncorrected 200 + 10 * 8 * 0.25 updates, by exactly what was
+    drawn."""
+    env = ToyEnv(seed=0)
+    learner = Learner(RETRIEVERS, "gradient", LearnerConfig(replay_every=20, replay_batch_size=8), seed=0)
+    drawn: list[float] = []
+    sample = learner.replay.sample_weighted
+
+    def spy(n=None):
+        out = sample(n)
+        drawn.extend(w for _, w in out)
+        return out
+
+    learner.replay.sample_weighted = spy
+    simulate(learner, env, 200, seed=1, types=("A",))
+    assert len(drawn) == 80 and min(drawn) < 1.0 and max(drawn) <= 1.0
+    assert learner.policy.n_updates == pytest.approx(200 + 0.25 * sum(drawn))
+    assert learner.policy.n_updates < 200 + 10 * 8 * 0.25 - 1
+    with pytest.raises(ValidationError, match="replay_beta must be in"):
+        LearnerConfig(replay_beta=-0.1)
 
 
 def test_should_ask_for_feedback():
