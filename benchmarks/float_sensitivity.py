@@ -59,18 +59,27 @@ def perturbed(vector: Any, text: str, salt: str, scale: float) -> np.ndarray:
     return (moved / np.linalg.norm(moved)).astype(np.float32)
 
 
+def perturb_dense(salt: str, scale: float) -> None:
+    """Make every ``DenseRetriever`` encoding, of documents and queries, come out :func:`perturbed` (in this
+    process, from now on); SPLADE's, which share the same cached encoding (``ModelEncoding``), stay as they are."""
+    from rlfb.retrievers.dense import DenseRetriever
+
+    for name in ("_cached_documents", "_cached_queries"):  # what DenseRetriever encodes through, cache hits too
+        encode = getattr(DenseRetriever, name)
+
+        def cached(self: Any, texts: Any, *args: Any, _encode: Any = encode, **kwargs: Any) -> list[np.ndarray]:
+            return [perturbed(v, t, salt, scale) for t, v in zip(texts, _encode(self, texts, *args, **kwargs),
+                                                                 strict=True)]
+
+        setattr(DenseRetriever, name, cached)
+
+
 def _run_one(salt: str, scale: float, simulate_args: list[str]) -> int:
     """One ``rlfb simulate`` in this process, every dense encoding perturbed (none for an empty salt)."""
-    import rlfb.retrievers.dense as dense
     from rlfb.cli import main
 
     if salt:
-        encode = dense.cached_encode
-
-        def cached_encode(texts: Any, *args: Any, **kwargs: Any) -> list[np.ndarray]:
-            return [perturbed(v, t, salt, scale) for t, v in zip(texts, encode(texts, *args, **kwargs), strict=True)]
-
-        dense.cached_encode = cached_encode  # what DenseRetriever calls for documents and queries alike
+        perturb_dense(salt, scale)
     return main(["simulate", *simulate_args])
 
 
