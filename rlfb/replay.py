@@ -13,9 +13,12 @@ Sampling by ``|reward|`` makes an episode of a strong reward weigh more in
 the replayed updates than in the data. ``beta`` (1, the default; 0 turns it
 off) corrects that with importance-sampling weights, as prioritised experience
 replay does (Schaul et al., 2016): :meth:`PrioritizedReplay.sample_weighted`
-gives each episode ``(min |reward| / |reward|) ** beta``, the smallest-reward
-episode held taking 1, so a correction only scales replays down. The age decay
-is left uncorrected: favouring recent episodes is the point of it.
+weighs each episode drawn by ``|reward| ** -beta``, self-normalised so that a
+batch's weights average 1. Schaul et al. divide by the largest weight instead,
+so that weights only scale updates down; here the smallest reward held, a
+reformulation decayed to a tenth (0.02), would then leave a thumbs up replayed
+at 2 % of its weight, and replay as a whole at a few per cent of its strength.
+The age decay is left uncorrected: favouring recent episodes is the point of it.
 
 The buffer's most recent ``persist`` episodes survive a restart: its state
 holds them column by column (without the query embedding, which the policy
@@ -261,11 +264,12 @@ class PrioritizedReplay:
         return [ep for ep, _ in self.sample_weighted(n)]
 
     def sample_weighted(self, n: int | None = None) -> list[tuple[Episode, float]]:
-        """As :meth:`sample` (the same draws), each episode with its importance-sampling weight in (0, 1].
+        """As :meth:`sample` (the same draws), each episode with its importance-sampling weight.
 
-        The weight is ``(m / |reward|) ** beta``, ``m`` the smallest ``|reward|`` held: it undoes the share
-        of the sampling probability that the reward's size gave, a ``beta``-th of it, and leaves the age
-        decay's. With ``beta`` 0 every weight is 1.
+        The weight is proportional to ``|reward| ** -beta``: it undoes the share of the sampling probability
+        that the reward's size gave (a ``beta``-th of it) and leaves the age decay's. The weights are
+        self-normalised, averaging 1 over the batch, so that a batch weighs as much in all as one without
+        the correction. With ``beta`` 0 every weight is 1.
 
         >>> from rlfb.policies.base import Decision, Episode
         >>> buf = PrioritizedReplay(capacity=10, batch_size=2, beta=1.0, seed=0)
@@ -273,7 +277,7 @@ class PrioritizedReplay:
         ...     _ = buf.add(Episode(f"e{i}", "q", ("a",), Decision({"a": 1.0}), ("c",), np.ones((1, 1)),
         ...                         np.ones(1), r))
         >>> sorted((e.event_id, w) for e, w in buf.sample_weighted())
-        [('e0', 0.25), ('e1', 1.0)]
+        [('e0', 0.4), ('e1', 1.6)]
         """
         n = self.hyper.batch_size if n is None else check_int("n", n, 0)
         if not self._items or n == 0:
@@ -281,11 +285,12 @@ class PrioritizedReplay:
         p = self.priorities()
         n = min(n, int(np.count_nonzero(p)))
         idx = self._rng.choice(p.size, size=n, replace=False, p=p)
-        beta = self.hyper.beta
-        if beta == 0:
-            return [(self._items[int(i)][0], 1.0) for i in idx]
-        smallest = min(m for _, m, _ in self._items)
-        return [(self._items[int(i)][0], float((smallest / self._items[int(i)][1]) ** beta)) for i in idx]
+        drawn = [self._items[int(i)] for i in idx]
+        if self.hyper.beta == 0 or not drawn:
+            return [(ep, 1.0) for ep, _, _ in drawn]
+        w = np.array([m for _, m, _ in drawn]) ** -self.hyper.beta
+        w *= len(w) / w.sum()
+        return [(ep, float(x)) for (ep, _, _), x in zip(drawn, w, strict=True)]
 
     def held(self) -> tuple[tuple[Any, ...], int]:
         """Every episode held and the count added, for :meth:`restore_held` in this process (an undo): a

@@ -426,20 +426,27 @@ def test_replay_priority_is_abs_reward_decayed_with_age():
 
 
 def test_importance_weights_undo_the_reward_priority_by_beta_and_leave_the_draws_alone():
+    rewards = (1.0, -0.2, 0.5, 0.1, -0.8, 0.4, 0.3, 1.0)
+
     def filled(beta):
         buf = PrioritizedReplay(capacity=50, batch_size=6, half_life=3.0, beta=beta, seed=4)
-        for i, r in enumerate((1.0, -0.2, 0.5, 0.1, -0.8, 0.4, 0.3, 1.0)):
+        for i, r in enumerate(rewards):
             buf.add(_ep(f"e{i}", r))
         return buf
 
-    mags = {f"e{i}": abs(r) for i, r in enumerate((1.0, -0.2, 0.5, 0.1, -0.8, 0.4, 0.3, 1.0))}
+    mags = {f"e{i}": abs(r) for i, r in enumerate(rewards)}
     plain = filled(0.0).sample()
     for beta in (0.0, 0.5, 1.0):
         drawn = filled(beta).sample_weighted()
         assert [e.event_id for e, _ in drawn] == [e.event_id for e in plain]  # the same draws
-        # the smallest |reward| held (0.1) takes 1; the age decay is not corrected
-        assert [w for _, w in drawn] == pytest.approx([(0.1 / mags[e.event_id]) ** beta for e, _ in drawn])
-    assert any(w < 0.5 for _, w in filled(1.0).sample_weighted())
+        # in proportion to |reward| ** -beta (the age decay is not corrected), averaging 1 over the batch
+        raw = np.array([mags[e.event_id] ** -beta for e, _ in drawn])
+        assert [w for _, w in drawn] == pytest.approx(raw * len(raw) / raw.sum())
+    weights = [w for _, w in filled(1.0).sample_weighted()]
+    assert min(weights) < 0.6 < 1.5 < max(weights)
+    # a weak episode among strong ones is not drowned: Schaul et al.'s division by the largest weight left a
+    # thumbs up at a tenth of its weight beside one reward of 0.1
+    assert dict((e.event_id, w) for e, w in filled(1.0).sample_weighted(8))["e0"] > 0.2
     with pytest.raises(ValidationError, match="beta must be in"):
         PrioritizedReplay(beta=1.5)
 
