@@ -77,3 +77,21 @@ def test_the_command_line_synopsis_names_each_commands_options_and_defaults() ->
                 same = float(value) == float(default) if isinstance(default, (int, float)) else value == str(default)
                 assert same, f"rlfb {' '.join(path)} {flag}: README says {value}, the parser {default!r}"
     assert {"evaluate", "simulate", "demo", "store stats", "weights import", "cache prune"} <= seen
+
+
+def test_the_figures_at_a_glance_are_the_results_tables() -> None:
+    """The summary at the top quotes the results table (thompson's and RRF's held-out and seen figures, and the
+    tuned weights on Cranfield): a table measured again must not leave the summary behind."""
+    text = README.read_text(encoding="utf-8")
+    glance = " ".join(text.split("**At a glance**", 1)[1].split("## Install", 1)[0].split())
+    rows = {(c, s): cells for c, s, *cells in (
+        [x.strip().strip("*") for x in line.strip("|").split("|")]
+        for line in text.splitlines() if re.match(r"\| (scifact|cranfield|cisi) \| ", line))}
+
+    def figures(system: str, column: int) -> str:
+        scifact, cranfield, cisi = (rows[(c, system)][column] for c in ("scifact", "cranfield", "cisi"))
+        return f"{scifact}, {cranfield} and {cisi}"
+
+    for column in (0, 1):  # held-out, seen
+        assert f"{figures('thompson', column)} " in glance and f"RRF's {figures('rrf', column)}" in glance
+    assert f"on Cranfield ({rows[('cranfield', 'tuned_fixed')][0]})" in glance
