@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pytest
 import pytrec_eval
+from _clock import NOW, Clock
 
 from rlfb.errors import FeedbackBeforeEventError, IdempotencyConflictError
 from rlfb.fusion import weighted_fusion
@@ -27,16 +28,7 @@ from rlfb.policies.base import Decision, Episode
 from rlfb.reward import RewardConfig, RewardFunction
 from rlfb.store import FeedbackStore
 
-NOW = 1_700_000_000.0
 DAY = 86400.0
-
-
-class Clock:
-    def __init__(self, t: float = NOW) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _store(**kwargs) -> FeedbackStore:

@@ -13,6 +13,7 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
+from _clock import NOW, Clock
 from sqlite_utils import Database
 
 from rlfb.errors import (
@@ -36,18 +37,9 @@ from rlfb.reward import RewardConfig, RewardFunction
 from rlfb.store import MIGRATIONS, FeedbackRecord, FeedbackStore, Migrations, query_hash
 from rlfb.types import Hit
 
-NOW = 1_700_000_000.0
 MIN = 60.0
 HOUR = 3600.0
 DAY = 86400.0
-
-
-class Clock:
-    def __init__(self, t: float = NOW) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
