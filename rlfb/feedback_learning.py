@@ -24,7 +24,7 @@ from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.runs import followup_time, hashes_queries, in_callers_block, maker_of, owns_event, previous_retrieval
-from rlfb.snapshot_sync import undo_on_rollback
+from rlfb.snapshot_sync import learn_again_on_rollback, undo_on_rollback
 from rlfb.types import Hit
 
 if TYPE_CHECKING:
@@ -237,6 +237,8 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
         with ens._require_store().exclusive() as store:
             if undo:
                 undo_on_rollback(ens, store)
+            else:  # rlfb's own block, undone only by a failure (a full disk): go back to the last snapshot
+                learn_again_on_rollback(ens, store)
             ens._refresh(force=True)
             ens._learner.learn(episode)
             ens._learned(episode)

@@ -388,6 +388,54 @@ def undo_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
     on_rollback(lambda: _take_back(ens, state, replay, marks))
 
 
+def learn_again_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
+    """Before learning inside an ``store.exclusive()`` block of rlfb's own: if its writes are undone (a full disk
+    while the feedback or its snapshot is written, a failed commit), take the learning back.
+
+    The feedback row is rolled back, so a retry with the same idempotency key is recorded and learned again:
+    the in-memory learner, which had kept what it learned, learned it twice (an audit of 2026-12-06). Unlike
+    :func:`undo_on_rollback` this copies no state, so that it costs nothing when nothing fails: the learner
+    loads again the snapshot its state was learned on top of and learns again what it had not written then
+    (its generators, and the replay buffer's episodes beyond what a snapshot keeps, stay as they are). Before
+    its first snapshot there is none to load, and a copy is taken as :func:`undo_on_rollback` takes it.
+    """
+    on_rollback = getattr(store, "on_rollback", None)
+    if on_rollback is None:  # a store of the user's own, without rollback callbacks
+        return
+    if ens._own_version == 0:
+        undo_on_rollback(ens, store)
+        return
+    marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved),
+             dict(ens._unsaved_asks))
+    replay = ens._learner.replay.held()  # the episodes themselves are not copied
+    on_rollback(lambda: _learn_again(ens, replay, marks))
+
+
+def _learn_again(ens: FeedbackEnsemble, replay: Any, marks: tuple[int, int, bool, float, list[Any], dict[str, int]]
+                 ) -> None:
+    """Load snapshot ``marks[0]`` again and learn again on it what was unwritten: as :func:`learn_again_on_rollback`
+    found the learner, less the random draws made since."""
+    own, _, _, _, unsaved, asks = marks
+    with ens._guarded():
+        saved = ens._store.load_policy_state(policy=ens._learner.policy_name, before=own + 1)
+        if saved is None or int(saved["version"]) != own:  # pruned meanwhile: nothing to go back to
+            raise CorruptStateError(f"snapshot {own}, which the learner's state was learned on, is gone: the "
+                                    "feedback rolled back may stay learned in this process")
+        ens._learner.load_state_dict(saved["state"], keep_random=True)
+        for episode in unsaved:
+            ens._learner.learn(episode)
+        memory = ens._learner.memory
+        for query, n in asks.items():
+            for _ in range(n):
+                memory.note_ask(query)
+        ens._learner.replay.restore_held(replay)
+        ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks = marks
+        if ens._dirty or ens._unsaved_asks:  # unwritten again: written later, at exit at the latest
+            _flush_at_exit(ens, pin=ens._dirty)
+        else:
+            _PINNED.pop(id(ens), None)
+
+
 def _take_back(ens: FeedbackEnsemble, state: Mapping[str, Any], replay: Any,
                marks: tuple[int, int, bool, float, list[Any], dict[str, int]]) -> None:
     """Restore the learner, and its snapshot bookkeeping, as :func:`undo_on_rollback` found them."""

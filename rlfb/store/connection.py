@@ -242,8 +242,12 @@ class Transactions:
                 try:
                     yield conn
                 except BaseException:
-                    conn.execute("ROLLBACK TO rlfb_write")
-                    conn.execute("RELEASE rlfb_write")
+                    # on some errors (a full disk) SQLite rolls the whole transaction back itself: the savepoint
+                    # is gone, and undoing it raised "no such savepoint", which hid the error (a full disk during
+                    # feedback came out as that OperationalError, not a StoreFullError)
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK TO rlfb_write")
+                        conn.execute("RELEASE rlfb_write")
                     raise
                 conn.execute("RELEASE rlfb_write")
                 return
