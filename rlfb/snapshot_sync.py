@@ -389,7 +389,7 @@ def undo_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
 
 
 def learn_again_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
-    """Before learning inside an ``store.exclusive()`` block of rlfb's own: if its writes are undone (a full disk
+    """Before learning inside a ``store.exclusive()`` block of rlfb's own: if its writes are undone (a full disk
     while the feedback or its snapshot is written, a failed commit), take the learning back.
 
     The feedback row is rolled back, so a retry with the same idempotency key is recorded and learned again:
