@@ -428,12 +428,7 @@ def _learn_again(ens: FeedbackEnsemble, replay: Any, marks: tuple[int, int, bool
         for query, n in asks.items():
             for _ in range(n):
                 memory.note_ask(query)
-        ens._learner.replay.restore_held(replay)
-        ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks = marks
-        if ens._dirty or ens._unsaved_asks:  # unwritten again: written later, at exit at the latest
-            _flush_at_exit(ens, pin=ens._dirty)
-        else:
-            _PINNED.pop(id(ens), None)
+        _restore(ens, replay, marks)
 
 
 def _take_back(ens: FeedbackEnsemble, state: Mapping[str, Any], replay: Any,
@@ -441,9 +436,15 @@ def _take_back(ens: FeedbackEnsemble, state: Mapping[str, Any], replay: Any,
     """Restore the learner, and its snapshot bookkeeping, as :func:`undo_on_rollback` found them."""
     with ens._guarded():
         ens._learner.load_state_dict(state)
-        ens._learner.replay.restore_held(replay)
-        ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks = marks
-        if ens._dirty or ens._unsaved_asks:  # unwritten again: written later, at exit at the latest
-            _flush_at_exit(ens, pin=ens._dirty)
-        else:
-            _PINNED.pop(id(ens), None)
+        _restore(ens, replay, marks)
+
+
+def _restore(ens: FeedbackEnsemble, replay: Any, marks: tuple[int, int, bool, float, list[Any], dict[str, int]]
+             ) -> None:
+    """Put back the replay buffer's episodes and the snapshot bookkeeping ``marks`` (under ``ens``'s locks)."""
+    ens._learner.replay.restore_held(replay)
+    ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks = marks
+    if ens._dirty or ens._unsaved_asks:  # unwritten again: written later, at exit at the latest
+        _flush_at_exit(ens, pin=ens._dirty)
+    else:
+        _PINNED.pop(id(ens), None)
