@@ -221,15 +221,21 @@ def take_newer(ens: FeedbackEnsemble) -> int:
         from rlfb.store.snapshots import damaged_snapshot  # here: `import rlfb` does not load the store
 
         raise damaged_snapshot(ens._store, saved["version"], exc) from exc
-    for episode in ens._unsaved:  # learned here, not in that snapshot
-        ens._learner.learn(episode)
-    memory = ens._learner.memory
-    for query, n in ens._unsaved_asks.items():  # asked here, after the episodes that made them remembered
-        for _ in range(n):
-            memory.note_ask(query)
+    _learn_unwritten(ens, ens._unsaved, ens._unsaved_asks)
     ens._own_version = int(saved["version"])
     ens._state_version = max(newest, ens._own_version)
     return len(ens._unsaved)
+
+
+def _learn_unwritten(ens: FeedbackEnsemble, unsaved: list[Any], asks: Mapping[str, int]) -> None:
+    """Learn again, on a snapshot just loaded, the episodes ``ens`` learned and had not written (``unsaved``), and
+    count again the asks of remembered questions (``asks``), after the episodes that made them remembered."""
+    for episode in unsaved:
+        ens._learner.learn(episode)
+    memory = ens._learner.memory
+    for query, n in asks.items():
+        for _ in range(n):
+            memory.note_ask(query)
 
 
 def own_snapshot(ens: FeedbackEnsemble, after: int) -> Mapping[str, Any] | None:
@@ -417,17 +423,12 @@ def _learn_again(ens: FeedbackEnsemble, replay: Any, marks: tuple[int, int, bool
     found the learner, less the random draws made since."""
     own, _, _, _, unsaved, asks = marks
     with ens._guarded():
-        saved = ens._store.load_policy_state(policy=ens._learner.policy_name, before=own + 1)
-        if saved is None or int(saved["version"]) != own:  # pruned meanwhile: nothing to go back to
+        saved = ens._store.load_policy_state(version=own)
+        if saved is None:  # pruned meanwhile: nothing to go back to
             raise CorruptStateError(f"snapshot {own}, which the learner's state was learned on, is gone: the "
                                     "feedback rolled back may stay learned in this process")
         ens._learner.load_state_dict(saved["state"], keep_random=True)
-        for episode in unsaved:
-            ens._learner.learn(episode)
-        memory = ens._learner.memory
-        for query, n in asks.items():
-            for _ in range(n):
-                memory.note_ask(query)
+        _learn_unwritten(ens, unsaved, asks)
         _restore(ens, replay, marks)
 
 

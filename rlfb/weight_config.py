@@ -71,8 +71,8 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
     """
     kinds = store.newest_snapshots()
     if version is not None:
-        saved = store.load_policy_state(before=version + 1)
-        if saved is None or saved["version"] != version:
+        saved = store.load_policy_state(version=version)
+        if saved is None:
             there = "; ".join(describe_kind(k) for k in kinds) or "none"
             raise ValidationError(f"the store holds no snapshot of version {version}; the newest of each kind: {there}")
         if not _matches(saved, retrievers, policy):
@@ -98,7 +98,7 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
             f"the store holds {len(picked)} kinds of ensemble with these retrievers and policy ("
             + "; ".join(describe_kind(k) for k in picked) + "): name one by its --version"
         )
-    return store.load_policy_state(before=int(picked[0]["version"]) + 1), kinds
+    return store.load_policy_state(version=int(picked[0]["version"])), kinds
 
 
 def current_weights(store: Any, *, retrievers: Sequence[str] | None = None, policy: str | None = None,

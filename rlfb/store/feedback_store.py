@@ -513,13 +513,15 @@ class FeedbackStore:
         """
         return snapshots.save_policy_state(self, state, weights, policy=policy, timestamp=timestamp)
 
-    def load_policy_state(self, policy: str | None = None, *, before: int | None = None) -> dict[str, Any] | None:
+    def load_policy_state(self, policy: str | None = None, *, before: int | None = None,
+                          version: int | None = None) -> dict[str, Any] | None:
         """The newest snapshot as ``{"state", "weights", "version", "updated_at", "policy"}``, or ``None``.
 
         With ``policy``, the newest snapshot that policy wrote (another may have written since); with
-        ``before``, the newest older than that version (to page back through a policy's snapshots).
+        ``before``, the newest older than that version (to page back through a policy's snapshots); with
+        ``version``, that snapshot (``None`` where it is not kept).
         """
-        return snapshots.load_policy_state(self, policy, before=before)
+        return snapshots.load_policy_state(self, policy, before=before, version=version)
 
     def newest_snapshots(self) -> list[dict[str, Any]]:
         """The newest snapshot of each kind of ensemble that wrote to this store (other retrievers, policy,

@@ -83,9 +83,10 @@ def save_policy_state(
 
 
 def load_policy_state(
-    store: FeedbackStore, policy: str | None = None, *, before: int | None = None
+    store: FeedbackStore, policy: str | None = None, *, before: int | None = None, version: int | None = None
 ) -> dict[str, Any] | None:
-    """The newest snapshot (of ``policy``, older than ``before``), decoded with its state, or ``None``."""
+    """The newest snapshot (of ``policy``, older than ``before``; the one of ``version``), decoded with its state,
+    or ``None``."""
     where, params = [], []
     if policy is not None:
         where.append("policy = ?")
@@ -93,6 +94,9 @@ def load_policy_state(
     if before is not None:
         where.append("version < ?")
         params.append(_check_int(before, "before", minimum=0))
+    if version is not None:
+        where.append("version = ?")
+        params.append(_check_int(version, "version", minimum=0))
     sql = "SELECT * FROM policy_snapshots" + (" WHERE " + " AND ".join(where) if where else "")
     with store._read():
         rows = list(store.db.query(sql + " ORDER BY version DESC LIMIT 1", params))
