@@ -163,7 +163,7 @@ class Learner:
             self._weighted_learn = "weight" in inspect.signature(self.policy.learn).parameters
         except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
             self._weighted_learn = False
-        parts = config._parts(seed + 1)
+        parts = config._parts(seed)
         self._confidence: ChunkConfidence = parts["confidence"]
         self._memory: FeedbackMemory = parts["memory"]
         self._explorer: Any = parts["explorer"]
@@ -520,7 +520,7 @@ class Learner:
             if not isinstance(pstate, Mapping) or pstate.get("name") != self.policy_name:
                 name = pstate.get("name") if isinstance(pstate, Mapping) else None
                 raise CorruptStateError(f"state is for policy {name!r}, not {self.policy_name!r}")
-            parts = self.config._parts(self.seed + 1)
+            parts = self.config._parts(self.seed)
             parts["confidence"].load_state_dict(state["confidence"])
             parts["memory"].load_state_dict(state["memory"])
             parts["explorer"].load_state_dict(state["exploration"])

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from rlfb.confidence import ChunkConfidence
 from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import ValidationError
@@ -18,7 +20,27 @@ from rlfb.policies._util import check_float, check_int, plain_numbers
 from rlfb.replay import PrioritizedReplay
 from rlfb.types import check_known_options
 
-__all__ = ["LearnerConfig"]
+__all__ = ["LearnerConfig", "part_seed"]
+
+#: The learner's parts that draw random numbers, in the order their streams are numbered (the policy, the
+#: first, draws from the learner's seed itself).
+_SEEDED_PARTS = ("exploration", "replay", "discovery")
+
+
+def part_seed(seed: int | None, part: str) -> int | None:
+    """The seed of one of a learner's parts: a stream of its own, derived from the learner's ``seed``.
+
+    Seeding the parts ``seed + 1``, ``seed + 2``, ... gave seed 0's chunk exploration the stream of seed 1's
+    policy, so runs over consecutive seeds shared streams; derived through ``SeedSequence``, they share none.
+
+    >>> part_seed(0, "exploration") not in {part_seed(1, "exploration"), part_seed(0, "replay"), 0, 1}
+    True
+    >>> part_seed(None, "replay") is None
+    True
+    """
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([seed, 1 + _SEEDED_PARTS.index(part)]).generate_state(1)[0])
 
 #: The names the learner's parts validate under -> the LearnerConfig settings they come from.
 _PART_SETTINGS = {
@@ -209,14 +231,17 @@ class LearnerConfig:
         return "thompson" if self.memory_weight > 0 else "none"
 
     def _parts(self, seed: int | None) -> dict[str, Any]:
+        """The learner's parts, built from these settings; ``seed`` is the learner's, and each part that draws
+        gets a stream of its own from it (:func:`part_seed`)."""
+        explore_seed, replay_seed, discovery_seed = (part_seed(seed, part) for part in _SEEDED_PARTS)
         explorer: Any
         if self.chunk_exploration == "epsilon":
             explorer = EpsilonGreedyExploration(
                 self.epsilon, epsilon_min=self.epsilon_min, half_life=self.epsilon_half_life,
-                depth=self.explore_depth, min_position=self.explore_min_position, seed=seed,
+                depth=self.explore_depth, min_position=self.explore_min_position, seed=explore_seed,
             )
         elif self.chunk_exploration == "thompson":
-            explorer = ThompsonChunkExploration(self.thompson_weight, seed=seed)
+            explorer = ThompsonChunkExploration(self.thompson_weight, seed=explore_seed)
         else:
             explorer = NoExploration()
         return {
@@ -228,11 +253,11 @@ class LearnerConfig:
             ),
             "explorer": explorer,
             "discovery": RepeatDiscovery(
-                self.discovery_rate, min_asks=self.discovery_after, seed=None if seed is None else seed + 3
+                self.discovery_rate, min_asks=self.discovery_after, seed=discovery_seed
             ),
             "replay": PrioritizedReplay(
                 self.replay_capacity, self.replay_batch_size, half_life=self.replay_half_life,
-                persist=self.replay_persist, beta=self.replay_beta, seed=None if seed is None else seed + 2,
+                persist=self.replay_persist, beta=self.replay_beta, seed=replay_seed,
             ),
             "guardrail": Guardrail(
                 tolerance=self.guardrail_tolerance, min_episodes=self.guardrail_min_episodes

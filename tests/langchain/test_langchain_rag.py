@@ -172,10 +172,14 @@ def cranfield_run(cranfield_path: Any, tmp_path_factory: pytest.TempPathFactory)
         "weights": ens.weights,
         "learned": mean_ndcg(ens),
         "rrf": mean_ndcg(rrf),
+        # thompson keeps weights per query type (falling back to the global ones): the weights that rank
+        # each held-out question are its type's
+        "weights_used": {q: ens.weights_for(queries[q]) for q in held_out},
     }
+    moved = sum(_moved(start, w) for w in out["weights_used"].values())
     print(f"\n{POLICY}, {N_QUESTIONS} questions: held-out nDCG@10 learned {out['learned']:.4f} vs RRF "
-          f"{out['rrf']:.4f}; weights {start} -> {out['weights']}; {out['counts']}; "
-          f"{out['reformulations']} reformulations")
+          f"{out['rrf']:.4f}; global weights {start} -> {out['weights']}; {moved} of {len(held_out)} held-out "
+          f"questions ranked with moved weights; {out['counts']}; {out['reformulations']} reformulations")
     return out
 
 
@@ -201,8 +205,17 @@ def test_cranfield_learned_policy_is_not_below_rrf(
 @pytest.mark.slow
 @pytest.mark.datasets
 def test_cranfield_weights_change(cranfield_run: dict[str, Any]) -> None:
-    start, end = cranfield_run["start"], cranfield_run["weights"]
-    moved = sum(abs(end[name] - start[name]) for name in start)  # visible, not a rounding-level move
-    assert moved >= 0.02, (
-        f"the {POLICY} policy kept its starting weights {start} over {N_QUESTIONS} questions (moved {moved:.2g})"
+    # The weights that rank some held-out questions moved, as the LlamaIndex run checks. Until 2026-12-06 this
+    # asked the global weights to move: they did on seed 0 by its random streams (on 3 of seeds 0-7), and on 1
+    # of 8 once the learner's parts stopped sharing streams across seeds, where the weights that rank the
+    # held-out questions moved on all 8 (README, "The adapters on cranfield").
+    start, used = cranfield_run["start"], cranfield_run["weights_used"].values()
+    assert any(_moved(start, w) for w in used), (
+        f"the {POLICY} policy ranked every held-out question with its starting weights {start} after "
+        f"{N_QUESTIONS} questions"
     )
+
+
+def _moved(start: dict[str, float], weights: dict[str, float]) -> bool:
+    """A visible move (0.02 in total over the retrievers), not a rounding-level one."""
+    return sum(abs(weights[name] - start[name]) for name in start) >= 0.02

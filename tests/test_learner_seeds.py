@@ -1,0 +1,40 @@
+"""A learner's random streams: one per part, none shared with a learner of another seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlfb.learner import Learner
+from rlfb.learner_config import part_seed
+
+
+def _states(learner: Learner) -> list[int]:
+    return [int(g.bit_generator.state["state"]["state"]) for g in learner._generators()]
+
+
+@pytest.mark.parametrize("policy", ["thompson", "gradient", "batch"])
+def test_no_two_learners_of_nearby_seeds_share_a_stream(policy: str) -> None:
+    # parts seeded seed + 1, + 2, ... gave seed 0's chunk exploration the stream of seed 1's policy
+    learners = [Learner(("bm25", "dense"), policy=policy, seed=s) for s in range(10)]
+    states = [state for learner in learners for state in _states(learner)]
+    assert len(_states(learners[0])) == 4  # the policy, chunk exploration, discovery and replay
+    assert len(set(states)) == len(states)
+
+
+def test_a_part_draws_the_same_stream_for_the_same_seed() -> None:
+    a, b = (Learner(("bm25", "dense"), seed=3) for _ in range(2))
+    assert _states(a) == _states(b)
+    assert part_seed(3, "replay") == part_seed(3, "replay") != part_seed(4, "replay")
+
+
+def test_a_loaded_state_keeps_the_streams_of_the_learner_it_was_saved_from() -> None:
+    a = Learner(("bm25", "dense"), seed=2)
+    b = Learner(("bm25", "dense"), seed=2).load_state_dict(a.state_dict())
+    assert [g.random() for g in a._generators()] == [g.random() for g in b._generators()]
+
+
+def test_an_unknown_part_is_refused() -> None:
+    with pytest.raises(ValueError):
+        part_seed(0, "policy")
+    assert np.iinfo(np.uint32).max >= part_seed(0, "exploration") >= 0
