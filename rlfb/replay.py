@@ -261,7 +261,7 @@ class PrioritizedReplay:
 
     def sample(self, n: int | None = None) -> list[Episode]:
         """Up to ``n`` (default ``batch_size``) distinct episodes, drawn by priority."""
-        return [ep for ep, _ in self.sample_weighted(n)]
+        return [ep for ep, _, _ in self._draw(n)]
 
     def sample_weighted(self, n: int | None = None) -> list[tuple[Episode, float]]:
         """As :meth:`sample` (the same draws), each episode with its importance-sampling weight.
@@ -279,18 +279,22 @@ class PrioritizedReplay:
         >>> sorted((e.event_id, w) for e, w in buf.sample_weighted())
         [('e0', 0.4), ('e1', 1.6)]
         """
+        drawn = self._draw(n)
+        if self.hyper.beta == 0 or not drawn:
+            return [(ep, 1.0) for ep, _, _ in drawn]
+        w = np.array([m for _, m, _ in drawn]) ** -self.hyper.beta
+        w *= len(w) / w.sum()
+        return [(ep, float(x)) for (ep, _, _), x in zip(drawn, w, strict=True)]
+
+    def _draw(self, n: int | None) -> list[tuple[Episode, float, int]]:
+        """Up to ``n`` (default ``batch_size``) distinct held items, drawn by priority without replacement."""
         n = self.hyper.batch_size if n is None else check_int("n", n, 0)
         if not self._items or n == 0:
             return []
         p = self.priorities()
         n = min(n, int(np.count_nonzero(p)))
         idx = self._rng.choice(p.size, size=n, replace=False, p=p)
-        drawn = [self._items[int(i)] for i in idx]
-        if self.hyper.beta == 0 or not drawn:
-            return [(ep, 1.0) for ep, _, _ in drawn]
-        w = np.array([m for _, m, _ in drawn]) ** -self.hyper.beta
-        w *= len(w) / w.sum()
-        return [(ep, float(x)) for (ep, _, _), x in zip(drawn, w, strict=True)]
+        return [self._items[int(i)] for i in idx]
 
     def held(self) -> tuple[tuple[Any, ...], int]:
         """Every episode held and the count added, for :meth:`restore_held` in this process (an undo): a
