@@ -177,6 +177,9 @@ class FeedbackEnsemble:
         # another process wrote meanwhile (rlfb.snapshot_sync.take_newer), so that neither's learning is lost
         self._unsaved: list[Any] = []
         self._unsaved_asks: dict[str, int] = {}  # remembered questions asked since the last snapshot, by count
+        # before the first snapshot, the learner's state that the unsaved learning went on top of: what a rolled
+        # back feedback is learned again on (rlfb.snapshot_sync.learn_again_on_rollback)
+        self._rollback_base: tuple[Any, int, Any] | None = None
         self._lock = threading.RLock()
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
         self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
