@@ -115,7 +115,8 @@ class Learner:
     config
         A :class:`LearnerConfig`, a dict of its fields, or ``None`` for the defaults.
     seed
-        Seeds the policy built by name and the learner's own parts.
+        Seeds the policy built by name, and the learner's own parts each with a stream of its own
+        (:func:`~rlfb.learner_config.part_seed`).
     weights
         Default weights for the policy built by name (for ``fixed``, the weights).
     **policy_options

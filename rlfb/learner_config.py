@@ -30,8 +30,9 @@ _SEEDED_PARTS = ("exploration", "replay", "discovery")
 def part_seed(seed: int | None, part: str) -> int | None:
     """The seed of one of a learner's parts: a stream of its own, derived from the learner's ``seed``.
 
-    Seeding the parts ``seed + 1``, ``seed + 2``, ... gave seed 0's chunk exploration the stream of seed 1's
-    policy, so runs over consecutive seeds shared streams; derived through ``SeedSequence``, they share none.
+    Seeding the parts ``seed + 1``, ``+ 3`` and ``+ 4`` (until 2026-12-06) gave seed 0's chunk exploration the
+    stream of seed 1's policy, so runs over nearby seeds shared streams; derived through ``SeedSequence``, they
+    share none.
 
     >>> part_seed(0, "exploration") not in {part_seed(1, "exploration"), part_seed(0, "replay"), 0, 1}
     True
