@@ -15,7 +15,7 @@ def _states(learner: Learner) -> list[int]:
 
 @pytest.mark.parametrize("policy", ["thompson", "gradient", "batch"])
 def test_no_two_learners_of_nearby_seeds_share_a_stream(policy: str) -> None:
-    # parts seeded seed + 1, + 2, ... gave seed 0's chunk exploration the stream of seed 1's policy
+    # parts seeded seed + 1, + 3 and + 4 gave seed 0's chunk exploration the stream of seed 1's policy
     learners = [Learner(("bm25", "dense"), policy=policy, seed=s) for s in range(10)]
     states = [state for learner in learners for state in _states(learner)]
     assert len(_states(learners[0])) == 4  # the policy, chunk exploration, discovery and replay
