@@ -123,8 +123,11 @@ def convergence(name: str, n: int, seeds: list[int], **kwargs) -> tuple[int, dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and seeds")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions of each timed call (3000; 500 --quick)")
+    ap.add_argument("--interactions", type=int, default=3000, help="interactions of each convergence run")
+    ap.add_argument("--seeds", type=int, default=None, help="convergence seeds (5; 2 --quick)")
     args = ap.parse_args()
-    reps = 500 if args.quick else 3000
+    reps = args.reps if args.reps is not None else (500 if args.quick else 3000)
     print(f"Per-call cost at 100 candidates, 3 retrievers, default LearnerConfig ({reps} repetitions)")
     print("(wall-clock median and 90th percentile; CPU: median thread CPU time, which a busy machine inflates less)")
     peer = time_langchain_fusion(reps)
@@ -139,8 +142,8 @@ def main() -> None:
           f"{peer:.3f}ms median (a decision ranks with memory, confidence and exploration too; the fusion learns "
           "nothing)")
 
-    seeds = [0, 1] if args.quick else [0, 1, 2, 3, 4]
-    n = 3000
+    seeds = list(range(args.seeds if args.seeds is not None else (2 if args.quick else 5)))
+    n = args.interactions
     print()
     print(f"Convergence on the toy world, type A (r0 is good), weights only, {n} interactions, "
           f"median over {len(seeds)} seeds")

@@ -21,6 +21,7 @@ RUNS = {
                                     "--repeats", "1"], "slower than recording"),
     "bench_retrieval.py": (["--chunks", "300", "--queries", "3", "--lc-queries", "2", "--no-splade"],
                           "faster than the first"),
+    "bench_policies.py": (["--reps", "20", "--interactions", "300", "--seeds", "1"], "peer: LangChain"),
     "soak_feedback.py": (["--retrievals", "60", "--checkpoints", "30", "60", "--chunks", "100", "--questions",
                           "200"],
                          "feedbacks in 60 retrievals"),
@@ -38,3 +39,19 @@ def test_the_benchmark_runs_at_its_smallest_size(script: str, tmp_path: Path) ->
     assert expected in done.stdout, done.stdout[-3000:]
     assert "Traceback" not in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["cache"])  # nothing written beside it
+
+
+@pytest.mark.datasets
+def test_the_scifact_retriever_check_gives_the_readmes_bm25_figure(scifact_path: Path, tmp_path: Path) -> None:
+    """``check_scifact_retrievers.py`` (BM25 alone: the dense and SPLADE encodings of 5,183 documents take
+    minutes) runs and prints the BM25 figure of the README's retrievers table."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(BENCHMARKS.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "check_scifact_retrievers.py"), "--data",
+                           str(scifact_path), "--retrievers", "bm25"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = [line.split() for line in done.stdout.splitlines() if line.startswith("bm25 ")]
+    readme = (BENCHMARKS.parent / "README.md").read_text(encoding="utf-8")
+    assert row[-1] == "ok" and f"| BM25 (bm25s, lucene, lowercase `\\w+`) | {row[1]} |" in readme
+    assert list(tmp_path.iterdir()) == []
