@@ -59,8 +59,6 @@ passed again (``FeedbackEventHandler(**data, store=store)``).
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import os
 import threading
@@ -80,11 +78,22 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.instrumentation.events.span import SpanDropEvent
-from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from llamaindex_rlfb._checks import finite_or_none, session_text
+from llamaindex_rlfb._checks import finite_or_none
 from llamaindex_rlfb._nodes import EVENT_ID_KEY, event_id_of
+from llamaindex_rlfb._spans import (
+    QUERIES,
+    RETRIEVALS,
+    SpanParents,
+    current_query_id,
+    current_session,
+    current_tags,
+    pop,
+    push,
+    span_of,
+    task_key,
+)
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import NoStoreError, NotCopyableError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
@@ -108,39 +117,8 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-# Shared by every handler: the query id is LlamaIndex's span id, the same whichever handler sees it.
-_QUERIES: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_queries", default=())
-_RETRIEVALS: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_retrievals", default=())
 _REMEMBER = 10_000  # queries and learner events kept in memory per handler
 _ADAPTERS = 64  # distinct adapters remembered (weakly), to find the maker of a decision older than that
-
-
-def current_query_id() -> str | None:
-    """The id of the innermost query running in this thread or task (``None`` outside one, or unobserved)."""
-    open_queries = _QUERIES.get()
-    return open_queries[-1] if open_queries else None
-
-
-def current_tags() -> dict[str, Any]:
-    """LlamaIndex's active instrument tags (``instrument_tags({...})``), where a session id may ride."""
-    from llama_index.core.instrumentation.dispatcher import active_instrument_tags
-
-    return dict(active_instrument_tags.get() or {})
-
-
-def current_session() -> str | None:
-    """The ``session_id`` instrument tag as a session id; ``None`` without one, or when it cannot be one.
-
-    A tag that cannot be a session id (``""``, a float, an object: see
-    :func:`~llamaindex_rlfb._checks.session_text`) is dropped with a warning,
-    not raised: tags reach every component of the query, and an error in an
-    event handler is swallowed, so raising would lose the retrieval.
-    """
-    value = current_tags().get("session_id")
-    session = None if value is None else session_text(value)
-    if value is not None and session is None:
-        warnings.warn(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID", stacklevel=2)
-    return session
 
 
 class FeedbackRetrievalEvent(BaseEvent):
@@ -231,7 +209,7 @@ class FeedbackEventHandler(BaseEventHandler):
     _handled: Any = PrivateAttr(default_factory=OrderedDict)  # ids of recent events (attached twice: once)
     _nested: Any = PrivateAttr(default_factory=OrderedDict)  # open bare retrieval -> learner events inside it
     _raised: Any = PrivateAttr(default_factory=OrderedDict)  # latest query ids whose query raised
-    _spans: Any = PrivateAttr(default=None)  # a _SpanParents: the span each recent span ran under
+    _spans: Any = PrivateAttr(default=None)  # a SpanParents: the span each recent span ran under
     _span_of: Any = PrivateAttr(default_factory=OrderedDict)  # bare retrieval's query id -> its span
     # (query id, a response node's id) -> (the rlfb decision it was cut from, the ranked node's id): a
     # CitationQueryEngine's sources are new nodes carrying their ranked node's event id and rank
@@ -286,7 +264,7 @@ class FeedbackEventHandler(BaseEventHandler):
         self._owns_store = store is not handed  # close() closes only a store opened here, not a borrowed one
         self._ensemble = ensemble
         self._last = ContextVar(f"rlfb_llamaindex_last_query_{id(self)}", default=None)
-        self._spans = _SpanParents()
+        self._spans = SpanParents()
         self._bare = ContextVar(f"rlfb_llamaindex_bare_retrieval_{id(self)}", default=None)
         self._decision = ContextVar(f"rlfb_llamaindex_top_level_decision_{id(self)}", default=None)
 
@@ -332,7 +310,7 @@ class FeedbackEventHandler(BaseEventHandler):
             responses[key] = (ref, qid)
 
     def _set_last(self, qid: str) -> None:
-        task = _task_key()
+        task = task_key()
         self._last.set((qid, task))  # and which task set it: a context copied into another task inherits it
         with self._lock:
             self._thread_last[threading.get_ident()] = (qid, task)
@@ -348,7 +326,7 @@ class FeedbackEventHandler(BaseEventHandler):
         """
         last = self._last.get()
         own, own_task = (None, None) if last is None else last
-        here = _task_key()
+        here = task_key()
         if own is not None and own_task == here and here is not None:
             return own  # this very task ran it
         with self._lock:
@@ -428,12 +406,12 @@ class FeedbackEventHandler(BaseEventHandler):
             _log.warning("rlfb could not log a %s", type(event).__name__, exc_info=True)
 
     def _retrieval_start(self, event: RetrievalStartEvent) -> None:
-        _push(_RETRIEVALS, _span(event))
+        push(RETRIEVALS, span_of(event))
 
     def _span_drop(self, event: SpanDropEvent) -> None:
         # a query or retrieval that raised: forget its span
-        _pop(_QUERIES, event.span_id)
-        _pop(_RETRIEVALS, event.span_id)
+        pop(QUERIES, event.span_id)
+        pop(RETRIEVALS, event.span_id)
         with self._lock:
             self._nested.pop(event.span_id, None)
             self._decided_in.pop(event.span_id, None)
@@ -453,15 +431,15 @@ class FeedbackEventHandler(BaseEventHandler):
                     self._raised.popitem(last=False)
 
     def _query_start(self, event: QueryStartEvent) -> None:
-        qid = _span(event)
-        if all(q == qid for q in _QUERIES.get()):  # top-level (another handler may have pushed it already)
+        qid = span_of(event)
+        if all(q == qid for q in QUERIES.get()):  # top-level (another handler may have pushed it already)
             self._set_last(qid)
-        _push(_QUERIES, qid)
+        push(QUERIES, qid)
 
     def _retrieval_end(self, event: RetrievalEndEvent) -> None:
-        rid = _span(event)
-        _pop(_RETRIEVALS, rid)
-        if _RETRIEVALS.get():  # nested in another retrieval: the outer result is what counts
+        rid = span_of(event)
+        pop(RETRIEVALS, rid)
+        if RETRIEVALS.get():  # nested in another retrieval: the outer result is what counts
             return
         parent = current_query_id()
         if parent is not None:  # what the query's retrieval returned, which _mark_all_cut reads at its end
@@ -492,8 +470,8 @@ class FeedbackEventHandler(BaseEventHandler):
         self._log(event.str_or_query_bundle, event.nodes, logged_as, parent, _component(rid, "retriever"))
 
     def _query_end(self, event: QueryEndEvent) -> None:
-        qid = _span(event)
-        _pop(_QUERIES, qid)
+        qid = span_of(event)
+        pop(QUERIES, qid)
         self._remember_response(event.response, qid)
         outer = current_query_id()
         if outer is not None:
@@ -633,7 +611,7 @@ class FeedbackEventHandler(BaseEventHandler):
                 self._adapters.move_to_end(id(event.learner))
                 while len(self._adapters) > _ADAPTERS:
                     self._adapters.popitem(last=False)
-        query, retrievals = current_query_id(), _RETRIEVALS.get()
+        query, retrievals = current_query_id(), RETRIEVALS.get()
         if query is not None:  # whether the query's response keeps any of its nodes is known at its end
             with self._lock:
                 self._decided_in.setdefault(query, []).append((event.event_id, bool(retrievals)))
@@ -838,63 +816,6 @@ class FeedbackEventHandler(BaseEventHandler):
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
 
 
-#: the engine calls a user's question runs as (a span's method name): a top-level one that raises after the
-#: latest query started is the user's next question, which gave no answer to rate
-_TURNS = frozenset({"chat", "achat", "stream_chat", "astream_chat", "query", "aquery", "retrieve", "aretrieve"})
-
-
-class _SpanParents(BaseSpanHandler[Any]):
-    """Remembers the span each recent span ran under (bounded), so that a span dropped by an error is known to
-    have been above a retrieval: a chat engine's turn raising after its retrieval ended. It keeps no spans open."""
-
-    _parents: Any = PrivateAttr(default_factory=OrderedDict)
-    _started: Any = PrivateAttr(default_factory=OrderedDict)  # span -> the order it started in
-    _count: Any = PrivateAttr(default_factory=itertools.count)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RlfbSpanParents"
-
-    def new_span(self, id_: str, bound_args: Any, instance: Any = None, parent_span_id: str | None = None,
-                 tags: Any = None, **kwargs: Any) -> None:
-        with self.lock:
-            self._parents[id_] = parent_span_id
-            self._started[id_] = next(self._count)
-            if len(self._parents) > _REMEMBER:
-                self._parents.popitem(last=False)
-                self._started.popitem(last=False)
-        return None
-
-    def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None,
-                             **kwargs: Any) -> None:
-        return None
-
-    def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None,
-                             **kwargs: Any) -> None:
-        return None
-
-    def turn_after(self, span: str, since: str | None) -> bool:
-        """Whether ``span`` is a top-level call of an engine (a chat turn, a query, a retrieval: a span of
-        nothing else) that started after span ``since``: the user's next question, whatever it raised at."""
-        method = span.split("-", 1)[0].rsplit(".", 1)[-1]
-        with self.lock:
-            if method not in _TURNS or span not in self._parents or self._parents[span] is not None:
-                return False
-            start, before = self._started.get(span), self._started.get(since) if since is not None else None
-        return start is not None and before is not None and start > before
-
-    def above(self, span: str | None, ancestor: str) -> bool:
-        """Whether ``ancestor`` is a span ``span`` ran under."""
-        with self.lock:
-            seen = 0
-            while span is not None and seen < 1_000:  # a cycle never, but bounded all the same
-                span = self._parents.get(span)
-                if span == ancestor:
-                    return True
-                seen += 1
-        return False
-
-
 class _Bare(NamedTuple):
     """The latest bare retrieval of a thread or task, which a re-ranking by hand may re-rank."""
 
@@ -917,22 +838,6 @@ _STEPS: dict[type, Callable[[FeedbackEventHandler, Any], None]] = {
 
 def _ids(nodes: Sequence[NodeWithScore]) -> tuple[str, ...]:
     return tuple(str(n.node.node_id) for n in nodes)
-
-
-def _span(event: BaseEvent) -> str:
-    return event.span_id or event.id_
-
-
-def _push(var: ContextVar[tuple[str, ...]], item: str) -> None:
-    stack = var.get()
-    if not stack or stack[-1] != item:  # two handlers see the same event: push once
-        var.set(stack + (item,))
-
-
-def _pop(var: ContextVar[tuple[str, ...]], item: str | None) -> None:
-    stack = var.get()
-    if item in stack:
-        var.set(tuple(s for s in stack if s != item))
 
 
 def _ranked_ids(store: Any, eid: str) -> list[str] | None:
@@ -965,12 +870,3 @@ def instrument(store: Any = None, *, dispatcher: Any = None, **kwargs: Any) -> F
     >>> handler.detach(); handler.close()
     """
     return FeedbackEventHandler(store, **kwargs).attach(dispatcher)
-
-
-def _task_key() -> int | None:
-    """The caller's asyncio task (by id), or ``None`` for plain sync code."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running event loop
-        return None
-    return None if task is None else id(task)

@@ -1,0 +1,149 @@
+"""Which queries and retrievals are open in this thread or asyncio task, and the span each recent span ran under.
+
+The stacks are context variables shared by every
+:class:`~llamaindex_rlfb.events.FeedbackEventHandler`: a query id is
+LlamaIndex's span id, the same whichever handler sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import warnings
+from collections import OrderedDict
+from contextvars import ContextVar
+from typing import Any
+
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+
+from llamaindex_rlfb._checks import session_text
+
+__all__ = [
+    "QUERIES",
+    "RETRIEVALS",
+    "SpanParents",
+    "current_query_id",
+    "current_session",
+    "current_tags",
+    "pop",
+    "push",
+    "span_of",
+    "task_key",
+]
+
+# Shared by every handler: the query id is LlamaIndex's span id, the same whichever handler sees it.
+QUERIES: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_queries", default=())
+RETRIEVALS: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_retrievals", default=())
+_SPANS_KEPT = 10_000  # spans whose parent is remembered
+
+
+def current_query_id() -> str | None:
+    """The id of the innermost query running in this thread or task (``None`` outside one, or unobserved)."""
+    open_queries = QUERIES.get()
+    return open_queries[-1] if open_queries else None
+
+
+def current_tags() -> dict[str, Any]:
+    """LlamaIndex's active instrument tags (``instrument_tags({...})``), where a session id may ride."""
+    from llama_index.core.instrumentation.dispatcher import active_instrument_tags
+
+    return dict(active_instrument_tags.get() or {})
+
+
+def current_session() -> str | None:
+    """The ``session_id`` instrument tag as a session id; ``None`` without one, or when it cannot be one.
+
+    A tag that cannot be a session id (``""``, a float, an object: see
+    :func:`~llamaindex_rlfb._checks.session_text`) is dropped with a warning,
+    not raised: tags reach every component of the query, and an error in an
+    event handler is swallowed, so raising would lose the retrieval.
+    """
+    value = current_tags().get("session_id")
+    session = None if value is None else session_text(value)
+    if value is not None and session is None:
+        warnings.warn(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID", stacklevel=2)
+    return session
+
+
+#: the engine calls a user's question runs as (a span's method name): a top-level one that raises after the
+#: latest query started is the user's next question, which gave no answer to rate
+_TURNS = frozenset({"chat", "achat", "stream_chat", "astream_chat", "query", "aquery", "retrieve", "aretrieve"})
+
+
+class SpanParents(BaseSpanHandler[Any]):
+    """Remembers the span each recent span ran under (bounded), so that a span dropped by an error is known to
+    have been above a retrieval: a chat engine's turn raising after its retrieval ended. It keeps no spans open."""
+
+    _parents: Any = PrivateAttr(default_factory=OrderedDict)
+    _started: Any = PrivateAttr(default_factory=OrderedDict)  # span -> the order it started in
+    _count: Any = PrivateAttr(default_factory=itertools.count)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RlfbSpanParents"
+
+    def new_span(self, id_: str, bound_args: Any, instance: Any = None, parent_span_id: str | None = None,
+                 tags: Any = None, **kwargs: Any) -> None:
+        with self.lock:
+            self._parents[id_] = parent_span_id
+            self._started[id_] = next(self._count)
+            if len(self._parents) > _SPANS_KEPT:
+                self._parents.popitem(last=False)
+                self._started.popitem(last=False)
+        return None
+
+    def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None,
+                             **kwargs: Any) -> None:
+        return None
+
+    def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None,
+                             **kwargs: Any) -> None:
+        return None
+
+    def turn_after(self, span: str, since: str | None) -> bool:
+        """Whether ``span`` is a top-level call of an engine (a chat turn, a query, a retrieval: a span of
+        nothing else) that started after span ``since``: the user's next question, whatever it raised at."""
+        method = span.split("-", 1)[0].rsplit(".", 1)[-1]
+        with self.lock:
+            if method not in _TURNS or span not in self._parents or self._parents[span] is not None:
+                return False
+            start, before = self._started.get(span), self._started.get(since) if since is not None else None
+        return start is not None and before is not None and start > before
+
+    def above(self, span: str | None, ancestor: str) -> bool:
+        """Whether ``ancestor`` is a span ``span`` ran under."""
+        with self.lock:
+            seen = 0
+            while span is not None and seen < 1_000:  # a cycle never, but bounded all the same
+                span = self._parents.get(span)
+                if span == ancestor:
+                    return True
+                seen += 1
+        return False
+
+
+def span_of(event: BaseEvent) -> str:
+    return event.span_id or event.id_
+
+
+def push(var: ContextVar[tuple[str, ...]], item: str) -> None:
+    stack = var.get()
+    if not stack or stack[-1] != item:  # two handlers see the same event: push once
+        var.set(stack + (item,))
+
+
+def pop(var: ContextVar[tuple[str, ...]], item: str | None) -> None:
+    stack = var.get()
+    if item in stack:
+        var.set(tuple(s for s in stack if s != item))
+
+
+def task_key() -> int | None:
+    """The caller's asyncio task (by id), or ``None`` for plain sync code."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
+    return None if task is None else id(task)
