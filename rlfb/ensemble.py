@@ -847,7 +847,10 @@ class FeedbackEnsemble:
         return load_ensemble(cls, path, store=store, retriever_options=retriever_options, kwargs=kwargs)
 
     def close(self) -> None:
-        """Flush the learner's state and close the store."""
+        """Flush the learner's state and close the store, also one handed in (``store=FeedbackStore(...)``):
+        the store's closing is what tells other code of this process that the ensemble is gone (feedback on its
+        retrievals is then learned by an ensemble opened again on the file). Where ensembles or handlers share
+        one store object, :meth:`flush` each and close the store once, at the end."""
         if self._store is not None:
             self.flush()
             self._store.close()

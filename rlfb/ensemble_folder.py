@@ -198,7 +198,8 @@ def _read_folder(
     unknown = sorted(map(str, set(options_of) - set(names)))
     if unknown:
         raise ValidationError(f"retriever_options names {unknown}, but {root} holds the retrievers {names}")
-    table = ChunkTable.load(root)
+    # an ensemble of search members alone indexes no chunks, and saves none
+    table = ChunkTable.load(root, allow_empty=not names and bool(saved_members))
     retrievers = {n: load_retriever(root / "retrievers" / n, **options_of.get(n, {})) for n in names}
     try:
         indexed_table(table, retrievers)  # each retriever's own chunks.jsonl: the same ids and texts

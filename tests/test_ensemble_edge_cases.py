@@ -105,6 +105,34 @@ def test_a_member_only_ensemble_whose_member_finds_nothing_returns_nothing(fusio
     assert ens.retrieve("anything", k=3, log=False).hits == []
 
 
+def test_a_member_only_ensemble_saves_and_loads_with_what_it_learned(tmp_path: Path) -> None:
+    # it indexes no chunks and saved none; the load took the empty chunks.jsonl for a damaged save
+    a1, a2 = Chunk("a1", "aurora"), Chunk("a2", "tides")
+    members = [SearchMember("kb", lambda q, k: [(a1, 0.9), (a2, 0.8)][:k]),
+               SearchMember("web", lambda q, k: [(a2, 0.9), (a1, 0.8)][:k])]  # equal weights tie them
+    ens = FeedbackEnsemble({}, members=members, policy="thompson", store=":memory:")
+    r = ens.retrieve("aurora", k=2)
+    ens.feedback(r.event_id, "click", chunk_id="a2")
+    ens.save(tmp_path / "saved")
+    again = FeedbackEnsemble.load(tmp_path / "saved", members=members)
+    assert len(again) == 0 and again.retriever_names == ("kb", "web")
+    assert again.learner.state_dict() == ens.learner.state_dict()
+    shared = FeedbackEnsemble.load(tmp_path / "saved", members=members, store=ens.store)  # from the store's snapshot
+    assert shared.learner.n_learned == ens.learner.n_learned == 1
+    assert [h.chunk_id for h in shared.retrieve("aurora", k=2, log=False, explore=False).hits] == \
+        [h.chunk_id for h in ens.retrieve("aurora", k=2, log=False, explore=False).hits] == ["a2", "a1"]
+
+
+def test_an_emptied_chunks_file_of_a_corpus_save_is_still_damage(tmp_path: Path) -> None:
+    from rlfb.errors import CorruptStateError
+
+    _ens().save(tmp_path / "saved")
+    (tmp_path / "saved" / "chunks.jsonl").write_text("")
+    (tmp_path / "saved" / "checksums.json").unlink()  # the content checks alone
+    with pytest.raises(CorruptStateError):
+        FeedbackEnsemble.load(tmp_path / "saved")
+
+
 def test_minmax_of_no_candidates_is_empty() -> None:
     assert minmax_normalize(np.zeros((0, 3))).shape == (0, 3)
 

@@ -32,11 +32,11 @@ def _swap_once_during_chunks_read(monkeypatch: pytest.MonkeyPatch, save) -> list
     calls: list[int] = []
     original = ChunkTable.load.__func__
 
-    def patched(cls, path):
+    def patched(cls, path, **kwargs):
         calls.append(1)
         if len(calls) == 1:
             save()
-        return original(cls, path)
+        return original(cls, path, **kwargs)
 
     monkeypatch.setattr(ChunkTable, "load", classmethod(patched))
     return calls
@@ -71,7 +71,7 @@ def test_damage_that_stays_is_raised_at_once(tmp_path: Path, monkeypatch) -> Non
     (root / "chunks.jsonl").write_text("{not json\n", encoding="utf-8")
     reads: list[int] = []
     original = ChunkTable.load.__func__
-    monkeypatch.setattr(ChunkTable, "load", classmethod(lambda c, p: (reads.append(1), original(c, p))[1]))
+    monkeypatch.setattr(ChunkTable, "load", classmethod(lambda c, p, **kw: (reads.append(1), original(c, p, **kw))[1]))
     with pytest.raises(CorruptStateError, match="chunks.jsonl"):
         FeedbackEnsemble.load(root)
     assert len(reads) == 1  # not read again: the folder did not change
@@ -93,9 +93,9 @@ def test_a_folder_replaced_on_every_read_gives_up_with_a_named_error(tmp_path: P
     newer = _ensemble(NEW_TEXTS, seed=2)
     original = ChunkTable.load.__func__
 
-    def always_swapped(c, p):
+    def always_swapped(c, p, **kw):
         newer.save(root)
-        return original(c, p)
+        return original(c, p, **kw)
 
     monkeypatch.setattr(ChunkTable, "load", classmethod(always_swapped))
     monkeypatch.setattr(saved_folder, "READ_ATTEMPTS", 3)

@@ -59,6 +59,20 @@ def test_grades_and_validation() -> None:
         SimulationConfig(user="nobody")
 
 
+def test_the_config_takes_policies_and_retrievers_by_name_and_keeps_plain_json() -> None:
+    # a policy object was one learner carried from seed to seed (seed 1 scored otherwise after seed 0 than
+    # alone), and neither it nor a retriever object could be written to the JSON output
+    from rlfb.policies import make_policy
+    from rlfb.retrievers.bm25 import BM25Retriever
+
+    with pytest.raises(ValidationError, match="policy's name"):
+        SimulationConfig(policy=make_policy("thompson", ["bm25"]), retrievers=("bm25",))
+    with pytest.raises(ValidationError, match="retriever names"):
+        SimulationConfig(retrievers=(BM25Retriever(),))
+    config = SimulationConfig(interactions=np.int64(20), checkpoints=np.int32(2), retrievers=("bm25",))
+    assert json.loads(json.dumps(config.to_dict()))["interactions"] == 20
+
+
 def test_grades_on_scales_that_do_not_divide_four_keep_their_spacing() -> None:
     # rounding mapped a 0-3 scale to grades 1, 3, 4 and a 0-5 one to 1, 2, 2, 3, 4
     assert [to_grade(v, 3) for v in (0, 1, 2, 3)] == [0.0, 1.0, 2.5, 4.0]

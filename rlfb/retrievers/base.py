@@ -266,11 +266,15 @@ class ChunkTable:
             fh.writelines(lines)
 
     @classmethod
-    def load(cls, path: Path) -> ChunkTable:
+    def load(cls, path: Path, *, allow_empty: bool = False) -> ChunkTable:
+        """The table :meth:`save` wrote into ``path``; ``allow_empty``: a file without chunks is an empty table
+        (the save of an ensemble made only of search members) rather than an :class:`EmptyCorpusError`."""
         file = path / "chunks.jsonl"
         try:
             with open(file, encoding="utf-8") as fh:
                 rows = [json.loads(line) for line in fh if line.strip()]
+            if not rows and allow_empty:
+                return cls.empty()
             return cls([Chunk(r["id"], r["text"], r.get("metadata") or {}) for r in rows])
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             # RecursionError: json gives up on deeply nested arrays or objects (a damaged line, not a caller's bug)

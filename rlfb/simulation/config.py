@@ -83,11 +83,17 @@ class SimulationConfig:
 
         if self.user not in CLICK_MODELS:
             raise ValidationError(f"unknown user {self.user!r}; choose one of {sorted(CLICK_MODELS)}")
-        if isinstance(self.policy, str):
-            check_policy_name(self.policy)
+        # by name only: each seed builds its own policy and retrievers from them, and the JSON output names them (a
+        # policy object was one learner carried from seed to seed, its seeds not independent, and no JSON held it)
+        if not isinstance(self.policy, str):
+            raise ValidationError(f"policy must be a policy's name (its settings go in policy_options), got a "
+                                  f"{type(self.policy).__name__}: each seed builds a policy of its own")
+        check_policy_name(self.policy)
         if not self.retrievers:
             raise ValidationError("give at least one retriever")
-        check_retriever_names([r for r in self.retrievers if isinstance(r, str)])
+        if isinstance(self.retrievers, str) or not all(isinstance(r, str) for r in self.retrievers):
+            raise ValidationError(f"retrievers must be retriever names, got {self.retrievers!r}")
+        check_retriever_names(list(self.retrievers))
         check_fusion(self.fusion)
         for name in ("explicit_rate", "noise", "reformulation_rate", "late_rate"):
             p = getattr(self, name)
@@ -99,6 +105,7 @@ class SimulationConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValidationError(f"{name} must be a positive int, got {v!r}")
+            object.__setattr__(self, name, int(v))  # a numpy int, taken, is a plain one in the JSON output
         # a curve point per interaction is the most there can be (more marks round onto the same ones); clamped,
         # so that a huge count does not build a huge set of marks
         object.__setattr__(self, "checkpoints", min(self.checkpoints, self.interactions))
@@ -149,12 +156,10 @@ class SimulationConfig:
         if self.policy_options:
             if "seed" in self.policy_options:
                 raise ValidationError("policy_options cannot set the seed: each run's seed comes from seeds")
-            if not isinstance(self.policy, str):
-                raise ValidationError("policy options go to a policy given by name, not to an instance")
             from rlfb.policies import make_policy
 
             # built once now, so that an option the policy does not take, or a bad value, fails before indexing
-            make_policy(self.policy, [str(r) for r in self.retrievers], **dict(self.policy_options))
+            make_policy(self.policy, list(self.retrievers), **dict(self.policy_options))
 
     def learner_config(self) -> dict[str, Any] | None:
         """The learner's settings as each seed's ensemble takes them (``None``: the defaults)."""

@@ -46,6 +46,8 @@ class ClickModel:
 
         >>> CLICK_MODELS["navigational"].p_click(4), CLICK_MODELS["navigational"].p_click(2.5)
         (0.95, 0.6)
+        >>> CLICK_MODELS["perfect"].p_click(4.5), CLICK_MODELS["perfect"].p_click(-1)  # off the scale: its ends
+        (1.0, 0.0)
         """
         return _at(self.click, grade)
 
@@ -55,8 +57,10 @@ class ClickModel:
 
 
 def _at(probs: Sequence[float], grade: float) -> float:
-    # an integer grade reads its own entry exactly, so the standard scales draw the same clicks
-    lo = min(4, max(0, math.floor(grade)))
+    # an integer grade reads its own entry exactly, so the standard scales draw the same clicks; a grade off the
+    # 0-4 scale reads its end (above 4 indexed past the table)
+    grade = min(4.0, max(0.0, float(grade)))
+    lo = math.floor(grade)
     frac = grade - lo
     if frac <= 0.0:
         return probs[lo]
