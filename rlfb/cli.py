@@ -187,4 +187,4 @@ class _ReaderMayGo:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()  # as the rlfb script and python -m rlfb end: an interrupt said in one line, then by its signal

@@ -189,6 +189,7 @@ class FeedbackEnsemble:
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
+        self.seed = self._learner.seed  # checked, and a plain int (a numpy one could not be saved as JSON)
         # the weights given, as the policy took them (clipped to its bounds); a policy of the user's without
         # set_weights keeps what its state says
         takes = weights is not None and getattr(self._learner.policy, "set_weights", None) is not None

@@ -66,7 +66,7 @@ class GuardrailParams:
         check_float("alpha", self.alpha, 0.0, 1.0, lo_open=True)
         check_float("tolerance", self.tolerance, 0.0, 1.0)
         check_float("z", self.z, 0.0, 10.0)
-        check_int("min_episodes", self.min_episodes, 0)
+        check_int("min_episodes", self.min_episodes, 0, 2**53)
         check_float("factor", self.factor, 1.0, 10.0)
         for name, bounds in (("lr_bounds", self.lr_bounds), ("explore_bounds", self.explore_bounds)):
             try:
@@ -140,6 +140,8 @@ class Guardrail:
         gains = np.maximum(np.asarray(chunk_rewards, dtype=float), 0.0)
         X = np.asarray(shown, dtype=float)
         if X.ndim != 2 or X.shape[0] < 2 or not np.any(gains > 0) or X.shape[1] != len(learned):
+            return self.multipliers
+        if np.all(gains == gains[0]):  # praise of every shown chunk alike: no order is better, no comparison
             return self.multipliers
         diff = _ndcg_of_order(gains, X @ learned) - _ndcg_of_order(gains, X @ default)
         a = self.hyper.alpha

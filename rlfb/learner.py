@@ -134,7 +134,7 @@ class Learner:
         **policy_options: Any,
     ) -> None:
         self.retrievers = validate_retrievers(retrievers)
-        check_int("seed", seed, 0)
+        seed = check_int("seed", seed, 0)  # a numpy integer as a plain one: its state is written as JSON
         self.seed = seed
         if config is None:
             config = LearnerConfig()

@@ -302,11 +302,21 @@ class RewardConfig:
             raise ValidationError(f"grace must not be negative, got {self.grace}")
         if finite_float(self.clip_low, "clip_low") >= finite_float(self.clip_high, "clip_high"):
             raise ValidationError(f"clip_low ({self.clip_low}) must be below clip_high ({self.clip_high})")
+        if not self.clip_low <= 0.0 <= self.clip_high:
+            # [0.5, 0.9] made a thumbs down a reward of +0.5
+            raise ValidationError(f"the clip interval [{self.clip_low}, {self.clip_high}] must hold 0, so that "
+                                  "praise stays positive and criticism negative")
+        for name in ("explicit_positive", "explicit_negative"):
+            if abs(getattr(self, name)) > 1e6:  # two thumbs of 1e308 summed to infinity inside compute
+                raise ValidationError(f"{name} must be at most 1e6 in size, got {getattr(self, name)}")
         _check_range("no_feedback", self.no_feedback, self.clip_low, self.clip_high)
         if finite_float(self.rating_min, "rating_min") >= finite_float(self.rating_max, "rating_max"):
             raise ValidationError(
                 f"rating_min ({self.rating_min}) must be below rating_max ({self.rating_max})"
             )
+        if not math.isfinite(self.rating_max - self.rating_min):  # +-1e308: every rating mapped to 0
+            raise ValidationError(f"rating_min ({self.rating_min}) and rating_max ({self.rating_max}) are too far "
+                                  "apart for a rating to be scaled between them")
         if not (self.rating_max - self.rating_min) / 2 > 0:  # 0 and 5e-324: the half range is 0, a ZeroDivisionError
             raise ValidationError(f"rating_min ({self.rating_min}) and rating_max ({self.rating_max}) are too "
                                   "close for a rating to be scaled between them")

@@ -292,7 +292,9 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
     chunk exploration than the store's newest snapshot, or with other policy
     hyperparameters (``step``, ``bounds``, ...) than it: ensembles built like the
     snapshot treat the imported state as another kind's and keep their own.
-    Returns ``{"weights", "policy", "version", "requested", "notes"}``.
+    Importing what the store's newest snapshot already holds (the same file again) writes nothing: another
+    copy would push older snapshots out of those the store keeps (``written`` is ``False``, and a note says so).
+    Returns ``{"weights", "policy", "version", "requested", "notes", "written"}``.
     """
     from rlfb.learner import Learner
 
@@ -402,6 +404,18 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
     # learner does not keep it (the ensemble adds it when it saves), and without it any ensemble would take them
     source = wf.state if from_file else (saved or {}).get("state")
     state = naming_model(learner.state_dict(), SnapshotKind.of({"state": source}).model)
+    if saved is not None and saved.get("policy") == learner.policy_name and saved.get("weights") == applied \
+            and _canonical(saved.get("state")) == _canonical(state):
+        # the same import again (a retry): another copy would push the store's older snapshots out of those kept
+        notes.append(f"the store's newest snapshot (version {saved['version']}) holds these already: nothing "
+                     "was written")
+        return {"weights": applied, "policy": learner.policy_name, "version": saved["version"],
+                "requested": normalised, "notes": notes, "written": False}
     version = store.save_policy_state(state, applied, policy=learner.policy_name, timestamp=time.time())
     return {"weights": applied, "policy": learner.policy_name, "version": version, "requested": normalised,
-            "notes": notes}
+            "notes": notes, "written": True}
+
+
+def _canonical(state: Any) -> str:
+    """``state`` as JSON text that compares equal for equal states (keys sorted; tuples as lists)."""
+    return json.dumps(state, sort_keys=True, allow_nan=True, default=str)

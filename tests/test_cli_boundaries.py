@@ -287,6 +287,46 @@ def test_weights_import_onto_a_damaged_snapshot_names_it_and_the_way_on(tmp_path
     assert "policy snapshot 1" in json.loads(out_text)["snapshot_error"]
 
 
+@pytest.mark.parametrize("weights", ['{"bm25": NaN, "dense": 0.5}', "not json"])
+def test_store_stats_shows_the_counts_when_the_snapshots_weights_are_damaged(tmp_path: Path, capsys,
+                                                                            weights: str) -> None:
+    # it failed whole (exit 2, no counts) where a damaged learner state got the counts and a warning
+    import sqlite3
+
+    db = make_store(tmp_path / "fb.db")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE policy_snapshots SET weights = ?", (weights,))
+    conn.close()
+    assert main(["store", "stats", str(db), "--json"]) == 0
+    out_text, err = capsys.readouterr()
+    stats = json.loads(out_text)
+    assert stats["events"] == 0 and stats["weights"] is None and stats["policy_version"] == 1
+    assert "policy snapshot 1" in stats["snapshot_error"] and err.startswith("rlfb: warning: policy snapshot 1")
+    assert main(["store", "stats", str(db)]) == 0
+    assert "v1 damaged" in capsys.readouterr().out
+
+
+def test_weights_import_run_again_writes_nothing_and_keeps_the_older_snapshots(tmp_path: Path, capsys) -> None:
+    # six runs wrote six copies, and the store's five kept snapshots of the kind were copies: nothing to go back to
+    db = make_store(tmp_path / "fb.db", policy="thompson")
+    src, export = tmp_path / "w.json", tmp_path / "export.json"
+    src.write_text('{"bm25": 0.3, "dense": 0.7}', encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    assert capsys.readouterr().out.startswith("imported as version 2")
+    for _ in range(3):
+        assert main(["weights", "import", str(db), str(src)]) == 0
+        out, err = capsys.readouterr()
+        assert out.startswith("already version 2") and "nothing was written" in err
+    assert main(["weights", "export", str(db), str(export)]) == 0
+    assert main(["weights", "import", str(db), str(export)]) == 0
+    assert "already version 2" in capsys.readouterr().out
+    with FeedbackStore(db) as store:
+        assert [s["version"] for s in store.policy_history()] == [1, 2]
+    src.write_text('{"bm25": 0.6, "dense": 0.4}', encoding="utf-8")  # other weights: written
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    assert capsys.readouterr().out.startswith("imported as version 3")
+
+
 def test_weights_import_says_when_weights_are_clamped(tmp_path: Path, capsys) -> None:
     db = make_store(tmp_path / "fb.db", policy="gradient")
     src = tmp_path / "w.json"

@@ -38,3 +38,19 @@ def test_an_unknown_part_is_refused() -> None:
     with pytest.raises(ValueError):
         part_seed(0, "policy")
     assert np.iinfo(np.uint32).max >= part_seed(0, "exploration") >= 0
+
+
+def test_a_numpy_integer_seed_is_kept_as_a_plain_int_and_saves(tmp_path) -> None:
+    # kept as given, it failed every save with a raw "int64 is not JSON serializable"
+    import json
+
+    from rlfb import FeedbackEnsemble
+    from rlfb.policies import make_policy
+
+    assert json.dumps(Learner(("bm25", "dense"), seed=np.int64(3)).state_dict())
+    assert json.dumps(make_policy("thompson", ["bm25", "dense"], seed=np.int64(3)).state_dict())
+    ens = FeedbackEnsemble.from_texts(["aurora borealis", "tides and the moon"], retrievers=("bm25",),
+                                      seed=np.int64(1), store=":memory:")
+    ens.feedback(ens.retrieve("aurora").event_id, "thumbs_up")
+    ens.save(tmp_path / "saved")
+    assert type(ens.seed) is int and FeedbackEnsemble.load(tmp_path / "saved").seed == 1

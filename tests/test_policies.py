@@ -96,6 +96,11 @@ def test_fixed_policy_validates_and_keeps_weights():
             FixedPolicy(RETRIEVERS, bad)
 
 
+def test_a_bandwidth_whose_square_is_zero_keeps_each_arm_its_own() -> None:
+    # 1e-200 squared is 0: every kernel entry was 0/0, every posterior NaN, and the weights never moved
+    assert np.array_equal(ThompsonPolicy(RETRIEVERS, bandwidth=1e-200)._K, np.eye(ThompsonPolicy(RETRIEVERS).n_arms))
+
+
 @pytest.mark.parametrize(
     ("cls", "kwargs"),
     [
@@ -113,7 +118,9 @@ def test_fixed_policy_validates_and_keeps_weights():
         (ThompsonPolicy, {"noise": 0}),
         (ThompsonPolicy, {"step": 0.01}),  # 5151 arms > max_arms
         (ThompsonPolicy, {"bandwidth": float("nan")}),
+        (ThompsonPolicy, {"default_after": 10**400}),  # its own saved state was refused on load
         (GradientPolicy, {"temperature": 0}),
+        (GradientPolicy, {"temperature": 5e-324}),  # the gradient sums went NaN: no state could be saved
         (GradientPolicy, {"learning_rate": float("inf")}),
         (GradientPolicy, {"shrinkage": -1}),
         (GradientPolicy, {"max_step": 0}),

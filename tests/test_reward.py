@@ -244,6 +244,11 @@ def test_split_attribution_counts_a_chunk_listed_twice_once():
         {"floor": -0.1},
         {"grace": -1.0},
         {"clip_low": 1.0, "clip_high": -1.0},
+        {"clip_low": 0.5, "clip_high": 0.9, "no_feedback": 0.6},  # a thumbs down became +0.5
+        {"clip_low": -0.9, "clip_high": -0.1, "no_feedback": -0.5},
+        {"explicit_positive": 1e308},  # two thumbs summed to infinity inside compute
+        {"explicit_negative": -1e7},
+        {"rating_min": -1e308, "rating_max": 1e308},  # the half range was infinite: every rating 0
         {"no_feedback": 2.0},
         {"rating_min": 5, "rating_max": 1},
         {"spread": "proportional"},

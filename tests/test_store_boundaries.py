@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from pathlib import Path
 
@@ -226,7 +227,8 @@ def test_numeric_clocks_still_work():
                                      '{"q": {"bm25": Infinity}}'])
 def test_a_snapshot_with_damaged_weights_is_named_damage(tmp_path: Path, weights: str) -> None:
     """rlfb writes only checked weights, so a snapshot holding others was changed outside it: every
-    reader (the ensemble's refresh, stats, weights show) gets a CorruptStateError, not a raw error or NaN."""
+    reader (the ensemble's refresh, weights show) gets a CorruptStateError, not a raw error or NaN; stats,
+    whose counts are sound whatever the snapshot holds, names it in ``snapshot_error``."""
     path = tmp_path / "fb.db"
     store = FeedbackStore(path)
     store.save_policy_state({}, {"bm25": 0.5, "dense": 0.5}, policy="thompson")
@@ -235,9 +237,12 @@ def test_a_snapshot_with_damaged_weights_is_named_damage(tmp_path: Path, weights
         conn.execute("UPDATE policy_snapshots SET weights = ?", (weights,))
     conn.close()
     store = FeedbackStore(path)
-    for read in (store.load_policy_state, store.stats, store.policy_history):
+    for read in (store.load_policy_state, store.policy_history):
         with pytest.raises(CorruptStateError, match="policy snapshot 1 .* is damaged"):
             read()
+    stats = store.stats()
+    assert stats["weights"] is None and stats["policy_version"] == 1 and stats["policy"] == "thompson"
+    assert re.search("policy snapshot 1 .* is damaged", stats["snapshot_error"])
     store.close()
 
 

@@ -99,9 +99,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError) as exc:
         return _fail(exc)
     # the counts are sound whatever the snapshot holds; its damage is said, not shown as sound weights
-    stats["snapshot_error"] = None if damage is None else str(damage)
     if damage is not None:
-        print(f"rlfb: warning: {damage}", file=sys.stderr)
+        stats["snapshot_error"] = str(damage)  # the learner state's damage too, not only the weights'
+    if stats["snapshot_error"] is not None:
+        print(f"rlfb: warning: {stats['snapshot_error']}", file=sys.stderr)
     if args.json:
         print(json.dumps(stats, indent=2, ensure_ascii=True))
         return 0
@@ -114,7 +115,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     shown = "-" if mean is None else f"{mean:+.3f}"
     print(f"mean reward      {shown:>10}   over {win['rewarded_events']:,} rewarded events")
     weights = stats["weights"]
-    if weights is None:
+    if weights is None and stats["policy_version"]:
+        print(f"weights          v{stats['policy_version']} damaged (named on stderr)")
+    elif weights is None:
         print("weights          (no policy snapshot)")
     else:
         print(f"weights          v{stats['policy_version']} {stats['policy'] or ''}".rstrip())

@@ -130,5 +130,5 @@ def run_import(args: argparse.Namespace) -> int:
         out = import_weights(store, weights_file)
     for note in out["notes"]:  # on stderr, so that stdout stays the one result line
         print(f"rlfb: note: {note}", file=sys.stderr)
-    print(f"imported as version {out['version']}: {out['weights']}")
+    print(f"{'imported as' if out['written'] else 'already'} version {out['version']}: {out['weights']}")
     return 0

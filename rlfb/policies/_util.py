@@ -578,7 +578,7 @@ class BasePolicy:
     def __init__(self, retrievers: Sequence[str], seed: int | None = 0) -> None:
         self.retrievers = validate_retrievers(retrievers)
         if seed is not None:
-            check_int("seed", seed, 0)
+            seed = check_int("seed", seed, 0)  # a numpy integer as a plain one: its state is written as JSON
         self.seed = seed
         self._rng = np.random.default_rng(seed)
         self._n_updates = 0.0

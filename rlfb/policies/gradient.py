@@ -153,7 +153,7 @@ class GradientParams:
     >>> GradientParams(temperature=0)
     Traceback (most recent call last):
     ...
-    rlfb.errors.ValidationError: temperature must be in (0, 10], got 0
+    rlfb.errors.ValidationError: temperature must be in [0.001, 10], got 0
     """
 
     learning_rate: float = 0.05
@@ -171,7 +171,8 @@ class GradientParams:
         check_float("learning_rate", self.learning_rate, 0.0, 10.0)
         check_float("lr_decay", self.lr_decay, 0.0, None, lo_open=True)
         check_float("min_learning_rate", self.min_learning_rate, 0.0, 10.0)
-        check_float("temperature", self.temperature, 0.0, 10.0, lo_open=True)
+        # at 5e-324 the scores overflowed and the gradient sums went NaN, so no state could be saved
+        check_float("temperature", self.temperature, 1e-3, 10.0)
         check_float("shrinkage", self.shrinkage, 0.0, 100.0)
         check_float("evidence_z", self.evidence_z, 0.0, 10.0)
         # the effective count of gradients only approaches the window, and the gate needs two of them: a window

@@ -56,7 +56,9 @@ gate (``cf_gate_z``) takes the best of 66 arms without a correction for
 testing that many. The epsilon policy moves with the defaults too.
 
 Only clicks add click evidence: a thumbs down or a reformulation says that the
-answer was bad, not which weights would have ranked a good chunk higher. But
+answer was bad, not which weights would have ranked a good chunk higher, and
+praise spread alike over every shown chunk says no order of them is better (it
+teaches the arms' reward posterior, as any reward does). But
 every timed feedback passes time: the global evidence and its query type's decay
 on the ``half_life_days`` clock at each one (``forget`` applies per click), so
 evidence that stops being renewed falls below ``cf_min_clicks`` and the gate,
@@ -217,7 +219,7 @@ class ThompsonParams:
         if self.gate_z is not None:
             check_float("gate_z", self.gate_z, 0.0, 10.0)
         check_float("min_samples", self.min_samples, 0.0, None)
-        check_int("default_after", self.default_after, 0)
+        check_int("default_after", self.default_after, 0, 2**53)  # a saved state holds it as a JSON number
         check_float("default_step", self.default_step, 0.0, 1.0)
         check_float("forget", self.forget, 0.5, 1.0)
         if self.half_life_days is not None:
@@ -345,7 +347,7 @@ class ThompsonPolicy(BasePolicy):
 
     def _kernel(self) -> None:
         h = self.hyper.bandwidth
-        if h <= 0:
+        if 2.0 * h * h <= 0.0:  # 0, or so small that its square is: each arm its own (1e-200 made every K NaN)
             self._K = np.eye(self._arms.shape[0])
         else:
             d2 = np.sum((self._arms[:, None, :] - self._arms[None, :, :]) ** 2, axis=2)
@@ -480,6 +482,11 @@ class ThompsonPolicy(BasePolicy):
         gains = np.clip(rewards, 0.0, 1.0)  # rewards live in [-1, 1]: a larger one overflowed the sums
         X = np.asarray(episode.shown, dtype=float)
         if gains.size == 0 or not np.any(gains > 0) or X.shape != (gains.size, len(self.retrievers)):
+            return None
+        if np.all(gains == gains[0]):
+            # praise of every shown chunk alike (a thumbs up on an answer made of them all) ranks no arm above
+            # another: counted, it opened the gate on advantages of 0 and stopped arm sampling, so an app whose
+            # users only rate answers never moved its weights (0.50 after 3,000 thumbs where A was better)
             return None
         if tuple(episode.retrievers) != self.retrievers or not np.all(np.isfinite(X)):
             return None

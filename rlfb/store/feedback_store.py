@@ -567,8 +567,9 @@ class FeedbackStore:
         leave out repeated feedback (:meth:`repeats_latest`), as the learner does, the counts not.
         ``mean_reward`` is repeated at the top level; ``weights``, ``policy``
         and ``policy_version`` come from the newest policy snapshot, ``snapshot_kinds`` counts the kinds of
-        ensemble whose snapshots the file holds (:meth:`newest_snapshots`). A feedback or
-        reward row whose number was damaged outside rlfb (text, infinity) raises
+        ensemble whose snapshots the file holds (:meth:`newest_snapshots`); a newest snapshot damaged
+        outside rlfb gives ``weights`` ``None`` and ``snapshot_error`` naming the damage (``None`` else). A
+        feedback or reward row whose number was damaged outside rlfb (text, infinity) raises
         :class:`CorruptStateError` naming it, rather than counting as 0.
         """
         return reports.stats(self, window, now=now)

@@ -134,8 +134,11 @@ def stats(
             entry = by_arm.setdefault(_dec(arm), {"events": 0, "explored": 0})
             entry.update(rewarded_events=n_rw, mean_reward=m)
         win["by_arm"] = by_arm
-        snap = store.load_policy_state()
-        kinds = len(store.newest_snapshots())
+        newest = store.newest_snapshots()  # a damaged one without its weights
+        try:
+            snap, damage = store.load_policy_state(), None
+        except CorruptStateError as exc:  # the counts are sound whatever the snapshot holds
+            snap, damage = {**newest[0], "weights": None} if newest else None, exc
     return {
         "path": store.path,
         **totals,
@@ -146,7 +149,8 @@ def stats(
         "policy_version": 0 if snap is None else snap["version"],
         "policy_updated_at": None if snap is None else snap["updated_at"],
         # apps with other retrievers or another policy on one file: the newest snapshot is one of theirs
-        "snapshot_kinds": kinds,
+        "snapshot_kinds": len(newest),
+        "snapshot_error": None if damage is None else str(damage),
     }
 
 def export_rows(store: FeedbackStore, *, page: int = 500) -> Iterator[dict[str, Any]]:

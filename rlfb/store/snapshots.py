@@ -116,7 +116,8 @@ def newest_of_each_kind(store: FeedbackStore) -> list[dict[str, Any]]:
         try:
             out.append(_snapshot_dict(row, with_state=False))
         except ValueError:  # CorruptStateError and ValidationError are ValueErrors
-            out.append({"version": row["version"], "updated_at": row["ts"], "policy": None, "weights": None})
+            policy = row["policy"] if isinstance(row["policy"], str) else None  # what the column says, if text
+            out.append({"version": row["version"], "updated_at": row["ts"], "policy": policy, "weights": None})
     return out
 
 
