@@ -66,7 +66,7 @@ class GuardrailParams:
         check_float("alpha", self.alpha, 0.0, 1.0, lo_open=True)
         check_float("tolerance", self.tolerance, 0.0, 1.0)
         check_float("z", self.z, 0.0, 10.0)
-        check_int("min_episodes", self.min_episodes, 0, 2**53)
+        check_int("min_episodes", self.min_episodes, 0)
         check_float("factor", self.factor, 1.0, 10.0)
         for name, bounds in (("lr_bounds", self.lr_bounds), ("explore_bounds", self.explore_bounds)):
             try:

@@ -206,7 +206,7 @@ class LearnerConfig:
         check_int("discovery_after", self.discovery_after, 0)
         check_float("skip_weight", self.skip_weight, 0.0, 1.0)
         check_float("abandon_weight", self.abandon_weight, 0.0, 1.0)
-        check_int("replay_every", self.replay_every, 1, 2**53)
+        check_int("replay_every", self.replay_every, 1)
         check_float("replay_weight", self.replay_weight, 0.0, 1.0)
         check_float("ask_threshold", self.ask_threshold, 0.0, 1.0)
         for name in ("replay", "replay_all", "guardrail"):

@@ -219,7 +219,7 @@ class ThompsonParams:
         if self.gate_z is not None:
             check_float("gate_z", self.gate_z, 0.0, 10.0)
         check_float("min_samples", self.min_samples, 0.0, None)
-        check_int("default_after", self.default_after, 0, 2**53)  # a saved state holds it as a JSON number
+        check_int("default_after", self.default_after, 0, 2**53)  # 10**400 made its own saved state unloadable
         check_float("default_step", self.default_step, 0.0, 1.0)
         check_float("forget", self.forget, 0.5, 1.0)
         if self.half_life_days is not None:
