@@ -190,6 +190,40 @@ class ReplayParams:
         check_float("beta", self.beta, 0.0, 1.0)
 
 
+def inclusion_probabilities(p: np.ndarray, n: int) -> np.ndarray:
+    """The chance of each item to be in a sample of ``n`` drawn in proportion to ``p``: ``min(1, c * p)``, with
+    ``c`` such that the chances sum to ``n`` (items ``c * p`` would put above 1 are certain).
+
+    >>> inclusion_probabilities(np.array([0.6, 0.2, 0.1, 0.1]), 2).round(3).tolist()
+    [1.0, 0.5, 0.25, 0.25]
+    """
+    p = np.asarray(p, dtype=float)
+    incl = np.zeros(p.shape)
+    certain = np.zeros(p.shape, dtype=bool)
+    for _ in range(p.size + 1):  # each pass makes one item or more certain, or ends
+        rest = n - int(certain.sum())
+        mass = float(p[~certain].sum())
+        incl = np.where(certain, 1.0, p * (rest / mass) if mass > 0 else 0.0)
+        over = ~certain & (incl >= 1.0)
+        if not over.any():
+            break
+        certain |= over
+    return np.minimum(incl, 1.0)
+
+
+def _systematic_pps(p: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` distinct indices of items with ``p > 0``, item ``i`` drawn with chance exactly
+    :func:`inclusion_probabilities` ``(p, n)[i]`` (systematic sampling over a random order), and those chances."""
+    incl = inclusion_probabilities(p, n)
+    order = rng.permutation(p.size)
+    edges = np.cumsum(incl[order])
+    # n points one apart from a uniform start; an item whose chance interval holds one is drawn (at most one,
+    # since no chance exceeds 1); the last edge is n up to rounding, so a point is never past it
+    points = rng.random() + np.arange(n)
+    picked = np.minimum(np.searchsorted(edges, points, side="right"), p.size - 1)
+    return order[picked], incl
+
+
 class PrioritizedReplay:
     """A bounded buffer of rewarded episodes, sampled by ``|reward|`` decayed with age.
 
@@ -261,40 +295,52 @@ class PrioritizedReplay:
 
     def sample(self, n: int | None = None) -> list[Episode]:
         """Up to ``n`` (default ``batch_size``) distinct episodes, drawn by priority."""
-        return [ep for ep, _, _ in self._draw(n)]
+        return [ep for ep, _, _, _ in self._draw(n)]
 
     def sample_weighted(self, n: int | None = None) -> list[tuple[Episode, float]]:
         """As :meth:`sample` (the same draws), each episode with its importance-sampling weight.
 
-        The weight is proportional to ``|reward| ** -beta``: it undoes the share of the sampling probability
-        that the reward's size gave (a ``beta``-th of it) and leaves the age decay's. The weights are
-        self-normalised, averaging 1 over the batch, so that a batch weighs as much in all as one without
-        the correction. With ``beta`` 0 every weight is 1.
+        The weight undoes the share of the episode's chance of being drawn that its reward's size gave (a
+        ``beta``-th of it) and keeps the age decay's: the age-decayed priority times ``|reward| ** -beta``, over
+        the chance that the episode is in the batch (its inclusion probability, which :meth:`sample` draws by
+        exactly). In a large buffer that chance is in proportion to the priority, and the weight to
+        ``|reward| ** -beta``; where the batch takes nearly every episode held, each is in it whatever its
+        reward, and the weights follow the age decay alone (until 2026-12-06 they were ``|reward| ** -beta``
+        there too: three episodes held, a reformulation replayed at five times a thumbs up). The weights are
+        self-normalised, averaging 1 over the batch, so that a batch weighs as much in all as one without the
+        correction. With ``beta`` 0 every weight is 1.
 
         >>> from rlfb.policies.base import Decision, Episode
         >>> buf = PrioritizedReplay(capacity=10, batch_size=2, beta=1.0, seed=0)
         >>> for i, r in enumerate((1.0, 0.25)):
         ...     _ = buf.add(Episode(f"e{i}", "q", ("a",), Decision({"a": 1.0}), ("c",), np.ones((1, 1)),
         ...                         np.ones(1), r))
-        >>> sorted((e.event_id, w) for e, w in buf.sample_weighted())
-        [('e0', 0.4), ('e1', 1.6)]
+        >>> sorted((e.event_id, round(w, 4)) for e, w in buf.sample_weighted())  # both drawn: by age alone
+        [('e0', 0.9998), ('e1', 1.0002)]
+        >>> buf = PrioritizedReplay(capacity=10, batch_size=1, beta=1.0, seed=0)
+        >>> for i, r in enumerate((1.0, 0.25)):
+        ...     _ = buf.add(Episode(f"e{i}", "q", ("a",), Decision({"a": 1.0}), ("c",), np.ones((1, 1)),
+        ...                         np.ones(1), r))
+        >>> [(e.event_id, w) for e, w in buf.sample_weighted()]  # one of the two: a batch of one weighs 1
+        [('e0', 1.0)]
         """
         drawn = self._draw(n)
         if self.hyper.beta == 0 or not drawn:
-            return [(ep, 1.0) for ep, _, _ in drawn]
-        w = np.array([m for _, m, _ in drawn]) ** -self.hyper.beta
+            return [(ep, 1.0) for ep, _, _, _ in drawn]
+        w = np.array([pr * mag ** -self.hyper.beta / incl for _, mag, pr, incl in drawn])
         w *= len(w) / w.sum()
-        return [(ep, float(x)) for (ep, _, _), x in zip(drawn, w, strict=True)]
+        return [(ep, float(x)) for (ep, _, _, _), x in zip(drawn, w, strict=True)]
 
-    def _draw(self, n: int | None) -> list[tuple[Episode, float, int]]:
-        """Up to ``n`` (default ``batch_size``) distinct held items, drawn by priority without replacement."""
+    def _draw(self, n: int | None) -> list[tuple[Episode, float, float, float]]:
+        """Up to ``n`` (default ``batch_size``) distinct held episodes, each with its ``|reward|``, priority and
+        inclusion probability: drawn by priority without replacement, by systematic sampling in a random order,
+        whose inclusion probabilities are known exactly (``min(1, c * priority)``, summing to the batch size)."""
         n = self.hyper.batch_size if n is None else check_int("n", n, 0)
         if not self._items or n == 0:
             return []
         p = self.priorities()
-        n = min(n, int(np.count_nonzero(p)))
-        idx = self._rng.choice(p.size, size=n, replace=False, p=p)
-        return [self._items[int(i)] for i in idx]
+        idx, incl = _systematic_pps(p, min(n, int(np.count_nonzero(p))), self._rng)
+        return [(self._items[int(i)][0], self._items[int(i)][1], float(p[i]), float(incl[i])) for i in idx]
 
     def held(self) -> tuple[tuple[Any, ...], int]:
         """Every episode held and the count added, for :meth:`restore_held` in this process (an undo): a

@@ -18,7 +18,7 @@ from rlfb.guardrail import Guardrail
 from rlfb.memory import FeedbackMemory, normalize_query
 from rlfb.policies._util import chunk_evidence, shared_credit
 from rlfb.policies.base import Decision, Episode
-from rlfb.replay import PrioritizedReplay, episode_from_dict, episode_to_dict
+from rlfb.replay import PrioritizedReplay, episode_from_dict, episode_to_dict, inclusion_probabilities
 
 DAY = 86_400.0
 
@@ -428,27 +428,52 @@ def test_replay_priority_is_abs_reward_decayed_with_age():
 def test_importance_weights_undo_the_reward_priority_by_beta_and_leave_the_draws_alone():
     rewards = (1.0, -0.2, 0.5, 0.1, -0.8, 0.4, 0.3, 1.0)
 
-    def filled(beta):
-        buf = PrioritizedReplay(capacity=50, batch_size=6, half_life=3.0, beta=beta, seed=4)
-        for i, r in enumerate(rewards):
+    def filled(beta, n=1):
+        buf = PrioritizedReplay(capacity=500, batch_size=6, half_life=3.0 * n, beta=beta, seed=4)
+        for i, r in enumerate(rewards * n):
             buf.add(_ep(f"e{i}", r))
         return buf
 
-    mags = {f"e{i}": abs(r) for i, r in enumerate(rewards)}
-    plain = filled(0.0).sample()
-    for beta in (0.0, 0.5, 1.0):
-        drawn = filled(beta).sample_weighted()
-        assert [e.event_id for e, _ in drawn] == [e.event_id for e in plain]  # the same draws
-        # in proportion to |reward| ** -beta (the age decay is not corrected), averaging 1 over the batch
-        raw = np.array([mags[e.event_id] ** -beta for e, _ in drawn])
-        assert [w for _, w in drawn] == pytest.approx(raw * len(raw) / raw.sum())
-    weights = [w for _, w in filled(1.0).sample_weighted()]
-    assert min(weights) < 0.6 < 1.5 < max(weights)
-    # a weak episode among strong ones is not drowned: Schaul et al.'s division by the largest weight left a
-    # thumbs up at a tenth of its weight beside one reward of 0.1
-    assert dict((e.event_id, w) for e, w in filled(1.0).sample_weighted(8))["e0"] > 0.2
+    for n in (1, 40):  # 8 episodes held (a batch takes most), and 320
+        mags = {f"e{i}": abs(r) for i, r in enumerate(rewards * n)}
+        plain = filled(0.0, n).sample()
+        for beta in (0.0, 0.5, 1.0):
+            buf = filled(beta, n)
+            p = dict(zip([f"e{i}" for i in range(len(buf))], buf.priorities(), strict=True))
+            incl = dict(zip(p, inclusion_probabilities(np.array(list(p.values())), 6), strict=True))
+            drawn = buf.sample_weighted()
+            assert [e.event_id for e, _ in drawn] == [e.event_id for e in plain]  # the same draws
+            # the priority less a beta-th of its |reward| share, over the chance to be drawn; averaging 1
+            raw = np.array([p[e.event_id] * mags[e.event_id] ** -beta / incl[e.event_id] for e, _ in drawn])
+            if beta == 0:  # no correction: every replay alike
+                raw = np.ones(len(drawn))
+            assert [w for _, w in drawn] == pytest.approx(raw * len(raw) / raw.sum())
+            if n == 40 and beta == 1.0:  # a large buffer: chance in proportion to priority, weight to 1/|reward|
+                inv = np.array([1 / mags[e.event_id] for e, _ in drawn])
+                assert [w for _, w in drawn] == pytest.approx(inv * len(inv) / inv.sum())
+    # a buffer the batch takes whole: every episode is drawn whatever its reward, so the weights follow the age
+    # decay alone (they were |reward| ** -1: a reward of 0.2 replayed at five times a thumbs up)
+    buf = PrioritizedReplay(capacity=50, batch_size=32, beta=1.0, seed=0)
+    for i, r in enumerate((1.0, 0.4, 0.2)):
+        buf.add(_ep(f"e{i}", r))
+    assert [w for _, w in buf.sample_weighted()] == pytest.approx([1.0, 1.0, 1.0], abs=0.001)
     with pytest.raises(ValidationError, match="beta must be in"):
         PrioritizedReplay(beta=1.5)
+
+
+def test_replay_draws_each_episode_with_its_inclusion_probability():
+    buf = PrioritizedReplay(capacity=10, batch_size=2, half_life=1e9, seed=1)
+    for name, r in (("a", 0.6), ("b", 0.2), ("c", 0.1), ("d", 0.1)):
+        buf.add(_ep(name, r))
+    expected = inclusion_probabilities(buf.priorities(), 2)
+    assert expected.round(3).tolist() == [1.0, 0.5, 0.25, 0.25]
+    counts = dict.fromkeys("abcd", 0)
+    for _ in range(4000):
+        batch = buf.sample()
+        assert len({e.event_id for e in batch}) == 2
+        for e in batch:
+            counts[e.event_id] += 1
+    assert np.array(list(counts.values())) / 4000 == pytest.approx(expected, abs=0.03)
 
 
 def test_replay_priorities_stay_a_distribution_for_huge_rewards():
