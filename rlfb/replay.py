@@ -217,11 +217,13 @@ def _systematic_pps(p: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np
     incl = inclusion_probabilities(p, n)
     order = rng.permutation(p.size)
     edges = np.cumsum(incl[order])
+    # the last edge is n up to rounding: the last item that can be drawn takes the interval's end, so that a
+    # point past a rounded-down edge neither falls off the end nor lands on an item of chance 0
+    edges[int(np.flatnonzero(incl[order] > 0)[-1]):] = np.inf
     # n points one apart from a uniform start; an item whose chance interval holds one is drawn (at most one,
-    # since no chance exceeds 1); the last edge is n up to rounding, so a point is never past it
+    # since no chance exceeds 1)
     points = rng.random() + np.arange(n)
-    picked = np.minimum(np.searchsorted(edges, points, side="right"), p.size - 1)
-    return order[picked], incl
+    return order[np.searchsorted(edges, points, side="right")], incl
 
 
 class PrioritizedReplay:

@@ -476,6 +476,22 @@ def test_replay_draws_each_episode_with_its_inclusion_probability():
     assert np.array(list(counts.values())) / 4000 == pytest.approx(expected, abs=0.03)
 
 
+def test_systematic_draws_are_distinct_and_never_an_item_of_chance_zero():
+    from rlfb.replay import _systematic_pps
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        size = int(rng.integers(1, 30))
+        p = rng.random(size) ** 3
+        p[rng.random(size) < 0.2] = 0.0
+        if p.sum() == 0:
+            continue
+        p /= p.sum()
+        n = int(rng.integers(1, np.count_nonzero(p) + 1))
+        idx, _ = _systematic_pps(p, n, rng)
+        assert len(set(idx.tolist())) == n and np.all(p[idx] > 0)
+
+
 def test_replay_priorities_stay_a_distribution_for_huge_rewards():
     # two rewards of 1e308 summed to an infinity: every priority became 0 and sample() raised
     buf = PrioritizedReplay(capacity=10, batch_size=2, seed=0)
