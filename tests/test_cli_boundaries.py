@@ -327,6 +327,20 @@ def test_weights_import_run_again_writes_nothing_and_keeps_the_older_snapshots(t
     assert capsys.readouterr().out.startswith("imported as version 3")
 
 
+def test_weights_show_of_an_older_version_says_so(tmp_path: Path, capsys) -> None:
+    # on a store of one kind it called that kind's newest snapshot "the newest of the others"
+    db = make_store(tmp_path / "fb.db", policy="thompson")
+    src = tmp_path / "w.json"
+    src.write_text('{"bm25": 0.3, "dense": 0.7}', encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 0
+    capsys.readouterr()
+    assert main(["weights", "show", str(db), "--version", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("policy thompson, version 1") and "an older snapshot" in out and "others" not in out
+    assert main(["weights", "show", str(db)]) == 0
+    assert "older" not in capsys.readouterr().out
+
+
 def test_weights_import_says_when_weights_are_clamped(tmp_path: Path, capsys) -> None:
     db = make_store(tmp_path / "fb.db", policy="gradient")
     src = tmp_path / "w.json"

@@ -95,7 +95,11 @@ def run_show(args: argparse.Namespace) -> int:
         for name, w in info["weights"].items():
             print(f"  {name:<12}{w:.4f}" if isinstance(w, float) else f"  {name:<12}{w}")
         others = [k for k in info["kinds"] if k["version"] != info["version"]]
-        if others:  # another app's weights on the same file: which of them this was is worth saying
+        if others and len(others) == len(info["kinds"]):  # --version named one that is no kind's newest
+            print("an older snapshot; the newest of each kind of ensemble on the store:")
+            for k in info["kinds"]:
+                print(f"  {describe_kind(k)}")
+        elif others:  # another app's weights on the same file: which of them this was is worth saying
             print(f"the store holds snapshots of {len(info['kinds'])} kinds of ensemble; the newest of the others "
                   "(--retrievers and --policy, or --version, pick one):")
             for k in others:
