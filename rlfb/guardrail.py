@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, check_int, plain_numbers, saved_count
+from rlfb.policies._util import check_float, check_int, plain_numbers, ranks_nothing, saved_count
 
 __all__ = ["GuardrailParams", "Guardrail"]
 
@@ -141,7 +141,7 @@ class Guardrail:
         X = np.asarray(shown, dtype=float)
         if X.ndim != 2 or X.shape[0] < 2 or not np.any(gains > 0) or X.shape[1] != len(learned):
             return self.multipliers
-        if np.all(gains == gains[0]):  # praise of every shown chunk alike: no order is better, no comparison
+        if ranks_nothing(gains):  # praise of every shown chunk alike: no order is better, no comparison
             return self.multipliers
         diff = _ndcg_of_order(gains, X @ learned) - _ndcg_of_order(gains, X @ default)
         a = self.hyper.alpha

@@ -342,7 +342,7 @@ class PrioritizedReplay:
             return []
         p = self.priorities()
         idx, incl = _systematic_pps(p, min(n, int(np.count_nonzero(p))), self._rng)
-        return [(self._items[int(i)][0], self._items[int(i)][1], float(p[i]), float(incl[i])) for i in idx]
+        return [(*self._items[int(i)][:2], float(p[i]), float(incl[i])) for i in idx]
 
     def held(self) -> tuple[tuple[Any, ...], int]:
         """Every episode held and the count added, for :meth:`restore_held` in this process (an undo): a

@@ -26,6 +26,7 @@ __all__ = [
     "logged_weights",
     "pdgd_pairs",
     "project_simplex",
+    "ranks_nothing",
     "rng_state",
     "score_scale",
     "set_rng_state",
@@ -383,6 +384,17 @@ def chunk_evidence(
     elif response_level and episode_reward < 0:
         r[r == 0] = abandon_weight * max(-1.0, episode_reward)
     return r
+
+
+def ranks_nothing(gains: np.ndarray) -> bool:
+    """Whether ``gains`` (one per shown chunk) are all alike: praise of an answer spread over every shown chunk,
+    under which no order of those chunks is better than another, so a comparison of rankings learns nothing.
+
+    >>> ranks_nothing(np.array([0.25, 0.25, 0.25])), ranks_nothing(np.array([0.0, 0.4, 0.0]))
+    (True, False)
+    """
+    g = np.asarray(gains, dtype=float)
+    return g.size > 0 and bool(np.all(g == g[0]))
 
 
 def shared_credit(evidence: np.ndarray, rewards: np.ndarray) -> np.ndarray:

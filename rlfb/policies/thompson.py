@@ -90,6 +90,7 @@ from rlfb.policies._util import (
     logged_weights,
     plain_numbers,
     project_simplex,
+    ranks_nothing,
     read_array,
     read_field,
     read_number,
@@ -483,7 +484,7 @@ class ThompsonPolicy(BasePolicy):
         X = np.asarray(episode.shown, dtype=float)
         if gains.size == 0 or not np.any(gains > 0) or X.shape != (gains.size, len(self.retrievers)):
             return None
-        if np.all(gains == gains[0]):
+        if ranks_nothing(gains):
             # praise of every shown chunk alike (a thumbs up on an answer made of them all) ranks no arm above
             # another: counted, it opened the gate on advantages of 0 and stopped arm sampling, so an app whose
             # users only rate answers never moved its weights (0.50 after 3,000 thumbs where A was better)
