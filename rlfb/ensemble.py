@@ -168,7 +168,6 @@ class FeedbackEnsemble:
         self.fusion, self.candidate_k, self.rrf_c, self.refresh_interval, self.persist_interval = _scalar_settings(
             fusion, candidate_k, rrf_c, refresh_interval, persist_interval
         )
-        self.seed = seed
         # never written nor read yet: the first of each is due at once. 0.0 read as "at the clock's start", and
         # time.monotonic() counts from boot, so within persist_interval of a boot nothing was written at all
         self._last_persist = -math.inf
