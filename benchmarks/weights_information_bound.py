@@ -35,7 +35,7 @@ import numpy as np
 from rlfb.datasets import DATASETS_ENV, datasets_dir, find_dataset, load_beir
 from rlfb.fusion import normalize
 from rlfb.simulation.baselines import Judge as _Judge
-from rlfb.simulation.runner import Prepared, SimulationConfig, _split, prepare, simplex_grid, stream_seed
+from rlfb.simulation.runner import Prepared, SimulationConfig, _split, prepare, simplex_grid, stream_seed, users_scale
 from rlfb.simulation.users import SimulatedUser
 
 K = 10
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.setdefault("equal weights", []).append(held[0])
         rows.setdefault("tuned on full judgments", []).append(held[tuned])
         for display in ("equal", "uniform"):
-            user = SimulatedUser("navigational", explicit_rate=0.0, max_grade=prep.max_grade,
+            user = SimulatedUser("navigational", explicit_rate=0.0, max_grade=users_scale(stream, judgments),
                                  seed=stream_seed(seed, "user"))
             rng, arms = random.Random(stream_seed(seed, "queries")), np.random.default_rng(seed)
             clicks: dict[str, Counter[str]] = defaultdict(Counter)

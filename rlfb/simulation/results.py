@@ -41,6 +41,16 @@ def _interval(values: Sequence[float], *, clip: bool = True) -> dict[str, Any]:
     return {"mean": mean, "ci95": [max(0.0, lo), min(1.0, hi)] if clip else [lo, hi], "n": int(arr.size)}
 
 
+def _users_scales(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``max_grade`` as the summary's config gives it: the one scale where every seed's users read the same,
+    else each seed's, in order (without a stream split each seed streams its own half, which may judge
+    another top grade); nothing where the runs' settings do not give it."""
+    scales = [r["settings"]["max_grade"] for r in runs if "max_grade" in r.get("settings", {})]
+    if len(scales) != len(runs):
+        return {}
+    return {"max_grade": scales[0] if len(set(scales)) == 1 else scales}
+
+
 def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra: Mapping[str, Any]) -> dict:
     """Mean and 95% interval over seeds, in the JSON shape scripts read.
 
@@ -91,7 +101,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
         "seen_by_asks": by_asks,
         # every setting; "learner" as the learner ran (defaults filled in), "learner_overrides" as given
         "config": {**config.to_dict(), "learner": runs[0]["learner_config"], "learner_overrides": dict(config.learner),
-                   **runs[0]["settings"], "environment": environment()},
+                   **runs[0]["settings"], **_users_scales(runs), "environment": environment()},
         "weights": [r["weights"] for r in runs],
         "runs": [{k: v for k, v in r.items()
                   if k not in ("curve", "learner_config", "settings", "heldout_overlap", "seen_by_asks")}

@@ -27,7 +27,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -47,7 +47,7 @@ from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
 # the settings, the baselines and the summary live in modules of their own (rlfb.simulation.config,
 # .baselines, .results); their public names are importable from here too, where scripts found them first
 __all__ = ["SimulationConfig", "Prepared", "prepare", "simulate", "simplex_grid", "summarize", "plot_curves",
-           "stream_seed", "metric_name", "iter_table", "paired_differences", "environment"]
+           "stream_seed", "users_scale", "metric_name", "iter_table", "paired_differences", "environment"]
 
 
 @dataclass
@@ -60,7 +60,9 @@ class Prepared:
     contexts: dict[str, Context]
     qrels: dict[str, dict[str, int]]
     stream_qrels: dict[str, dict[str, int]] | None
-    max_grade: int  # the highest grade of the stream's judgments, the scale the simulated users read
+    # the highest grade of the split the stream is drawn from (the stream split's, else the held-out split's);
+    # each seed's users read :func:`users_scale`, of the questions that seed streams
+    max_grade: int
     fusion: str
     candidate_k: int
     index_seconds: float
@@ -116,8 +118,8 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
     for q in progress(wanted, desc="contexts", disable=not show_progress):
         contexts[q] = ens.context(dataset.queries[q], k=config.k)
     context_seconds = time.perf_counter() - t
-    # the scale the simulated users read grades on is the stream's own: the users judge stream questions
-    # only, and a graded held-out split must not change how they click on a binary stream split
+    # the highest grade of the split the stream is drawn from; the users of each seed read their own stream's
+    # (users_scale): without a stream split, half of this split is held out
     grades = [g for r in (qrels if stream_qrels is None else stream_qrels).values() for g in r.values()]
     return Prepared(
         dataset, dict(ens.retrievers), ens.chunks, contexts, qrels, stream_qrels, max(grades, default=1),
@@ -131,26 +133,45 @@ def _check_judged(
     stream_qrels: Mapping[str, Mapping[str, int]] | None,
 ) -> None:
     """Raise :class:`ValidationError` unless the splits give questions (judged relevant, with a text) both to
-    stream and to hold out, as :func:`_split` parts them."""
+    stream and to hold out, as :func:`_split` parts them; the error names the qrels file that gives none."""
     dataset.check_known_documents(config.split)  # qrels of another corpus: say so, not "judges no query"
     judged = [q for q in qrels if q in dataset.queries]
     if not judged:
-        raise ValidationError(f"{dataset.name}: split {config.split!r} judges no query of queries.jsonl relevant "
-                              "to any document")
+        raise ValidationError(_judges_none(dataset, config.split, "the held-out questions come from it"))
     if stream_qrels is None:
-        enough = len(judged) >= 2  # seeded halves of the held-out split's questions
-    else:
-        asked = [q for q in stream_qrels if q in dataset.queries]
-        enough = any(q not in qrels for q in asked)
-        if asked and not enough:  # the split has questions, every one held out (as _split parts them)
-            what = f"all {len(asked)} judged queries" if len(asked) > 1 else "the one judged query"
+        if len(judged) < 2:  # seeded halves of the held-out split's questions
             raise ValidationError(
-                f"{dataset.name}: {what} of qrels/{config.stream_split}.tsv {'are' if len(asked) > 1 else 'is'} "
-                f"judged in qrels/{config.split}.tsv too: a held-out question is never asked, so the stream has "
-                "no question"
-            )
-    if not enough:
-        raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
+                f"{dataset.name}: qrels/{config.split}.tsv judges only one query of queries.jsonl relevant to a "
+                f"document; without a qrels/{config.stream_split}.tsv a seeded half of its queries is the stream and "
+                "the other half held out, which needs judged queries for both the stream and the held-out set")
+        return
+    dataset.check_known_documents(config.stream_split)
+    asked = [q for q in stream_qrels if q in dataset.queries]
+    if not asked:
+        # the generic "needs judged queries for both ..." below did not say which file, nor why
+        raise ValidationError(_judges_none(
+            dataset, config.stream_split, "the stream's questions come from it (without the file, a seeded half "
+            f"of qrels/{config.split}.tsv's would be)"))
+    enough = any(q not in qrels for q in asked)
+    if not enough:  # the split has questions, every one held out (as _split parts them)
+        what = f"all {len(asked)} judged queries" if len(asked) > 1 else "the one judged query"
+        raise ValidationError(
+            f"{dataset.name}: {what} of qrels/{config.stream_split}.tsv {'are' if len(asked) > 1 else 'is'} "
+            f"judged in qrels/{config.split}.tsv too: a held-out question is never asked, so the stream has "
+            "no question"
+        )
+
+
+def _judges_none(dataset: BeirDataset, split: str, role: str) -> str:
+    """The error for split ``split``, whose ``role`` in the run needs a question, judging no query of
+    queries.jsonl relevant: which of its judged queries have no text, and which no relevant document."""
+    dropped = dataset.dropped_queries(split)
+    why = [f"{n} with {what}" for n, what in ((dropped["no_text"], "no text in queries.jsonl"),
+                                              (dropped["no_relevant"], "no document of corpus.jsonl judged relevant"))
+           if n]
+    found = f"of its judged queries, {' and '.join(why)}" if why else "it judges no query at all"
+    return (f"{dataset.name}: qrels/{split}.tsv judges no query of queries.jsonl relevant to any document "
+            f"({found}), and {role}")
 
 
 _STREAMS = ("queries", "user")
@@ -247,6 +268,24 @@ def _near_heldout(prep: Prepared, stream: Sequence[str], heldout: Sequence[str],
     return {q for q, best in zip(ids, (s @ h.T).max(axis=1), strict=True) if best >= threshold}
 
 
+def users_scale(stream: Iterable[str], judgments: Mapping[str, Mapping[str, int]]) -> int:
+    """The grade scale the simulated users read (``SimulatedUser``'s ``max_grade``): the highest relevance
+    grade that the judgments of the stream's questions give; 1 (binary) where they give none.
+
+    The users are asked the stream's questions only, so nothing of the held-out questions' judgments feeds
+    how they click (without a stream split, a grade only the held-out half judged changed every stream
+    grade). Only the top grade matters (:func:`~rlfb.simulation.users.to_grade`), so the stream need not
+    judge every grade of the scale; a stream that judges a single relevant value, whatever it is, reads as
+    binary, every relevant chunk at the top grade: no held-out judgment is taken to set it lower. On
+    scifact, cranfield and cisi every seed's stream judges the split's top grade, so their scale is the
+    split's, as before.
+
+    >>> users_scale(["s"], {"s": {"a": 1, "b": 2}, "h": {"a": 3}}), users_scale(["s"], {"s": {"a": 2}})
+    (2, 2)
+    """
+    return max((g for q in stream for g in judgments[q].values() if g > 0), default=1)
+
+
 def run_seed(
     prep: Prepared, config: SimulationConfig, seed: int, *, show_progress: bool = False
 ) -> dict[str, Any]:
@@ -261,6 +300,7 @@ def run_seed(
     if not stream or not heldout:
         raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
     judges = {q: Judge(prep.contexts[q], judgments[q], config.k) for q in set(stream) | set(heldout)}
+    scale = users_scale(stream, judgments)
 
     learner_cfg = config.learner_config()
     store = FeedbackStore(":memory:")
@@ -279,7 +319,7 @@ def run_seed(
         config.user, explicit_rate=config.explicit_rate, noise=config.noise,
         reformulation_rate=config.reformulation_rate, answer_k=config.answer_k, depth=config.k,
         mean_delay=config.mean_delay, late_rate=config.late_rate, late_delay=config.late_delay,
-        max_grade=prep.max_grade, seed=stream_seed(seed, "user"),
+        max_grade=scale, seed=stream_seed(seed, "user"),
     )
     rng = random.Random(stream_seed(seed, "queries"))
     # the simulated clock runs in the past, so that no feedback has a timestamp in the future: it ends a lead
@@ -366,7 +406,7 @@ def run_seed(
     deliver(math.inf)
     ens.flush()
     stats = store.counts() if hasattr(store, "counts") else {}
-    settings = _run_settings(prep, config, ens)
+    settings = _run_settings(prep, config, ens, scale)
     ens.close()
     final = {k: v for k, v in curve[-1].items() if k not in ("interactions", "baselines")}
     per_heldout: dict[str, np.ndarray] = {"learned": np.asarray(held_values)}
@@ -450,10 +490,11 @@ def _by_asks(seen: Sequence[str], values: Sequence[float], asked: Mapping[str, i
     return out
 
 
-def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[str, Any]:
+def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any, max_grade: int) -> dict[str, Any]:
     """The settings a run used that ``SimulationConfig`` does not hold: the user's click model, the
-    grades read from the data, the store's reward and window, the retrievers' models, the policy's
-    hyperparameters (its gate, bounds, step, ...), the RRF constant, where the stream came from and the
+    grade scale its users read (``max_grade``, :func:`users_scale`), the store's reward and window, the
+    retrievers' models, the policy's hyperparameters (its gate, bounds, step, ...), the RRF constant, where
+    the stream came from and the
     judged queries each split read left out (``dropped_queries``: split -> ``no_text``, ``no_relevant``,
     as :meth:`~rlfb.datasets.BeirDataset.dropped_queries` counts them). ``stream_split`` is ``None`` where
     no such split was read (the JSON's config takes it from here)."""
@@ -465,7 +506,7 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any) -> dict[st
     splits = (config.split, config.stream_split) if prep.stream_qrels is not None else (config.split,)
     return {
         "click_model": {"click": list(model.click), "stop": list(model.stop)},
-        "max_grade": prep.max_grade,
+        "max_grade": max_grade,
         "models": models,
         "attribution_window": ens.store.attribution_window,
         "reward": {f.name: getattr(reward, f.name) for f in fields(reward) if f.name != "aliases"},
