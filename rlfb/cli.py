@@ -91,6 +91,8 @@ def console() -> None:
 
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # left ignored by the parent: stays so
             signal.signal(signal.SIGTERM, terminate)
+    for stream in (sys.stdout, sys.stderr):
+        _escape_unencodable(stream)
     code = main()
     if code == INTERRUPTED and os.name == "posix":
         for stream in (sys.stdout, sys.stderr):  # a process a signal ends writes out no buffer of its own
@@ -101,6 +103,24 @@ def console() -> None:
         signal.signal(ended_by, signal.SIG_DFL)
         os.kill(os.getpid(), ended_by)
     sys.exit(code)
+
+
+def _escape_unencodable(stream: Any) -> None:
+    """Have ``stream`` write what its encoding cannot hold as ``\\xe9``-style escapes, where it would raise.
+
+    A non-ASCII path printed to an ASCII terminal (``PYTHONIOENCODING=ascii``, an old ``LANG=C``) ended the
+    command in a ``UnicodeEncodeError`` traceback, after its work or part way through its report. Only a
+    stream that is ``strict`` changes: a UTF-8 terminal writes what it wrote before, and a stream set to other
+    error handling (``surrogateescape`` for file names' raw bytes, say) keeps it. The script's streams only:
+    :func:`main` called from Python leaves its caller's streams alone.
+    """
+    reconfigure = getattr(stream, "reconfigure", None)  # None (`>&-`), or a stream that is no TextIOWrapper
+    if reconfigure is None or getattr(stream, "errors", None) != "strict":
+        return
+    try:
+        reconfigure(errors="backslashreplace")
+    except (OSError, ValueError):  # a closed stream: nothing will be written to it anyway
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

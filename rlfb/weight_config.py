@@ -82,8 +82,7 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
         if whole and len(kinds) > 1:
             raise ValidationError(
                 f"the store holds the snapshots of {len(kinds)} kinds of ensemble ("
-                + "; ".join(describe_kind(k) for k in kinds)
-                + "): name one with --retrievers (and --policy), or its --version"
+                + "; ".join(describe_kind(k) for k in kinds) + f"): {_telling_apart(kinds)}"
             )
         return store.load_policy_state(), kinds
     picked = [k for k in kinds if _matches(k, retrievers, policy)]
@@ -93,12 +92,29 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
             None if policy is None else f"policy {policy}") if part)
         there = "; ".join(describe_kind(k) for k in kinds) or "none"
         raise ValidationError(f"the store holds no snapshot of {wanted}; it holds: {there}")
-    if whole and len(picked) > 1:  # the same retrievers and policy, other settings (the memory off, say)
+    if whole and len(picked) > 1:  # other retrievers or policy than named, or other settings (the memory off)
+        named = ("these retrievers and policy" if retrievers is not None and policy is not None
+                 else "these retrievers" if retrievers is not None else "this policy")
         raise ValidationError(
-            f"the store holds {len(picked)} kinds of ensemble with these retrievers and policy ("
-            + "; ".join(describe_kind(k) for k in picked) + "): name one by its --version"
+            f"the store holds {len(picked)} kinds of ensemble with {named} ("
+            + "; ".join(describe_kind(k) for k in picked) + f"): {_telling_apart(picked)}"
         )
     return store.load_policy_state(version=int(picked[0]["version"])), kinds
+
+
+def _telling_apart(kinds: Sequence[Mapping[str, Any]]) -> str:
+    """What to name to pick one of ``kinds``: ``--retrievers`` or ``--policy`` where those differ among them
+    (an option given already matches them all), its ``--version`` always (kinds of the same retrievers and
+    policy differ in settings no option names)."""
+    def retrievers(k: Mapping[str, Any]) -> frozenset[str] | None:
+        weights = k.get("weights")
+        return frozenset(weights) if isinstance(weights, Mapping) else None
+
+    options = [option for option, of in (("--retrievers", retrievers), ("--policy", lambda k: k.get("policy")))
+               if len({of(k) for k in kinds}) > 1]
+    if not options:
+        return "name one by its --version"
+    return f"name one with {', '.join(options)} or its --version"
 
 
 def current_weights(store: Any, *, retrievers: Sequence[str] | None = None, policy: str | None = None,

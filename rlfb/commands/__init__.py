@@ -14,9 +14,9 @@ from typing import Any, TextIO
 from rlfb.files import refuse_overwriting_store, same_file
 
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
-           "refuse_overwriting_store", "refuse_empty_store", "store_file", "check_int", "check_output_name",
-           "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT", "report_beside",
-           "store_for_reading", "snapshot_version"]
+           "refuse_overwriting_store", "refuse_empty_store", "refuse_tableless_store", "store_file", "check_int",
+           "check_output_name", "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT",
+           "report_beside", "store_for_reading", "snapshot_version", "sqlite_tables"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -170,7 +170,6 @@ def _why_opening_writes(path: Path) -> str | None:
 
     from sqlite_utils import Database
 
-    from rlfb.errors import ValidationError
     from rlfb.store.migrations import MIGRATIONS
 
     try:
@@ -181,7 +180,7 @@ def _why_opening_writes(path: Path) -> str | None:
         db = Database(conn)
         tables = db.table_names()
         if not tables:
-            raise ValidationError(f"{path} holds no tables: not an rlfb feedback store")
+            raise _tableless(path)
         if MIGRATIONS.table not in tables:
             return None  # another application's database: the store's opening refuses it before any write
         pending = MIGRATIONS.pending(db)
@@ -244,11 +243,51 @@ def refuse_empty_store(path: str | Path) -> None:
         raise ValidationError(f"{path} is empty: not an rlfb feedback store")
 
 
+def sqlite_tables(path: str | Path) -> list[str] | None:
+    """The names of the tables in the SQLite file at ``path``, read without changing anything; ``None`` where
+    SQLite cannot read it so (not a database, damaged, a WAL-mode file whose side files cannot be made): the
+    caller's own opening then names what is wrong.
+
+    Where no write-ahead log lies beside the file, the file holds the whole database and is read as immutable,
+    which leaves no ``-wal`` and ``-shm`` files behind beside a file that turns out not to be ours."""
+    import sqlite3
+
+    immutable = "" if Path(f"{path}-wal").exists() else "&immutable=1"
+    try:
+        conn = sqlite3.connect(f"file:{_uri_path(Path(path))}?mode=ro{immutable}", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        rows = conn.execute("SELECT name FROM sqlite_master WHERE type = ? ORDER BY name", ("table",)).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return [str(name) for (name,) in rows]
+
+
+def _tableless(path: str | Path) -> Exception:
+    """The error for a SQLite file with no table at all: what the commands that read and that write a store say."""
+    from rlfb.errors import ValidationError
+
+    return ValidationError(f"{path} holds no tables: not an rlfb feedback store")
+
+
+def refuse_tableless_store(path: str | Path) -> None:
+    """Raise :class:`ValidationError` when ``path`` is a SQLite file with no table at all, as the commands that
+    read a store refuse it: opening it as a store writes rlfb's schema into another program's (empty) database.
+    A file with other tables is refused by the store's own opening, before any write."""
+    if sqlite_tables(path) == []:
+        raise _tableless(path)
+
+
 def store_file(path: str) -> str:
-    """The path to open the store file a command names by: refused when empty (:func:`refuse_empty_store`), and
-    a file named ``:memory:`` as ``./:memory:``, which the store would take for an in-memory database (an import
-    into it reported success and wrote nothing)."""
+    """The path to open the store file a command names by: refused when empty (:func:`refuse_empty_store`) or a
+    SQLite file with no tables (:func:`refuse_tableless_store`), and a file named ``:memory:`` as ``./:memory:``,
+    which the store would take for an in-memory database (an import into it reported success and wrote
+    nothing)."""
     refuse_empty_store(path)
+    refuse_tableless_store(path)
     return f"./{path}" if path == ":memory:" else path
 
 

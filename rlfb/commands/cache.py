@@ -11,7 +11,8 @@
 
 ``DIR`` defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``. A ``--dir`` that does not
 exist or is not a folder is an error; a folder (the default included) that holds no cache file
-yet is reported as an empty cache.
+yet is reported as having none, and none is made. A file of that name that is a SQLite database
+without the cache's table (another program's) is refused and left as it is.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rlfb.errors import ValidationError
@@ -28,6 +30,8 @@ __all__ = ["register", "cmd_stats", "cmd_prune"]
 
 
 _DIR_HELP = "cache folder (default: $RLFB_CACHE_DIR, else ~/.cache/rlfb)"
+#: the table every cache file holds (rlfb.retrievers.cache_file's schema)
+_CACHE_TABLE = "encodings"
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -68,11 +72,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
-    print(f"{stats['path']}: {_mb(stats['file_bytes'])} on disk")
+    made = Path(stats["path"]).is_file()
+    print(f"{stats['path']}: {_mb(stats['file_bytes'])} on disk" if made
+          else f"{stats['path']}: no cache file yet (nothing encoded there)")
     bound = stats["max_mb"]
     print(f"  writes keep it within RLFB_CACHE_MAX_MB={bound:g} MB" if bound is not None
           else "  no bound while writing (set RLFB_CACHE_MAX_MB, or run rlfb cache prune)")
-    if not stats["models"]:
+    if made and not stats["models"]:
         print("  (no encodings)")
     for m in stats["models"]:
         print(f"  {m['model_key']}: {m['entries']:,} encodings, {_mb(m['bytes'])}, "
@@ -105,7 +111,7 @@ def _check_dir(directory: str | None) -> None:
     ``--dir`` would report "no encodings" or "removed 0". A ``--dir`` must be an existing folder.
     The default folder may not exist yet (nothing was ever encoded): that is an empty cache, not
     an error; but when it exists it must be a folder too. In either, ``embeddings.sqlite`` must
-    be a file if it exists.
+    be a file if it exists, and not another program's database (:func:`_refuse_foreign_file`).
     """
     from rlfb.retrievers.cache_file import _cache_file
 
@@ -120,6 +126,24 @@ def _check_dir(directory: str | None) -> None:
         raise ValidationError(f"no embedding cache at {shown}: not a folder")
     if file.exists() and not file.is_file():
         raise ValidationError(f"no embedding cache at {shown}: {file} is not a file")
+    _refuse_foreign_file(file)
+
+
+def _refuse_foreign_file(file: Path) -> None:
+    """Raise :class:`ValidationError` where ``file`` is a SQLite database without the cache's table: opening it
+    as the cache (stats and prune do) writes the table into another program's file. Read without changing it;
+    a missing or empty file is no cache yet, and one SQLite cannot read is the cache functions' to name."""
+    from rlfb.commands import sqlite_tables
+
+    if not file.is_file() or file.stat().st_size == 0:
+        return
+    tables = sqlite_tables(file)
+    if tables is not None and _CACHE_TABLE not in tables:
+        held = f"other tables {tables[:5]}" if tables else "no tables"
+        raise ValidationError(
+            f"{file} is not an rlfb embedding cache: it holds {held}; left as it is (move it away, and rlfb "
+            "makes its cache there when it next encodes)"
+        )
 
 
 def _mb(n: int) -> str:
