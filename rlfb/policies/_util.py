@@ -16,12 +16,15 @@ from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 
 __all__ = [
     "BasePolicy",
+    "DEFAULT_BOUNDS",
     "check_bounds",
     "check_float",
+    "check_within_bounds",
     "check_int",
     "clock_decay",
     "chunk_evidence",
     "decay_factor",
+    "default_bounds",
     "episode_time",
     "logged_weights",
     "pdgd_pairs",
@@ -123,6 +126,22 @@ def check_bounds(bounds: Any) -> tuple[float, float]:
     return lo, hi
 
 
+#: The weight bounds of a policy given none, up to 10 retrievers (:func:`default_bounds`).
+DEFAULT_BOUNDS = (0.05, 0.95)
+
+
+def default_bounds(n: int) -> tuple[float, float]:
+    """The weight bounds of a policy over ``n`` retrievers that was given none: :data:`DEFAULT_BOUNDS`, with the
+    lower bound at most ``0.5/n``. A lower bound of ``1/n`` or more pins every weight at ``1/n`` (0.05 did so
+    from 20 retrievers on); half of it leaves the weights room to move. The same as (0.05, 0.95) up to 10.
+
+    >>> default_bounds(3), default_bounds(10), default_bounds(20)
+    ((0.05, 0.95), (0.05, 0.95), (0.025, 0.95))
+    """
+    lo, hi = DEFAULT_BOUNDS
+    return min(lo, 0.5 / n), hi
+
+
 def validate_retrievers(retrievers: Any) -> tuple[str, ...]:
     """Return the retriever names as a tuple; they must be distinct non-empty strings.
 
@@ -220,7 +239,9 @@ def project_simplex(v: np.ndarray, lo: float = 0.0, hi: float = 1.0) -> np.ndarr
 
     This is "clip to the bounds and renormalise" done exactly: the result is
     ``clip(v - theta, lo, hi)`` for the shift ``theta`` that makes it sum to one.
-    When the bounds cannot hold for ``n`` weights they are widened to ``1/n``.
+    When the bounds cannot hold for ``n`` weights they are widened to ``1/n``: then every
+    weight is ``1/n``. The policies refuse such bounds (``BasePolicy._check_bounds_fit``),
+    and their default lower bound stays under ``1/n`` (:func:`default_bounds`).
 
     >>> project_simplex(np.array([1.0, 0.0, 0.0]), 0.05, 0.95).round(3).tolist()
     [0.9, 0.05, 0.05]
@@ -557,6 +578,24 @@ def check_at_most(what: str, value: Any, most: float) -> None:
         raise CorruptStateError(f"{what} is {top:g}, more than the {most:g} its updates could add")
 
 
+def check_within_bounds(key: str, weights: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
+    """``weights``, read from the policy state field ``key``, or :class:`CorruptStateError` where one lies outside
+    ``bounds`` as :func:`project_simplex` applies them (widened to ``1/n``) by more than float round-off: a policy
+    projects every weight it keeps within them, so one outside was written by hand, and was served as it was.
+
+    >>> check_within_bounds("weights", np.array([0.99, 0.01]), (0.05, 0.95))
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.CorruptStateError: policy state field 'weights' holds weights outside the policy's bounds ...
+    """
+    n = weights.shape[0]
+    lo, hi = min(bounds[0], 1.0 / n), max(bounds[1], 1.0 / n)
+    if np.any(weights < lo - 1e-9) or np.any(weights > hi + 1e-9):
+        raise CorruptStateError(f"policy state field {key!r} holds weights outside the policy's bounds "
+                                f"[{lo:g}, {hi:g}]: {weights.tolist()}")
+    return weights
+
+
 def check_simplex(what: str, weights: np.ndarray) -> np.ndarray:
     """``weights``, or :class:`CorruptStateError` where they are not on the simplex (non-negative, summing to 1),
     as every policy keeps and logs its weights."""
@@ -597,14 +636,24 @@ class BasePolicy:
         self._lr_scale = 1.0
         self._explore_scale = 1.0
 
+    def _bounds_or_default(self, bounds: tuple[float, float] | None) -> tuple[float, float]:
+        """The bounds given, or where none were (``None``, the constructors' default) :func:`default_bounds` for
+        this policy's number of retrievers: only the default adapts to ``n``. ``hyper.bounds``, and the saved
+        ``params`` a learner is rebuilt from, hold the bounds in use."""
+        return default_bounds(len(self.retrievers)) if bounds is None else bounds
+
     def _check_bounds_fit(self, bounds: tuple[float, float]) -> None:
-        """Refuse an upper bound under ``1/n``: no ``n`` weights under it sum to 1, and the projection widened it
-        to ``1/n``, so the policy kept equal weights for ever while its ``hyper.bounds`` said otherwise. (A lower
-        bound over ``1/n``, as the default 0.05 is for over 20 retrievers, is widened as documented.)"""
+        """Refuse bounds that leave ``n`` weights no room: an upper bound under ``1/n`` (no ``n`` weights under it
+        sum to 1) or a lower bound at or over ``1/n`` (only ``1/n`` each do). The projection widened either to
+        ``1/n``, so the policy kept equal weights for ever while its ``hyper.bounds`` said otherwise. The default
+        lower bound stays under ``1/n`` (:func:`default_bounds`): only bounds given explicitly are refused."""
         n = len(self.retrievers)
         if n > 1 and bounds[1] * n < 1.0 - 1e-12:
             raise ValidationError(f"bounds {tuple(bounds)} cannot hold {n} weights summing to 1: the upper bound "
                                   f"must be at least 1/{n}")
+        if n > 1 and bounds[0] * n >= 1.0 - 1e-12:
+            raise ValidationError(f"bounds {tuple(bounds)} pin each of {n} weights at 1/{n}: the lower bound must "
+                                  f"be under 1/{n} (leave bounds out for a default that fits {n} retrievers)")
 
     # -- tuning by the guardrail
     def tune(self, *, learning_rate: float = 1.0, exploration: float = 1.0) -> BasePolicy:

@@ -15,7 +15,8 @@ weights that scored better within the batch. ``d`` is divided by the mean
 distance of the logged weights from ``w`` (so a batch whose rewards line up
 perfectly with one direction moves the weights by ``learning_rate``), the step
 is bounded by ``max_step``, and the result is clipped to ``bounds`` and
-renormalised.
+renormalised ((0.05, 0.95) by default, the lower bound at most ``0.5/n`` for
+``n`` retrievers, so that the weights can move).
 
 To have anything to compare, its decisions vary: with ``explore=True`` it
 plays, with equal probability, the current weights or a step from them towards
@@ -43,6 +44,7 @@ from rlfb.policies._util import (
     check_float,
     check_int,
     check_simplex,
+    check_within_bounds,
     float_list,
     logged_weights,
     plain_numbers,
@@ -75,7 +77,7 @@ class BatchParams:
     positive_threshold: float = 0.5
     negative_threshold: float = -0.5
     concentration: float = 200.0
-    bounds: tuple[float, float] = (0.05, 0.95)
+    bounds: tuple[float, float] = (0.05, 0.95)  # the policy passes default_bounds(n) where none are given
 
     def __post_init__(self) -> None:
         plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
@@ -100,7 +102,9 @@ class BatchPolicy(BasePolicy):
     weights
         The starting (default) weights; ``None`` for equal weights.
     batch_size, learning_rate, max_step, positive_threshold, negative_threshold, concentration, bounds
-        See :class:`BatchParams` and the module docstring.
+        See :class:`BatchParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
+        bound at most ``0.5/n`` (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.
 
@@ -126,7 +130,7 @@ class BatchPolicy(BasePolicy):
         positive_threshold: float = 0.5,
         negative_threshold: float = -0.5,
         concentration: float = 200.0,
-        bounds: tuple[float, float] = (0.05, 0.95),
+        bounds: tuple[float, float] | None = None,
         seed: int | None = 0,
     ) -> None:
         super().__init__(retrievers, seed)
@@ -137,7 +141,7 @@ class BatchPolicy(BasePolicy):
             positive_threshold=positive_threshold,
             negative_threshold=negative_threshold,
             concentration=concentration,
-            bounds=bounds,
+            bounds=self._bounds_or_default(bounds),
         )
         self._check_bounds_fit(self.hyper.bounds)
         lo, hi = self.hyper.bounds
@@ -258,6 +262,10 @@ class BatchPolicy(BasePolicy):
         # the default too: one off the simplex loaded, and the next save could not be rebuilt (InvalidWeightsError)
         w = check_simplex("saved batch weights", read_array(state, "weights", n))
         default = check_simplex("saved batch default weights", read_array(state, "default", n))
+        # both are projected within the bounds whenever they change: outside them they were served as they were
+        # (the buffer's logged weights are another policy's, or explored ones, and need not be)
+        check_within_bounds("weights", w, self.hyper.bounds)
+        check_within_bounds("default", default, self.hyper.bounds)
         buffer = []
         for i, item in enumerate(read_field(state, "buffer", list)):
             try:

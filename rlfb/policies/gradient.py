@@ -46,7 +46,8 @@ Safety. The learning rate decays (``learning_rate / sqrt(1 + t / lr_decay)``,
 never below ``min_learning_rate`` unless ``learning_rate`` itself is lower); every step is pulled back towards the
 default weights with strength ``shrinkage`` (at equilibrium the weights sit
 ``signal / shrinkage`` away from the default) and bounded by ``max_step``; the
-weights are projected back onto the simplex with ``bounds`` (0.05, 0.95).
+weights are projected back onto the simplex with ``bounds`` ((0.05, 0.95) by
+default, the lower bound at most ``0.5/n`` for ``n`` retrievers, so that they can move).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from rlfb.policies._util import (
     check_bounds,
     check_float,
     check_simplex,
+    check_within_bounds,
     float_list,
     logged_weights,
     pdgd_pairs,
@@ -164,7 +166,7 @@ class GradientParams:
     evidence_z: float = 3.0
     window: float = 200.0
     max_step: float = 0.05
-    bounds: tuple[float, float] = (0.05, 0.95)
+    bounds: tuple[float, float] = (0.05, 0.95)  # the policy passes default_bounds(n) where none are given
 
     def __post_init__(self) -> None:
         plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
@@ -192,7 +194,9 @@ class GradientPolicy(BasePolicy):
     weights
         The default weights (start and shrinkage target); ``None`` for equal weights.
     learning_rate, lr_decay, min_learning_rate, temperature, shrinkage, max_step, bounds
-        See :class:`GradientParams` and the module docstring.
+        See :class:`GradientParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
+        bound at most ``0.5/n`` (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.
 
@@ -222,14 +226,14 @@ class GradientPolicy(BasePolicy):
         evidence_z: float = 3.0,
         window: float = 200.0,
         max_step: float = 0.05,
-        bounds: tuple[float, float] = (0.05, 0.95),
+        bounds: tuple[float, float] | None = None,
         seed: int | None = 0,
     ) -> None:
         super().__init__(retrievers, seed)
         self.hyper = GradientParams(
             learning_rate=learning_rate, lr_decay=lr_decay, min_learning_rate=min_learning_rate,
             temperature=temperature, shrinkage=shrinkage, evidence_z=evidence_z, window=window,
-            max_step=max_step, bounds=bounds,
+            max_step=max_step, bounds=self._bounds_or_default(bounds),
         )
         self._check_bounds_fit(self.hyper.bounds)
         lo, hi = self.hyper.bounds
@@ -419,6 +423,9 @@ class GradientPolicy(BasePolicy):
         n = len(self.retrievers)
         w = check_simplex("saved gradient weights", read_array(state, "weights", n))
         default = check_simplex("saved gradient default weights", read_array(state, "default", n))
+        # both are projected within the bounds whenever they change: outside them they were served as they were
+        check_within_bounds("weights", w, self.hyper.bounds)
+        check_within_bounds("default", default, self.hyper.bounds)
         sums = read_field(state, "grad_sums", list)
         if len(sums) != 3:
             raise CorruptStateError(f"policy state field 'grad_sums' must hold a count, a sum and a sum of squares, "

@@ -3,7 +3,8 @@
 Arms. Arm 0, ``"default"``, is the default weights (equal unless given); the
 others are the points of a grid on the simplex with step ``step`` (0.1 gives 66
 arms for three retrievers, ``C(1/step + n - 1, n - 1)`` for ``n``), clipped to
-``bounds``.
+``bounds`` ((0.05, 0.95) by default, the lower bound at most ``0.5/n``: see
+:func:`~rlfb.policies._util.default_bounds`).
 
 Posteriors. Each arm's mean reward has a Gaussian posterior. Neighbouring arms
 share evidence through a Gaussian kernel of width ``bandwidth`` over the weight
@@ -84,6 +85,7 @@ from rlfb.policies._util import (
     check_float,
     check_int,
     check_simplex,
+    check_within_bounds,
     clock_decay,
     episode_time,
     float_list,
@@ -191,7 +193,7 @@ class ThompsonParams:
     half_life_days: float | None = 45.0
     contextual: bool = True
     propensity_draws: int = 32
-    bounds: tuple[float, float] = (0.05, 0.95)
+    bounds: tuple[float, float] = (0.05, 0.95)  # the policy passes default_bounds(n) where none are given
     max_arms: int = 5000
     counterfactual: bool = True
     cf_min_clicks: float = 20.0
@@ -251,7 +253,9 @@ class ThompsonPolicy(BasePolicy):
     weights
         The default weights (arm 0, where the policy starts); ``None`` for equal weights.
     step, exploration, epsilon, ..., bounds
-        See :class:`ThompsonParams` and the module docstring.
+        See :class:`ThompsonParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
+        bound at most ``0.5/n`` (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.
 
@@ -289,7 +293,7 @@ class ThompsonPolicy(BasePolicy):
         half_life_days: float | None = 45.0,
         contextual: bool = True,
         propensity_draws: int = 32,
-        bounds: tuple[float, float] = (0.05, 0.95),
+        bounds: tuple[float, float] | None = None,
         max_arms: int = 5000,
         counterfactual: bool = True,
         cf_min_clicks: float = 20.0,
@@ -306,7 +310,8 @@ class ThompsonPolicy(BasePolicy):
             bandwidth=bandwidth, noise=noise, gate_z=gate_z, min_samples=min_samples,
             default_after=default_after, default_step=default_step, forget=forget,
             half_life_days=half_life_days, contextual=contextual, propensity_draws=propensity_draws,
-            bounds=bounds, max_arms=max_arms, counterfactual=counterfactual, cf_min_clicks=cf_min_clicks,
+            bounds=self._bounds_or_default(bounds), max_arms=max_arms, counterfactual=counterfactual,
+            cf_min_clicks=cf_min_clicks,
             cf_min_questions=cf_min_questions, cf_gate_z=cf_gate_z, cf_max_queries=cf_max_queries,
         )
         self._check_bounds_fit(self.hyper.bounds)
@@ -697,6 +702,7 @@ class ThompsonPolicy(BasePolicy):
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
         default = check_simplex("saved default weights", read_array(state, "default", len(self.retrievers)))
+        check_within_bounds("default", default, self.hyper.bounds)  # every default is projected within them
         stats = {}
         for key, rows in read_field(state, "stats", Mapping).items():
             arr = np.asarray(rows, dtype=float)
@@ -749,6 +755,11 @@ class ThompsonPolicy(BasePolicy):
         if stats and GLOBAL not in stats:
             raise CorruptStateError(f"thompson state has arm statistics of query types {sorted(stats)} but none "
                                     f"global ({GLOBAL!r}): field 'stats' lost them")
+        # a click adds to the global click evidence as to its type's: a type's without the global one left the
+        # types that have too few clicks of their own deciding by arm sampling, as if nothing were clicked
+        if clicks and GLOBAL not in clicks:
+            raise CorruptStateError(f"thompson state has click evidence of query types {sorted(clicks)} but none "
+                                    f"global ({GLOBAL!r}): field 'clicks' lost it")
         for key, t in clock.items():
             if t > clock.get(GLOBAL, 0.0):
                 raise CorruptStateError(f"thompson's clock of {key!r} ({t:g}) is past its global clock "
