@@ -65,6 +65,7 @@ from rlfb.policies._util import (
     chunk_evidence,
     episode_time,
     logged_weights,
+    saved_bounds,
     saved_count,
     score_scale,
     shared_credit,
@@ -590,9 +591,9 @@ class Learner:
         try:
             pstate = state["policy"]
             params = dict(pstate["params"])
-            if "bounds" in params:
-                params["bounds"] = tuple(params["bounds"])
             retrievers = tuple(state["retrievers"])
+            if "bounds" in params:  # an older default that pinned the weights is read as today's (saved_bounds)
+                params["bounds"] = saved_bounds(tuple(params["bounds"]), len(retrievers))
             policy = make_policy(str(pstate["name"]), retrievers, **params, seed=pstate.get("seed"))
             learner = cls(
                 retrievers,

@@ -3,7 +3,8 @@
 A saved ``thompson`` state whose global click evidence was removed while a query type's stayed loaded; saved weights
 outside a policy's own bounds loaded and were served as they were; and a lower bound over ``1/n`` was widened to
 ``1/n``, which pinned every weight there: the default 0.05 did so from 20 retrievers on. The default lower bound is
-now at most ``0.5/n`` (0.05 up to 10 retrievers), and a lower bound given at or over ``1/n`` is refused.
+``0.5/n`` from 20 retrievers on (0.05 below, as before), and a lower bound given at or over ``1/n`` is refused; a
+saved state with the old default over 20 or more retrievers rebuilds with the new one.
 """
 
 from __future__ import annotations
@@ -155,15 +156,44 @@ def test_a_many_retriever_policys_own_state_loads_and_rebuilds_from_its_params(n
 # ---------------------------------------------------------------------------- 3. a lower bound that leaves room
 
 
-def test_the_default_bounds_are_unchanged_up_to_ten_retrievers_and_leave_room_beyond() -> None:
-    for n in range(1, 11):
+def test_the_default_bounds_are_unchanged_below_twenty_retrievers_and_leave_room_beyond() -> None:
+    for n in range(1, 20):  # unchanged where 0.05 leaves room: earlier snapshots stay of the same kind
         assert default_bounds(n) == (0.05, 0.95)
-    for n in (11, 19, 20, 25, 100):
+    for n in (20, 25, 100):
         lo, hi = default_bounds(n)
         assert lo == pytest.approx(0.5 / n) and lo * n < 1.0 and hi == 0.95
     for name in ("thompson", "epsilon", "gradient", "batch"):
         assert make_policy(name, RETRIEVERS).hyper.bounds == (0.05, 0.95)
         assert make_policy(name, RETRIEVERS).params()["bounds"] == [0.05, 0.95]
+        kwargs: dict[str, Any] = {"step": 0.5} if name in ("thompson", "epsilon") else {}
+        assert make_policy(name, tuple(f"r{i}" for i in range(12)), **kwargs).hyper.bounds == (0.05, 0.95)
+
+
+@pytest.mark.parametrize("name", ["batch", "gradient"])
+def test_a_state_saved_with_the_old_pinning_default_rebuilds_with_todays(name: str) -> None:
+    # earlier versions' 20-retriever default policy saved bounds (0.05, 0.95), which the policies now refuse:
+    # its learner was called damaged by the CLI (which offered to drop the snapshot) and its folder did not load
+    retrievers = tuple(f"r{i}" for i in range(20))
+    learner = Learner(retrievers, make_policy(name, retrievers, seed=0), LearnerConfig())
+    state = json.loads(json.dumps(learner.state_dict()))
+    state["policy"]["params"]["bounds"] = [0.05, 0.95]  # as the old code saved it; its weights are 1/20 each
+    for key in ("weights", "default"):
+        state["policy"]["state"][key] = [1 / 20] * 20
+    again = Learner.from_state_dict(state)
+    assert again.policy.hyper.bounds == default_bounds(20) == (0.025, 0.95)
+    assert again.weights() == pytest.approx({r: 1 / 20 for r in retrievers})
+    state["policy"]["params"]["bounds"] = [0.06, 0.95]  # not the old default: given so, refused as ever
+    with pytest.raises(CorruptStateError, match="lower bound must be under 1/20"):
+        Learner.from_state_dict(state)
+
+
+def test_saved_weights_below_the_lower_or_above_the_upper_bound_alone_are_refused() -> None:
+    bounds = (0.1, 0.7)
+    check_within_bounds("weights", np.array([0.7, 0.2, 0.1]), bounds)  # at both bounds: fine
+    with pytest.raises(CorruptStateError, match="outside the policy's bounds"):
+        check_within_bounds("weights", np.array([0.6, 0.35, 0.05]), bounds)  # only under the lower one
+    with pytest.raises(CorruptStateError, match="outside the policy's bounds"):
+        check_within_bounds("weights", np.array([0.8, 0.1, 0.1]), bounds)  # only over the upper one
 
 
 def _one_sided(policy: Any, retrievers: tuple[str, ...], n: int) -> None:

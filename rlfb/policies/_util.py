@@ -25,6 +25,7 @@ __all__ = [
     "chunk_evidence",
     "decay_factor",
     "default_bounds",
+    "saved_bounds",
     "episode_time",
     "logged_weights",
     "pdgd_pairs",
@@ -126,20 +127,33 @@ def check_bounds(bounds: Any) -> tuple[float, float]:
     return lo, hi
 
 
-#: The weight bounds of a policy given none, up to 10 retrievers (:func:`default_bounds`).
+#: The weight bounds of a policy given none, up to 19 retrievers (:func:`default_bounds`).
 DEFAULT_BOUNDS = (0.05, 0.95)
 
 
 def default_bounds(n: int) -> tuple[float, float]:
-    """The weight bounds of a policy over ``n`` retrievers that was given none: :data:`DEFAULT_BOUNDS`, with the
-    lower bound at most ``0.5/n``. A lower bound of ``1/n`` or more pins every weight at ``1/n`` (0.05 did so
-    from 20 retrievers on); half of it leaves the weights room to move. The same as (0.05, 0.95) up to 10.
+    """The weight bounds of a policy over ``n`` retrievers that was given none: :data:`DEFAULT_BOUNDS` while its
+    lower bound leaves ``n`` weights room to move (up to 19 retrievers), else a lower bound of ``0.5/n``. A lower
+    bound of ``1/n`` or more pins every weight at ``1/n``, as 0.05 did from 20 retrievers on. Below 20 the
+    bounds stay what earlier versions saved, so that their snapshots are still of the same kind.
 
-    >>> default_bounds(3), default_bounds(10), default_bounds(20)
+    >>> default_bounds(3), default_bounds(19), default_bounds(20)
     ((0.05, 0.95), (0.05, 0.95), (0.025, 0.95))
     """
     lo, hi = DEFAULT_BOUNDS
-    return min(lo, 0.5 / n), hi
+    return (lo, hi) if lo * n < 1.0 - 1e-12 else (0.5 / n, hi)
+
+
+def saved_bounds(bounds: tuple[float, float], n: int) -> tuple[float, float]:
+    """Bounds as a saved state's hyperparameters give them, to rebuild its policy with: :data:`DEFAULT_BOUNDS`
+    that pin ``n`` weights at ``1/n`` (the default of 20 or more retrievers in earlier versions, which the policies
+    now refuse) read as :func:`default_bounds`; such a state's weights are ``1/n`` each, within those too.
+
+    >>> saved_bounds((0.05, 0.95), 3), saved_bounds((0.05, 0.95), 20), saved_bounds((0.0, 1.0), 20)
+    ((0.05, 0.95), (0.025, 0.95), (0.0, 1.0))
+    """
+    pins = tuple(bounds) == DEFAULT_BOUNDS and DEFAULT_BOUNDS[0] * n >= 1.0 - 1e-12
+    return default_bounds(n) if pins else tuple(bounds)  # type: ignore[return-value]
 
 
 def validate_retrievers(retrievers: Any) -> tuple[str, ...]:
@@ -717,6 +731,9 @@ class BasePolicy:
             lr_scale = read_number({"lr_scale": 1.0, **state}, "lr_scale", 0.0, 10.0)
             explore_scale = read_number({"explore_scale": 1.0, **state}, "explore_scale", 0.0, 10.0)
             saved, ours = state.get("params"), self.params()
+            if isinstance(saved, Mapping) and isinstance(saved.get("bounds"), list) and len(saved["bounds"]) == 2:
+                # the old default that pinned the weights, as today's default (saved_bounds)
+                saved = {**saved, "bounds": list(saved_bounds(tuple(saved["bounds"]), len(self.retrievers)))}
             if isinstance(saved, Mapping):
                 from rlfb.policies.base import same_hyperparameters  # base imports this module
 

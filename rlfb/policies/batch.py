@@ -15,8 +15,8 @@ weights that scored better within the batch. ``d`` is divided by the mean
 distance of the logged weights from ``w`` (so a batch whose rewards line up
 perfectly with one direction moves the weights by ``learning_rate``), the step
 is bounded by ``max_step``, and the result is clipped to ``bounds`` and
-renormalised ((0.05, 0.95) by default, the lower bound at most ``0.5/n`` for
-``n`` retrievers, so that the weights can move).
+renormalised ((0.05, 0.95) by default, with a lower bound of ``0.5/n`` from 20
+retrievers on, where 0.05 would pin every weight at ``1/n``).
 
 To have anything to compare, its decisions vary: with ``explore=True`` it
 plays, with equal probability, the current weights or a step from them towards
@@ -103,7 +103,7 @@ class BatchPolicy(BasePolicy):
         The starting (default) weights; ``None`` for equal weights.
     batch_size, learning_rate, max_step, positive_threshold, negative_threshold, concentration, bounds
         See :class:`BatchParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
-        bound at most ``0.5/n`` (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
         over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.

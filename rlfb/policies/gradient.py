@@ -47,7 +47,7 @@ never below ``min_learning_rate`` unless ``learning_rate`` itself is lower); eve
 default weights with strength ``shrinkage`` (at equilibrium the weights sit
 ``signal / shrinkage`` away from the default) and bounded by ``max_step``; the
 weights are projected back onto the simplex with ``bounds`` ((0.05, 0.95) by
-default, the lower bound at most ``0.5/n`` for ``n`` retrievers, so that they can move).
+default, with a lower bound of ``0.5/n`` from 20 retrievers on, where 0.05 would pin them).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class GradientPolicy(BasePolicy):
         The default weights (start and shrinkage target); ``None`` for equal weights.
     learning_rate, lr_decay, min_learning_rate, temperature, shrinkage, max_step, bounds
         See :class:`GradientParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
-        bound at most ``0.5/n`` (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
         over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.

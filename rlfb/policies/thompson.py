@@ -3,7 +3,7 @@
 Arms. Arm 0, ``"default"``, is the default weights (equal unless given); the
 others are the points of a grid on the simplex with step ``step`` (0.1 gives 66
 arms for three retrievers, ``C(1/step + n - 1, n - 1)`` for ``n``), clipped to
-``bounds`` ((0.05, 0.95) by default, the lower bound at most ``0.5/n``: see
+``bounds`` ((0.05, 0.95) by default, the lower bound ``0.5/n`` from 20 retrievers on: see
 :func:`~rlfb.policies._util.default_bounds`).
 
 Posteriors. Each arm's mean reward has a Gaussian posterior. Neighbouring arms
@@ -254,7 +254,7 @@ class ThompsonPolicy(BasePolicy):
         The default weights (arm 0, where the policy starts); ``None`` for equal weights.
     step, exploration, epsilon, ..., bounds
         See :class:`ThompsonParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
-        bound at most ``0.5/n`` (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
         over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.
