@@ -95,19 +95,31 @@ def test_a_write_command_refuses_a_sqlite_file_with_no_tables(tmp_path: Path, ca
 # -- 2. cache stats and prune on a file named like the cache ----------------------------------------------------
 @pytest.mark.parametrize("action", [["stats"], ["stats", "--json"], ["prune", "--max-mb", "1"],
                                     ["prune", "--unused-days", "0"]], ids=" ".join)
-@pytest.mark.parametrize("tables", [["CREATE TABLE notes (x)", "INSERT INTO notes VALUES (1)"], []],
-                         ids=["other-tables", "no-tables"])
-def test_the_cache_commands_refuse_another_programs_file_and_leave_it(tmp_path: Path, capsys, action: list[str],
-                                                                      tables: list[str]) -> None:
+def test_the_cache_commands_refuse_another_programs_file_and_leave_it(tmp_path: Path, capsys,
+                                                                      action: list[str]) -> None:
     # stats and prune opened it as the cache: the encodings table and WAL mode were written into it
-    file = sqlite_file(tmp_path / "embeddings.sqlite", *tables)
+    file = sqlite_file(tmp_path / "embeddings.sqlite", "CREATE TABLE notes (x)", "INSERT INTO notes VALUES (1)")
     before = file.read_bytes()
     assert main(["cache", action[0], "--dir", str(tmp_path), *action[1:]]) == 2
     line = one_error_line(capsys)
     assert f"{file} is not an rlfb embedding cache" in line
-    assert ("other tables ['notes']" if tables else "no tables") in line
+    assert "other tables ['notes']" in line
     assert file.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["embeddings.sqlite"]
+
+
+@pytest.mark.parametrize("wal", [False, True], ids=["rollback", "wal"])
+def test_a_cache_file_with_no_table_yet_or_empty_is_an_empty_cache(tmp_path: Path, capsys, wal: bool) -> None:
+    # what an encoder stopped between setting WAL mode and making its table leaves (and goes on using), or an
+    # empty file: no encodings, not another program's file
+    def tableless(file: Path) -> None:  # a header, user_version 0 and no table
+        sqlite_file(file, "CREATE TABLE t (x)", "DROP TABLE t", wal=wal)
+
+    for folder, make in (("tableless", tableless), ("empty", lambda f: f.touch())):
+        (tmp_path / folder).mkdir()
+        make(tmp_path / folder / "embeddings.sqlite")
+        assert main(["cache", "stats", "--dir", str(tmp_path / folder), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["models"] == []
 
 
 def test_cache_stats_of_no_cache_says_so_and_makes_none(tmp_path: Path, capsys) -> None:
@@ -159,6 +171,85 @@ def test_a_path_an_ascii_terminal_cannot_encode_is_escaped_not_a_traceback(tmp_p
     done = run_cli(tmp_path, "utf-8", "cache", "stats", "--dir", str(folder))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{folder}/embeddings.sqlite: ")
+
+
+def test_only_a_strict_stream_is_made_to_escape_and_console_does_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rlfb import cli
+
+    strict = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="strict")
+    cli._escape_unencodable(strict)
+    strict.write("caf\u00e9")
+    strict.flush()
+    assert strict.buffer.getvalue() == b"caf\\xe9"
+    raw = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="surrogateescape")
+    cli._escape_unencodable(raw)
+    assert raw.errors == "surrogateescape"  # a stream set otherwise keeps its setting
+    cli._escape_unencodable(None)  # a closed descriptor (`>&-`): nothing to do
+    # the script's two streams, whatever the command writes to
+    out = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="strict")
+    err = io.TextIOWrapper(io.BytesIO(), encoding="ascii", errors="strict")
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(sys, "argv", ["rlfb", "store", "stats", "/nonexistent/\u00e9.db"])
+    with pytest.raises(SystemExit) as ended:
+        cli.console()
+    assert ended.value.code == 2
+    err.flush()
+    assert err.buffer.getvalue() == b"rlfb: error: no feedback store at /nonexistent/\\xe9.db\n"
+    assert out.errors == "backslashreplace"
+
+
+@pytest.mark.parametrize("name", ["a b.db", "q?x=1.db", "h#1.db", "p%20c.db", "p%3Fd.db"])
+def test_paths_a_sqlite_uri_would_misread_are_checked_as_themselves(tmp_path: Path, capsys, name: str) -> None:
+    from rlfb.commands import refuse_tableless_store, sqlite_tables
+
+    blank = sqlite_file(tmp_path / f"blank {name}")
+    before = blank.read_bytes()
+    assert sqlite_tables(blank) == []
+    assert main(["weights", "import", str(blank), str(weights_file(tmp_path))]) == 2
+    assert "holds no tables" in one_error_line(capsys)
+    assert blank.read_bytes() == before
+    store = save_kinds(tmp_path / name, (("bm25", "dense"), "gradient"))
+    refuse_tableless_store(store)
+    assert "policy_snapshots" in (sqlite_tables(store) or [])
+    assert main(["weights", "import", str(store), str(weights_file(tmp_path))]) == 0
+    assert "imported as version 2" in capsys.readouterr().out
+
+
+def test_a_store_whose_tables_are_still_in_its_write_ahead_log_is_not_taken_for_a_blank_file(tmp_path: Path,
+                                                                                              capsys) -> None:
+    # read as immutable, the main file alone holds no table while another connection keeps the log unmerged
+    from rlfb.commands import sqlite_tables
+
+    path = tmp_path / "live.db"
+    holder = sqlite3.connect(path)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("PRAGMA wal_autocheckpoint = 0")  # nothing merged into the main file while it is open
+    held = FeedbackStore(path)
+    try:
+        learner = Learner(("bm25", "dense"), policy="gradient")
+        held.save_policy_state(learner.state_dict(), learner.weights(), policy=learner.policy_name,
+                               timestamp=time.time())
+        assert Path(f"{path}-wal").exists()
+        assert "policy_snapshots" in (sqlite_tables(path) or [])
+        assert main(["weights", "import", str(path), str(weights_file(tmp_path))]) == 0
+        assert "imported as version 2" in capsys.readouterr().out
+    finally:
+        held.close()
+        holder.close()
+
+
+def test_a_file_sqlite_cannot_read_is_left_to_the_stores_own_error(tmp_path: Path, capsys) -> None:
+    from rlfb.commands import refuse_tableless_store, sqlite_tables
+
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database at all " * 200)
+    assert sqlite_tables(junk) is None
+    refuse_tableless_store(junk)  # not "holds no tables": SQLite cannot tell
+    assert main(["weights", "import", str(junk), str(weights_file(tmp_path))]) == 2
+    assert "holds no tables" not in one_error_line(capsys)
 
 
 # -- 4. which option tells two kinds of ensemble apart ----------------------------------------------------------

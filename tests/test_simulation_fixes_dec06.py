@@ -115,3 +115,24 @@ def test_one_judged_query_without_a_train_split_names_the_file(tmp_path: Path) -
     with pytest.raises(ValidationError, match=r"^beir: qrels/test.tsv judges only one query .* without a "
                                               r"qrels/train.tsv a seeded half .* both the stream and the held-out"):
         prepare(data, CONFIG)
+
+
+def test_a_run_whose_seeds_stream_other_top_grades_gives_each_seeds_scale(tmp_path: Path) -> None:
+    from rlfb.simulation.runner import simulate
+
+    binary = [f"q{i} d{i} 1" for i in range(len(WORDS))]
+    graded = prepare(load_beir(write_beir(tmp_path / "graded", ["q0 d0 3", *binary[1:]])), CONFIG)
+    held = next(s for s in range(100) if "q0" in _parts(graded, CONFIG, s).heldout)
+    streamed = next(s for s in range(100) if "q0" in _parts(graded, CONFIG, s).stream)
+    config = SimulationConfig(policy="fixed", interactions=5, seeds=(held, streamed), checkpoints=1,
+                              retrievers=("bm25",))
+    out = simulate(graded.dataset, config, prepared=graded)
+    assert out["config"]["max_grade"] == [1, 3]
+
+
+def test_a_train_split_of_another_corpus_is_named_as_such(tmp_path: Path) -> None:
+    # every relevant judgment of train.tsv names a document corpus.jsonl lacks: say so, not "judges no query"
+    data = load_beir(write_beir(tmp_path / "beir", ["q0 d0 1", "q1 d1 1"], ["q4 x4 1", "q5 x5 1"]))
+    with pytest.raises(ValidationError, match=r"^beir: none of the 2 relevant judgments of qrels/train.tsv names a "
+                                              r"document of corpus.jsonl$"):
+        prepare(data, CONFIG)

@@ -130,16 +130,18 @@ def _check_dir(directory: str | None) -> None:
 
 
 def _refuse_foreign_file(file: Path) -> None:
-    """Raise :class:`ValidationError` where ``file`` is a SQLite database without the cache's table: opening it
-    as the cache (stats and prune do) writes the table into another program's file. Read without changing it;
-    a missing or empty file is no cache yet, and one SQLite cannot read is the cache functions' to name."""
+    """Raise :class:`ValidationError` where ``file`` is a SQLite database with tables but not the cache's: opening
+    it as the cache (stats and prune do) writes the table into another program's file. Read without changing it;
+    a missing or empty file is no cache yet, nor is one with no table at all (what an encoder stopped between
+    setting the file's journal mode and making its table leaves, and uses as its cache), and one SQLite cannot
+    read is the cache functions' to name."""
     from rlfb.commands import sqlite_tables
 
     if not file.is_file() or file.stat().st_size == 0:
         return
     tables = sqlite_tables(file)
-    if tables is not None and _CACHE_TABLE not in tables:
-        held = f"other tables {tables[:5]}" if tables else "no tables"
+    if tables and _CACHE_TABLE not in tables:
+        held = f"other tables {tables[:5]}"
         raise ValidationError(
             f"{file} is not an rlfb embedding cache: it holds {held}; left as it is (move it away, and rlfb "
             "makes its cache there when it next encodes)"
