@@ -467,10 +467,12 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         is locked first.
 
         Raises :class:`rlfb.errors.UnknownEventError` when nothing was logged
-        under ``run_id`` or below it.
+        under ``run_id`` or below it, and :class:`rlfb.errors.UnknownSignalError` for a name second that no
+        signal has, with nothing else rating the run (a LangSmith key needs its ``score``).
         """
         key, score, signal = key_or_score(args, key, score, "record_feedback", signal=signal,  # LangSmith puts
-                                          rated=rating is not None or value is not None)  # the key second
+                                          rated=rating is not None or value is not None,  # the key second
+                                          reward=getattr(self.store, "reward", None))
         fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
         ens = self.ensemble

@@ -720,10 +720,12 @@ class FeedbackEventHandler(BaseEventHandler):
 
         Raises :class:`rlfb.errors.UnknownEventError` for a query id nothing was
         logged under, :class:`rlfb.errors.UnknownChunkError` for a chunk none of
-        its retrievals returned, and the store's validation errors.
+        its retrievals returned, :class:`rlfb.errors.UnknownSignalError` for a name second that no signal
+        has, with nothing else rating it (a LangSmith key needs its ``score``), and the store's validation errors.
         """
         key, score, signal = key_or_score(args, key, score, "record_feedback", signal=signal,
-                                          rated=rating is not None or value is not None)
+                                          rated=rating is not None or value is not None,
+                                          reward=getattr(self._store, "reward", None))
         given = [n for n, v in (("score", score), ("rating", rating), ("signal", signal), ("value", value))
                  if v is not None]
         if len(given) != 1:

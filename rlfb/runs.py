@@ -27,6 +27,7 @@ the core lives here, framework-free:
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import os
@@ -46,9 +47,10 @@ from rlfb.errors import (
     NonFiniteValueError,
     UnknownChunkError,
     UnknownEventError,
+    UnknownSignalError,
     ValidationError,
 )
-from rlfb.reward import NUMERIC_SIGNALS, SIGNAL_ALIASES
+from rlfb.reward import NUMERIC_SIGNALS, RewardFunction
 from rlfb.types import content_id as content_id  # where it always was importable from
 
 __all__ = [
@@ -171,13 +173,16 @@ def score_value(score: float | bool, scale: str = "unit") -> float:
 
 
 def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str, *, signal: str | None = None,
-                 rated: bool = False) -> tuple[str | None, Any, str | None]:
+                 rated: bool = False, reward: Any = None) -> tuple[str | None, Any, str | None]:
     """``(key, score, signal)`` of a handler's ``record_feedback(run_id, *args, key=..., score=...)``: LangSmith's
     ``create_feedback(run_id, "user_score", score=1.0)`` puts the key second, and a number there is the score.
 
     A signal's name second (``record_feedback(run_id, "thumbs_up")``, as ``FeedbackEnsemble.feedback`` takes it)
     is the signal where nothing else rates the run (no ``score``, ``signal``, nor, ``rated``, a rating or value):
-    it was read as a LangSmith key, and the call refused for want of a signal.
+    it was read as a LangSmith key, and the call refused for want of a signal. A name no signal has, with nothing
+    else rating the run, is :class:`~rlfb.errors.UnknownSignalError`, as ``FeedbackEnsemble.feedback`` raises: a
+    mistyped signal was read as a key, and refused for want of a signal though one was given. ``reward``: the
+    :class:`~rlfb.reward.RewardFunction` whose signals are known (the built-in ones without it).
 
     >>> key_or_score(("user_score",), None, 1.0, "record_feedback")
     ('user_score', 1.0, None)
@@ -185,16 +190,21 @@ def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str
     ('thumbs', 0.0, None)
     >>> key_or_score(("thumbs_down",), None, None, "record_feedback")
     (None, None, 'thumbs_down')
+    >>> key_or_score(("thumbsup",), None, None, "record_feedback")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.UnknownSignalError: unknown signal type 'thumbsup' (did you mean 'thumbs_up'?); known: ...
     """
     if len(args) > 1:
         raise ValidationError(f"{method} takes the run id and a key or a score, got {len(args) + 1} "
                               "positional arguments")
     for given in args:
         if isinstance(given, str):
-            if (signal is None and score is None and not rated and key is None
-                    and SIGNAL_ALIASES.get(given) not in (None, *NUMERIC_SIGNALS)):
-                signal = given
-                continue
+            if signal is None and score is None and not rated and key is None:
+                base = _signal_base(given, reward, method)
+                if base not in NUMERIC_SIGNALS:
+                    signal = given
+                    continue
             if key is not None:
                 raise ValidationError(f"give the key once: {given!r} and key={key!r}")
             key = given
@@ -203,6 +213,23 @@ def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str
                 raise ValidationError(f"give the score once: {given!r} and score={score!r}")
             score = given
     return key, score, signal
+
+
+def _signal_base(name: str, reward: Any, method: str) -> str:
+    """The base kind of the signal ``name`` given second with nothing else rating the run, by ``reward``'s signals
+    (the built-in ones where it is ``None``); a name no signal has is :class:`~rlfb.errors.UnknownSignalError`,
+    with the closest known name: read as a LangSmith key with no score, it was refused for want of a signal."""
+    reward = reward if isinstance(reward, RewardFunction) else RewardFunction()
+    try:
+        return reward.resolve(name)
+    except UnknownSignalError:
+        known = reward.signals
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UnknownSignalError(
+        f"unknown signal type {name!r}{hint}; known: {', '.join(known)}; a LangSmith-style feedback key needs "
+        f"its score: {method}(run_id, {name!r}, score=...)"
+    ) from None
 
 
 def same_store(a: Any, b: Any) -> bool:
