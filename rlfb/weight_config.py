@@ -27,7 +27,7 @@ from rlfb.runs import hashes_queries
 from rlfb.snapshot_kind import SnapshotKind
 
 __all__ = ["current_weights", "damaged_state", "describe_kind", "export_weights", "import_weights", "read_weights_file",
-           "WeightsFile"]
+           "sound_kinds", "WeightsFile"]
 
 
 def _sound_state(store: Any, saved: Mapping[str, Any]) -> None:
@@ -79,10 +79,11 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
             raise ValidationError(f"snapshot {describe_kind(saved)} is not of the retrievers or policy named")
         return saved, kinds
     if retrievers is None and policy is None:
-        if whole and len(kinds) > 1:
+        sound = _undamaged(store, kinds) if whole and len(kinds) > 1 else kinds
+        if whole and len(sound) > 1:
             raise ValidationError(
-                f"the store holds the snapshots of {len(kinds)} kinds of ensemble ("
-                + "; ".join(describe_kind(k) for k in kinds) + f"): {_telling_apart(kinds)}"
+                f"the store holds the snapshots of {len(sound)} kinds of ensemble ("
+                + "; ".join(describe_kind(k) for k in sound) + f"): {_telling_apart(sound)}"
             )
         return store.load_policy_state(), kinds
     picked = [k for k in kinds if _matches(k, retrievers, policy)]
@@ -92,6 +93,8 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
             None if policy is None else f"policy {policy}") if part)
         there = "; ".join(describe_kind(k) for k in kinds) or "none"
         raise ValidationError(f"the store holds no snapshot of {wanted}; it holds: {there}")
+    if whole and len(picked) > 1:
+        picked = _undamaged(store, picked)
     if whole and len(picked) > 1:  # other retrievers or policy than named, or other settings (the memory off)
         named = ("these retrievers and policy" if retrievers is not None and policy is not None
                  else "these retrievers" if retrievers is not None else "this policy")
@@ -100,6 +103,45 @@ def _chosen(store: Any, retrievers: Sequence[str] | None, policy: str | None, *,
             + "; ".join(describe_kind(k) for k in picked) + f"): {_telling_apart(picked)}"
         )
     return store.load_policy_state(version=int(picked[0]["version"])), kinds
+
+
+def _damage(store: Any, kind: Mapping[str, Any]) -> CorruptStateError | None:
+    """The error naming the snapshot ``kind`` (one of ``newest_snapshots``) where no learner can be rebuilt
+    from it, as ``weights show`` names it, else ``None``."""
+    try:
+        saved = store.load_policy_state(version=int(kind["version"]))
+        if saved is not None:  # None: pruned since it was listed
+            _sound_state(store, saved)
+            _saved_learner(store, saved)
+    except CorruptStateError as exc:
+        return exc
+    return None
+
+
+def _undamaged(store: Any, kinds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``kinds`` (newest first) without the snapshots no learner can be rebuilt from; where the first, the one
+    to export, is such a snapshot, its :class:`CorruptStateError` (with the way on, ``drop-snapshot``).
+
+    A damaged state says nothing of the ensemble that wrote it, so the store groups it as a kind of its own:
+    an export then listed it as a second kind of the same policy and retrievers ("name one by its --version").
+    """
+    sound = []
+    for i, kind in enumerate(kinds):
+        damage = _damage(store, kind)
+        if damage is not None and i == 0:
+            raise damage
+        if damage is None:
+            sound.append(dict(kind))
+    return sound
+
+
+def sound_kinds(store: Any) -> list[dict[str, Any]]:
+    """The newest snapshot of each kind of ensemble in ``store`` (``newest_snapshots``), without those no
+    learner can be rebuilt from (a damaged state is no kind: ``damaged_state`` names a damaged newest one)."""
+    kinds = store.newest_snapshots()
+    if len(kinds) < 2:
+        return kinds
+    return [k for k in kinds if _damage(store, k) is None]
 
 
 def _telling_apart(kinds: Sequence[Mapping[str, Any]]) -> str:
@@ -284,7 +326,68 @@ def _same(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
     return all(abs(float(a[n]) - float(b[n])) <= 1e-9 for n in b)
 
 
-def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, Any]:
+def _close(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` (JSON data: weights, learner states) are equal, floats within 1e-9.
+
+    A ``--weights-only`` export holds the weights as the policy serves them (0.20000000000000007), and setting
+    them again normalised them to other last bits (0.2): compared exactly, its import again wrote a new version
+    instead of saying the store already held them.
+    """
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if a == b or (a != a and b != b):  # NaN is NaN in a saved state, as its JSON compared
+            return True
+        try:
+            return abs(float(a) - float(b)) <= 1e-9
+        except OverflowError:  # integers beyond float range, and unequal
+            return False
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _learned_count(state: Any) -> int | None:
+    """How many feedbacks a learner state learned from (its ``n_learned``), or ``None`` where it does not say."""
+    count = state.get("n_learned") if isinstance(state, Mapping) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+
+
+def _newest_learned(store: Any, kind: SnapshotKind) -> tuple[int, int] | None:
+    """``(version, feedbacks learned)`` of the store's newest snapshot of ``kind`` (as an ensemble of that kind
+    takes its own: :func:`rlfb.snapshot_sync.is_ours`), or ``None``. Damaged snapshots are passed by."""
+    for newest in store.newest_snapshots():  # the newest of each kind, newest first
+        if kind.policy is not None and newest.get("policy") not in (None, kind.policy):
+            continue
+        try:
+            saved = store.load_policy_state(version=int(newest["version"]))
+        except CorruptStateError:
+            continue
+        count = _learned_count((saved or {}).get("state"))
+        if count is not None and not SnapshotKind.of(saved).differences(kind):
+            return int(saved["version"]), count  # type: ignore[index]
+    return None
+
+
+def _refuse_rollback(store: Any, path: str, learner: Any, state: Mapping[str, Any], policy: str) -> None:
+    """Refuse a file state that learned from fewer feedbacks than the store's newest snapshot of its kind: the
+    import silently rolled the store back (learned 25, imported an export of 5: the 20 feedbacks' rows stay,
+    but no ensemble learns them again), where ``FeedbackEnsemble.load(..., store=)`` never rolls a store back."""
+    theirs = _newest_learned(store, SnapshotKind.of({"policy": policy, "state": state}))
+    if theirs is None or theirs[1] <= learner.n_learned:
+        return
+    version, count = theirs
+    raise ValidationError(
+        f"{path}: the store's newest snapshot of this kind (version {version}) has learned from {count} "
+        f"feedbacks and the file's state from {learner.n_learned}: importing it would roll the store back, and "
+        f"the feedback learned since would not be learned again; to roll back on purpose, import with "
+        "--rollback (import_weights(..., rollback=True)), or import the weights alone (a file without its state)"
+    )
+
+
+def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bool = False) -> dict[str, Any]:
     """Validate a weights file and append it to the store as the newest snapshot.
 
     The file is either an export (``{"weights": ..., "state": ...}``) or just
@@ -308,8 +411,14 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
     chunk exploration than the store's newest snapshot, or with other policy
     hyperparameters (``step``, ``bounds``, ...) than it: ensembles built like the
     snapshot treat the imported state as another kind's and keep their own.
-    Importing what the store's newest snapshot already holds (the same file again) writes nothing: another
-    copy would push older snapshots out of those the store keeps (``written`` is ``False``, and a note says so).
+    Importing what the store's newest snapshot already holds (the same file again; weights compared within
+    1e-9) writes nothing: another copy would push older snapshots out of those the store keeps (``written`` is
+    ``False``, and a note says so).
+
+    A file state that learned from fewer feedbacks (``n_learned``) than the store's newest snapshot of its
+    kind is refused (:class:`ValidationError`, nothing written): it would roll the store back, and the
+    feedback learned since is not learned again. ``rollback=True`` imports it all the same. Weights alone
+    (no state) are set on the store's newest state, and roll nothing back.
     Returns ``{"weights", "policy", "version", "requested", "notes", "written"}``.
     """
     from rlfb.learner import Learner
@@ -336,7 +445,7 @@ def import_weights(store: Any, source: str | Path | WeightsFile) -> dict[str, An
             except ValidationError as exc:  # a policy this rlfb does not know
                 raise _naming(wf.path, exc) from exc
             target = "a new state (the store held none)"
-        return _apply(store, learner, target, saved, wf)
+        return _apply(store, learner, target, saved, wf, rollback=rollback)
 
 
 @dataclass(frozen=True)
@@ -381,7 +490,8 @@ def read_weights_file(path: str | Path) -> WeightsFile:
     return WeightsFile(str(path), data, structured, normalised)
 
 
-def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | None, wf: WeightsFile) -> dict[str, Any]:
+def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | None, wf: WeightsFile, *,
+           rollback: bool = False) -> dict[str, Any]:
     """The body of :func:`import_weights` once the learner the weights go to is chosen, under the store's lock."""
     path, data, structured, normalised = wf.path, wf.data, wf.structured, wf.normalised
     from_file = wf.state is not None
@@ -420,13 +530,15 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
     # learner does not keep it (the ensemble adds it when it saves), and without it any ensemble would take them
     source = wf.state if from_file else (saved or {}).get("state")
     state = naming_model(learner.state_dict(), SnapshotKind.of({"state": source}).model)
-    if saved is not None and saved.get("policy") == learner.policy_name and saved.get("weights") == applied \
-            and _canonical(saved.get("state")) == _canonical(state):
+    if saved is not None and saved.get("policy") == learner.policy_name and _close(saved.get("weights"), applied) \
+            and (_canonical(saved.get("state")) == _canonical(state) or _close(saved.get("state"), state)):
         # the same import again (a retry): another copy would push the store's older snapshots out of those kept
         notes.append(f"the store's newest snapshot (version {saved['version']}) holds these already: nothing "
                      "was written")
-        return {"weights": applied, "policy": learner.policy_name, "version": saved["version"],
+        return {"weights": dict(saved["weights"]), "policy": learner.policy_name, "version": saved["version"],
                 "requested": normalised, "notes": notes, "written": False}
+    if from_file and not rollback:
+        _refuse_rollback(store, path, learner, state, learner.policy_name)
     version = store.save_policy_state(state, applied, policy=learner.policy_name, timestamp=time.time())
     return {"weights": applied, "policy": learner.policy_name, "version": version, "requested": normalised,
             "notes": notes, "written": True}

@@ -85,7 +85,7 @@ def _fail(message: str | BaseException) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """``store stats``."""
-    from rlfb.weight_config import damaged_state
+    from rlfb.weight_config import damaged_state, sound_kinds
 
     days = args.window_days
     # checked here to name the days given; 1e308 days is an infinite number of seconds
@@ -96,11 +96,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
             window = None if args.window_days is None else args.window_days * 86400.0
             stats = store.stats(window)
             damage = damaged_state(store)
+            # a damaged state is grouped as a kind of its own: "the newest snapshot of 2 kinds" named it so
+            kinds = sound_kinds(store) if stats["snapshot_kinds"] > 1 else None
     except (FileNotFoundError, sqlite3.DatabaseError, RlfbError) as exc:
         return _fail(exc)
     # the counts are sound whatever the snapshot holds; its damage is said, not shown as sound weights
     if damage is not None:
         stats["snapshot_error"] = str(damage)  # the learner state's damage too, not only the weights'
+    if kinds is not None:
+        stats["snapshot_kinds"] = len(kinds)
     if stats["snapshot_error"] is not None:
         print(f"rlfb: warning: {stats['snapshot_error']}", file=sys.stderr)
     if args.json:

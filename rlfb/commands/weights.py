@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp = wsub.add_parser("import", help="validate a JSON weights file and make it the current weights")
     imp.add_argument("store", help="the feedback store (SQLite file)")
     imp.add_argument("file", help="a JSON file written by 'rlfb weights export'")
+    imp.add_argument("--rollback", action="store_true",
+                     help="import a learner state that learned from fewer feedbacks than the store's newest "
+                          "snapshot of its kind (refused otherwise): roll the store back to it on purpose")
     imp.set_defaults(func=run_import)
 
 
@@ -131,7 +134,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     weights_file = read_weights_file(args.file)  # a bad file is refused before the store is opened (and migrated)
     with _open(args.store, reading=False) as store:
-        out = import_weights(store, weights_file)
+        out = import_weights(store, weights_file, rollback=args.rollback)
     for note in out["notes"]:  # on stderr, so that stdout stays the one result line
         print(f"rlfb: note: {note}", file=sys.stderr)
     print(f"{'imported as' if out['written'] else 'already'} version {out['version']}: {out['weights']}")
