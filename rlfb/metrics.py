@@ -3,7 +3,10 @@
 Relevance grades come from qrels (``{doc_id: grade}``); a grade above 0 is
 relevant. nDCG uses linear gains and a ``log2(rank + 1)`` discount, as
 trec_eval's ``ndcg_cut`` does, so the figures equal ``pytrec_eval`` and
-``ir-measures`` on the same runs (``tests/test_metrics.py`` checks this).
+``ir-measures`` on the same runs (``tests/test_metrics.py`` checks this), but
+for scores closer than float32 can tell apart: those keep their float64 order
+here, where pytrec_eval stores scores as float32 and breaks the tie by doc id
+(``{"a": 0.3 + 1e-8, "b": 0.3}`` ranks ``a`` first here, ``b`` there).
 
 >>> qrel = {"d1": 2, "d3": 1}
 >>> round(ndcg_at_k(["d1", "d2", "d3"], qrel, 10), 4)
