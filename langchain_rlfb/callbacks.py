@@ -17,7 +17,10 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   its documents) keeps its decision, linked below the outer run: the outer
   run id then stands for that decision and for the outer result, logged as
   ``"<run id>/result"`` (not at all when it is the decision as logged), so
-  feedback on it teaches the ensemble.
+  feedback on it teaches the ensemble. The decision's documents the outer
+  result left out (a compressor cut them) are marked unused in it
+  (:meth:`~rlfb.store.FeedbackStore.mark_unused`), so praise of the outer run
+  is not shared with documents the user never saw.
 * A :class:`~langchain_rlfb.FeedbackEnsembleRetriever` already logs its own
   retrieval under the same run id, with the decision its learner needs. The
   handler sees that event in the store and does not log it again (nor observe
@@ -68,6 +71,7 @@ from langchain_rlfb._checks import check_store, flag, session_key, session_text,
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
 from rlfb.errors import NoStoreError, NotCopyableError, RlfbError, ValidationError
 from rlfb.runs import (
+    EXTERNAL_POLICY,
     SCORE_SCALES,
     default_implicit,
     key_or_score,
@@ -75,6 +79,7 @@ from rlfb.runs import (
     log_external,
     maker_of,
     observe_followup,
+    owns_event,
     record_run_feedback,
     same_store,
 )
@@ -143,6 +148,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._parents: OrderedDict[str, str | None] = OrderedDict()
         self._retrievals: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._fallbacks: set[str] = set()  # open runs of RunnableWithFallbacks
+        self._warned_unlearned = False  # feedback stored that no live learner learned was warned of
 
     @classmethod
     def from_ensemble(cls, ensemble: Any, **kwargs: Any) -> FeedbackCallbackHandler:
@@ -371,6 +377,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 # as the LlamaIndex handler does with a bare retrieval that had rlfb learners inside.
                 if parent is not None:
                     self.store.link_runs([(rid, parent)])
+                self._mark_cut(documents, below)
                 if self._is_decision(documents, below):
                     return  # the wrapper returned one decision as it was logged: no copy to add
                 event_id, parent = f"{rid}/result", rid
@@ -406,6 +413,42 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         ens = self.ensemble
         return (ens is not None and ens.store is not None and not same_store(ens.store, self.store)
                 and ens.store.has_event(rid))
+
+    def _mark_cut(self, documents: Sequence[Document], event_ids: Sequence[str]) -> None:
+        """The chunks of the rlfb decisions ``event_ids`` that the outer result ``documents`` left out (a
+        ``ContextualCompressionRetriever``'s compressor, a trimmer, a re-ranker's cutoff) are marked unused in
+        each decision's event, in this store and in the learner's where that is another file, as the LlamaIndex
+        handler marks the nodes a later step cut: praise of the outer run is not shared with documents the user
+        never saw, nor reads them as passed over. All of a decision's chunks where the result is empty. A
+        document counts as kept by its chunk id (``Document.id``, or the ``metadata["chunk_id"]`` rlfb's
+        Documents carry, which a compressor that makes new Documents keeps with their metadata). A result none
+        of whose documents is any decision's (a wrapper that wrote new Documents without their ids: summaries,
+        parent documents) tells nothing of what was kept, and marks nothing."""
+        kept: set[str] = set()
+        for doc in documents:
+            kept.add(document_to_chunk(doc).id)
+            cid = (doc.metadata or {}).get("chunk_id")
+            if isinstance(cid, str):
+                kept.add(cid)
+        rankings = {eid: [c["chunk_id"] for c in self.store.event(eid)["chunks"]] for eid in event_ids}
+        if documents and not any(c in kept for ranked in rankings.values() for c in ranked):
+            return
+        for eid, ranked in rankings.items():
+            cut = [c for c in ranked if c not in kept]
+            if not cut:
+                continue
+            for store in self._stores_of(eid):
+                store.mark_unused(eid, cut)
+
+    def _stores_of(self, eid: str) -> list[Any]:
+        """The stores that hold decision ``eid``: the handler's, and its learner's where that is another file
+        (the live ensemble of this process that made it, else the handler's ``ensemble``)."""
+        stores = [self.store]
+        for learner in (maker_of(eid), self.ensemble):
+            theirs = getattr(learner, "store", None)
+            if theirs is not None and not any(same_store(theirs, s) for s in stores) and theirs.has_event(eid):
+                stores.append(theirs)
+        return stores
 
     def _is_decision(self, documents: Sequence[Document], event_ids: Sequence[str]) -> bool:
         """Whether ``documents`` are one of ``event_ids`` as logged: its Documents, in its order."""
@@ -478,7 +521,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         ens = self.ensemble
         elsewhere = self._learners_elsewhere(run_id)
         if not elsewhere:
-            return record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
+            records = record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
+            self._warn_unlearned(run_id, records, elsewhere)
+            return records
         # The run tree (links) lives in this handler's store: resolve here, record per event there. The learner's
         # writes inside the handler's block, so that a refusal there (an idempotency conflict, a locked file)
         # undoes the handler's rows too; each is a transaction of the learner's file, as before, since a block
@@ -498,7 +543,37 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                     key_there = ikey if ikey is None or len(rated) == 1 else f"{ikey}:{eid}"
                     records += record_run_feedback(learner.store, eid, signal, ensemble=learner,
                                                    idempotency_key=key_there, **fb)
+        self._warn_unlearned(run_id, records, elsewhere)
         return records
+
+    def _warn_unlearned(self, run_id: Any, records: Sequence[Any], elsewhere: dict[str, Any]) -> None:
+        """Warn, once per handler, where feedback was stored on an rlfb decision that no live learner of this
+        process learned: a handler made from the store alone (no ``ensemble``), after a restart or in another
+        process than the retriever's, stores the feedback and teaches nothing. A plain retriever's log (an
+        external event) has no learner to teach, and is not warned of."""
+        if self._warned_unlearned:
+            return
+        for eid in dict.fromkeys(r.event_id for r in records):
+            if eid in elsewhere:  # learned by its ensemble on its own store
+                continue
+            event = self.store.event(eid)
+            if event.get("policy") == EXTERNAL_POLICY:
+                continue
+            learner = maker_of(eid, self.store)  # as record_run_feedback picks it
+            if learner is None:
+                learner = self.ensemble
+            if owns_event(learner, event):
+                continue
+            self._warned_unlearned = True
+            warnings.warn(
+                f"feedback on run {str(run_id)!r} was stored, but no rlfb learner of this process learned it: "
+                f"the ensemble that made retrieval {eid!r} is not alive here (a restart, another process) and "
+                "the handler was given none that made it; make the handler with "
+                "FeedbackCallbackHandler.from_ensemble(retriever) where the retriever runs "
+                "(this warning is given once per handler)",
+                RuntimeWarning, stacklevel=3,
+            )
+            return
 
     def _learners_elsewhere(self, run_id: Any) -> dict[str, Any]:
         """The retrievals under ``run_id`` whose decision an ensemble keeps in another store than this handler's,
