@@ -31,6 +31,7 @@ __all__ = [
     "ReadOnlyFolderError",
     "StoreBusyError",
     "StoreFullError",
+    "StoreFileGoneError",
     "NotCopyableError",
     "NoStoreError",
 ]
@@ -118,6 +119,12 @@ class ReadOnlyFolderError(RlfbError, PermissionError):
 class StoreFullError(RlfbError, OSError):
     """The disk (or a size limit) refused a write to the feedback store: nothing was recorded, and the file is
     as it was (not damaged)."""
+
+
+class StoreFileGoneError(RlfbError, OSError):
+    """The feedback store's file was deleted (``rm fb.db*``) or replaced by another file while the store had it
+    open: a write would go to the old, unlinked file and be lost when the process exits, so it is refused and
+    nothing of it was stored. Close the store and open the path again (or restart the process)."""
 
 
 class StoreBusyError(RlfbError, sqlite3.OperationalError):

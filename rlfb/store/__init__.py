@@ -47,7 +47,12 @@ default: in WAL mode a committed transaction is in the WAL file before
 committed; only an OS crash or power loss can roll back the last few
 transactions (never corrupting the file). Pass ``synchronous="FULL"`` to fsync
 the WAL on every commit and survive power loss too, at several times the cost
-per single write.
+per single write. A file deleted (``rm fb.db*``) or replaced while a store has
+it open would take every later write into the unlinked file, lost when the
+process exits: each write transaction checks (one ``os.stat``, just before its
+``COMMIT``) that the path still names the file opened, and otherwise raises
+:class:`~rlfb.errors.StoreFileGoneError` with nothing of it stored. Reads are not
+checked: the open file still answers them with what it holds.
 
 Strings are stored verbatim through parameterised SQL. A string that UTF-8
 cannot encode (one with a lone surrogate such as ``"\\ud800"``) is stored as a

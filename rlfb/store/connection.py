@@ -25,6 +25,7 @@ from rlfb.errors import (
     ReadOnlyStoreError,
     RlfbError,
     StoreBusyError,
+    StoreFileGoneError,
     StoreFullError,
     ValidationError,
 )
@@ -162,6 +163,15 @@ def _folder_read_only(exc: sqlite3.DatabaseError, path: str) -> bool:
     return file.is_file() and os.access(file, os.R_OK) and not os.access(file.parent, os.W_OK)
 
 
+def _file_identity(file: str) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``file``, or ``None`` where it cannot be looked at."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def integrity_check(tx: Transactions) -> str:
     """``PRAGMA integrity_check`` on the store's connection: ``"ok"``, or what SQLite found wrong."""
     with tx.lock:
@@ -181,6 +191,11 @@ class Transactions:
     an :meth:`exclusive` block, which holds the write lock for the whole block (nested blocks are savepoints
     of it) and runs its :meth:`on_rollback` callbacks if it is undone. ``finalizer`` closes the connection,
     once: at :meth:`close`, or when the store it is keyed to is collected unclosed.
+
+    ``file`` is the file the connection opened (``None`` in memory); ``path`` names the store in errors (a
+    store read from a copy names the original). Each outermost write transaction checks, just before its
+    COMMIT, that ``file`` still names the file opened (:meth:`check_file`): one deleted or replaced under the
+    open connection took every later write into the unlinked file, lost when the process exited.
     """
 
     def __init__(
@@ -190,6 +205,8 @@ class Transactions:
         path: str,
         busy_timeout: float,
         finalizer: weakref.finalize,
+        *,
+        file: str | None = None,
     ) -> None:
         self.conn = conn
         self.lock = lock
@@ -197,6 +214,10 @@ class Transactions:
         self.busy_timeout = busy_timeout
         self._finalizer = finalizer
         self.closed = False
+        # the file opened, as absolute path (SQLite resolved a relative one at open: a later chdir must not
+        # move it) and (st_dev, st_ino); None: nothing to check (in memory, or a file that could not be looked at)
+        self._file = None if file is None else os.path.abspath(file)
+        self._identity = None if self._file is None else _file_identity(self._file)
         self.depth = 0  # of exclusive() blocks on this connection
         self._undo: list[list[Callable[[], None]]] = []  # per open exclusive() block: on_rollback callbacks
 
@@ -213,6 +234,31 @@ class Transactions:
         if self.closed:
             raise RlfbError("FeedbackStore is closed")
         return self.conn
+
+    def check_file(self) -> None:
+        """Raise :class:`StoreFileGoneError` if the store's path no longer names the file the connection opened.
+
+        One ``os.stat``. A file deleted (``rm fb.db*``) or replaced while open still takes SQLite's writes, into
+        the unlinked inode, lost at exit with no error; a path that cannot be looked at now (its folder made
+        unreadable) passes, since the file may well be there and SQLite's own errors name what is wrong.
+        """
+        if self._file is None or self._identity is None:
+            return
+        try:
+            st = os.stat(self._file)
+        except (FileNotFoundError, NotADirectoryError):
+            what = "deleted"
+        except OSError:
+            return
+        else:
+            if (st.st_dev, st.st_ino) == self._identity:
+                return
+            what = "replaced by another file"
+        raise StoreFileGoneError(
+            f"feedback store {self.path} was {what} while this FeedbackStore had it open: nothing of this write "
+            "was stored (it would have gone to the file opened, which the path no longer names, and been lost); "
+            f"close this store and open {self.path} again, or restart the process"
+        )
 
     @contextmanager
     def sql_errors(self) -> Iterator[None]:
@@ -254,6 +300,9 @@ class Transactions:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                # once per outermost transaction (an exclusive() block's too; its writes are savepoints), at its
+                # end: a file deleted while this one waited for the lock, or while it ran, is caught as well
+                self.check_file()
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:

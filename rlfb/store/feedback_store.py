@@ -129,7 +129,9 @@ class FeedbackStore:
         # a store dropped without close() (the README's examples never call it) closes its connection when
         # collected: Python 3.13 warns of an unclosed one (a ResourceWarning, an error under -W error)
         finalizer = weakref.finalize(self, conn.close)
-        self._tx = connection.Transactions(conn, self._lock, self.path, self.busy_timeout, finalizer)
+        self._tx = connection.Transactions(
+            conn, self._lock, self.path, self.busy_timeout, finalizer, file=None if self._memory else self.path
+        )
         self.db = Database(conn, execute_plugins=False)
         try:
             self.journal_mode, self.migrations_applied = connection.prepare(
@@ -443,7 +445,8 @@ class FeedbackStore:
         :class:`UnknownChunkError` (a chunk that was not part of the event),
         :class:`UnknownSignalError`, :class:`NonFiniteValueError`,
         :class:`RatingOutOfRangeError`, :class:`FutureTimestampError`,
-        :class:`FeedbackBeforeEventError`, :class:`ValidationError`.
+        :class:`FeedbackBeforeEventError`, :class:`ValidationError`, and
+        :class:`StoreFileGoneError` (the store's file deleted or replaced while it was open).
         """
         pending = feedback_log.prepare_feedback(
             self, self._now(), event_id, signal, value=value, rating=rating, chunk_id=chunk_id, timestamp=timestamp,
