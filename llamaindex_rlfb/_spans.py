@@ -1,4 +1,5 @@
-"""Which queries and retrievals are open in this thread or asyncio task, and the span each recent span ran under.
+"""Which queries and retrievals are open in this thread or asyncio task, the span each recent span ran under,
+and the query ids each open chat turn made (its response names them when its span exits).
 
 The stacks are context variables shared by every
 :class:`~llamaindex_rlfb.events.FeedbackEventHandler`: a query id is
@@ -10,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import warnings
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -70,6 +73,14 @@ def current_session() -> str | None:
 #: the engine calls a user's question runs as (a span's method name): a top-level one that raises after the
 #: latest query started is the user's next question, which gave no answer to rate
 _TURNS = frozenset({"chat", "achat", "stream_chat", "astream_chat", "query", "aquery", "retrieve", "aretrieve"})
+#: a chat engine's turn (a span's method name): it emits no QueryStartEvent nor QueryEndEvent, so the response it
+#: returns is told its query ids when its span exits (the exit carries the result)
+_CHATS = frozenset({"chat", "achat", "stream_chat", "astream_chat"})
+
+
+def _method(span: str) -> str:
+    """``"chat"`` from a span id like ``"ContextChatEngine.chat-<uuid>"``."""
+    return span.split("-", 1)[0].rsplit(".", 1)[-1]
 
 
 class SpanParents(BaseSpanHandler[Any]):
@@ -79,6 +90,27 @@ class SpanParents(BaseSpanHandler[Any]):
     _parents: Any = PrivateAttr(default_factory=OrderedDict)
     _started: Any = PrivateAttr(default_factory=OrderedDict)  # span -> the order it started in
     _count: Any = PrivateAttr(default_factory=itertools.count)
+    _turns: Any = PrivateAttr(default_factory=OrderedDict)  # open chat turn's span -> query ids made under it
+    _on_turn: Any = PrivateAttr(default=None)  # weak method: called with (turn span, its query ids, its result)
+
+    def on_turn_end(self, callback: Callable[[str, list[str], Any], None]) -> None:
+        """Call ``callback(turn, query_ids, result)`` (a bound method, kept weakly) when a chat turn under
+        which queries were noted (:meth:`note_query`) returns ``result``."""
+        self._on_turn = weakref.WeakMethod(callback)  # type: ignore[arg-type]
+
+    def note_query(self, qid: str, span: str | None) -> None:
+        """Note that query id ``qid`` was made in ``span``: each chat turn that span ran under made it."""
+        with self.lock:
+            seen = 0
+            while span is not None and seen < 1_000:
+                if _method(span) in _CHATS:
+                    made = self._turns.setdefault(span, [])
+                    if qid not in made:
+                        made.append(qid)
+                    while len(self._turns) > _SPANS_KEPT:  # a turn that never ended (its span was lost)
+                        self._turns.popitem(last=False)
+                span = self._parents.get(span)
+                seen += 1
 
     @classmethod
     def class_name(cls) -> str:
@@ -96,16 +128,23 @@ class SpanParents(BaseSpanHandler[Any]):
 
     def prepare_to_exit_span(self, id_: str, bound_args: Any, instance: Any = None, result: Any = None,
                              **kwargs: Any) -> None:
+        with self.lock:
+            made = self._turns.pop(id_, None)
+        callback = None if self._on_turn is None else self._on_turn()
+        if made and callback is not None and result is not None:
+            callback(id_, made, result)
         return None
 
     def prepare_to_drop_span(self, id_: str, bound_args: Any, instance: Any = None, err: Any = None,
                              **kwargs: Any) -> None:
+        with self.lock:
+            self._turns.pop(id_, None)  # a turn that raised returned no response to name its queries
         return None
 
     def turn_after(self, span: str, since: str | None) -> bool:
         """Whether ``span`` is a top-level call of an engine (a chat turn, a query, a retrieval: a span of
         nothing else) that started after span ``since``: the user's next question, whatever it raised at."""
-        method = span.split("-", 1)[0].rsplit(".", 1)[-1]
+        method = _method(span)
         with self.lock:
             if method not in _TURNS or span not in self._parents or self._parents[span] is not None:
                 return False

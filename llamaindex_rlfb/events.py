@@ -30,6 +30,9 @@ process is observed.
 * ``QueryEndEvent`` logs the response's source nodes when they differ from
   everything already logged for the query (a reranker changed them), and
   links a nested query (a sub-question) to the query around it.
+* A chat engine's turn (``chat``, ``achat``, ``stream_chat``, ``astream_chat``)
+  emits neither: its retrievals are bare ones, and the response its span's exit
+  carries names the query ids made under it (:meth:`FeedbackEventHandler.query_id_of`).
 * The rlfb adapters (:class:`~llamaindex_rlfb.FeedbackFusionPostprocessor`,
   :class:`~llamaindex_rlfb.FeedbackEnsembleRetriever`) log their own decision,
   with the query id as parent, and emit a :class:`FeedbackRetrievalEvent`; the
@@ -44,7 +47,8 @@ score, ``0`` thumbs down to ``1`` thumbs up), ``rating=`` (1 to 5) or
 ``signal=`` (``"thumbs_up"``, ``"click"``, ...), optionally about one
 ``chunk_id`` (a node id). It goes to every retrieval logged under the query
 (:func:`rlfb.runs.record_run_feedback`); the learner that made a decision
-learns from it. An unknown query id raises :class:`rlfb.errors.UnknownEventError`.
+learns from it. An unknown query id raises :class:`rlfb.errors.UnknownEventError`, as does
+``None`` (what ``query_id_of`` gives for a response the handler did not see); leave the id out for the latest.
 
 A session id can ride on LlamaIndex's instrument tags:
 ``with instrument_tags({"session_id": "s1"}): engine.query(q)`` (a user id goes with
@@ -78,6 +82,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
 from llama_index.core.instrumentation.events.span import SpanDropEvent
+from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import finite_or_none
@@ -97,10 +102,12 @@ from llamaindex_rlfb._spans import (
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from rlfb.errors import NoStoreError, NotCopyableError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
+    EXTERNAL_POLICY,
     SCORE_SCALES,
     key_or_score,
     learns_after_commit,
     log_external,
+    maker_of,
     owns_event,
     record_run_feedback,
     same_store,
@@ -119,6 +126,49 @@ _log = logging.getLogger(__name__)
 
 _REMEMBER = 10_000  # queries and learner events kept in memory per handler
 _ADAPTERS = 64  # distinct adapters remembered (weakly), to find the maker of a decision older than that
+
+
+class _Latest:
+    """The default of a query id left out: the latest query (:attr:`FeedbackEventHandler.last_query_id`).
+
+    Not ``None``: ``record_feedback(handler.query_id_of(response), ...)`` passes ``None`` for a response the
+    handler never saw, and that rated the latest query, another turn than the one meant."""
+
+    def __repr__(self) -> str:
+        return "<the latest query>"
+
+
+_LATEST: Any = _Latest()
+
+
+def _no_query_named(what: str) -> UnknownEventError:
+    return UnknownEventError(
+        f"{what} got None for a query id, which names no query (handler.query_id_of(response) gives None for "
+        "a response this handler did not see: it was not attached while the engine ran, or the response was "
+        "made elsewhere); pass a query id (handler.query_id_of(response) of a response made with the handler "
+        "attached, handler.last_query_id, or a node's metadata['event_id']), or leave the id out to rate the "
+        "latest query"
+    )
+
+
+# Every rlfb adapter alive in this process (weakly), by id. A decision no handler saw being made (one logged
+# before a restart) is learned by a live adapter whose store holds it and who made it (rlfb.runs.owns_event):
+# until 2026-12-06 only one the handler had seen deciding in this process, so feedback on a query from before
+# a restart, given before the postprocessor's first query, was stored and never learned.
+_LIVE: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_LIVE_LOCK = threading.Lock()
+
+
+def remember_adapter(adapter: Any) -> None:
+    """Note an rlfb adapter built in this process (weakly: the app keeps it alive, or not)."""
+    with _LIVE_LOCK:
+        _LIVE[id(adapter)] = adapter
+
+
+def _live_adapters() -> list[Any]:
+    """The rlfb adapters alive in this process, the newest first."""
+    with _LIVE_LOCK:
+        return list(reversed(list(_LIVE.values())))
 
 
 class FeedbackRetrievalEvent(BaseEvent):
@@ -169,8 +219,10 @@ class FeedbackEventHandler(BaseEventHandler):
     ensemble
         A learner whose decisions this handler's feedback should teach even
         when it did not see them being made (another process): an
-        :class:`rlfb.FeedbackEnsemble` or an adapter holding one. Learners that
-        run in this process are found on their own.
+        :class:`rlfb.FeedbackEnsemble` or an adapter holding one. The rlfb
+        adapters alive in this process are found on their own, also ones that
+        have not decided anything yet (after a restart); feedback on a decision
+        no live learner made is stored, with a ``RuntimeWarning`` (once).
     score_scale
         How ``score=`` is read: ``"unit"`` (LangSmith thumbs, 0 to 1; default)
         or ``"signed"`` (-1 to 1).
@@ -221,6 +273,7 @@ class FeedbackEventHandler(BaseEventHandler):
     # id(response) -> (a weak reference to it, its query id); by id, as LlamaIndex's Response is an unhashable
     # dataclass; an entry goes with its response
     _responses: Any = PrivateAttr(default_factory=dict)
+    _warned_unlearned: bool = PrivateAttr(default=False)  # the warning that feedback taught no learner, given
 
     def __init__(
         self,
@@ -265,6 +318,7 @@ class FeedbackEventHandler(BaseEventHandler):
         self._ensemble = ensemble
         self._last = ContextVar(f"rlfb_llamaindex_last_query_{id(self)}", default=None)
         self._spans = SpanParents()
+        self._spans.on_turn_end(self._turn_end)
         self._bare = ContextVar(f"rlfb_llamaindex_bare_retrieval_{id(self)}", default=None)
         self._decision = ContextVar(f"rlfb_llamaindex_top_level_decision_{id(self)}", default=None)
 
@@ -284,12 +338,16 @@ class FeedbackEventHandler(BaseEventHandler):
         return None if last is None else last[0]
 
     def query_id_of(self, response: Any) -> str | None:
-        """The query id of a ``response`` a query engine returned while this handler was attached, from any
-        thread or task; ``None`` for one it did not see.
+        """The query id of a ``response`` a query engine or a chat engine (``chat``, ``achat``, ``stream_chat``,
+        ``astream_chat``) returned while this handler was attached, from any thread or task; ``None`` for one it
+        did not see (which :meth:`record_feedback` refuses, rather than rate the latest query).
 
         :attr:`last_query_id` is per thread and asyncio task, so a query run through
         ``asyncio.to_thread`` or a worker pool is not the calling code's latest; the response it
         returned still names its query: ``handler.record_feedback(handler.query_id_of(response), score=1.0)``.
+        A chat turn's response names what the turn retrieved (its retrieval's query id, or the run of the rlfb
+        re-ranking of it; a turn that made several is their run under the turn's span id); until 2026-12-06 it
+        named nothing.
         """
         with self._lock:
             ref, qid = self._responses.get(id(response), (None, None))
@@ -309,7 +367,30 @@ class FeedbackEventHandler(BaseEventHandler):
         with self._lock:
             responses[key] = (ref, qid)
 
+    def _turn_end(self, turn: str, qids: list[str], response: Any) -> None:
+        """A chat engine's turn returned ``response``: it names the query ids made under the turn
+        (:meth:`query_id_of`), as a query engine's response names its query. A chat turn emits no
+        ``QueryStartEvent`` nor ``QueryEndEvent``; its retrievals are bare ones (their own query ids), and its
+        span's exit carries the response. Several (a re-ranking's run stands for the retrieval it re-ranked)
+        are linked under the turn's span id, which then names them all."""
+        try:
+            kept = [q for i, q in enumerate(qids) if not any(later.startswith(f"{q}/") for later in qids[i + 1:])]
+            if len(kept) > 1:
+                self._store.link_runs([(q, turn) for q in kept])
+            self._remember_response(response, kept[0] if len(kept) == 1 else turn)
+        except Exception:  # never break the user's chat; the dispatcher would swallow it silently
+            _log.warning("rlfb could not note the query ids of chat turn %s", turn, exc_info=True)
+
+    def _span_for(self, qid: str) -> str:
+        """The span query id ``qid`` began with: a bare retrieval's, the one a re-ranking's run
+        (``"<retrieval span id>/reranked/<event id>"``) re-ranked, or the query's own (its id is its span's)."""
+        with self._lock:
+            span = self._span_of.get(qid)
+            base = qid.split("/", 1)[0]
+            return span if span is not None else self._span_of.get(base, base)
+
     def _set_last(self, qid: str) -> None:
+        self._spans.note_query(qid, active_span_id.get())  # a chat turn running now made it
         task = task_key()
         self._last.set((qid, task))  # and which task set it: a context copied into another task inherits it
         with self._lock:
@@ -412,15 +493,16 @@ class FeedbackEventHandler(BaseEventHandler):
         # a query or retrieval that raised: forget its span
         pop(QUERIES, event.span_id)
         pop(RETRIEVALS, event.span_id)
+        last = self.last_query_id
+        # the span the latest query began with (its id, or the retrieval a re-ranking's run re-ranked: until
+        # 2026-12-06 that run, "<span>/reranked/<event>", was looked up as a span, found none, and a chat turn
+        # with an rlfb postprocessor whose LLM raised was rated by feedback naming no query)
+        since = None if last is None else self._span_for(last)
         with self._lock:
             self._nested.pop(event.span_id, None)
             self._decided_in.pop(event.span_id, None)
             self._retrieved_in.pop(event.span_id, None)
-            last = self.last_query_id
-            # the span the latest query began with (its id, or a re-ranking's "<span>/reranked/<event>")
-            since = None if last is None else self._span_of.get(last) or last.split("/", 1)[0]
-            if last is not None and (event.span_id == last or self._spans.above(self._span_of.get(last),
-                                                                                  event.span_id)
+            if last is not None and (event.span_id in (last, since) or self._spans.above(since, event.span_id)
                                      or self._spans.turn_after(event.span_id, since)):
                 # (the last: a chat turn that raised before it retrieved, its condensing LLM or its retriever
                 # down, left the latest query on the turn before, and a thumbs down on it rated that good answer)
@@ -659,6 +741,10 @@ class FeedbackEventHandler(BaseEventHandler):
             self._bare.set(bare._replace(latest=run))
         else:
             run = eid  # it stands alone
+            with self._lock:  # the span it ran in: a chat turn that raised after it gave no answer to rate
+                self._span_of[run] = span_of(event)
+                if len(self._span_of) > _REMEMBER:
+                    self._span_of.popitem(last=False)
         self._set_last(run)
         self._decision.set((eid, run))
 
@@ -686,7 +772,7 @@ class FeedbackEventHandler(BaseEventHandler):
     # ------------------------------------------------------------------ feedback
     def record_feedback(
         self,
-        query_id: Any = None,
+        query_id: Any = _LATEST,
         *args: Any,
         score: float | bool | None = None,
         rating: float | None = None,
@@ -699,10 +785,12 @@ class FeedbackEventHandler(BaseEventHandler):
     ) -> list[Any]:
         """Feedback on a query (or on one retrieval's event id); returns one record per retrieval rated.
 
-        ``query_id`` defaults to :attr:`last_query_id`. Second, as LangSmith's ``create_feedback`` and the
-        LangChain handler take them, a key (``record_feedback(qid, "user_score", score=1.0)``) or the score
-        (``record_feedback(qid, 1.0)``), or a signal's name where nothing else rates it
-        (``record_feedback(qid, "thumbs_up")``). Give one of ``score``
+        ``query_id`` left out is :attr:`last_query_id`; ``None`` is refused
+        (:class:`rlfb.errors.UnknownEventError`): it is what :meth:`query_id_of` gives for a response the handler
+        did not see, and rating the latest query instead rated another turn than the one meant. Second, as
+        LangSmith's ``create_feedback`` and the LangChain handler take them, a key
+        (``record_feedback(qid, "user_score", score=1.0)``) or the score (``record_feedback(qid, 1.0)``), or a
+        signal's name where nothing else rates it (``record_feedback(qid, "thumbs_up")``). Give one of ``score``
         (read with the handler's ``score_scale``), ``rating`` (1 to 5),
         ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...)
         or a raw ``value`` in [-1, 1]; ``chunk_id`` (a node id) rates one node.
@@ -731,10 +819,13 @@ class FeedbackEventHandler(BaseEventHandler):
         if len(given) != 1:
             got = ", ".join(given) or "none"
             raise ValidationError(f"give exactly one of score, rating, signal or value (got {got})")
-        qid = self._implied_query() if query_id is None else query_id
+        if query_id is None:
+            raise _no_query_named("record_feedback")
+        implied = query_id is _LATEST
+        qid = self._implied_query() if implied else query_id
         if qid is None:
             raise UnknownEventError("no query was captured in this thread or task; pass the query id")
-        if query_id is None and qid in self._raised:
+        if implied and qid in self._raised:
             raise ValidationError(
                 f"the latest query ({qid!r}) raised, so it gave no answer to rate: pass the id of the query "
                 "the feedback is about"
@@ -770,6 +861,7 @@ class FeedbackEventHandler(BaseEventHandler):
                     # about one chunk its decision did not return (only another member of a fusion found it):
                     # record_run_feedback refuses before writing, and this store has taken the feedback
                     continue
+        self._warn_if_unlearned(qid, event_ids, makers)
         derived = None if chunk_id is None else self._cut_from.get((qid, str(chunk_id)))
         if derived is not None and derived[0] in makers and not any(r.event_id == derived[0] for r in records):
             # a node made from a ranked one (a citation engine's source): the click is the ranked node's too
@@ -792,27 +884,63 @@ class FeedbackEventHandler(BaseEventHandler):
 
     def _makers_of(self, event_ids: Sequence[str]) -> dict[str, Any]:
         """The ensemble behind each of ``event_ids`` that has one: the learner seen making it in this
-        process; for a decision older than the last :data:`_REMEMBER`, a live adapter seen here whose
-        store holds it and who made it (:func:`rlfb.runs.owns_event`); else the handler's own ensemble
-        (a decision of another process on its store). Late feedback was stored and never learned."""
+        process (or the one the core saw logging it, :func:`rlfb.runs.maker_of`); for a decision older than
+        the last :data:`_REMEMBER`, or made before a restart, a live adapter whose store holds it and who made
+        it (:func:`rlfb.runs.owns_event`): one seen here, the handler's own ensemble, or any rlfb adapter alive
+        in this process (one that has not decided yet since the restart included); else the handler's own
+        ensemble. Late feedback was stored and never learned."""
         with self._lock:
             refs = {e: self._learners.get(e) for e in event_ids}
             seen = [r() for r in reversed(self._adapters.values())]
-        live = [e for e in (_ensemble_of(a) for a in seen if a is not None) if e is not None and e.store is not None]
         own = _ensemble_of(self._ensemble)
+        candidates: list[Any] | None = None  # the live ensembles, looked up once, for a decision none was seen making
         makers = {}
         for eid, ref in refs.items():
             adapter, ensemble = (None, None) if ref is None else (ref[0](), ref[1] and ref[1]())
             ens = _ensemble_of(adapter) if adapter is not None else ensemble
             if ens is None or ens.store is None:
-                ens = next((e for e in live if e.store.has_event(eid) and owns_event(e, e.store.event(eid))), own)
+                ens = maker_of(eid)
+            if ens is None or ens.store is None:
+                if candidates is None:
+                    candidates = _live_ensembles([*seen, own, *_live_adapters()])
+                ens = next((e for e in candidates if e.store.has_event(eid) and owns_event(e, e.store.event(eid))),
+                           own)
             if ens is not None and ens.store is not None:
                 makers[eid] = ens
         return makers
 
-    def retrievals(self, query_id: Any = None) -> list[dict[str, Any]]:
-        """The logged retrievals a query id stands for (store event dicts with their ranked ``chunks``)."""
-        qid = self._implied_query() if query_id is None else query_id
+    def _warn_if_unlearned(self, qid: str, event_ids: Sequence[str], makers: dict[str, Any]) -> None:
+        """Warn (once per handler) where feedback was stored on an rlfb decision that no learner alive in this
+        process learned from: one made before a restart, whose adapter has no ensemble yet (a self-indexing
+        postprocessor builds it at its first query) or is not alive here. Silent before 2026-12-06."""
+        if self._warned_unlearned:
+            return
+        own = _ensemble_of(self._ensemble)
+        for eid in event_ids:
+            learner = makers.get(eid)
+            if learner is not None and learner is not own:
+                continue  # seen making it, or a live one that holds it and made it (_makers_of)
+            event = self._store.event(eid)
+            if event.get("policy") == EXTERNAL_POLICY:
+                continue  # logged by the handler (or a copy of a decision on another store, learned there)
+            if learner is None:  # (an ensemble of no chunks is falsy: compared with None)
+                learner = maker_of(eid, self._store)
+            if learner is None or not owns_event(learner, event):
+                self._warned_unlearned = True
+                warnings.warn(
+                    f"feedback on query {qid!r} was stored, but no rlfb learner alive in this process learned "
+                    f"from it: decision {eid!r} was made by none that holds it (one made before a restart, say, "
+                    "whose postprocessor or retriever is not built yet, or a self-indexing postprocessor that "
+                    "has not indexed anything yet); build the adapter before giving feedback, pass it as "
+                    "FeedbackEventHandler(..., ensemble=...), or run a query through it first",
+                    RuntimeWarning, stacklevel=3,
+                )
+                return
+
+    def retrievals(self, query_id: Any = _LATEST) -> list[dict[str, Any]]:
+        """The logged retrievals a query id stands for (store event dicts with their ranked ``chunks``); left out,
+        the latest query's; ``None`` (:meth:`query_id_of` of a response the handler did not see) names none."""
+        qid = self._implied_query() if query_id is _LATEST else query_id
         if qid is None:
             return []
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
@@ -857,6 +985,18 @@ def _ensemble_of(obj: Any) -> Any:
     if hasattr(obj, "learner") and hasattr(obj, "feedback") and hasattr(obj, "retriever_names"):
         return obj
     return getattr(obj, "ensemble", None)
+
+
+def _live_ensembles(adapters: Sequence[Any]) -> list[Any]:
+    """The ensembles of ``adapters`` (adapters or ensembles; ``None`` skipped) that have an open store, each
+    once, in order."""
+    out: dict[int, Any] = {}
+    for a in adapters:
+        ens = _ensemble_of(a) if a is not None else None
+        store = getattr(ens, "store", None)
+        if ens is not None and store is not None and not getattr(store, "closed", False):
+            out.setdefault(id(ens), ens)
+    return list(out.values())
 
 
 def _store_of(obj: Any) -> Any:

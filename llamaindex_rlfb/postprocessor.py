@@ -81,7 +81,7 @@ from llamaindex_rlfb._nodes import (
 )
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
 from llamaindex_rlfb._threads import in_thread
-from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session, remember_adapter
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_settings
 from rlfb.errors import CorruptStateError, NoStoreError, UnknownChunkError, ValidationError
@@ -246,6 +246,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
                              store_path=store_path_of(ensemble.store), not_serialised=["ensemble"])
             self._ensemble = ensemble
             self._store = ensemble.store
+            remember_adapter(self)  # a handler finds it for feedback on a decision it made before a restart
             return
         retrievers = _DEFAULT_RETRIEVERS if retrievers is None else retrievers
         policy = _DEFAULT_POLICY if policy is None else policy
@@ -283,6 +284,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             self._pending = OrderedDict()
             self._specs = tuple(retrievers)
             self._options = options
+        remember_adapter(self)  # a handler finds it for feedback on a decision it made before a restart
 
     @classmethod
     def class_name(cls) -> str:

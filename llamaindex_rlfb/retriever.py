@@ -23,7 +23,7 @@ from llamaindex_rlfb._checks import flag, positive_count
 from llamaindex_rlfb._feedback import adapter_feedback
 from llamaindex_rlfb._nodes import corpus_nodes, hit_to_node, node_text, nodes_to_chunks, warn_if_ids_were_made_anew
 from llamaindex_rlfb._threads import in_thread
-from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session
+from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session, remember_adapter
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import NoStoreError, ValidationError
@@ -93,6 +93,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         super().__init__(
             callback_manager=callback_manager, object_map=object_map, objects=objects, verbose=verbose
         )
+        remember_adapter(self)  # a handler finds it for feedback on a decision it made before a restart
 
     @classmethod
     def class_name(cls) -> str:
