@@ -75,8 +75,12 @@ def _rerank(index: VectorStoreIndex, db: str, **kwargs: Any) -> FeedbackFusionPo
 
 
 def _engine(cls: Any, index: VectorStoreIndex, pp: Any, llm: Any = None) -> Any:
+    # a plain buffer: the default Memory writes a streamed turn through aiosqlite from a thread that can outlive
+    # the test's event loop (an unhandled-thread warning in a later test)
+    from llama_index.core.memory import ChatMemoryBuffer
+
     return cls.from_defaults(retriever=index.as_retriever(similarity_top_k=5), node_postprocessors=[pp],
-                             llm=llm or MockLLM(max_tokens=4))
+                             llm=llm or MockLLM(max_tokens=4), memory=ChatMemoryBuffer.from_defaults())
 
 
 def _ask(engine: Any, method: str, message: str) -> Any:
