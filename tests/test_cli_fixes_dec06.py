@@ -12,21 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _cli_output import one_error_line
 
 from rlfb.cli import main
 from rlfb.learner import Learner
 from rlfb.store import FeedbackStore
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    """Captured stderr, checked to be one ``rlfb: error: ...`` line, with nothing on stdout."""
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rlfb: error: "), captured.err
-    assert captured.out == ""
-    return lines[0]
 
 
 def sqlite_file(path: Path, *statements: str, wal: bool = False) -> Path:

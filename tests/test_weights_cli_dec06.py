@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _cli_output import one_error_line
 
 from rlfb import FeedbackEnsemble
 from rlfb.cli import main
@@ -18,15 +19,6 @@ from rlfb.store import FeedbackStore
 
 TEXTS = ["solar wind drives the aurora", "the moon pulls the tides", "magma feeds volcanoes", "ice carves valleys"]
 QUERIES = ["aurora", "tides", "volcanoes", "valleys"]
-
-
-def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    """Captured stderr, checked to be one ``rlfb: error: ...`` line, with nothing on stdout."""
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("rlfb: error: "), captured.err
-    assert captured.out == ""
-    return lines[0]
 
 
 def learn(db: Path, n: int) -> None:
