@@ -264,10 +264,17 @@ def in_callers_block(store: Any) -> bool:
 
 
 def owns_event(ensemble: Any, event: Mapping[str, Any]) -> bool:
-    """Whether ``ensemble`` made the logged decision (so it may learn from feedback on it)."""
-    if ensemble is None or event.get("policy") == EXTERNAL_POLICY:
+    """Whether ``ensemble`` made the logged decision (so it may learn from feedback on it): the same retrievers,
+    and the same policy where the event names one. Apps of other policies on one file learn apart: a gradient
+    app given feedback on a thompson app's decisions learned them (their propensities are another policy's),
+    and the thompson app, restarted, had learned none."""
+    logged = event.get("policy")
+    if ensemble is None or logged == EXTERNAL_POLICY:
         return False
-    return set(event.get("retrievers") or ()) == set(ensemble.retriever_names)
+    if set(event.get("retrievers") or ()) != set(ensemble.retriever_names):
+        return False
+    policy = getattr(getattr(ensemble, "learner", None), "policy_name", None)
+    return logged is None or policy is None or logged == policy
 
 
 # The ensemble that logged each recent decision in this process. Several learners may share a store with
