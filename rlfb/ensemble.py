@@ -176,6 +176,10 @@ class FeedbackEnsemble:
         # another process wrote meanwhile (rlfb.snapshot_sync.take_newer), so that neither's learning is lost
         self._unsaved: list[Any] = []
         self._unsaved_asks: dict[str, int] = {}  # remembered questions asked since the last snapshot, by count
+        # feedback rows committed through another store handle whose learning here then failed (a busy or full
+        # store): learned at this ensemble's next feedback, a retry with the same idempotency key included
+        # (rlfb.feedback_learning.learn_pending)
+        self._unlearned: dict[int, Any] = {}
         # before the first snapshot, the learner's state that the unsaved learning went on top of: what a rolled
         # back feedback is learned again on (rlfb.snapshot_sync.learn_again_on_rollback)
         self._rollback_base: tuple[Any, int, Any] | None = None

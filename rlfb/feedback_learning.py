@@ -139,9 +139,19 @@ def record_and_learn(ens: FeedbackEnsemble, event_id: str, signal: str | None, *
         learner: FeedbackEnsemble = ens if maker is None else maker
         together = learner.store is store
         if together:
-            damaged = _learn_keeping(learner, record, undo=in_callers_block(store))
+            undo = in_callers_block(store)
+            learn_pending(learner, undo=undo)
+            damaged = _learn_keeping(learner, record, undo=undo)
     if not together:  # its own connection to this file waits for this one's write lock
-        damaged = _learn_keeping(learner, record)
+        # the row is committed already: learning that fails now (another writer took the lock meanwhile) leaves
+        # it stored and unlearned, and a retry with its idempotency key is a duplicate, so the learner keeps it
+        # to learn at its next feedback (an audit of 2026-12-06 found 3 of 40 feedbacks stored and never learned)
+        try:
+            learn_pending(learner)
+            damaged = _learn_keeping(learner, record)
+        except BaseException as exc:
+            _keep_unlearned(learner, record, exc)
+            raise
     if damaged is not None:
         raise damaged
     return record
@@ -191,6 +201,39 @@ def record_implicit(
     if damaged is not None:
         raise damaged
     return records
+
+
+def learn_pending(ens: FeedbackEnsemble, *, undo: bool = False) -> None:
+    """Learn the feedback rows ``ens`` keeps as stored and not learned (:func:`_keep_unlearned`), oldest first;
+    one whose event's row is damaged is let go, stored and unlearned, as at its first try. Inside a block that
+    may still roll back (the feedback's own, or ``undo``: a caller's), one learned is kept again if it does."""
+    pending = ens._unlearned
+    if not pending:
+        return
+    store = ens._require_store()
+    with ens._guarded():
+        for feedback_id, record in sorted(pending.items()):
+            with contextlib.suppress(CorruptStateError):
+                learn_record(ens, record, undo=undo)
+            del pending[feedback_id]
+            if getattr(store, "exclusive_depth", 0):
+                store.on_rollback(lambda f=feedback_id, r=record: pending.setdefault(f, r))
+
+
+def _keep_unlearned(ens: FeedbackEnsemble, record: Any, exc: BaseException) -> None:
+    """``record`` was committed, and learning it on ``ens`` (its own connection to the file) failed with ``exc``:
+    keep it for ``ens``'s next feedback (:func:`learn_pending`), and say so in ``exc``."""
+    with ens._lock:
+        if not record.duplicate and record.in_window:  # a duplicate's row is kept already, if it was not learned
+            ens._unlearned[record.feedback_id] = record
+        if record.feedback_id not in ens._unlearned:
+            return
+    note = (f"feedback {record.feedback_id} on event {record.event_id!r} is stored but not learned yet; the "
+            "ensemble that made the retrieval learns it at its next feedback (a retry with the same "
+            "idempotency key included)")
+    add_note = getattr(exc, "add_note", None)  # Python 3.11+
+    if add_note is not None:
+        add_note(note)
 
 
 def _learn_keeping(ens: FeedbackEnsemble, record: Any, *, undo: bool = False) -> CorruptStateError | None:
