@@ -36,6 +36,7 @@ answer among its chunks itself: :func:`rlfb.policies._util.shared_credit`.)
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -414,20 +415,22 @@ class RewardFunction:
         return sorted(self._aliases)
 
     def resolve(self, signal: str) -> str:
-        """Map a signal name to its base kind, or raise :class:`UnknownSignalError`.
+        """Map a signal name to its base kind, or raise :class:`UnknownSignalError` (with the closest known name).
 
         >>> RewardFunction().resolve("thumbs_down")
         'explicit_negative'
-        >>> RewardFunction().resolve("meh")
+        >>> RewardFunction().resolve("thumbsup")
         Traceback (most recent call last):
         ...
-        rlfb.errors.UnknownSignalError: unknown signal type 'meh'; known: ...
+        rlfb.errors.UnknownSignalError: unknown signal type 'thumbsup' (did you mean 'thumbs_up'?); known: ...
         """
         try:
             return self._aliases[signal]
         except (KeyError, TypeError):
+            close = difflib.get_close_matches(signal, self.signals, n=1) if isinstance(signal, str) else []
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UnknownSignalError(
-                f"unknown signal type {signal!r}; known: {', '.join(self.signals)}"
+                f"unknown signal type {signal!r}{hint}; known: {', '.join(self.signals)}"
             ) from None
 
     def normalize(

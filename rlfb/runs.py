@@ -27,7 +27,6 @@ the core lives here, framework-free:
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 import os
@@ -218,18 +217,15 @@ def key_or_score(args: tuple[Any, ...], key: str | None, score: Any, method: str
 def _signal_base(name: str, reward: Any, method: str) -> str:
     """The base kind of the signal ``name`` given second with nothing else rating the run, by ``reward``'s signals
     (the built-in ones where it is ``None``); a name no signal has is :class:`~rlfb.errors.UnknownSignalError`,
-    with the closest known name: read as a LangSmith key with no score, it was refused for want of a signal."""
+    as :meth:`RewardFunction.resolve <rlfb.reward.RewardFunction.resolve>` names it: read as a LangSmith key
+    with no score, it was refused for want of a signal."""
     reward = reward if isinstance(reward, RewardFunction) else RewardFunction()
     try:
         return reward.resolve(name)
-    except UnknownSignalError:
-        known = reward.signals
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise UnknownSignalError(
-        f"unknown signal type {name!r}{hint}; known: {', '.join(known)}; a LangSmith-style feedback key needs "
-        f"its score: {method}(run_id, {name!r}, score=...)"
-    ) from None
+    except UnknownSignalError as exc:
+        raise UnknownSignalError(
+            f"{exc}; a LangSmith-style feedback key needs its score: {method}(run_id, {name!r}, score=...)"
+        ) from None
 
 
 def same_store(a: Any, b: Any) -> bool:
