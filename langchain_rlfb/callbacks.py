@@ -554,15 +554,12 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if self._warned_unlearned:
             return
         for eid in dict.fromkeys(r.event_id for r in records):
-            if eid in elsewhere:  # learned by its ensemble on its own store
+            # learned by its ensemble on its own store, or by the live one that logged it here (as
+            # record_run_feedback picks it; it made the decision, so it owns it): no event to read for either
+            if eid in elsewhere or maker_of(eid, self.store) is not None:
                 continue
             event = self.store.event(eid)
-            if event.get("policy") == EXTERNAL_POLICY:
-                continue
-            learner = maker_of(eid, self.store)  # as record_run_feedback picks it
-            if learner is None:
-                learner = self.ensemble
-            if owns_event(learner, event):
+            if event.get("policy") == EXTERNAL_POLICY or owns_event(self.ensemble, event):
                 continue
             self._warned_unlearned = True
             warnings.warn(
