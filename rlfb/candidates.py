@@ -20,7 +20,7 @@ from rlfb.fusion import normalize, rank_matrix, shared_ranks
 from rlfb.members import SearchMember
 from rlfb.policies.base import Context
 from rlfb.retrievers.base import ChunkTable, Retriever, dense_retriever, top_k
-from rlfb.types import Chunk, Hit, copy_metadata
+from rlfb.types import Chunk, Hit, check_chunk, copy_metadata
 
 Pool = tuple[list[str], np.ndarray, np.ndarray, np.ndarray]  # ids, raw, ranks, proposed: one row a candidate
 
@@ -251,9 +251,7 @@ def check_rerank_chunks(chunks: Any) -> list[Chunk]:
         raise ValidationError(f"chunks must be a sequence of Chunk objects, got {type(chunks).__name__}")
     unique: dict[str, Chunk] = {}
     for c in chunks:
-        if not isinstance(c, Chunk):
-            raise ValidationError(f"rerank takes Chunk objects, got {type(c).__name__}")
-        unique.setdefault(c.id, c)
+        unique.setdefault(check_chunk(c, "rerank").id, c)
     return list(unique.values())
 
 

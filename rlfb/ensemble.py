@@ -81,6 +81,7 @@ from rlfb.types import (
     check_known_options,
     keyword_options,
     make_chunks,
+    text_list,
     validate_flag,
     validate_k,
     validate_seconds,
@@ -299,7 +300,7 @@ class FeedbackEnsemble:
         (True, 2)
         """
         if not isinstance(texts, str):
-            texts = list(texts)  # a generator is read once, for the ids and the chunks alike
+            texts = text_list(texts)  # a generator is read once, for the ids and the chunks alike
             if not texts and (ids is None or len(ids) == 0) and (metadatas is None or len(metadatas) == 0):
                 return []  # nothing to index, as add_chunks([]); ids without texts fail in make_chunks
         return self.add_chunks(make_chunks(texts, ids, metadatas), show_progress=show_progress)

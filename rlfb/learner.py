@@ -471,6 +471,8 @@ class Learner:
 
     def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> Learner:
         """Set the policy's (default) weights; validated, NaN and negative weights are rejected."""
+        if isinstance(weights, Iterable) and not isinstance(weights, (Mapping, Sequence, np.ndarray)):
+            weights = list(weights)  # a generator, read once: checked, then handed on empty ("got 0 weights")
         weights_vector(weights, self.retrievers)
         setter = getattr(self.policy, "set_weights", None)
         if setter is None:

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from rlfb.errors import ValidationError
-from rlfb.types import Chunk, validate_k
+from rlfb.types import Chunk, check_chunk, validate_k
 
 __all__ = ["SearchMember", "SearchFn"]
 
@@ -68,8 +68,7 @@ class SearchMember:
                 raise ValidationError(
                     f"member {self.name!r} returned {item!r}: each result must be a (Chunk, score or None) pair"
                 ) from None
-            if not isinstance(chunk, Chunk):
-                raise ValidationError(f"member {self.name!r} returned {type(chunk).__name__}, not a Chunk")
+            check_chunk(chunk, f"member {self.name!r}")
             if chunk.id in seen:  # a member listing one chunk twice keeps its best position
                 continue
             seen.add(chunk.id)

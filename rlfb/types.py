@@ -16,8 +16,8 @@ import numpy as np
 from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
 __all__ = [
-    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk_ids", "content_id", "content_ids",
-    "copy_metadata", "make_chunks", "validate_flag", "validate_k", "validate_seconds",
+    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk", "check_chunk_ids", "content_id", "content_ids",
+    "copy_metadata", "make_chunks", "text_list", "validate_flag", "validate_k", "validate_seconds",
 ]
 
 
@@ -189,6 +189,29 @@ def keyword_options(func: Any, *, leave_out: Iterable[str] = ()) -> list[str] | 
     return [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in skip]
 
 
+def check_chunk(chunk: Any, where: str) -> Chunk:
+    """``chunk`` where it is a :class:`Chunk` of a string id, a string text and a mapping (or ``None``) of
+    metadata; else a :class:`ValidationError` naming ``where`` it came from. A dataclass checks no types, and a
+    chunk of a list id or metadata failed deep inside the ranking (an unhashable list, no ``.items``).
+
+    >>> check_chunk(Chunk("c1", "tides", [1]), "rerank")
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: rerank: chunk 'c1' has metadata of type list, not a mapping
+    """
+    if not isinstance(chunk, Chunk):
+        raise ValidationError(f"{where}: got {type(chunk).__name__}, not a Chunk")
+    if not isinstance(chunk.id, str) or not chunk.id:
+        raise ValidationError(f"{where}: a chunk's id must be a non-empty string, got {type(chunk.id).__name__} "
+                              f"{chunk.id!r:.80}")
+    if not isinstance(chunk.text, str):
+        raise ValidationError(f"{where}: chunk {chunk.id!r} has a text of type {type(chunk.text).__name__}, not str")
+    if chunk.metadata is not None and not isinstance(chunk.metadata, Mapping):
+        raise ValidationError(f"{where}: chunk {chunk.id!r} has metadata of type {type(chunk.metadata).__name__}, "
+                              "not a mapping")
+    return chunk
+
+
 def check_chunk_ids(ids: Sequence[Any], what: str = "chunk id") -> None:
     """Refuse chunk ids that are not strings, empty, or repeated.
 
@@ -249,6 +272,24 @@ def content_ids(texts: Sequence[str]) -> list[str]:
     return out
 
 
+def text_list(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list, read once (a generator too); one string or a mapping is refused.
+
+    A mapping of ids to texts, a common shape, would index its keys as the texts (a list of it is its keys):
+
+    >>> text_list({"doc-1": "Geysers erupt hot water"})
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.ValidationError: texts must be a sequence of strings, not a mapping: give its values as texts ...
+    """
+    if isinstance(texts, str):
+        raise ValidationError("texts must be a sequence of strings, not one string")
+    if isinstance(texts, Mapping):
+        raise ValidationError("texts must be a sequence of strings, not a mapping: give its values as texts and its "
+                              "keys as ids (texts=list(d.values()), ids=list(d.keys()))")
+    return list(texts)
+
+
 def make_chunks(
     texts: Sequence[str],
     ids: Sequence[str] | None = None,
@@ -269,15 +310,15 @@ def make_chunks(
     ...
     rlfb.errors.DuplicateIdError: duplicate chunk id: 'x'
     """
-    if isinstance(texts, str):
-        raise ValidationError("texts must be a sequence of strings, not one string")
-    texts = list(texts)
+    texts = text_list(texts)
     if not texts:
         raise EmptyCorpusError("cannot index an empty corpus: no texts given")
     if ids is None:
         ids = content_ids(texts)
     if isinstance(ids, str):  # a string is a sequence too: "ab" would silently become ids "a" and "b"
         raise ValidationError("ids must be a sequence of strings, not one string")
+    if isinstance(ids, Mapping):  # its keys would be the ids, whatever its values are
+        raise ValidationError("ids must be a sequence of strings, not a mapping")
     ids = list(ids)
     check_chunk_ids(ids)
     if len(ids) != len(texts):

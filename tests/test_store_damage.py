@@ -206,7 +206,7 @@ def test_a_full_disk_is_named_not_called_damage(tmp_path: Path) -> None:
     conn = store._tx.conn
     conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")  # no page to grow
     with pytest.raises(StoreFullError, match="disk is full"):
-        store.log_event("q", {"weights": {"bm25": 1.0}}, chunks=[{"chunk_id": "c", "metadata": "x" * 100_000}],
+        store.log_event("q", {"weights": {"bm25": 1.0}}, chunks=[{"chunk_id": "c" + "x" * 100_000}],
                         metadata={"big": "y" * 100_000})
     assert store.counts()["events"] == 0
 

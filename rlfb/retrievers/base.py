@@ -519,7 +519,14 @@ def _check_json(value: Any, chunk_id: str, where: str = "", _open: frozenset[int
     ...
     rlfb.errors.ValidationError: chunk 'c1': metadata['published'] is a date, which JSON cannot hold
     """
-    if value is None or isinstance(value, (str, int, float)):  # bool is an int
+    if value is None or isinstance(value, (str, float)):
+        return
+    if isinstance(value, int):  # bool is an int
+        try:
+            int.__str__(value)
+        except ValueError:  # json.dumps raised it bare: "Exceeds the limit (4300 digits) for integer string ..."
+            raise ValidationError(f"chunk {chunk_id!r}: metadata{where} is an integer of more digits than Python "
+                                  "writes as text") from None
         return
     if not isinstance(value, (dict, list, tuple)):  # what json.dumps writes, and only that
         raise ValidationError(
@@ -527,6 +534,10 @@ def _check_json(value: Any, chunk_id: str, where: str = "", _open: frozenset[int
         )
     if id(value) in _open:
         raise ValidationError(f"chunk {chunk_id!r}: its metadata holds itself (a circular reference)")
+    from rlfb.store.codec import MAX_DEPTH  # here: importing rlfb stays light (rlfb.store loads on first use)
+
+    if len(_open) >= MAX_DEPTH:  # json.loads recurses: deeper nesting was a RecursionError at save or load
+        raise ValidationError(f"chunk {chunk_id!r}: its metadata is nested deeper than {MAX_DEPTH} levels")
     inside = _open | {id(value)}
     if isinstance(value, dict):
         for k, v in value.items():

@@ -14,7 +14,7 @@ from rlfb.reward import finite_float
 
 _IN_CHUNK = 500  # ids per "IN (...)" query, well under SQLite's parameter limit
 _MAX_INT = 2**63 - 1  # SQLite's INTEGER is 64-bit signed; a larger Python int raises OverflowError there
-_MEMORY = (":memory:", "")  # sqlite3's in-memory database and its private temporary one
+_MEMORY = (":memory:",)  # sqlite3's in-memory database ("", its private temporary one, is refused)
 
 
 def _opt_str(x: Any, name: str) -> str | None:
@@ -136,6 +136,10 @@ def _check_path(path: Any) -> str:
     file named ``None`` in the working directory.
     """
     path = path_text(path, also=" (or ':memory:')")
+    if path == "":
+        # sqlite3's private temporary database: an unset setting (os.environ.get("DB", "")) lost every write at exit
+        raise ValidationError("the database path is empty: name a file, or ':memory:' for a store that lives only "
+                              "as long as the process")
     if path in _MEMORY:
         return path
     # sqlite3 says only "unable to open database file" for these; name the path and the reason

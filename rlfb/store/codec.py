@@ -86,7 +86,10 @@ def _dumps(obj: Any, name: str, *, str_keys: bool = False) -> str | bytes:
     except ValueError as exc:
         if "Circular" in str(exc):
             raise ValidationError(f"{name} contains a circular reference") from exc
-        raise NonFiniteValueError(f"{name} contains NaN or infinity") from exc
+        if "float" in str(exc):  # allow_nan=False: "Out of range float values are not JSON compliant"
+            raise NonFiniteValueError(f"{name} contains NaN or infinity") from exc
+        # an int of more digits than Python converts to text (10**5000) was named NaN or infinity
+        raise ValidationError(f"{name} cannot be stored as JSON: {exc}") from exc
     except TypeError as exc:
         raise ValidationError(f"{name} is not JSON-serialisable: {exc}") from exc
     except RecursionError as exc:

@@ -96,6 +96,10 @@ def log_events(store: FeedbackStore, events: Iterable[Mapping[str, Any]]) -> lis
     return [_dec(ev[0]) for ev, _ in prepared]
 
 
+#: The keys of a chunk row given as a mapping (what :meth:`FeedbackStore.event` gives back for each chunk).
+_CHUNK_KEYS = frozenset({"chunk_id", "rank", "score", "scores", "normalized", "proposed_by", "used"})
+
+
 def prepare_event(
     store: FeedbackStore,
     query: str,
@@ -151,6 +155,11 @@ def prepare_event(
     unused: list[str] = []
     enc_eid = _enc(eid)
     for pos, c in enumerate(chunks):
+        if isinstance(c, Mapping) and not _CHUNK_KEYS.issuperset(c.keys()):
+            # a misspelt key ("usd" for "used") was dropped, and its default logged: a chunk the answer left out
+            # took the praise of the answer, as a misspelt decision key would (refused for that reason)
+            raise ValidationError(f"chunk {pos}: unknown key(s) {sorted(map(str, set(c) - _CHUNK_KEYS))}; a chunk row "
+                                  f"takes {sorted(_CHUNK_KEYS)}")
         cid = _get(c, "chunk_id")
         if not isinstance(cid, str):
             raise ValidationError(f"chunk {pos}: chunk_id must be a str, got {cid!r}")
@@ -164,7 +173,9 @@ def prepare_event(
         score = _get(c, "score")
         score = None if score is None else finite_float(score, f"chunk {cid!r} score")
         proposed = _get(c, "proposed_by", ()) or ()
-        if isinstance(proposed, str) or not all(isinstance(p, str) for p in proposed):
+        # read once: a generator checked by all() was stored empty
+        proposed = list(proposed) if isinstance(proposed, Iterable) and not isinstance(proposed, str) else proposed
+        if not isinstance(proposed, list) or not all(isinstance(p, str) for p in proposed):
             raise ValidationError(f"chunk {cid!r}: proposed_by must be a sequence of retriever names")
         used = validate_flag(_get(c, "used", True), f"chunk {cid!r}: used")  # "no" would count as used
         if not used:

@@ -265,12 +265,20 @@ def stored_record(conn: sqlite3.Connection, feedback_id: int, duplicate: bool) -
 
 
 def feedback_rows(store: FeedbackStore, event_id: str) -> list[dict[str, Any]]:
-    """The event's feedback rows, decoded, oldest first."""
-    with store._read():
-        rows = store.db.query(
-            "SELECT * FROM feedback WHERE event_id = ? ORDER BY ts, id", [_enc(_check_event_id(event_id))]
-        )
-        return [_feedback_dict(r) for r in rows]
+    """The event's feedback rows, decoded, oldest first; an event never logged is an :class:`UnknownEventError`
+    (as in :func:`event_reward`), where ``[]`` read as "no feedback yet" for a mistyped id."""
+    enc = _enc(_check_event_id(event_id))
+    with store._read() as conn:
+        rows = [_feedback_dict(r) for r in store.db.query(
+            "SELECT * FROM feedback WHERE event_id = ? ORDER BY ts, id", [enc])]
+        _known(conn, enc, event_id, rows)
+        return rows
+
+
+def _known(conn: sqlite3.Connection, enc_event_id: Any, event_id: str, found: Any) -> None:
+    """Refuse an event id that names no logged event, where ``found`` (what was read for it) is empty."""
+    if not found and conn.execute("SELECT 1 FROM events WHERE id = ?", (enc_event_id,)).fetchone() is None:
+        raise UnknownEventError(f"unknown event id {event_id!r}")
 
 
 def event_reward(store: FeedbackStore, event_id: str, *, repeats: bool = False) -> tuple[float, dict[str, float]]:
@@ -278,8 +286,7 @@ def event_reward(store: FeedbackStore, event_id: str, *, repeats: bool = False) 
     feedback :func:`repeats_latest` finds repeated (which taught the learner nothing), unless ``repeats``."""
     enc = _enc(_check_event_id(event_id))
     with store._read() as conn:
-        if conn.execute("SELECT 1 FROM events WHERE id = ?", (enc,)).fetchone() is None:
-            raise UnknownEventError(f"unknown event id {event_id!r}")
+        _known(conn, enc, event_id, None)
         left_out = set() if repeats else _repeats(conn, enc, _MAX_ID)
         said = [d for fid, d in conn.execute(
             "SELECT id, discounted FROM feedback WHERE event_id = ? AND in_window = 1", (enc,)) if fid not in left_out]
@@ -359,4 +366,6 @@ def chunk_reward_sums(
     before = None if before_feedback_id is None else _check_int(before_feedback_id, "before_feedback_id", minimum=0)
     with store._read() as conn:
         left_out = set() if repeats else _repeats(conn, enc, _MAX_ID if before is None else before - 1)
-        return _chunk_sums(conn, enc, before, left_out)
+        sums = _chunk_sums(conn, enc, before, left_out)
+        _known(conn, enc, event_id, sums)
+        return sums

@@ -431,6 +431,10 @@ class FeedbackStore:
     ) -> FeedbackRecord:
         """Validate one feedback signal, then store it and its rewards in one transaction.
 
+        This stores it only: no learner learns from a row written this way, then or later. Feedback meant to
+        teach goes through the ensemble that made the retrieval (:meth:`rlfb.FeedbackEnsemble.feedback`), or
+        :func:`rlfb.runs.record_run_feedback`, which the live ensemble that made the retrieval learns.
+
         Give a ``signal`` name (``"thumbs_up"``, ``"reformulation"``, ...), or
         ``rating=`` (1..5), or ``value=`` alone (a raw score in [-1, 1]);
         ``signal="rating"`` / ``"score"`` with the number is fine too.
@@ -464,7 +468,8 @@ class FeedbackStore:
         return feedback_log.record_batch(self, items)
 
     def feedback(self, event_id: str) -> list[dict[str, Any]]:
-        """The event's feedback rows, oldest first (flagged out-of-window rows included)."""
+        """The event's feedback rows, oldest first (flagged out-of-window rows included); an id that names no
+        logged event is an :class:`~rlfb.errors.UnknownEventError`."""
         return feedback_log.feedback_rows(self, event_id)
 
     def event_reward(self, event_id: str, *, repeats: bool = False) -> tuple[float, dict[str, float]]:
@@ -493,7 +498,8 @@ class FeedbackStore:
         With ``before_feedback_id``, only feedback stored before that row counts
         (what earlier feedback taught, as :func:`rlfb.policies._util.chunk_evidence` wants it).
         The feedback :meth:`repeats_latest` finds repeated taught nothing and is left out;
-        ``repeats=True`` counts it, as it was sent.
+        ``repeats=True`` counts it, as it was sent. An id that names no logged event is an
+        :class:`~rlfb.errors.UnknownEventError`.
         """
         return feedback_log.chunk_reward_sums(self, event_id, before_feedback_id=before_feedback_id,
                                               repeats=repeats)

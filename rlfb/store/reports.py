@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.files import refuse_overwriting_store, write_atomically
+from rlfb.files import path_text, refuse_overwriting_store, write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
 from rlfb.store.codec import _dec, _jsonl
@@ -278,6 +278,7 @@ def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
     if not hasattr(path, "write"):
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValidationError(f"export_jsonl needs a file path or a binary file object, got {path!r}")
+        path = path_text(path, "export path")  # a NUL character: a bare ValueError from os.path.samefile
         if not store._memory:  # an export written over the store it reads destroys it ("file is not a database")
             refuse_overwriting_store(path, store.path)
     if hasattr(path, "write"):
