@@ -37,7 +37,18 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   ``create_retriever_tool``), in any process. It keeps the newest 100,000
   open runs: LangChain reports no end for some (an ``ainvoke`` cancelled early).
 * ``on_retriever_error`` forgets the run: a failed retrieval logs nothing, and
-  the error reaches the caller as usual.
+  the error reaches the caller as usual. A run that failed because the store
+  stayed locked (:class:`rlfb.errors.StoreBusyError`) is not marked failed in
+  that store at once, which would wait ``busy_timeout`` a second time and end in
+  LangChain's "Error in FeedbackCallbackHandler" line: the mark is kept in
+  memory and written before the handler next logs a retrieval or takes feedback.
+* A top-level run (a chain, a tool) whose run id the store already holds
+  retrievals under (the caller gave ``config={"run_id": ...}`` again) is refused:
+  with ``handler.raise_error = True`` its start raises
+  :class:`rlfb.errors.DuplicateEventError` and nothing runs; otherwise (LangChain
+  only prints a callback's errors) a warning says so, and the run's retrievals
+  are passed by, as a failed run's are: feedback on that run id rates the
+  earlier run's retrievals alone, and theirs is given by their own run ids.
 * The session comes from the run's metadata (``config={"metadata":
   {"session_id": ...}}``, else LangSmith's ``thread_id`` or ``conversation_id``:
   a non-empty str, an int or a UUID; any other value is
@@ -69,7 +80,15 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 from langchain_rlfb._checks import check_store, flag, session_key, session_text, usable_score
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
-from rlfb.errors import NoStoreError, NotCopyableError, RlfbError, ValidationError
+from rlfb._caller import caller_stacklevel
+from rlfb.errors import (
+    DuplicateEventError,
+    NoStoreError,
+    NotCopyableError,
+    RlfbError,
+    StoreBusyError,
+    ValidationError,
+)
 from rlfb.runs import (
     EXTERNAL_POLICY,
     SCORE_SCALES,
@@ -148,6 +167,11 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._parents: OrderedDict[str, str | None] = OrderedDict()
         self._retrievals: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._fallbacks: set[str] = set()  # open runs of RunnableWithFallbacks
+        # open top-level runs whose run id the store held retrievals under already (a run id given again), with
+        # the runs directly under each that were marked failed, so feedback on the id passes them by
+        self._refused: dict[str, set[str]] = {}
+        # runs that failed while the store was locked, to mark failed in it (fail_run) at the next write
+        self._unmarked: OrderedDict[str, None] = OrderedDict()
         self._warned_unlearned = False  # feedback stored that no live learner learned was warned of
 
     @classmethod
@@ -187,10 +211,78 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     # (chains, tools of agents, and models that call retrievers) is kept while open,
     # so the links written when a retrieval ends reach the top-level run.
     def _open(self, run_id: UUID, parent_run_id: UUID | None, *, fallbacks: bool = False) -> None:
+        rid = str(run_id)
         with self._lock:
-            self._opened(str(run_id), self._parent_of(_str(parent_run_id)))
+            parent = self._parent_of(_str(parent_run_id))
+            again = parent is None and rid in self._parents
+        if parent is None and not again:
+            # a top-level run: LangChain makes each run id anew, so one the store knows was given by the caller
+            # again (config={"run_id": ...}), and feedback on it would rate both runs' questions
+            again = bool(self.store.resolve_run(rid))
+        if again:
+            self._refuse(rid)  # raises where the handler's errors reach the caller (raise_error)
+        with self._lock:
+            self._opened(rid, parent)
             if fallbacks:
-                self._fallbacks.add(str(run_id))
+                self._fallbacks.add(rid)
+            if again:
+                self._refused[rid] = set()
+
+    def _refuse(self, rid: str) -> None:
+        """A top-level run started under a run id that retrievals were logged under already.
+
+        Refused as a retrieval's own run id given again is (:class:`DuplicateEventError`): raised where LangChain
+        passes the handler's errors on (``handler.raise_error = True``), and the run does not start. Otherwise
+        LangChain would only print the error and run it all the same, so a warning says so, and the retrievals
+        made under it are passed by when feedback is given on ``rid`` (:meth:`_refused_below`).
+        """
+        said = (f"run id {rid!r} was given to an earlier run, whose retrievals are logged under it: a run id "
+                "names one run (give each invoke its own, or none)")
+        if self.raise_error:
+            raise DuplicateEventError(said)
+        warnings.warn(
+            f"{said}; this run goes on, but feedback on {rid!r} rates the earlier run's retrievals only: rate this "
+            "run's by their own run ids (handler.raise_error = True refuses such a run with a DuplicateEventError)",
+            UserWarning,
+            stacklevel=caller_stacklevel(("langchain_core", "langchain", "langchain_classic", "langgraph")),
+        )
+
+    def _refused_below(self, path: Sequence[tuple[str, str]]) -> None:
+        """Mark failed the run directly under a refused run on ``path`` (``(run, parent)`` pairs up to the root),
+        once: feedback on the refused run id then passes this run's retrievals by (:meth:`FeedbackStore.resolve_run
+        <rlfb.store.FeedbackStore.resolve_run>` skips failed runs), as it passes a failed run's by."""
+        with self._lock:
+            below = [(run, top) for run, top in path if top in self._refused and run not in self._refused[top]]
+            for run, top in below:
+                self._refused[top].add(run)
+        for run, _ in below:
+            self._mark_failed(run)
+
+    def _mark_failed(self, rid: str, *, wait: bool = True) -> None:
+        """``store.fail_run(rid)``, kept in memory for the next write where the store is locked (``wait=False``:
+        known to be locked, so it is not tried now)."""
+        if wait:
+            try:
+                self.store.fail_run(rid)
+                return
+            except StoreBusyError:
+                pass
+        with self._lock:
+            self._unmarked[rid] = None
+            while len(self._unmarked) > _OPEN_RUNS:
+                self._unmarked.popitem(last=False)
+
+    def _write_unmarked(self) -> None:
+        """Write the failed marks kept while the store was locked (:meth:`_failed`); a busy store raises as
+        the write that follows would, and keeps the rest."""
+        while self._unmarked:
+            with self._lock:
+                if not self._unmarked:
+                    return
+                rid = next(iter(self._unmarked))
+            self.store.fail_run(rid)
+            with self._lock:
+                self._unmarked.pop(rid, None)
 
     def _parent_of(self, reported: str | None) -> str | None:
         """The run a starting run is under (call under ``self._lock``): ``reported``, or an open run below it.
@@ -221,7 +313,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         """
         self._parents[rid] = parent
         while len(self._parents) > _OPEN_RUNS:
-            self._fallbacks.discard(self._parents.popitem(last=False)[0])
+            gone = self._parents.popitem(last=False)[0]
+            self._fallbacks.discard(gone)
+            self._refused.pop(gone, None)
         if retrieval is not None:
             self._retrievals[rid] = retrieval
             while len(self._retrievals) > _OPEN_RUNS:
@@ -231,10 +325,17 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         with self._lock:
             self._parents.pop(str(run_id), None)
             self._fallbacks.discard(str(run_id))
+            self._refused.pop(str(run_id), None)
 
-    def _failed(self, run_id: UUID) -> None:
+    def _failed(self, run_id: UUID, error: BaseException | None = None) -> None:
         """A run that raised: what was retrieved under it produced no answer (a retry's first attempt, a
-        branch a fallback replaced), so feedback on the runs above it must not rate those retrievals."""
+        branch a fallback replaced), so feedback on the runs above it must not rate those retrievals.
+
+        Where it raised because a store stayed locked (a :class:`StoreBusyError`, the retrieval's own log
+        most often), the mark is not written now: the handler's store is most likely the one locked, and
+        writing would wait ``busy_timeout`` once more, then fail (LangChain printing it as the handler's error).
+        It is kept in memory and written before the handler next logs a retrieval or takes feedback.
+        """
         rid = str(run_id)
         with self._lock:
             # with the open runs under it: a run cancelled in ainvoke fails its chain, but LangChain reports no
@@ -249,7 +350,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 self._parents.pop(r, None)
                 self._retrievals.pop(r, None)
                 self._fallbacks.discard(r)
-        self.store.fail_run(rid)
+                self._refused.pop(r, None)
+        self._mark_failed(rid, wait=not isinstance(error, StoreBusyError))
 
     def on_chain_start(
         self, serialized: Any, inputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
@@ -263,7 +365,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._close(run_id)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._failed(run_id)
+        self._failed(run_id, error)
 
     def on_tool_start(
         self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None,
@@ -275,7 +377,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._close(run_id)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._failed(run_id)
+        self._failed(run_id, error)
 
     def on_llm_start(
         self, serialized: Any, prompts: list[str], *, run_id: UUID, parent_run_id: UUID | None = None,
@@ -323,6 +425,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             })
             links = self._ancestor_links(parent)
             nested = parent in self._retrievals or any(p in self._retrievals for _, p in links)
+        if self._refused and parent is not None:
+            self._refused_below([(str(run_id), parent), *links])  # under a run id given again
         if adopted and parent is not None:
             # under a run LangChain did not report as its parent (a fallback's attempt): the retrieval's own event
             # names the reported parent, so it is linked to the run it is under
@@ -331,12 +435,20 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             # Linked before the retrieval runs, so that a FeedbackEnsembleRetriever's own follow-up check
             # (which knows only its parent run) sees the runs above it: an agent's second call of its
             # retriever tool is then known as the same run as its first.
-            self.store.link_runs(links)
+            try:
+                self.store.link_runs(links)
+            except StoreBusyError:
+                # the store stayed locked: the retrieval's own log waits for it too (and raises, for an rlfb
+                # retriever on this store), so the links are written when the retrieval ends, not printed by
+                # LangChain as this handler's error
+                with self._lock:
+                    if str(run_id) in self._retrievals:
+                        self._retrievals[str(run_id)]["unlinked"] = links
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         # a retriever that raised after its members answered (an outer trimmer or reranker around an rlfb
         # retriever, retried or replaced by a fallback): the rankings under it produced no answer either
-        self._failed(run_id)
+        self._failed(run_id, error)
 
     def on_retriever_end(
         self, documents: Sequence[Document], *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
@@ -350,6 +462,9 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             outer = next((r for r in reversed([parent, *(p for _, p in links)]) if r in self._retrievals), None)
         if info is None:
             return
+        self._write_unmarked()  # runs that failed while the store was locked
+        if info.get("unlinked"):
+            self.store.link_runs(info["unlinked"])  # links the store was locked for at the start
         decided = self.store.has_event(rid)  # a FeedbackEnsembleRetriever logged it, and observed the session
         if outer is not None:
             # A member of an outer retriever: the outer result is what the user saw, so a plain member is not
@@ -518,6 +633,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                                           reward=getattr(self.store, "reward", None))
         fb: dict[str, Any] = dict(score=score, score_scale=self.score_scale, value=value, rating=rating,
                                   chunk_id=chunk_id, comment=comment, key=key, **kwargs)
+        self._write_unmarked()  # so feedback passes by the runs that failed while the store was locked
         ens = self.ensemble
         elsewhere = self._learners_elsewhere(run_id)
         if not elsewhere:
@@ -592,6 +708,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
 
     def retrievals(self, run_id: Any) -> list[dict[str, Any]]:
         """The logged retrievals a run id stands for (store event dicts, with their ranked ``chunks``)."""
+        self._write_unmarked()
         return [self.store.event(e) for e in self.store.resolve_run(str(run_id))]
 
 

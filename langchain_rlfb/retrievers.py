@@ -46,6 +46,7 @@ from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
 from langchain_rlfb._checks import flag, positive_count, session_key, session_text
+from rlfb._caller import caller_stacklevel
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_options
 from rlfb.errors import DuplicateEventError, DuplicateIdError, NoStoreError, ValidationError
@@ -65,8 +66,12 @@ __all__ = [
 _DEFAULT_POLICY = LEARNING_POLICY
 _DEFAULT_RETRIEVERS = ADAPTER_RETRIEVERS
 
-#: Metadata keys every returned Document carries (they override the chunk's own keys of the same name).
+#: Metadata keys every returned Document carries. They replace a chunk's own keys of the same names (with a
+#: warning, once per set of keys, as ``llamaindex_rlfb.METADATA_KEYS`` replace a node's).
 METADATA_KEYS = ("chunk_id", "score", "scores", "rank", "event_id", "proposed_by")
+
+_warned: set[tuple[str, ...]] = set()  # the sets of a chunk's own keys replaced that a warning named already
+_warned_lock = threading.Lock()
 
 #: The run metadata key under which a retriever reports its own ``session_id`` (the session of a call whose run
 #: metadata has none), for a :class:`~langchain_rlfb.FeedbackCallbackHandler` to log its copy under it too.
@@ -125,7 +130,12 @@ def _documents_to_chunks(documents: Sequence[Document]) -> list[Chunk]:
 
 
 def hit_to_document(hit: Hit, event_id: str | None = None) -> Document:
-    """A fused hit as a ``Document`` whose metadata adds :data:`METADATA_KEYS` to the chunk's metadata."""
+    """A fused hit as a ``Document`` whose metadata adds :data:`METADATA_KEYS` to the chunk's metadata.
+
+    The chunk's own metadata under one of those keys is replaced; a warning names such keys, once per set of
+    keys in the process (:func:`_warn_replaced`).
+    """
+    _warn_replaced(hit)
     meta = {
         **dict(hit.metadata),
         "chunk_id": hit.chunk_id,
@@ -136,6 +146,34 @@ def hit_to_document(hit: Hit, event_id: str | None = None) -> Document:
         "proposed_by": list(hit.proposed_by),
     }
     return Document(page_content=hit.text, metadata=meta, id=hit.chunk_id)
+
+
+def _warn_replaced(hit: Hit) -> None:
+    """Say (once per set of keys) that the chunk's own metadata under :data:`METADATA_KEYS` is replaced, as the
+    LlamaIndex adapter says it of a node's.
+
+    Not for the keys of a Document an rlfb retriever returned, indexed or fused again (as a member, or through
+    ``add_documents``): it holds every one of them, its ``chunk_id`` naming the chunk, and they are rlfb's
+    already. Nor for a ``chunk_id`` that names the chunk (:func:`document_to_chunk` reads the id from it).
+    """
+    meta = hit.metadata or {}
+    present = [k for k in METADATA_KEYS if k in meta]
+    if len(present) == len(METADATA_KEYS) and meta.get("chunk_id") == hit.chunk_id:
+        return  # a Document an rlfb retriever returned: the keys are rlfb's already
+    own = tuple(k for k in present if not (k == "chunk_id" and meta[k] == hit.chunk_id))
+    if not own:
+        return
+    with _warned_lock:
+        if own in _warned:
+            return
+        _warned.add(own)
+    warnings.warn(
+        f"the metadata keys {list(own)} of document {hit.chunk_id!r} (and of any document that has them) are "
+        f"replaced by rlfb's own on the Documents it returns ({', '.join(METADATA_KEYS)}): rename those keys "
+        "to keep their values",
+        UserWarning,
+        stacklevel=caller_stacklevel(("langchain_core", "langchain", "langchain_classic", "pydantic")),
+    )
 
 
 def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchMember:

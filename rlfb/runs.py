@@ -43,6 +43,7 @@ import numpy as np
 
 from rlfb.errors import (
     CorruptStateError,
+    IdempotencyConflictError,
     NonFiniteValueError,
     UnknownChunkError,
     UnknownEventError,
@@ -367,7 +368,9 @@ def record_run_feedback(
     many events the run resolves to (so a retry after the chain logged another
     retrieval is still a duplicate), kept as given when it already ends with
     ``":<event id>"``. A key stored bare on the event (how earlier versions
-    keyed a run of one retrieval) is reused for that event.
+    keyed a run of one retrieval) is reused for that event. A conflict
+    (:class:`~rlfb.errors.IdempotencyConflictError`) names the key as given, and
+    the form it is stored under for the retrieval it conflicted on.
 
     Raises :class:`UnknownEventError` when nothing was logged under the run id,
     :class:`UnknownChunkError` when none of its retrievals returned ``chunk_id``.
@@ -416,7 +419,10 @@ def record_run_feedback(
     together = all(learner.store is store for _, learner in learners)
     damaged = None
     with store.exclusive() if together else nullcontext():
-        records = store.record_feedback_batch(items)  # all or nothing
+        try:
+            records = store.record_feedback_batch(items)  # all or nothing
+        except IdempotencyConflictError as exc:
+            raise _conflict_as_given(exc, idempotency_key, items) from None
         by_event = {r.event_id: r for r in records}
         undo = together and in_callers_block(store)
         for event, learner in learners:
@@ -436,6 +442,24 @@ def _learner_of(event_id: str, makers: Mapping[str, Any], store: Any, ensemble: 
         if learner is not None:
             return learner
     return ensemble
+
+
+def _conflict_as_given(exc: IdempotencyConflictError, given: str | None,
+                       items: Sequence[Mapping[str, Any]]) -> IdempotencyConflictError:
+    """The conflict naming the idempotency key as the caller gave it, with the form it is stored under for
+    the retrieval it conflicted on (``"k1:<event id>"``, :func:`_event_key`). The store names the stored form,
+    after ``"feedback item <i>: "`` where the run stood for several retrievals: neither is what the caller
+    passed. ``exc`` itself where the key is stored as given."""
+    text = str(exc)
+    for item in items:
+        stored = item["idempotency_key"]
+        named = f"idempotency key {stored!r}"
+        if stored is None or stored == given or named not in text:
+            continue
+        rest = text.split(named, 1)[1]
+        return IdempotencyConflictError(
+            f"idempotency key {given!r} (stored for retrieval {item['event_id']!r} as {stored!r}){rest}")
+    return exc
 
 
 def _event_key(store: Any, key: str | None, event_id: str) -> str | None:
