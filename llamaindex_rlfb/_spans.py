@@ -24,6 +24,7 @@ from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llamaindex_rlfb._checks import session_text
 
 __all__ = [
+    "KEPT",
     "QUERIES",
     "RETRIEVALS",
     "SpanParents",
@@ -39,7 +40,9 @@ __all__ = [
 # Shared by every handler: the query id is LlamaIndex's span id, the same whichever handler sees it.
 QUERIES: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_queries", default=())
 RETRIEVALS: ContextVar[tuple[str, ...]] = ContextVar("rlfb_llamaindex_open_retrievals", default=())
-_SPANS_KEPT = 10_000  # spans whose parent is remembered
+#: How many recent entries each of a handler's memories keeps: the spans whose parent is remembered and the open
+#: chat turns here, and the handler's queries, learner decisions and what it logged under them
+KEPT = 10_000
 
 
 def current_query_id() -> str | None:
@@ -107,7 +110,7 @@ class SpanParents(BaseSpanHandler[Any]):
                     made = self._turns.setdefault(span, [])
                     if qid not in made:
                         made.append(qid)
-                    while len(self._turns) > _SPANS_KEPT:  # a turn that never ended (its span was lost)
+                    while len(self._turns) > KEPT:  # a turn that never ended (its span was lost)
                         self._turns.popitem(last=False)
                 span = self._parents.get(span)
                 seen += 1
@@ -121,7 +124,7 @@ class SpanParents(BaseSpanHandler[Any]):
         with self.lock:
             self._parents[id_] = parent_span_id
             self._started[id_] = next(self._count)
-            if len(self._parents) > _SPANS_KEPT:
+            if len(self._parents) > KEPT:
                 self._parents.popitem(last=False)
                 self._started.popitem(last=False)
         return None

@@ -455,10 +455,10 @@ def test_nodes_cut_after_the_rlfb_step_are_logged_as_what_was_shown(
 def test_late_feedback_still_teaches_the_adapter_that_decided(
     index: Any, handler: FeedbackEventHandler, make_ensemble: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # after _REMEMBER newer decisions the handler forgot who made the first one: stored, never learned
-    import llamaindex_rlfb.events as events
+    # after KEPT newer decisions the handler forgot who made the first one: stored, never learned
+    import llamaindex_rlfb._capture as capture
 
-    monkeypatch.setattr(events, "_REMEMBER", 3)
+    monkeypatch.setattr(capture, "KEPT", 3)
     ens = make_ensemble(store=handler.store, policy="thompson")
     pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2)
     nodes = index.as_retriever(similarity_top_k=6).retrieve("aurora")
