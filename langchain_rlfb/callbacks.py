@@ -66,6 +66,7 @@ with ``score_scale="signed"`` ([-1, 1]); see :func:`rlfb.runs.score_value`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from collections import OrderedDict
@@ -210,15 +211,16 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     # Every run type that can sit between a retrieval and the run feedback is given on
     # (chains, tools of agents, and models that call retrievers) is kept while open,
     # so the links written when a retrieval ends reach the top-level run.
-    def _open(self, run_id: UUID, parent_run_id: UUID | None, *, fallbacks: bool = False) -> None:
+    def _open(self, run_id: UUID, parent_run_id: UUID | None, *, fallbacks: bool = False,
+              check_reuse: bool = True) -> None:
         rid = str(run_id)
         with self._lock:
             parent = self._parent_of(_str(parent_run_id))
-            again = parent is None and rid in self._parents
-        if parent is None and not again:
-            # a top-level run: LangChain makes each run id anew, so one the store knows was given by the caller
-            # again (config={"run_id": ...}), and feedback on it would rate both runs' questions
-            again = bool(self.store.resolve_run(rid))
+            if parent is None and rid in self._parents:
+                return  # this very run started again: the handler given to LangChain twice (with_config and invoke)
+        # a top-level chain or tool: LangChain makes each run id anew, so one the store knows was given by the
+        # caller again (config={"run_id": ...}), and feedback on it would rate both runs' questions
+        again = parent is None and check_reuse and self._given_again(rid)
         if again:
             self._refuse(rid)  # raises where the handler's errors reach the caller (raise_error)
         with self._lock:
@@ -227,6 +229,21 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 self._fallbacks.add(rid)
             if again:
                 self._refused[rid] = set()
+
+    def _given_again(self, rid: str) -> bool:
+        """Whether the store holds retrievals under the top-level run id ``rid`` already. Not where that run
+        failed: a retry under the same id (its first attempt's runs, which answered nobody, are marked failed
+        here, so that feedback on ``rid`` rates the retry). Nor where the store is locked or closed: this check
+        is not worth a wait, nor an error LangChain prints as the handler's at every chain start."""
+        try:
+            if not self.store.resolve_run(rid):
+                return False
+            if self.store.run_failed(rid):
+                self.store.fail_children(rid)
+                return False
+        except RlfbError:  # a busy or closed store: the retrieval's own log says so, where there is one
+            return False
+        return True
 
     def _refuse(self, rid: str) -> None:
         """A top-level run started under a run id that retrievals were logged under already.
@@ -383,14 +400,14 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self, serialized: Any, prompts: list[str], *, run_id: UUID, parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        self._open(run_id, parent_run_id)
+        self._open(run_id, parent_run_id, check_reuse=False)  # a model's run holds no retrievals of its own
 
     def on_chat_model_start(
         self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
         # Defined so LangChain does not fall back to on_llm_start with the messages rendered as text.
-        self._open(run_id, parent_run_id)
+        self._open(run_id, parent_run_id, check_reuse=False)  # a model's run holds no retrievals of its own
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._close(run_id)
@@ -708,7 +725,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
 
     def retrievals(self, run_id: Any) -> list[dict[str, Any]]:
         """The logged retrievals a run id stands for (store event dicts, with their ranked ``chunks``)."""
-        self._write_unmarked()
+        with contextlib.suppress(StoreBusyError):  # a read: the kept marks wait for a write that can wait
+            self._write_unmarked()
         return [self.store.event(e) for e in self.store.resolve_run(str(run_id))]
 
 

@@ -314,8 +314,11 @@ def rebuild_episode(
     scores = logged if logged.size and np.all(np.isfinite(logged)) else None
     # unclipped: a chunk's clipped total minus this record hides earlier rewards once the sum hits the clip
     # what earlier feedback taught: repeats, stored but not learned, taught nothing
-    earlier = store.chunk_reward_sums(event_id, before_feedback_id=getattr(record, "feedback_id", None),
-                                      repeats=False)
+    try:
+        earlier = store.chunk_reward_sums(event_id, before_feedback_id=getattr(record, "feedback_id", None),
+                                          repeats=False)
+    except UnknownEventError:  # ``event`` given, logged on another file than the learner's: no feedback here
+        earlier = {}
     prior = np.array([earlier.get(c, 0.0) for c in shown_ids], dtype=np.float64)
     decision = event["decision"]
     ctx = contexts.get(event_id)

@@ -144,3 +144,45 @@ def test_metadata_a_save_cannot_write_is_named_not_a_bare_error(tmp_path: object
     with pytest.raises(ValidationError, match=match):
         ens.save(tmp_path / "saved")  # type: ignore[operator]
     assert not (tmp_path / "saved").exists()  # type: ignore[operator]
+
+
+def _nested(levels: int) -> dict:
+    out = inner = {}
+    for _ in range(levels - 1):
+        inner["a"] = {}
+        inner = inner["a"]
+    return out
+
+
+def test_chunk_metadata_nesting_is_refused_just_past_its_bound(tmp_path: object) -> None:
+    from rlfb.store.codec import MAX_DEPTH
+
+    FeedbackEnsemble.from_texts(["tides"], metadatas=[_nested(MAX_DEPTH)], retrievers=("bm25",)).save(
+        tmp_path / "at")  # type: ignore[operator]
+    with pytest.raises(ValidationError, match="nested deeper"):
+        FeedbackEnsemble.from_texts(["tides"], metadatas=[_nested(MAX_DEPTH + 1)], retrievers=("bm25",)).save(
+            tmp_path / "past")  # type: ignore[operator]
+
+
+def test_a_chunk_of_an_empty_id_is_named() -> None:
+    with pytest.raises(ValidationError, match="id must be a non-empty string"):
+        _ens().rerank("aurora", [Chunk("", "tides")])
+
+
+def test_feedback_through_a_learner_on_another_file_is_learned_where_the_event_is_not(tmp_path: object) -> None:
+    # record_run_feedback(A, ..., ensemble=ens_on_B) whose decision A logged: the learner read the earlier
+    # feedback of the event from its own store B, which never saw it; an UnknownEventError after the row was
+    # committed in A (a retry with the idempotency key was then a duplicate, never learned)
+    import gc
+
+    from rlfb.runs import record_run_feedback
+
+    a, b = FeedbackStore(tmp_path / "a.db"), FeedbackStore(tmp_path / "b.db")  # type: ignore[operator]
+    maker = FeedbackEnsemble.from_texts(TEXTS, ids=["a", "b", "c"], retrievers=("bm25",), policy="gradient", store=a)
+    event_id = maker.retrieve("aurora").event_id
+    del maker
+    gc.collect()  # the ensemble that made it is gone: the one given learns it
+    other = FeedbackEnsemble.from_texts(TEXTS, ids=["a", "b", "c"], retrievers=("bm25",), policy="gradient", store=b)
+    records = record_run_feedback(a, event_id, "thumbs_up", ensemble=other, idempotency_key="k")
+    assert [r.event_id for r in records] == [event_id] and other.learner.n_learned == 1
+    assert a.counts()["feedback"] == 1

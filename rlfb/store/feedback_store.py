@@ -378,6 +378,12 @@ class FeedbackStore:
         """
         return run_tree.fail_run(self, run_id)
 
+    def fail_children(self, run_id: str) -> int:
+        """:meth:`fail_run` for every run and retrieval directly under ``run_id`` (a failed run's attempt, before
+        a retry under the same run id: feedback on it then rates the retry alone). Returns how many were not
+        marked before."""
+        return run_tree.fail_children(self, run_id)
+
     def run_failed(self, run_id: str) -> bool:
         """Whether ``run_id``, or a run above it through the links (:meth:`run_lineage`), was marked by
         :meth:`fail_run`."""

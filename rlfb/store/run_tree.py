@@ -46,6 +46,18 @@ def fail_run(store: FeedbackStore, run_id: str) -> bool:
                             [enc, store._now()]).rowcount == 1
 
 
+def fail_children(store: FeedbackStore, run_id: str) -> int:
+    """Mark failed every run linked directly under ``run_id`` and every event logged with it as its parent, in
+    one transaction; return how many were not marked before."""
+    enc = _enc(_check_id(run_id, "run_id"))
+    with store._write() as conn:
+        return conn.execute(
+            "INSERT OR IGNORE INTO failed_runs (run_id, ts) "
+            "SELECT run_id, ? FROM run_links WHERE parent_id = ? UNION SELECT id, ? FROM events WHERE parent_id = ?",
+            [store._now(), enc, store._now(), enc],
+        ).rowcount
+
+
 def any_failed(store: FeedbackStore, run_ids: Iterable[str]) -> bool:
     """Whether any of ``run_ids`` was marked by :func:`fail_run`."""
     ids = [_enc(_check_id(r, "run_id", allow_empty=True)) for r in run_ids]

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from langchain_community.retrievers import BM25Retriever
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.output_parsers import StrOutputParser
@@ -110,7 +111,7 @@ def test_keys_rlfb_wrote_on_an_earlier_pass_are_not_warned_of(fresh_warnings: No
 @contextmanager
 def locked(path: Any) -> Iterator[None]:
     """The store's file held by another connection (another process writing), as SQLite sees it."""
-    other = sqlite3.connect(path, isolation_level=None)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # let go in a callback's thread
     other.execute("BEGIN EXCLUSIVE")
     try:
         yield
@@ -285,3 +286,97 @@ def test_an_idempotency_conflict_through_the_retriever_and_the_core_names_the_ke
     # a key the caller gave in its stored form is named as given, as before
     with pytest.raises(IdempotencyConflictError, match=r"^idempotency key 'k1:e1' already recorded"):
         record_run_feedback(store, "e1", "thumbs_down", idempotency_key="k1:e1")
+
+
+# ---------------------------------------------------------------- found by the review of the fixes above
+def test_a_handler_given_to_langchain_twice_is_one_run_not_a_run_id_given_again(tmp_path: Any) -> None:
+    # with_config(callbacks=[h]) and invoke(config={"callbacks": [h]}): LangChain calls h twice at each start
+    handler = FeedbackCallbackHandler(FeedbackStore(tmp_path / "fb.db"))
+    chain = flat_chain(BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)).with_config(callbacks=[handler])
+    run_id = uuid.uuid4()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": run_id})
+    assert not [w for w in caught if "run id" in str(w.message)]
+    assert len(handler.record_feedback(run_id, score=1.0)) == 1
+    handler.raise_error = True
+    chain.invoke("ocean tides", config={"callbacks": [handler]})  # a DuplicateEventError at every invoke, before
+
+
+def test_a_retry_of_a_failed_run_under_its_run_id_is_taken_and_rated_alone(tmp_path: Any) -> None:
+    # an app that handed the run id to its UI retries a chain whose model timed out, under the same id: it was
+    # refused as an id given again, and feedback on it rated the failed attempt's retrieval, which answered nobody
+    calls: list[int] = []
+
+    def flaky_model(docs: Any) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise TimeoutError("the model timed out")
+        return "an answer"
+
+    for raise_error in (False, True):
+        calls.clear()
+        store = FeedbackStore(tmp_path / f"fb{raise_error}.db")
+        handler = FeedbackCallbackHandler(store)
+        handler.raise_error = raise_error
+        chain = flat_chain(BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)) | RunnableLambda(flaky_model)
+        run_id = uuid.uuid4()
+        with pytest.raises(TimeoutError):
+            chain.invoke("molten magma", config={"callbacks": [handler], "run_id": run_id})
+        (failed,) = [e["id"] for e in store.db.query("SELECT id FROM events")]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert chain.invoke("molten magma", config={"callbacks": [handler], "run_id": run_id}) == "an answer"
+        assert not [w for w in caught if "run id" in str(w.message)]
+        rated = [r.event_id for r in handler.record_feedback(run_id, score=1.0)]
+        assert len(rated) == 1 and rated[0] != failed and store.feedback(failed) == []
+
+
+def test_feedback_right_after_a_locked_failure_writes_the_kept_failed_marks(tmp_path: Any) -> None:
+    # the failed marks kept while the store was locked are written when feedback is given, with no retrieval
+    # between: a follow-up of the session then passes the failed chain by
+    path = tmp_path / "fb.db"
+    ens = bm25_ensemble(FeedbackStore(path, busy_timeout=0.05))
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+
+    def second_retrieval_locked(docs: Any, config: Any) -> Any:
+        with locked(path):
+            return retriever.invoke("ocean tides", config=config)
+
+    top = uuid.uuid4()
+    with pytest.raises(StoreBusyError):
+        (retriever | RunnableLambda(second_retrieval_locked)).invoke(
+            "molten magma", config={"callbacks": [handler], "run_id": top})
+    assert not ens.store.run_failed(str(top))  # kept in memory: the store was locked
+    (first,) = [e["id"] for e in ens.store.db.query("SELECT id FROM events")]
+    assert [r.event_id for r in handler.record_feedback(first, score=1.0)] == [first]
+    assert ens.store.run_failed(str(top))
+
+
+def test_links_the_store_was_locked_for_at_the_start_are_written_at_the_end(tmp_path: Any) -> None:
+    # a plain retriever nested in a chain: the handler links it to the chain when it starts; with the store
+    # locked then, the links are kept and written when the retrieval ends, so feedback on the chain finds it
+    path = tmp_path / "fb.db"
+    store = FeedbackStore(path, busy_timeout=0.05)
+    handler = FeedbackCallbackHandler(store)
+    plain = BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)
+    state: dict[str, Any] = {}
+
+    class LockedAtStart(BM25Retriever):
+        def _get_relevant_documents(self, query: str, **kwargs: Any) -> Any:
+            state["lock"].__exit__(None, None, None)  # the other writer is done before this retrieval ends
+            return plain._get_relevant_documents(query, run_manager=CallbackManagerForRetrieverRun.get_noop_manager())
+
+    inner = LockedAtStart.from_texts(TEXTS, ids=IDS, k=2)
+    real = handler.on_retriever_start
+
+    def start_locked(*args: Any, **kwargs: Any) -> Any:
+        state["lock"] = locked(path)
+        state["lock"].__enter__()
+        return real(*args, **kwargs)
+
+    handler.on_retriever_start = start_locked  # type: ignore[method-assign]
+    top = uuid.uuid4()
+    rag_chain(inner).invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+    assert len(handler.record_feedback(top, score=1.0)) == 1
