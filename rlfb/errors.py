@@ -104,7 +104,13 @@ class DuplicateEventError(DuplicateIdError):
 
 
 class IdempotencyConflictError(ValidationError):
-    """An idempotency key was reused for different feedback (another event, signal, chunk or value)."""
+    """An idempotency key was reused for different feedback (another event, signal, chunk or value).
+
+    ``key`` is the key as stored and ``recorded`` what it recorded first (``"already recorded ..."``), where the
+    store raised it; ``None`` otherwise."""
+
+    key: str | None = None
+    recorded: str | None = None
 
 
 class ReadOnlyStoreError(RlfbError, PermissionError):

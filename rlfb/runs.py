@@ -450,16 +450,12 @@ def _conflict_as_given(exc: IdempotencyConflictError, given: str | None,
     the retrieval it conflicted on (``"k1:<event id>"``, :func:`_event_key`). The store names the stored form,
     after ``"feedback item <i>: "`` where the run stood for several retrievals: neither is what the caller
     passed. ``exc`` itself where the key is stored as given."""
-    text = str(exc)
-    for item in items:
-        stored = item["idempotency_key"]
-        named = f"idempotency key {stored!r}"
-        if stored is None or stored == given or named not in text:
-            continue
-        rest = text.split(named, 1)[1]
-        return IdempotencyConflictError(
-            f"idempotency key {given!r} (stored for retrieval {item['event_id']!r} as {stored!r}){rest}")
-    return exc
+    stored = exc.key
+    if stored is None or stored == given or exc.recorded is None:
+        return exc
+    event_id = next((item["event_id"] for item in items if item["idempotency_key"] == stored), None)
+    return IdempotencyConflictError(
+        f"idempotency key {given!r} (stored for retrieval {event_id!r} as {stored!r}) {exc.recorded}")
 
 
 def _event_key(store: Any, key: str | None, event_id: str) -> str | None:

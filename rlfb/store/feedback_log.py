@@ -145,10 +145,11 @@ def apply_feedback(
                 if (first.event_id, rf.resolve(first.signal), first.chunk_id, first.value) != (
                     p.event_id, rf.resolve(p.signal), p.chunk_id, p.value
                 ):
-                    raise IdempotencyConflictError(
-                        f"idempotency key {p.idempotency_key!r} already recorded {first.signal!r} "
-                        f"(value {first.value:g}) on event {first.event_id!r} (chunk {first.chunk_id!r})"
-                    )
+                    recorded = (f"already recorded {first.signal!r} (value {first.value:g}) on event "
+                                f"{first.event_id!r} (chunk {first.chunk_id!r})")
+                    conflict = IdempotencyConflictError(f"idempotency key {p.idempotency_key!r} {recorded}")
+                    conflict.key, conflict.recorded = p.idempotency_key, recorded
+                    raise conflict
                 records.append(first)
                 continue
             ev = info.get(p.event_id)

@@ -184,4 +184,5 @@ def _prefixed(exc: RlfbError, prefix: str) -> RlfbError:
         new = type(exc)(prefix + msg)
     except TypeError:  # pragma: no cover - every rlfb error takes one message
         return exc
+    new.__dict__.update(exc.__dict__)  # what it names besides its message (an idempotency conflict's key)
     return new

@@ -172,23 +172,29 @@ def test_a_locked_store_under_a_nested_chain_prints_no_handler_error(
     assert handler._parents == {} and handler._retrievals == {}
 
 
-def test_a_run_that_failed_on_a_locked_store_is_marked_before_the_handler_next_logs(tmp_path: Any) -> None:
-    # the failed marks not written while the store was locked are kept, and written before the handler next
-    # logs or takes feedback: the chain that failed answered nobody, so a follow-up does not judge its question
-    path = tmp_path / "fb.db"
+def fail_second_retrieval_locked(path: Any, **metadata: Any) -> tuple[FeedbackEnsemble, Any, uuid.UUID]:
+    """A chain of two retrievals whose second finds the store locked (another process writing): the ensemble,
+    its handler and the chain's run id."""
     ens = bm25_ensemble(FeedbackStore(path, busy_timeout=0.05))
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
     handler = FeedbackCallbackHandler.from_ensemble(ens)
 
     def ask_again_locked(docs: Any, config: Any) -> Any:
-        with locked(path):  # another process writing while the chain's second retrieval logs
+        with locked(path):
             return retriever.invoke("ocean tides", config=config)
 
     top = uuid.uuid4()
-    session = {"session_id": "s1"}
     with pytest.raises(StoreBusyError):
         (retriever | RunnableLambda(ask_again_locked)).invoke(
-            "molten magma", config={"callbacks": [handler], "run_id": top, "metadata": session})
+            "molten magma", config={"callbacks": [handler], "run_id": top, "metadata": metadata})
+    return ens, handler, top
+
+
+def test_a_run_that_failed_on_a_locked_store_is_marked_before_the_handler_next_logs(tmp_path: Any) -> None:
+    # the failed marks not written while the store was locked are kept, and written before the handler next
+    # logs or takes feedback: the chain that failed answered nobody, so a follow-up does not judge its question
+    session = {"session_id": "s1"}
+    ens, handler, top = fail_second_retrieval_locked(tmp_path / "fb.db", **session)
     (first,) = ens.store.db.query("SELECT id FROM events")
     assert handler._parents == {} and handler._retrievals == {}
     plain = BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)
@@ -335,19 +341,7 @@ def test_a_retry_of_a_failed_run_under_its_run_id_is_taken_and_rated_alone(tmp_p
 def test_feedback_right_after_a_locked_failure_writes_the_kept_failed_marks(tmp_path: Any) -> None:
     # the failed marks kept while the store was locked are written when feedback is given, with no retrieval
     # between: a follow-up of the session then passes the failed chain by
-    path = tmp_path / "fb.db"
-    ens = bm25_ensemble(FeedbackStore(path, busy_timeout=0.05))
-    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
-    handler = FeedbackCallbackHandler.from_ensemble(ens)
-
-    def second_retrieval_locked(docs: Any, config: Any) -> Any:
-        with locked(path):
-            return retriever.invoke("ocean tides", config=config)
-
-    top = uuid.uuid4()
-    with pytest.raises(StoreBusyError):
-        (retriever | RunnableLambda(second_retrieval_locked)).invoke(
-            "molten magma", config={"callbacks": [handler], "run_id": top})
+    ens, handler, top = fail_second_retrieval_locked(tmp_path / "fb.db")
     assert not ens.store.run_failed(str(top))  # kept in memory: the store was locked
     (first,) = [e["id"] for e in ens.store.db.query("SELECT id FROM events")]
     assert [r.event_id for r in handler.record_feedback(first, score=1.0)] == [first]

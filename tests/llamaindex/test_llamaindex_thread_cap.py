@@ -4,6 +4,7 @@ a thread per request grew it by one entry per thread, forever (found while split
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,44 +33,39 @@ def _ask_in_threads(engine: Any, handler: FeedbackEventHandler, questions: list[
     return seen
 
 
-def test_the_latest_query_of_each_thread_is_kept_for_the_newest_threads_only(
-    index: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def asked(index: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
+    """A handler that keeps 3 threads' latest queries, and a query engine it sees."""
     import llamaindex_rlfb._queries as queries
 
     monkeypatch.setattr(queries, "KEPT", 3)
     handler = FeedbackEventHandler(store=tmp_path / "fb.db").attach()
     try:
-        engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
-        here = threading.get_ident()
-        engine.query("aurora borealis")
-        first = _ask_in_threads(engine, handler, ["tides", "geysers"])
-        engine.query("solar wind")  # this thread's latest is now the newest entry, not the oldest
-        later = _ask_in_threads(engine, handler, ["rain", "volcano", "moon", "magma"])
-        assert all(q for _, q in first + later) and len({q for _, q in first + later}) == 6
-        assert len({t for t, _ in later}) == 4
-        assert len(handler._thread_last) == 3  # one entry per thread ever seen, before
-        assert here not in handler._thread_last  # the oldest went first
-        assert list(handler._thread_last) == [t for t, _ in later[-3:]]
+        yield handler, index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
     finally:
         handler.close()
 
 
-def test_a_thread_asking_again_moves_to_the_newest_place(
-    index: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import llamaindex_rlfb._queries as queries
+def test_the_latest_query_of_each_thread_is_kept_for_the_newest_threads_only(asked: tuple[Any, Any]) -> None:
+    handler, engine = asked
+    here = threading.get_ident()
+    engine.query("aurora borealis")
+    first = _ask_in_threads(engine, handler, ["tides", "geysers"])
+    engine.query("solar wind")  # this thread's latest is now the newest entry, not the oldest
+    later = _ask_in_threads(engine, handler, ["rain", "volcano", "moon", "magma"])
+    assert all(q for _, q in first + later) and len({q for _, q in first + later}) == 6
+    assert len({t for t, _ in later}) == 4
+    assert len(handler._thread_last) == 3  # one entry per thread ever seen, before
+    assert here not in handler._thread_last  # the oldest went first
+    assert list(handler._thread_last) == [t for t, _ in later[-3:]]
 
-    monkeypatch.setattr(queries, "KEPT", 3)
-    handler = FeedbackEventHandler(store=tmp_path / "fb.db").attach()
-    try:
-        engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=2)
-        here = threading.get_ident()
-        engine.query("aurora borealis")
-        _ask_in_threads(engine, handler, ["tides", "geysers"])
-        engine.query("solar wind")  # moved last: the next thread pushes out the oldest worker, not this thread
-        _ask_in_threads(engine, handler, ["rain"])
-        assert here in handler._thread_last
-        assert handler._thread_last[here][0] == handler.last_query_id
-    finally:
-        handler.close()
+
+def test_a_thread_asking_again_moves_to_the_newest_place(asked: tuple[Any, Any]) -> None:
+    handler, engine = asked
+    here = threading.get_ident()
+    engine.query("aurora borealis")
+    _ask_in_threads(engine, handler, ["tides", "geysers"])
+    engine.query("solar wind")  # moved last: the next thread pushes out the oldest worker, not this thread
+    _ask_in_threads(engine, handler, ["rain"])
+    assert here in handler._thread_last
+    assert handler._thread_last[here][0] == handler.last_query_id
