@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -173,6 +174,10 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._refused: dict[str, set[str]] = {}
         # runs that failed while the store was locked, to mark failed in it (fail_run) at the next write
         self._unmarked: OrderedDict[str, None] = OrderedDict()
+        # open top-level runs -> the identity of their start (_open): the same start reported twice is one run
+        self._started_in: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # retrievals whose log the store was locked for, with their time: written at the next write
+        self._unlogged: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._warned_unlearned = False  # feedback stored that no live learner learned was warned of
 
     @classmethod
@@ -212,17 +217,37 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
     # (chains, tools of agents, and models that call retrievers) is kept while open,
     # so the links written when a retrieval ends reach the top-level run.
     def _open(self, run_id: UUID, parent_run_id: UUID | None, *, fallbacks: bool = False,
-              check_reuse: bool = True) -> None:
+              start: tuple[int, ...] | None = None) -> None:
+        """Keep a starting run (its parent, through the open runs). ``start``: the identity of a top-level chain's
+        or tool's start (its inputs and metadata objects, which LangChain hands each handler of one start and
+        makes anew for each call), to tell the same start reported twice from another run under the same id;
+        ``None`` for a model's run, which is not checked for an id given again."""
         rid = str(run_id)
         with self._lock:
             parent = self._parent_of(_str(parent_run_id))
-            if parent is None and rid in self._parents:
-                return  # this very run started again: the handler given to LangChain twice (with_config and invoke)
+            running = None
+            if parent is None and start is not None:
+                # checked and kept at once: LangChain runs a sync handler of an async run in executor threads
+                running = self._started_in.setdefault(rid, start)
+                while len(self._started_in) > _OPEN_RUNS:
+                    self._started_in.popitem(last=False)
+        if running is not None and running is not start:
+            if running == start:
+                return  # this very start reported again: the handler given to LangChain twice (with_config and invoke)
+            # another run under the id of one still running (asyncio.gather, a request sent again while the first
+            # runs, batch with one config for every item): their retrievals cannot be told apart by run id
+            self._refuse(rid, running=True)
+            return
         # a top-level chain or tool: LangChain makes each run id anew, so one the store knows was given by the
         # caller again (config={"run_id": ...}), and feedback on it would rate both runs' questions
-        again = parent is None and check_reuse and self._given_again(rid)
+        again = running is not None and self._given_again(rid)
         if again:
-            self._refuse(rid)  # raises where the handler's errors reach the caller (raise_error)
+            try:
+                self._refuse(rid)  # raises where the handler's errors reach the caller (raise_error)
+            except DuplicateEventError:
+                with self._lock:
+                    self._started_in.pop(rid, None)  # it never runs: a later run under the id is not "running"
+                raise
         with self._lock:
             self._opened(rid, parent)
             if fallbacks:
@@ -235,6 +260,11 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         failed: a retry under the same id (its first attempt's runs, which answered nobody, are marked failed
         here, so that feedback on ``rid`` rates the retry). Nor where the store is locked or closed: this check
         is not worth a wait, nor an error LangChain prints as the handler's at every chain start."""
+        with contextlib.suppress(StoreBusyError):
+            self._write_unmarked()  # an attempt that failed on a locked store: its mark first
+        with self._lock:
+            if rid in self._unmarked:
+                return False  # still locked: a retry of a run whose failed mark waits, not checked
         try:
             if not self.store.resolve_run(rid):
                 return False
@@ -245,7 +275,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             return False
         return True
 
-    def _refuse(self, rid: str) -> None:
+    def _refuse(self, rid: str, *, running: bool = False) -> None:
         """A top-level run started under a run id that retrievals were logged under already.
 
         Refused as a retrieval's own run id given again is (:class:`DuplicateEventError`): raised where LangChain
@@ -253,13 +283,16 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         LangChain would only print the error and run it all the same, so a warning says so, and the retrievals
         made under it are passed by when feedback is given on ``rid`` (:meth:`_refused_below`).
         """
-        said = (f"run id {rid!r} was given to an earlier run, whose retrievals are logged under it: a run id "
-                "names one run (give each invoke its own, or none)")
+        said = (f"run id {rid!r} was given to an earlier run" + (", still running," if running else "")
+                + " whose retrievals are logged under it: a run id names one run (give each invoke its own, or none)")
         if self.raise_error:
             raise DuplicateEventError(said)
+        # runs at once under one id cannot be told apart: feedback on it rates both; a later one is passed by
+        rates = ("both runs' retrievals: rate each retrieval by its own run id" if running else
+                 "the earlier run's retrievals only: rate this run's by their own run ids")
         warnings.warn(
-            f"{said}; this run goes on, but feedback on {rid!r} rates the earlier run's retrievals only: rate this "
-            "run's by their own run ids (handler.raise_error = True refuses such a run with a DuplicateEventError)",
+            f"{said}; this run goes on, but feedback on {rid!r} rates {rates} (handler.raise_error = True refuses "
+            "such a run with a DuplicateEventError)",
             UserWarning,
             stacklevel=caller_stacklevel(("langchain_core", "langchain", "langchain_classic", "langgraph")),
         )
@@ -290,8 +323,17 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 self._unmarked.popitem(last=False)
 
     def _write_unmarked(self) -> None:
-        """Write the failed marks kept while the store was locked (:meth:`_failed`); a busy store raises as
-        the write that follows would, and keeps the rest."""
+        """Write the failed marks and the retrievals' logs kept while the store was locked (:meth:`_failed`,
+        :meth:`on_retriever_end`); a busy store raises as the write that follows would, and keeps the rest."""
+        while self._unlogged:
+            with self._lock:
+                if not self._unlogged:
+                    break
+                rid, logged = next(iter(self._unlogged.items()))
+            with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
+                log_external(self.store, **logged)
+            with self._lock:
+                self._unlogged.pop(rid, None)
         while self._unmarked:
             with self._lock:
                 if not self._unmarked:
@@ -343,6 +385,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             self._parents.pop(str(run_id), None)
             self._fallbacks.discard(str(run_id))
             self._refused.pop(str(run_id), None)
+            self._started_in.pop(str(run_id), None)
 
     def _failed(self, run_id: UUID, error: BaseException | None = None) -> None:
         """A run that raised: what was retrieved under it produced no answer (a retry's first attempt, a
@@ -368,6 +411,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 self._retrievals.pop(r, None)
                 self._fallbacks.discard(r)
                 self._refused.pop(r, None)
+                self._started_in.pop(r, None)
         self._mark_failed(rid, wait=not isinstance(error, StoreBusyError))
 
     def on_chain_start(
@@ -376,7 +420,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         # a fallbacks run: its attempts are reported under another run (_parent_of)
         kind = serialized.get("id") if isinstance(serialized, dict) else None
         fallbacks = kwargs.get("name") == _FALLBACKS or (isinstance(kind, list) and kind[-1:] == [_FALLBACKS])
-        self._open(run_id, parent_run_id, fallbacks=fallbacks)
+        self._open(run_id, parent_run_id, fallbacks=fallbacks, start=(id(inputs), id(kwargs.get("metadata"))))
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._close(run_id)
@@ -388,7 +432,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self, serialized: Any, input_str: str, *, run_id: UUID, parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        self._open(run_id, parent_run_id)
+        self._open(run_id, parent_run_id, start=(id(input_str), id(kwargs.get("metadata"))))
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._close(run_id)
@@ -400,14 +444,14 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self, serialized: Any, prompts: list[str], *, run_id: UUID, parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        self._open(run_id, parent_run_id, check_reuse=False)  # a model's run holds no retrievals of its own
+        self._open(run_id, parent_run_id)  # a model's run holds no retrievals of its own: not checked
 
     def on_chat_model_start(
         self, serialized: Any, messages: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
         # Defined so LangChain does not fall back to on_llm_start with the messages rendered as text.
-        self._open(run_id, parent_run_id, check_reuse=False)  # a model's run holds no retrievals of its own
+        self._open(run_id, parent_run_id)  # a model's run holds no retrievals of its own: not checked
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._close(run_id)
@@ -529,16 +573,21 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             # LangChain only prints a callback's exception, so failing here would lose the retrieval and every
             # later feedback on it; log what is usable and say once what was left out.
             warnings.warn(f"rlfb logged retrieval {rid} without " + "; ".join(dropped), stacklevel=2)
-        log_external(
-            self.store,
-            info["query"],
-            results,
-            source=info["name"],
-            event_id=event_id,
-            parent_id=parent,
-            session_id=session,
-            metadata={"framework": "langchain", "run_name": info["name"]},
-        )
+        logged = dict(query=info["query"], results=results, source=info["name"], event_id=event_id, parent_id=parent,
+                      session_id=session, metadata={"framework": "langchain", "run_name": info["name"]},
+                      timestamp=time.time())
+        try:
+            log_external(self.store, **logged)
+        except StoreBusyError:
+            # the store stayed locked past busy_timeout: LangChain would print this as the handler's error, and the
+            # retrieval was lost (feedback on its run found nothing). Kept, and logged at the handler's next write
+            with self._lock:
+                self._unlogged[event_id] = logged
+                while len(self._unlogged) > _OPEN_RUNS:
+                    self._unlogged.popitem(last=False)
+            warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
+                          "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
+                          stacklevel=2)
 
     def _in_ensemble_store(self, rid: str) -> bool:
         """Whether the handler's ensemble, keeping its log in another store, logged a retrieval under ``rid``."""

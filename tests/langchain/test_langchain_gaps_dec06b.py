@@ -374,3 +374,81 @@ def test_links_the_store_was_locked_for_at_the_start_are_written_at_the_end(tmp_
     top = uuid.uuid4()
     rag_chain(inner).invoke("molten magma", config={"callbacks": [handler], "run_id": top})
     assert len(handler.record_feedback(top, score=1.0)) == 1
+
+
+# ---------------------------------------------------------------- found by an audit of async and concurrent use
+@pytest.mark.parametrize("raise_error", [False, True])
+def test_two_runs_at_once_under_one_run_id_are_told_apart_from_one_start_reported_twice(
+    tmp_path: Any, raise_error: bool
+) -> None:
+    # asyncio.gather of two ainvokes with one run id: the second was taken silently (a run still open under the
+    # id looked like the handler given twice), and feedback on the id rated both questions
+    import asyncio
+
+    ens = bm25_ensemble(FeedbackStore(tmp_path / "fb.db"))
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    handler.raise_error = raise_error
+    chain = flat_chain(FeedbackEnsembleRetriever.from_ensemble(ens, k=2))
+    config = {"callbacks": [handler], "run_id": uuid.uuid4()}
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(chain.ainvoke("molten magma", config=config),
+                                    chain.ainvoke("ocean tides", config=config), return_exceptions=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = asyncio.run(both())
+    said = [str(w.message) for w in caught if "still running" in str(w.message)]
+    asked = {e["query"] for e in handler.retrievals(config["run_id"])}
+    if raise_error:
+        assert sorted(type(r).__name__ for r in results) == ["DuplicateEventError", "list"] and not said
+        assert len(asked) == 1  # the refused run never ran
+    else:
+        assert len(said) == 1 and "rates both runs' retrievals" in said[0]
+        assert asked == {"molten magma", "ocean tides"}
+    # the handler given twice, in an async run too: one start reported twice, not refused
+    twice = flat_chain(FeedbackEnsembleRetriever.from_ensemble(ens, k=2)).with_config(callbacks=[handler])
+    run_id = uuid.uuid4()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(twice.ainvoke("glaciers", config={"callbacks": [handler], "run_id": run_id}))
+    assert not [w for w in caught if "run id" in str(w.message)]
+    assert [e["query"] for e in handler.retrievals(run_id)] == ["glaciers"]
+
+
+def test_a_retry_after_a_locked_store_failed_the_run_is_taken_before_its_mark_is_written(tmp_path: Any) -> None:
+    # the failed attempt's mark was kept in memory (its store was locked), so the retry under the same id looked
+    # like a run id given again: warned of (refused with raise_error), and feedback rated the failed attempt
+    from langchain_core.runnables import RunnableParallel
+
+    free = bm25_ensemble(FeedbackStore(tmp_path / "a.db"))
+    busy_path = tmp_path / "b.db"
+    busy = bm25_ensemble(FeedbackStore(busy_path, busy_timeout=0.05))
+    handler = FeedbackCallbackHandler.from_ensemble(free)
+    handler.raise_error = True
+    chain = RunnableParallel(a=FeedbackEnsembleRetriever.from_ensemble(free, k=2),
+                             b=FeedbackEnsembleRetriever.from_ensemble(busy, k=2))
+    run_id = uuid.uuid4()
+    config = {"callbacks": [handler], "run_id": run_id}
+    with locked(busy_path), pytest.raises(StoreBusyError):
+        chain.invoke("molten magma", config=config)
+    (failed,) = [e["id"] for e in free.store.db.query("SELECT id FROM events")]
+    out = chain.invoke("molten magma", config=config)  # a DuplicateEventError before
+    rated = {r.event_id for r in handler.record_feedback(run_id, score=1.0)}
+    assert failed not in rated and out["a"][0].metadata["event_id"] in rated
+
+
+def test_a_plain_retrieval_the_locked_store_could_not_log_is_kept_and_logged_later(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # its log failed once the store stayed locked past busy_timeout: LangChain printed the handler's error and the
+    # retrieval was lost (feedback on its run found nothing)
+    path = tmp_path / "fb.db"
+    handler = FeedbackCallbackHandler(FeedbackStore(path, busy_timeout=0.05))
+    chain = flat_chain(BM25Retriever.from_texts(TEXTS, ids=IDS, k=2))
+    run_id = uuid.uuid4()
+    with caplog.at_level(logging.WARNING), locked(path), pytest.warns(RuntimeWarning, match="could not log"):
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": run_id})
+    assert not [r for r in caplog.records if HANDLER_ERROR in r.getMessage()]
+    (record,) = handler.record_feedback(run_id, score=1.0)  # logged first, then rated
+    assert handler.store.event(record.event_id)["query"] == "molten magma"
