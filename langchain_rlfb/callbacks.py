@@ -523,7 +523,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             outer = next((r for r in reversed([parent, *(p for _, p in links)]) if r in self._retrievals), None)
         if info is None:
             return
-        self._write_unmarked()  # runs that failed while the store was locked
+        with contextlib.suppress(StoreBusyError):  # kept for a later write: this retrieval's own log comes first
+            self._write_unmarked()  # runs that failed, and retrievals not logged, while the store was locked
         if info.get("unlinked"):
             self.store.link_runs(info["unlinked"])  # links the store was locked for at the start
         decided = self.store.has_event(rid)  # a FeedbackEnsembleRetriever logged it, and observed the session

@@ -446,9 +446,12 @@ def test_a_plain_retrieval_the_locked_store_could_not_log_is_kept_and_logged_lat
     path = tmp_path / "fb.db"
     handler = FeedbackCallbackHandler(FeedbackStore(path, busy_timeout=0.05))
     chain = flat_chain(BM25Retriever.from_texts(TEXTS, ids=IDS, k=2))
-    run_id = uuid.uuid4()
+    first, second = uuid.uuid4(), uuid.uuid4()
     with caplog.at_level(logging.WARNING), locked(path), pytest.warns(RuntimeWarning, match="could not log"):
-        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": run_id})
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": first})
+        # still locked: writing the first one's kept log fails again, and this one is kept too, not lost
+        chain.invoke("ocean tides", config={"callbacks": [handler], "run_id": second})
     assert not [r for r in caplog.records if HANDLER_ERROR in r.getMessage()]
-    (record,) = handler.record_feedback(run_id, score=1.0)  # logged first, then rated
-    assert handler.store.event(record.event_id)["query"] == "molten magma"
+    for run_id, question in ((first, "molten magma"), (second, "ocean tides")):
+        (record,) = handler.record_feedback(run_id, score=1.0)  # logged first, then rated
+        assert handler.store.event(record.event_id)["query"] == question
