@@ -146,7 +146,12 @@ class HandlerFeedback:
         # which a block held around it would keep waiting (StoreBusyError): that feedback is written as before.
         # A learner on another file learns from its own copy of the event.
         elsewhere = [(eid, ens) for eid, ens in makers.items() if eid not in here and ens.store.has_event(eid)]
-        together = elsewhere and not learns_after_commit(self._store, qid, here)
+        derived = None if chunk_id is None else self._cut_from.get((qid, str(chunk_id)))
+        if derived is not None and derived[0] not in makers:
+            derived = None
+        # the click copied onto a ranked node below (derived) is written in the block too: a refusal there used to
+        # leave the response's row written
+        together = (elsewhere or derived is not None) and not learns_after_commit(self._store, qid, here)
         with self._store.exclusive() if together else nullcontext():
             records = record_run_feedback(self._store, qid, ensembles=here, **fb)
             for eid, ens in elsewhere:
@@ -156,16 +161,15 @@ class HandlerFeedback:
                     # about one chunk its decision did not return (only another member of a fusion found it):
                     # record_run_feedback refuses before writing, and this store has taken the feedback
                     continue
+            if derived is not None and not any(r.event_id == derived[0] for r in records):
+                # a node made from a ranked one (a citation engine's source): the click is the ranked node's too
+                eid, ranked = derived
+                ens = makers[eid]
+                again = {**fb, "chunk_id": ranked}
+                if again.get("idempotency_key") is not None:  # its own key: the response's row holds the given one
+                    again["idempotency_key"] = f"{again['idempotency_key']}/ranked"
+                records += record_run_feedback(ens.store, eid, ensemble=ens, **again)
         self._warn_if_unlearned(qid, event_ids, makers)
-        derived = None if chunk_id is None else self._cut_from.get((qid, str(chunk_id)))
-        if derived is not None and derived[0] in makers and not any(r.event_id == derived[0] for r in records):
-            # a node made from a ranked one (a citation engine's source): the click is the ranked node's too
-            eid, ranked = derived
-            ens = makers[eid]
-            again = {**fb, "chunk_id": ranked}
-            if again.get("idempotency_key") is not None:  # its own key: the response's row holds the given one
-                again["idempotency_key"] = f"{again['idempotency_key']}/ranked"
-            records += record_run_feedback(ens.store, eid, ensemble=ens, **again)
         if chunk_id is not None and makers and not any(r.event_id in makers for r in records):
             # stored (on the response the user saw), but no rlfb decision of the query returned that node: a
             # CitationQueryEngine's sources, say, are new nodes cut from the ones ranked. It was silent.
