@@ -178,6 +178,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         self._started_in: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         # retrievals whose log the store was locked for, with their time: written at the next write
         self._unlogged: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # top-level run ids -> how many runs were refused as running at once under each (their ends: _ended)
+        self._doubled: dict[str, int] = {}
         self._warned_unlearned = False  # feedback stored that no live learner learned was warned of
 
     @classmethod
@@ -237,6 +239,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             # another run under the id of one still running (asyncio.gather, a request sent again while the first
             # runs, batch with one config for every item): their retrievals cannot be told apart by run id
             self._refuse(rid, running=True)
+            with self._lock:  # its end is not the first run's: that one stays open (_ended)
+                self._doubled[rid] = self._doubled.get(rid, 0) + 1
             return
         # a top-level chain or tool: LangChain makes each run id anew, so one the store knows was given by the
         # caller again (config={"run_id": ...}), and feedback on it would rate both runs' questions
@@ -380,8 +384,23 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             while len(self._retrievals) > _OPEN_RUNS:
                 self._retrievals.popitem(last=False)
 
+    def _ended(self, rid: str) -> bool:
+        """Whether the end (or failure) of a top-level run under ``rid`` is another run's, refused as running at
+        once under the same id (call under ``self._lock``): then the run still open under it stays so, and a
+        failure is not marked on the id, which the other run holds."""
+        extra = self._doubled.get(rid, 0)
+        if extra:
+            if extra == 1:
+                del self._doubled[rid]
+            else:
+                self._doubled[rid] = extra - 1
+            return True
+        return False
+
     def _close(self, run_id: UUID) -> None:
         with self._lock:
+            if self._ended(str(run_id)):
+                return
             self._parents.pop(str(run_id), None)
             self._fallbacks.discard(str(run_id))
             self._refused.pop(str(run_id), None)
@@ -398,6 +417,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         """
         rid = str(run_id)
         with self._lock:
+            if self._ended(rid):
+                return
             # with the open runs under it: a run cancelled in ainvoke fails its chain, but LangChain reports no
             # error for the retriever or tool that was awaiting (CancelledError is not an Exception), so their
             # entries would stay for ever; a branch still running under a failed run answers nobody either

@@ -455,3 +455,37 @@ def test_a_plain_retrieval_the_locked_store_could_not_log_is_kept_and_logged_lat
     for run_id, question in ((first, "molten magma"), (second, "ocean tides")):
         (record,) = handler.record_feedback(run_id, score=1.0)  # logged first, then rated
         assert handler.store.event(record.event_id)["query"] == question
+
+
+def test_the_end_of_a_run_refused_as_running_at_once_leaves_the_first_run_open(tmp_path: Any) -> None:
+    # its end closed the run still open under the id, and its failure marked that id failed
+    import threading
+
+    ens = bm25_ensemble(FeedbackStore(tmp_path / "fb.db"))
+    handler = FeedbackCallbackHandler.from_ensemble(ens)
+    retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    second_done = threading.Event()
+
+    def wait_for_the_second(docs: Any) -> Any:
+        assert second_done.wait(timeout=60)
+        return docs
+
+    def fail(docs: Any) -> Any:
+        raise RuntimeError("the second run fails")
+
+    run_id = uuid.uuid4()
+    config = {"callbacks": [handler], "run_id": run_id}
+    first = threading.Thread(target=lambda: (retriever | RunnableLambda(wait_for_the_second)).invoke(
+        "molten magma", config=config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first.start()
+        while str(run_id) not in handler._started_in:  # the first run has started
+            first.join(timeout=0.01)
+        with pytest.raises(RuntimeError):
+            (retriever | RunnableLambda(fail)).invoke("ocean tides", config=config)
+        assert str(run_id) in handler._parents and not ens.store.run_failed(str(run_id))
+        second_done.set()
+        first.join()
+    assert handler._parents == {} and handler._started_in == {} and handler._doubled == {}
+    assert not ens.store.run_failed(str(run_id))
