@@ -71,7 +71,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any
 from uuid import UUID
@@ -231,8 +231,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             if parent is None and start is not None:
                 # checked and kept at once: LangChain runs a sync handler of an async run in executor threads
                 running = self._started_in.setdefault(rid, start)
-                while len(self._started_in) > _OPEN_RUNS:
-                    self._started_in.popitem(last=False)
+                _trim(self._started_in)
         if running is not None and running is not start:
             if running == start:
                 return  # this very start reported again: the handler given to LangChain twice (with_config and invoke)
@@ -323,29 +322,29 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 pass
         with self._lock:
             self._unmarked[rid] = None
-            while len(self._unmarked) > _OPEN_RUNS:
-                self._unmarked.popitem(last=False)
+            _trim(self._unmarked)
 
     def _write_unmarked(self) -> None:
         """Write the failed marks and the retrievals' logs kept while the store was locked (:meth:`_failed`,
         :meth:`on_retriever_end`); a busy store raises as the write that follows would, and keeps the rest."""
-        while self._unlogged:
+        self._write_kept(self._unlogged, self._log_kept)
+        self._write_kept(self._unmarked, lambda rid, _: self.store.fail_run(rid))
+
+    def _log_kept(self, event_id: str, logged: dict[str, Any]) -> None:
+        with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
+            log_external(self.store, **logged)
+
+    def _write_kept(self, kept: OrderedDict[str, Any], write: Callable[[str, Any], None]) -> None:
+        """``write`` each entry of ``kept``, oldest first, taking it out once written (another thread may write
+        the same entries: each is taken out once, and a second write of it is harmless)."""
+        while kept:
             with self._lock:
-                if not self._unlogged:
-                    break
-                rid, logged = next(iter(self._unlogged.items()))
-            with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
-                log_external(self.store, **logged)
-            with self._lock:
-                self._unlogged.pop(rid, None)
-        while self._unmarked:
-            with self._lock:
-                if not self._unmarked:
+                if not kept:
                     return
-                rid = next(iter(self._unmarked))
-            self.store.fail_run(rid)
+                key, value = next(iter(kept.items()))
+            write(key, value)
             with self._lock:
-                self._unmarked.pop(rid, None)
+                kept.pop(key, None)
 
     def _parent_of(self, reported: str | None) -> str | None:
         """The run a starting run is under (call under ``self._lock``): ``reported``, or an open run below it.
@@ -381,8 +380,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             self._refused.pop(gone, None)
         if retrieval is not None:
             self._retrievals[rid] = retrieval
-            while len(self._retrievals) > _OPEN_RUNS:
-                self._retrievals.popitem(last=False)
+            _trim(self._retrievals)
 
     def _ended(self, rid: str) -> bool:
         """Whether the end (or failure) of a top-level run under ``rid`` is another run's, refused as running at
@@ -605,8 +603,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             # retrieval was lost (feedback on its run found nothing). Kept, and logged at the handler's next write
             with self._lock:
                 self._unlogged[event_id] = logged
-                while len(self._unlogged) > _OPEN_RUNS:
-                    self._unlogged.popitem(last=False)
+                _trim(self._unlogged)
             warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
                           "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
                           stacklevel=2)
@@ -799,6 +796,12 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         with contextlib.suppress(StoreBusyError):  # a read: the kept marks wait for a write that can wait
             self._write_unmarked()
         return [self.store.event(e) for e in self.store.resolve_run(str(run_id))]
+
+
+def _trim(table: OrderedDict[str, Any]) -> None:
+    """Drop the oldest entries of one of the handler's tables past :data:`_OPEN_RUNS` (call under its lock)."""
+    while len(table) > _OPEN_RUNS:
+        table.popitem(last=False)
 
 
 def _str(run_id: Any) -> str | None:
