@@ -92,15 +92,14 @@ from rlfb.errors import (
     ValidationError,
 )
 from rlfb.runs import (
-    EXTERNAL_POLICY,
     SCORE_SCALES,
     default_implicit,
     key_or_score,
+    learned_here,
     learns_after_commit,
     log_external,
     maker_of,
     observe_followup,
-    owns_event,
     record_run_feedback,
     same_store,
 )
@@ -756,11 +755,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             return
         for eid in dict.fromkeys(r.event_id for r in records):
             # learned by its ensemble on its own store, or by the live one that logged it here (as
-            # record_run_feedback picks it; it made the decision, so it owns it): no event to read for either
-            if eid in elsewhere or maker_of(eid, self.store) is not None:
-                continue
-            event = self.store.event(eid)
-            if event.get("policy") == EXTERNAL_POLICY or owns_event(self.ensemble, event):
+            # record_run_feedback picks it; it made the decision, so it owns it), or by the handler's own
+            if eid in elsewhere or learned_here(self.store, eid, self.ensemble):
                 continue
             self._warned_unlearned = True
             warnings.warn(

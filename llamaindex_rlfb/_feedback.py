@@ -12,8 +12,8 @@ from typing import Any
 from llamaindex_rlfb._learners import ensemble_of, live_adapters, live_ensembles
 from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
-    EXTERNAL_POLICY,
     key_or_score,
+    learned_here,
     learns_after_commit,
     maker_of,
     owns_event,
@@ -219,12 +219,9 @@ class HandlerFeedback:
             learner = makers.get(eid)
             if learner is not None and learner is not own:
                 continue  # seen making it, or a live one that holds it and made it (_makers_of)
-            event = self._store.event(eid)
-            if event.get("policy") == EXTERNAL_POLICY:
-                continue  # logged by the handler (or a copy of a decision on another store, learned there)
-            if learner is None:  # (an ensemble of no chunks is falsy: compared with None)
-                learner = maker_of(eid, self._store)
-            if learner is None or not owns_event(learner, event):
+            # else the live one that logged it here, or the handler's own where it made it; the handler's own log
+            # (or a copy of a decision on another store, learned there) has nothing to learn
+            if not learned_here(self._store, eid, learner):
                 self._warned_unlearned = True
                 warnings.warn(
                     f"feedback on query {qid!r} was stored, but no rlfb learner alive in this process learned "

@@ -55,6 +55,7 @@ from rlfb.types import content_id as content_id  # where it always was importabl
 
 __all__ = [
     "finite_score",
+    "learned_here",
     "learns_after_commit",
     "session_text",
     "EXTERNAL_POLICY",
@@ -303,6 +304,17 @@ def maker_of(event_id: str, store: Any = None) -> Any:
     if store is not None and not same_store(theirs, store):
         return None  # on another store
     return ensemble
+
+
+def learned_here(store: Any, event_id: str, learner: Any) -> bool:
+    """Whether feedback on ``event_id`` stored in ``store`` is learned in this process: by the live ensemble
+    that logged it there (:func:`maker_of`), or else by ``learner`` where it made the decision
+    (:func:`owns_event`). Another engine's retrieval (:func:`log_external`) has nothing to learn, and counts as
+    learned. What the adapters' handlers warn of, once, when it is not."""
+    if maker_of(event_id, store) is not None:
+        return True
+    event = store.event(event_id)
+    return event.get("policy") == EXTERNAL_POLICY or owns_event(learner, event)
 
 
 def learns_after_commit(store: Any, run_id: Any, ensembles: Mapping[str, Any] | None = None) -> bool:
