@@ -118,9 +118,10 @@ def _damage(store: Any, kind: Mapping[str, Any]) -> CorruptStateError | None:
     return None
 
 
-def _undamaged(store: Any, kinds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``kinds`` (newest first) without the snapshots no learner can be rebuilt from; where the first, the one
-    to export, is such a snapshot, its :class:`CorruptStateError` (with the way on, ``drop-snapshot``).
+def _undamaged(store: Any, kinds: Sequence[Mapping[str, Any]], *, first_sound: bool = True) -> list[dict[str, Any]]:
+    """``kinds`` (newest first) without the snapshots no learner can be rebuilt from; with ``first_sound``, where
+    the first, the one to export, is such a snapshot, its :class:`CorruptStateError` (with the way on,
+    ``drop-snapshot``).
 
     A damaged state says nothing of the ensemble that wrote it, so the store groups it as a kind of its own:
     an export then listed it as a second kind of the same policy and retrievers ("name one by its --version").
@@ -128,7 +129,7 @@ def _undamaged(store: Any, kinds: Sequence[Mapping[str, Any]]) -> list[dict[str,
     sound = []
     for i, kind in enumerate(kinds):
         damage = _damage(store, kind)
-        if damage is not None and i == 0:
+        if damage is not None and i == 0 and first_sound:
             raise damage
         if damage is None:
             sound.append(dict(kind))
@@ -139,9 +140,7 @@ def sound_kinds(store: Any) -> list[dict[str, Any]]:
     """The newest snapshot of each kind of ensemble in ``store`` (``newest_snapshots``), without those no
     learner can be rebuilt from (a damaged state is no kind: ``damaged_state`` names a damaged newest one)."""
     kinds = store.newest_snapshots()
-    if len(kinds) < 2:
-        return kinds
-    return [k for k in kinds if _damage(store, k) is None]
+    return kinds if len(kinds) < 2 else _undamaged(store, kinds, first_sound=False)
 
 
 def _telling_apart(kinds: Sequence[Mapping[str, Any]]) -> str:

@@ -172,9 +172,8 @@ def _why_opening_writes(path: Path) -> str | None:
 
     from rlfb.store.migrations import MIGRATIONS
 
-    try:
-        conn = sqlite3.connect(f"file:{_uri_path(path)}?mode=ro", uri=True)
-    except sqlite3.Error:
+    conn = _read_only(path)
+    if conn is None:
         return None
     try:
         db = Database(conn)
@@ -194,6 +193,17 @@ def _why_opening_writes(path: Path) -> str | None:
     if mode != "wal":
         return f"is in {mode} journal mode, which opening it would switch to WAL"
     return None
+
+
+def _read_only(path: Path, *, immutable: bool = False) -> Any:
+    """A read-only ``sqlite3`` connection to the file at ``path`` (``immutable``: read as a file no one writes,
+    which makes no side files), or ``None`` where SQLite cannot open it so."""
+    import sqlite3
+
+    try:
+        return sqlite3.connect(f"file:{_uri_path(path)}?mode=ro{'&immutable=1' if immutable else ''}", uri=True)
+    except sqlite3.Error:
+        return None
 
 
 def _uri_path(path: Path) -> str:
@@ -252,10 +262,8 @@ def sqlite_tables(path: str | Path) -> list[str] | None:
     which leaves no ``-wal`` and ``-shm`` files behind beside a file that turns out not to be ours."""
     import sqlite3
 
-    immutable = "" if Path(f"{path}-wal").exists() else "&immutable=1"
-    try:
-        conn = sqlite3.connect(f"file:{_uri_path(Path(path))}?mode=ro{immutable}", uri=True)
-    except sqlite3.Error:
+    conn = _read_only(Path(path), immutable=not Path(f"{path}-wal").exists())
+    if conn is None:
         return None
     try:
         rows = conn.execute("SELECT name FROM sqlite_master WHERE type = ? ORDER BY name", ("table",)).fetchall()
