@@ -41,7 +41,9 @@ Attach it to a run (``chain.invoke(q, config={"callbacks": [handler]})``).
   stayed locked (:class:`rlfb.errors.StoreBusyError`) is not marked failed in
   that store at once, which would wait ``busy_timeout`` a second time and end in
   LangChain's "Error in FeedbackCallbackHandler" line: the mark is kept in
-  memory and written before the handler next logs a retrieval or takes feedback.
+  memory and written before the handler next logs a retrieval or takes feedback,
+  or when the process exits, whichever comes first (so is the log of a retrieval
+  the locked store could not take).
 * A top-level run (a chain, a tool) whose run id the store already holds
   retrievals under (the caller gave ``config={"run_id": ...}`` again) is refused:
   with ``handler.raise_error = True`` its start raises
@@ -67,6 +69,7 @@ with ``score_scale="signed"`` ([-1, 1]); see :func:`rlfb.runs.score_value`.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import warnings
@@ -82,6 +85,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 
 from langchain_rlfb._checks import check_store, flag, session_key, session_text, usable_score
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
+from rlfb._at_exit import run_at_exit
 from rlfb._caller import caller_stacklevel
 from rlfb.errors import (
     DuplicateEventError,
@@ -322,12 +326,16 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         with self._lock:
             self._unmarked[rid] = None
             _trim(self._unmarked)
+        _keep_until_written(self)
 
     def _write_unmarked(self) -> None:
         """Write the failed marks and the retrievals' logs kept while the store was locked (:meth:`_failed`,
         :meth:`on_retriever_end`); a busy store raises as the write that follows would, and keeps the rest."""
         self._write_kept(self._unlogged, self._log_kept)
         self._write_kept(self._unmarked, lambda rid, _: self.store.fail_run(rid))
+        with self._lock:
+            if not self._unlogged and not self._unmarked:
+                _KEEPING.pop(id(self), None)
 
     def _log_kept(self, event_id: str, logged: dict[str, Any]) -> None:
         with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
@@ -603,6 +611,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
             with self._lock:
                 self._unlogged[event_id] = logged
                 _trim(self._unlogged)
+            _keep_until_written(self)
             warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
                           "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
                           stacklevel=2)
@@ -792,6 +801,35 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         with contextlib.suppress(StoreBusyError):  # a read: the kept marks wait for a write that can wait
             self._write_unmarked()
         return [self.store.event(e) for e in self.store.resolve_run(str(run_id))]
+
+
+# Handlers holding failed marks or retrieval logs kept while their store was locked, with the process that kept
+# them: written when it exits, and held until then (a handler made per request, collected on its return, took
+# them with it; so did a script that ended before its next write). Filled on first use, not at import.
+_KEEPING: dict[int, tuple[int, FeedbackCallbackHandler]] = {}
+
+
+def _keep_until_written(handler: FeedbackCallbackHandler) -> None:
+    """``handler`` keeps marks or logs for a later write: write them at exit if nothing has by then."""
+    _KEEPING[id(handler)] = (os.getpid(), handler)
+    run_at_exit(_write_kept_at_exit)
+
+
+def _write_kept_at_exit() -> None:
+    """At exit: write what each handler of this process kept while its store was locked, warning where that fails
+    (the store still locked, or closed already)."""
+    pid = os.getpid()
+    for key, (owner, handler) in list(_KEEPING.items()):
+        if owner != pid:  # a forked child's copy of its parent's entry: the parent writes it
+            continue
+        try:
+            handler._write_unmarked()
+        except Exception as exc:  # noqa: BLE001 - at exit there is no caller to raise to
+            warnings.warn(
+                f"rlfb: {len(handler._unlogged)} retrieval log(s) and {len(handler._unmarked)} failed run mark(s) "
+                f"kept while the feedback store was locked were not written at exit: {exc!r}",
+                RuntimeWarning, stacklevel=1)
+        _KEEPING.pop(key, None)
 
 
 def _trim(table: OrderedDict[str, Any]) -> None:

@@ -16,15 +16,14 @@ and written, unwritten learning, the last write), under its locks; the ensemble 
 
 from __future__ import annotations
 
-import atexit
 import math
 import os
-import sys
 import warnings
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from rlfb._at_exit import run_at_exit
 from rlfb.errors import CorruptStateError, ModelNotFoundError
 from rlfb.memory import naming_model, without_embeddings
 from rlfb.snapshot_kind import SnapshotKind
@@ -94,7 +93,6 @@ _UNWRITTEN: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 # persist_interval=0 every retrieval of a remembered question would pin its ensemble, and an app that built one
 # per request without close() kept them all, with their connections (2 file descriptors each).
 _PINNED: dict[int, Any] = {}
-_EXIT_HOOKS: set[int] = set()  # the processes whose exit hooks are registered
 
 
 def forget(ens: FeedbackEnsemble) -> None:
@@ -104,21 +102,10 @@ def forget(ens: FeedbackEnsemble) -> None:
 
 
 def _flush_at_exit(ens: FeedbackEnsemble, *, pin: bool = False) -> None:
-    pid = os.getpid()
-    _UNWRITTEN[ens] = pid
+    _UNWRITTEN[ens] = os.getpid()
     if pin:
         _PINNED[id(ens)] = ens
-    if pid in _EXIT_HOOKS:
-        return
-    _EXIT_HOOKS.add(pid)
-    # registered after the ensemble's store opened, so it runs before the store's own exit hook closes it
-    atexit.register(_flush_all)
-    mp = sys.modules.get("multiprocessing")
-    if mp is not None and mp.parent_process() is not None:
-        # a multiprocessing worker ends with os._exit, which runs no atexit hook, but runs these
-        from multiprocessing.util import Finalize
-
-        Finalize(None, _flush_all, exitpriority=10)
+    run_at_exit(_flush_all)
 
 
 def _flush_all() -> None:
