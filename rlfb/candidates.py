@@ -10,6 +10,7 @@ candidate make the :class:`~rlfb.policies.base.Context` the learner ranks (:func
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -166,6 +167,41 @@ def make_context(
         ranks=ranks,
         proposed=proposed,
         candidate_embeddings=candidate_embeddings,
+    )
+
+
+def without_candidates(ctx: Context, left_out: Collection[str], *, fusion: str, rrf_c: float) -> Context:
+    """``ctx`` as if the chunks ``left_out`` had not been in the corpus: their rows gone, each retriever's ranks
+    of the others closed up, and the scores normalised again over what is left. An evaluation leaves a query's
+    own document out of its ranking so (:attr:`rlfb.datasets.BeirDataset.query_documents`, BEIR's
+    ``ignore_identical_ids``); ``ctx`` itself when none of them is a candidate.
+
+    >>> from rlfb.features import query_features
+    >>> raw = np.array([[9.0, 0.9], [4.0, 0.5], [1.0, 0.7]])
+    >>> ctx = make_context("q", ["self", "a", "b"], raw, np.array([[1.0, 1.0], [2.0, 3.0], [3.0, 2.0]]), None,
+    ...                    retrievers=("bm25", "dense"), fusion="minmax", rrf_c=60.0, embed=lambda q: None)
+    >>> out = without_candidates(ctx, {"self"}, fusion="minmax", rrf_c=60.0)
+    >>> out.candidate_ids, out.ranks.tolist(), out.normalized.tolist()
+    (('a', 'b'), [[1.0, 2.0], [2.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]])
+    """
+    drop = np.array([c in left_out for c in ctx.candidate_ids], dtype=bool)
+    if not drop.any():
+        return ctx
+    keep = ~drop
+    raw = ctx.raw[keep]
+    ranks = None
+    if ctx.ranks is not None:
+        # a candidate moves up one place in a retriever's ranking for each chunk left out above it there (tied
+        # ones share a place, and keep it)
+        gone = ctx.ranks[drop]
+        with np.errstate(invalid="ignore"):
+            above = (gone[None, :, :] < ctx.ranks[keep][:, None, :]).sum(axis=1)
+        ranks = ctx.ranks[keep] - above
+    rows = (lambda a: None if a is None else a[keep])
+    return dataclasses.replace(
+        ctx, candidate_ids=tuple(c for c, d in zip(ctx.candidate_ids, drop, strict=True) if not d), raw=raw,
+        normalized=normalize(raw, fusion, ranks=ranks, c=rrf_c), ranks=ranks, proposed=rows(ctx.proposed),
+        offsets=rows(ctx.offsets), candidate_embeddings=rows(ctx.candidate_embeddings),
     )
 
 

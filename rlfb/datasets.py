@@ -12,7 +12,7 @@ import csv
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,11 @@ class BeirDataset:
     # split -> how many relevant judgments :func:`load_beir` left out of ``qrels`` because they name a
     # document that is not in the corpus (such a document can never be ranked: it only lowered every metric)
     unknown_judgments: Mapping[str, int] = field(default_factory=dict)
+    # ids of queries that are documents of the corpus too, under the same id and with the same text (ArguAna, whose
+    # questions are arguments of the corpus, and Quora): such a query finds itself first, which is not the task, so
+    # runs leave its own document out of its ranking, as BEIR does (``ignore_identical_ids``). A query id that
+    # names a document of other text (cranfield's query "1" and document "1") is no such query.
+    query_documents: frozenset[str] = frozenset()
 
     def split(self, name: str = "test") -> Mapping[str, Mapping[str, int]]:
         """Judgments of one split; :class:`ValidationError` lists the splits that exist."""
@@ -88,14 +93,29 @@ class BeirDataset:
 
     def left_out_notes(self, name: str = "test") -> list[str]:
         """The ``rlfb: left out ...`` lines of split ``name`` that ``rlfb evaluate`` and ``rlfb simulate``
-        print: relevant judgments naming unknown documents, then :meth:`dropped_queries`."""
+        print: relevant judgments naming unknown documents, then :meth:`dropped_queries`, then the judged
+        queries whose own document is left out of their rankings (:meth:`own_documents`)."""
         dropped = self.dropped_queries(name)
         notes = [note] if (note := self.unknown_documents_note(name)) else []
         for n, why in ((dropped["no_text"], "no text in queries.jsonl"),
                        (dropped["no_relevant"], "no document of corpus.jsonl judged relevant")):
             if n:
                 notes.append(f"rlfb: left out {n} judged queries of qrels/{name}.tsv with {why}")
+        if n := sum(q in self.query_documents for q in self.split(name)):
+            notes.append(f"rlfb: left out of their own rankings the document each of {n} judged queries of "
+                         f"qrels/{name}.tsv is (the same id and text in corpus.jsonl), as BEIR does")
         return notes
+
+    def own_documents(self, qids: Iterable[str]) -> dict[str, frozenset[str]]:
+        """For each of ``qids`` that is a document of the corpus too (:attr:`query_documents`), the ids left out of
+        its ranking: ``{query id: {its own id}}``; the others are not keys.
+
+        >>> d = BeirDataset("x", [Chunk("1", "an argument"), Chunk("2", "another")], {"1": "An  argument"},
+        ...                 {"test": {"1": {"2": 1}}}, query_documents=frozenset({"1"}))
+        >>> d.own_documents(["1", "9"])
+        {'1': frozenset({'1'})}
+        """
+        return {q: frozenset({q}) for q in qids if q in self.query_documents}
 
     def split_queries(self, name: str = "test") -> dict[str, str]:
         """Query texts of the judged queries of one split, in a stable order."""
@@ -194,8 +214,10 @@ def _row_text(row: dict[str, Any], key: str, where: str, *, required: bool) -> s
     return value
 
 
-def _read_corpus(file: Path) -> list[Chunk]:
+def _read_corpus(file: Path) -> tuple[list[Chunk], dict[str, str]]:
+    """The corpus as chunks (title and text), with each document's ``text`` field alone by id."""
     corpus: list[Chunk] = []
+    texts: dict[str, str] = {}
     first_line: dict[str, int] = {}
     fields: list[str] = []
     for lineno, row in _read_jsonl(file):
@@ -213,6 +235,7 @@ def _read_corpus(file: Path) -> list[Chunk]:
             raise CorruptStateError(f"{where}: metadata must be a JSON object, got {type(metadata).__name__}")
         # the title indexed wins over a "title" in metadata, so the metadata says what was indexed
         corpus.append(Chunk(cid, f"{title} {text}".strip(), {**metadata, "title": title}))
+        texts[cid] = text
     if not corpus:  # it was read as a corpus all of whose documents the judgments name wrongly
         raise EmptyCorpusError(f"{file} holds no documents")
     if not any(c.text for c in corpus):
@@ -221,7 +244,23 @@ def _read_corpus(file: Path) -> list[Chunk]:
             f"{file}: none of its {len(corpus)} documents has text in 'title' or 'text', the fields a BEIR corpus "
             f"names (its first document has {', '.join(fields)})"
         )
-    return corpus
+    return corpus, texts
+
+
+def _same_text(a: str, b: str) -> bool:
+    """Whether two texts are the same but for case and spacing (ArguAna's questions have a double space where
+    their document has one)."""
+    return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
+
+
+def _query_documents(corpus: list[Chunk], texts: Mapping[str, str], queries: Mapping[str, str]) -> frozenset[str]:
+    """The ids of ``queries`` that name a document of ``corpus`` whose text, with its title or without, is the
+    query's own (:attr:`BeirDataset.query_documents`)."""
+    full = {c.id: c.text for c in corpus}
+    return frozenset(
+        q for q, text in queries.items()
+        if q in texts and text.strip() and (_same_text(text, texts[q]) or _same_text(text, full[q]))
+    )
 
 
 def _read_queries(file: Path) -> dict[str, str]:
@@ -293,7 +332,9 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     Judgments naming a document that is not in the corpus are left out of ``qrels`` and the relevant
     ones counted per split in ``unknown_judgments``: ``rlfb evaluate`` and ``rlfb simulate`` report the
     count, and :meth:`BeirDataset.check_known_documents` refuses a split none of whose relevant
-    judgments names a document of the corpus.
+    judgments names a document of the corpus. A query that is a document of the corpus too (the same id and
+    text, as in ArguAna and Quora) is listed in ``query_documents``: the runs leave that document out of its
+    ranking.
     """
     if isinstance(path, str) and not path.strip():  # Path("") is ".", a folder the caller never named
         raise ValidationError("no dataset folder given: the path is empty")
@@ -305,7 +346,7 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     for required in ("corpus.jsonl", "queries.jsonl"):
         if not (root / required).is_file():
             raise ValidationError(f"{root} is not a BEIR folder: {required} is missing")
-    corpus = _read_corpus(root / "corpus.jsonl")
+    corpus, texts = _read_corpus(root / "corpus.jsonl")
     queries = _read_queries(root / "queries.jsonl")
     qrels = {tsv.stem: _read_qrels(tsv) for tsv in sorted((root / "qrels").glob("*.tsv"))}
     if not qrels:
@@ -318,4 +359,4 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
             judged[q] = {d: g for d, g in docs.items() if d in ids}
     # the folder's own name: "." or ".." named the collection "" or ".."
     return BeirDataset(name or root.resolve().name, corpus, queries, qrels,
-                       {s: n for s, n in unknown.items() if n})
+                       {s: n for s, n in unknown.items() if n}, _query_documents(corpus, texts, queries))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ def evaluate_ensemble(
     measures: Sequence[tuple[str, int]] = MEASURES,
     show_progress: bool = False,
     k: int = 10,
+    left_out: Mapping[str, Collection[str]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Metrics of each retriever alone (all documents ranked) and of the greedy fused ranking.
 
@@ -38,24 +39,38 @@ def evaluate_ensemble(
     Each run is ordered as trec_eval orders it (:func:`rlfb.metrics.run_to_ranking`: score descending,
     then document id descending), so that the metrics equal ``pytrec_eval``'s on the same scores; see
     :func:`trec_top` for ties at the run's depth.
+
+    ``left_out``: for a query id, the chunk ids its runs leave out, as if they were not in the corpus (a query's
+    own document: :meth:`rlfb.datasets.BeirDataset.own_documents`).
     """
+    from rlfb.candidates import without_candidates
+
     depth = max([depth, *(k for _, k in measures)])  # --k 200 was scored on runs cut at 100
+    left_out = left_out or {}
     ids = ensemble.chunks.ids
     qids = list(queries)
     texts = [queries[q] for q in qids]
     runs: dict[str, dict[str, list[str]]] = {}
     for name, retriever in ensemble.retrievers.items():
         scores = retriever.score_all_batch(texts, show_progress=show_progress)
-        runs[name] = {q: trec_top(ids, row, depth) for q, row in zip(qids, scores, strict=True)}
+        runs[name] = {q: _without(trec_top(ids, row, depth + len(left_out.get(q, ()))), left_out.get(q), depth)
+                      for q, row in zip(qids, scores, strict=True)}
     fused: dict[str, list[str]] = {}
     for q, text in progress(list(zip(qids, texts, strict=True)), desc="fused", disable=not show_progress):
         # the pool retrieve(k) serves from: retrieve(k=depth) would widen it to the run's depth (Recall@100)
         ctx = ensemble.context(text, k=k)
+        if left_out.get(q):
+            ctx = without_candidates(ctx, left_out[q], fusion=ensemble.fusion, rrf_c=ensemble.rrf_c)
         # the whole pool, ranked greedily (by fused score alone), so that ties at the depth are cut in trec order
         hits = ensemble.rank_context(ctx, max(1, len(ctx.candidate_ids)), explore=False, log=False).hits
         fused[q] = trec_top([h.chunk_id for h in hits], np.array([h.score for h in hits], dtype=float), depth)
     runs["fused"] = fused
     return {name: evaluate_run(run, qrels, measures) for name, run in runs.items()}
+
+
+def _without(run: list[str], left_out: Collection[str] | None, depth: int) -> list[str]:
+    """``run`` without the ids ``left_out``, cut at ``depth``."""
+    return run[:depth] if not left_out else [d for d in run if d not in left_out][:depth]
 
 
 def trec_top(ids: Sequence[str], scores: np.ndarray, depth: int) -> list[str]:

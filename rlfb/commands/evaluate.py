@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         candidate_k=args.candidate_k,
     )
     measures = (("ndcg", k), ("mrr", k), ("p", k), ("recall", 100))
-    results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=show_progress(False), k=k)
+    results = evaluate_ensemble(ens, queries, qrels, measures=measures, show_progress=show_progress(False), k=k,
+                                left_out=data.own_documents(queries))
     cols = [f"{m}@{c}" for m, c in measures]
     with report_beside(args.json_out) as stdout:  # with --json -, the report goes to stderr
         print(f"{data.name} / {args.split}: {len(queries)} queries, {len(data.corpus)} documents, "

@@ -90,6 +90,7 @@ class Prepared:
 
 def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bool = False) -> Prepared:
     """Index the corpus and compute the context of every judged query (cached embeddings make reruns fast)."""
+    from rlfb.candidates import without_candidates
     from rlfb.ensemble import FeedbackEnsemble
 
     # the splits are checked before the corpus is indexed: a missing one must not cost minutes of encoding
@@ -115,8 +116,11 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
             # times as long (0.94 s against 0.23 s a long query on 2 cores), minutes on thousands of new questions
             encode([dataset.queries[q] for q in wanted], show_progress=show_progress)
     contexts = {}
+    own = dataset.own_documents(wanted)  # ArguAna's and Quora's questions are documents of the corpus too
     for q in progress(wanted, desc="contexts", disable=not show_progress):
         contexts[q] = ens.context(dataset.queries[q], k=config.k)
+        if q in own:
+            contexts[q] = without_candidates(contexts[q], own[q], fusion=ens.fusion, rrf_c=ens.rrf_c)
     context_seconds = time.perf_counter() - t
     # the highest grade of the split the stream is drawn from; the users of each seed read their own stream's
     # (users_scale): without a stream split, half of this split is held out
@@ -496,7 +500,9 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any, max_grade:
     retrievers' models, the policy's hyperparameters (its gate, bounds, step, ...), the RRF constant, where
     the stream came from and the
     judged queries each split read left out (``dropped_queries``: split -> ``no_text``, ``no_relevant``,
-    as :meth:`~rlfb.datasets.BeirDataset.dropped_queries` counts them). ``stream_split`` is ``None`` where
+    as :meth:`~rlfb.datasets.BeirDataset.dropped_queries` counts them), the relevant judgments naming no
+    document of the corpus (``unknown_judgments``) and the judged queries whose own document their rankings
+    leave out (``own_documents_left_out``), by split. ``stream_split`` is ``None`` where
     no such split was read (the JSON's config takes it from here)."""
     model = CLICK_MODELS[config.user]
     # a model retriever's model: its name or path, "default" for the bundled one
@@ -521,6 +527,12 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any, max_grade:
         # ... and the split itself only where it was read: "train" on a collection without one misled readers
         "stream_split": config.stream_split if prep.stream_qrels is not None else None,
         "dropped_queries": {split: prep.dataset.dropped_queries(split) for split in splits},
+        # relevant judgments left out for naming no document of the corpus (they lower no figure here, where
+        # BEIR's pytrec_eval counts them in the ideal ranking), and the judged queries whose own document each
+        # ranking leaves out (ArguAna, Quora)
+        "unknown_judgments": {split: prep.dataset.unknown_judgments.get(split, 0) for split in splits},
+        "own_documents_left_out": {split: len(prep.dataset.own_documents(prep.dataset.split(split)))
+                                   for split in splits},
         "dataset_sha256": prep.digest,  # what a path alone does not tell: the data's content
     }
 
