@@ -215,9 +215,12 @@ class FeedbackEnsemble:
             self._refresh(force=True)
             # compared as the policy took them (clipped to its bounds): weights given beyond them differ from
             # any snapshot's, and a gradient learner set again on every restart would forget what it learned
-            if given is not None and not np.array_equal(self._learner._default_weights(), given):
+            if given is not None and (self._own_version == 0
+                                      or not np.array_equal(self._learner._default_weights(), given)):
                 # the weights given are this app's choice (a redeploy with new weights): the store's snapshot,
-                # taken whole above, had put the old ones back without a word. Written as set_weights writes them.
+                # taken whole above, had put the old ones back without a word. Written as set_weights writes them,
+                # on a store with no snapshot of this ensemble's kind too: until 2026-12-06 they were not, so a
+                # restart without weights= (or `rlfb weights show`) found none until the first feedback
                 self.set_weights(weights)
 
     # ------------------------------------------------------------------ construction

@@ -295,6 +295,23 @@ def test_weights_given_to_a_new_ensemble_win_over_the_stores_and_the_same_ones_c
     assert ensemble().weights == pytest.approx({"bm25": 0.9, "notes": 0.1})  # written to the store
 
 
+@pytest.mark.parametrize("policy", ["fixed", "thompson", "gradient"])
+def test_weights_given_to_an_ensemble_on_a_new_store_are_written_there(tmp_path: Path, policy: str) -> None:
+    # written only where they differed from a snapshot's: on a new store there was none, so a restart without
+    # weights= served the defaults, and `rlfb weights show` found no weights, until the first feedback
+    first = _two(tmp_path, policy, {"bm25": 0.8, "notes": 0.2})
+    first.close()
+    with FeedbackStore(tmp_path / "f.db") as store:
+        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.8, "notes": 0.2})
+    again = _two(tmp_path, policy, None)
+    assert again.weights == pytest.approx({"bm25": 0.8, "notes": 0.2})
+    version = again.store.state_version()
+    again.close()
+    same = _two(tmp_path, policy, {"bm25": 0.8, "notes": 0.2})  # the same weights again: nothing new written
+    assert same.store.state_version() == version
+    same.close()
+
+
 @pytest.mark.parametrize("policy", ["thompson", "gradient"])
 def test_weights_given_beyond_a_policys_bounds_at_every_restart_leave_what_it_learned(
     tmp_path: Path, policy: str
