@@ -28,6 +28,7 @@ the chunk), ``rank`` (1-based), ``event_id`` (``None`` without a store) and
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
@@ -48,11 +49,11 @@ from pydantic import ConfigDict, Field
 from langchain_rlfb._checks import flag, positive_count, session_key, session_text
 from rlfb._caller import caller_stacklevel
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
-from rlfb.ensemble import FeedbackEnsemble, check_options
+from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import DuplicateEventError, DuplicateIdError, NoStoreError, ValidationError
 from rlfb.members import SearchMember
 from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
-from rlfb.types import Chunk, Hit, copy_metadata
+from rlfb.types import Chunk, Hit, check_known_options, copy_metadata, keyword_options
 
 __all__ = [
     "FeedbackEnsembleRetriever",
@@ -297,6 +298,18 @@ def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) 
 _CHECKS = {"k": positive_count, "explore": flag, "log": flag, "observe_followups": flag}
 
 
+def _check_options(ensemble_kwargs: Mapping[str, Any], method: str) -> None:
+    """Refuse an option that neither ``FeedbackEnsembleRetriever.<method>`` nor the ensemble takes, before any
+    indexing, naming the method the caller called with every option it takes (the ensemble's refusal named
+    ``FeedbackEnsemble``, which the caller never called, and listed none of the retriever's own)."""
+    ensemble = keyword_options(FeedbackEnsemble.__init__, leave_out=("retrievers", "chunks"))
+    if ensemble is None:  # pragma: no cover - a FeedbackEnsemble of the user's own that takes anything
+        return
+    params = inspect.signature(getattr(FeedbackEnsembleRetriever, method)).parameters
+    own = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    check_known_options(ensemble_kwargs, {*own, *ensemble}, f"FeedbackEnsembleRetriever.{method}")
+
+
 def _checked_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """The options of ``data`` the retriever checks itself, validated (rlfb's ``ValidationError``)."""
     out = {name: check(data[name], name) for name, check in _CHECKS.items() if name in data}
@@ -497,6 +510,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        observe_followups: bool = True,
         retrievers: Sequence[Any] = _DEFAULT_RETRIEVERS,
         policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
@@ -512,7 +526,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         ``ensemble_kwargs`` go to :meth:`rlfb.FeedbackEnsemble.from_texts`:
         ``store``, ``fusion``, ``weights``, ``candidate_k``, ``seed``, ...
         """
-        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log,
+                                "observe_followups": observe_followups})  # before indexing
+        _check_options(ensemble_kwargs, "from_texts")
         ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, retrievers=retrievers, members=_members(members),
                                           policy=policy, **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
@@ -527,6 +543,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        observe_followups: bool = True,
         retrievers: Sequence[Any] = _DEFAULT_RETRIEVERS,
         policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
@@ -539,7 +556,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         nodes with one id; an id given to two documents raises
         :class:`rlfb.errors.DuplicateIdError` naming both.
         """
-        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})  # before indexing
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log,
+                                "observe_followups": observe_followups})  # before indexing
+        _check_options(ensemble_kwargs, "from_documents")
         chunks = _documents_to_chunks(documents)
         ens = FeedbackEnsemble.from_chunks(chunks, retrievers=retrievers, members=_members(members), policy=policy,
                                            **ensemble_kwargs)
@@ -554,6 +573,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         session_id: str | None = None,
         explore: bool = True,
         log: bool = True,
+        observe_followups: bool = True,
         policy: Any = _DEFAULT_POLICY,
         **ensemble_kwargs: Any,
     ) -> FeedbackEnsembleRetriever:
@@ -565,8 +585,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """
         if not retrievers:
             raise ValidationError("from_retrievers needs at least one retriever")
-        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log})
-        check_options(ensemble_kwargs)  # a named error, as from_texts gives, not a TypeError
+        opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log,
+                                "observe_followups": observe_followups})
+        _check_options(ensemble_kwargs, "from_retrievers")  # a named error, not a TypeError
         ens = FeedbackEnsemble({}, members=_members(retrievers), policy=policy, **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
