@@ -200,7 +200,7 @@ def check_chunk(chunk: Any, where: str) -> Chunk:
     rlfb.errors.ValidationError: rerank: chunk 'c1' has metadata of type list, not a mapping
     """
     if not isinstance(chunk, Chunk):
-        raise ValidationError(f"{where}: got {type(chunk).__name__}, not a Chunk")
+        raise ValidationError(f"{where}: got {type(chunk).__name__}, not a Chunk (rlfb.Chunk(id, text, metadata))")
     if not isinstance(chunk.id, str) or not chunk.id:
         raise ValidationError(f"{where}: a chunk's id must be a non-empty string, got {type(chunk.id).__name__} "
                               f"{chunk.id!r:.80}")
