@@ -197,7 +197,10 @@ def without_candidates(ctx: Context, left_out: Collection[str], *, fusion: str, 
         with np.errstate(invalid="ignore"):
             above = (gone[None, :, :] < ctx.ranks[keep][:, None, :]).sum(axis=1)
         ranks = ctx.ranks[keep] - above
-    rows = (lambda a: None if a is None else a[keep])
+
+    def rows(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[keep]
+
     return dataclasses.replace(
         ctx, candidate_ids=tuple(c for c, d in zip(ctx.candidate_ids, drop, strict=True) if not d), raw=raw,
         normalized=normalize(raw, fusion, ranks=ranks, c=rrf_c), ranks=ranks, proposed=rows(ctx.proposed),

@@ -1,7 +1,8 @@
 """Test collections in BEIR format, and where to find them.
 
 A BEIR folder holds ``corpus.jsonl`` (``_id``, ``title``, ``text``),
-``queries.jsonl`` (``_id``, ``text``) and ``qrels/<split>.tsv`` (a header, then
+``queries.jsonl`` (``_id``, ``text``), either of them gzipped as Hugging Face's BeIR
+downloads ship them (``corpus.jsonl.gz``), and ``qrels/<split>.tsv`` (a header, then
 ``query-id, corpus-id, score``). The one setting ``RLFB_DATASETS`` names the
 folder that holds such collections by name.
 """
@@ -9,9 +10,12 @@ folder that holds such collections by name.
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import json
+import math
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +45,9 @@ class BeirDataset:
     # runs leave its own document out of its ranking, as BEIR does (``ignore_identical_ids``). A query id that
     # names a document of other text (cranfield's query "1" and document "1") is no such query.
     query_documents: frozenset[str] = frozenset()
+    # split -> a few of the document ids counted in ``unknown_judgments``, for the error of
+    # :meth:`check_known_documents`: a count alone hid an id such as "184 " (a stray space) that no reader could see
+    unknown_examples: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def split(self, name: str = "test") -> Mapping[str, Mapping[str, int]]:
         """Judgments of one split; :class:`ValidationError` lists the splits that exist."""
@@ -55,7 +62,19 @@ class BeirDataset:
         unknown = self.unknown_judgments.get(name, 0)
         if unknown and not any(g > 0 for r in self.split(name).values() for g in r.values()):
             raise ValidationError(f"{self.name}: none of the {unknown} relevant judgments of qrels/{name}.tsv "
-                                  "names a document of corpus.jsonl")
+                                  f"names a document of corpus.jsonl{self._unknown_examples_said(name)}")
+
+    def _unknown_examples_said(self, name: str) -> str:
+        """``" (such as '184 ', ...)"`` for :meth:`check_known_documents`, saying which of the examples would
+        name a document once stripped of spaces (on either side: the corpus's id may be the one with them)."""
+        examples = self.unknown_examples.get(name, ())
+        if not examples:
+            return ""
+        stripped = {c.id.strip(): c.id for c in self.corpus}
+        near = [f"{doc!r} is the document {stripped[doc.strip()]!r} of corpus.jsonl but for spaces"
+                for doc in examples if doc.strip() in stripped]
+        fix = f"; {'; '.join(near)}: ids must match exactly, so strip the spaces" if near else ""
+        return f" (such as {' and '.join(map(repr, examples))}{fix})"
 
     def unknown_documents_note(self, name: str = "test") -> str | None:
         """The ``rlfb: left out ...`` line for the relevant judgments of split ``name`` that named unknown
@@ -167,16 +186,31 @@ def find_dataset(arg: str | Path) -> Path:
     return base / path if base is not None and (base / path).is_dir() else path
 
 
+def _data_file(root: Path, name: str) -> Path | None:
+    """``root / name``, else its gzipped ``name.gz`` (as Hugging Face's BeIR downloads ship corpus and queries),
+    else ``None``; the plain file wins where both are there, as it is the one a user unpacked or edited."""
+    for file in (root / name, root / f"{name}.gz"):
+        if file.is_file():
+            return file
+    return None
+
+
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Numbered text lines of ``path``; undecodable bytes raise :class:`CorruptStateError` naming the line."""
+    """Numbered text lines of ``path`` (gunzipped where it ends in ``.gz``); undecodable bytes raise
+    :class:`CorruptStateError` naming the line, and so does a damaged gzip file."""
+    gzipped = path.suffix == ".gz"
+    lineno = 0
     try:
-        with open(path, "rb") as fh:
+        with (gzip.open if gzipped else open)(path, "rb") as fh:
             # decode line by line (not the whole stream) so that an error can name its line
             for lineno, raw in enumerate(fh, start=1):
                 try:  # a byte-order mark (files saved by some Windows editors) is not part of the first line
                     yield lineno, raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
                 except UnicodeDecodeError as exc:
                     raise CorruptStateError(f"{path}:{lineno}: not UTF-8: {exc}") from exc
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:  # truncated, or not gzip at all: cut short, silently
+        raise CorruptStateError(f"{path}:{lineno + 1}: not a readable gzip file ({exc}): download it again, or "
+                                f"give it unpacked as {path.with_suffix('')}") from exc
     except OSError as exc:
         raise CorruptStateError(f"cannot read {path}: {exc}") from exc
 
@@ -196,6 +230,10 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def _row_id(row: dict[str, Any], where: str) -> str:
+    if "_id" not in row:  # "_id must be a string, got None" hid a line keyed "id"
+        keys = ", ".join(repr(k) for k in list(row)[:10]) + (", ..." if len(row) > 10 else "")
+        hint = ": rename 'id' to '_id'" if "id" in row else ""
+        raise CorruptStateError(f"{where}: no '_id' key, which names a BEIR line (it has {keys or 'none'}){hint}")
     value = row.get("_id")
     # BEIR ids are strings; some collections write them as JSON numbers
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -205,6 +243,11 @@ def _row_id(row: dict[str, Any], where: str) -> str:
 
 def _row_text(row: dict[str, Any], key: str, where: str, *, required: bool) -> str:
     value = row.get(key)
+    if isinstance(value, float) and not math.isfinite(value):
+        # NaN or Infinity, which json.loads takes and pandas writes for a missing value, was indexed as "nan"
+        if required:
+            raise CorruptStateError(f"{where}: {key} is {value!r}, which stands for a missing value; give it as text")
+        return ""
     if value is None and not required:
         return ""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -218,21 +261,26 @@ def _read_corpus(file: Path) -> tuple[list[Chunk], dict[str, str]]:
     """The corpus as chunks (title and text), with each document's ``text`` field alone by id."""
     corpus: list[Chunk] = []
     texts: dict[str, str] = {}
-    first_line: dict[str, int] = {}
+    first_line: dict[str, tuple[int, tuple[str, str, dict[str, Any]]]] = {}
     fields: list[str] = []
     for lineno, row in _read_jsonl(file):
         fields = fields or sorted(row)
         where = f"{file}:{lineno}"
         cid = _row_id(row, where)
-        if cid in first_line:
-            raise CorruptStateError(f"{where}: duplicate _id {cid!r} (first on line {first_line[cid]})")
-        first_line[cid] = lineno
         title = _row_text(row, "title", where, required=False).strip()
         text = _row_text(row, "text", where, required=False)
         metadata = row.get("metadata")
         metadata = {} if metadata is None else metadata  # [], 0 or "" are refused as [1] is, not taken as {}
         if not isinstance(metadata, dict):
             raise CorruptStateError(f"{where}: metadata must be a JSON object, got {type(metadata).__name__}")
+        # a document repeated as it was is harmless, as a repeated query or judgment is; one id for two is not
+        if cid in first_line:
+            first, content = first_line[cid]
+            if content == (title, text, metadata):
+                continue
+            raise CorruptStateError(f"{where}: duplicate _id {cid!r} (first on line {first}, with another title, "
+                                    "text or metadata)")
+        first_line[cid] = lineno, (title, text, metadata)
         # the title indexed wins over a "title" in metadata, so the metadata says what was indexed
         corpus.append(Chunk(cid, f"{title} {text}".strip(), {**metadata, "title": title}))
         texts[cid] = text
@@ -278,18 +326,48 @@ def _read_queries(file: Path) -> dict[str, str]:
     return queries
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _qrels_columns(row: list[str], line: str, where: str) -> list[str]:
+    """The three cells of a qrels row; a row of another layout raises :class:`CorruptStateError` saying which."""
+    while len(row) > 3 and not row[-1].strip():  # a trailing tab adds an empty cell, not a column
+        row = row[:-1]
+    if len(row) > 3 or (len(row) < 3 and len(line.split()) == 4):
+        # TREC and MS MARCO qrels read "qid 0 docid grade": taken as BEIR's three columns, document "0" was
+        # judged with the document's id as its grade
+        raise CorruptStateError(
+            f"{where}: {max(len(row), len(line.split()))} columns ({line.strip()!r}): this looks like TREC qrels "
+            "(query-id, iteration, corpus-id, score), while BEIR's have 3 tab-separated columns, query-id, "
+            "corpus-id and score: drop the second column (cut -f1,3,4, or awk -v OFS='\\t' '{print $1,$3,$4}' "
+            "where spaces separate them)")
+    if len(row) < 3:
+        raise CorruptStateError(f"{where}: expected query-id, corpus-id and score, got {row!r}")
+    return row
+
+
 def _read_qrels(tsv: Path) -> dict[str, dict[str, int]]:
     split: dict[str, dict[str, int]] = {}
     first_line: dict[tuple[str, str], int] = {}
+    first_row = True
     for lineno, line in _lines(tsv):
         try:  # one reader per line, so that an error can name its line
             row = next(csv.reader([line], delimiter="\t"), [])
         except csv.Error as exc:
             raise CorruptStateError(f"{tsv}:{lineno}: {exc}") from exc
-        if not row or row[0] == "query-id":
+        if not row:
             continue
-        if len(row) < 3:
-            raise CorruptStateError(f"{tsv}:{lineno}: expected query-id, corpus-id and score, got {row!r}")
+        first, first_row = first_row, False
+        if row[0] == "query-id":
+            continue
+        row = _qrels_columns(row, line, f"{tsv}:{lineno}")
+        if first and not _is_number(row[2]):  # a header of other words ("qid, docid, relevance"): BEIR's loader
+            continue  # skips line 1 whatever it says; a word for a score further down is still refused
         try:
             value = float(row[2])
             grade = int(value)
@@ -325,10 +403,14 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
     """Load a BEIR folder: every ``qrels/*.tsv`` becomes a split.
 
     Chunk text is ``title + " " + text``, as BEIR evaluates it; the title is
-    kept in the metadata too. A folder that does not exist, or lacks ``corpus.jsonl`` or ``queries.jsonl``,
-    raises :class:`ValidationError` saying which. A malformed file raises :class:`CorruptStateError`
-    naming the file and line, and so does a qrels pair (query, document) given two
-    different grades (naming the earlier line too); a judgment repeated as it was is kept once.
+    kept in the metadata too, and a title or text that is null, NaN or Infinity is empty. ``corpus.jsonl`` and
+    ``queries.jsonl`` may be gzipped (``corpus.jsonl.gz``); the plain file wins where both are there. A folder that
+    does not exist, or lacks ``corpus.jsonl`` or ``queries.jsonl``, raises :class:`ValidationError` saying which.
+    A malformed file raises :class:`CorruptStateError` naming the file and line (a qrels row of 4 columns,
+    TREC's layout, among them), and so does a qrels pair (query, document) given two
+    different grades (naming the earlier line too), or an ``_id`` given to two documents of other content; a
+    judgment, query or document repeated as it was is kept once. The first line of a qrels file is a header
+    where its score is not a number, whatever its words.
     Judgments naming a document that is not in the corpus are left out of ``qrels`` and the relevant
     ones counted per split in ``unknown_judgments``: ``rlfb evaluate`` and ``rlfb simulate`` report the
     count, and :meth:`BeirDataset.check_known_documents` refuses a split none of whose relevant
@@ -343,20 +425,38 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
         raise ValidationError(_no_such_folder(root))
     if root.is_file():  # corpus.jsonl itself, say: "is not a BEIR folder: corpus.jsonl is missing" misled
         raise ValidationError(f"{root} is a file; give the BEIR folder that holds corpus.jsonl, such as {root.parent}")
+    files = {}
     for required in ("corpus.jsonl", "queries.jsonl"):
-        if not (root / required).is_file():
+        if (file := _data_file(root, required)) is None:
             raise ValidationError(f"{root} is not a BEIR folder: {required} is missing")
-    corpus, texts = _read_corpus(root / "corpus.jsonl")
-    queries = _read_queries(root / "queries.jsonl")
+        files[required] = file
+    corpus, texts = _read_corpus(files["corpus.jsonl"])
+    queries = _read_queries(files["queries.jsonl"])
     qrels = {tsv.stem: _read_qrels(tsv) for tsv in sorted((root / "qrels").glob("*.tsv"))}
     if not qrels:
         raise ValidationError(f"{root} has no qrels/*.tsv")
     ids = {chunk.id for chunk in corpus}
     unknown: dict[str, int] = {}
+    examples: dict[str, tuple[str, ...]] = {}
     for split, judged in qrels.items():
+        missing: dict[str, None] = {}  # the unknown documents judged relevant, in file order
         for q, docs in judged.items():
+            missing.update((d, None) for d, g in docs.items() if g > 0 and d not in ids)
             unknown[split] = unknown.get(split, 0) + sum(g > 0 for d, g in docs.items() if d not in ids)
             judged[q] = {d: g for d, g in docs.items() if d in ids}
+        if missing:
+            examples[split] = _unknown_examples(missing, ids)
     # the folder's own name: "." or ".." named the collection "" or ".."
     return BeirDataset(name or root.resolve().name, corpus, queries, qrels,
-                       {s: n for s, n in unknown.items() if n}, _query_documents(corpus, texts, queries))
+                       {s: n for s, n in unknown.items() if n}, _query_documents(corpus, texts, queries), examples)
+
+
+def _unknown_examples(missing: Iterable[str], ids: set[str], n: int = 2) -> tuple[str, ...]:
+    """``n`` of the ``missing`` document ids, those that name a document of ``ids`` but for spaces first (the
+    likeliest cause, and one no reader sees unless it is named).
+
+    >>> _unknown_examples(["D7", "184 ", "D9"], {"184", "29"})
+    ('184 ', 'D7')
+    """
+    stripped = {i.strip() for i in ids}
+    return tuple(sorted(missing, key=lambda d: d.strip() not in stripped)[:n])

@@ -153,12 +153,13 @@ def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
 
 def refuse_overwriting_dataset(out: str | Path, folder: str | Path, option: str) -> None:
     """Raise :class:`ValidationError` when output ``out`` (given as ``option``) is a file of the BEIR collection in
-    ``folder`` (``corpus.jsonl``, ``queries.jsonl``, ``qrels/*.tsv``): ``--json DS/qrels/test.tsv`` ran, and
-    the collection no longer loaded afterwards."""
+    ``folder`` (``corpus.jsonl``, ``queries.jsonl``, their gzipped forms, ``qrels/*.tsv``): ``--json
+    DS/qrels/test.tsv`` ran, and the collection no longer loaded afterwards."""
     root = Path(folder)
     if not root.is_dir():
         return
-    for read in (root / "corpus.jsonl", root / "queries.jsonl", *sorted(root.glob("qrels/*.tsv"))):
+    files = [root / f"{name}{gz}" for name in ("corpus.jsonl", "queries.jsonl") for gz in ("", ".gz")]
+    for read in (*files, *sorted(root.glob("qrels/*.tsv"))):
         if read.exists() and same_file(out, read):
             raise ValidationError(f"{option} {out} is {read}, a file of the collection being read: "
                                   "refusing to overwrite it")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import require_dataset
+
 from rlfb import FeedbackEnsemble
 from rlfb.candidates import make_context, without_candidates
 from rlfb.cli import main
