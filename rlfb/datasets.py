@@ -48,13 +48,17 @@ class BeirDataset:
     # split -> a few of the document ids counted in ``unknown_judgments``, for the error of
     # :meth:`check_known_documents`: a count alone hid an id such as "184 " (a stray space) that no reader could see
     unknown_examples: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # every split the folder has a qrels file for, read or not (load_beir's ``splits``): what an unknown split's
+    # error lists
+    splits_found: tuple[str, ...] = ()
 
     def split(self, name: str = "test") -> Mapping[str, Mapping[str, int]]:
         """Judgments of one split; :class:`ValidationError` lists the splits that exist."""
         try:
             return self.qrels[name]
         except KeyError:
-            raise ValidationError(f"{self.name} has no split {name!r}; it has {sorted(self.qrels)}") from None
+            raise ValidationError(f"{self.name} has no split {name!r}; it has "
+                                  f"{sorted(self.splits_found or self.qrels)}") from None
 
     def check_known_documents(self, name: str = "test") -> None:
         """Raise :class:`ValidationError` when every relevant judgment of split ``name`` names a document
@@ -399,8 +403,10 @@ def _no_such_folder(root: Path) -> str:
     return message
 
 
-def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
-    """Load a BEIR folder: every ``qrels/*.tsv`` becomes a split.
+def load_beir(path: str | Path, *, name: str | None = None, splits: Iterable[str] | None = None) -> BeirDataset:
+    """Load a BEIR folder: every ``qrels/*.tsv`` becomes a split, or those of ``splits`` alone (what a run reads:
+    a damaged ``qrels/dev.tsv`` stopped every run of ``test`` until 2026-12-06, while a split named there that
+    has no file is still :meth:`BeirDataset.split`'s error, listing the folder's splits).
 
     Chunk text is ``title + " " + text``, as BEIR evaluates it; the title is
     kept in the metadata too, and a title or text that is null, NaN or Infinity is empty. ``corpus.jsonl`` and
@@ -432,9 +438,11 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
         files[required] = file
     corpus, texts = _read_corpus(files["corpus.jsonl"])
     queries = _read_queries(files["queries.jsonl"])
-    qrels = {tsv.stem: _read_qrels(tsv) for tsv in sorted((root / "qrels").glob("*.tsv"))}
-    if not qrels:
+    tsvs = sorted((root / "qrels").glob("*.tsv"))
+    if not tsvs:
         raise ValidationError(f"{root} has no qrels/*.tsv")
+    wanted = None if splits is None else {_split_name(s) for s in ([splits] if isinstance(splits, str) else splits)}
+    qrels = {tsv.stem: _read_qrels(tsv) for tsv in tsvs if wanted is None or tsv.stem in wanted}
     ids = {chunk.id for chunk in corpus}
     unknown: dict[str, int] = {}
     examples: dict[str, tuple[str, ...]] = {}
@@ -448,7 +456,14 @@ def load_beir(path: str | Path, *, name: str | None = None) -> BeirDataset:
             examples[split] = _unknown_examples(missing, ids)
     # the folder's own name: "." or ".." named the collection "" or ".."
     return BeirDataset(name or root.resolve().name, corpus, queries, qrels,
-                       {s: n for s, n in unknown.items() if n}, _query_documents(corpus, texts, queries), examples)
+                       {s: n for s, n in unknown.items() if n}, _query_documents(corpus, texts, queries), examples,
+                       tuple(tsv.stem for tsv in tsvs))
+
+
+def _split_name(split: Any) -> str:
+    if not isinstance(split, str) or not split:
+        raise ValidationError(f"a split is the name of a qrels file (such as 'test'), got {split!r}")
+    return split
 
 
 def _unknown_examples(missing: Iterable[str], ids: set[str], n: int = 2) -> tuple[str, ...]:

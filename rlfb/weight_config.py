@@ -386,7 +386,9 @@ def _refuse_rollback(store: Any, path: str, learner: Any, state: Mapping[str, An
     )
 
 
-def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bool = False) -> dict[str, Any]:
+def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bool = False,
+                   retrievers: Sequence[str] | None = None, policy: str | None = None,
+                   version: int | None = None) -> dict[str, Any]:
     """Validate a weights file and append it to the store as the newest snapshot.
 
     The file is either an export (``{"weights": ..., "state": ...}``) or just
@@ -418,6 +420,17 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
     kind is refused (:class:`ValidationError`, nothing written): it would roll the store back, and the
     feedback learned since is not learned again. ``rollback=True`` imports it all the same. Weights alone
     (no state) are set on the store's newest state, and roll nothing back.
+
+    Apps with other retrievers or another policy can share one store, and its newest snapshot is then only one
+    of theirs: ``retrievers``, ``policy`` (or the ``version`` of the newest snapshot of one kind) pick the kind
+    whose newest state weights alone go onto, as :func:`export_weights` picks the one to write (several kinds
+    left to choose from: a :class:`ValidationError` lists them). Without them, weights alone of other
+    retrievers than the newest snapshot's go onto the newest snapshot of the one kind of their retrievers (of
+    the policy the file names, where several are), with a note; where no kind or several could take them, the
+    :class:`ValidationError` lists the kinds and the option that picks one. A file's state is imported as it
+    is: the options must agree with it, and name the snapshot it is compared with (whether it is held already,
+    of another kind, of other hyperparameters). Into a store that holds no snapshot, ``policy`` is the new
+    state's policy.
     Returns ``{"weights", "policy", "version", "requested", "notes", "written"}``.
     """
     from rlfb.learner import Learner
@@ -428,23 +441,104 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
     if hashes_queries(store) and knows_questions_by_text(wf.state):
         raise ValidationError(f"{wf.path}: its state's memory knows questions by their text, and this store keeps "
                               "no query text: import the weights alone (a file without its state)")
+    if retrievers is not None and set(retrievers) != set(wf.normalised):
+        raise ValidationError(f"{wf.path}: weights name {sorted(wf.normalised)}, not the retrievers named "
+                              f"({'+'.join(retrievers)})")
     with store.exclusive():
-        saved = store.load_policy_state()
+        saved, label, notes = _import_onto(store, wf, retrievers, policy, version)
         if wf.state is not None:  # loaded once more: read_weights_file only checked it, and this one changes
             learner, target = Learner.from_state_dict(wf.state), "the file's state"
+            if policy is not None and learner.policy_name != policy:
+                raise ValidationError(f"{wf.path}: its state is of policy {learner.policy_name!r}, not {policy!r} as "
+                                      "named")
         elif saved and saved.get("state"):
-            learner, target = _saved_learner(store, saved), "the store's newest state"
+            learner, target = _saved_learner(store, saved), f"{label} ({describe_kind(saved)})"
         else:
-            # an empty store: the weights become the file's policy's (an export names it), else a fixed policy's
-            # (FeedbackEnsemble's own default). Always fixed before: an export of a thompson store imported into a
-            # new one was a fixed snapshot, which the thompson ensembles on it passed by, serving equal weights
-            policy = wf.data.get("policy") if wf.structured and isinstance(wf.data.get("policy"), str) else "fixed"
+            # an empty store: the weights become the policy's named, else the file's policy's (an export names it),
+            # else a fixed policy's (FeedbackEnsemble's own default). Always fixed before: an export of a thompson
+            # store imported into a new one was a fixed snapshot, which the thompson ensembles on it passed by,
+            # serving equal weights
+            if policy is None:
+                named = wf.data.get("policy") if wf.structured else None
+                policy = named if isinstance(named, str) else "fixed"
             try:
                 learner = Learner(tuple(wf.normalised), policy=policy)
             except ValidationError as exc:  # a policy this rlfb does not know
                 raise _naming(wf.path, exc) from exc
             target = "a new state (the store held none)"
-        return _apply(store, learner, target, saved, wf, rollback=rollback)
+        return _apply(store, learner, target, saved, wf, rollback=rollback, label=label, notes=notes)
+
+
+#: How :func:`import_weights`'s notes name the snapshot it compares with, where it is the store's newest.
+_NEWEST = "the store's newest snapshot"
+
+
+def _import_onto(store: Any, wf: WeightsFile, retrievers: Sequence[str] | None, policy: str | None,
+                 version: int | None) -> tuple[dict[str, Any] | None, str, list[str]]:
+    """The snapshot :func:`import_weights` puts weights alone onto (a file's state: compares with), how its notes
+    name it, and the notes on the choice. See :func:`import_weights` for what the options pick."""
+    newest = store.load_policy_state()
+    if retrievers is None and policy is None and version is None:
+        if newest is None or wf.state is not None or _retrievers_of(newest) in (None, set(wf.normalised)):
+            return newest, _NEWEST, []
+        return _of_their_retrievers(store, wf, newest)
+    if newest is None:  # nothing to pick from: the weights make a new state, of the policy named
+        if version is not None:
+            raise ValidationError(f"the store holds no snapshot of version {version}: it holds none yet")
+        return None, _NEWEST, []
+    kinds = store.newest_snapshots()
+    if wf.state is not None and version is None and not any(_matches(k, retrievers, policy) for k in kinds):
+        return None, _NEWEST, []  # a file's state of a kind the store holds none of yet: a new kind on it
+    saved, _ = _chosen(store, retrievers, policy, whole=True, version=version)
+    if saved is None:
+        return None, _NEWEST, []
+    if version is not None and all(int(k["version"]) != version for k in kinds):
+        # weights go onto a kind's newest state: an older one's would roll its kind back, unsaid
+        raise ValidationError(f"snapshot {describe_kind(saved)} is not the newest of its kind: weights are imported "
+                              "onto a kind's newest state; the newest of each kind: "
+                              + "; ".join(describe_kind(k) for k in kinds))
+    if int(saved["version"]) == int(newest["version"]):
+        return saved, _NEWEST, []
+    return saved, "the store's newest snapshot of the kind named", []
+
+
+def _retrievers_of(snapshot: Mapping[str, Any]) -> set[str] | None:
+    """The retrievers a snapshot's weights name (``None``: its weights are unreadable, left to the learner's
+    own error)."""
+    weights = snapshot.get("weights")
+    return set(weights) if isinstance(weights, Mapping) else None
+
+
+def _of_their_retrievers(store: Any, wf: WeightsFile,
+                         newest: Mapping[str, Any]) -> tuple[dict[str, Any], str, list[str]]:
+    """Weights alone of other retrievers than the store's newest snapshot (another app's, on a store several
+    kinds of ensemble share): the newest snapshot of the one kind of their retrievers (of the policy the file
+    names, where it names one and several are of those retrievers). None, or several: a
+    :class:`ValidationError` that lists the kinds and says which option picks one."""
+    names = sorted(wf.normalised)
+    said = (f"{wf.path}: weights name {names} but the store's newest snapshot ({describe_kind(newest)}) is for "
+            f"{sorted(_retrievers_of(newest) or ())}")
+    kinds = store.newest_snapshots()
+    theirs = [k for k in kinds if _matches(k, names, None)]
+    if len(theirs) > 1:
+        theirs = _undamaged(store, theirs, first_sound=False)
+    named = wf.data.get("policy") if wf.structured else None  # a --weights-only export names its kind's policy
+    if len(theirs) > 1 and any(k.get("policy") == named for k in theirs):
+        theirs = [k for k in theirs if k.get("policy") == named]
+    if not theirs:
+        if len(kinds) < 2:
+            raise ValidationError(said)
+        raise ValidationError(f"{said}, and none of the {len(kinds)} kinds of ensemble on the store is of these "
+                              "retrievers (" + "; ".join(describe_kind(k) for k in kinds) + ")")
+    if len(theirs) > 1:
+        raise ValidationError(f"{said}; the store holds {len(theirs)} kinds of ensemble of these retrievers ("
+                              + "; ".join(describe_kind(k) for k in theirs) + f"): {_telling_apart(theirs)}")
+    saved = store.load_policy_state(version=int(theirs[0]["version"]))
+    if saved is None:  # pruned since it was listed
+        raise ValidationError(said)
+    note = (f"the store's newest snapshot ({describe_kind(newest)}) is another kind's: the weights go onto the "
+            f"newest snapshot of their retrievers, version {saved['version']}")
+    return saved, "the store's newest snapshot of their retrievers", [note]
 
 
 @dataclass(frozen=True)
@@ -490,21 +584,23 @@ def read_weights_file(path: str | Path) -> WeightsFile:
 
 
 def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | None, wf: WeightsFile, *,
-           rollback: bool = False) -> dict[str, Any]:
-    """The body of :func:`import_weights` once the learner the weights go to is chosen, under the store's lock."""
+           rollback: bool = False, label: str = _NEWEST, notes: list[str] | None = None) -> dict[str, Any]:
+    """The body of :func:`import_weights` once the learner the weights go to is chosen, under the store's lock;
+    ``saved`` is the snapshot compared with, named ``label`` in the notes (more ``notes`` go first)."""
     path, data, structured, normalised = wf.path, wf.data, wf.structured, wf.normalised
     from_file = wf.state is not None
     names = list(normalised)
     if set(learner.retrievers) != set(names):
-        raise ValidationError(f"{path}: weights name {sorted(names)} but the state is for {list(learner.retrievers)}")
+        # "the state is for" did not say which: the file's, or the store's snapshot (another app's, on a shared store)
+        raise ValidationError(f"{path}: weights name {sorted(names)} but {target} is for {list(learner.retrievers)}")
     requested = {n: normalised[n] for n in learner.retrievers}
     if not from_file or not _same(learner.weights(), requested):
         learner.set_weights(requested)
     applied = learner.weights()
-    notes = []
+    notes = list(notes or ())
     if structured and data.get("policy") not in (None, learner.policy_name):
         notes.append(f"the file's policy {data['policy']!r} is not used: the weights go to the "
-                     f"{learner.policy_name!r} policy of {target}")
+                     f"{learner.policy_name!r} policy of {target}{_policy_option(store, wf, saved)}")
     clamped = _clamped(learner, normalised)
     if clamped is not None:
         shown = ", ".join(f"{n} {normalised[n]:.4g} -> {clamped[n]:.4g}" for n in learner.retrievers)
@@ -518,13 +614,12 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
     if from_file:
         kind = _other_kind(learner, saved)
         if kind is not None:
-            notes.append(f"the file's state is of another kind than the store's newest snapshot ({kind}): "
+            notes.append(f"the file's state is of another kind than {label} ({kind}): "
                          "ensembles built like that snapshot ignore it and keep their own state")
     other = _other_hyperparameters(learner, saved)
     if other is not None:
-        notes.append(f"the file's {learner.policy_name!r} hyperparameters differ from the store's newest "
-                     f"snapshot ({other}): ensembles built like that snapshot keep their own state, not these "
-                     "weights")
+        notes.append(f"the file's {learner.policy_name!r} hyperparameters differ from {label} ({other}): "
+                     "ensembles built like that snapshot keep their own state, not these weights")
     # the dense model the memory's embeddings are of, as the file's or the snapshot's state named it: the
     # learner does not keep it (the ensemble adds it when it saves), and without it any ensemble would take them
     source = wf.state if from_file else (saved or {}).get("state")
@@ -532,8 +627,7 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
     if saved is not None and saved.get("policy") == learner.policy_name and _close(saved.get("weights"), applied) \
             and (_canonical(saved.get("state")) == _canonical(state) or _close(saved.get("state"), state)):
         # the same import again (a retry): another copy would push the store's older snapshots out of those kept
-        notes.append(f"the store's newest snapshot (version {saved['version']}) holds these already: nothing "
-                     "was written")
+        notes.append(f"{label} (version {saved['version']}) holds these already: nothing was written")
         return {"weights": dict(saved["weights"]), "policy": learner.policy_name, "version": saved["version"],
                 "requested": normalised, "notes": notes, "written": False}
     if from_file and not rollback:
@@ -541,6 +635,19 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
     version = store.save_policy_state(state, applied, policy=learner.policy_name, timestamp=time.time())
     return {"weights": applied, "policy": learner.policy_name, "version": version, "requested": normalised,
             "notes": notes, "written": True}
+
+
+def _policy_option(store: Any, wf: WeightsFile, saved: Mapping[str, Any] | None) -> str:
+    """For weights alone that went onto another policy than their file names: how ``--policy`` puts them onto the
+    newest snapshot of the file's policy and their retrievers, where the store holds one (a --weights-only
+    export of one app's, imported into a store another app of the same retrievers wrote to last)."""
+    if wf.state is not None or saved is None:
+        return ""
+    named = wf.data.get("policy")
+    theirs = [k for k in store.newest_snapshots() if _matches(k, list(wf.normalised), named)]
+    if len(theirs) != 1:
+        return ""
+    return f"; --policy {named} imports them onto the newest snapshot of that policy (version {theirs[0]['version']})"
 
 
 def _canonical(state: Any) -> str:

@@ -202,3 +202,33 @@ def test_one_id_for_two_documents_is_still_refused(tmp_path: Path, other: str) -
     with pytest.raises(CorruptStateError, match=re.escape(f"{root}/corpus.jsonl:4: duplicate _id '184' "
                                                           "(first on line 1")):
         load_beir(root)
+
+
+# -- a damaged qrels file of another split (a README audit of 2026-12-06) ------------------------------------
+def test_a_damaged_qrels_file_of_another_split_does_not_stop_a_run_of_this_one(tmp_path: Path) -> None:
+    root = write_beir(tmp_path / "beir")
+    (root / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n1\t184\t1\n1\t184\t2\n", encoding="utf-8")
+    with pytest.raises(CorruptStateError, match=r"dev\.tsv:3"):  # every split read: as before
+        load_beir(root)
+    data = load_beir(root, splits=["test"])  # what a run of split test reads
+    assert set(data.qrels) == {"test"} and data.split("test")["1"] == {"184": 1}
+    assert data.digest() == load_beir(write_beir(tmp_path / "alone"), name=data.name).digest()
+    with pytest.raises(ValidationError, match=r"has no split 'train'; it has \['dev', 'test'\]"):
+        load_beir(root, splits=["test", "train"]).split("train")
+    with pytest.raises(CorruptStateError, match=r"dev\.tsv:3"):  # the damaged split, asked for, is still refused
+        load_beir(root, splits="dev")
+    with pytest.raises(ValidationError, match="a split is the name of a qrels file"):
+        load_beir(root, splits=[None])
+
+
+@pytest.mark.parametrize("command", ["evaluate", "simulate"])
+def test_the_commands_read_the_splits_they_run_alone(tmp_path: Path, command: str, capsys: pytest.CaptureFixture
+                                                     ) -> None:
+    from rlfb.cli import main
+
+    root = write_beir(tmp_path / "beir", qrels=[QRELS[0], "1\t184\t1", "2\t0\t1", "1\t29\t0"])
+    (root / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n1\t184\t1\n1\t184\t2\n", encoding="utf-8")
+    extra = ["--policy", "fixed", "--interactions", "2", "--seeds", "1", "--quiet"] if command == "simulate" else []
+    assert main([command, "--dataset", str(root), "--retrievers", "bm25", *extra]) == 0, capsys.readouterr().err
+    assert main([command, "--dataset", str(root), "--retrievers", "bm25", "--split", "dev", *extra]) != 0
+    assert "dev.tsv:3" in capsys.readouterr().err  # the split asked for is read, and its damage named

@@ -478,7 +478,7 @@ def test_store_export_to_a_reader_that_stops_early_exits_quietly(tmp_path: Path)
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("--policy", "thompsn", "unknown policy 'thompsn'"),
     ("--retrievers", "bm25,splde", "unknown retriever 'splde'"),
-    ("--explicit-rate", "1.5", "explicit_rate must be a probability"),
+    ("--explicit-rate", "1.5", "--explicit-rate must be a probability"),
     ("--noise", "2", "noise must be a probability"),
     ("--spacing", "1e9", "time since 1970"),  # failed after indexing: "timestamp must not be negative"
     ("--late-delay", "1e10", "time since 1970"),

@@ -16,7 +16,7 @@ from rlfb.files import refuse_overwriting_store, same_file
 __all__ = ["prepare_output_dir", "prepare_output_file", "make_parent", "parent_made", "write_output", "same_file",
            "refuse_overwriting_store", "refuse_empty_store", "refuse_tableless_store", "store_file", "check_int",
            "check_output_name", "require_matplotlib", "reader_gone", "show_progress", "HelpFormatter", "STDOUT",
-           "report_beside", "store_for_reading", "snapshot_version", "sqlite_tables"]
+           "report_beside", "store_for_reading", "snapshot_version", "sqlite_tables", "names_stdout", "output_target"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -94,6 +94,49 @@ def parent_made(file: str | Path) -> Iterator[Path]:
 
 #: An output file named so is stdout, as in ``store export --jsonl -`` (``simulate --json -`` wrote a file named "-").
 STDOUT = "-"
+
+
+#: The names by which a process reaches its own standard output, whatever that is (a pipe, a file, a terminal).
+_STDOUT_NAMES = frozenset({"/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
+
+
+def names_stdout(file: str | Path | None) -> bool:
+    """Whether output ``file`` is this process's standard output: :data:`STDOUT`, one of its names
+    (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``), or a path to the file or pipe that ``sys.stdout``
+    writes to (``--json out.json > out.json``).
+
+    Such a name was written as a file: opened again, a redirected stdout was truncated under the report (the
+    table lost) or replaced by a rename, and a pipe got the table, the JSON and a "wrote /dev/stdout" line mixed.
+    ``/dev/null`` is not taken for stdout where stdout goes there too: what is written to it is thrown away,
+    whoever writes it, and the report stays where it was.
+    """
+    if file is None:
+        return False
+    text = str(file)
+    if text == STDOUT:
+        return True
+    here = os.path.normpath(os.path.abspath(text))
+    if here in _STDOUT_NAMES or here == f"/proc/{os.getpid()}/fd/1":
+        return True
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no descriptor (a StringIO, a test's capture), or closed
+        return False
+    try:
+        there, ours = os.stat(text), os.fstat(fd)
+        if (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
+            return False
+        return not os.path.samefile(text, os.devnull)
+    except OSError:  # not there yet, or not to be looked at: a file of its own
+        return False
+
+
+def output_target(file: str | None) -> str | None:
+    """Output ``file`` as a command writes it: :data:`STDOUT` where it names standard output
+    (:func:`names_stdout`), so that ``--json /dev/stdout`` is ``--json -`` (the JSON alone on stdout, the report
+    on stderr, no "wrote" line); any other name as given. Every command with an output file reads it through
+    this, before it checks the name as a file's."""
+    return STDOUT if names_stdout(file) else file
 
 
 def write_output(file: str | Path, text: str, *, stdout: TextIO | None = None) -> None:

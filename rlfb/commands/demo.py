@@ -40,11 +40,11 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib,
         show_progress,
     )
-    from rlfb.commands.simulate import print_table
+    from rlfb.commands.simulate import print_table, simulation_config
     from rlfb.demo_corpus import generate_demo_corpus
     from rlfb.ensemble import FeedbackEnsemble
     from rlfb.files import write_text_atomically
-    from rlfb.simulation.runner import SimulationConfig, plot_curves, prepare, simulate
+    from rlfb.simulation.runner import plot_curves, prepare, simulate
 
     check_output_name("--out", args.out, "folder")  # '' was the current folder, written over without a word
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
@@ -52,8 +52,9 @@ def run(args: argparse.Namespace) -> int:
     require_matplotlib("rlfb demo")  # it ends with the plot: fail now, not after the simulation
     names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())
     # every setting is checked before the output folder is made or anything printed
-    config = SimulationConfig(policy=args.policy, interactions=args.interactions, seeds=tuple(range(args.seeds)),
-                              retrievers=names)
+    # an error names the option (--interactions), not the config's field
+    config = simulation_config(policy=args.policy, interactions=args.interactions, seeds=tuple(range(args.seeds)),
+                               retrievers=names)
     out = prepare_output_dir(args.out)  # a bad --out fails now, not after minutes of simulation (made later)
     # and so do the two files it will hold: a folder in the place of either would fail only after the run,
     # with results.json written and no plot

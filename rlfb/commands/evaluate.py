@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--candidate-k", type=int, default=100,
                    help="each retriever's candidates for the fusion: the fused run ranks their pool")
     p.add_argument("--json", dest="json_out", default=None,
-                   help="write the metrics here, keyed by run name; - writes them to stdout (the report to stderr)")
+                   help="write the metrics here, keyed by run name; - (or /dev/stdout) writes them to stdout (the "
+                        "report to stderr)")
     p.set_defaults(func=run)
 
 
@@ -58,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         check_int,
         check_not_folder,
         check_output_name,
+        output_target,
         prepare_output_file,
         report_beside,
         write_output,
@@ -74,11 +76,13 @@ def run(args: argparse.Namespace) -> int:
     check_retriever_names(names)
     weights = parse_weights(args.weights, names)
     check_output_name("--json", args.json_out)
+    # /dev/stdout is stdout, as "-" is: opened as a file, it truncated a redirected stdout under the report
+    args.json_out = output_target(args.json_out)
     check_not_folder("--json", args.json_out)
     if args.json_out and args.json_out != STDOUT:  # a bad output path fails now, not after indexing and evaluation
         prepare_output_file(args.json_out)
         refuse_overwriting_dataset(args.json_out, find_dataset(args.dataset), "--json")
-    data = load_beir(find_dataset(args.dataset))
+    data = load_beir(find_dataset(args.dataset), splits=[args.split])  # another split's damaged qrels stop nothing
     judged = data.split(args.split)
     data.check_known_documents(args.split)  # qrels of another corpus: every metric would be 0
     queries = data.split_queries(args.split)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -58,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-heldout", type=int, default=None,
                    help="evaluate at most this many held-out queries (default: all)")
     p.add_argument("--json", dest="json_out", default=None,
-                   help="write the results as JSON to this file; - writes them to stdout (the report to stderr)")
+                   help="write the results as JSON to this file; - (or /dev/stdout) writes them to stdout (the "
+                        "report to stderr)")
     p.add_argument("--plot", default=None,
                    help="write the learning curves to this image file; its extension picks the format "
                         "(png, svg, pdf, ...); without one, .png is appended")
@@ -66,11 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_dataset(name: str):  # noqa: ANN201 - BeirDataset
+def load_dataset(name: str, splits: Sequence[str] | None = None):  # noqa: ANN201 - BeirDataset
+    """The collection ``name`` (``demo``: the generated one), with the qrels of ``splits`` alone where given: a
+    damaged qrels file of a split the run does not read stopped it (a README audit, 2026-12-06)."""
     from rlfb.datasets import find_dataset, load_beir
     from rlfb.demo_corpus import generate_demo_corpus
 
-    return generate_demo_corpus() if name == "demo" else load_beir(find_dataset(name))
+    return generate_demo_corpus() if name == "demo" else load_beir(find_dataset(name), splits=splits)
 
 
 def print_table(result: dict) -> None:
@@ -133,11 +137,21 @@ def plot_path(path: str) -> str:
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Fail on a bad output path or option now, not after the simulation; ``args.plot`` becomes the real name."""
-    from rlfb.commands import STDOUT, check_int, check_not_folder, check_output_name, prepare_output_file, same_file
+    from rlfb.commands import (
+        STDOUT,
+        check_int,
+        check_not_folder,
+        check_output_name,
+        output_target,
+        prepare_output_file,
+        same_file,
+    )
     from rlfb.datasets import find_dataset
     from rlfb.files import refuse_overwriting_dataset
 
     check_output_name("--json", args.json_out)
+    # /dev/stdout is stdout, as "-" is: opened as a file, it took the report and the "wrote" line too
+    args.json_out = output_target(args.json_out)
     check_not_folder("--json", args.json_out)
     check_output_name("--plot", args.plot)
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)
@@ -155,6 +169,82 @@ def check_outputs(args: argparse.Namespace) -> None:
             prepare_output_file(out)
             if dataset is not None:
                 refuse_overwriting_dataset(out, dataset, option)
+
+
+# the options that set a SimulationConfig field, by the field's name: its errors name the field, as a Python caller
+# passes it (explicit_rate), where a user of the CLI typed the option (--explicit-rate)
+CONFIG_OPTIONS = {
+    "policy": "--policy", "user": "--user", "interactions": "--interactions", "explicit_rate": "--explicit-rate",
+    "noise": "--noise", "reformulation_rate": "--reformulation-rate", "seeds": "--seeds",
+    "checkpoints": "--checkpoints", "retrievers": "--retrievers", "fusion": "--fusion", "memory": "--no-memory",
+    "split": "--split", "max_heldout": "--max-heldout", "spacing": "--spacing", "mean_delay": "--mean-delay",
+    "late_rate": "--late-rate", "late_delay": "--late-delay", "answer_k": "--answer-k",
+    "learner": "--learner-option", "policy_options": "--policy-option",
+}
+
+
+def simulation_config(**settings: Any) -> Any:  # SimulationConfig, imported when a command runs
+    """``SimulationConfig(**settings)`` for ``rlfb simulate`` and ``rlfb demo``: a :class:`ValidationError` names
+    the options given (``--explicit-rate must be a probability``), not the fields they set (``explicit_rate``),
+    which the config's own messages name for Python callers.
+
+    Built in steps, the settings first, then the learner's and the policy's options, so that each error is read
+    for what it names: a policy option of a field's name (thompson's ``noise``) is not ``--noise``.
+    """
+    from dataclasses import replace
+
+    from rlfb.simulation.runner import SimulationConfig
+
+    learner, options = settings.pop("learner", {}), settings.pop("policy_options", {})
+    config = _flags_named(lambda: SimulationConfig(**settings), _settings_named)
+    if learner:
+        config = _flags_named(lambda: replace(config, learner=learner),
+                              lambda text: _options_named(text, "--learner-option", learner))
+    if options:
+        config = _flags_named(lambda: replace(config, policy_options=options),
+                              lambda text: _options_named(text, "--policy-option", options))
+    return config
+
+
+def _flags_named(build: Any, name: Any) -> Any:
+    """``build()``, its :class:`ValidationError` raised again (of the same type) with its text as ``name`` words it."""
+    try:
+        return build()
+    except ValidationError as exc:
+        raise type(exc)(name(str(exc))) from exc
+
+
+def _settings_named(text: str) -> str:
+    """A message of the config's checks of its own settings with the options for the fields it names: a field
+    its message starts with (``split must name a qrels file``), and those named inside (``late_delay 172800s``;
+    only names with an underscore, which no word of a message is, and the span's ``interactions x spacing``)."""
+    import re
+
+    if text == "give at least one retriever":  # as `rlfb evaluate` says it
+        return "--retrievers names no retriever"
+    head = re.match(r"(\w+) (?=must |cannot )", text)
+    if head and head.group(1) in CONFIG_OPTIONS:
+        text = CONFIG_OPTIONS[head.group(1)] + text[len(head.group(1)):]
+    text = text.replace("interactions x spacing (", "--interactions x --spacing (")
+    text = re.sub(r"\b[a-z]+(?:_[a-z]+)+\b", lambda m: CONFIG_OPTIONS.get(m.group(0), m.group(0)), text)
+    # answer_k's bound is the ranking's cut-off k, which `simulate` sets no option for
+    return re.sub(r"\[1, k=(\d+)\]", r"[1, \1] (the ranking's cut-off)", text)
+
+
+def _options_named(text: str, flag: str, given: dict[str, Any]) -> str:
+    """A message of the check of ``flag``'s options (``given``) with the option in front where it starts with the
+    name of one (``--learner-option memory_weight must be in [0, 10]``), and the fields it names as options."""
+    import re
+
+    head = re.match(r"(\w+)\b", text)
+    if head and head.group(1) in given:
+        return f"{flag} {text}"
+    text = re.sub(r"^policy_options cannot set the seed: each run's seed comes from seeds$",
+                  "--policy-option cannot set the seed: each run's seed comes from --seeds", text)
+    # memory_weight at 0, or beside --no-memory: the config's fields (memory=False) are the flags given
+    return re.sub(r" \(memory=False\), not by memory_weight; got memory=(True|False) and memory_weight=",
+                  lambda m: f", not by --learner-option memory_weight; got "
+                            f"{'--no-memory and ' if m.group(1) == 'False' else ''}memory_weight=", text)
 
 
 def policy_options(given: list[str], flag: str = "--policy-option") -> dict[str, Any]:
@@ -189,9 +279,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stdout: TextIO, *, to_stdout: bool) -> int:
     from rlfb.commands import make_parent, write_output
-    from rlfb.simulation.runner import SimulationConfig, plot_curves, simulate
+    from rlfb.simulation.runner import plot_curves, simulate
 
-    config = SimulationConfig(
+    config = simulation_config(
         policy=args.policy, user=args.user, interactions=args.interactions, explicit_rate=args.explicit_rate,
         noise=args.noise, seeds=tuple(range(args.seeds)), checkpoints=args.checkpoints,
         retrievers=tuple(n.strip() for n in args.retrievers.split(",") if n.strip()), fusion=args.fusion,
@@ -201,7 +291,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, *, to_stdout: bool) -> int:
         policy_options=policy_options(args.policy_options),
         learner=policy_options(args.learner_options, "--learner-option"),
     )
-    data = load_dataset(args.dataset)
+    data = load_dataset(args.dataset, (config.split, config.stream_split))
     if config.split in data.qrels:  # a missing split is named by the runner
         data.check_known_documents(config.split)  # the error alone, without the note below
     # the splits the run reads (config's stream split only where the runner streams from it)

@@ -53,7 +53,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="write events joined with their chunks and feedback as JSONL")
     export.add_argument("file", metavar="FILE", help="feedback store database")
-    export.add_argument("--jsonl", required=True, metavar="OUT", help="output file ('-' for standard output)")
+    export.add_argument("--jsonl", required=True, metavar="OUT",
+                        help="output file ('-' or /dev/stdout for standard output)")
     export.set_defaults(func=cmd_export)
 
     drop = sub.add_parser("drop-snapshot", help="delete one policy snapshot (a damaged one an error named)")
@@ -135,14 +136,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``store export``."""
-    from rlfb.commands import parent_made, prepare_output_file, reader_gone, refuse_overwriting_store
+    from rlfb.commands import (
+        STDOUT,
+        output_target,
+        parent_made,
+        prepare_output_file,
+        reader_gone,
+        refuse_overwriting_store,
+    )
 
+    # /dev/stdout is stdout, as "-" is: written as a file, a redirected stdout was replaced by a rename
+    to_stdout = output_target(args.jsonl) == STDOUT
     try:
-        if args.jsonl != "-":  # before the store is opened: exporting onto it would destroy it
+        if not to_stdout:  # before the store is opened: exporting onto it would destroy it
             refuse_overwriting_store(args.jsonl, args.file)
             prepare_output_file(args.jsonl)  # its folder can be made (made once the store opened); not a folder
         with _open(args.file) as store:
-            if args.jsonl == "-":
+            if to_stdout:
                 n = store.export_jsonl(sys.stdout.buffer)
                 sys.stdout.buffer.flush()
             else:

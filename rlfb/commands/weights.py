@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+#: What `weights show` prints for a store that holds no snapshot yet, in the words of `weights export`'s refusal.
+NO_WEIGHTS_YET = "the store holds no weights yet"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("weights", help="show, export or import the fusion weights kept in a feedback store")
@@ -22,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=run_show)
     exp = wsub.add_parser("export", help="write the current weights and learner state to a JSON file")
     exp.add_argument("store", help="the feedback store (SQLite file)")
-    exp.add_argument("file", help="the JSON file to write (not the store itself); - writes to stdout")
+    exp.add_argument("file", help="the JSON file to write (not the store itself); - (or /dev/stdout) writes to "
+                                  "stdout")
     exp.add_argument("--weights-only", action="store_true", help="leave the learner state out")
     _kind_options(exp)
     exp.set_defaults(func=run_export)
@@ -32,6 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("--rollback", action="store_true",
                      help="import a learner state that learned from fewer feedbacks than the store's newest "
                           "snapshot of its kind (refused otherwise): roll the store back to it on purpose")
+    # a store shared by apps of other retrievers or another policy: its newest snapshot may be another app's,
+    # whose state cannot take these weights (a --weights-only export of one kind did not import again)
+    imp.add_argument("--retrievers", type=_names, metavar="A,B",
+                     help="put weights alone onto the newest snapshot of the ensemble with these retrievers "
+                          "(comma-separated, any order), where the store holds snapshots of several kinds "
+                          "(default: the newest snapshot, or the one kind of the weights' retrievers)")
+    imp.add_argument("--policy", help="put weights alone onto the newest snapshot of the ensemble with this "
+                                      "policy (into a store with no snapshot: the new state's policy)")
+    imp.add_argument("--version", type=_version,
+                     help="put weights alone onto this snapshot, the newest of its kind (`weights show` lists them)")
     imp.set_defaults(func=run_import)
 
 
@@ -91,6 +105,16 @@ def run_show(args: argparse.Namespace) -> int:
 
     with _open(args.store) as store:
         info = current_weights(store, **_kind(args))
+    if not info["version"]:
+        # a store no ensemble has written a snapshot to: said as `weights export` says it, and with no weights in
+        # the JSON (an empty mapping, "policy None, version 0", read as a snapshot of no retrievers); a report,
+        # as `store stats` reports it, so exit 0
+        info = {**info, "weights": None}
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print(NO_WEIGHTS_YET)
+        return 0
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -111,10 +135,12 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from rlfb.commands import prepare_output_file, refuse_overwriting_store, write_output
+    from rlfb.commands import STDOUT, output_target, prepare_output_file, refuse_overwriting_store, write_output
     from rlfb.weight_config import export_weights
 
-    if args.file == "-":  # as `store export --jsonl -`: a file named "-" was written
+    # "-" as `store export --jsonl -` (a file named "-" was written), and /dev/stdout as "-": written as a file, a
+    # redirected stdout was replaced by a rename
+    if output_target(args.file) == STDOUT:
         with _open(args.store) as store:
             out = export_weights(store, None, with_state=not args.weights_only, **_kind(args))
         print(json.dumps(out, indent=2))
@@ -134,7 +160,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     weights_file = read_weights_file(args.file)  # a bad file is refused before the store is opened (and migrated)
     with _open(args.store, reading=False) as store:
-        out = import_weights(store, weights_file, rollback=args.rollback)
+        out = import_weights(store, weights_file, rollback=args.rollback, **_kind(args))
     for note in out["notes"]:  # on stderr, so that stdout stays the one result line
         print(f"rlfb: note: {note}", file=sys.stderr)
     print(f"{'imported as' if out['written'] else 'already'} version {out['version']}: {out['weights']}")
