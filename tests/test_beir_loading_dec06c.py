@@ -232,3 +232,13 @@ def test_the_commands_read_the_splits_they_run_alone(tmp_path: Path, command: st
     assert main([command, "--dataset", str(root), "--retrievers", "bm25", *extra]) == 0, capsys.readouterr().err
     assert main([command, "--dataset", str(root), "--retrievers", "bm25", "--split", "dev", *extra]) != 0
     assert "dev.tsv:3" in capsys.readouterr().err  # the split asked for is read, and its damage named
+
+
+def test_a_run_on_a_handful_of_held_out_questions_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # 2 judged questions held 1 out on every seed, and the printed interval [0.4759, 0.4759] read as certainty
+    from rlfb.cli import main
+
+    root = write_beir(tmp_path / "beir")
+    assert main(["simulate", "--dataset", str(root), "--retrievers", "bm25", "--policy", "fixed",
+                 "--interactions", "2", "--seeds", "2", "--quiet"]) == 0
+    assert "rlfb: only 1 held-out question in a seed: the held-out figures" in capsys.readouterr().err

@@ -68,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: fewer held-out questions than this in a seed, and the run says so: its held-out figures rest on a handful
+FEW_HELDOUT = 10
+
+
 def load_dataset(name: str, splits: Sequence[str] | None = None):  # noqa: ANN201 - BeirDataset
     """The collection ``name`` (``demo``: the generated one), with the qrels of ``splits`` alone where given: a
     damaged qrels file of a split the run does not read stopped it (a README audit, 2026-12-06)."""
@@ -306,6 +310,11 @@ def _run(args: argparse.Namespace, stdout: TextIO, *, to_stdout: bool) -> int:
     result["dataset_path"] = "demo" if args.dataset == "demo" else str(Path(find_dataset(args.dataset)).resolve())
     result["config"]["dataset_path"] = result["dataset_path"]
     print_table(result)
+    few = min((run["heldout_queries"] for run in result.get("runs", ())), default=None)
+    if few is not None and few < FEW_HELDOUT:
+        # 2 judged questions held out 1 on every seed: an interval of width 0 read as certainty
+        print(f"rlfb: only {few} held-out question{'s' if few != 1 else ''} in a seed: the held-out figures and "
+              "their intervals rest on those alone", file=sys.stderr)
     t = result["timing"]
     print(f"\nindexing {t['index_seconds']:.1f}s, contexts {t['context_seconds']:.1f}s, "
           f"simulation {t['simulation_seconds']:.1f}s ({', '.join(f'{s:.1f}' for s in t['seconds_per_seed'])} s/seed)")
