@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_dataset
 
 from rlfb import FeedbackEnsemble
 from rlfb.candidates import make_context, without_candidates
@@ -60,9 +59,9 @@ def test_a_query_that_is_a_document_is_known_by_id_and_text(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("name", ["cranfield", "cisi", "scifact"])
-def test_no_query_of_the_shared_collections_is_its_own_document(name: str) -> None:
+def test_no_query_of_the_shared_collections_is_its_own_document(name: str, request: pytest.FixtureRequest) -> None:
     # cranfield's and cisi's query ids are numbers that name documents too: those are other texts, and stay ranked
-    data = load_beir(require_dataset(name))
+    data = load_beir(request.getfixturevalue(f"{name}_path"))
     assert data.query_documents == frozenset()
     if name != "scifact":
         assert set(data.queries) & {c.id for c in data.corpus}
