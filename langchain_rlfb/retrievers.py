@@ -305,9 +305,16 @@ def _check_options(ensemble_kwargs: Mapping[str, Any], method: str) -> None:
     ensemble = keyword_options(FeedbackEnsemble.__init__, leave_out=("retrievers", "chunks"))
     if ensemble is None:  # pragma: no cover - a FeedbackEnsemble of the user's own that takes anything
         return
-    params = inspect.signature(getattr(FeedbackEnsembleRetriever, method)).parameters
-    own = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
-    check_known_options(ensemble_kwargs, {*own, *ensemble}, f"FeedbackEnsembleRetriever.{method}")
+    own = _named_options(getattr(FeedbackEnsembleRetriever, method))
+    # from_texts and from_documents index through FeedbackEnsemble.from_chunks, which takes retriever_options
+    # (a dense model's device or path) and show_progress besides the constructor's
+    indexing = _named_options(FeedbackEnsemble.from_chunks) if method != "from_retrievers" else []
+    check_known_options(ensemble_kwargs, {*own, *indexing, *ensemble}, f"FeedbackEnsembleRetriever.{method}")
+
+
+def _named_options(func: Any) -> list[str]:
+    """The keyword-only options ``func`` names (its ``**kwargs`` aside)."""
+    return [n for n, p in inspect.signature(func).parameters.items() if p.kind is p.KEYWORD_ONLY]
 
 
 def _checked_fields(data: Mapping[str, Any]) -> dict[str, Any]:

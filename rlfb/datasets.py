@@ -57,6 +57,9 @@ class BeirDataset:
         try:
             return self.qrels[name]
         except KeyError:
+            if name in self.splits_found:  # there, and left unread by load_beir(splits=...)
+                raise ValidationError(f"{self.name}: qrels/{name}.tsv was not loaded; load it with "
+                                      f"load_beir(..., splits=[..., {name!r}])") from None
             raise ValidationError(f"{self.name} has no split {name!r}; it has "
                                   f"{sorted(self.splits_found or self.qrels)}") from None
 
@@ -96,10 +99,11 @@ class BeirDataset:
         no_relevant = sum(q in self.queries and not any(g > 0 for g in r.values()) for q, r in judged.items())
         return {"no_text": no_text, "no_relevant": no_relevant}
 
-    def digest(self) -> str:
+    def digest(self, splits: Iterable[str] | None = None) -> str:
         """A sha256 of what a run reads of the collection: each chunk's id and text, in corpus order (which
-        breaks ties), each query's text and each split's judgments; a simulation records it, so that two
-        runs' figures are known to come from the same data.
+        breaks ties), each query's text and the judgments of each split of ``splits`` the dataset holds (every
+        split where ``None``); a simulation records it over the splits it reads, so that two runs' figures are
+        known to come from the same data, whichever other splits were loaded (:func:`load_beir`'s ``splits``).
 
         >>> a = BeirDataset("x", [Chunk("d1", "text")], {"q1": "question"}, {"test": {"q1": {"d1": 1}}})
         >>> b = BeirDataset("y", [Chunk("d1", "text")], {"q1": "question"}, {"test": {"q1": {"d1": 2}}})
@@ -110,8 +114,9 @@ class BeirDataset:
         for chunk in self.corpus:
             h.update(json.dumps([chunk.id, chunk.text]).encode())
         h.update(json.dumps(sorted(self.queries.items())).encode())
-        h.update(json.dumps({s: {q: dict(r) for q, r in j.items()} for s, j in self.qrels.items()},
-                            sort_keys=True).encode())
+        wanted = None if splits is None else set(splits)
+        h.update(json.dumps({s: {q: dict(r) for q, r in j.items()} for s, j in self.qrels.items()
+                             if wanted is None or s in wanted}, sort_keys=True).encode())
         return h.hexdigest()
 
     def left_out_notes(self, name: str = "test") -> list[str]:
@@ -124,10 +129,15 @@ class BeirDataset:
                        (dropped["no_relevant"], "no document of corpus.jsonl judged relevant")):
             if n:
                 notes.append(f"rlfb: left out {n} judged queries of qrels/{name}.tsv with {why}")
-        if n := sum(q in self.query_documents for q in self.split(name)):
+        if n := len(self.own_documents(self.asked_queries(name))):
             notes.append(f"rlfb: left out of their own rankings the document each of {n} judged queries of "
                          f"qrels/{name}.tsv is (the same id and text in corpus.jsonl), as BEIR does")
         return notes
+
+    def asked_queries(self, name: str = "test") -> list[str]:
+        """The judged queries of split ``name`` a run asks: those with a text and a document judged relevant
+        (the others are :meth:`dropped_queries`)."""
+        return [q for q, r in self.split(name).items() if q in self.queries and any(g > 0 for g in r.values())]
 
     def own_documents(self, qids: Iterable[str]) -> dict[str, frozenset[str]]:
         """For each of ``qids`` that is a document of the corpus too (:attr:`query_documents`), the ids left out of

@@ -466,7 +466,9 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
             except ValidationError as exc:  # a policy this rlfb does not know
                 raise _naming(wf.path, exc) from exc
             target = "a new state (the store held none)"
-        return _apply(store, learner, target, saved, wf, rollback=rollback, label=label, notes=notes)
+        # options given: the kind was picked on purpose, and no note suggests another
+        picked = retrievers is not None or policy is not None or version is not None
+        return _apply(store, learner, target, saved, wf, rollback=rollback, label=label, notes=notes, picked=picked)
 
 
 #: How :func:`import_weights`'s notes name the snapshot it compares with, where it is the store's newest.
@@ -479,8 +481,10 @@ def _import_onto(store: Any, wf: WeightsFile, retrievers: Sequence[str] | None, 
     name it, and the notes on the choice. See :func:`import_weights` for what the options pick."""
     newest = store.load_policy_state()
     if retrievers is None and policy is None and version is None:
-        if newest is None or wf.state is not None or _retrievers_of(newest) in (None, set(wf.normalised)):
+        if newest is None or wf.state is not None or _retrievers_of(newest) is None:
             return newest, _NEWEST, []
+        if _retrievers_of(newest) == set(wf.normalised):
+            return _of_their_policy(store, wf, newest)
         return _of_their_retrievers(store, wf, newest)
     if newest is None:  # nothing to pick from: the weights make a new state, of the policy named
         if version is not None:
@@ -500,6 +504,24 @@ def _import_onto(store: Any, wf: WeightsFile, retrievers: Sequence[str] | None, 
     if int(saved["version"]) == int(newest["version"]):
         return saved, _NEWEST, []
     return saved, "the store's newest snapshot of the kind named", []
+
+
+def _of_their_policy(store: Any, wf: WeightsFile,
+                     newest: Mapping[str, Any]) -> tuple[Mapping[str, Any], str, list[str]]:
+    """Weights alone of the newest snapshot's retrievers: onto it, unless the file names another policy (a
+    ``--weights-only`` export of one app's, on a store another app of the same retrievers wrote to last) and the
+    store holds one kind of that policy and those retrievers, whose newest snapshot they then go onto, with a
+    note (until a review of 2026-12-06 they went onto the other app's policy, with a note alone)."""
+    named = wf.data.get("policy") if wf.structured else None
+    if not isinstance(named, str) or newest.get("policy") == named:
+        return newest, _NEWEST, []
+    theirs = [k for k in store.newest_snapshots() if _matches(k, list(wf.normalised), named)]
+    saved = store.load_policy_state(version=int(theirs[0]["version"])) if len(theirs) == 1 else None
+    if saved is None:  # none of that policy (or several: its other kinds are told apart by options alone)
+        return newest, _NEWEST, []
+    note = (f"the store's newest snapshot ({describe_kind(newest)}) is another policy's: the weights go onto the "
+            f"newest snapshot of the file's policy {named!r} and their retrievers, version {saved['version']}")
+    return saved, "the store's newest snapshot of the file's policy", [note]
 
 
 def _retrievers_of(snapshot: Mapping[str, Any]) -> set[str] | None:
@@ -584,7 +606,8 @@ def read_weights_file(path: str | Path) -> WeightsFile:
 
 
 def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | None, wf: WeightsFile, *,
-           rollback: bool = False, label: str = _NEWEST, notes: list[str] | None = None) -> dict[str, Any]:
+           rollback: bool = False, label: str = _NEWEST, notes: list[str] | None = None,
+           picked: bool = False) -> dict[str, Any]:
     """The body of :func:`import_weights` once the learner the weights go to is chosen, under the store's lock;
     ``saved`` is the snapshot compared with, named ``label`` in the notes (more ``notes`` go first)."""
     path, data, structured, normalised = wf.path, wf.data, wf.structured, wf.normalised
@@ -600,7 +623,8 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
     notes = list(notes or ())
     if structured and data.get("policy") not in (None, learner.policy_name):
         notes.append(f"the file's policy {data['policy']!r} is not used: the weights go to the "
-                     f"{learner.policy_name!r} policy of {target}{_policy_option(store, wf, saved)}")
+                     f"{learner.policy_name!r} policy of {target}"
+                     f"{'' if picked else _policy_option(store, wf, saved)}")
     clamped = _clamped(learner, normalised)
     if clamped is not None:
         shown = ", ".join(f"{n} {normalised[n]:.4g} -> {clamped[n]:.4g}" for n in learner.retrievers)

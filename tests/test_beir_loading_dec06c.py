@@ -242,3 +242,22 @@ def test_a_run_on_a_handful_of_held_out_questions_says_so(tmp_path: Path, capsys
     assert main(["simulate", "--dataset", str(root), "--retrievers", "bm25", "--policy", "fixed",
                  "--interactions", "2", "--seeds", "2", "--quiet"]) == 0
     assert "rlfb: only 1 held-out question in a seed: the held-out figures" in capsys.readouterr().err
+
+
+def test_a_split_left_unread_is_named_so_and_the_digest_is_of_the_splits_a_run_reads(tmp_path: Path) -> None:
+    # found by a review (2026-12-06): the digest of a load of fewer splits differed from a full load's, a stream
+    # split left unread streamed from half of the held-out split without a word, and its error said it was there
+    from rlfb.simulation.runner import SimulationConfig, prepare
+
+    root = write_beir(tmp_path / "beir", qrels=[QRELS[0], "1\t184\t1"])
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n2\t0\t1\n", encoding="utf-8")
+    (root / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n1\t29\t1\n", encoding="utf-8")
+    full, part = load_beir(root), load_beir(root, splits=["test"])
+    assert full.digest(splits=["test", "train"]) == load_beir(root, splits=["test", "train"]).digest()
+    assert full.digest() != full.digest(splits=["test", "train"])  # dev is judged differently from nothing
+    with pytest.raises(ValidationError, match=r"qrels/dev\.tsv was not loaded; load it with load_beir"):
+        part.split("dev")
+    config = SimulationConfig(policy="fixed", interactions=2, seeds=(0,), retrievers=("bm25",))
+    with pytest.raises(ValidationError, match=r"qrels/train\.tsv was not loaded"):
+        prepare(part, config)
+    assert prepare(full, config).digest == prepare(load_beir(root, splits=["test", "train"]), config).digest

@@ -206,6 +206,26 @@ def test_a_weights_only_export_of_one_kind_imports_again_when_another_wrote_last
     assert saved["state"]["retrievers"] == ["bm25", "dense"]
 
 
+def test_a_weights_only_export_goes_back_onto_its_policy_where_another_of_its_retrievers_wrote_last(
+    tmp_path: Path, capsys
+) -> None:
+    # found by a review (2026-12-06): of the newest snapshot's retrievers, the weights went onto its policy
+    # (thompson), with a note alone, though the file named the one kind of fixed those retrievers have
+    db = save_kinds(tmp_path / "fb.db", (("bm25", "dense"), "fixed"), (("bm25", "dense"), "thompson"))
+    exported = tmp_path / "w.json"
+    assert main(["weights", "export", str(db), str(exported), "--weights-only", "--policy", "fixed"]) == 0
+    capsys.readouterr()
+    assert main(["weights", "import", str(db), str(exported)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("already version 1")  # the fixed kind holds them already: nothing written
+    assert "is another policy's: the weights go onto the newest snapshot of the file's policy 'fixed'" in captured.err
+    assert snapshot_count(db) == 2
+    # picked on purpose: onto thompson, and no note suggests --policy fixed
+    assert main(["weights", "import", str(db), str(exported), "--policy", "thompson"]) == 0
+    captured = capsys.readouterr()
+    assert newest(db)["policy"] == "thompson" and "--policy fixed imports them" not in captured.err
+
+
 def test_weights_of_several_kinds_retrievers_are_refused_naming_the_kinds_and_the_option(tmp_path: Path,
                                                                                         capsys) -> None:
     db = save_kinds(tmp_path / "fb.db", (("bm25", "dense"), "thompson"), (("bm25", "dense"), "gradient"),
@@ -230,15 +250,20 @@ def test_weights_of_several_kinds_retrievers_are_refused_naming_the_kinds_and_th
     assert main(["weights", "import", str(db), str(bare), "--policy", "gradient"]) == 0
     assert capsys.readouterr().out.startswith("imported as version 4")
     assert newest(db)["policy"] == "gradient" and newest(db)["weights"] == pytest.approx({"bm25": 0.3, "dense": 0.7})
-    # the newest snapshot is of the export's retrievers now, and takes it, as before; the note says which option
-    # puts it onto its own kind's
+    # the newest snapshot is of the export's retrievers now, but of another policy: the export goes back onto
+    # the one kind of its own policy (which holds it already), with a note
     assert main(["weights", "import", str(db), str(exported)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.startswith("imported as version 5")
-    assert "the file's policy 'thompson' is not used" in captured.err
-    assert "--policy thompson imports them onto the newest snapshot of that policy (version 1)" in captured.err
+    assert captured.out.startswith("already version 1")
+    assert "is another policy's: the weights go onto the newest snapshot of the file's policy 'thompson'" \
+        in captured.err
     assert main(["weights", "import", str(db), str(exported), "--policy", "thompson"]) == 0
     assert capsys.readouterr().out.startswith("already version 1")
+    # put on the other policy on purpose, they go there, and the note says the file's policy is not used
+    assert main(["weights", "import", str(db), str(exported), "--policy", "gradient"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("imported as version 5") and "the file's policy 'thompson' is not used" \
+        in captured.err
 
 
 def test_the_options_of_weights_import_pick_agree_and_refuse(tmp_path: Path, capsys) -> None:

@@ -96,6 +96,9 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
     # the splits are checked before the corpus is indexed: a missing one must not cost minutes of encoding
     qrels = {q: dict(r) for q, r in dataset.split(config.split).items() if any(g > 0 for g in r.values())}
     stream_qrels = None
+    if config.stream_split not in dataset.qrels and config.stream_split in dataset.splits_found:
+        # streamed from a seeded half of the held-out split instead, without a word (a review, 2026-12-06)
+        dataset.split(config.stream_split)  # the error: qrels/<stream split>.tsv was not loaded
     if config.stream_split in dataset.qrels and config.stream_split != config.split:
         stream_qrels = {
             q: dict(r) for q, r in dataset.split(config.stream_split).items() if any(g > 0 for g in r.values())
@@ -128,7 +131,7 @@ def prepare(dataset: BeirDataset, config: SimulationConfig, *, show_progress: bo
     return Prepared(
         dataset, dict(ens.retrievers), ens.chunks, contexts, qrels, stream_qrels, max(grades, default=1),
         config.fusion, config.candidate_k, index_seconds, context_seconds, config.k, config.split,
-        config.stream_split, dataset.digest(),
+        config.stream_split, dataset.digest(splits=(config.split, config.stream_split)),
     )
 
 
@@ -531,7 +534,7 @@ def _run_settings(prep: Prepared, config: SimulationConfig, ens: Any, max_grade:
         # BEIR's pytrec_eval counts them in the ideal ranking), and the judged queries whose own document each
         # ranking leaves out (ArguAna, Quora)
         "unknown_judgments": {split: prep.dataset.unknown_judgments.get(split, 0) for split in splits},
-        "own_documents_left_out": {split: len(prep.dataset.own_documents(prep.dataset.split(split)))
+        "own_documents_left_out": {split: len(prep.dataset.own_documents(prep.dataset.asked_queries(split)))
                                    for split in splits},
         "dataset_sha256": prep.digest,  # what a path alone does not tell: the data's content
     }

@@ -52,3 +52,11 @@ def test_an_unknown_option_is_named_against_the_method_called(tmp_path: Any, how
     assert "'explore'" in listed and "'candidate_k'" in listed  # the retriever's options and the ensemble's
     with pytest.raises(ValidationError, match="observe_followups must be True or False"):
         build(how, tmp_path / "fb.db", observe_followups="no")
+
+
+@pytest.mark.parametrize("how", ["from_texts", "from_documents"])
+def test_the_indexing_options_still_reach_the_ensemble(tmp_path: Any, how: str) -> None:
+    # the first version of the check above took FeedbackEnsemble's constructor's options alone, and refused
+    # from_chunks' retriever_options (a dense model's device or path) and show_progress (a review, 2026-12-06)
+    retriever = build(how, tmp_path / "fb.db", retriever_options={"bm25": {}}, show_progress=False)
+    assert [d.id for d in retriever.invoke("aurora borealis")]
