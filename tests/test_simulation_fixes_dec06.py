@@ -134,5 +134,5 @@ def test_a_train_split_of_another_corpus_is_named_as_such(tmp_path: Path) -> Non
     # every relevant judgment of train.tsv names a document corpus.jsonl lacks: say so, not "judges no query"
     data = load_beir(write_beir(tmp_path / "beir", ["q0 d0 1", "q1 d1 1"], ["q4 x4 1", "q5 x5 1"]))
     with pytest.raises(ValidationError, match=r"^beir: none of the 2 relevant judgments of qrels/train.tsv names a "
-                                              r"document of corpus.jsonl$"):
+                                              r"document of corpus.jsonl \(such as .x4. and .x5.\)$"):
         prepare(data, CONFIG)
