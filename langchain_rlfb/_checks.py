@@ -8,14 +8,18 @@ checks run before pydantic does, so a bad option raises
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from langchain_core.runnables.config import var_child_runnable_config
 
 from rlfb.errors import ValidationError
 from rlfb.runs import finite_score, session_text
 from rlfb.types import validate_flag, validate_k
 
 # the adapters' shared rules live in the core: validate_k, validate_flag, session_text, finite_score
-__all__ = ["positive_count", "flag", "session_text", "session_key", "SESSION_KEYS", "usable_score", "check_store"]
+__all__ = ["positive_count", "flag", "session_text", "session_key", "SESSION_KEYS", "usable_score", "check_store",
+           "with_configured_session"]
 
 positive_count = validate_k
 flag = validate_flag
@@ -32,6 +36,30 @@ def session_key(metadata: Any) -> str | None:
     ('thread_id', None)
     """
     return next((key for key in SESSION_KEYS if key in metadata), None)
+
+
+def with_configured_session(metadata: Mapping[str, Any] | None, config: Mapping[str, Any] | None = None
+                            ) -> Mapping[str, Any]:
+    """Run ``metadata``, with the session of the run's ``configurable`` where the metadata names none: ``config``'s
+    where given, else that of the chain running it (LangChain's ``var_child_runnable_config``).
+
+    ``RunnableWithMessageHistory`` and LangGraph name a conversation in ``config["configurable"]``
+    (``session_id``, ``thread_id``), which LangChain 1 no longer copies into run metadata: such a session was
+    logged as none, and a restated follow-up was never a reformulation (an audit, 2026-12-06).
+
+    >>> with_configured_session({"user": "u"}, {"configurable": {"session_id": "s1"}})
+    {'user': 'u', 'session_id': 's1'}
+    >>> with_configured_session({"thread_id": "t"}, {"configurable": {"session_id": "s1"}})  # metadata wins
+    {'thread_id': 't'}
+    """
+    metadata = metadata or {}
+    if session_key(metadata) is not None:
+        return metadata
+    if config is None:
+        config = var_child_runnable_config.get()
+    configurable = (config or {}).get("configurable") or {}
+    key = session_key(configurable) if isinstance(configurable, Mapping) else None
+    return metadata if key is None else {**metadata, key: configurable[key]}
 
 
 def usable_score(value: Any) -> tuple[float | None, bool]:

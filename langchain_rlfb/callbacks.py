@@ -83,7 +83,14 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.runnables.config import var_child_runnable_config
 
-from langchain_rlfb._checks import check_store, flag, session_key, session_text, usable_score
+from langchain_rlfb._checks import (
+    check_store,
+    flag,
+    session_key,
+    session_text,
+    usable_score,
+    with_configured_session,
+)
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
 from rlfb._at_exit import run_at_exit
 from rlfb._caller import caller_stacklevel
@@ -496,7 +503,8 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        metadata = metadata or {}
+        # the run's metadata, with the session its chain's configurable names (RunnableWithMessageHistory's)
+        metadata = with_configured_session(metadata)
         # the run's session (session_id, else LangSmith's thread_id or conversation_id), else the one a
         # FeedbackEnsembleRetriever falls back to (its session_id), as it does
         key = session_key(metadata)

@@ -46,7 +46,7 @@ from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from langchain_rlfb._checks import flag, positive_count, session_key, session_text
+from langchain_rlfb._checks import flag, positive_count, session_key, session_text, with_configured_session
 from rlfb._caller import caller_stacklevel
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
@@ -469,7 +469,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     ) -> list[Document]:
         ens = self.ensemble
         k, explore, logging = self._call_options(run, k, explore, log)
-        session = _run_session(run.metadata, self.session_id)
+        session = _run_session(with_configured_session(run.metadata), self.session_id)
         token = _MEMBER_CALLBACKS.set(child_callbacks)
         try:
             ctx = ens.context(query, session_id=session, k=k)  # the slow part: encoding, scoring, members
