@@ -175,8 +175,9 @@ class HandlerFeedback:
             # CitationQueryEngine's sources, say, are new nodes cut from the ones ranked. It was silent.
             warnings.warn(
                 f"feedback on chunk {chunk_id!r} of query {qid!r} was stored but taught no rlfb learner: none of "
-                "the query's rlfb decisions returned that node (a CitationQueryEngine's sources are new nodes); "
-                "give the id of a node the rlfb step returned, or feedback on the whole answer",
+                "the query's rlfb decisions returned that node (a CitationQueryEngine's sources are new nodes, a "
+                "RecursiveRetriever shows the node an IndexNode points to, an AutoMergingRetriever the parent of "
+                "the leaves ranked); give the id of a node the rlfb step returned, or feedback on the whole answer",
                 RuntimeWarning, stacklevel=2,
             )
         return records

@@ -4,6 +4,7 @@ one per thread and asyncio task, the one each response names, and the span each 
 from __future__ import annotations
 
 import threading
+import uuid
 import weakref
 from typing import Any
 
@@ -35,11 +36,32 @@ class QueryIds:
         returned still names its query: ``handler.record_feedback(handler.query_id_of(response), score=1.0)``.
         A chat turn's response names what the turn retrieved (its retrieval's query id, or the run of the rlfb
         re-ranking of it; a turn that made several is their run under the turn's span id); until 2026-12-06 it
-        named nothing.
+        named nothing. So does an agent's output (``AgentOutput``, what ``await agent.run(...)`` gives): the
+        query its tool ran, or, where its tools ran several, a run made for the output above them all, so that
+        one feedback on it rates every query its answer drew on (until 2026-12-06 it named nothing, and only each
+        tool call's ``tool_output.raw_output`` did).
         """
         with self._lock:
             ref, qid = self._responses.get(id(response), (None, None))
-        return qid if ref is not None and ref() is response else None
+        if ref is not None and ref() is response:
+            return qid
+        return self._agent_run_of(response)
+
+    def _agent_run_of(self, output: Any) -> str | None:
+        """The query id an agent's ``output`` stands for (:meth:`query_id_of`): its tool calls' responses
+        (``tool_calls[i].tool_output.raw_output``) that name a query; several are linked below a run made for the
+        output, remembered with it."""
+        calls = getattr(output, "tool_calls", None)
+        if not isinstance(calls, (list, tuple)) or not calls:
+            return None
+        asked = [self.query_id_of(getattr(getattr(call, "tool_output", None), "raw_output", None)) for call in calls]
+        qids = list(dict.fromkeys(q for q in asked if q is not None))
+        if len(qids) <= 1:
+            return qids[0] if qids else None
+        run = f"agent/{uuid.uuid4()}"
+        self._store.link_runs([(q, run) for q in qids])
+        self._remember_response(output, run)
+        return run
 
     def _remember_response(self, response: Any, qid: str) -> None:
         """Let ``response`` name its query wherever it is read (:meth:`query_id_of`), as long as it lives."""
@@ -94,7 +116,8 @@ class QueryIds:
             raise ValidationError(
                 f"the latest query in this thread ({latest[0]!r}) ran in an asyncio task of its own "
                 f"(asyncio.run, a notebook cell's await), and this code's latest is {own!r}: pass the query id "
-                "(handler.last_query_id read in that task, or a node's metadata['event_id'])"
+                "(handler.query_id_of(response), an agent's output included; handler.last_query_id read in that "
+                "task; or a node's metadata['event_id'])"
             )
         return own
 
