@@ -103,6 +103,7 @@ from rlfb.errors import (
     ValidationError,
 )
 from rlfb.runs import (
+    EXTERNAL_POLICY,
     SCORE_SCALES,
     default_implicit,
     key_or_score,
@@ -740,6 +741,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         if not elsewhere:
             records = record_run_feedback(self.store, run_id, signal, ensemble=ens, **fb)
             self._warn_unlearned(run_id, records, elsewhere)
+            self._warn_chunk_unlearned(run_id, chunk_id, records, elsewhere)
             return records
         # The run tree (links) lives in this handler's store: resolve here, record per event there. The learner's
         # writes inside the handler's block, so that a refusal there (an idempotency conflict, a locked file)
@@ -761,7 +763,36 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                     records += record_run_feedback(learner.store, eid, signal, ensemble=learner,
                                                    idempotency_key=key_there, **fb)
         self._warn_unlearned(run_id, records, elsewhere)
+        self._warn_chunk_unlearned(run_id, chunk_id, records, elsewhere)
         return records
+
+    def _warn_chunk_unlearned(self, run_id: Any, chunk_id: str | None, records: Sequence[Any],
+                              elsewhere: dict[str, Any]) -> None:
+        """Warn where feedback on ``chunk_id`` was stored on a copy of what the run returned (its
+        ``"<run id>/result"``) while the rlfb decisions below it never returned that document: a wrapper that
+        returns other documents than those ranked (a ``ParentDocumentRetriever`` or ``MultiVectorRetriever`` gives
+        the parents of the chunks rlfb ranked) took the click, and no learner learned it (an audit, 2026-12-06:
+        silent before)."""
+        if chunk_id is None:
+            return
+
+        def decided(eid: str) -> bool:  # an rlfb decision, here or in its ensemble's own store
+            return eid in elsewhere or self.store.event(eid).get("policy") != EXTERNAL_POLICY
+
+        if any(decided(r.event_id) for r in records):
+            return
+        try:
+            below = self.store.resolve_run(str(run_id))
+        except RlfbError:
+            return
+        if any(decided(eid) for eid in below):
+            warnings.warn(
+                f"feedback on document {chunk_id!r} of run {str(run_id)!r} was stored but taught no rlfb learner: "
+                "no rlfb retrieval of the run returned that document (a ParentDocumentRetriever or "
+                "MultiVectorRetriever returns the parents of the chunks rlfb ranked); give the id of a document "
+                "the rlfb retriever returned, or feedback on the whole run",
+                RuntimeWarning, stacklevel=3,
+            )
 
     def _warn_unlearned(self, run_id: Any, records: Sequence[Any], elsewhere: dict[str, Any]) -> None:
         """Warn, once per handler, where feedback was stored on an rlfb decision that no live learner of this

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from langchain_classic.retrievers import ContextualCompressionRetriever
 from langchain_community.retrievers import BM25Retriever
-from langchain_core.callbacks import Callbacks
+from langchain_core.callbacks import CallbackManagerForRetrieverRun, Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.retrievers import BaseRetriever
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
 from rlfb.store import FeedbackStore
@@ -172,3 +173,32 @@ def test_feedback_no_live_learner_learns_is_warned_of_once(tmp_path) -> None:
         run = uuid.uuid4()
         BM25Retriever.from_texts(TEXTS, k=2).invoke("sun", config={"callbacks": [plain]}, run_id=run)
         plain.record_feedback(run, score=1.0)
+
+
+
+class Parents(BaseRetriever):
+    """Returns a parent document for each chunk its rlfb retriever ranked, as ``ParentDocumentRetriever`` does."""
+
+    child: Any
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        found = self.child.invoke(query, config={"callbacks": run_manager.get_child()})
+        return [Document(id=f"parent-of-{d.id}", page_content=d.page_content) for d in found]
+
+
+def test_a_click_on_a_document_no_rlfb_decision_returned_says_it_taught_nothing(tmp_path) -> None:
+    # a click on a parent was stored on the run's result copy and taught no learner, silently (an audit, 2026-12-06)
+    retriever = _retriever(str(tmp_path / "fb.db"))
+    handler = FeedbackCallbackHandler.from_ensemble(retriever)
+    run = uuid.uuid4()
+    shown = Parents(child=retriever).invoke("what is the sun", config={"callbacks": [handler]}, run_id=run)
+    (decision,) = [e["id"] for e in handler.retrievals(run) if e["id"] != f"{run}/result"]
+    ranked = [c["chunk_id"] for c in handler.store.event(decision)["chunks"]]
+    with pytest.warns(RuntimeWarning, match=r"document 'parent-of-.*' of run .* taught no rlfb learner"):
+        (record,) = handler.record_feedback(run, signal="click", chunk_id=shown[0].id)
+    assert record.event_id == f"{run}/result" and retriever.ensemble.learner.n_learned == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a chunk the decision returned: learned, and nothing to say
+        handler.record_feedback(run, signal="click", chunk_id=ranked[0])
+        handler.record_feedback(run, score=1.0)  # the whole run: learned too
+    assert retriever.ensemble.learner.n_learned == 2
