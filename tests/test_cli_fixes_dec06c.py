@@ -10,28 +10,17 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from _cli_output import one_error_line
 from test_cli_boundaries import TINY, write_beir
+from test_cli_fixes_dec06 import save_kinds  # one snapshot of each kind, the last the newest
 
 from rlfb.cli import main
-from rlfb.learner import Learner
 from rlfb.store import FeedbackStore
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def save_kinds(path: Path, *kinds: tuple[tuple[str, ...], str]) -> Path:
-    """A store holding one snapshot of each (retrievers, policy) kind, in that order (the last is the newest)."""
-    with FeedbackStore(path) as store:
-        for retrievers, policy in kinds:
-            learner = Learner(retrievers, policy=policy)
-            store.save_policy_state(learner.state_dict(), learner.weights(), policy=learner.policy_name,
-                                    timestamp=time.time())
-    return path
 
 
 def newest(db: Path) -> dict:
