@@ -176,7 +176,6 @@ def without_candidates(ctx: Context, left_out: Collection[str], *, fusion: str, 
     own document out of its ranking so (:attr:`rlfb.datasets.BeirDataset.query_documents`, BEIR's
     ``ignore_identical_ids``); ``ctx`` itself when none of them is a candidate.
 
-    >>> from rlfb.features import query_features
     >>> raw = np.array([[9.0, 0.9], [4.0, 0.5], [1.0, 0.7]])
     >>> ctx = make_context("q", ["self", "a", "b"], raw, np.array([[1.0, 1.0], [2.0, 3.0], [3.0, 2.0]]), None,
     ...                    retrievers=("bm25", "dense"), fusion="minmax", rrf_c=60.0, embed=lambda q: None)
