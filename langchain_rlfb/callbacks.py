@@ -414,10 +414,15 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         with self._lock:
             if self._ended(str(run_id)):
                 return
-            self._parents.pop(str(run_id), None)
-            self._fallbacks.discard(str(run_id))
-            self._refused.pop(str(run_id), None)
-            self._started_in.pop(str(run_id), None)
+            self._forget(str(run_id))
+
+    def _forget(self, rid: str) -> None:
+        """Drop run ``rid`` from every table of open runs (call under ``self._lock``)."""
+        self._parents.pop(rid, None)
+        self._retrievals.pop(rid, None)
+        self._fallbacks.discard(rid)
+        self._refused.pop(rid, None)
+        self._started_in.pop(rid, None)
 
     def _failed(self, run_id: UUID, error: BaseException | None = None) -> None:
         """A run that raised: what was retrieved under it produced no answer (a retry's first attempt, a
@@ -426,7 +431,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         Where it raised because a store stayed locked (a :class:`StoreBusyError`, the retrieval's own log
         most often), the mark is not written now: the handler's store is most likely the one locked, and
         writing would wait ``busy_timeout`` once more, then fail (LangChain printing it as the handler's error).
-        It is kept in memory and written before the handler next logs a retrieval or takes feedback.
+        It is kept in memory and written before the handler next logs a retrieval or takes feedback, or at exit.
         """
         rid = str(run_id)
         with self._lock:
@@ -441,11 +446,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
                 gone |= under
                 under = {r for r, p in self._parents.items() if p in under} - gone
             for r in gone:
-                self._parents.pop(r, None)
-                self._retrievals.pop(r, None)
-                self._fallbacks.discard(r)
-                self._refused.pop(r, None)
-                self._started_in.pop(r, None)
+                self._forget(r)
         self._mark_failed(rid, wait=not isinstance(error, StoreBusyError))
 
     def on_chain_start(
