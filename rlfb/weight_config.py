@@ -27,7 +27,10 @@ from rlfb.runs import hashes_queries
 from rlfb.snapshot_kind import SnapshotKind
 
 __all__ = ["current_weights", "damaged_state", "describe_kind", "export_weights", "import_weights", "read_weights_file",
-           "sound_kinds", "WeightsFile"]
+           "sound_kinds", "WeightsFile", "NO_WEIGHTS_YET"]
+
+#: What a store that holds no snapshot yet is said to hold: `weights export`'s refusal, `weights show`'s report.
+NO_WEIGHTS_YET = "the store holds no weights yet"
 
 
 def _sound_state(store: Any, saved: Mapping[str, Any]) -> None:
@@ -206,7 +209,7 @@ def export_weights(store: Any, path: str | Path | None, *, with_state: bool = Tr
     """
     saved, _ = _chosen(store, retrievers, policy, whole=True, version=version)
     if saved is None:
-        raise ValidationError("the store holds no weights yet: nothing to export")
+        raise ValidationError(f"{NO_WEIGHTS_YET}: nothing to export")
     out = {k: saved.get(k) for k in ("weights", "policy", "version", "updated_at")}
     if with_state:
         _sound_state(store, saved)
@@ -444,6 +447,9 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
     if retrievers is not None and set(retrievers) != set(wf.normalised):
         raise ValidationError(f"{wf.path}: weights name {sorted(wf.normalised)}, not the retrievers named "
                               f"({'+'.join(retrievers)})")
+    # options given: the kind was picked on purpose, and no note suggests another (read before the policy of a
+    # new state is filled in below)
+    picked = retrievers is not None or policy is not None or version is not None
     with store.exclusive():
         saved, label, notes = _import_onto(store, wf, retrievers, policy, version)
         if wf.state is not None:  # loaded once more: read_weights_file only checked it, and this one changes
@@ -459,15 +465,12 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
             # store imported into a new one was a fixed snapshot, which the thompson ensembles on it passed by,
             # serving equal weights
             if policy is None:
-                named = wf.data.get("policy") if wf.structured else None
-                policy = named if isinstance(named, str) else "fixed"
+                policy = wf.policy or "fixed"
             try:
                 learner = Learner(tuple(wf.normalised), policy=policy)
             except ValidationError as exc:  # a policy this rlfb does not know
                 raise _naming(wf.path, exc) from exc
             target = "a new state (the store held none)"
-        # options given: the kind was picked on purpose, and no note suggests another
-        picked = retrievers is not None or policy is not None or version is not None
         return _apply(store, learner, target, saved, wf, rollback=rollback, label=label, notes=notes, picked=picked)
 
 
@@ -512,8 +515,8 @@ def _of_their_policy(store: Any, wf: WeightsFile,
     ``--weights-only`` export of one app's, on a store another app of the same retrievers wrote to last) and the
     store holds one kind of that policy and those retrievers, whose newest snapshot they then go onto, with a
     note (until a review of 2026-12-06 they went onto the other app's policy, with a note alone)."""
-    named = wf.data.get("policy") if wf.structured else None
-    if not isinstance(named, str) or newest.get("policy") == named:
+    named = wf.policy
+    if named is None or newest.get("policy") == named:
         return newest, _NEWEST, []
     theirs = [k for k in store.newest_snapshots() if _matches(k, list(wf.normalised), named)]
     saved = store.load_policy_state(version=int(theirs[0]["version"])) if len(theirs) == 1 else None
@@ -544,7 +547,7 @@ def _of_their_retrievers(store: Any, wf: WeightsFile,
     theirs = [k for k in kinds if _matches(k, names, None)]
     if len(theirs) > 1:
         theirs = _undamaged(store, theirs, first_sound=False)
-    named = wf.data.get("policy") if wf.structured else None  # a --weights-only export names its kind's policy
+    named = wf.policy  # a --weights-only export names its kind's policy
     if len(theirs) > 1 and any(k.get("policy") == named for k in theirs):
         theirs = [k for k in theirs if k.get("policy") == named]
     if not theirs:
@@ -576,6 +579,12 @@ class WeightsFile:
     def state(self) -> Any:
         """The learner state the file holds (an export's), or ``None``."""
         return self.data.get("state")
+
+    @property
+    def policy(self) -> str | None:
+        """The policy an export names (checked as it was read), or ``None``: a bare mapping names none."""
+        named = self.data.get("policy") if self.structured else None
+        return named if isinstance(named, str) else None
 
 
 def read_weights_file(path: str | Path) -> WeightsFile:
@@ -610,7 +619,7 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
            picked: bool = False) -> dict[str, Any]:
     """The body of :func:`import_weights` once the learner the weights go to is chosen, under the store's lock;
     ``saved`` is the snapshot compared with, named ``label`` in the notes (more ``notes`` go first)."""
-    path, data, structured, normalised = wf.path, wf.data, wf.structured, wf.normalised
+    path, normalised = wf.path, wf.normalised
     from_file = wf.state is not None
     names = list(normalised)
     if set(learner.retrievers) != set(names):
@@ -621,8 +630,8 @@ def _apply(store: Any, learner: Any, target: str, saved: Mapping[str, Any] | Non
         learner.set_weights(requested)
     applied = learner.weights()
     notes = list(notes or ())
-    if structured and data.get("policy") not in (None, learner.policy_name):
-        notes.append(f"the file's policy {data['policy']!r} is not used: the weights go to the "
+    if wf.policy not in (None, learner.policy_name):
+        notes.append(f"the file's policy {wf.policy!r} is not used: the weights go to the "
                      f"{learner.policy_name!r} policy of {target}"
                      f"{'' if picked else _policy_option(store, wf, saved)}")
     clamped = _clamped(learner, normalised)
@@ -667,7 +676,7 @@ def _policy_option(store: Any, wf: WeightsFile, saved: Mapping[str, Any] | None)
     export of one app's, imported into a store another app of the same retrievers wrote to last)."""
     if wf.state is not None or saved is None:
         return ""
-    named = wf.data.get("policy")
+    named = wf.policy
     theirs = [k for k in store.newest_snapshots() if _matches(k, list(wf.normalised), named)]
     if len(theirs) != 1:
         return ""

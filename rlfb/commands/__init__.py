@@ -126,7 +126,7 @@ def names_stdout(file: str | Path | None) -> bool:
         there, ours = os.stat(text), os.fstat(fd)
         if (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
             return False
-        return not os.path.samefile(text, os.devnull)
+        return not os.path.samestat(there, os.stat(os.devnull))
     except OSError:  # not there yet, or not to be looked at: a file of its own
         return False
 

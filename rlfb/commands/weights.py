@@ -10,9 +10,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-#: What `weights show` prints for a store that holds no snapshot yet, in the words of `weights export`'s refusal.
-NO_WEIGHTS_YET = "the store holds no weights yet"
-
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("weights", help="show, export or import the fusion weights kept in a feedback store")
@@ -101,7 +98,7 @@ def _open(path: str, *, reading: bool = True) -> Iterator[Any]:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from rlfb.weight_config import current_weights, describe_kind
+    from rlfb.weight_config import NO_WEIGHTS_YET, current_weights, describe_kind
 
     with _open(args.store) as store:
         info = current_weights(store, **_kind(args))
