@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_corrupt_inputs import write_beir as write_folder  # the files, written as that file's tests write them
 
 from rlfb.datasets import BeirDataset, load_beir
 from rlfb.errors import CorruptStateError, ValidationError
@@ -22,12 +23,9 @@ QRELS = ["query-id\tcorpus-id\tscore", "1\t184\t1", "2\t0\t1"]
 
 def write_beir(root: Path, *, corpus: list[str] | None = None, queries: list[str] | None = None,
                qrels: list[str] | None = None) -> Path:
-    """A small BEIR folder; ``None`` keeps the valid default of a file."""
-    (root / "qrels").mkdir(parents=True)
-    (root / "corpus.jsonl").write_text("\n".join(CORPUS if corpus is None else corpus) + "\n", encoding="utf-8")
-    (root / "queries.jsonl").write_text("\n".join(QUERIES if queries is None else queries) + "\n", encoding="utf-8")
-    (root / "qrels" / "test.tsv").write_text("\n".join(QRELS if qrels is None else qrels) + "\n", encoding="utf-8")
-    return root
+    """A small BEIR folder of this file's collection; ``None`` keeps the valid default of a file."""
+    return write_folder(root, corpus=CORPUS if corpus is None else corpus,
+                        queries=QUERIES if queries is None else queries, qrels=QRELS if qrels is None else qrels)
 
 
 def gzip_in_place(file: Path) -> Path:
