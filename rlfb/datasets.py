@@ -3,8 +3,8 @@
 A BEIR folder holds ``corpus.jsonl`` (``_id``, ``title``, ``text``),
 ``queries.jsonl`` (``_id``, ``text``), either of them gzipped as Hugging Face's BeIR
 downloads ship them (``corpus.jsonl.gz``), and ``qrels/<split>.tsv`` (a header, then
-``query-id, corpus-id, score``). The one setting ``RLFB_DATASETS`` names the
-folder that holds such collections by name.
+``query-id, corpus-id, score``), which may be gzipped too (``qrels/test.tsv.gz``). The one setting
+``RLFB_DATASETS`` names the folder that holds such collections by name.
 """
 
 from __future__ import annotations
@@ -207,6 +207,18 @@ def _data_file(root: Path, name: str) -> Path | None:
         if file.is_file():
             return file
     return None
+
+
+def qrels_files(root: Path) -> dict[str, Path]:
+    """The qrels file of each split in ``root/qrels``, by split name: ``test.tsv``, else ``test.tsv.gz``, the
+    plain file winning where both are there (as :func:`_data_file` does for the corpus). Until 2026-12-06 a
+    gzipped qrels file was not read, so a folder of them had "no qrels/*.tsv"."""
+    found: dict[str, Path] = {}
+    for suffix in (".tsv", ".tsv.gz"):
+        for file in sorted((root / "qrels").glob(f"*{suffix}")):
+            if file.is_file():
+                found.setdefault(file.name[: -len(suffix)], file)
+    return dict(sorted(found.items()))
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -420,7 +432,8 @@ def load_beir(path: str | Path, *, name: str | None = None, splits: Iterable[str
 
     Chunk text is ``title + " " + text``, as BEIR evaluates it; the title is
     kept in the metadata too, and a title or text that is null, NaN or Infinity is empty. ``corpus.jsonl`` and
-    ``queries.jsonl`` may be gzipped (``corpus.jsonl.gz``); the plain file wins where both are there. A folder that
+    ``queries.jsonl`` may be gzipped (``corpus.jsonl.gz``), and so may each qrels file (``qrels/test.tsv.gz``); the
+    plain file wins where both are there. A folder that
     does not exist, or lacks ``corpus.jsonl`` or ``queries.jsonl``, raises :class:`ValidationError` saying which.
     A malformed file raises :class:`CorruptStateError` naming the file and line (a qrels row of 4 columns,
     TREC's layout, among them), and so does a qrels pair (query, document) given two
@@ -448,11 +461,11 @@ def load_beir(path: str | Path, *, name: str | None = None, splits: Iterable[str
         files[required] = file
     corpus, texts = _read_corpus(files["corpus.jsonl"])
     queries = _read_queries(files["queries.jsonl"])
-    tsvs = sorted((root / "qrels").glob("*.tsv"))
+    tsvs = qrels_files(root)
     if not tsvs:
-        raise ValidationError(f"{root} has no qrels/*.tsv")
+        raise ValidationError(f"{root} has no qrels/*.tsv (nor qrels/*.tsv.gz)")
     wanted = None if splits is None else {_split_name(s) for s in ([splits] if isinstance(splits, str) else splits)}
-    qrels = {tsv.stem: _read_qrels(tsv) for tsv in tsvs if wanted is None or tsv.stem in wanted}
+    qrels = {split: _read_qrels(tsv) for split, tsv in tsvs.items() if wanted is None or split in wanted}
     ids = {chunk.id for chunk in corpus}
     unknown: dict[str, int] = {}
     examples: dict[str, tuple[str, ...]] = {}
@@ -467,7 +480,7 @@ def load_beir(path: str | Path, *, name: str | None = None, splits: Iterable[str
     # the folder's own name: "." or ".." named the collection "" or ".."
     return BeirDataset(name or root.resolve().name, corpus, queries, qrels,
                        {s: n for s, n in unknown.items() if n}, _query_documents(corpus, texts, queries), examples,
-                       tuple(tsv.stem for tsv in tsvs))
+                       tuple(tsvs))
 
 
 def _split_name(split: Any) -> str:

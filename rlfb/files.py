@@ -153,13 +153,14 @@ def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
 
 def refuse_overwriting_dataset(out: str | Path, folder: str | Path, option: str) -> None:
     """Raise :class:`ValidationError` when output ``out`` (given as ``option``) is a file of the BEIR collection in
-    ``folder`` (``corpus.jsonl``, ``queries.jsonl``, their gzipped forms, ``qrels/*.tsv``): ``--json
+    ``folder`` (``corpus.jsonl``, ``queries.jsonl``, the qrels files, and their gzipped forms): ``--json
     DS/qrels/test.tsv`` ran, and the collection no longer loaded afterwards."""
     root = Path(folder)
     if not root.is_dir():
         return
     files = [root / f"{name}{gz}" for name in ("corpus.jsonl", "queries.jsonl") for gz in ("", ".gz")]
-    for read in (*files, *sorted(root.glob("qrels/*.tsv"))):
+    qrels = [file for suffix in ("*.tsv", "*.tsv.gz") for file in sorted(root.glob(f"qrels/{suffix}"))]
+    for read in (*files, *qrels):
         if read.exists() and same_file(out, read):
             raise ValidationError(f"{option} {out} is {read}, a file of the collection being read: "
                                   "refusing to overwrite it")
