@@ -81,3 +81,9 @@ def __getattr__(name: str) -> Any:
 
         return FeedbackStore
     raise AttributeError(f"module 'rlfb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazily loaded FeedbackStore too: without this, "FeedbackStore" in dir(rlfb) was False (and editors'
+    # completion left it out)
+    return sorted({*globals(), *__all__})

@@ -349,6 +349,7 @@ class FeedbackEnsemble:
 
     @property
     def retrievers(self) -> Mapping[str, Retriever]:
+        """The corpus retrievers by name (a copy: the ensemble's own table is not changed through it)."""
         return dict(self._retrievers)
 
     @property
@@ -388,14 +389,18 @@ class FeedbackEnsemble:
 
     @property
     def learner(self) -> Any:
+        """The :class:`~rlfb.learner.Learner` that decides and learns (its state is the newest this process
+        read; :attr:`weights` reads the store's first)."""
         return self._learner
 
     @property
     def store(self) -> Any:
+        """The :class:`~rlfb.store.FeedbackStore` retrievals are logged to and feedback is read from, or ``None``."""
         return self._store
 
     @property
     def chunks(self) -> ChunkTable:
+        """The indexed chunks, by id and in index order."""
         return self._table
 
     def __len__(self) -> int:

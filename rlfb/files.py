@@ -6,10 +6,12 @@ rows are produced) leaves the earlier file as it was, never half of a new one. U
 export``, ``rlfb weights export``, the JSON of ``simulate``, ``evaluate`` and ``demo``.
 
 >>> import tempfile, pathlib
->>> out = pathlib.Path(tempfile.mkdtemp()) / "w.json"
+>>> folder = tempfile.TemporaryDirectory()
+>>> out = pathlib.Path(folder.name) / "w.json"
 >>> write_text_atomically(out, '{"bm25": 1.0}')
 >>> out.read_text()
 '{"bm25": 1.0}'
+>>> folder.cleanup()
 """
 
 from __future__ import annotations

@@ -97,6 +97,7 @@ class RetrievalResult:
 
     @property
     def chunk_ids(self) -> list[str]:
+        """The ids of :attr:`hits`, best first."""
         return [h.chunk_id for h in self.hits]
 
     def __len__(self) -> int:

@@ -55,9 +55,12 @@ def cisi_path() -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Embedding caches go to a temporary folder unless the caller chose one."""
+    """Embedding caches go to a temporary folder unless the caller chose one, and so does matplotlib's
+    configuration, which it otherwise writes under ``$HOME/.config`` the first time a test draws a plot."""
     if "RLFB_CACHE_DIR" not in os.environ:
         os.environ["RLFB_CACHE_DIR"] = str(tmp_path_factory.mktemp("rlfb-cache"))
+    if "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = str(tmp_path_factory.mktemp("matplotlib"))
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -308,3 +308,23 @@ def test_into_a_store_with_no_snapshot_policy_names_the_new_states_policy(tmp_pa
     with FeedbackStore(db) as store:  # the same, from Python
         out = import_weights(store, bare, retrievers=["dense", "bm25"], policy="thompson")
     assert out["written"] is False and out["policy"] == "thompson"
+
+
+@pytest.mark.parametrize(("rlfb_dir", "xdg", "expected"), [
+    (None, None, "HOME/.cache/rlfb"),
+    (None, "/xdg/cache", "/xdg/cache/rlfb"),
+    (None, "relative/cache", "HOME/.cache/rlfb"),  # the XDG specification: a relative path is ignored
+    ("/mine", "/xdg/cache", "/mine"),
+])
+def test_the_default_cache_folder_follows_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         rlfb_dir: str | None, xdg: str | None, expected: str) -> None:
+    # XDG_CACHE_HOME was not read: rlfb wrote under ~/.cache where Hugging Face's and matplotlib's caches did not
+    from rlfb.retrievers.cache_file import default_cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, value in (("RLFB_CACHE_DIR", rlfb_dir), ("XDG_CACHE_HOME", xdg)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert default_cache_dir() == Path(expected.replace("HOME", str(tmp_path)))

@@ -172,12 +172,14 @@ class EmbeddingCache:
     Examples
     --------
     >>> import tempfile
-    >>> cache = EmbeddingCache(tempfile.mkdtemp(), "toy-model")
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> cache = EmbeddingCache(folder.name, "toy-model")
     >>> cache.put_many({"h1": np.array([1.0, 2.0]), "h2": SparseVector(np.array([3]), np.array([0.5]), 10)})
     >>> got = cache.get_many(["h1", "h2", "missing"])
     >>> sorted(got), got["h1"].tolist(), got["h2"].indices.tolist(), got["h2"].dim
     (['h1', 'h2'], [1.0, 2.0], [3], 10)
     >>> cache.close()
+    >>> folder.cleanup()
     """
 
     def __init__(self, directory: str | Path | None, model_key: str, *, max_mb: float | None = None,

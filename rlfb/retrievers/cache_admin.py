@@ -44,10 +44,13 @@ def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
     >>> import tempfile
     >>> import numpy as np
     >>> from rlfb.retrievers.cache import EmbeddingCache
-    >>> folder = tempfile.mkdtemp()
-    >>> EmbeddingCache(folder, "toy|query").put_many({"h": np.zeros(4)})
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> folder = tmp.name
+    >>> cache = EmbeddingCache(folder, "toy|query")
+    >>> cache.put_many({"h": np.zeros(4)})
     >>> [(m["model_key"], m["entries"], m["bytes"]) for m in cache_stats(folder)["models"]]
     [('toy|query', 1, 26)]
+    >>> cache.close(); tmp.cleanup()
     """
     path = _cache_file(directory)
     out: dict[str, Any] = {"path": str(path), "file_bytes": _file_bytes(path), "models": []}
@@ -84,11 +87,13 @@ def prune_cache(
     >>> import tempfile, time
     >>> import numpy as np
     >>> from rlfb.retrievers.cache import EmbeddingCache
-    >>> folder = tempfile.mkdtemp()
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> folder = tmp.name
     >>> cache = EmbeddingCache(folder, "toy|query")
     >>> cache.put_many({f"h{i}": np.zeros(256) for i in range(10)})
     >>> prune_cache(folder, max_mb=0.002)["removed"], len(cache)
     (8, 2)
+    >>> cache.close(); tmp.cleanup()
     """
     if max_mb is None and unused_days is None:
         raise ValidationError("give max_mb, unused_days or both: what to prune")

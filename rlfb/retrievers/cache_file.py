@@ -49,9 +49,14 @@ _UNAVAILABLE = ("readonly", "unable to open", "disk is full", "disk i/o error", 
 
 
 def default_cache_dir() -> Path:
-    """``$RLFB_CACHE_DIR`` if set, else ``~/.cache/rlfb``."""
+    """``$RLFB_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/rlfb`` (where that is an absolute path, as the XDG
+    specification asks; Hugging Face's and matplotlib's caches follow it too), else ``~/.cache/rlfb``.
+    Until 2026-12-06 ``XDG_CACHE_HOME`` was not read."""
     env = os.environ.get("RLFB_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "rlfb"
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache") / "rlfb"
 
 
 def check_cache_dir(value: object) -> None:
