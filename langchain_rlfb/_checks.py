@@ -19,7 +19,7 @@ from rlfb.types import validate_flag, validate_k
 
 # the adapters' shared rules live in the core: validate_k, validate_flag, session_text, finite_score
 __all__ = ["positive_count", "flag", "session_text", "session_key", "SESSION_KEYS", "usable_score", "check_store",
-           "with_configured_session"]
+           "check_ensemble", "with_configured_session"]
 
 positive_count = validate_k
 flag = validate_flag
@@ -80,3 +80,14 @@ def check_store(store: Any) -> Any:
     if store is None:
         raise ValidationError("store must be a FeedbackStore or a path to an SQLite file, got None")
     return as_store(store)
+
+
+def check_ensemble(ensemble: Any) -> Any:
+    """The :class:`rlfb.FeedbackEnsemble` given, or the one a retriever wraps; else :class:`ValidationError`."""
+    from rlfb.ensemble import FeedbackEnsemble
+
+    ensemble = getattr(ensemble, "ensemble", ensemble)  # the retriever itself is the natural thing to pass
+    if not isinstance(ensemble, FeedbackEnsemble):
+        raise ValidationError(f"the handler needs an rlfb FeedbackEnsemble or a retriever wrapping one, "
+                              f"got {type(ensemble).__name__}")
+    return ensemble

@@ -19,7 +19,7 @@ from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, callbacks
+from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, _runs, as_member
 from rlfb import IdempotencyConflictError, NoStoreError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import EXTERNAL_POLICY
 from rlfb.store import FeedbackStore
@@ -268,7 +268,7 @@ def test_open_runs_that_never_end_are_bounded(bm25: BM25Retriever, monkeypatch: 
     # An ainvoke cancelled before its chain starts (asyncio.wait_for with a tiny timeout): the sync handler's
     # start hook runs in a worker thread after the cancellation, and LangChain sends no end nor error for it,
     # so every such run's entry stayed for the life of the handler
-    monkeypatch.setattr(callbacks, "_OPEN_RUNS", 10, raising=False)
+    monkeypatch.setattr(_runs, "OPEN_RUNS", 10)  # the bound on every table of open runs
     handler = FeedbackCallbackHandler(store=FeedbackStore())
     chains = [uuid.uuid4() for _ in range(12)]
     for run in chains:

@@ -1,0 +1,76 @@
+"""A top-level run (a chain, a tool) started under a run id the store already holds retrievals under, as the
+caller gave ``config={"run_id": ...}`` again: told from a retry of a failed run, refused (raised with
+``handler.raise_error``, else warned of), and the runs directly under it marked failed, so that feedback on the id
+passes them by."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from langchain_rlfb._kept import mark_failed, write_unmarked
+from rlfb._caller import caller_stacklevel
+from rlfb.errors import DuplicateEventError, RlfbError, StoreBusyError
+
+if TYPE_CHECKING:
+    from langchain_rlfb.callbacks import FeedbackCallbackHandler
+
+__all__ = ["given_again", "refuse", "refused_below"]
+
+
+def given_again(handler: FeedbackCallbackHandler, rid: str) -> bool:
+    """Whether the store holds retrievals under the top-level run id ``rid`` already. Not where that run
+    failed: a retry under the same id (its first attempt's runs, which answered nobody, are marked failed
+    here, so that feedback on ``rid`` rates the retry). Nor where the store is locked or closed: this check
+    is not worth a wait, nor an error LangChain prints as the handler's at every chain start."""
+    with contextlib.suppress(StoreBusyError):
+        write_unmarked(handler)  # an attempt that failed on a locked store: its mark first
+    with handler._lock:
+        if rid in handler._unmarked:
+            return False  # still locked: a retry of a run whose failed mark waits, not checked
+    try:
+        if not handler.store.resolve_run(rid):
+            return False
+        if handler.store.run_failed(rid):
+            handler.store.fail_children(rid)
+            return False
+    except RlfbError:  # a busy or closed store: the retrieval's own log says so, where there is one
+        return False
+    return True
+
+
+def refuse(handler: FeedbackCallbackHandler, rid: str, *, running: bool = False) -> None:
+    """A top-level run started under a run id that retrievals were logged under already.
+
+    Refused as a retrieval's own run id given again is (:class:`DuplicateEventError`): raised where LangChain
+    passes the handler's errors on (``handler.raise_error = True``), and the run does not start. Otherwise
+    LangChain would only print the error and run it all the same, so a warning says so, and the retrievals
+    made under it are passed by when feedback is given on ``rid`` (:func:`refused_below`).
+    """
+    said = (f"run id {rid!r} was given to an earlier run" + (", still running," if running else "")
+            + " whose retrievals are logged under it: a run id names one run (give each invoke its own, or none)")
+    if handler.raise_error:
+        raise DuplicateEventError(said)
+    # runs at once under one id cannot be told apart: feedback on it rates both; a later one is passed by
+    rates = ("both runs' retrievals: rate each retrieval by its own run id" if running else
+             "the earlier run's retrievals only: rate this run's by their own run ids")
+    warnings.warn(
+        f"{said}; this run goes on, but feedback on {rid!r} rates {rates} (handler.raise_error = True refuses "
+        "such a run with a DuplicateEventError)",
+        UserWarning,
+        stacklevel=caller_stacklevel(("langchain_core", "langchain", "langchain_classic", "langgraph")),
+    )
+
+
+def refused_below(handler: FeedbackCallbackHandler, path: Sequence[tuple[str, str]]) -> None:
+    """Mark failed the run directly under a refused run on ``path`` (``(run, parent)`` pairs up to the root),
+    once: feedback on the refused run id then passes this run's retrievals by (:meth:`FeedbackStore.resolve_run
+    <rlfb.store.FeedbackStore.resolve_run>` skips failed runs), as it passes a failed run's by."""
+    with handler._lock:
+        below = [(run, top) for run, top in path if top in handler._refused and run not in handler._refused[top]]
+        for run, top in below:
+            handler._refused[top].add(run)
+    for run, _ in below:
+        mark_failed(handler, run)

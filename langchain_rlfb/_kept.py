@@ -1,0 +1,96 @@
+"""What a :class:`~langchain_rlfb.callbacks.FeedbackCallbackHandler` keeps while its store is locked: the marks of
+runs that failed (``store.fail_run``) and the logs of retrievals the store could not take. They are written before
+the handler next logs a retrieval or takes feedback, or when the process exits, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from langchain_rlfb._runs import trim
+from rlfb._at_exit import run_at_exit
+from rlfb.errors import DuplicateEventError, StoreBusyError
+from rlfb.runs import log_external
+
+if TYPE_CHECKING:
+    from langchain_rlfb.callbacks import FeedbackCallbackHandler
+
+__all__ = ["KEEPING", "keep_until_written", "write_kept_at_exit", "mark_failed", "write_unmarked"]
+
+# Handlers holding failed marks or retrieval logs kept while their store was locked, with the process that kept
+# them: written when it exits, and held until then (a handler made per request, collected on its return, took
+# them with it; so did a script that ended before its next write). Filled on first use, not at import.
+KEEPING: dict[int, tuple[int, FeedbackCallbackHandler]] = {}
+
+
+def keep_until_written(handler: FeedbackCallbackHandler) -> None:
+    """``handler`` keeps marks or logs for a later write: write them at exit if nothing has by then."""
+    KEEPING[id(handler)] = (os.getpid(), handler)
+    run_at_exit(write_kept_at_exit)
+
+
+def write_kept_at_exit() -> None:
+    """At exit: write what each handler of this process kept while its store was locked, warning where that fails
+    (the store still locked, or closed already)."""
+    pid = os.getpid()
+    for key, (owner, handler) in list(KEEPING.items()):
+        if owner != pid:  # a forked child's copy of its parent's entry: the parent writes it
+            continue
+        try:
+            write_unmarked(handler)
+        except Exception as exc:  # noqa: BLE001 - at exit there is no caller to raise to
+            warnings.warn(
+                f"rlfb: {len(handler._unlogged)} retrieval log(s) and {len(handler._unmarked)} failed run mark(s) "
+                f"kept while the feedback store was locked were not written at exit: {exc!r}",
+                RuntimeWarning, stacklevel=1)
+        KEEPING.pop(key, None)
+
+
+def mark_failed(handler: FeedbackCallbackHandler, rid: str, *, wait: bool = True) -> None:
+    """``store.fail_run(rid)``, kept in memory for the next write where the store is locked (``wait=False``:
+    known to be locked, so it is not tried now)."""
+    if wait:
+        try:
+            handler.store.fail_run(rid)
+            return
+        except StoreBusyError:
+            pass
+    with handler._lock:
+        handler._unmarked[rid] = None
+        trim(handler._unmarked)
+    keep_until_written(handler)
+
+
+def write_unmarked(handler: FeedbackCallbackHandler) -> None:
+    """Write the failed marks and the retrievals' logs kept while the store was locked (the handler's ``_failed``,
+    ``on_retriever_end``); a busy store raises as the write that follows would, and keeps the rest."""
+    _write_kept(handler, handler._unlogged, partial(_log_kept, handler))
+    _write_kept(handler, handler._unmarked, lambda rid, _: handler.store.fail_run(rid))
+    with handler._lock:
+        if not handler._unlogged and not handler._unmarked:
+            KEEPING.pop(id(handler), None)
+
+
+def _log_kept(handler: FeedbackCallbackHandler, event_id: str, logged: dict[str, Any]) -> None:
+    with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
+        log_external(handler.store, **logged)
+
+
+def _write_kept(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any],
+                write: Callable[[str, Any], None]) -> None:
+    """``write`` each entry of ``kept``, oldest first, taking it out once written (another thread may write
+    the same entries: each is taken out once, and a second write of it is harmless)."""
+    while kept:
+        with handler._lock:
+            if not kept:
+                return
+            key, value = next(iter(kept.items()))
+        write(key, value)
+        with handler._lock:
+            kept.pop(key, None)

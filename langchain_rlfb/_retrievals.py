@@ -1,0 +1,226 @@
+"""What a :class:`~langchain_rlfb.callbacks.FeedbackCallbackHandler` does when a retrieval starts and ends: the
+retrieval kept open with its query, session and name, and linked to the runs above it; at its end, whether it is
+logged (the outermost retrieval; an rlfb decision below another retriever is kept reachable from it), under which
+id (``"<run id>/result"`` above rlfb decisions), the chunks an outer result cut marked unused in those decisions,
+a restated follow-up observed, and the log kept where the store is locked."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from langchain_core.documents import Document
+
+from langchain_rlfb._checks import session_key, session_text, usable_score, with_configured_session
+from langchain_rlfb._given_again import refused_below
+from langchain_rlfb._kept import keep_until_written, write_unmarked
+from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str, trim
+from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
+from rlfb.errors import StoreBusyError
+from rlfb.runs import default_implicit, log_external, maker_of, observe_followup, same_store
+
+if TYPE_CHECKING:
+    from langchain_rlfb.callbacks import FeedbackCallbackHandler
+
+__all__ = ["retrieval_started", "retrieval_ended"]
+
+
+def retrieval_started(handler: FeedbackCallbackHandler, query: str, run_id: UUID, parent_run_id: UUID | None,
+                      metadata: dict[str, Any] | None, name: Any) -> None:
+    """``on_retriever_start``: keep the retrieval open, and link it to the runs above it. ``name``: the run's
+    name as LangChain gave it (``kwargs["name"]``), if any."""
+    # the run's metadata, with the session its chain's configurable names (RunnableWithMessageHistory's)
+    metadata = with_configured_session(metadata)
+    # the run's session (session_id, else LangSmith's thread_id or conversation_id), else the one a
+    # FeedbackEnsembleRetriever falls back to (its session_id), as it does
+    key = session_key(metadata)
+    session = metadata[key] if key is not None else metadata.get(SESSION_KEY)
+    with handler._lock:
+        parent = parent_of(handler, run_str(parent_run_id))
+        adopted = parent != run_str(parent_run_id)
+        opened(handler, str(run_id), parent, {
+            "query": query,
+            "session_id": session_text(session),
+            "raw_session_id": session,  # to name in the warning when it is dropped
+            "name": name or metadata.get("ls_retriever_name") or "retriever",
+        })
+        links = ancestor_links(handler, parent)
+        nested = parent in handler._retrievals or any(p in handler._retrievals for _, p in links)
+    if handler._refused and parent is not None:
+        refused_below(handler, [(str(run_id), parent), *links])  # under a run id given again
+    if adopted and parent is not None:
+        # under a run LangChain did not report as its parent (a fallback's attempt): the retrieval's own event
+        # names the reported parent, so it is linked to the run it is under
+        links = [(str(run_id), parent), *links]
+    if links and not nested:
+        # Linked before the retrieval runs, so that a FeedbackEnsembleRetriever's own follow-up check
+        # (which knows only its parent run) sees the runs above it: an agent's second call of its
+        # retriever tool is then known as the same run as its first.
+        try:
+            handler.store.link_runs(links)
+        except StoreBusyError:
+            # the store stayed locked: the retrieval's own log waits for it too (and raises, for an rlfb
+            # retriever on this store), so the links are written when the retrieval ends, not printed by
+            # LangChain as this handler's error
+            with handler._lock:
+                if str(run_id) in handler._retrievals:
+                    handler._retrievals[str(run_id)]["unlinked"] = links
+
+
+def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Document], run_id: UUID,
+                    parent_run_id: UUID | None) -> None:
+    """``on_retriever_end``: log the retrieval where it is to be logged (see the module's docstring). Its
+    warnings name the caller of ``on_retriever_end`` (``stacklevel=3``), as they did there."""
+    rid = str(run_id)
+    with handler._lock:
+        info = handler._retrievals.pop(rid, None)
+        parent = handler._parents.pop(rid, run_str(parent_run_id))
+        links = ancestor_links(handler, parent)
+        # the outermost open retriever run above this one, also through a chain (with_retry, rewrite | retriever)
+        outer = next((r for r in reversed([parent, *(p for _, p in links)]) if r in handler._retrievals), None)
+    if info is None:
+        return
+    with contextlib.suppress(StoreBusyError):  # kept for a later write: this retrieval's own log comes first
+        write_unmarked(handler)  # runs that failed, and retrievals not logged, while the store was locked
+    if info.get("unlinked"):
+        handler.store.link_runs(info["unlinked"])  # links the store was locked for at the start
+    decided = handler.store.has_event(rid)  # a FeedbackEnsembleRetriever logged it, and observed the session
+    if outer is not None:
+        # A member of an outer retriever: the outer result is what the user saw, so a plain member is not
+        # logged. An rlfb retriever's own decision is what its learner learns from: keep it reachable from
+        # the outer run (links through the runs between them), which then stands above it (see below).
+        if not decided and not _in_ensemble_store(handler, rid):
+            return
+        handler.store.link_runs(links)
+        with handler._lock:
+            if outer in handler._retrievals:
+                handler._retrievals[outer]["decided_below"] = True
+        if decided:
+            return
+        # made on the ensemble's own store: a copy here, as for an outermost one, which feedback resolves to
+    elif decided:
+        return
+    event_id = rid
+    if outer is None and info.get("decided_below"):
+        below = handler.store.resolve_run(rid)  # the decisions still under it (a failed branch's are passed by)
+        if below:
+            # rlfb retrievers decided inside this one (a wrapper that trims, compresses or re-ranks their
+            # documents). Logged under the run id, this result would be an event, and resolve_run never looks
+            # below an event: feedback on the run id would rate this copy alone and no learner would learn.
+            # So the run id stays a run above their decisions and this result, logged as "<run id>/result",
+            # as the LlamaIndex handler does with a bare retrieval that had rlfb learners inside.
+            if parent is not None:
+                handler.store.link_runs([(rid, parent)])
+            _mark_cut(handler, documents, below)
+            if _is_decision(handler, documents, below):
+                return  # the wrapper returned one decision as it was logged: no copy to add
+            event_id, parent = f"{rid}/result", rid
+    session = info["session_id"]
+    if session is not None and handler.observe_followups:
+        # given, else the ensemble's as they are now (ens.implicit), else word overlap
+        implicit = handler._implicit if handler._implicit is not None else default_implicit(handler.ensemble)
+        # a retrieval under the same run (parent or any run above it) is a restatement on purpose; so is one
+        # under this very retrieval (an rlfb retriever inside a wrapper retriever logged it moments ago)
+        ancestors = {p for _, p in links} | ({parent} if parent is not None else set()) | {rid}
+        observe_followup(handler.store, session, info["query"], ensemble=handler.ensemble,
+                         implicit=implicit, run_ancestors=ancestors)
+    results, dropped = _results(documents)
+    if session is None and info["raw_session_id"] is not None:
+        dropped.insert(0, f"its session_id {info['raw_session_id']!r} (not a non-empty str, int or UUID)")
+    if dropped:
+        # LangChain only prints a callback's exception, so failing here would lose the retrieval and every
+        # later feedback on it; log what is usable and say once what was left out.
+        warnings.warn(f"rlfb logged retrieval {rid} without " + "; ".join(dropped), stacklevel=3)
+    logged = dict(query=info["query"], results=results, source=info["name"], event_id=event_id, parent_id=parent,
+                  session_id=session, metadata={"framework": "langchain", "run_name": info["name"]},
+                  timestamp=time.time())
+    try:
+        log_external(handler.store, **logged)
+    except StoreBusyError:
+        # the store stayed locked past busy_timeout: LangChain would print this as the handler's error, and the
+        # retrieval was lost (feedback on its run found nothing). Kept, and logged at the handler's next write
+        with handler._lock:
+            handler._unlogged[event_id] = logged
+            trim(handler._unlogged)
+        keep_until_written(handler)
+        warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
+                      "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
+                      stacklevel=3)
+
+
+def _in_ensemble_store(handler: FeedbackCallbackHandler, rid: str) -> bool:
+    """Whether the handler's ensemble, keeping its log in another store, logged a retrieval under ``rid``."""
+    ens = handler.ensemble
+    return (ens is not None and ens.store is not None and not same_store(ens.store, handler.store)
+            and ens.store.has_event(rid))
+
+
+def _mark_cut(handler: FeedbackCallbackHandler, documents: Sequence[Document], event_ids: Sequence[str]) -> None:
+    """The chunks of the rlfb decisions ``event_ids`` that the outer result ``documents`` left out (a
+    ``ContextualCompressionRetriever``'s compressor, a trimmer, a re-ranker's cutoff) are marked unused in
+    each decision's event, in this store and in the learner's where that is another file, as the LlamaIndex
+    handler marks the nodes a later step cut: praise of the outer run is not shared with documents the user
+    never saw, nor reads them as passed over. All of a decision's chunks where the result is empty. A
+    document counts as kept by its chunk id (``Document.id``, or the ``metadata["chunk_id"]`` rlfb's
+    Documents carry, which a compressor that makes new Documents keeps with their metadata). A result none
+    of whose documents is any decision's (a wrapper that wrote new Documents without their ids: summaries,
+    parent documents) tells nothing of what was kept, and marks nothing."""
+    kept: set[str] = set()
+    for doc in documents:
+        kept.add(document_to_chunk(doc).id)
+        cid = (doc.metadata or {}).get("chunk_id")
+        if isinstance(cid, str):
+            kept.add(cid)
+    rankings = {eid: [c["chunk_id"] for c in handler.store.event(eid)["chunks"]] for eid in event_ids}
+    if documents and not any(c in kept for ranked in rankings.values() for c in ranked):
+        return
+    for eid, ranked in rankings.items():
+        cut = [c for c in ranked if c not in kept]
+        if not cut:
+            continue
+        for store in _stores_of(handler, eid):
+            store.mark_unused(eid, cut)
+
+
+def _stores_of(handler: FeedbackCallbackHandler, eid: str) -> list[Any]:
+    """The stores that hold decision ``eid``: the handler's, and its learner's where that is another file
+    (the live ensemble of this process that made it, else the handler's ``ensemble``)."""
+    stores = [handler.store]
+    for learner in (maker_of(eid), handler.ensemble):
+        theirs = getattr(learner, "store", None)
+        if theirs is not None and not any(same_store(theirs, s) for s in stores) and theirs.has_event(eid):
+            stores.append(theirs)
+    return stores
+
+
+def _is_decision(handler: FeedbackCallbackHandler, documents: Sequence[Document], event_ids: Sequence[str]) -> bool:
+    """Whether ``documents`` are one of ``event_ids`` as logged: its Documents, in its order."""
+    eid = (documents[0].metadata or {}).get("event_id") if documents else None
+    if not isinstance(eid, str) or eid not in event_ids:
+        return False
+    if any((d.metadata or {}).get("event_id") != eid for d in documents):
+        return False
+    logged = [c["chunk_id"] for c in handler.store.event(eid)["chunks"]]
+    return logged == [cid for cid, _ in _results(documents)[0]]
+
+
+def _results(documents: Sequence[Document]) -> tuple[list[tuple[str, float | None]], list[str]]:
+    """``(chunk id, score)`` of each document, and a note on the scores that could not be kept.
+
+    A ``metadata["score"]`` that is not a finite number (an int beyond float range, NaN, a string) is
+    logged as no score, as for a document that has none: the ranking is still what the user saw.
+    """
+    results: list[tuple[str, float | None]] = []
+    bad: list[str] = []
+    for doc in documents:
+        chunk = document_to_chunk(doc)
+        score, usable = usable_score(chunk.metadata.get("score"))
+        if not usable:
+            bad.append(chunk.id)
+        results.append((chunk.id, score))
+    notes = [f"the scores of {len(bad)} documents (not finite numbers: {bad[:5]!r})"] if bad else []
+    return results, notes
