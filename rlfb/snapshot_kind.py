@@ -93,6 +93,24 @@ class SnapshotKind:
                   self.dim, self.model, params]
         return json.dumps(fields, sort_keys=True, default=str)
 
+    @classmethod
+    def from_key(cls, key: Any) -> SnapshotKind | None:
+        """The kind :meth:`key` wrote, or ``None`` for a key of no kind (the store's key of a snapshot it could
+        not read, one per snapshot).
+
+        >>> kind = SnapshotKind(policy="thompson", retrievers=("bm25",), params={"step": 0.1})
+        >>> SnapshotKind.from_key(kind.key()) == kind, SnapshotKind.from_key('["unreadable snapshot", 7]')
+        (True, None)
+        """
+        try:
+            fields = json.loads(key)
+            policy, retrievers, exploration, dim, model, params = fields
+        except (TypeError, ValueError):
+            return None
+        return cls.of({"policy": policy, "state": {
+            "retrievers": retrievers, "exploration": {"kind": exploration},
+            "memory": {"dim": dim, "model": model}, "policy": {"params": params}}})
+
     def differences(self, other: SnapshotKind) -> dict[str, tuple[Any, Any]]:
         """``{field: (this, other)}`` for each field both name and disagree on (hyperparameters as
         :func:`~rlfb.policies.base.same_hyperparameters` compares them)."""

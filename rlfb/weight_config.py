@@ -27,7 +27,7 @@ from rlfb.runs import hashes_queries
 from rlfb.snapshot_kind import SnapshotKind
 
 __all__ = ["current_weights", "damaged_state", "describe_kind", "export_weights", "import_weights", "read_weights_file",
-           "sound_kinds", "WeightsFile", "NO_WEIGHTS_YET"]
+           "snapshot_damage", "sound_kinds", "WeightsFile", "NO_WEIGHTS_YET"]
 
 #: What a store that holds no snapshot yet is said to hold: `weights export`'s refusal, `weights show`'s report.
 NO_WEIGHTS_YET = "the store holds no weights yet"
@@ -119,6 +119,12 @@ def _damage(store: Any, kind: Mapping[str, Any]) -> CorruptStateError | None:
     except CorruptStateError as exc:
         return exc
     return None
+
+
+def snapshot_damage(store: Any, version: int) -> CorruptStateError | None:
+    """The error naming snapshot ``version`` of ``store`` where no learner can be rebuilt from it, else ``None``
+    (a ``--weights-only`` export says so beside the sound weights it writes)."""
+    return _damage(store, {"version": version})
 
 
 def _undamaged(store: Any, kinds: Sequence[Mapping[str, Any]], *, first_sound: bool = True) -> list[dict[str, Any]]:

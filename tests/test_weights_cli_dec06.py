@@ -100,7 +100,7 @@ def damaged_newest(tmp_path: Path) -> tuple[Path, int]:
     return db, version
 
 
-@pytest.mark.parametrize("options", [[], ["--weights-only"], ["--policy", "thompson"], ["--retrievers", "bm25"]])
+@pytest.mark.parametrize("options", [[], ["--policy", "thompson"], ["--retrievers", "bm25"]])
 def test_export_names_a_damaged_newest_snapshot(tmp_path: Path, capsys, options: list[str]) -> None:
     db, version = damaged_newest(tmp_path)
     out = tmp_path / "out.json"
@@ -117,6 +117,20 @@ def test_export_names_a_damaged_newest_snapshot(tmp_path: Path, capsys, options:
     capsys.readouterr()
     assert main(["weights", "export", str(db), str(out), *options]) == 0
     assert json.loads(out.read_text())["version"] < version
+
+
+def test_a_weights_only_export_of_a_damaged_newest_snapshot_writes_its_weights_and_names_the_damage(
+        tmp_path: Path, capsys) -> None:
+    # its weights are sound (export_weights' docstring: "its weights alone ... export with with_state=False");
+    # until 2026-12-06 that held only where the damaged snapshot was the store's one: beside an older one the
+    # store grouped it as another kind of its own, and the export was refused
+    db, version = damaged_newest(tmp_path)
+    out = tmp_path / "out.json"
+    assert main(["weights", "export", str(db), str(out), "--weights-only"]) == 0
+    exported = json.loads(out.read_text())
+    assert exported["version"] == version and "state" not in exported
+    err = capsys.readouterr().err
+    assert f"policy snapshot {version} in" in err and "is damaged" in err and "weights alone" in err
 
 
 def test_store_stats_does_not_count_a_damaged_snapshot_as_a_kind(tmp_path: Path, capsys) -> None:

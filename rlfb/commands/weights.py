@@ -133,23 +133,33 @@ def run_show(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     from rlfb.commands import STDOUT, output_target, prepare_output_file, refuse_overwriting_store, write_output
-    from rlfb.weight_config import export_weights
 
     # "-" as `store export --jsonl -` (a file named "-" was written), and /dev/stdout as "-": written as a file, a
     # redirected stdout was replaced by a rename
     if output_target(args.file) == STDOUT:
         with _open(args.store) as store:
-            out = export_weights(store, None, with_state=not args.weights_only, **_kind(args))
+            out = _export(store, args)
         print(json.dumps(out, indent=2))
         return 0
     refuse_overwriting_store(args.file, args.store)  # before opening: writing JSON over the store destroys it
     prepare_output_file(args.file)  # a folder named as the file is refused now; a missing one is made at write
     with _open(args.store) as store:
-        out = export_weights(store, None, with_state=not args.weights_only, **_kind(args))
+        out = _export(store, args)
     write_output(args.file, json.dumps(out, indent=2))
     # on stderr, as `store export` says it: `weights export STORE /dev/stdout` wrote it after the JSON
     print(f"wrote version {out['version']} to {args.file}", file=sys.stderr)
     return 0
+
+
+def _export(store: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """What ``weights export`` writes; of weights alone whose snapshot's state is damaged, with a note saying so."""
+    from rlfb.weight_config import export_weights, snapshot_damage
+
+    out = export_weights(store, None, with_state=not args.weights_only, **_kind(args))
+    damage = snapshot_damage(store, int(out["version"])) if args.weights_only else None
+    if damage is not None:
+        print(f"rlfb: note: {damage}; its weights alone, which are sound, were exported", file=sys.stderr)
+    return out
 
 
 def run_import(args: argparse.Namespace) -> int:

@@ -292,3 +292,25 @@ def m010_settings(db: Database) -> None:
     ).fetchone()
     if any_event:
         db["settings"].insert({"key": "store_text", "value": "false" if hashed else "true"})
+
+
+@MIGRATIONS()
+def m011_snapshot_kinds(db: Database) -> None:
+    # the kind of each snapshot saved before m009 (rlfb.snapshot_kind.SnapshotKind.key), read off its state, so
+    # that every snapshot is grouped by the kind column: until 2026-12-06 they were grouped by their states in
+    # SQL, and a save (keeping the newest of its kind by the column) never dropped one of them; a snapshot
+    # whose state cannot be read is a kind of its own, as it was. Safe to rerun: only rows with no kind.
+    import json
+
+    from rlfb.errors import CorruptStateError
+    from rlfb.snapshot_kind import SnapshotKind
+    from rlfb.store.codec import _dec
+
+    kinds = []
+    for version, policy, state in db.execute("SELECT version, policy, state FROM policy_snapshots WHERE kind IS NULL"):
+        try:
+            key = SnapshotKind.of({"policy": _dec(policy), "state": json.loads(_dec(state))}).key()
+        except (CorruptStateError, ValueError, TypeError, RecursionError):
+            key = json.dumps(["unreadable snapshot", version])
+        kinds.append((key, version))
+    db.conn.executemany("UPDATE policy_snapshots SET kind = ? WHERE version = ?", kinds)

@@ -22,27 +22,13 @@ if TYPE_CHECKING:
     from rlfb.store.connection import Transactions
     from rlfb.store.feedback_store import FeedbackStore
 
-# What tells one ensemble's snapshots from another's (rlfb.snapshot_kind.SnapshotKind, here in SQL): the
-# policy, and from the state the retrievers, the chunk exploration, the memory's embedding dimension and dense
-# model, the policy's hyperparameters (its weights left out, as same_hyperparameters leaves them). A BLOB state
-# (one holding a lone surrogate) is read as text; one that is no JSON at all is a kind of its own. An older
-# snapshot with no policy column is grouped apart from those that name it: prune keeps one more, never one less.
-_TEXT = "CAST(state AS TEXT)"
-_VALID = f"typeof(state) IN ('text', 'blob') AND json_valid({_TEXT})"
-_STATE = f"CASE WHEN {_VALID} THEN {_TEXT} END"
-_SNAPSHOT_KIND = ", ".join([
-    "policy",
-    f"json_extract({_STATE}, '$.retrievers')",
-    f"json_extract({_STATE}, '$.exploration.kind')",
-    f"json_extract({_STATE}, '$.memory.dim')",
-    f"json_extract({_STATE}, '$.memory.model')",
-    # params that are no object (a state of the caller's own, "params": "v2") are a kind as they are: json_remove
-    # of a JSON string failed with "malformed JSON", and every prune with it
-    f"CASE WHEN json_type({_STATE}, '$.policy.params') = 'object' "
-    f"THEN json_remove(json_extract({_STATE}, '$.policy.params'), '$.weights') "
-    f"ELSE json_quote(json_extract({_STATE}, '$.policy.params')) END",
-    f"CASE WHEN {_VALID} THEN 0 ELSE version END",
-])
+# What tells one ensemble's snapshots from another's: the kind column (rlfb.snapshot_kind.SnapshotKind.key, the
+# policy, the retrievers, the chunk exploration, the memory's dimension and dense model, the hyperparameters less
+# the weights), written with each snapshot since m009 and filled in for older ones by m011. Until 2026-12-06 the
+# reports and prune grouped by those fields read off the state in SQL, and a save by the column: snapshots saved
+# before m009 were never dropped by a save, and the same app showed as two kinds once it had saved again. A row
+# with no kind (written outside rlfb) is a kind of its own: prune keeps one more, never one less.
+_SNAPSHOT_KIND = "COALESCE(kind, 'version ' || version)"
 
 # the snapshots older than a prune's cutoff (its one parameter), but the newest of each kind: another kind's later
 # snapshot must not take away an ensemble's only state
@@ -73,6 +59,7 @@ def save_policy_state(
         cur = conn.execute(
             "INSERT INTO policy_snapshots (ts, policy, weights, state, kind) VALUES (?, ?, ?, ?, ?)", row
         )
+        _adopt_compatible_kinds(conn, kind)
         if store.snapshots_kept is not None:
             conn.execute(
                 "DELETE FROM policy_snapshots WHERE kind = ? AND version <= (SELECT version FROM "
@@ -80,6 +67,25 @@ def save_policy_state(
                 (kind, kind, store.snapshots_kept),
             )
         return int(cur.lastrowid)  # type: ignore[arg-type]
+
+
+def _adopt_compatible_kinds(conn: Any, kind: str) -> None:
+    """Give the snapshots of every kind that differs from ``kind`` only where one of them does not say (a
+    snapshot of an older rlfb: no dense model named, fewer hyperparameters) the kind ``kind``.
+
+    The ensemble takes such a snapshot for its own (:meth:`SnapshotKind.differences`), but its key differs:
+    until 2026-12-06 the same app upgraded showed as two kinds in ``rlfb weights show`` and ``store stats``,
+    ``rlfb weights export`` refused the store as shared whatever ``--policy`` and ``--retrievers`` said, and
+    a save never dropped the older kind's snapshots (88 MB of a 92 MB file in an audit's upgraded store).
+    """
+    mine = SnapshotKind.from_key(kind)
+    if mine is None:
+        return
+    others = [k for (k,) in conn.execute("SELECT DISTINCT kind FROM policy_snapshots WHERE kind != ?", (kind,))]
+    for other in others:
+        theirs = SnapshotKind.from_key(other)
+        if theirs is not None and not theirs.differences(mine):
+            conn.execute("UPDATE policy_snapshots SET kind = ? WHERE kind = ?", (kind, other))
 
 
 def load_policy_state(
