@@ -876,7 +876,7 @@ def test_praise_of_an_answer_reads_no_chunk_a_later_step_cut_as_passed_over() ->
 
 
 def test_the_bound_on_future_times_is_thirty_days_past_this_machines_clock():
-    from rlfb.learner import _not_future
+    from rlfb.learner_checks import _not_future
 
     _not_future("t", time.time() + 29 * 86_400)  # a clock days fast: taken
     with pytest.raises(ValidationError, match="30 days in the future"):

@@ -538,7 +538,7 @@ def saved_times(what: str, times: Any) -> None:
     days past this machine's clock), with :class:`CorruptStateError`: the clocks only move forward, so one such
     time made every later episode count as long past (weight about 0) and the policy stopped learning, for good.
     Times that are not finite are the caller's to refuse."""
-    from rlfb.learner import _not_future  # the same bound as the learner's; rlfb.learner imports this module
+    from rlfb.learner_checks import _not_future  # the learner's bound; imported here, as rlfb.policies loads first
 
     arr = np.asarray(times, dtype=float)
     if arr.size:

@@ -68,10 +68,9 @@ and arm sampling, resume.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from statistics import NormalDist
 from typing import Any
 
@@ -81,16 +80,13 @@ from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.policies._util import (
     BasePolicy,
     check_at_most,
-    check_bounds,
     check_float,
-    check_int,
     check_simplex,
     check_within_bounds,
     clock_decay,
     episode_time,
     float_list,
     logged_weights,
-    plain_numbers,
     project_simplex,
     ranks_nothing,
     read_array,
@@ -100,147 +96,14 @@ from rlfb.policies._util import (
     weights_dict,
     weights_vector,
 )
+from rlfb.policies.arms import _arm_names, sampled_share, simplex_grid
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.policies.click_evidence import ClickEvidence, shown_utility
+from rlfb.policies.thompson_params import ThompsonParams
 
 __all__ = ["ThompsonParams", "ThompsonPolicy", "EpsilonGreedyPolicy", "sampled_share", "simplex_grid"]
 
 GLOBAL = "*"
-EXPLORATIONS = ("thompson", "epsilon")
-
-
-def simplex_grid(n: int, step: float) -> np.ndarray:
-    """All weight vectors with ``n`` entries that are multiples of ``step`` and sum to one.
-
-    >>> simplex_grid(3, 0.1).shape
-    (66, 3)
-    >>> simplex_grid(2, 0.5).tolist()
-    [[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]
-    """
-    m = int(round(1.0 / step))
-    rows = []
-    for bars in itertools.combinations(range(m + n - 1), n - 1):
-        prev = -1
-        parts = []
-        for b in bars:
-            parts.append(b - prev - 1)
-            prev = b
-        parts.append(m + n - 1 - prev - 1)
-        rows.append(parts)
-    return np.asarray(rows, dtype=float) / m
-
-
-def sampled_share(draws: np.ndarray, mean: np.ndarray, sd: np.ndarray, arms: np.ndarray) -> float:
-    """The probability that Thompson sampling's best draw is one of ``arms`` (a mask over the arms), from
-    ``draws`` (rows of one posterior draw per arm, ``mean + sd * z``): for each row and each arm ``a`` of
-    ``arms``, the chance that a draw of ``a`` beats the best draw of the other arms in that row, averaged.
-
-    Unbiased (each row's term is the exact probability given the other arms' draws), and above 0 for any arm
-    with a spread. Counting the rows whose best draw is one of ``arms``, plus one, over the rows plus one
-    (what Thompson logged before 2026-12-05) overstated a rarely drawn arm's chance about 3 times among 67
-    arms, so off-policy estimates from the logs weighed rare arms too little. The same draws are used, so
-    what is shown does not change.
-
-    >>> rng = np.random.default_rng(0)
-    >>> mean, sd = np.array([0.0, 1.0]), np.array([1.0, 1.0])
-    >>> draws = mean + sd * rng.standard_normal((20_000, 2))
-    >>> round(sampled_share(draws, mean, sd, np.array([True, False])), 3)  # exactly Phi(-1/sqrt(2)) = 0.240
-    0.24
-    """
-    from scipy.special import ndtr
-
-    rows = np.arange(draws.shape[0])
-    top = np.argmax(draws, axis=1)
-    best = draws[rows, top]
-    others = draws.copy()
-    others[rows, top] = -np.inf
-    second = others.max(axis=1)  # the best draw but for the row's best arm
-    total = 0.0
-    for a in np.flatnonzero(arms):
-        rival = np.where(top == a, second, best)
-        if sd[a] > 0:
-            total += float(np.mean(ndtr((mean[a] - rival) / sd[a])))
-        else:  # no spread: its draw is its mean
-            total += float(np.mean(mean[a] > rival))
-    return min(1.0, total)
-
-
-@dataclass(frozen=True)
-class ThompsonParams:
-    """Hyperparameters of :class:`ThompsonPolicy` (validated on construction).
-
-    >>> ThompsonParams(step=0.3)
-    Traceback (most recent call last):
-    ...
-    rlfb.errors.ValidationError: step must divide 1 into a whole number of parts, got 0.3
-    """
-
-    step: float = 0.1
-    exploration: str = "thompson"
-    epsilon: float = 0.1
-    epsilon_min: float = 0.01
-    epsilon_decay: float = 500.0
-    baseline_share: float = 0.1
-    prior_strength: float = 2.0
-    type_prior: float = 20.0
-    bandwidth: float = 0.1
-    noise: float = 0.5
-    gate_z: float | None = None
-    min_samples: float = 10.0
-    default_after: int = 50
-    default_step: float = 0.05
-    forget: float = 0.999
-    half_life_days: float | None = 45.0
-    contextual: bool = True
-    propensity_draws: int = 32
-    bounds: tuple[float, float] = (0.05, 0.95)  # the policy passes default_bounds(n) where none are given
-    max_arms: int = 5000
-    counterfactual: bool = True
-    cf_min_clicks: float = 20.0
-    cf_min_questions: int = 1
-    cf_gate_z: float = 1.5
-    cf_max_queries: int = 2000
-
-    def __post_init__(self) -> None:
-        plain_numbers(self)  # NumPy scalars as Python numbers: params() and the saved state are JSON
-        step = check_float("step", self.step, 0.0, 1.0, lo_open=True)
-        parts = 1.0 / step  # inf for a step of 1e-320, which round() cannot take
-        if not math.isfinite(parts) or abs(round(parts) * step - 1.0) > 1e-9:
-            raise ValidationError(f"step must divide 1 into a whole number of parts, got {self.step!r}")
-        if self.exploration not in EXPLORATIONS:
-            raise ValidationError(f"exploration must be one of {EXPLORATIONS}, got {self.exploration!r}")
-        check_float("epsilon", self.epsilon, 0.0, 1.0)
-        check_float("epsilon_min", self.epsilon_min, 0.0, 1.0)
-        if self.epsilon_min > self.epsilon:
-            raise ValidationError("epsilon_min must not exceed epsilon")
-        check_float("epsilon_decay", self.epsilon_decay, 0.0, None, lo_open=True)
-        check_float("baseline_share", self.baseline_share, 0.0, 1.0)
-        check_float("prior_strength", self.prior_strength, 0.0, None, lo_open=True)
-        check_float("type_prior", self.type_prior, 0.0, None)
-        check_float("bandwidth", self.bandwidth, 0.0, 1.0)
-        check_float("noise", self.noise, 0.0, 10.0, lo_open=True)
-        if self.gate_z is not None:
-            check_float("gate_z", self.gate_z, 0.0, 10.0)
-        check_float("min_samples", self.min_samples, 0.0, None)
-        check_int("default_after", self.default_after, 0, 2**53)  # 10**400 made its own saved state unloadable
-        check_float("default_step", self.default_step, 0.0, 1.0)
-        check_float("forget", self.forget, 0.5, 1.0)
-        if self.half_life_days is not None:
-            check_float("half_life_days", self.half_life_days, 0.0, None, lo_open=True)
-        if not isinstance(self.contextual, bool):
-            raise ValidationError(f"contextual must be a bool, got {self.contextual!r}")
-        check_int("propensity_draws", self.propensity_draws, 1, 100_000)
-        object.__setattr__(self, "bounds", check_bounds(self.bounds))
-        check_int("max_arms", self.max_arms, 2, 1_000_000)
-        if not isinstance(self.counterfactual, bool):
-            raise ValidationError(f"counterfactual must be a bool, got {self.counterfactual!r}")
-        check_float("cf_min_clicks", self.cf_min_clicks, 0.0, None)
-        check_int("cf_min_questions", self.cf_min_questions, 1, 1_000_000)
-        check_float("cf_gate_z", self.cf_gate_z, 0.0, 10.0)
-        check_int("cf_max_queries", self.cf_max_queries, 2, 1_000_000)
-        if self.cf_min_questions > self.cf_max_queries:  # the evidence forgets questions past cf_max_queries
-            raise ValidationError(f"cf_min_questions ({self.cf_min_questions}) must not exceed cf_max_queries "
-                                  f"({self.cf_max_queries}): no query type could hold that many questions")
 
 
 class ThompsonPolicy(BasePolicy):
@@ -790,17 +653,3 @@ class EpsilonGreedyPolicy(ThompsonPolicy):
     def __init__(self, retrievers: Sequence[str], weights: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("exploration", "epsilon")
         super().__init__(retrievers, weights, **kwargs)
-
-
-def _arm_names(grid: np.ndarray) -> tuple[str, ...]:
-    """Each grid arm's weights as a name, with as many digits as keep the names apart (three on the default
-    grid): at step 0.0005, 446 arms shared a name, so logs and per-arm reports merged them.
-
-    >>> _arm_names(np.array([[0.1005, 0.8995], [0.101, 0.899]]))
-    ('0.1005/0.8995', '0.101/0.899')
-    """
-    for digits in range(3, 18):
-        names = tuple("/".join(f"{x:.{digits}g}" for x in row) for row in grid)
-        if len(set(names)) == len(names):
-            return names
-    return tuple(f"arm {i}" for i in range(len(grid)))  # points closer than floats print: not on a grid
