@@ -416,6 +416,20 @@ def test_result_has_the_documented_shape(small_run) -> None:
     assert b["per_query_oracle"]["heldout_ndcg@10"]["mean"] >= b["oracle_fixed"]["heldout_ndcg@10"]["mean"] - 1e-12
 
 
+def test_each_run_names_the_questions_it_streamed_held_out_and_asked(small_run) -> None:
+    # only their counts were recorded: a script checking a figure had to rebuild the split from the code's rule
+    config, result, prep = small_run
+    for run in result["runs"]:
+        ids = run["question_ids"]
+        stream, heldout, asked = ids["stream"], ids["heldout"], ids["asked"]
+        assert (len(stream), len(heldout)) == (run["stream_queries"], run["heldout_queries"])
+        assert not set(stream) & set(heldout) and set(asked) <= set(stream) and len(asked) == run["distinct_asked"]
+        assert sum(asked.values()) == config.interactions and all(q in prep.contexts for q in stream + heldout)
+    # each seed draws its own halves, and a run recomputed from its seed names the same questions
+    assert result["runs"][0]["question_ids"]["heldout"] != result["runs"][1]["question_ids"]["heldout"]
+    assert run_seed(prep, config, 1)["question_ids"] == result["runs"][1]["question_ids"]
+
+
 def test_the_held_out_figure_splits_by_what_the_stream_answered(small_run) -> None:
     # how much of a held-out gain is feedback on documents that answered a question asked in the stream
     _, result, _ = small_run

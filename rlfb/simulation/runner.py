@@ -433,6 +433,11 @@ def run_seed(
         # held-out figure's "never asked" cost the stream
         "stream_left_out": {"same_text": parts.same_text, "near": parts.near},
         "heldout_queries": len(heldout),
+        # which questions this seed streamed, held out and asked (how often), so that a script can check a
+        # figure on its own questions: until 2026-12-06 only the counts were recorded, and the split had to be
+        # rebuilt from the code's rule
+        "question_ids": {"stream": list(stream), "heldout": list(heldout),
+                         "asked": {q: int(n) for q, n in sorted(asked.items())}},
         "distinct_asked": len(asked),
         "mean_times_asked": float(np.mean(list(asked.values()))),
         "feedback": n_feedback,
