@@ -7,7 +7,9 @@
   LangChain's run id, and records LangSmith-style feedback on a run id (a
   retrieval's or a whole chain's).
 
-Every piece of logic lives in :mod:`rlfb`; this package only converts.
+What is learned, ranked and stored lives in :mod:`rlfb`; this package converts between LangChain's objects and
+rlfb's, and keeps what only LangChain's callbacks tell: the tree of runs open in the process (so that feedback on
+a chain's run id finds the retrieval inside it), a run id given again, and what a locked store could not take yet.
 """
 
 from __future__ import annotations

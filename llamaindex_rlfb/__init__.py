@@ -8,7 +8,9 @@
 * :class:`FeedbackEventHandler` captures what any query engine retrieved
   through LlamaIndex's instrumentation, and takes feedback by query id.
 
-Every piece of logic lives in :mod:`rlfb`; this package only converts.
+What is learned, ranked and stored lives in :mod:`rlfb`; this package converts between LlamaIndex's nodes and
+rlfb's chunks, and keeps what only LlamaIndex's instrumentation tells: the spans open in each thread or task (so
+that feedback by query id finds every retrieval a query made) and the live adapters that learn from it.
 """
 
 from __future__ import annotations
