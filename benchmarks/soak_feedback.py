@@ -3,12 +3,12 @@
     python benchmarks/soak_feedback.py [--retrievals 10000] [--checkpoints 2500 5000 10000] [--chunks 5000]
                                        [--questions 20000] [--seed 0]
 
-The setting of README.md's "What is not there yet" (the bullet "A snapshot after every feedback costs more
+The setting of docs/limitations.md (the bullet "A snapshot after every feedback costs more
 as the learner learns more"): thompson (the default policy), BM25 only, over ``--chunks`` synthetic chunks
 (Zipf texts, ``synthetic_corpus`` of ``bench_retrieval.py``), with the default ``persist_interval=0`` (the
 whole learned state written to the store after every feedback), in a temporary directory.
 
-The README's "5,000 synthetic chunks, a Zipf stream of 20,000 questions ... drawn with probability
+docs/limitations.md's "5,000 synthetic chunks, a Zipf stream of 20,000 questions ... drawn with probability
 proportional to 1/rank^0.8 from the 20,000" is read here as: a pool of ``--questions`` 20,000 questions,
 each 3 to 6 consecutive words of one chunk drawn uniformly from the 5,000 (so a chunk has about 4); the
 pool is in a seeded random order, and each retrieval asks the question at rank r with probability

@@ -383,7 +383,7 @@ def chunk_evidence(
     click were already counted as skipped then, so they are not counted twice.
     A chunk above an earlier click, counted as skipped then, keeps that skip
     when it is clicked later, so its evidence depends on the order the two
-    clicks arrive in (see the README's "What is not there yet").
+    clicks arrive in (see docs/limitations.md).
 
     >>> chunk_evidence(np.array([0.0, 0.4, 0.0]), 0.4, 0.2, 0.5).tolist()
     [-0.2, 0.4, 0.0]

@@ -282,7 +282,7 @@ class ThompsonPolicy(BasePolicy):
                 # independent counts them twice (a type's sd can come out at 0.71 of the global one). The
                 # other types' posterior as the prior was measured and not kept: through the uncertainty
                 # that scales exploration it moved the weights on a toy world where no retriever is better
-                # (tests/test_policies.py). README, "What is not there yet".
+                # (tests/test_policies.py). docs/limitations.md.
                 mean_t = (stK + kt * mean) / denom
                 var_t = sigma2 * n2tK / denom**2 + (kt / denom) ** 2 * var
             else:
@@ -317,7 +317,7 @@ class ThompsonPolicy(BasePolicy):
             # clicks are plenty where a few questions are asked many times, but the variance clustered by
             # question is then an estimate from a handful of clusters: a type of two to four questions can
             # depart on luck. cf_min_questions guards against that; it is 1 (off) by default, since at 10 the
-            # 200-question LangChain cranfield run's weights no longer moved (README, "What is not there yet")
+            # 200-question LangChain cranfield run's weights no longer moved (docs/limitations.md)
             if typed is not None and typed.n >= need and typed.n_queries >= self.hyper.cf_min_questions:
                 return typed
         g = self._clicks.get(GLOBAL)
