@@ -441,6 +441,38 @@ class Learner:
                                       weight=min(1.0, cfg.replay_weight * w))
         return self
 
+    def predict_one(self, context: Context, k: int = 10) -> list[str]:
+        """The ids of the ``k`` chunks the greedy policy would show for ``context``, best first (river's
+        ``predict_one``): :meth:`rank` with no exploration, changing no state.
+
+        >>> import numpy as np
+        >>> from rlfb.policies.base import Context
+        >>> learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
+        >>> ctx = Context("q", ("bm25", "dense"), ("a", "b", "c"), np.zeros((3, 2)),
+        ...               np.array([[1.0, 0.0], [0.6, 0.6], [0.0, 0.9]]))
+        >>> learner.predict_one(ctx, 2)
+        ['b', 'a']
+        """
+        ranking = self.rank(context, k, explore=False, touch=False)
+        return [context.candidate_ids[int(i)] for i in ranking.order]
+
+    def learn_one(self, episode: Episode) -> Learner:
+        """Learn one logged episode (river's ``learn_one``: :meth:`learn` by river's name; :meth:`partial_fit`
+        replays many).
+
+        >>> import numpy as np
+        >>> from rlfb.policies.base import Context, Episode
+        >>> learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
+        >>> ctx = Context("q", ("bm25", "dense"), ("a", "b", "c"), np.zeros((3, 2)),
+        ...               np.array([[1.0, 0.0], [0.6, 0.6], [0.0, 0.9]]))
+        >>> shown = learner.rank(ctx, 2, explore=False)
+        >>> clicked_a = Episode("e1", "q", ("bm25", "dense"), shown.decision, ("b", "a"),
+        ...                     ctx.normalized[shown.order], np.array([0.0, 0.4]), 0.4, timestamp=1.0)
+        >>> learner.learn_one(clicked_a).n_learned
+        1
+        """
+        return self.learn(episode)
+
     def partial_fit(self, episodes: Iterable[Episode]) -> Learner:
         """Learn from logged episodes in order (replaying a log, as MABWiser's ``partial_fit``).
 

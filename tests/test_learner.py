@@ -946,3 +946,24 @@ def test_chunk_exploration_follows_the_memory_unless_given() -> None:
     assert LearnerConfig.from_dict({**LearnerConfig().to_dict(), "memory_weight": 0.0}).chunk_exploration == "none"
     assert isinstance(Learner(RETRIEVERS, "thompson", {"memory_weight": 0.0}, seed=0)._explorer, NoExploration)
     assert isinstance(Learner(RETRIEVERS, "thompson", seed=0)._explorer, ThompsonChunkExploration)
+
+
+@pytest.mark.parametrize("policy", ["thompson", "gradient", "batch"])
+def test_river_style_predict_one_changes_nothing_and_learn_one_is_learn(policy: str) -> None:
+    # the guide's estimator names: predict_one is the greedy ranking's ids, learn_one learns as learn does
+    ctx = Context("q", ("bm25", "dense"), ("a", "b", "c"), np.zeros((3, 2)),
+                  np.array([[1.0, 0.0], [0.6, 0.6], [0.0, 0.9]]))
+    learner, twin = (Learner(("bm25", "dense"), policy=policy, seed=3) for _ in range(2))
+    before = json.dumps(learner.state_dict(), sort_keys=True, default=str)
+    ids = learner.predict_one(ctx, 3)
+    assert json.dumps(learner.state_dict(), sort_keys=True, default=str) == before
+    assert ids == [ctx.candidate_ids[i] for i in learner.rank(ctx, 3, explore=False, touch=False).order]
+    shown = learner.rank(ctx, 2, explore=True)
+    episode = Episode("e1", "q", ("bm25", "dense"), shown.decision,
+                      tuple(ctx.candidate_ids[i] for i in shown.order), ctx.normalized[shown.order],
+                      np.array([0.0, 0.4]), 0.4, timestamp=1.0)
+    twin.rank(ctx, 2, explore=True)  # the same draws, so that both learn from the same state
+    learner.learn_one(episode)
+    twin.learn(episode)
+    assert json.dumps(learner.state_dict(), sort_keys=True, default=str) == \
+        json.dumps(twin.state_dict(), sort_keys=True, default=str)
