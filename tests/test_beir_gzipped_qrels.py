@@ -7,7 +7,7 @@ import gzip
 from pathlib import Path
 
 import pytest
-from test_beir_loading_dec06c import QRELS, gzip_in_place, write_beir
+from test_beir_collection_shapes import QRELS, gzip_in_place, write_beir
 
 from rlfb.datasets import load_beir, qrels_files
 from rlfb.errors import CorruptStateError

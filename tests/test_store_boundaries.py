@@ -89,7 +89,7 @@ def test_valid_paths_still_open(make, tmp_path, monkeypatch):
 
 
 # "" (sqlite3's private temporary database) is refused since 2026-12-06: an unset setting lost every write at
-# exit (tests/test_boundaries_dec06b.py)
+# exit (tests/test_input_boundaries.py)
 @pytest.mark.parametrize("memory", [":memory:", Path(":memory:")])
 def test_in_memory_forms_still_work_and_write_nothing(memory, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -176,7 +176,7 @@ def test_a_store_read_from_a_copy_checks_the_copy_not_the_name_it_shows(tmp_path
     store.close()
 
 
-@pytest.mark.parametrize("path", [":memory:"])  # "" is refused since 2026-12-06 (tests/test_boundaries_dec06b.py)
+@pytest.mark.parametrize("path", [":memory:"])  # "" is refused since 2026-12-06 (tests/test_input_boundaries.py)
 def test_an_in_memory_store_is_unaffected(path: str) -> None:
     with FeedbackStore(path) as store:
         event_id = store.log_event("q", DECISION, CHUNKS)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _cli_output import one_error_line
 from test_cli_boundaries import TINY, write_beir
-from test_cli_fixes_dec06 import save_kinds  # one snapshot of each kind, the last the newest
+from test_cli_foreign_files_and_encoding import save_kinds  # one snapshot of each kind, the last the newest
 
 from rlfb.cli import main
 from rlfb.store import FeedbackStore
