@@ -21,7 +21,7 @@ from rlfb.runs import log_external
 if TYPE_CHECKING:
     from langchain_rlfb.callbacks import FeedbackCallbackHandler
 
-__all__ = ["KEEPING", "keep_until_written", "write_kept_at_exit", "mark_failed", "write_unmarked"]
+__all__ = ["KEEPING", "keep", "keep_until_written", "write_kept_at_exit", "mark_failed", "write_unmarked"]
 
 # Handlers holding failed marks or retrieval logs kept while their store was locked, with the process that kept
 # them: written when it exits, and held until then (a handler made per request, collected on its return, took
@@ -33,6 +33,15 @@ def keep_until_written(handler: FeedbackCallbackHandler) -> None:
     """``handler`` keeps marks or logs for a later write: write them at exit if nothing has by then."""
     KEEPING[id(handler)] = (os.getpid(), handler)
     run_at_exit(write_kept_at_exit)
+
+
+def keep(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """Keep ``key: value`` in the handler's table ``kept`` (bounded, as every table of the handler) for the next
+    write, and have it written at exit if nothing has by then."""
+    with handler._lock:
+        kept[key] = value
+        trim(kept)
+    keep_until_written(handler)
 
 
 def write_kept_at_exit() -> None:
@@ -61,10 +70,7 @@ def mark_failed(handler: FeedbackCallbackHandler, rid: str, *, wait: bool = True
             return
         except StoreBusyError:
             pass
-    with handler._lock:
-        handler._unmarked[rid] = None
-        trim(handler._unmarked)
-    keep_until_written(handler)
+    keep(handler, handler._unmarked, rid, None)
 
 
 def write_unmarked(handler: FeedbackCallbackHandler) -> None:

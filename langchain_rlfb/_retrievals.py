@@ -17,8 +17,8 @@ from langchain_core.documents import Document
 
 from langchain_rlfb._checks import session_key, session_text, usable_score, with_configured_session
 from langchain_rlfb._given_again import refused_below
-from langchain_rlfb._kept import keep_until_written, write_unmarked
-from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str, trim
+from langchain_rlfb._kept import keep, write_unmarked
+from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
 from rlfb.errors import StoreBusyError
 from rlfb.runs import default_implicit, log_external, maker_of, observe_followup, same_store
@@ -143,10 +143,7 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
     except StoreBusyError:
         # the store stayed locked past busy_timeout: LangChain would print this as the handler's error, and the
         # retrieval was lost (feedback on its run found nothing). Kept, and logged at the handler's next write
-        with handler._lock:
-            handler._unlogged[event_id] = logged
-            trim(handler._unlogged)
-        keep_until_written(handler)
+        keep(handler, handler._unlogged, event_id, logged)
         warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
                       "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
                       stacklevel=3)

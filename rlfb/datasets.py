@@ -211,14 +211,12 @@ def _data_file(root: Path, name: str) -> Path | None:
 
 def qrels_files(root: Path) -> dict[str, Path]:
     """The qrels file of each split in ``root/qrels``, by split name: ``test.tsv``, else ``test.tsv.gz``, the
-    plain file winning where both are there (as :func:`_data_file` does for the corpus). Until 2026-12-06 a
+    plain file winning where both are there (:func:`_data_file`, as for the corpus). Until 2026-12-06 a
     gzipped qrels file was not read, so a folder of them had "no qrels/*.tsv"."""
-    found: dict[str, Path] = {}
-    for suffix in (".tsv", ".tsv.gz"):
-        for file in sorted((root / "qrels").glob(f"*{suffix}")):
-            if file.is_file():
-                found.setdefault(file.name[: -len(suffix)], file)
-    return dict(sorted(found.items()))
+    folder = root / "qrels"
+    splits = {file.name[: -len(suffix)] for suffix in (".tsv", ".tsv.gz") for file in folder.glob(f"*{suffix}")}
+    found = {split: _data_file(folder, f"{split}.tsv") for split in sorted(splits)}
+    return {split: file for split, file in found.items() if file is not None}  # None: a folder named "x.tsv"
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -53,13 +53,14 @@ def save_policy_state(
     now = store._now()
     ts = store._timestamp(timestamp, "timestamp", now)
     name = _opt_str(policy, "policy")
-    kind = SnapshotKind.of({"policy": name, "state": state}).key()
+    snapshot_kind = SnapshotKind.of({"policy": name, "state": state})
+    kind = snapshot_kind.key()
     row = (ts, _enc(name), _dumps(w, "weights"), _dumps(dict(state), "state"), kind)
     with store._write() as conn:
         cur = conn.execute(
             "INSERT INTO policy_snapshots (ts, policy, weights, state, kind) VALUES (?, ?, ?, ?, ?)", row
         )
-        _adopt_compatible_kinds(conn, kind)
+        _adopt_compatible_kinds(conn, snapshot_kind, kind)
         if store.snapshots_kept is not None:
             conn.execute(
                 "DELETE FROM policy_snapshots WHERE kind = ? AND version <= (SELECT version FROM "
@@ -69,18 +70,15 @@ def save_policy_state(
         return int(cur.lastrowid)  # type: ignore[arg-type]
 
 
-def _adopt_compatible_kinds(conn: Any, kind: str) -> None:
-    """Give the snapshots of every kind that differs from ``kind`` only where one of them does not say (a
-    snapshot of an older rlfb: no dense model named, fewer hyperparameters) the kind ``kind``.
+def _adopt_compatible_kinds(conn: Any, mine: SnapshotKind, kind: str) -> None:
+    """Give the snapshots of every kind that differs from ``mine`` (whose key is ``kind``) only where one of them
+    does not say (a snapshot of an older rlfb: no dense model named, fewer hyperparameters) the kind ``kind``.
 
     The ensemble takes such a snapshot for its own (:meth:`SnapshotKind.differences`), but its key differs:
     until 2026-12-06 the same app upgraded showed as two kinds in ``rlfb weights show`` and ``store stats``,
     ``rlfb weights export`` refused the store as shared whatever ``--policy`` and ``--retrievers`` said, and
     a save never dropped the older kind's snapshots (88 MB of a 92 MB file in an audit's upgraded store).
     """
-    mine = SnapshotKind.from_key(kind)
-    if mine is None:
-        return
     others = [k for (k,) in conn.execute("SELECT DISTINCT kind FROM policy_snapshots WHERE kind != ?", (kind,))]
     for other in others:
         theirs = SnapshotKind.from_key(other)
