@@ -78,7 +78,8 @@ def warn_unlearned(handler: FeedbackCallbackHandler, run_id: Any, records: Seque
                    elsewhere: dict[str, Any]) -> None:
     """Warn, once per handler, where feedback was stored on an rlfb decision that no live learner of this
     process learned: a handler made from the store alone (no ``ensemble``), after a restart or in another
-    process than the retriever's, stores the feedback and teaches nothing. A plain retriever's log (an
+    process than the retriever's, stores the feedback, which an ensemble of the decision's policy and retrievers
+    learns only when it next refreshes (:func:`rlfb.feedback_learning.catch_up`). A plain retriever's log (an
     external event) has no learner to teach, and is not warned of."""
     if handler._warned_unlearned:
         return
@@ -91,9 +92,10 @@ def warn_unlearned(handler: FeedbackCallbackHandler, run_id: Any, records: Seque
         warnings.warn(
             f"feedback on run {str(run_id)!r} was stored, but no rlfb learner of this process learned it: "
             f"the ensemble that made retrieval {eid!r} is not alive here (a restart, another process) and "
-            "the handler was given none that made it; make the handler with "
-            "FeedbackCallbackHandler.from_ensemble(retriever) where the retriever runs "
-            "(this warning is given once per handler)",
+            "the handler was given none that made it. An ensemble of that retrieval's policy and retrievers "
+            "on this store learns it at its next refresh or feedback (in any process, or once one starts); to "
+            "learn it at once, make the handler with FeedbackCallbackHandler.from_ensemble(retriever) where "
+            "the retriever runs (this warning is given once per handler)",
             RuntimeWarning, stacklevel=3,
         )
         return

@@ -228,7 +228,9 @@ class HandlerFeedback:
                     f"feedback on query {qid!r} was stored, but no rlfb learner alive in this process learned "
                     f"from it: decision {eid!r} was made by none that holds it (one made before a restart, say, "
                     "whose postprocessor or retriever is not built yet, or a self-indexing postprocessor that "
-                    "has not indexed anything yet); build the adapter before giving feedback, pass it as "
+                    "has not indexed anything yet). An ensemble of that decision's policy and retrievers on this "
+                    "store learns it at its next refresh or feedback (in any process, or once one starts); to "
+                    "learn it at once, build the adapter before giving feedback, pass it as "
                     "FeedbackEventHandler(..., ensemble=...), or run a query through it first",
                     RuntimeWarning, stacklevel=3,
                 )

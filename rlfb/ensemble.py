@@ -50,6 +50,7 @@ from rlfb.corpus_index import checked_chunks, checked_ids, index_with, indexed_t
 from rlfb.ensemble_folder import load_ensemble, save_ensemble
 from rlfb.errors import EmptyCorpusError, NoStoreError, NotCopyableError, UnknownChunkError, ValidationError
 from rlfb.feedback_learning import QUERY_KEY as QUERY_KEY  # importable from here, as it always was
+from rlfb.feedback_learning import catch_up as catch_up_feedback
 from rlfb.feedback_learning import (
     learn_record,
     learner_query,
@@ -181,6 +182,11 @@ class FeedbackEnsemble:
         # store): learned at this ensemble's next feedback, a retry with the same idempotency key included
         # (rlfb.feedback_learning.learn_pending)
         self._unlearned: dict[int, Any] = {}
+        # the newest feedback row looked at for learning it owed (rlfb.feedback_learning.catch_up): rows stored and
+        # not learned (a process killed before it learned them, stored alone), learned at the first retrieval
+        # or feedback and at each refresh after it
+        self._caught_up = 0
+        self._caught_up_once = self._catching_up = self._catch_up_warned = False
         # before the first snapshot, the learner's state that the unsaved learning went on top of: what a rolled
         # back feedback is learned again on (rlfb.snapshot_sync.learn_again_on_rollback)
         self._rollback_base: tuple[Any, int, Any] | None = None
@@ -212,7 +218,8 @@ class FeedbackEnsemble:
         self._contexts: OrderedDict[str, Context] = OrderedDict()  # recent contexts, for fast episodes
         self._context_cache_size = 10_000
         if self._store is not None:
-            self._refresh(force=True)
+            # no catching up yet: FeedbackEnsemble.load may still replace the learner's state with the save's
+            self._refresh(force=True, catch_up=False)
             # compared as the policy took them (clipped to its bounds): weights given beyond them differ from
             # any snapshot's, and a gradient learner set again on every restart would forget what it learned
             if given is not None and (self._own_version == 0
@@ -375,7 +382,8 @@ class FeedbackEnsemble:
         with self._guarded(), exclusive() if exclusive is not None else nullcontext() as store:
             if store is not None and in_callers_block(store):
                 undo_on_rollback(self, store)
-            self._refresh(force=True)  # onto the newest state: the new weights must not be overwritten by it
+            # onto the newest state: the new weights must not be overwritten by it
+            self._refresh(force=True, catch_up=False)
             self._learner.set_weights(weights)
             self._persist(force=True)
         return self
@@ -812,10 +820,13 @@ class FeedbackEnsemble:
             if self._dirty or self._unsaved_asks:
                 write_unsaved(self, time.monotonic())
 
-    def _refresh(self, *, force: bool = False) -> None:
+    def _refresh(self, *, force: bool = False, catch_up: bool = True) -> None:
         """Pick up weights and policy state another process wrote to the store
-        (:func:`~rlfb.snapshot_sync.refresh_state`)."""
-        refresh_state(self, time.monotonic(), force=force)
+        (:func:`~rlfb.snapshot_sync.refresh_state`), and, with ``catch_up``, learn the feedback stored on this
+        ensemble's decisions that no learner has taken (:func:`~rlfb.feedback_learning.catch_up`)."""
+        looked = refresh_state(self, time.monotonic(), force=force)
+        if catch_up and (looked or not self._caught_up_once):
+            catch_up_feedback(self)
 
     def refresh(self) -> dict[str, float]:
         """Reload weights from the store now; returns the current weights."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,15 @@ import numpy as np
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
-from rlfb.runs import followup_time, hashes_queries, in_callers_block, maker_of, owns_event, previous_retrieval
+from rlfb.runs import (
+    EXTERNAL_POLICY,
+    followup_time,
+    hashes_queries,
+    in_callers_block,
+    maker_of,
+    owns_event,
+    previous_retrieval,
+)
 from rlfb.snapshot_sync import learn_again_on_rollback, undo_on_rollback
 from rlfb.types import Hit
 
@@ -152,6 +161,9 @@ def record_and_learn(ens: FeedbackEnsemble, event_id: str, signal: str | None, *
         except BaseException as exc:
             _keep_unlearned(learner, record, exc)
             raise
+    # feedback stored and not learned before (a killed process's, or stored alone): after this one, which the
+    # caller waits for
+    catch_up(learner, undo=together and undo)
     if damaged is not None:
         raise damaged
     return record
@@ -256,14 +268,21 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
     """
     if record.duplicate or not record.in_window:
         return
+    marked = _marks(ens._require_store(), record)
     with ens._guarded():
         try:
             event = ens._require_store().event(record.event_id) if event is None else event
             if event is None or not owns_event(ens, event):
-                return  # another engine's decision (log_external): its propensities are not ours to learn from
+                # another engine's decision (log_external): its propensities are not ours to learn from, nor
+                # anyone's. Another policy's, or other retrievers': theirs to learn (catch_up), stored unmarked
+                if marked and event is not None and event.get("policy") == EXTERNAL_POLICY:
+                    ens._require_store().mark_learned(record.feedback_id, False)
+                return
             if ens._require_store().repeats_latest(record):
                 # a double click, a retry without an idempotency key: stored as given, learned once. Learned
                 # again and again, one repeated request would lift a chunk past anything a user said
+                if marked:
+                    ens._require_store().mark_learned(record.feedback_id, False)
                 return
             episode = ens.episode(record.event_id, record, event=event)
         except RlfbError:
@@ -278,13 +297,76 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
         # saving the result: another process learning meanwhile would otherwise start from the same
         # snapshot, and whichever saved last would drop the other's learning
         with ens._require_store().exclusive() as store:
+            # checked under the write lock: another process (or this one, catching up) may have learned it since
+            if marked and store.feedback_learned(record.feedback_id) is not None:
+                return
             if undo:
                 undo_on_rollback(ens, store)
             else:  # rlfb's own block, undone only by a failure (a full disk): go back to the last snapshot
                 learn_again_on_rollback(ens, store)
-            ens._refresh(force=True)
+            ens._refresh(force=True, catch_up=False)
             ens._learner.learn(episode)
             ens._learned(episode)
+            if marked:  # in the transaction that writes the learning (at persist_interval 0, its snapshot)
+                store.mark_learned(record.feedback_id)
+
+
+def _marks(store: Any, record: Any) -> bool:
+    """Whether ``store`` keeps which feedback rows were learned (a store of the user's own may not) and
+    ``record`` names one of its rows."""
+    fid = getattr(record, "feedback_id", None)
+    return (callable(getattr(store, "mark_learned", None)) and callable(getattr(store, "feedback_learned", None))
+            and isinstance(fid, int) and not isinstance(fid, bool) and fid >= 1)
+
+
+def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
+    """Learn the feedback stored on ``ens``'s decisions that no learner has taken
+    (:meth:`FeedbackStore.unlearned_feedback <rlfb.store.FeedbackStore.unlearned_feedback>`), oldest first, and
+    return how many rows were looked at.
+
+    That is feedback stored by a process killed before it learned it, stored while the store's newest snapshot
+    was damaged, given on this policy's decisions while no app of it ran, or stored with
+    ``FeedbackStore.record_feedback`` alone. Each row is looked at once per ensemble; one on another live
+    ensemble's decision is left to that one, one whose event's row is damaged is let go (stored, unlearned).
+    ``undo``: inside a caller's block that may roll back (as :func:`learn_pending`). It runs beside a retrieval
+    or a feedback that succeeded, so a failure (a busy store) is not raised: it is warned of, once per
+    ensemble, and the rows not learned are looked at again at the next refresh or feedback.
+    """
+    store = ens._store
+    find = getattr(store, "unlearned_feedback", None)
+    if store is None or not callable(find) or ens._catching_up:
+        return 0
+    ens._catching_up = True
+    start = ens._caught_up
+    try:
+        with ens._guarded():
+            ens._caught_up_once = True
+            records = find(after=start, policy=ens._learner.policy_name)
+            if not records:
+                return 0
+            if getattr(store, "exclusive_depth", 0):  # a caller's block rolled back: its rows are to learn again
+                store.on_rollback(lambda: setattr(ens, "_caught_up", min(ens._caught_up, start)))
+            for record in records:
+                maker = maker_of(record.event_id, store)
+                if maker is None or maker is ens:  # another live ensemble's decision: that one learns it
+                    try:
+                        learn_record(ens, record, undo=undo)
+                    except CorruptStateError:
+                        # the newest snapshot is damaged (this raises again): stop here, and learn this row and
+                        # those after it once it is dropped; else the event's logged row is: let it go
+                        ens._refresh(force=True, catch_up=False)
+                ens._caught_up = record.feedback_id
+            return len(records)
+    except CorruptStateError:
+        return 0  # a damaged snapshot: the retrieval's or the feedback's own refresh says so
+    except RlfbError as exc:
+        if not ens._catch_up_warned:
+            ens._catch_up_warned = True
+            warnings.warn(f"rlfb: feedback stored and not learned yet could not be learned now ({exc}); it is "
+                          "tried again at the next refresh or feedback", RuntimeWarning, stacklevel=3)
+        return 0
+    finally:
+        ens._catching_up = False
 
 
 def rebuild_episode(

@@ -437,6 +437,11 @@ def record_run_feedback(
             raise _conflict_as_given(exc, idempotency_key, items) from None
         by_event = {r.event_id: r for r in records}
         undo = together and in_callers_block(store)
+        mark = getattr(store, "mark_learned", None)
+        for event in events:  # another engine's retrieval: nothing any learner owes it (FeedbackStore.counts)
+            rec = by_event[event["id"]]
+            if event.get("policy") == EXTERNAL_POLICY and callable(mark) and rec.in_window and not rec.duplicate:
+                mark(rec.feedback_id, False)
         for event, learner in learners:
             try:
                 learner._learn(by_event[event["id"]], event, undo=undo)

@@ -128,18 +128,19 @@ def persist_due(ens: FeedbackEnsemble, now: float) -> bool:
     return ens.persist_interval < math.inf and now - ens._last_persist >= ens.persist_interval
 
 
-def refresh_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> None:
+def refresh_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> bool:
     """Pick up weights and policy state another process wrote to ``ens``'s store, if ``refresh_interval`` has
-    passed since the last look at ``now`` (monotonic), or ``force``."""
+    passed since the last look at ``now`` (monotonic), or ``force``; returns whether it looked."""
     if ens._store is None:
-        return
+        return False
     if not force and now - ens._last_refresh < ens.refresh_interval:
-        return
+        return False
     ens._last_refresh = now
     # check, read and load under both locks: feedback learned between a read made outside them and the
     # load was thrown away (the weights property refreshes from any thread)
     with ens._guarded():
         load_newer(ens, now)
+    return True
 
 
 def load_newer(ens: FeedbackEnsemble, now: float) -> None:

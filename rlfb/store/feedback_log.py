@@ -190,6 +190,7 @@ def apply_feedback(
                 _enc(p.key),
                 _enc(p.comment),
                 created,
+                None if in_window else 0,  # out of the window: nothing to learn (rlfb.feedback_learning.catch_up)
             )
         )
         if in_window:
@@ -219,8 +220,8 @@ def apply_feedback(
     conn.executemany(
         "INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
         "discounted, reward, ts, delay, in_window, session_id, user_id, idempotency_key, key, comment, "
-        "created_at) "
-        f"VALUES ({_marks(19)})",
+        "created_at, learned) "
+        f"VALUES ({_marks(20)})",
         feedback_rows,
     )
     conn.executemany(
@@ -370,3 +371,29 @@ def chunk_reward_sums(
         sums = _chunk_sums(conn, enc, before, left_out)
         _known(conn, enc, event_id, sums)
         return sums
+
+
+def unlearned(store: FeedbackStore, after: int, policy: str | None) -> list[FeedbackRecord]:
+    """The feedback rows after id ``after`` that no learner has taken (``learned`` NULL), oldest first, on
+    decisions logged by ``policy`` or by a policy not named (``None``: any policy)."""
+    sql = ("SELECT f.id FROM feedback f JOIN events e ON e.id = f.event_id WHERE f.learned IS NULL AND f.id > ?")
+    params: list[Any] = [after]
+    if policy is not None:
+        sql += " AND (e.policy IS NULL OR e.policy = ?)"
+        params.append(_enc(policy))
+    with store._read() as conn:
+        return [stored_record(conn, fid, duplicate=False) for (fid,) in conn.execute(sql + " ORDER BY f.id", params)]
+
+
+def learned_mark(store: FeedbackStore, feedback_id: int) -> bool | None:
+    """Whether a learner took the feedback row (``True``), there was nothing in it to learn (``False``), or
+    neither yet (``None``, also for an id that names no row)."""
+    with store._read() as conn:
+        found = conn.execute("SELECT learned FROM feedback WHERE id = ?", (feedback_id,)).fetchone()
+    return None if found is None or found[0] is None else bool(found[0])
+
+
+def mark_learned(store: FeedbackStore, feedback_id: int, learned: bool) -> None:
+    """Mark the feedback row as taken by a learner (``learned``) or as holding nothing to learn."""
+    with store._write() as conn:
+        conn.execute("UPDATE feedback SET learned = ? WHERE id = ?", (1 if learned else 0, feedback_id))

@@ -25,7 +25,7 @@ from sqlite_utils import Database
 from rlfb.errors import CorruptStateError, DuplicateEventError, FutureTimestampError, StoreBusyError, ValidationError
 from rlfb.reward import RewardFunction, as_timestamp, finite_float
 from rlfb.store import connection, event_log, feedback_log, pruning, reports, run_tree, snapshots
-from rlfb.store.checks import _MEMORY, _check_int, _check_path, _positive
+from rlfb.store.checks import _MEMORY, _check_int, _check_path, _positive, _req_str
 from rlfb.store.codec import query_hash as query_hash  # importable from this module, as before the split
 from rlfb.store.connection import _SYNCHRONOUS
 from rlfb.store.migrations import MIGRATIONS
@@ -437,9 +437,10 @@ class FeedbackStore:
     ) -> FeedbackRecord:
         """Validate one feedback signal, then store it and its rewards in one transaction.
 
-        This stores it only: no learner learns from a row written this way, then or later. Feedback meant to
-        teach goes through the ensemble that made the retrieval (:meth:`rlfb.FeedbackEnsemble.feedback`), or
-        :func:`rlfb.runs.record_run_feedback`, which the live ensemble that made the retrieval learns.
+        This stores it only; an ensemble of the policy and retrievers that made the retrieval learns it at its
+        next refresh or feedback (one started later, at its first: :meth:`unlearned_feedback`), in another
+        process too. Feedback given through the ensemble that made the retrieval
+        (:meth:`rlfb.FeedbackEnsemble.feedback`, or :func:`rlfb.runs.record_run_feedback`) is learned at once.
 
         Give a ``signal`` name (``"thumbs_up"``, ``"reformulation"``, ...), or
         ``rating=`` (1..5), or ``value=`` alone (a raw score in [-1, 1]);
@@ -510,6 +511,38 @@ class FeedbackStore:
         return feedback_log.chunk_reward_sums(self, event_id, before_feedback_id=before_feedback_id,
                                               repeats=repeats)
 
+    def unlearned_feedback(self, *, after: int = 0, policy: str | None = None) -> list[FeedbackRecord]:
+        """The stored feedback no learner has taken yet, oldest first: rows after id ``after``, on decisions
+        of ``policy`` (or of one not named; ``None``: of any policy).
+
+        An ensemble learns those on its own decisions when it next looks (at a refresh or a feedback), so that
+        feedback stored by a process killed before it learned it, stored while the newest snapshot was damaged,
+        on the decision of a policy no app was running, or stored here alone (:meth:`record_feedback`), is
+        learned once an ensemble that made such decisions runs. Feedback out of the attribution window, a
+        repeat, and rows stored before this was kept (schema step ``m012_feedback_learned``) are not listed.
+
+        >>> store = FeedbackStore(":memory:")
+        >>> eid = store.log_event("tides", {"weights": {"bm25": 1.0}, "policy": "thompson"}, [{"chunk_id": "a"}])
+        >>> rec = store.record_feedback(eid, "thumbs_up")
+        >>> [r.feedback_id for r in store.unlearned_feedback(policy="thompson")], store.feedback_learned(1)
+        ([1], None)
+        >>> store.mark_learned(rec.feedback_id)
+        >>> store.unlearned_feedback(), store.feedback_learned(rec.feedback_id), store.counts()["unlearned"]
+        ([], True, 0)
+        """
+        return feedback_log.unlearned(self, _check_int(after, "after", minimum=0),
+                                      None if policy is None else _req_str(policy, "policy"))
+
+    def feedback_learned(self, feedback_id: int) -> bool | None:
+        """Whether a learner took the feedback row ``feedback_id`` (``True``), there was nothing in it to learn
+        (``False``: out of the attribution window, a repeat), or neither yet (``None``)."""
+        return feedback_log.learned_mark(self, _check_int(feedback_id, "feedback_id", minimum=1))
+
+    def mark_learned(self, feedback_id: int, learned: bool = True) -> None:
+        """Mark the feedback row ``feedback_id`` as taken by a learner, or (``learned=False``) as holding nothing
+        to learn. An ensemble marks what it learns, in the transaction that learns it."""
+        feedback_log.mark_learned(self, _check_int(feedback_id, "feedback_id", minimum=1), bool(learned))
+
     # -- policy snapshots ----------------------------------------------------------
     def save_policy_state(
         self,
@@ -562,7 +595,8 @@ class FeedbackStore:
 
     # -- statistics, export, retention ---------------------------------------------
     def counts(self) -> dict[str, int]:
-        """Row counts: events, chunks, feedback, rewards, flagged feedback, policy snapshots."""
+        """Row counts: events, chunks, feedback, rewards, flagged feedback, feedback not learned yet
+        (``unlearned``: :meth:`unlearned_feedback`), policy snapshots."""
         return reports.counts(self)
 
     def stats(self, window: float | None = None, *, now: float | datetime | None = None) -> dict[str, Any]:

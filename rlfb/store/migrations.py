@@ -314,3 +314,18 @@ def m011_snapshot_kinds(db: Database) -> None:
             key = json.dumps(["unreadable snapshot", version])
         kinds.append((key, version))
     db.conn.executemany("UPDATE policy_snapshots SET kind = ? WHERE version = ?", kinds)
+
+
+@MIGRATIONS()
+def m012_feedback_learned(db: Database) -> None:
+    # whether a learner has taken each feedback row (1), or there is nothing in it to learn (0: out of the
+    # attribution window, a repeat); NULL: stored and not learned yet. An ensemble learns the NULL rows on its
+    # decisions when it next looks (rlfb.feedback_learning.catch_up): feedback stored by a process killed before
+    # it learned it, stored while the newest snapshot was damaged, on a decision of a policy no app was running,
+    # or by FeedbackStore.record_feedback alone, was stored and never learned before. Rows stored before this step
+    # were learned, or not, by the rules of their day: they count as settled. Safe to rerun: NULL rows only.
+    if "learned" not in {c.name for c in db["feedback"].columns}:
+        db["feedback"].add_column("learned", int)
+    db.execute("UPDATE feedback SET learned = CASE WHEN in_window THEN 1 ELSE 0 END WHERE learned IS NULL")
+    # partial: the rows still to learn are few, and an ensemble looks for them at every refresh
+    db.execute("CREATE INDEX IF NOT EXISTS idx_feedback_unlearned ON feedback (id) WHERE learned IS NULL")

@@ -66,6 +66,8 @@ def counts(store: FeedbackStore) -> dict[str, int]:
             "feedback": q("SELECT COUNT(*) FROM feedback").fetchone()[0],
             "rewards": q("SELECT COUNT(*) FROM rewards").fetchone()[0],
             "flagged": q("SELECT COUNT(*) FROM feedback WHERE in_window = 0").fetchone()[0],
+            # stored, and not learned yet by any ensemble (rlfb.feedback_learning.catch_up learns them)
+            "unlearned": q("SELECT COUNT(*) FROM feedback WHERE learned IS NULL").fetchone()[0],
             "policy_snapshots": q("SELECT COUNT(*) FROM policy_snapshots").fetchone()[0],
         }
 

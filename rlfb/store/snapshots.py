@@ -143,10 +143,11 @@ def drop_snapshot(store: FeedbackStore, version: int) -> bool:
 def damaged_snapshot(store: FeedbackStore, version: Any, problem: object) -> CorruptStateError:
     """The error for a snapshot no learner can read, saying how to go on from the one before it."""
     return CorruptStateError(
-        f"policy snapshot {version} in {store.path} is damaged: {problem}. The feedback rows are kept, but "
-        "feedback given while it is the newest is not learned, then or later; "
-        f"`rlfb store drop-snapshot {store.path} {version}` (or store.drop_snapshot({version})) removes it, and "
-        "ensembles opened afterwards start from the snapshot before it"
+        f"policy snapshot {version} in {store.path} is damaged: {problem}. The feedback rows are kept, and "
+        "feedback given while it is the newest is learned once it is gone: "
+        f"`rlfb store drop-snapshot {store.path} {version}` (or store.drop_snapshot({version})) removes it, "
+        "ensembles opened afterwards start from the snapshot before it, and each learns the feedback on its "
+        "decisions that was stored and not learned"
     )
 
 

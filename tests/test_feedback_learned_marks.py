@@ -1,0 +1,340 @@
+"""Feedback stored and not learned is learned later: each feedback row says whether a learner took it
+(``feedback.learned``, schema step m012), and an ensemble learns the rows owed on its decisions at its next
+refresh or feedback (:func:`rlfb.feedback_learning.catch_up`).
+
+Before, such feedback was stored and never learned: a process killed between storing feedback and learning it,
+feedback given while the newest snapshot was damaged, on the decisions of a policy no app was running, or
+stored with ``FeedbackStore.record_feedback`` alone (and the same feedback given again through the ensemble was
+then taken for its repeat: learned by neither).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlfb import FeedbackEnsemble
+from rlfb.cli import main
+from rlfb.errors import CorruptStateError
+from rlfb.store import MIGRATIONS, FeedbackStore
+
+from _corpus import IDS, TEXTS
+
+
+def _ensemble(path: Path, **kw: Any) -> FeedbackEnsemble:
+    kw.setdefault("policy", "thompson")
+    kw.setdefault("refresh_interval", 0.0)
+    return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=str(path), **kw)
+
+
+def _newest_n_learned(path: Path) -> int:
+    with FeedbackStore(path) as store:
+        return int(store.load_policy_state()["state"]["n_learned"])
+
+
+def test_feedback_stored_alone_is_learned_once_by_the_next_ensemble_of_its_policy(tmp_path: Path, capsys: Any) -> None:
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path)
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.close()
+    with FeedbackStore(path) as store:  # a feedback service of its own, writing to the app's file
+        rec = store.record_feedback(r.event_id, "thumbs_up", chunk_id=r.hits[0].chunk_id)
+        assert store.feedback_learned(rec.feedback_id) is None
+        assert [x.feedback_id for x in store.unlearned_feedback()] == [rec.feedback_id]
+        assert store.unlearned_feedback(policy="gradient") == []
+        assert store.unlearned_feedback(after=rec.feedback_id) == []
+        assert store.counts()["unlearned"] == 1
+    assert main(["store", "stats", str(path)]) == 0
+    assert re.search(r"not learned yet +1\n", capsys.readouterr().out)
+    again = _ensemble(path)
+    assert again.learner.n_learned == 0  # not while it is built: a load may still replace its state
+    again.retrieve("volcano lava", k=2)
+    assert again.learner.n_learned == 1
+    again.retrieve("volcano lava", k=2)
+    again.close()
+    assert _newest_n_learned(path) == 1
+    with FeedbackStore(path) as store:
+        assert store.feedback_learned(rec.feedback_id) is True and store.unlearned_feedback() == []
+        assert store.counts()["unlearned"] == 0
+    assert main(["store", "stats", str(path)]) == 0
+    assert "not learned yet" not in capsys.readouterr().out
+    third = _ensemble(path)  # a restart learns it no second time
+    third.retrieve("volcano lava", k=2)
+    assert third.learner.n_learned == 1
+    third.close()
+
+
+def test_feedback_of_a_process_killed_before_it_learned_is_learned_after_the_restart(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path)
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.close()
+    child = textwrap.dedent(f"""
+        import os
+        from rlfb.store import FeedbackStore
+        store = FeedbackStore({str(path)!r})
+        store.record_feedback({r.event_id!r}, "thumbs_up")
+        os._exit(9)  # killed before any learner took it
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 9, done.stderr
+    again = _ensemble(path)
+    r2 = again.retrieve("aurora", k=2)
+    assert again.learner.n_learned == 1
+    again.feedback(r2.event_id, "thumbs_down")  # its own feedback as before
+    assert again.learner.n_learned == 2
+    again.close()
+    assert _newest_n_learned(path) == 2
+
+
+def test_the_same_feedback_stored_alone_then_given_to_the_ensemble_is_learned_once(tmp_path: Path) -> None:
+    # the second is a repeat of the first (a double click): before, the first was never learned and the second
+    # was taken for its repeat, so neither was
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path, refresh_interval=3600.0)
+    ens.retrieve("glacier ice", k=2)  # its first look is done: the next refresh is an hour away
+    r = ens.retrieve("what causes the tides", k=3)
+    with FeedbackStore(path) as store:
+        first = store.record_feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id, session_id="s")
+    second = ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id, session_id="s")
+    assert ens.learner.n_learned == 1
+    store = ens.store
+    assert store.feedback_learned(first.feedback_id) is True
+    assert store.feedback_learned(second.feedback_id) is False  # a repeat: nothing to learn
+    ens.close()
+
+
+def test_feedback_on_a_policy_no_app_was_running_is_learned_when_one_starts(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    thompson = _ensemble(path)
+    r = thompson.retrieve("what causes the tides", k=3)
+    thompson.close()
+    gradient = _ensemble(path, policy="gradient")
+    gradient.feedback(r.event_id, "thumbs_up")  # not its decision: stored, and not learned by it
+    gradient.retrieve("aurora", k=2)
+    assert gradient.learner.n_learned == 0
+    gradient.close()
+    again = _ensemble(path)
+    again.retrieve("aurora", k=2)
+    assert again.learner.n_learned == 1
+    again.close()
+
+
+def test_feedback_given_while_the_newest_snapshot_is_damaged_is_learned_once_it_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path)
+    for _ in range(2):
+        r = ens.retrieve("aurora", k=2)
+        ens.feedback(r.event_id, "thumbs_up")
+    ens.close()
+    with sqlite3.connect(path) as db:
+        newest = db.execute("SELECT MAX(version) FROM policy_snapshots").fetchone()[0]
+        db.execute("UPDATE policy_snapshots SET state = ? WHERE version = ?", ('{"broken": 1}', newest))
+    db.close()
+    with FeedbackStore(path) as store:
+        lost = store.record_feedback(r.event_id, "thumbs_down", idempotency_key="k1")
+        assert store.drop_snapshot(newest)
+        again = store.record_feedback(r.event_id, "thumbs_down", idempotency_key="k1")  # the client's retry
+        assert again.duplicate and again.feedback_id == lost.feedback_id
+    ens = _ensemble(path)
+    assert ens.learner.n_learned == 1  # the snapshot before the damaged one
+    ens.retrieve("aurora", k=2)
+    assert ens.learner.n_learned == 2  # and the feedback stored meanwhile
+    ens.close()
+    with FeedbackStore(path) as store:
+        assert store.feedback_learned(lost.feedback_id) is True
+
+
+def test_damage_stops_the_catching_up_and_it_goes_on_after_the_drop(tmp_path: Path) -> None:
+    # a row owed is not passed over while the snapshot is damaged: a running ensemble learns it after the drop
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path, refresh_interval=3600.0)
+    r = ens.retrieve("aurora", k=2)
+    ens.feedback(r.event_id, "thumbs_up")
+    with sqlite3.connect(path) as db:
+        newest = db.execute("SELECT MAX(version) FROM policy_snapshots").fetchone()[0]
+        db.execute("INSERT INTO policy_snapshots (version, ts, policy, weights, state, kind) SELECT version + 1, "
+                   "ts, policy, weights, ?, kind FROM policy_snapshots WHERE version = ?", ('{"broken": 1}', newest))
+    db.close()
+    with FeedbackStore(path) as store:
+        owed = store.record_feedback(r.event_id, "thumbs_down")
+    with pytest.raises(CorruptStateError, match="is damaged"):
+        ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)  # stored; neither it nor the row owed learned
+    assert ens.learner.n_learned == 1
+    with FeedbackStore(path) as store:
+        assert store.drop_snapshot(newest + 1)
+    ens.refresh()
+    assert ens.learner.n_learned == 3
+    assert ens.store.feedback_learned(owed.feedback_id) is True and ens.store.counts()["unlearned"] == 0
+    ens.close()
+
+
+def test_a_row_another_process_learns_while_this_one_is_about_to_is_learned_once(tmp_path: Path) -> None:
+    # both list the row owed; the other learns it first: this one checks the mark under the write lock
+    path = tmp_path / "fb.db"
+    made = _ensemble(path)
+    r = made.retrieve("what causes the tides", k=3)
+    made.close()  # before a restart: neither live ensemble made it
+    a, b = _ensemble(path, refresh_interval=3600.0), _ensemble(path, refresh_interval=3600.0)
+    a.retrieve("aurora", k=2)
+    b.retrieve("aurora", k=2)
+    with FeedbackStore(path) as store:
+        store.record_feedback(r.event_id, "thumbs_up")
+    listed = a.store.unlearned_feedback
+
+    def listed_then_learned_elsewhere(**kw: Any) -> Any:
+        rows = listed(**kw)
+        b.refresh()  # another process learns them between this one's look and its learning
+        return rows
+
+    a.store.unlearned_feedback = listed_then_learned_elsewhere  # type: ignore[method-assign]
+    a.refresh()
+    assert _newest_n_learned(path) == 1  # not learned a second time on top of b's snapshot
+    a.store.unlearned_feedback = listed  # type: ignore[method-assign]
+    a.refresh()
+    assert (a.learner.n_learned, b.learner.n_learned) == (1, 1)
+    a.close()
+    b.close()
+    assert _newest_n_learned(path) == 1
+
+
+def test_two_live_ensembles_learn_a_row_owed_once_between_them(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    a, b = _ensemble(path), _ensemble(path)
+    r = a.retrieve("what causes the tides", k=3)
+    with FeedbackStore(path) as store:
+        store.record_feedback(r.event_id, "thumbs_up")
+    b.retrieve("aurora", k=2)  # another handle on the file catches up first
+    a.retrieve("aurora", k=2)
+    b.retrieve("aurora", k=2)
+    assert (a.learner.n_learned, b.learner.n_learned) == (1, 1)  # a loaded b's snapshot: one learning
+    a.close()
+    b.close()
+    assert _newest_n_learned(path) == 1
+
+
+def test_a_busy_store_while_catching_up_is_warned_of_once_and_tried_again(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path)
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.close()
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="thompson",
+                                      refresh_interval=0.0, store=FeedbackStore(path, busy_timeout=0.05))
+    ens.retrieve("glacier", k=2)
+    with FeedbackStore(path) as store:
+        store.record_feedback(r.event_id, "thumbs_up")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process writing for longer than busy_timeout
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hits = ens.retrieve("glacier", k=2, log=False).hits  # the retrieval itself is served
+        ens.retrieve("glacier", k=2, log=False)
+    assert hits and ens.learner.n_learned == 0
+    said = [str(w.message) for w in caught if "not learned yet" in str(w.message)]
+    assert len(said) == 1 and "tried again" in said[0]
+    holder.execute("ROLLBACK")
+    holder.close()
+    ens.retrieve("glacier", k=2)
+    assert ens.learner.n_learned == 1
+    ens.close()
+
+
+def test_feedback_rolled_back_with_a_callers_block_is_caught_up_again(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path, refresh_interval=3600.0)
+    ens.retrieve("glacier ice", k=2)  # its first look is done: the next refresh is an hour away
+    r = ens.retrieve("what causes the tides", k=3)
+    with FeedbackStore(path) as other:
+        owed = other.record_feedback(r.event_id, "thumbs_up")
+    with pytest.raises(RuntimeError), ens.store.exclusive():
+        ens.feedback(r.event_id, "thumbs_down")  # learned, and the row owed with it, inside the caller's block
+        assert ens.learner.n_learned == 2
+        raise RuntimeError("the caller's block fails")
+    assert ens.learner.n_learned == 0  # both taken back with the block
+    assert ens.store.feedback_learned(owed.feedback_id) is None
+    ens.refresh()
+    assert ens.learner.n_learned == 1  # and the row owed learned again, once
+    ens.close()
+
+
+def test_the_schema_step_counts_rows_stored_before_it_as_settled_and_is_safe_to_rerun(tmp_path: Path) -> None:
+    from sqlite_utils import Database
+
+    from rlfb.store.migrations import m012_feedback_learned
+
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path, attribution_window=60.0) as store:
+        eid = store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "a"}], timestamp=1000.0)
+        kept = store.record_feedback(eid, "thumbs_up", timestamp=1010.0)
+        late = store.record_feedback(eid, "thumbs_down", timestamp=2000.0)
+        assert store.feedback_learned(kept.feedback_id) is None  # stored, not learned yet
+        assert store.feedback_learned(late.feedback_id) is False  # out of the window: nothing to learn
+    raw = sqlite3.connect(path, isolation_level=None)  # as an older rlfb left it
+    raw.execute("DELETE FROM _migrations WHERE name = 'm012_feedback_learned'")
+    raw.execute("DROP INDEX idx_feedback_unlearned")
+    raw.execute("ALTER TABLE feedback DROP COLUMN learned")
+    raw.close()
+    with FeedbackStore(path) as store:
+        assert store.schema_migrations == MIGRATIONS.names
+        assert store.feedback_learned(kept.feedback_id) is True  # learned, or not, by the rules of its day
+        assert store.feedback_learned(late.feedback_id) is False
+        assert store.unlearned_feedback() == []
+        m012_feedback_learned(Database(store._tx.conn))  # again: it changes nothing
+        assert store.feedback_learned(kept.feedback_id) is True
+
+
+def test_marks_are_checked_at_the_boundary(tmp_path: Path) -> None:
+    from rlfb.errors import ValidationError
+
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        for bad in (0, -1, 1.0, True, "1"):
+            with pytest.raises(ValidationError):
+                store.feedback_learned(bad)  # type: ignore[arg-type]
+            with pytest.raises(ValidationError):
+                store.mark_learned(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValidationError):
+            store.unlearned_feedback(after=-1)
+        with pytest.raises(ValidationError):
+            store.unlearned_feedback(policy="")
+        assert store.feedback_learned(12345) is None  # no such row
+
+
+def test_feedback_on_another_engines_retrieval_is_owed_to_no_learner(tmp_path: Path) -> None:
+    # a plain retriever's log (log_external) has no learner: its feedback is not counted as not learned yet
+    from rlfb.runs import log_external, record_run_feedback
+
+    path = tmp_path / "fb.db"
+    ens = _ensemble(path)
+    with FeedbackStore(path) as store:
+        by_run = log_external(store, "tides", [("doc2", 1.0), ("doc9", 0.5)], source="bm25", event_id="run-1")
+        direct = log_external(store, "tides", [("doc2", 1.0)], source="bm25")
+        (rec,) = record_run_feedback(store, by_run, score=1.0)
+        assert store.feedback_learned(rec.feedback_id) is False
+    given = ens.feedback(direct, "thumbs_up")  # through an ensemble, which does not learn it either
+    assert ens.store.feedback_learned(given.feedback_id) is False
+    assert ens.store.counts()["unlearned"] == 0 and ens.learner.n_learned == 0
+    ens.close()
+
+
+def test_a_row_owed_on_another_live_ensembles_decision_is_left_to_that_one(tmp_path: Path) -> None:
+    # two ensembles of one kind in one process (a two-corpus app): the one that made the decision learns it
+    path = tmp_path / "fb.db"
+    a, b = _ensemble(path, refresh_interval=3600.0), _ensemble(path, refresh_interval=3600.0)
+    r = a.retrieve("what causes the tides", k=3)
+    b.retrieve("aurora", k=2)
+    with FeedbackStore(path) as store:
+        store.record_feedback(r.event_id, "thumbs_up")
+    b.refresh()
+    assert b.learner.n_learned == 0 and b.store.counts()["unlearned"] == 1
+    a.refresh()
+    assert a.learner.n_learned == 1 and a.store.counts()["unlearned"] == 0
+    a.close()
+    b.close()
