@@ -187,6 +187,7 @@ class FeedbackEnsemble:
         # or feedback and at each refresh after it
         self._caught_up = 0
         self._caught_up_once = self._catching_up = self._catch_up_warned = False
+        self._holding_snapshots = False  # a batch of rows owed writes one snapshot after it
         # before the first snapshot, the learner's state that the unsaved learning went on top of: what a rolled
         # back feedback is learned again on (rlfb.snapshot_sync.learn_again_on_rollback)
         self._rollback_base: tuple[Any, int, Any] | None = None

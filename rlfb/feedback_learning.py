@@ -319,15 +319,21 @@ def _marks(store: Any, record: Any) -> bool:
             and isinstance(fid, int) and not isinstance(fid, bool) and fid >= 1)
 
 
+#: rows owed learned at one look, in one transaction with one snapshot: a backlog (a feedback service writing
+#: while the app was down) is learned a batch per refresh, so that no retrieval waits for all of it
+CATCH_UP_BATCH = 100
+
+
 def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
     """Learn the feedback stored on ``ens``'s decisions that no learner has taken
-    (:meth:`FeedbackStore.unlearned_feedback <rlfb.store.FeedbackStore.unlearned_feedback>`), oldest first, and
-    return how many rows were looked at.
+    (:meth:`FeedbackStore.unlearned_feedback <rlfb.store.FeedbackStore.unlearned_feedback>`), oldest first, at
+    most :data:`CATCH_UP_BATCH` rows, and return how many rows were looked at.
 
     That is feedback stored by a process killed before it learned it, stored while the store's newest snapshot
     was damaged, given on this policy's decisions while no app of it ran, or stored with
     ``FeedbackStore.record_feedback`` alone. Each row is looked at once per ensemble; one on another live
     ensemble's decision is left to that one, one whose event's row is damaged is let go (stored, unlearned).
+    The rows looked at, their marks and one snapshot (when one is due) are written in one transaction.
     ``undo``: inside a caller's block that may roll back (as :func:`learn_pending`). It runs beside a retrieval
     or a feedback that succeeded, so a failure (a busy store) is not raised: it is warned of, once per
     ensemble, and the rows not learned are looked at again at the next refresh or feedback.
@@ -341,22 +347,21 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
     try:
         with ens._guarded():
             ens._caught_up_once = True
-            records = find(after=start, policy=ens._learner.policy_name)
+            records = find(after=start, policy=ens._learner.policy_name, limit=CATCH_UP_BATCH)
             if not records:
                 return 0
             if getattr(store, "exclusive_depth", 0):  # a caller's block rolled back: its rows are to learn again
                 store.on_rollback(lambda: setattr(ens, "_caught_up", min(ens._caught_up, start)))
-            for record in records:
-                maker = maker_of(record.event_id, store)
-                if maker is None or maker is ens:  # another live ensemble's decision: that one learns it
-                    try:
-                        learn_record(ens, record, undo=undo)
-                    except CorruptStateError:
-                        # the newest snapshot is damaged (this raises again): stop here, and learn this row and
-                        # those after it once it is dropped; else the event's logged row is: let it go
-                        ens._refresh(force=True, catch_up=False)
-                ens._caught_up = record.feedback_id
-            return len(records)
+            with store.exclusive():
+                # the snapshot after the batch, not one per row: a backlog of 1,000 rows wrote 1,000 of them
+                ens._holding_snapshots = True
+                try:
+                    looked = _learn_owed(ens, store, records, undo)
+                finally:
+                    ens._holding_snapshots = False
+                if ens._dirty:
+                    ens._persist()
+            return looked
     except CorruptStateError:
         return 0  # a damaged snapshot: the retrieval's or the feedback's own refresh says so
     except RlfbError as exc:
@@ -367,6 +372,26 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
         return 0
     finally:
         ens._catching_up = False
+
+
+def _learn_owed(ens: FeedbackEnsemble, store: Any, records: Sequence[Any], undo: bool) -> int:
+    """The body of :func:`catch_up`, inside its transaction: learn ``records`` in order; returns how many were
+    looked at (all but those from a damaged snapshot on, which are looked at again once it is dropped)."""
+    looked = 0
+    for record in records:
+        maker = maker_of(record.event_id, store)
+        if maker is None or maker is ens:  # another live ensemble's decision: that one learns it
+            try:
+                learn_record(ens, record, undo=undo)
+            except CorruptStateError:
+                try:  # the newest snapshot is damaged (this raises again): stop before this row
+                    ens._refresh(force=True, catch_up=False)
+                except CorruptStateError:
+                    return looked
+                # else the event's logged row is: let it go
+        ens._caught_up = record.feedback_id
+        looked += 1
+    return looked
 
 
 def rebuild_episode(

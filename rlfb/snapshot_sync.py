@@ -124,8 +124,10 @@ def _flush_all() -> None:
 
 def persist_due(ens: FeedbackEnsemble, now: float) -> bool:
     """Whether a snapshot is due at ``now`` (monotonic): ``persist_interval`` after the last, or none was
-    written yet; an infinite interval writes only when forced (flush, close, save)."""
-    return ens.persist_interval < math.inf and now - ens._last_persist >= ens.persist_interval
+    written yet; an infinite interval writes only when forced (flush, close, save). None is while a batch of rows
+    owed is learned: it writes one after it (:func:`rlfb.feedback_learning.catch_up`)."""
+    return (not ens._holding_snapshots and ens.persist_interval < math.inf
+            and now - ens._last_persist >= ens.persist_interval)
 
 
 def refresh_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> bool:

@@ -338,3 +338,30 @@ def test_a_row_owed_on_another_live_ensembles_decision_is_left_to_that_one(tmp_p
     assert a.learner.n_learned == 1 and a.store.counts()["unlearned"] == 0
     a.close()
     b.close()
+
+
+def test_a_backlog_is_learned_a_batch_at_a_time_with_one_snapshot_each(tmp_path: Path, monkeypatch: Any) -> None:
+    # a feedback service wrote while the app was down: each look learns a bounded batch, and writes one snapshot
+    # for it (not one per row), in the transaction that marks the batch
+    from rlfb import feedback_learning
+
+    monkeypatch.setattr(feedback_learning, "CATCH_UP_BATCH", 4)
+    path = tmp_path / "fb.db"
+    made = _ensemble(path)
+    events = [made.retrieve(q, k=2).event_id for q in ("tides", "aurora", "volcano", "glacier", "lava")]
+    made.close()
+    with FeedbackStore(path) as store:
+        for signal in ("thumbs_up", "thumbs_down"):
+            for eid in events:
+                store.record_feedback(eid, signal)
+        before = store.state_version()
+    ens = _ensemble(path)
+    versions = [before]
+    for _ in range(4):
+        ens.refresh()
+        versions.append(ens.store.state_version())
+    assert ens.learner.n_learned == 10
+    assert [b - a for a, b in zip(versions, versions[1:], strict=False)] == [1, 1, 1, 0]
+    assert ens.store.counts()["unlearned"] == 0
+    ens.close()
+    assert _newest_n_learned(path) == 10

@@ -373,16 +373,20 @@ def chunk_reward_sums(
         return sums
 
 
-def unlearned(store: FeedbackStore, after: int, policy: str | None) -> list[FeedbackRecord]:
+def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int | None) -> list[FeedbackRecord]:
     """The feedback rows after id ``after`` that no learner has taken (``learned`` NULL), oldest first, on
-    decisions logged by ``policy`` or by a policy not named (``None``: any policy)."""
+    decisions logged by ``policy`` or by a policy not named (``None``: any policy); the first ``limit`` of them."""
     sql = ("SELECT f.id FROM feedback f JOIN events e ON e.id = f.event_id WHERE f.learned IS NULL AND f.id > ?")
     params: list[Any] = [after]
     if policy is not None:
         sql += " AND (e.policy IS NULL OR e.policy = ?)"
         params.append(_enc(policy))
     with store._read() as conn:
-        return [stored_record(conn, fid, duplicate=False) for (fid,) in conn.execute(sql + " ORDER BY f.id", params)]
+        sql += " ORDER BY f.id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return [stored_record(conn, fid, duplicate=False) for (fid,) in conn.execute(sql, params).fetchall()]
 
 
 def learned_mark(store: FeedbackStore, feedback_id: int) -> bool | None:

@@ -511,9 +511,11 @@ class FeedbackStore:
         return feedback_log.chunk_reward_sums(self, event_id, before_feedback_id=before_feedback_id,
                                               repeats=repeats)
 
-    def unlearned_feedback(self, *, after: int = 0, policy: str | None = None) -> list[FeedbackRecord]:
+    def unlearned_feedback(
+        self, *, after: int = 0, policy: str | None = None, limit: int | None = None
+    ) -> list[FeedbackRecord]:
         """The stored feedback no learner has taken yet, oldest first: rows after id ``after``, on decisions
-        of ``policy`` (or of one not named; ``None``: of any policy).
+        of ``policy`` (or of one not named; ``None``: of any policy), the first ``limit`` of them.
 
         An ensemble learns those on its own decisions when it next looks (at a refresh or a feedback), so that
         feedback stored by a process killed before it learned it, stored while the newest snapshot was damaged,
@@ -531,7 +533,8 @@ class FeedbackStore:
         ([], True, 0)
         """
         return feedback_log.unlearned(self, _check_int(after, "after", minimum=0),
-                                      None if policy is None else _req_str(policy, "policy"))
+                                      None if policy is None else _req_str(policy, "policy"),
+                                      None if limit is None else _check_int(limit, "limit"))
 
     def feedback_learned(self, feedback_id: int) -> bool | None:
         """Whether a learner took the feedback row ``feedback_id`` (``True``), there was nothing in it to learn
