@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 #: rlfb and its adapters: a warning raised inside them names the first frame outside
 _RLFB = ("rlfb", "langchain_rlfb", "llamaindex_rlfb")
@@ -17,7 +21,8 @@ def caller_stacklevel(also_inside: tuple[str, ...] = ()) -> int:
     (Tested through the warnings that use it: ``tests/test_retrievers.py``, ``tests/llamaindex``.)
     """
     inside = _RLFB + tuple(also_inside)
-    frame, level = sys._getframe(1), 1  # the function that warns: stacklevel 1
+    frame: FrameType | None = sys._getframe(1)  # the function that warns: stacklevel 1
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").split(".", 1)[0] in inside:
         frame, level = frame.f_back, level + 1
     return level if frame is not None else 2

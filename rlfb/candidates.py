@@ -235,14 +235,18 @@ def make_hits(
     scored against holds it, else as ``chunk`` finds it (a member's find, a chunk deleted since)."""
     names = ctx.retrievers
     # which retrievers' own top lists held each candidate; a context built elsewhere may lack the mask
-    proposed = ctx.proposed if ctx.proposed is not None else ctx.ranks <= candidate_k
+    if ctx.proposed is not None:
+        proposed = ctx.proposed
+    else:
+        assert ctx.ranks is not None  # every context the ensemble ranks is made with ranks (make_context)
+        proposed = ctx.ranks <= candidate_k
     hits = []
     for rank, idx in enumerate(ranking.order, start=1):
         idx = int(idx)
         found = given.get(ctx.candidate_ids[idx])
         if found is None:
             row = None if table is None else table.row.get(ctx.candidate_ids[idx])
-            found = chunk(ctx.candidate_ids[idx]) if row is None else table.chunk(row)
+            found = chunk(ctx.candidate_ids[idx]) if table is None or row is None else table.chunk(row)
         hits.append(
             Hit(
                 chunk_id=found.id,

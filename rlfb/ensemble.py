@@ -188,6 +188,7 @@ class FeedbackEnsemble:
         self._caught_up = 0
         self._caught_up_once = self._catching_up = self._catch_up_warned = False
         self._holding_snapshots = False  # a batch of rows owed writes one snapshot after it
+        self._owed_more = False  # the last look found a whole batch owed: more may be, looked for at once
         # before the first snapshot, the learner's state that the unsaved learning went on top of: what a rolled
         # back feedback is learned again on (rlfb.snapshot_sync.learn_again_on_rollback)
         self._rollback_base: tuple[Any, int, Any] | None = None
@@ -223,8 +224,8 @@ class FeedbackEnsemble:
             self._refresh(force=True, catch_up=False)
             # compared as the policy took them (clipped to its bounds): weights given beyond them differ from
             # any snapshot's, and a gradient learner set again on every restart would forget what it learned
-            if given is not None and (self._own_version == 0
-                                      or not np.array_equal(self._learner._default_weights(), given)):
+            if weights is not None and given is not None and (
+                    self._own_version == 0 or not np.array_equal(self._learner._default_weights(), given)):
                 # the weights given are this app's choice (a redeploy with new weights): the store's snapshot,
                 # taken whole above, had put the old ones back without a word. Written as set_weights writes them,
                 # on a store with no snapshot of this ensemble's kind too: until 2026-12-06 they were not, so a
@@ -826,7 +827,7 @@ class FeedbackEnsemble:
         (:func:`~rlfb.snapshot_sync.refresh_state`), and, with ``catch_up``, learn the feedback stored on this
         ensemble's decisions that no learner has taken (:func:`~rlfb.feedback_learning.catch_up`)."""
         looked = refresh_state(self, time.monotonic(), force=force)
-        if catch_up and (looked or not self._caught_up_once):
+        if catch_up and (looked or self._owed_more or not self._caught_up_once):
             catch_up_feedback(self)
 
     def refresh(self) -> dict[str, float]:
@@ -919,7 +920,8 @@ def check_options(kwargs: Mapping[str, Any], cls: type | None = None) -> None:
     ...
     rlfb.errors.ValidationError: FeedbackEnsemble takes no option 'polciy' (did you mean 'policy'?); its options are ...
     """
-    known = keyword_options((cls or FeedbackEnsemble).__init__, leave_out=("retrievers", "chunks"))
+    # read off the class (a subclass's own __init__), as inspect.signature reads it
+    known = keyword_options((cls or FeedbackEnsemble).__init__, leave_out=("retrievers", "chunks"))  # type: ignore[misc]
     if known is not None:
         check_known_options(kwargs, known, (cls or FeedbackEnsemble).__name__)
 
@@ -960,7 +962,8 @@ def check_settings(retrievers: Sequence[str | Retriever], **options: Any) -> Non
                        for n in ("fusion", "candidate_k", "rrf_c", "refresh_interval", "persist_interval")))
     policy = options.get("policy", defaults["policy"])
     if isinstance(policy, str):  # a policy instance is checked when the ensemble is built: weights would set it
-        names = [s if isinstance(s, str) else getattr(s, "name", s) for s in specs]
+        # what the learner checks as names: a retriever instance without a name is named in its error
+        names: list[Any] = [s if isinstance(s, str) else getattr(s, "name", s) for s in specs]
         names += [getattr(m, "name", m) for m in options.get("members") or ()]
         Learner(names, policy=policy, weights=options.get("weights"), config=options.get("learner_config"),
                 seed=options.get("seed", defaults["seed"]))

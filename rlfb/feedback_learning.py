@@ -25,7 +25,6 @@ from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.runs import (
-    EXTERNAL_POLICY,
     followup_time,
     hashes_queries,
     in_callers_block,
@@ -274,9 +273,7 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
             event = ens._require_store().event(record.event_id) if event is None else event
             if event is None or not owns_event(ens, event):
                 # another engine's decision (log_external): its propensities are not ours to learn from, nor
-                # anyone's. Another policy's, or other retrievers': theirs to learn (catch_up), stored unmarked
-                if marked and event is not None and event.get("policy") == EXTERNAL_POLICY:
-                    ens._require_store().mark_learned(record.feedback_id, False)
+                # anyone's (stored as nothing to learn). Another policy's, or other retrievers': theirs (catch_up)
                 return
             if ens._require_store().repeats_latest(record):
                 # a double click, a retry without an idempotency key: stored as given, learned once. Learned
@@ -333,7 +330,8 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
     was damaged, given on this policy's decisions while no app of it ran, or stored with
     ``FeedbackStore.record_feedback`` alone. Each row is looked at once per ensemble; one on another live
     ensemble's decision is left to that one, one whose event's row is damaged is let go (stored, unlearned).
-    The rows looked at, their marks and one snapshot (when one is due) are written in one transaction.
+    The rows looked at, their marks and one snapshot are written in one transaction; while a backlog lasts,
+    each retrieval looks again.
     ``undo``: inside a caller's block that may roll back (as :func:`learn_pending`). It runs beside a retrieval
     or a feedback that succeeded, so a failure (a busy store) is not raised: it is warned of, once per
     ensemble, and the rows not learned are looked at again at the next refresh or feedback.
@@ -348,6 +346,7 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
         with ens._guarded():
             ens._caught_up_once = True
             records = find(after=start, policy=ens._learner.policy_name, limit=CATCH_UP_BATCH)
+            ens._owed_more = False
             if not records:
                 return 0
             if getattr(store, "exclusive_depth", 0):  # a caller's block rolled back: its rows are to learn again
@@ -360,7 +359,11 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
                 finally:
                     ens._holding_snapshots = False
                 if ens._dirty:
-                    ens._persist()
+                    # written with the marks whatever persist_interval says: marked and unwritten, the rows of a
+                    # process killed before its next snapshot were lost for good
+                    ens._persist(force=True)
+            # a backlog: the next retrieval looks again, not refresh_interval later
+            ens._owed_more = len(records) == CATCH_UP_BATCH
             return looked
     except CorruptStateError:
         return 0  # a damaged snapshot: the retrieval's or the feedback's own refresh says so

@@ -276,13 +276,24 @@ def validate_weights(
     return arr / arr.sum()
 
 
-def weighted_fusion(normalized: np.ndarray, weights: np.ndarray | Sequence[float]) -> np.ndarray:
-    """Fused score of each candidate: the weighted sum of its normalised scores.
+def weighted_fusion(
+    normalized: np.ndarray, weights: Sequence[float] | np.ndarray
+) -> np.ndarray:
+    """Fused score of each candidate: the weighted sum of its normalised scores, ``weights`` in column order.
 
     >>> weighted_fusion(np.array([[1.0, 0.0], [0.0, 1.0]]), [0.8, 0.2]).tolist()
     [0.8, 0.2]
+    >>> weighted_fusion(np.array([[1.0, 0.0]]), {"dense": 0.8, "bm25": 0.2})
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.InvalidWeightsError: weights of a score matrix are a sequence in its column order; a mapping ...
     """
     arr = np.nan_to_num(_as_matrix(normalized), nan=0.0)
+    if isinstance(weights, Mapping):  # taken in the mapping's own order, {"dense": .8, "bm25": .2} weighed bm25 .8
+        raise InvalidWeightsError(
+            "weights of a score matrix are a sequence in its column order; a mapping names no column: "
+            f"pass [weights[name] for name in <the columns' names>] (got {dict(weights)!r})"
+        )
     w = validate_weights(weights)
     if w.size != arr.shape[1]:
         raise InvalidWeightsError(f"got {w.size} weights for {arr.shape[1]} score columns")
@@ -291,13 +302,13 @@ def weighted_fusion(normalized: np.ndarray, weights: np.ndarray | Sequence[float
 
 def fuse(
     raw: np.ndarray,
-    weights: Mapping[str, float] | Sequence[float] | np.ndarray,
+    weights: Sequence[float] | np.ndarray,
     method: str = "minmax",
     *,
     ranks: np.ndarray | None = None,
     c: float = 60.0,
 ) -> np.ndarray:
-    """Normalise ``raw`` with ``method`` and return the weighted fused scores."""
+    """Normalise ``raw`` with ``method`` and return the weighted fused scores (``weights`` in column order)."""
     return weighted_fusion(normalize(raw, method, ranks=ranks, c=c), weights)
 
 

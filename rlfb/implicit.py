@@ -338,6 +338,7 @@ def infer_at(implicit: Any, previous_event: Mapping[str, Any], query: str | None
     """``implicit.infer(previous_event, query, **kwargs, at=at)``; without ``at`` for an ``infer`` that takes none
     (a subclass or stand-in written before it was added: a bare ``TypeError`` then, which a LangChain callback
     only prints, so reformulations stopped being recorded unsaid)."""
+    params: Iterable[inspect.Parameter]
     try:
         params = inspect.signature(implicit.infer).parameters.values()
     except (TypeError, ValueError):  # a callable without a signature: give it what it always took

@@ -436,9 +436,9 @@ class Learner:
             replays = self._weighted_learn and (cfg.replay_all or self.policy_name in REPLAY_SAFE)
             if replays and self._n_learned % cfg.replay_every == 0:
                 # importance weights average 1 over the batch; one replay never counts for more than a fresh episode
-                for old, w in self._replay.sample_weighted():
+                for old, iw in self._replay.sample_weighted():
                     self.policy.learn(old, max(-1.0, min(1.0, float(old.reward))),
-                                      weight=min(1.0, cfg.replay_weight * w))
+                                      weight=min(1.0, cfg.replay_weight * iw))
         return self
 
     def predict_one(self, context: Context, k: int = 10) -> list[str]:

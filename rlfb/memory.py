@@ -47,9 +47,9 @@ import itertools
 import math
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -259,8 +259,8 @@ class FeedbackMemory:
         gains = (sims[cand] - p.similarity_threshold) / (1.0 - p.similarity_threshold)
         return exact, cand.astype(np.int64), gains
 
-    def _accumulate(self, rows: Sequence[int], gains: Sequence[float], pos: Mapping[str, int], n: int,
-                    squash_each: bool) -> np.ndarray:
+    def _accumulate(self, rows: Sequence[int] | np.ndarray, gains: Sequence[float] | np.ndarray,
+                    pos: Mapping[str, int], n: int, squash_each: bool) -> np.ndarray:
         out = np.zeros(n)
         if len(rows) == 0:
             return out
@@ -269,6 +269,7 @@ class FeedbackMemory:
         scale = self.hyper.value_scale
         for row, g, f in zip(rows_arr, gains, decay, strict=True):
             vals = self._values[int(row)]
+            items: Iterable[tuple[int | None, float | None]]
             if len(vals) <= n:
                 items = ((pos.get(c), v) for c, v in vals.items())
             else:
@@ -571,8 +572,9 @@ class FeedbackMemory:
                     latest[k] = i
                 total[k] = total.get(k, 0.0) + asks[i]
             kept = sorted(latest.values())
-            keys, values, embs, has, times, touch, asks = (
-                [col[i] for i in kept] for col in (keys, values, embs, has, times, touch, asks))
+            # the cast: mypy types a comprehension over the seven columns as one list of their union
+            keys, values, embs, has, times, touch, asks = cast(_Columns, tuple(
+                [col[i] for i in kept] for col in (keys, values, embs, has, times, touch, asks)))
             asks = [total[k] for k in keys]
         if (not all(math.isfinite(x) for x in (conc, disc, now, *times, *touch, *asks)) or conc < 0 or disc < 0
                 or any(a < 0 for a in asks)):
@@ -583,8 +585,9 @@ class FeedbackMemory:
             # a snapshot of a memory with a larger max_entries (another app on the store): keep the most
             # recently used, or this memory would hold more than its bound for good
             kept = sorted(np.argsort(np.asarray(touch), kind="stable")[-self.hyper.max_entries:].tolist())
-            keys, values, embs, has, times, touch, asks = (
-                [col[i] for i in kept] for col in (keys, values, embs, has, times, touch, asks))
+            # the cast: mypy types a comprehension over the seven columns as one list of their union
+            keys, values, embs, has, times, touch, asks = cast(_Columns, tuple(
+                [col[i] for i in kept] for col in (keys, values, embs, has, times, touch, asks)))
         # a snapshot written before the bound (or by an app with a larger one): bounded as feedback bounds it
         values = [_strongest(v) if len(v) > MAX_CHUNKS_PER_QUESTION else v for v in values]
         m = len(keys)
@@ -650,7 +653,13 @@ def _read_columns(state: Mapping[str, Any], dim: int | None) -> _Columns:
 
 def _read_entries(entries: Any, dim: int | None) -> _Columns:
     """The layout saved before 2026-12-05 (a dict per question, its evidence a JSON number per chunk), checked."""
-    keys, values, embs, has, times, touch, asks = [], [], [], [], [], [], []
+    keys: list[str] = []
+    values: list[dict[str, float]] = []
+    embs: list[Any] = []  # None for a question without an embedding
+    has: list[bool] = []
+    times: list[float] = []
+    touch: list[float] = []
+    asks: list[float] = []
     for ent in list(entries):
         keys.append(str(ent["q"]))
         vals = {str(c): float(v) for c, v in dict(ent["v"]).items()}

@@ -51,6 +51,7 @@ from rlfb.errors import (
     ValidationError,
 )
 from rlfb.reward import NUMERIC_SIGNALS, RewardFunction
+from rlfb.types import EXTERNAL_POLICY as EXTERNAL_POLICY  # the policy of another engine's retrievals
 from rlfb.types import content_id as content_id  # where it always was importable from
 
 __all__ = [
@@ -74,8 +75,6 @@ __all__ = [
     "default_implicit",
 ]
 
-#: The ``policy`` recorded on events that another engine's retriever made.
-EXTERNAL_POLICY = "external"
 
 #: How a LangSmith-style feedback score maps to a reward value in [-1, 1].
 SCORE_SCALES = ("unit", "signed")
@@ -101,7 +100,7 @@ def log_external(
     """
     if not isinstance(source, str) or not source:
         raise ValidationError("source must be a non-empty str (the retriever's name)")
-    rows = []
+    rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     for chunk_id, score in results:
         if chunk_id in seen:
@@ -437,11 +436,6 @@ def record_run_feedback(
             raise _conflict_as_given(exc, idempotency_key, items) from None
         by_event = {r.event_id: r for r in records}
         undo = together and in_callers_block(store)
-        mark = getattr(store, "mark_learned", None)
-        for event in events:  # another engine's retrieval: nothing any learner owes it (FeedbackStore.counts)
-            rec = by_event[event["id"]]
-            if event.get("policy") == EXTERNAL_POLICY and callable(mark) and rec.in_window and not rec.duplicate:
-                mark(rec.feedback_id, False)
         for event, learner in learners:
             try:
                 learner._learn(by_event[event["id"]], event, undo=undo)

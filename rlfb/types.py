@@ -16,9 +16,14 @@ import numpy as np
 from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
 
 __all__ = [
-    "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk", "check_chunk_ids", "content_id", "content_ids",
-    "copy_metadata", "make_chunks", "text_list", "validate_flag", "validate_k", "validate_seconds",
+    "EXTERNAL_POLICY", "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk", "check_chunk_ids",
+    "content_id", "content_ids", "copy_metadata", "make_chunks", "text_list", "validate_flag", "validate_k",
+    "validate_seconds",
 ]
+
+#: The ``policy`` recorded on events that another engine's retriever made (:func:`rlfb.runs.log_external`): no
+#: learner made the decision, so none learns feedback on it (the store marks such feedback as nothing to learn).
+EXTERNAL_POLICY = "external"
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ def copy_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
 class Hit:
     """One ranked result of a fused retrieval.
 
-    ``scores`` holds each retriever's raw score, ``normalized`` the score after
+    ``scores`` holds each retriever's raw score (``None`` where it gave none: an ensemble member
+    that did not return the chunk), ``normalized`` the score after
     the fusion's normalisation, ``score`` the fused score and ``rank`` the
     1-based position. ``proposed_by`` names the retrievers whose own top list
     contained the chunk with a score other than 0; the others only scored it
@@ -70,7 +76,7 @@ class Hit:
     text: str
     score: float
     rank: int
-    scores: Mapping[str, float]
+    scores: Mapping[str, float | None]
     normalized: Mapping[str, float]
     metadata: Mapping[str, Any] = field(default_factory=dict)
     proposed_by: tuple[str, ...] = ()

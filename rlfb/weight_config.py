@@ -485,7 +485,7 @@ _NEWEST = "the store's newest snapshot"
 
 
 def _import_onto(store: Any, wf: WeightsFile, retrievers: Sequence[str] | None, policy: str | None,
-                 version: int | None) -> tuple[dict[str, Any] | None, str, list[str]]:
+                 version: int | None) -> tuple[Mapping[str, Any] | None, str, list[str]]:
     """The snapshot :func:`import_weights` puts weights alone onto (a file's state: compares with), how its notes
     name it, and the notes on the choice. See :func:`import_weights` for what the options pick."""
     newest = store.load_policy_state()

@@ -317,7 +317,8 @@ def test_feedback_on_another_engines_retrieval_is_owed_to_no_learner(tmp_path: P
         by_run = log_external(store, "tides", [("doc2", 1.0), ("doc9", 0.5)], source="bm25", event_id="run-1")
         direct = log_external(store, "tides", [("doc2", 1.0)], source="bm25")
         (rec,) = record_run_feedback(store, by_run, score=1.0)
-        assert store.feedback_learned(rec.feedback_id) is False
+        alone = store.record_feedback(direct, "click", chunk_id="doc2")  # an audit found it owed for ever
+        assert store.feedback_learned(rec.feedback_id) is False and store.feedback_learned(alone.feedback_id) is False
     given = ens.feedback(direct, "thumbs_up")  # through an ensemble, which does not learn it either
     assert ens.store.feedback_learned(given.feedback_id) is False
     assert ens.store.counts()["unlearned"] == 0 and ens.learner.n_learned == 0
@@ -355,13 +356,51 @@ def test_a_backlog_is_learned_a_batch_at_a_time_with_one_snapshot_each(tmp_path:
             for eid in events:
                 store.record_feedback(eid, signal)
         before = store.state_version()
-    ens = _ensemble(path)
+    ens = _ensemble(path, refresh_interval=3600.0)  # each retrieval looks again while the backlog lasts
     versions = [before]
     for _ in range(4):
-        ens.refresh()
+        ens.retrieve("tides", k=2, log=False)
         versions.append(ens.store.state_version())
     assert ens.learner.n_learned == 10
     assert [b - a for a, b in zip(versions, versions[1:], strict=False)] == [1, 1, 1, 0]
     assert ens.store.counts()["unlearned"] == 0
     ens.close()
     assert _newest_n_learned(path) == 10
+
+
+def test_rows_caught_up_at_a_persist_interval_are_written_at_once(tmp_path: Path) -> None:
+    # marked in the look's transaction while their learning waited for persist_interval, they were lost to a
+    # process killed before its next snapshot: the mark said learned, and no snapshot held them
+    path = tmp_path / "fb.db"
+    made = _ensemble(path)
+    r = made.retrieve("tides", k=2)
+    made.close()
+    ens = _ensemble(path, persist_interval=3600.0)
+    own = ens.retrieve("aurora", k=2)
+    ens.feedback(own.event_id, "thumbs_up")  # its first snapshot: the next is an hour away
+    assert _newest_n_learned(path) == 1
+    with FeedbackStore(path) as store:
+        store.record_feedback(r.event_id, "thumbs_up")
+    ens.retrieve("aurora", k=2, log=False)
+    assert ens.learner.n_learned == 2
+    assert _newest_n_learned(path) == 2  # before any flush or close
+    ens.close()
+
+
+def test_a_row_an_rlfb_of_before_the_step_writes_after_it_counts_as_learned(tmp_path: Path) -> None:
+    # a rolling upgrade: an app of the previous version, still running on the file another process upgraded,
+    # learns what it stores and writes rows without the column; taken as owed, they were learned a second time
+    path = tmp_path / "fb.db"
+    made = _ensemble(path)
+    r = made.retrieve("tides", k=2)
+    made.close()
+    with sqlite3.connect(path) as db:  # the previous version's insert names no `learned`
+        db.execute("INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
+                   "discounted, reward, ts, delay, in_window, created_at) SELECT 99, id, NULL, 'thumbs_up', "
+                   "'explicit', 1.0, 1.0, 1.0, 1.0, 1.0, ts + 1, 1.0, 1, ts + 1 FROM events WHERE id = ?",
+                   (r.event_id,))
+    db.close()
+    ens = _ensemble(path)
+    ens.retrieve("aurora", k=2, log=False)
+    assert ens.learner.n_learned == 0 and ens.store.feedback_learned(99) is True
+    ens.close()

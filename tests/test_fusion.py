@@ -163,3 +163,10 @@ def test_minmax_spans_the_scores_a_retriever_gave_not_its_missing_ones() -> None
     # a missing score filled with 0 before the span was taken made 0 the floor: 0.7 of [0.7, 0.9] scored 0.78
     # instead of 0
     assert minmax_normalize(np.array([[0.7], [0.9], [np.nan]])).ravel().tolist() == [0.0, 1.0, 0.0]
+
+
+def test_weights_of_a_score_matrix_as_a_mapping_are_refused() -> None:
+    # the matrix's columns have no names: a mapping was taken in its own order, so {"dense": .8, "bm25": .2}
+    # over columns (bm25, dense) weighed bm25 0.8
+    with pytest.raises(InvalidWeightsError, match="column order"):
+        fuse(RAW, {"dense": 0.8, "bm25": 0.2})  # type: ignore[arg-type]

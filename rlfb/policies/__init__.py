@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: Policy name -> class.
-POLICIES: dict[str, type] = {
+POLICIES: dict[str, type[Any]] = {
     "fixed": FixedPolicy,
     "batch": BatchPolicy,
     "thompson": ThompsonPolicy,

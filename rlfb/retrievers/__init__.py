@@ -83,7 +83,7 @@ def check_retriever_names(names: Sequence[Any]) -> None:
         seen.add(name)
 
 
-def _retriever_class(name: str) -> type:
+def _retriever_class(name: str) -> type[Any]:
     check_retriever_names([name])
     module, cls = _REGISTRY[name]
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]

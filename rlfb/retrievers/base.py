@@ -17,7 +17,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from rlfb.errors import (
 from rlfb.files import folder_path
 from rlfb.saved_folder import saving_into
 from rlfb.types import Chunk, make_chunks, validate_k
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "Retriever",
@@ -224,14 +227,14 @@ class ChunkTable:
             for i, (cid, text, meta) in enumerate(zip(self.ids, self.texts, self.metadatas, strict=True)):
                 if i in drop:
                     continue
-                c = replace.get(i)
-                if c is not None:
-                    cid, meta, same = c.id, dict(c.metadata), c.text == text
-                    text = c.text
+                new = replace.get(i)
+                if new is not None:
+                    cid, meta, same = new.id, dict(new.metadata), new.text == text
+                    text = new.text
                 table.ids.append(cid)
                 table.texts.append(text)
                 table.metadatas.append(meta)
-                src.append(i if c is None or same else -1)
+                src.append(i if new is None or same else -1)
         for c in appended:
             table.ids.append(c.id)
             table.texts.append(c.text)
@@ -470,7 +473,11 @@ class CorpusRetriever:
     def score_all_batch(self, queries: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         raise NotImplementedError
 
-    def updated(self, chunks: Sequence[Chunk] | ChunkTable, *, show_progress: bool = False) -> CorpusRetriever:
+    if TYPE_CHECKING:  # every subclass defines it; declared for the checker only, so nothing changes at run time
+
+        def index(self, chunks: Sequence[Chunk], *, show_progress: bool = False) -> Self: ...
+
+    def updated(self, chunks: Sequence[Chunk] | ChunkTable, *, show_progress: bool = False) -> Self:
         """A retriever with these settings over ``chunks``; ``self`` is left as it was.
 
         This one indexes a copy from scratch; retrievers that can reuse what they

@@ -45,6 +45,11 @@ METHODS = ("robertson", "lucene", "atire")
 _FORMAT_VERSION = 1
 _COUNTS_FILE = "term_counts.npz"  # optional: a save without it loads, and its first update tokenizes afresh
 _DEFAULT_PATTERN = r"\w+"
+#: what :meth:`BM25Retriever.load` takes for damage past the caller's own arguments (named here, annotated: mypy
+#: does not take a tuple display with ``*`` in an ``except``)
+_LOAD_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError, *ARRAY_HEADER_ERRORS,
+)
 
 
 def regex_tokenizer(
@@ -454,8 +459,7 @@ class BM25Retriever(CorpusRetriever):
             return cls._load_checked(path, meta, tokenizer)
         except CorruptStateError:
             raise
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, EOFError,
-                *ARRAY_HEADER_ERRORS) as exc:
+        except _LOAD_ERRORS as exc:
             raise CorruptStateError(f"cannot read the BM25 index in {path}: {array_problem(exc)}") from exc
 
     @classmethod

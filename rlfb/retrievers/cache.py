@@ -366,7 +366,7 @@ class EmbeddingCache:
         """
         pairs = items.items() if isinstance(items, Mapping) else items
         now = int(time.time())
-        rows = []
+        rows: list[tuple[str, str, int, bytes | None, bytes, int]] = []  # indices: None for a dense vector
         for h, enc in pairs:
             if isinstance(enc, SparseVector):
                 idx = np.ascontiguousarray(enc.indices, dtype=np.int32)

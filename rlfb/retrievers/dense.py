@@ -48,6 +48,9 @@ _FORMAT_VERSION = 1
 # every vector is normalised before it is cached or saved, so a norm further than this from 1 is damage
 # (float32 rounding leaves ~1e-7); 0 is allowed: a zero vector stays zero when normalised
 _NORM_TOLERANCE = 1e-3
+#: what ``np.load`` of a damaged ``embeddings.npy`` can raise (named here, annotated: mypy does not take a tuple
+#: display with ``*`` in an ``except``)
+_EMBEDDINGS_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, EOFError, *ARRAY_HEADER_ERRORS)
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -301,7 +304,7 @@ class DenseRetriever(ModelEncoding, CorpusRetriever):
         file = path / "embeddings.npy"
         try:
             embeddings = np.load(file, allow_pickle=False)
-        except (OSError, ValueError, EOFError, *ARRAY_HEADER_ERRORS) as exc:
+        except _EMBEDDINGS_ERRORS as exc:
             raise CorruptStateError(f"cannot read embeddings from {file}: {array_problem(exc)}") from exc
         table = ChunkTable.load(path)
         _check_embeddings(file, embeddings, len(table))

@@ -264,6 +264,7 @@ class LazyModel:
                 # cache unless the caller names the encodings with model_key.
                 return None
             ref = self._default() if self.is_default else self.name
+            assert ref is not None  # a model neither default nor handed over was given by name: str(model)
             self._key = f"{self.kind}:{model_fingerprint(ref)}{self._key_extra}"
         return self._key
 

@@ -61,7 +61,7 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
     final = {k: _interval([r["final"][k] for r in runs]) for k in keys}
     baselines: dict[str, dict[str, Any]] = {}
     for name in runs[0]["baselines"]:
-        entry = {k: _interval([r["baselines"][name][k] for r in runs]) for k in keys}
+        entry: dict[str, Any] = {k: _interval([r["baselines"][name][k] for r in runs]) for k in keys}
         if "weights" in runs[0]["baselines"][name]:
             entry["weights"] = [r["baselines"][name]["weights"] for r in runs]
             entry["fusion"] = [r["baselines"][name]["fusion"] for r in runs]

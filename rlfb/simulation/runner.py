@@ -341,7 +341,7 @@ def run_seed(
     # on its own questions, which the curve is read against (the final baselines' are the last sample's only)
     untuned = untuned_ndcg(prep, stream, judges)
     untuned_online: dict[str, list[float]] = {name: [] for name in untuned}
-    curve: list[dict[str, float]] = []
+    curve: list[dict[str, Any]] = []  # figures, and under "baselines" each baseline's
     seen_sample: list[str] = []  # the stream queries the latest seen figure was measured on
     n_feedback = n_flagged = 0
 
@@ -403,6 +403,7 @@ def run_seed(
         for name, by_query in untuned.items():
             untuned_online[name].append(by_query[q])
         asked[q] = asked.get(q, 0) + 1
+        assert result.event_id is not None  # logged: this ensemble has a store, and log=True
         for fb in user.interact(result.chunk_ids, judgments[q]).feedback:
             heapq.heappush(pending, (now + fb.delay, next(counter), result.event_id, fb.signal, fb.chunk_id))
         if i + 1 in marks:

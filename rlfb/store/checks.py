@@ -6,7 +6,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from rlfb.errors import InvalidWeightsError, ValidationError
 from rlfb.files import path_text
@@ -113,7 +113,8 @@ def _check_event_id(event_id: Any) -> str:
 
 def _check_int(x: Any, name: str, minimum: int = 1) -> int:
     """An int SQLite can store: from ``minimum`` to 2**63 - 1 (not a bool, not a float)."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or not minimum <= x <= _MAX_INT:
+    # the cast: typeshed gives numbers.Integral only __lt__/__le__, so ``minimum <= x`` does not type-check there
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or not minimum <= cast(int, x) <= _MAX_INT:
         raise ValidationError(f"{name} must be an int from {minimum} to 2**63 - 1, got {x!r}")
     return int(x)
 

@@ -218,8 +218,9 @@ def prepare_event(
 
 def event_args(
     store: FeedbackStore, event_id: Any, session_id: Any, parent_id: Any, timestamp: Any, metadata: Any, now: float
-) -> tuple[str, float, str | None, str | None, str | None]:
-    """An event's id (a new one for ``None``), timestamp, session and parent ids and metadata JSON, checked."""
+) -> tuple[str, float, str | None, str | None, str | bytes | None]:
+    """An event's id (a new one for ``None``), timestamp, session and parent ids and metadata JSON (as
+    :func:`~rlfb.store.codec._dumps` gives it: a str, or the BLOB of one with lone surrogates), checked."""
     eid = uuid.uuid4().hex if event_id is None else _req_str(event_id, "event_id")
     ts = store._timestamp(timestamp, "timestamp", now)
     if metadata is not None and not isinstance(metadata, Mapping):

@@ -34,6 +34,7 @@ from rlfb.store.records import (
     _Pending,
     _prefixed,
 )
+from rlfb.types import EXTERNAL_POLICY
 
 if TYPE_CHECKING:
     from rlfb.store.feedback_store import FeedbackStore
@@ -117,8 +118,8 @@ def apply_feedback(
     event_ids = list({p.event_id for p in pendings})
     info: dict[str, _EventInfo] = {}
     for b in _batches(event_ids):
-        for eid, ts, chunk_ids, unused_ids in conn.execute(
-            f"SELECT id, ts, chunk_ids, unused_ids FROM events WHERE id IN ({_marks(len(b))})",
+        for eid, ts, chunk_ids, unused_ids, policy in conn.execute(
+            f"SELECT id, ts, chunk_ids, unused_ids, policy FROM events WHERE id IN ({_marks(len(b))})",
             [_enc(e) for e in b],
         ):
             try:  # rows written outside rlfb may hold anything: name the event, not a raw error
@@ -130,7 +131,7 @@ def apply_feedback(
             except (ValueError, TypeError) as exc:
                 raise CorruptStateError(f"event {_dec(eid)!r} in {store.path} is damaged: {exc}") from exc
             info[_dec(eid)] = _EventInfo(ts, chunks, chunks if unused_ids is None else
-                                         [c for c in chunks if c not in skip])
+                                         [c for c in chunks if c not in skip], _dec(policy) == EXTERNAL_POLICY)
     next_id = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM feedback").fetchone()[0]
     rf = store.reward
     created = store._now()
@@ -190,7 +191,8 @@ def apply_feedback(
                 _enc(p.key),
                 _enc(p.comment),
                 created,
-                None if in_window else 0,  # out of the window: nothing to learn (rlfb.feedback_learning.catch_up)
+                # out of the window, or on another engine's retrieval: nothing to learn (feedback_learning.catch_up)
+                None if in_window and not ev.external else 0,
             )
         )
         if in_window:

@@ -9,11 +9,18 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from typing import cast
 
 from sqlite_utils import Database
-from sqlite_utils.db import ForeignKey
+from sqlite_utils.db import ForeignKey, Table
 
 _Step = Callable[[Database], None]
+
+
+def _table(db: Database, name: str) -> Table:
+    """``db[name]``, typed as the table the steps make or change (sqlite-utils types it ``Table | View``; no step
+    names a view)."""
+    return cast(Table, db[name])
 
 
 class Migrations:
@@ -87,7 +94,7 @@ class Migrations:
         conn = db.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            db[self.table].create(
+            _table(db, self.table).create(
                 {"migration_set": str, "name": str, "applied_at": float},
                 pk=("migration_set", "name"),
                 if_not_exists=True,
@@ -132,7 +139,7 @@ def expected_columns() -> dict[str, frozenset[str]]:
 
 @MIGRATIONS()
 def m001_events(db: Database) -> None:
-    db["events"].create(
+    _table(db, "events").create(
         {
             "id": str,
             "ts": float,
@@ -156,14 +163,14 @@ def m001_events(db: Database) -> None:
         pk="id",
         not_null=["ts", "query_hash", "weights", "explored", "propensity", "n_chunks", "created_at"],
     )
-    db["events"].create_index(["ts"])
-    db["events"].create_index(["session_id", "ts"])
-    db["events"].create_index(["parent_id"])
+    _table(db, "events").create_index(["ts"])
+    _table(db, "events").create_index(["session_id", "ts"])
+    _table(db, "events").create_index(["parent_id"])
 
 
 @MIGRATIONS()
 def m002_event_chunks(db: Database) -> None:
-    db["event_chunks"].create(
+    _table(db, "event_chunks").create(
         {
             "event_id": str,
             "chunk_id": str,
@@ -182,7 +189,7 @@ def m002_event_chunks(db: Database) -> None:
 
 @MIGRATIONS()
 def m003_feedback(db: Database) -> None:
-    db["feedback"].create(
+    _table(db, "feedback").create(
         {
             "id": int,
             "event_id": str,
@@ -216,8 +223,8 @@ def m003_feedback(db: Database) -> None:
         "CREATE UNIQUE INDEX idx_feedback_idempotency_key ON feedback (idempotency_key) "
         "WHERE idempotency_key IS NOT NULL"
     )
-    db["feedback"].create_index(["event_id"])
-    db["feedback"].create_index(["ts"])
+    _table(db, "feedback").create_index(["event_id"])
+    _table(db, "feedback").create_index(["ts"])
 
 
 @MIGRATIONS()
@@ -226,39 +233,39 @@ def m004_rewards(db: Database) -> None:
     # event_id is a copy for notebooks: neither indexed nor a foreign key, since a second
     # index costs a fifth of batched ingestion and an unindexed foreign key would make
     # every event delete scan this table.
-    db["rewards"].create(
+    _table(db, "rewards").create(
         {"id": int, "feedback_id": int, "event_id": str, "chunk_id": str, "reward": float, "ts": float},
         pk="id",
         not_null=["feedback_id", "event_id", "reward", "ts"],
         foreign_keys=[ForeignKey("rewards", "feedback_id", "feedback", "id", on_delete="CASCADE")],
     )
-    db["rewards"].create_index(["feedback_id"])
+    _table(db, "rewards").create_index(["feedback_id"])
 
 
 @MIGRATIONS()
 def m005_policy_snapshots(db: Database) -> None:
-    db["policy_snapshots"].create(
+    _table(db, "policy_snapshots").create(
         {"version": int, "ts": float, "policy": str, "weights": str, "state": str},
         pk="version",
         not_null=["ts", "weights", "state"],
     )
-    db["policy_snapshots"].create_index(["ts"])
+    _table(db, "policy_snapshots").create_index(["ts"])
 
 
 @MIGRATIONS()
 def m006_run_links(db: Database) -> None:
     # Parent links of framework runs (a LangChain chain and its sub-runs) that are not events
     # themselves, so feedback given on a top-level run id finds the retrievals nested below it.
-    db["run_links"].create(
+    _table(db, "run_links").create(
         {"run_id": str, "parent_id": str, "ts": float}, pk="run_id", not_null=["parent_id"]
     )
-    db["run_links"].create_index(["parent_id"])
+    _table(db, "run_links").create_index(["parent_id"])
 
 
 @MIGRATIONS()
 def m007_sampling_temperature(db: Database) -> None:
     # the Plackett-Luce temperature a sampled ranking was drawn with (NULL: none, or logged before it was kept)
-    db["events"].add_column("sampling_temperature", float)
+    _table(db, "events").add_column("sampling_temperature", float)
 
 
 @MIGRATIONS()
@@ -266,7 +273,7 @@ def m008_failed_runs(db: Database) -> None:
     # Runs that raised (a retry's attempt, a branch a fallback replaced; LangChain runs a fallback's attempts
     # as top-level runs, which have no link to mark): feedback on the runs above skips what was retrieved
     # inside, and a follow-up question does not judge it, since nobody saw an answer from it.
-    db["failed_runs"].create({"run_id": str, "ts": float}, pk="run_id", not_null=["ts"])
+    _table(db, "failed_runs").create({"run_id": str, "ts": float}, pk="run_id", not_null=["ts"])
 
 
 @MIGRATIONS()
@@ -274,8 +281,8 @@ def m009_snapshot_kind(db: Database) -> None:
     # the kind of ensemble each snapshot is of (rlfb.snapshot_kind.SnapshotKind.key), written with it, so that a
     # save can drop the older snapshots of its kind by index: one after every feedback, each a copy of the whole
     # learned state (megabytes), grew a soak test's file to 4 GB in 10,000 retrievals. NULL: saved before it was kept.
-    db["policy_snapshots"].add_column("kind", str)
-    db["policy_snapshots"].create_index(["kind", "version"])
+    _table(db, "policy_snapshots").add_column("kind", str)
+    _table(db, "policy_snapshots").create_index(["kind", "version"])
 
 
 @MIGRATIONS()
@@ -286,12 +293,12 @@ def m010_settings(db: Database) -> None:
     # made before this step keeps no text if any of its events kept none (that bug mixed the two, and a
     # privacy app must not be refused its own file); one with text events only keeps text; one without
     # events, what the next opener says.
-    db["settings"].create({"key": str, "value": str}, pk="key")
+    _table(db, "settings").create({"key": str, "value": str}, pk="key")
     hashed, any_event = db.execute(
         "SELECT EXISTS(SELECT 1 FROM events WHERE query IS NULL), EXISTS(SELECT 1 FROM events)"
     ).fetchone()
     if any_event:
-        db["settings"].insert({"key": "store_text", "value": "false" if hashed else "true"})
+        _table(db, "settings").insert({"key": "store_text", "value": "false" if hashed else "true"})
 
 
 @MIGRATIONS()
@@ -323,9 +330,12 @@ def m012_feedback_learned(db: Database) -> None:
     # decisions when it next looks (rlfb.feedback_learning.catch_up): feedback stored by a process killed before
     # it learned it, stored while the newest snapshot was damaged, on a decision of a policy no app was running,
     # or by FeedbackStore.record_feedback alone, was stored and never learned before. Rows stored before this step
-    # were learned, or not, by the rules of their day: they count as settled. Safe to rerun: NULL rows only.
+    # were learned, or not, by the rules of their day: they count as settled, and so does a row written without
+    # naming the column (DEFAULT 1): an rlfb of before this step still running on the file while another process
+    # upgrades it learns what it stores, and a NULL there was learned again after it (an audit's rolling upgrade).
+    # rlfb writes NULL itself for a row to learn. Safe to rerun: once the column is there, nothing changes.
     if "learned" not in {c.name for c in db["feedback"].columns}:
-        db["feedback"].add_column("learned", int)
-    db.execute("UPDATE feedback SET learned = CASE WHEN in_window THEN 1 ELSE 0 END WHERE learned IS NULL")
+        db.execute("ALTER TABLE feedback ADD COLUMN learned INTEGER DEFAULT 1")
+        db.execute("UPDATE feedback SET learned = 0 WHERE in_window = 0")
     # partial: the rows still to learn are few, and an ensemble looks for them at every refresh
     db.execute("CREATE INDEX IF NOT EXISTS idx_feedback_unlearned ON feedback (id) WHERE learned IS NULL")

@@ -64,6 +64,7 @@ class _EventInfo:
     ts: float
     chunks: list[str] = field(default_factory=list)
     used: list[str] = field(default_factory=list)
+    external: bool = False  # another engine's retrieval (rlfb.types.EXTERNAL_POLICY): no learner's decision
 
 
 _EVENT_COLS = (

@@ -91,7 +91,8 @@ def load_policy_state(
 ) -> dict[str, Any] | None:
     """The newest snapshot (of ``policy``, older than ``before``; the one of ``version``), decoded with its state,
     or ``None``."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[str | bytes | int | None] = []
     if policy is not None:
         where.append("policy = ?")
         params.append(_enc(_opt_str(policy, "policy")))
