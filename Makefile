@@ -33,7 +33,7 @@ demo: $(STAMP)
 test: $(STAMP) lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" --nbmake tests rlfb langchain_rlfb llamaindex_rlfb notebooks
 
-# ruff over the code, tests and benchmarks; mypy over the core (settings of both in pyproject.toml)
+# ruff over the code, tests and benchmarks; mypy over the core and the adapters (settings: pyproject.toml)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlfb langchain_rlfb llamaindex_rlfb tests benchmarks
 	$(VENV)/bin/mypy

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -30,7 +30,7 @@ __all__ = ["retrieval_started", "retrieval_ended"]
 
 
 def retrieval_started(handler: FeedbackCallbackHandler, query: str, run_id: UUID, parent_run_id: UUID | None,
-                      metadata: dict[str, Any] | None, name: Any) -> None:
+                      metadata: Mapping[str, Any] | None, name: Any) -> None:
     """``on_retriever_start``: keep the retrieval open, and link it to the runs above it. ``name``: the run's
     name as LangChain gave it (``kwargs["name"]``), if any."""
     # the run's metadata, with the session its chain's configurable names (RunnableWithMessageHistory's)

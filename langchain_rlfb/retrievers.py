@@ -31,7 +31,7 @@ import asyncio
 import inspect
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -295,7 +295,10 @@ def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) 
     return [as_member(m.name, m) for m in members]
 
 
-_CHECKS = {"k": positive_count, "explore": flag, "log": flag, "observe_followups": flag}
+# each option's check: (value, option name) -> the value checked
+_CHECKS: dict[str, Callable[[Any, str], int | bool]] = {
+    "k": positive_count, "explore": flag, "log": flag, "observe_followups": flag,
+}
 
 
 def _check_options(ensemble_kwargs: Mapping[str, Any], method: str) -> None:
@@ -319,7 +322,7 @@ def _named_options(func: Any) -> list[str]:
 
 def _checked_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """The options of ``data`` the retriever checks itself, validated (rlfb's ``ValidationError``)."""
-    out = {name: check(data[name], name) for name, check in _CHECKS.items() if name in data}
+    out: dict[str, Any] = {name: check(data[name], name) for name, check in _CHECKS.items() if name in data}
     if data.get("session_id") is not None:
         session = data["session_id"]
         if session_text(session) is None:

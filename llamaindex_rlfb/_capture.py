@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from llama_index.core.instrumentation.events.query import QueryEndEvent, QueryStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent, RetrievalStartEvent
@@ -31,6 +31,11 @@ from rlfb.errors import UnknownEventError
 from rlfb.runs import log_external
 
 if TYPE_CHECKING:
+    import threading
+    from collections import OrderedDict
+    from contextvars import ContextVar
+
+    from llamaindex_rlfb._spans import SpanParents
     from llamaindex_rlfb.events import FeedbackRetrievalEvent
 
 __all__ = ["Capture"]
@@ -42,24 +47,49 @@ class Capture:
     """The handler's steps, one per event type (a mixin of :class:`~llamaindex_rlfb.events.FeedbackEventHandler`,
     whose fields it reads; ``handle`` there picks the step)."""
 
+    if TYPE_CHECKING:  # the handler's fields these steps read, and its other mixins' methods they call
+        _store: Any
+        _lock: threading.Lock
+        _spans: SpanParents
+        _bare: ContextVar[_Bare | None]
+        _decision: ContextVar[tuple[str, str] | None]  # (event id, query id) of the latest top-level decision
+        _learners: OrderedDict[str, tuple[weakref.ref[Any], weakref.ref[Any] | None]]  # (adapter, its ensemble)
+        _adapters: OrderedDict[int, weakref.ref[Any]]
+        _logged: OrderedDict[str, list[tuple[str, ...]]]
+        _nested: OrderedDict[str, list[str]]
+        _raised: OrderedDict[str, None]
+        _span_of: OrderedDict[str, str]
+        _cut_from: OrderedDict[tuple[str, str], tuple[str, str]]
+        _decided_in: OrderedDict[str, list[tuple[str, bool]]]
+        _retrieved_in: OrderedDict[str, set[str]]
+
+        @property
+        def last_query_id(self) -> str | None: ...
+        def _span_for(self, qid: str) -> str: ...
+        def _set_last(self, qid: str) -> None: ...
+        def _remember_response(self, response: Any, qid: str) -> None: ...
+        def _makers_of(self, event_ids: Sequence[str]) -> dict[str, Any]: ...
+
     def _retrieval_start(self, event: RetrievalStartEvent) -> None:
         push(RETRIEVALS, span_of(event))
 
     def _span_drop(self, event: SpanDropEvent) -> None:
-        # a query or retrieval that raised: forget its span
-        pop(QUERIES, event.span_id)
-        pop(RETRIEVALS, event.span_id)
+        # a query or retrieval that raised: forget its span (the dispatcher's SpanDropEvent always names it; a
+        # BaseEvent's span_id is optional for events made outside any span)
+        dropped = cast(str, event.span_id)
+        pop(QUERIES, dropped)
+        pop(RETRIEVALS, dropped)
         last = self.last_query_id
         # the span the latest query began with (its id, or the retrieval a re-ranking's run re-ranked: until
         # 2026-12-06 that run, "<span>/reranked/<event>", was looked up as a span, found none, and a chat turn
         # with an rlfb postprocessor whose LLM raised was rated by feedback naming no query)
         since = None if last is None else self._span_for(last)
         with self._lock:
-            self._nested.pop(event.span_id, None)
-            self._decided_in.pop(event.span_id, None)
-            self._retrieved_in.pop(event.span_id, None)
-            if last is not None and (event.span_id in (last, since) or self._spans.above(since, event.span_id)
-                                     or self._spans.turn_after(event.span_id, since)):
+            self._nested.pop(dropped, None)
+            self._decided_in.pop(dropped, None)
+            self._retrieved_in.pop(dropped, None)
+            if last is not None and (dropped in (last, since) or self._spans.above(since, dropped)
+                                     or self._spans.turn_after(dropped, since)):
                 # (the last: a chat turn that raised before it retrieved, its condensing LLM or its retriever
                 # down, left the latest query on the turn before, and a thumbs down on it rated that good answer)
                 # the latest query, or the call its bare retrieval ran in (a chat engine's turn), gave no answer:

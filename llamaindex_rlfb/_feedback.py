@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamaindex_rlfb._learners import ensemble_of, live_adapters, live_ensembles
 from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
@@ -20,6 +20,11 @@ from rlfb.runs import (
     record_run_feedback,
     same_store,
 )
+
+if TYPE_CHECKING:
+    import threading
+    import weakref
+    from collections import OrderedDict
 
 __all__ = ["adapter_feedback", "HandlerFeedback"]
 
@@ -64,6 +69,19 @@ def _no_query_named(what: str) -> UnknownEventError:
 class HandlerFeedback:
     """Feedback by query id (a mixin of :class:`~llamaindex_rlfb.events.FeedbackEventHandler`, whose fields it
     reads)."""
+
+    if TYPE_CHECKING:  # the handler's fields these methods read, and its query ids' method they call
+        score_scale: str
+        _store: Any
+        _ensemble: Any
+        _lock: threading.Lock
+        _learners: OrderedDict[str, tuple[weakref.ref[Any], weakref.ref[Any] | None]]  # (adapter, its ensemble)
+        _adapters: OrderedDict[int, weakref.ref[Any]]
+        _raised: OrderedDict[str, None]
+        _cut_from: OrderedDict[tuple[str, str], tuple[str, str]]
+        _warned_unlearned: bool
+
+        def _implied_query(self) -> str | None: ...
 
     def record_feedback(
         self,
@@ -196,7 +214,7 @@ class HandlerFeedback:
         candidates: list[Any] | None = None  # the live ensembles, looked up once, for a decision none was seen making
         makers = {}
         for eid, ref in refs.items():
-            adapter, ensemble = (None, None) if ref is None else (ref[0](), ref[1] and ref[1]())
+            adapter, ensemble = (None, None) if ref is None else (ref[0](), None if ref[1] is None else ref[1]())
             ens = ensemble_of(adapter) if adapter is not None else ensemble
             if ens is None or ens.store is None:
                 ens = maker_of(eid)

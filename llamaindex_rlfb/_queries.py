@@ -6,12 +6,18 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.instrumentation.span import active_span_id
 
 from llamaindex_rlfb._spans import KEPT, task_key
 from rlfb.errors import ValidationError
+
+if TYPE_CHECKING:
+    from collections import OrderedDict
+    from contextvars import ContextVar
+
+    from llamaindex_rlfb._spans import SpanParents
 
 __all__ = ["QueryIds"]
 
@@ -19,6 +25,15 @@ __all__ = ["QueryIds"]
 class QueryIds:
     """The handler's query ids (a mixin of :class:`~llamaindex_rlfb.events.FeedbackEventHandler`, whose fields it
     reads)."""
+
+    if TYPE_CHECKING:  # the handler's fields these methods read
+        _store: Any
+        _lock: threading.Lock
+        _spans: SpanParents
+        _last: ContextVar[tuple[str, int | None] | None]  # (latest query id, the task that set it)
+        _thread_last: OrderedDict[int, tuple[str, int | None]]
+        _span_of: OrderedDict[str, str]
+        _responses: dict[int, tuple[weakref.ref[Any], str]]
 
     @property
     def last_query_id(self) -> str | None:

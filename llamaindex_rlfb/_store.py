@@ -31,7 +31,7 @@ def store_path_of(store: Any) -> str:
     return MEMORY if path in (MEMORY, "") else os.path.abspath(path)
 
 
-def open_store(store: Any, store_path: str | None) -> Any:
+def open_store(store: Any, store_path: str | os.PathLike[str] | None) -> Any:
     """The :class:`rlfb.store.FeedbackStore` for ``store`` (a path, a store or ``None``) or ``store_path``.
 
     ``store_path`` is the dumped form of a store: the file to reopen. Given with

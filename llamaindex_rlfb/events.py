@@ -231,7 +231,8 @@ class FeedbackEventHandler(QueryIds, Capture, HandlerFeedback, BaseEventHandler)
             lost.append("store")
         if ensemble is not None:
             lost.append("ensemble")
-        super().__init__(store_path=path, score_scale=score_scale, not_serialised=lost)
+        # pydantic's __init__ takes this model's fields; mypy reads BaseEventHandler's, which has none of them
+        super().__init__(store_path=path, score_scale=score_scale, not_serialised=lost)  # type: ignore[call-arg]
         self._store = store
         self._owns_store = store is not handed  # close() closes only a store opened here, not a borrowed one
         self._ensemble = ensemble

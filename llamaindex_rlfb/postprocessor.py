@@ -242,7 +242,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             if ensemble.store is None:
                 raise NoStoreError()
             open_store(ensemble.store, store_path)  # raises when a dump's file is not the ensemble's
-            super().__init__(top_n=top_n, explore=explore, log=log, callback_manager=manager,
+            # (pydantic's __init__ takes this model's fields; mypy reads the base's, which has none of them)
+            super().__init__(top_n=top_n, explore=explore, log=log, callback_manager=manager,  # type: ignore[call-arg]
                              store_path=store_path_of(ensemble.store), not_serialised=["ensemble"])
             self._ensemble = ensemble
             self._store = ensemble.store
@@ -266,7 +267,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         if not isinstance(policy, str):
             lost.append("policy")
         lost += [k for k, v in ensemble_kwargs.items() if not _jsonable(v)]
-        super().__init__(
+        super().__init__(  # type: ignore[call-arg]  # this model's fields: mypy reads the base's __init__
             top_n=top_n, explore=explore, log=log, callback_manager=manager, store_path=store_path_of(store),
             retrievers=None if "retrievers" in lost else names, policy=policy if isinstance(policy, str) else None,
             options={k: v for k, v in ensemble_kwargs.items() if k not in lost}, not_serialised=lost,
@@ -274,11 +275,11 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         self._store = store
         options = {"policy": policy, **ensemble_kwargs}
         if any(v is not None for v in (nodes, index, docstore)):
-            corpus = corpus_nodes(index=index, nodes=nodes, docstore=docstore)
+            indexed = corpus_nodes(index=index, nodes=nodes, docstore=docstore)
             self._ensemble = FeedbackEnsemble.from_chunks(
-                nodes_to_chunks(corpus), retrievers=retrievers, store=self._store, **options
+                nodes_to_chunks(indexed), retrievers=retrievers, store=self._store, **options
             )
-            warn_if_ids_were_made_anew(corpus, self._ensemble)
+            warn_if_ids_were_made_anew(indexed, self._ensemble)
         else:
             self._seen = OrderedDict()
             self._pending = OrderedDict()
