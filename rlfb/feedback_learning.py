@@ -349,9 +349,11 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
             ens._owed_more = False
             if not records:
                 return 0
-            if getattr(store, "exclusive_depth", 0):  # a caller's block rolled back: its rows are to learn again
-                store.on_rollback(lambda: setattr(ens, "_caught_up", min(ens._caught_up, start)))
-            with store.exclusive():
+            exclusive = getattr(store, "exclusive", None)  # a store of the user's own may have none
+            with exclusive() if callable(exclusive) else contextlib.nullcontext():
+                on_rollback = getattr(store, "on_rollback", None)
+                if callable(on_rollback):  # this block, or a caller's around it, rolled back: look at them again
+                    on_rollback(lambda: setattr(ens, "_caught_up", min(ens._caught_up, start)))
                 # the snapshot after the batch, not one per row: a backlog of 1,000 rows wrote 1,000 of them
                 ens._holding_snapshots = True
                 try:

@@ -35,6 +35,14 @@ def _ensemble(path: Path, **kw: Any) -> FeedbackEnsemble:
     return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=str(path), **kw)
 
 
+def _retrieved_before_a_restart(path: Path, query: str = "what causes the tides") -> Any:
+    """A retrieval logged by an ensemble that is gone since (a restart): no live ensemble made it."""
+    made = _ensemble(path)
+    result = made.retrieve(query, k=3)
+    made.close()
+    return result
+
+
 def _newest_n_learned(path: Path) -> int:
     with FeedbackStore(path) as store:
         return int(store.load_policy_state()["state"]["n_learned"])
@@ -42,9 +50,7 @@ def _newest_n_learned(path: Path) -> int:
 
 def test_feedback_stored_alone_is_learned_once_by_the_next_ensemble_of_its_policy(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "fb.db"
-    ens = _ensemble(path)
-    r = ens.retrieve("what causes the tides", k=3)
-    ens.close()
+    r = _retrieved_before_a_restart(path)
     with FeedbackStore(path) as store:  # a feedback service of its own, writing to the app's file
         rec = store.record_feedback(r.event_id, "thumbs_up", chunk_id=r.hits[0].chunk_id)
         assert store.feedback_learned(rec.feedback_id) is None
@@ -74,9 +80,7 @@ def test_feedback_stored_alone_is_learned_once_by_the_next_ensemble_of_its_polic
 
 def test_feedback_of_a_process_killed_before_it_learned_is_learned_after_the_restart(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    ens = _ensemble(path)
-    r = ens.retrieve("what causes the tides", k=3)
-    ens.close()
+    r = _retrieved_before_a_restart(path)
     child = textwrap.dedent(f"""
         import os
         from rlfb.store import FeedbackStore
@@ -180,9 +184,7 @@ def test_damage_stops_the_catching_up_and_it_goes_on_after_the_drop(tmp_path: Pa
 def test_a_row_another_process_learns_while_this_one_is_about_to_is_learned_once(tmp_path: Path) -> None:
     # both list the row owed; the other learns it first: this one checks the mark under the write lock
     path = tmp_path / "fb.db"
-    made = _ensemble(path)
-    r = made.retrieve("what causes the tides", k=3)
-    made.close()  # before a restart: neither live ensemble made it
+    r = _retrieved_before_a_restart(path)  # neither live ensemble made it
     a, b = _ensemble(path, refresh_interval=3600.0), _ensemble(path, refresh_interval=3600.0)
     a.retrieve("aurora", k=2)
     b.retrieve("aurora", k=2)
@@ -223,9 +225,7 @@ def test_two_live_ensembles_learn_a_row_owed_once_between_them(tmp_path: Path) -
 
 def test_a_busy_store_while_catching_up_is_warned_of_once_and_tried_again(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    ens = _ensemble(path)
-    r = ens.retrieve("what causes the tides", k=3)
-    ens.close()
+    r = _retrieved_before_a_restart(path)
     ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="thompson",
                                       refresh_interval=0.0, store=FeedbackStore(path, busy_timeout=0.05))
     ens.retrieve("glacier", k=2)
@@ -372,9 +372,7 @@ def test_rows_caught_up_at_a_persist_interval_are_written_at_once(tmp_path: Path
     # marked in the look's transaction while their learning waited for persist_interval, they were lost to a
     # process killed before its next snapshot: the mark said learned, and no snapshot held them
     path = tmp_path / "fb.db"
-    made = _ensemble(path)
-    r = made.retrieve("tides", k=2)
-    made.close()
+    r = _retrieved_before_a_restart(path)
     ens = _ensemble(path, persist_interval=3600.0)
     own = ens.retrieve("aurora", k=2)
     ens.feedback(own.event_id, "thumbs_up")  # its first snapshot: the next is an hour away
@@ -391,9 +389,7 @@ def test_a_row_an_rlfb_of_before_the_step_writes_after_it_counts_as_learned(tmp_
     # a rolling upgrade: an app of the previous version, still running on the file another process upgraded,
     # learns what it stores and writes rows without the column; taken as owed, they were learned a second time
     path = tmp_path / "fb.db"
-    made = _ensemble(path)
-    r = made.retrieve("tides", k=2)
-    made.close()
+    r = _retrieved_before_a_restart(path)
     with sqlite3.connect(path) as db:  # the previous version's insert names no `learned`
         db.execute("INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
                    "discounted, reward, ts, delay, in_window, created_at) SELECT 99, id, NULL, 'thumbs_up', "
@@ -404,3 +400,29 @@ def test_a_row_an_rlfb_of_before_the_step_writes_after_it_counts_as_learned(tmp_
     ens.retrieve("aurora", k=2, log=False)
     assert ens.learner.n_learned == 0 and ens.store.feedback_learned(99) is True
     ens.close()
+
+
+def test_a_look_whose_writes_are_undone_looks_again(tmp_path: Path) -> None:
+    # a full disk while the batch's snapshot is written undoes the marks and the learning: the rows are looked
+    # at again at the next look, not passed over until a restart
+    from rlfb.errors import StoreFullError
+
+    path = tmp_path / "fb.db"
+    r = _retrieved_before_a_restart(path)
+    with FeedbackStore(path) as store:
+        owed = store.record_feedback(r.event_id, "thumbs_up")
+    ens = _ensemble(path, refresh_interval=3600.0)
+    persist = ens._persist
+
+    def full_once(**kw: Any) -> None:
+        ens._persist = persist  # type: ignore[method-assign]
+        raise StoreFullError("database or disk is full")
+
+    ens._persist = full_once  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match="not learned yet could not be learned now"):
+        ens.retrieve("aurora", k=2, log=False)
+    assert ens.learner.n_learned == 0 and ens.store.feedback_learned(owed.feedback_id) is None
+    ens.refresh()
+    assert ens.learner.n_learned == 1 and ens.store.feedback_learned(owed.feedback_id) is True
+    ens.close()
+    assert _newest_n_learned(path) == 1

@@ -520,8 +520,9 @@ class FeedbackStore:
         An ensemble learns those on its own decisions when it next looks (at a refresh or a feedback), so that
         feedback stored by a process killed before it learned it, stored while the newest snapshot was damaged,
         on the decision of a policy no app was running, or stored here alone (:meth:`record_feedback`), is
-        learned once an ensemble that made such decisions runs. Feedback out of the attribution window, a
-        repeat, and rows stored before this was kept (schema step ``m012_feedback_learned``) are not listed.
+        learned once an ensemble that made such decisions runs. Feedback out of the attribution window or on
+        another engine's retrieval, a repeat once an ensemble has looked at it, and rows stored before this was
+        kept (schema step ``m012_feedback_learned``) are not listed.
 
         >>> store = FeedbackStore(":memory:")
         >>> eid = store.log_event("tides", {"weights": {"bm25": 1.0}, "policy": "thompson"}, [{"chunk_id": "a"}])
@@ -538,7 +539,8 @@ class FeedbackStore:
 
     def feedback_learned(self, feedback_id: int) -> bool | None:
         """Whether a learner took the feedback row ``feedback_id`` (``True``), there was nothing in it to learn
-        (``False``: out of the attribution window, a repeat), or neither yet (``None``)."""
+        (``False``: out of the attribution window, a repeat, on another engine's retrieval), or neither yet
+        (``None``; also for an id that names no row)."""
         return feedback_log.learned_mark(self, _check_int(feedback_id, "feedback_id", minimum=1))
 
     def mark_learned(self, feedback_id: int, learned: bool = True) -> None:
