@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -30,3 +31,13 @@ def unchecked(root: Path) -> Path:
     for file in root.rglob("checksums.json"):
         file.unlink()
     return root
+
+
+def damage_newest_snapshot(path: Path) -> int:
+    """Write a learner state no learner can read into the newest policy snapshot of the store file ``path``, as a
+    foreign tool would; returns that snapshot's version."""
+    with sqlite3.connect(path) as db:
+        newest = db.execute("SELECT MAX(version) FROM policy_snapshots").fetchone()[0]
+        db.execute("UPDATE policy_snapshots SET state = ? WHERE version = ?", ('{"broken": 1}', newest))
+    db.close()
+    return int(newest)

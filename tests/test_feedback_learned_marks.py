@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _damage import damage_newest_snapshot
 
 from rlfb import FeedbackEnsemble
 from rlfb.cli import main
@@ -118,9 +119,7 @@ def test_the_same_feedback_stored_alone_then_given_to_the_ensemble_is_learned_on
 
 def test_feedback_on_a_policy_no_app_was_running_is_learned_when_one_starts(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    thompson = _ensemble(path)
-    r = thompson.retrieve("what causes the tides", k=3)
-    thompson.close()
+    r = _retrieved_before_a_restart(path)  # by a thompson app
     gradient = _ensemble(path, policy="gradient")
     gradient.feedback(r.event_id, "thumbs_up")  # not its decision: stored, and not learned by it
     gradient.retrieve("aurora", k=2)
@@ -139,10 +138,7 @@ def test_feedback_given_while_the_newest_snapshot_is_damaged_is_learned_once_it_
         r = ens.retrieve("aurora", k=2)
         ens.feedback(r.event_id, "thumbs_up")
     ens.close()
-    with sqlite3.connect(path) as db:
-        newest = db.execute("SELECT MAX(version) FROM policy_snapshots").fetchone()[0]
-        db.execute("UPDATE policy_snapshots SET state = ? WHERE version = ?", ('{"broken": 1}', newest))
-    db.close()
+    newest = damage_newest_snapshot(path)
     with FeedbackStore(path) as store:
         lost = store.record_feedback(r.event_id, "thumbs_down", idempotency_key="k1")
         assert store.drop_snapshot(newest)

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from _damage import damage_newest_snapshot
 
 from rlfb import FeedbackEnsemble
 from rlfb.cli import main
@@ -180,9 +181,7 @@ def test_a_snapshot_no_learner_can_read_is_named_with_the_way_past_it(tmp_path):
         r = ens.retrieve("aurora", k=2)
         ens.feedback(r.event_id, "thumbs_up")
     ens.close()
-    with sqlite3.connect(path) as db:
-        newest = db.execute("SELECT MAX(version) FROM policy_snapshots").fetchone()[0]
-        db.execute("UPDATE policy_snapshots SET state = ? WHERE version = ?", ('{"broken": 1}', newest))
+    newest = damage_newest_snapshot(path)
     with pytest.raises(CorruptStateError, match=rf"snapshot {newest} in .*fb.db is damaged.*drop-snapshot"):
         FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(path), policy="thompson")
     with FeedbackStore(path) as store:
