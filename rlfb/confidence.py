@@ -40,9 +40,11 @@ from typing import Any
 import numpy as np
 
 from rlfb.blocks import encode_block
+from rlfb.decay import decay_factor
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
-from rlfb.policies._util import check_float, decay_factor, plain_numbers, saved_times
+from rlfb.hyperparameters import check_float, plain_numbers
 from rlfb.reward import finite_float
+from rlfb.saved_state import saved_times
 
 __all__ = ["ConfidenceParams", "ChunkConfidence", "MAX_CHUNKS"]
 

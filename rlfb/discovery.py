@@ -50,7 +50,8 @@ import numpy as np
 
 from rlfb.errors import CorruptStateError
 from rlfb.exploration import ExplorationResult
-from rlfb.policies._util import MAX_COUNT, check_float, check_int, plain_numbers, rng_state, set_rng_state
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
+from rlfb.saved_state import MAX_COUNT, rng_state, set_rng_state
 
 __all__ = ["DiscoveryParams", "RepeatDiscovery"]
 

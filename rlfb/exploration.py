@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import MAX_COUNT, check_float, check_int, plain_numbers, rng_state, set_rng_state
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
+from rlfb.saved_state import MAX_COUNT, rng_state, set_rng_state
 
 __all__ = [
     "EXPLORATIONS",

@@ -33,6 +33,7 @@ from rlfb.errors import InvalidWeightsError, ValidationError
 from rlfb.types import check_choice
 
 __all__ = [
+    "score_scale",
     "FUSION_METHODS",
     "check_fusion",
     "minmax_normalize",
@@ -337,3 +338,15 @@ def weighted_rrf(
             seen.add(doc)
             fused[doc] = fused.get(doc, 0.0) + float(weight) / (c + rank)
     return dict(sorted(fused.items(), key=lambda kv: -kv[1]))
+
+
+def score_scale(matrix: np.ndarray) -> float:
+    """The scale of a normalised score matrix: its largest absolute value (1.0 when empty or zero).
+
+    Min-max scores have a scale near 1, RRF scores near ``1/61``; dividing by
+    the scale makes temperatures and feature weights mean the same under each.
+    """
+    if matrix.size == 0:
+        return 1.0
+    m = float(np.max(np.abs(matrix)))
+    return m if m > 1e-12 and math.isfinite(m) else 1.0

@@ -43,8 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from rlfb.credit import ranks_nothing
 from rlfb.errors import CorruptStateError, ValidationError
-from rlfb.policies._util import check_float, check_int, plain_numbers, ranks_nothing, saved_count
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
+from rlfb.saved_state import saved_count
 
 __all__ = ["GuardrailParams", "Guardrail"]
 

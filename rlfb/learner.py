@@ -52,10 +52,14 @@ from typing import Any
 import numpy as np
 
 from rlfb.confidence import ChunkConfidence
+from rlfb.credit import chunk_evidence, shared_credit
+from rlfb.decay import episode_time
 from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.exploration import NoExploration, ThompsonChunkExploration
+from rlfb.fusion import score_scale
 from rlfb.guardrail import Guardrail
+from rlfb.hyperparameters import check_int
 from rlfb.learner_checks import (
     FUTURE_TOLERANCE,
     _candidate_embeddings,
@@ -68,20 +72,10 @@ from rlfb.learner_config import LearnerConfig  # its own module; importable from
 from rlfb.memory import FeedbackMemory
 from rlfb.memory import keyed as _keyed
 from rlfb.policies import make_policy
-from rlfb.policies._util import (
-    check_int,
-    chunk_evidence,
-    episode_time,
-    logged_weights,
-    saved_bounds,
-    saved_count,
-    score_scale,
-    shared_credit,
-    validate_retrievers,
-    weights_vector,
-)
 from rlfb.policies.base import Context, Decision, Episode, Policy
+from rlfb.policies.simplex import logged_weights, saved_bounds, validate_retrievers, weights_vector
 from rlfb.replay import PrioritizedReplay
+from rlfb.saved_state import saved_count
 from rlfb.types import check_chunk_ids, validate_k
 
 __all__ = ["LearnerConfig", "Ranking", "Learner"]

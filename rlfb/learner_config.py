@@ -15,8 +15,8 @@ from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import ValidationError
 from rlfb.exploration import EXPLORATIONS, EpsilonGreedyExploration, NoExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
 from rlfb.memory import FeedbackMemory
-from rlfb.policies._util import check_float, check_int, plain_numbers
 from rlfb.replay import PrioritizedReplay
 from rlfb.types import check_known_options
 

@@ -4,10 +4,10 @@ Fixed fusion weights can never learn which chunks answer which questions. The
 memory can: it keeps, for every query that received feedback, the evidence
 per chunk (a click is positive; a chunk that was read and passed over, shown
 above a clicked one, is weakly negative; see
-:func:`rlfb.policies._util.chunk_evidence`). Praise of a whole answer says
+:func:`rlfb.credit.chunk_evidence`). Praise of a whole answer says
 that one of its chunks helped, not which, so the learner gives the memory a
 ``1/n`` share of it for each of the answer's ``n`` chunks
-(:func:`rlfb.policies._util.shared_credit`); a thumbs down counts whole for
+(:func:`rlfb.credit.shared_credit`); a thumbs down counts whole for
 each. For a new query it returns a
 per-candidate score in [-1, 1]:
 
@@ -54,10 +54,12 @@ from typing import Any, cast
 import numpy as np
 
 from rlfb.blocks import decode_block, encode_block
+from rlfb.decay import decay_factor
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
-from rlfb.policies._util import check_float, check_int, decay_factor, plain_numbers, saved_count, saved_times
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
 from rlfb.relevance_feedback import similar_to_clicked
 from rlfb.reward import finite_float
+from rlfb.saved_state import saved_count, saved_times
 
 __all__ = ["MemoryParams", "FeedbackMemory", "is_blank", "normalize_query", "naming_model", "without_embeddings",
            "knows_questions_by_text", "question_key", "keyed", "MAX_KEY_CHARS", "MAX_CHUNKS_PER_QUESTION"]

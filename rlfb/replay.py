@@ -50,8 +50,9 @@ import numpy as np
 
 from rlfb.blocks import decode_block, encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError
-from rlfb.policies._util import check_float, check_int, plain_numbers, rng_state, saved_count, set_rng_state
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
 from rlfb.policies.base import Decision, Episode
+from rlfb.saved_state import rng_state, saved_count, set_rng_state
 
 __all__ = [
     "ReplayParams", "PrioritizedReplay", "episode_to_dict", "episode_from_dict", "episode_columns",

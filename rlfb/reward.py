@@ -31,7 +31,7 @@ much a chunk learns depend on ``k``, so a chunk shown among ten would learn a
 tenth of what it learns when shown among one. Learners that want a budget
 that sums to the event reward should pick ``"split"``. (The learner's feedback
 memory, which says which chunks answer a question, shares praise of a whole
-answer among its chunks itself: :func:`rlfb.policies._util.shared_credit`.)
+answer among its chunks itself: :func:`rlfb.credit.shared_credit`.)
 """
 
 from __future__ import annotations

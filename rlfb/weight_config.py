@@ -294,7 +294,7 @@ def _check_export_fields(path: str | Path, data: Mapping[str, Any]) -> None:
 
 def _clamped(learner: Any, weights: Mapping[str, float]) -> dict[str, float] | None:
     """The weights as ``learner``'s policy clamps them to its bounds, or ``None`` when they are within them."""
-    from rlfb.policies._util import project_simplex
+    from rlfb.policies.simplex import project_simplex
 
     bounds = getattr(getattr(learner.policy, "hyper", None), "bounds", None)
     if bounds is None:  # e.g. the fixed policy takes any weights

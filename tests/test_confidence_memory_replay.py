@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from rlfb.confidence import ChunkConfidence
+from rlfb.credit import chunk_evidence, shared_credit
 from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, NonFiniteValueError, ValidationError
 from rlfb.exploration import EpsilonGreedyExploration, ThompsonChunkExploration
 from rlfb.guardrail import Guardrail
 from rlfb.memory import FeedbackMemory, normalize_query
-from rlfb.policies._util import chunk_evidence, shared_credit
 from rlfb.policies.base import Decision, Episode
 from rlfb.replay import PrioritizedReplay, episode_from_dict, episode_to_dict, inclusion_probabilities
 

@@ -183,7 +183,7 @@ def test_huge_weights_normalise_without_overflow() -> None:
 
 
 def test_two_huge_policy_weights_stay_equal() -> None:
-    from rlfb.policies._util import weights_vector
+    from rlfb.policies.simplex import weights_vector
 
     assert weights_vector([1e308, 1e308], ("a", "b")).tolist() == [0.5, 0.5]
     with pytest.raises(InvalidWeightsError):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from rlfb import FeedbackEnsemble
+from rlfb.credit import chunk_evidence
 from rlfb.errors import FeedbackBeforeEventError, IdempotencyConflictError, ValidationError
-from rlfb.policies._util import chunk_evidence
 from rlfb.reward import as_timestamp
 from rlfb.runs import default_implicit, log_external, record_run_feedback
 from rlfb.store import FeedbackStore

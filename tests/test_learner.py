@@ -886,7 +886,7 @@ def test_the_bound_on_future_times_is_thirty_days_past_this_machines_clock():
 def test_the_memorys_offset_is_in_units_of_the_fusions_score_scale() -> None:
     # without the scale, the memory's evidence outweighed RRF-sized scores (about 1/61) and vanished beside
     # large ones: the learned order depended on the fusion's units
-    from rlfb.policies._util import score_scale
+    from rlfb.fusion import score_scale
 
     config = LearnerConfig(confidence_weight=0.0, exploration="none", discovery_rate=0.0)
     orders = []
@@ -903,7 +903,7 @@ def test_the_memorys_offset_is_in_units_of_the_fusions_score_scale() -> None:
 
 def test_relevance_feedback_is_weighed_by_the_memory_weight_too() -> None:
     # scale * memory_weight * relevance_feedback_weight * likeness: the memory weight was left out of it
-    from rlfb.policies._util import score_scale
+    from rlfb.fusion import score_scale
 
     config = LearnerConfig(confidence_weight=0.0, exploration="none", discovery_rate=0.0, memory_weight=2.0,
                            relevance_feedback_weight=0.5)

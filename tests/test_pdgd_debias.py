@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from rlfb.fusion import score_scale
 from rlfb.policies import GradientPolicy
-from rlfb.policies._util import pdgd_pairs, score_scale
 from rlfb.policies.base import Context, Decision, Episode
-from rlfb.policies.gradient import pdgd_debias_weights, plackett_luce_log_prob
+from rlfb.policies.gradient import pdgd_debias_weights, pdgd_pairs, plackett_luce_log_prob
 
 RETRIEVERS = ("bm25", "dense", "splade")
 

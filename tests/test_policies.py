@@ -23,9 +23,9 @@ from rlfb.policies import (
     ThompsonPolicy,
     make_policy,
 )
-from rlfb.policies._util import pdgd_pairs, project_simplex
 from rlfb.policies.base import Context, Decision, Episode, Policy
-from rlfb.policies.gradient import pdgd_debias_weights, plackett_luce_log_prob
+from rlfb.policies.gradient import pdgd_debias_weights, pdgd_pairs, plackett_luce_log_prob
+from rlfb.policies.simplex import project_simplex
 from rlfb.policies.thompson import simplex_grid
 
 from _toy_env import RETRIEVERS, ToyEnv, simulate

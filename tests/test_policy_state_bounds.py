@@ -18,7 +18,7 @@ import pytest
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.learner import Learner, LearnerConfig
 from rlfb.policies import POLICIES, Context, Decision, Episode, make_policy
-from rlfb.policies._util import check_within_bounds, default_bounds, project_simplex
+from rlfb.policies.simplex import check_within_bounds, default_bounds, project_simplex
 
 from _toy_env import RETRIEVERS, ToyEnv, simulate
 

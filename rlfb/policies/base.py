@@ -11,13 +11,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Context", "Decision", "Episode", "Policy", "MIN_PROPENSITY", "same_hyperparameters"]
+from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.hyperparameters import check_float, check_int
+from rlfb.policies.simplex import default_bounds, saved_bounds, validate_retrievers
+from rlfb.saved_state import MAX_COUNT, read_number, rng_state, set_rng_state
+
+__all__ = ["BasePolicy", "Context", "Decision", "Episode", "Policy", "MIN_PROPENSITY", "same_hyperparameters"]
 
 #: the smallest propensity a decision logs (the least positive normal float)
 MIN_PROPENSITY = sys.float_info.min
@@ -206,3 +211,138 @@ def _by_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_by_value(v) for v in value]
     return value
+
+
+class BasePolicy:
+    """What every policy shares: retrievers, a seeded generator, tuning multipliers, ``partial_fit``.
+
+    Subclasses set ``name`` and implement ``decide``, ``learn``, ``weights``
+    and ``_state``/``_load_state``.
+    """
+
+    name = "base"
+
+    def __init__(self, retrievers: Sequence[str], seed: int | None = 0) -> None:
+        self.retrievers = validate_retrievers(retrievers)
+        if seed is not None:
+            seed = check_int("seed", seed, 0)  # a numpy integer as a plain one: its state is written as JSON
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._n_updates = 0.0
+        self._lr_scale = 1.0
+        self._explore_scale = 1.0
+
+    def _bounds_or_default(self, bounds: tuple[float, float] | None) -> tuple[float, float]:
+        """The bounds given, or where none were (``None``, the constructors' default) :func:`default_bounds` for
+        this policy's number of retrievers: only the default adapts to ``n``. ``hyper.bounds``, and the saved
+        ``params`` a learner is rebuilt from, hold the bounds in use."""
+        return default_bounds(len(self.retrievers)) if bounds is None else bounds
+
+    def _check_bounds_fit(self, bounds: tuple[float, float]) -> None:
+        """Refuse bounds that leave ``n`` weights no room: an upper bound under ``1/n`` (no ``n`` weights under it
+        sum to 1) or a lower bound at or over ``1/n`` (only ``1/n`` each do). The projection widened either to
+        ``1/n``, so the policy kept equal weights for ever while its ``hyper.bounds`` said otherwise. The default
+        lower bound stays under ``1/n`` (:func:`default_bounds`): only bounds given explicitly are refused."""
+        n = len(self.retrievers)
+        if n > 1 and bounds[1] * n < 1.0 - 1e-12:
+            raise ValidationError(f"bounds {tuple(bounds)} cannot hold {n} weights summing to 1: the upper bound "
+                                  f"must be at least 1/{n}")
+        if n > 1 and bounds[0] * n >= 1.0 - 1e-12:
+            raise ValidationError(f"bounds {tuple(bounds)} pin each of {n} weights at 1/{n}: the lower bound must "
+                                  f"be under 1/{n} (leave bounds out for a default that fits {n} retrievers)")
+
+    # -- tuning by the guardrail
+    def tune(self, *, learning_rate: float = 1.0, exploration: float = 1.0) -> BasePolicy:
+        """Set the guardrail's multipliers on the learning rate and on exploration."""
+        self._lr_scale = check_float("learning_rate multiplier", learning_rate, 0.0, 10.0)
+        self._explore_scale = check_float("exploration multiplier", exploration, 0.0, 10.0)
+        return self
+
+    @property
+    def n_updates(self) -> float:
+        """The (replay-weighted) number of updates learned so far."""
+        return self._n_updates
+
+    def partial_fit(self, episodes: Iterable[Any]) -> BasePolicy:
+        """Replay logged episodes through :meth:`learn`, each with its own reward."""
+        for ep in episodes:
+            self.learn(ep, ep.reward)  # type: ignore[attr-defined]
+        return self
+
+    def uncertainty(self, context: Any) -> float:
+        """How unsure the policy is about its weights for this context, in [0, 1]."""
+        return 0.0
+
+    def params(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        return {}
+
+    def _state(self) -> dict[str, Any]:  # pragma: no cover - overridden
+        return {}
+
+    def _load_state(self, state: Mapping[str, Any]) -> None:  # pragma: no cover - overridden
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Hyperparameters, learned state and the generator's state, JSON-safe."""
+        return {
+            "name": self.name,
+            "retrievers": list(self.retrievers),
+            "params": self.params(),
+            "seed": self.seed,
+            "n_updates": float(self._n_updates),
+            "lr_scale": float(self._lr_scale),
+            "explore_scale": float(self._explore_scale),
+            "rng": rng_state(self._rng),
+            "state": self._state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> BasePolicy:
+        """Restore what :meth:`state_dict` saved; a mismatch or damage raises :class:`CorruptStateError`."""
+        if not isinstance(state, Mapping):
+            raise CorruptStateError(f"policy state must be a mapping, got {type(state).__name__}")
+        try:
+            if state.get("name") != self.name:
+                raise CorruptStateError(f"state is for policy {state.get('name')!r}, not {self.name!r}")
+            if tuple(state.get("retrievers", ())) != self.retrievers:
+                raise CorruptStateError(
+                    f"state is for retrievers {state.get('retrievers')!r}, not {list(self.retrievers)!r}"
+                )
+            # replay-weighted, so a float; at most MAX_COUNT: float(10**400) raised a raw OverflowError here
+            n_updates = read_number(state, "n_updates", 0.0, float(MAX_COUNT))
+            # the guardrail's multipliers, in [0, 10] as tune() sets them (1e300 loaded); absent in older states
+            lr_scale = read_number({"lr_scale": 1.0, **state}, "lr_scale", 0.0, 10.0)
+            explore_scale = read_number({"explore_scale": 1.0, **state}, "explore_scale", 0.0, 10.0)
+            saved, ours = state.get("params"), self.params()
+            if isinstance(saved, Mapping) and isinstance(saved.get("bounds"), list) and len(saved["bounds"]) == 2:
+                # the old default that pinned the weights, as today's default (saved_bounds)
+                saved = {**saved, "bounds": list(saved_bounds(tuple(saved["bounds"]), len(self.retrievers)))}
+            # a parameter added since the save is not a mismatch (same_hyperparameters)
+            if isinstance(saved, Mapping) and not same_hyperparameters(saved, ours):
+                raise CorruptStateError(
+                    f"state is for {self.name} hyperparameters {dict(saved)}, not {ours}: its learned "
+                    "state does not fit this policy"
+                )
+            set_rng_state(np.random.default_rng(), state["rng"])  # checked before anything is changed
+            backup = dict(vars(self))
+            try:
+                self._n_updates = n_updates  # what the learned sums are checked against (check_at_most)
+                self._load_state(state["state"])
+            except BaseException:
+                # a field read after others were set (batch's weights before its counters) left a half-loaded
+                # policy: put every attribute back as it was
+                vars(self).clear()
+                vars(self).update(backup)
+                raise
+            set_rng_state(self._rng, state["rng"])
+        except CorruptStateError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise CorruptStateError(f"cannot read {self.name} policy state: {exc!r}") from exc
+        self._n_updates = n_updates
+        self._lr_scale = lr_scale
+        self._explore_scale = explore_scale
+        return self
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({list(self.retrievers)!r}, {args})"

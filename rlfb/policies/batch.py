@@ -37,26 +37,18 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
-from rlfb.policies._util import (
-    BasePolicy,
-    check_at_most,
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
+from rlfb.policies.base import BasePolicy, Context, Decision, Episode
+from rlfb.policies.simplex import (
     check_bounds,
-    check_float,
-    check_int,
     check_simplex,
     check_within_bounds,
-    float_list,
     logged_weights,
-    plain_numbers,
     project_simplex,
-    read_array,
-    read_count,
-    read_field,
-    read_number,
     weights_dict,
     weights_vector,
 )
-from rlfb.policies.base import Context, Decision, Episode
+from rlfb.saved_state import check_at_most, float_list, read_array, read_count, read_field, read_number
 
 __all__ = ["BatchParams", "BatchPolicy"]
 
@@ -103,7 +95,7 @@ class BatchPolicy(BasePolicy):
         The starting (default) weights; ``None`` for equal weights.
     batch_size, learning_rate, max_step, positive_threshold, negative_threshold, concentration, bounds
         See :class:`BatchParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
-        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies.simplex.default_bounds`); a lower bound given at or
         over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.

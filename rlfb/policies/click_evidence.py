@@ -36,7 +36,7 @@ import numpy as np
 
 from rlfb.blocks import encode_block
 from rlfb.errors import CorruptStateError, NonFiniteValueError
-from rlfb.policies._util import float_list, saved_times
+from rlfb.saved_state import float_list, saved_times
 
 __all__ = ["ClickEvidence", "shown_utility"]
 

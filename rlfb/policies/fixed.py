@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, InvalidWeightsError
-from rlfb.policies._util import BasePolicy, check_float, weights_dict, weights_vector
-from rlfb.policies.base import Context, Decision, Episode
+from rlfb.hyperparameters import check_float
+from rlfb.policies.base import BasePolicy, Context, Decision, Episode
+from rlfb.policies.simplex import weights_dict, weights_vector
 
 __all__ = ["FixedParams", "FixedPolicy"]
 

@@ -60,29 +60,46 @@ from typing import Any
 import numpy as np
 
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
-from rlfb.policies._util import (
-    MAX_COUNT,
-    BasePolicy,
-    check_at_most,
+from rlfb.fusion import score_scale
+from rlfb.hyperparameters import check_float, plain_numbers
+from rlfb.policies.base import BasePolicy, Context, Decision, Episode
+from rlfb.policies.simplex import (
     check_bounds,
-    check_float,
     check_simplex,
     check_within_bounds,
-    float_list,
     logged_weights,
-    pdgd_pairs,
-    plain_numbers,
     project_simplex,
-    read_array,
-    read_field,
-    read_number,
-    score_scale,
     weights_dict,
     weights_vector,
 )
-from rlfb.policies.base import Context, Decision, Episode
+from rlfb.saved_state import MAX_COUNT, check_at_most, float_list, read_array, read_field, read_number
 
-__all__ = ["GradientParams", "GradientPolicy", "plackett_luce_log_prob", "pdgd_debias_weights"]
+__all__ = ["GradientParams", "GradientPolicy", "pdgd_pairs", "plackett_luce_log_prob", "pdgd_debias_weights"]
+
+
+def pdgd_pairs(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PDGD's inferred preferences over a shown list, best first.
+
+    A chunk with a positive reward (a click) is preferred over every
+    unrewarded chunk shown above the last positive one and over the first
+    unrewarded chunk right below it (Oosterhuis and de Rijke, 2018). Chunks
+    with a negative reward are always on the losing side. Returns the
+    positions of the preferred and the dispreferred chunks.
+
+    >>> pos, neg = pdgd_pairs(np.array([0.0, 1.0, 0.0, 0.0]))
+    >>> pos.tolist(), neg.tolist()
+    ([1], [0, 2])
+    """
+    r = np.asarray(rewards, dtype=float)
+    pos = np.flatnonzero(r > 0)
+    if pos.size == 0:
+        return pos, np.flatnonzero(r < 0)
+    last = int(pos[-1])
+    cutoff = min(last + 2, r.shape[0])
+    region = np.zeros(r.shape[0], dtype=bool)
+    region[:cutoff] = True
+    neg = np.flatnonzero((region & (r <= 0)) | (r < 0))
+    return pos, neg
 
 
 def plackett_luce_log_prob(scores: np.ndarray, ranking: np.ndarray) -> float:
@@ -195,7 +212,7 @@ class GradientPolicy(BasePolicy):
         The default weights (start and shrinkage target); ``None`` for equal weights.
     learning_rate, lr_decay, min_learning_rate, temperature, shrinkage, max_step, bounds
         See :class:`GradientParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
-        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies.simplex.default_bounds`); a lower bound given at or
         over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.

@@ -4,7 +4,7 @@ Arms. Arm 0, ``"default"``, is the default weights (equal unless given); the
 others are the points of a grid on the simplex with step ``step`` (0.1 gives 66
 arms for three retrievers, ``C(1/step + n - 1, n - 1)`` for ``n``), clipped to
 ``bounds`` ((0.05, 0.95) by default, the lower bound ``0.5/n`` from 20 retrievers on: see
-:func:`~rlfb.policies._util.default_bounds`).
+:func:`~rlfb.policies.simplex.default_bounds`).
 
 Posteriors. Each arm's mean reward has a Gaussian posterior. Neighbouring arms
 share evidence through a Gaussian kernel of width ``bandwidth`` over the weight
@@ -76,30 +76,23 @@ from typing import Any
 
 import numpy as np
 
+from rlfb.credit import ranks_nothing
+from rlfb.decay import clock_decay, episode_time
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
-from rlfb.policies._util import (
-    BasePolicy,
-    check_at_most,
-    check_float,
+from rlfb.hyperparameters import check_float
+from rlfb.policies.arms import _arm_names, sampled_share, simplex_grid
+from rlfb.policies.base import BasePolicy, Context, Decision, Episode
+from rlfb.policies.click_evidence import ClickEvidence, shown_utility
+from rlfb.policies.simplex import (
     check_simplex,
     check_within_bounds,
-    clock_decay,
-    episode_time,
-    float_list,
     logged_weights,
     project_simplex,
-    ranks_nothing,
-    read_array,
-    read_field,
-    read_number,
-    saved_times,
     weights_dict,
     weights_vector,
 )
-from rlfb.policies.arms import _arm_names, sampled_share, simplex_grid
-from rlfb.policies.base import Context, Decision, Episode
-from rlfb.policies.click_evidence import ClickEvidence, shown_utility
 from rlfb.policies.thompson_params import ThompsonParams
+from rlfb.saved_state import check_at_most, float_list, read_array, read_field, read_number, saved_times
 
 __all__ = ["ThompsonParams", "ThompsonPolicy", "EpsilonGreedyPolicy", "sampled_share", "simplex_grid"]
 
@@ -117,7 +110,7 @@ class ThompsonPolicy(BasePolicy):
         The default weights (arm 0, where the policy starts); ``None`` for equal weights.
     step, exploration, epsilon, ..., bounds
         See :class:`ThompsonParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
-        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies._util.default_bounds`); a lower bound given at or
+        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies.simplex.default_bounds`); a lower bound given at or
         over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.

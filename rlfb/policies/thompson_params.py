@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass
 
 from rlfb.errors import ValidationError
-from rlfb.policies._util import check_bounds, check_float, check_int, plain_numbers
+from rlfb.hyperparameters import check_float, check_int, plain_numbers
+from rlfb.policies.simplex import check_bounds
 
 __all__ = ["ThompsonParams"]
 

@@ -503,7 +503,7 @@ class FeedbackStore:
         """Per chunk, the rewards the event's feedback attributed to it, summed and not clipped.
 
         With ``before_feedback_id``, only feedback stored before that row counts
-        (what earlier feedback taught, as :func:`rlfb.policies._util.chunk_evidence` wants it).
+        (what earlier feedback taught, as :func:`rlfb.credit.chunk_evidence` wants it).
         The feedback :meth:`repeats_latest` finds repeated taught nothing and is left out;
         ``repeats=True`` counts it, as it was sent. An id that names no logged event is an
         :class:`~rlfb.errors.UnknownEventError`.
