@@ -128,7 +128,9 @@ class FeedbackEnsemble:
         0 (the default) writes one after every feedback. State not yet written is
         flushed by :meth:`flush`, :meth:`save`, :meth:`close` and at the interpreter's
         exit; until then its episodes are kept and learned again on top of any newer
-        snapshot another process writes, so that neither's learning is lost. A snapshot is the
+        snapshot another process writes, so that neither's learning is lost; the feedback rows it holds are
+        marked "held" in the store, and a process killed before it writes them leaves them to the next
+        ensemble of their kind to start. A snapshot is the
         whole learned state, which grows with what is learned (0.6 MB after 5,000
         retrievals of BM25 alone in the README's soak test, 0.84 MB after 10,000), so
         each feedback costs more as it grows: under heavy traffic give 1.0 or more.
@@ -186,6 +188,12 @@ class FeedbackEnsemble:
         # not learned (a process killed before it learned them, stored alone), learned at the first retrieval
         # or feedback and at each refresh after it
         self._caught_up = 0
+        # feedback rows learned here and not yet written in a snapshot (persist_interval above 0), by id, with their
+        # episodes: marked "held" in the store, and learned once the snapshot that writes them marks them
+        # (rlfb.snapshot_sync.persist_state); another ensemble that starts meanwhile may take them, as it takes
+        # those of a process killed before its snapshot, and then they are left out here (take_newer)
+        self._held: dict[int, Any] = {}
+        self._take_held = True  # the looks from this ensemble's start take held rows too, until one comes up short
         self._caught_up_once = self._catching_up = self._catch_up_warned = False
         self._holding_snapshots = False  # a batch of rows owed writes one snapshot after it
         self._owed_more = False  # the last look found a whole batch owed: more may be, looked for at once

@@ -294,8 +294,9 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
         # saving the result: another process learning meanwhile would otherwise start from the same
         # snapshot, and whichever saved last would drop the other's learning
         with ens._require_store().exclusive() as store:
-            # checked under the write lock: another process (or this one, catching up) may have learned it since
-            if marked and store.feedback_learned(record.feedback_id) is not None:
+            # checked under the write lock: another process (or this one, catching up) may have learned it since;
+            # or this ensemble holds it learned, its snapshot not written yet
+            if marked and (record.feedback_id in ens._held or store.feedback_learned(record.feedback_id) is not None):
                 return
             if undo:
                 undo_on_rollback(ens, store)
@@ -303,9 +304,13 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
                 learn_again_on_rollback(ens, store)
             ens._refresh(force=True, catch_up=False)
             ens._learner.learn(episode)
+            if marked:  # marked learned by the snapshot that writes this learning (persist_state), held until then
+                ens._held[record.feedback_id] = episode
             ens._learned(episode)
-            if marked:  # in the transaction that writes the learning (at persist_interval 0, its snapshot)
-                store.mark_learned(record.feedback_id)
+            if marked and record.feedback_id in ens._held:
+                # no snapshot yet (persist_interval above 0): killed before it, the row is learned again at the
+                # next start; marked learned at once, the learning was lost with the process
+                store.mark_learned(record.feedback_id, held=True)
 
 
 def _marks(store: Any, record: Any) -> bool:
@@ -345,15 +350,18 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
     try:
         with ens._guarded():
             ens._caught_up_once = True
-            records = find(after=start, policy=ens._learner.policy_name, limit=CATCH_UP_BATCH)
+            held = ens._take_held
+            records = _owed(find, start, ens._learner.policy_name, held)
             ens._owed_more = False
+            if len(records) < CATCH_UP_BATCH:  # held rows looked at to the end: those held later are live ones'
+                ens._take_held = False
             if not records:
                 return 0
             exclusive = getattr(store, "exclusive", None)  # a store of the user's own may have none
             with exclusive() if callable(exclusive) else contextlib.nullcontext():
                 on_rollback = getattr(store, "on_rollback", None)
                 if callable(on_rollback):  # this block, or a caller's around it, rolled back: look at them again
-                    on_rollback(lambda: setattr(ens, "_caught_up", min(ens._caught_up, start)))
+                    on_rollback(lambda: _look_again(ens, start, held))
                 # the snapshot after the batch, not one per row: a backlog of 1,000 rows wrote 1,000 of them
                 ens._holding_snapshots = True
                 try:
@@ -361,9 +369,10 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
                 finally:
                     ens._holding_snapshots = False
                 if ens._dirty:
-                    # written with the marks whatever persist_interval says: marked and unwritten, the rows of a
-                    # process killed before its next snapshot were lost for good
-                    ens._persist(force=True)
+                    # when persist_interval says: until then the rows are held, and a process killed first leaves
+                    # them to the next ensemble to start (written at once whatever it said until 2026-12-06, when
+                    # they were marked learned before their learning was written)
+                    ens._persist()
             # a backlog: the next retrieval looks again, not refresh_interval later
             ens._owed_more = len(records) == CATCH_UP_BATCH
             return looked
@@ -377,6 +386,23 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
         return 0
     finally:
         ens._catching_up = False
+
+
+def _owed(find: Callable[..., Any], after: int, policy: str, held: bool) -> list[Any]:
+    """The rows owed after id ``after`` on ``policy``'s decisions, a batch (``find``: the store's
+    ``unlearned_feedback``); with ``held``, the rows running learners hold unwritten too."""
+    if held:
+        try:
+            return list(find(after=after, policy=policy, limit=CATCH_UP_BATCH, held=True))
+        except TypeError:  # a store of the user's own, whose unlearned_feedback knows no held rows
+            pass
+    return list(find(after=after, policy=policy, limit=CATCH_UP_BATCH))
+
+
+def _look_again(ens: FeedbackEnsemble, start: int, held: bool) -> None:
+    """A look's writes were undone: look again from row ``start`` on, at held rows too if it did."""
+    ens._caught_up = min(ens._caught_up, start)
+    ens._take_held = ens._take_held or held
 
 
 def _learn_owed(ens: FeedbackEnsemble, store: Any, records: Sequence[Any], undo: bool) -> int:

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from rlfb.ensemble import FeedbackEnsemble
 
 _UNKNOWN = object()  # a cached value not computed yet (None is an answer)
+#: an ensemble's snapshot bookkeeping, put back when a block's writes are undone: its own and newest versions
+#: read or written, whether it holds learning unwritten, its last write, the unwritten episodes and asks, and
+#: the feedback rows it holds
+_Marks = tuple[int, int, bool, float, list[Any], dict[str, int], dict[int, Any]]
 
 
 def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> None:
@@ -45,6 +49,11 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
     ens._state_version = ens._own_version = ens._store.save_policy_state(
         state_to_save(ens), ens._learner.weights(), policy=ens._learner.policy_name
     )
+    # the feedback rows this snapshot writes the learning of: learned now, in its transaction (the caller's
+    # store.exclusive() block), where until then they were held
+    for feedback_id in ens._held:
+        ens._store.mark_learned(feedback_id)
+    ens._held.clear()
     ens._last_persist = now
     ens._dirty = False
     ens._unsaved.clear()
@@ -211,10 +220,24 @@ def take_newer(ens: FeedbackEnsemble) -> int:
         from rlfb.store.snapshots import damaged_snapshot  # here: `import rlfb` does not load the store
 
         raise damaged_snapshot(ens._store, saved["version"], exc) from exc
+    _leave_out_taken(ens)
     _learn_unwritten(ens, ens._unsaved, ens._unsaved_asks)
     ens._own_version = int(saved["version"])
     ens._state_version = max(newest, ens._own_version)
     return len(ens._unsaved)
+
+
+def _leave_out_taken(ens: FeedbackEnsemble) -> None:
+    """Before ``ens``'s unwritten learning is learned again on a newer snapshot: leave out the feedback rows it
+    held that another ensemble has learned and written since (one that started meanwhile takes the held rows it
+    finds, as it takes those of a process killed before its snapshot), so that each is learned once."""
+    if not ens._held:
+        return
+    taken = [fid for fid in ens._held if ens._store.feedback_learned(fid) is not None]
+    if not taken:
+        return
+    gone = {id(ens._held.pop(fid)) for fid in taken}
+    ens._unsaved = [episode for episode in ens._unsaved if id(episode) not in gone]
 
 
 def _learn_unwritten(ens: FeedbackEnsemble, unsaved: list[Any], asks: Mapping[str, int]) -> None:
@@ -379,7 +402,7 @@ def undo_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
     if on_rollback is None:  # a store of the user's own, without rollback callbacks
         return
     marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved),
-             dict(ens._unsaved_asks))
+             dict(ens._unsaved_asks), dict(ens._held))
     state, replay = ens._learner.state_dict(), ens._learner.replay.held()
     on_rollback(lambda: _take_back(ens, state, replay, marks))
 
@@ -408,7 +431,7 @@ def learn_again_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
     else:
         ens._rollback_base = None  # a snapshot of its own now: no need to hold the copy
     marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved),
-             dict(ens._unsaved_asks))
+             dict(ens._unsaved_asks), dict(ens._held))
     replay = ens._learner.replay.held()  # the episodes themselves are not copied
     on_rollback(lambda: _learn_again(ens, base, replay, marks))
 
@@ -436,13 +459,13 @@ def _base_before_first_snapshot(ens: FeedbackEnsemble) -> str | bytes | None:
 
 
 def _learn_again(ens: FeedbackEnsemble, base: str | bytes | None, replay: Any,
-                 marks: tuple[int, int, bool, float, list[Any], dict[str, int]]) -> None:
+                 marks: _Marks) -> None:
     """Load snapshot ``marks[0]`` again (before the first snapshot, the state ``base``, JSON text) and learn again
     on it what was unwritten: as :func:`learn_again_on_rollback` found the learner, less the random draws made
     since."""
     from rlfb.store.codec import _loads
 
-    own, _, _, _, unsaved, asks = marks
+    own, _, _, _, unsaved, asks, _ = marks
     with ens._guarded():
         if base is None:
             saved = ens._store.load_policy_state(version=own)
@@ -458,18 +481,19 @@ def _learn_again(ens: FeedbackEnsemble, base: str | bytes | None, replay: Any,
 
 
 def _take_back(ens: FeedbackEnsemble, state: Mapping[str, Any], replay: Any,
-               marks: tuple[int, int, bool, float, list[Any], dict[str, int]]) -> None:
+               marks: _Marks) -> None:
     """Restore the learner, and its snapshot bookkeeping, as :func:`undo_on_rollback` found them."""
     with ens._guarded():
         ens._learner.load_state_dict(state)
         _restore(ens, replay, marks)
 
 
-def _restore(ens: FeedbackEnsemble, replay: Any, marks: tuple[int, int, bool, float, list[Any], dict[str, int]]
+def _restore(ens: FeedbackEnsemble, replay: Any, marks: _Marks
              ) -> None:
     """Put back the replay buffer's episodes and the snapshot bookkeeping ``marks`` (under ``ens``'s locks)."""
     ens._learner.replay.restore_held(replay)
-    ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks = marks
+    (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks,
+     ens._held) = marks
     if ens._dirty or ens._unsaved_asks:  # unwritten again: written later, at exit at the latest
         _flush_at_exit(ens, pin=ens._dirty)
     else:

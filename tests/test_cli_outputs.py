@@ -156,10 +156,11 @@ def test_a_look_at_a_store_of_an_older_rlfb_leaves_the_file_as_it_was(tmp_path: 
     import sqlite3
 
     db = make_store(tmp_path / "fb.db")
-    with sqlite3.connect(db) as conn:  # as rlfb wrote it before its last two schema steps
+    with sqlite3.connect(db) as conn:  # as rlfb wrote it before its last schema steps
         conn.execute("DELETE FROM _migrations WHERE name IN ('m009_snapshot_kind', 'm010_settings', "
-                     "'m011_snapshot_kinds', 'm012_feedback_learned')")
+                     "'m011_snapshot_kinds', 'm012_feedback_learned', 'm013_feedback_held')")
         conn.execute("DROP INDEX idx_feedback_unlearned")
+        conn.execute("DROP INDEX idx_feedback_held")
         conn.execute("ALTER TABLE feedback DROP COLUMN learned")
         conn.execute("DROP TABLE settings")
         conn.execute("DROP INDEX IF EXISTS idx_policy_snapshots_kind_version")

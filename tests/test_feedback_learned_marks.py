@@ -274,8 +274,9 @@ def test_the_schema_step_counts_rows_stored_before_it_as_settled_and_is_safe_to_
         assert store.feedback_learned(kept.feedback_id) is None  # stored, not learned yet
         assert store.feedback_learned(late.feedback_id) is False  # out of the window: nothing to learn
     raw = sqlite3.connect(path, isolation_level=None)  # as an older rlfb left it
-    raw.execute("DELETE FROM _migrations WHERE name = 'm012_feedback_learned'")
+    raw.execute("DELETE FROM _migrations WHERE name IN ('m012_feedback_learned', 'm013_feedback_held')")
     raw.execute("DROP INDEX idx_feedback_unlearned")
+    raw.execute("DROP INDEX idx_feedback_held")
     raw.execute("ALTER TABLE feedback DROP COLUMN learned")
     raw.close()
     with FeedbackStore(path) as store:
@@ -364,9 +365,9 @@ def test_a_backlog_is_learned_a_batch_at_a_time_with_one_snapshot_each(tmp_path:
     assert _newest_n_learned(path) == 10
 
 
-def test_rows_caught_up_at_a_persist_interval_are_written_at_once(tmp_path: Path) -> None:
-    # marked in the look's transaction while their learning waited for persist_interval, they were lost to a
-    # process killed before its next snapshot: the mark said learned, and no snapshot held them
+def test_rows_caught_up_at_a_persist_interval_are_held_until_its_snapshot(tmp_path: Path) -> None:
+    # marked learned in the look's transaction while their learning waited for persist_interval, they were lost
+    # to a process killed before its next snapshot (then written at once instead); now they are held until it
     path = tmp_path / "fb.db"
     r = _retrieved_before_a_restart(path)
     ens = _ensemble(path, persist_interval=3600.0)
@@ -374,11 +375,15 @@ def test_rows_caught_up_at_a_persist_interval_are_written_at_once(tmp_path: Path
     ens.feedback(own.event_id, "thumbs_up")  # its first snapshot: the next is an hour away
     assert _newest_n_learned(path) == 1
     with FeedbackStore(path) as store:
-        store.record_feedback(r.event_id, "thumbs_up")
+        owed = store.record_feedback(r.event_id, "thumbs_up")
     ens.retrieve("aurora", k=2, log=False)
     assert ens.learner.n_learned == 2
-    assert _newest_n_learned(path) == 2  # before any flush or close
+    assert _newest_n_learned(path) == 1 and ens.store.counts()["held"] == 1
+    assert ens.store.feedback_learned(owed.feedback_id) is None
     ens.close()
+    assert _newest_n_learned(path) == 2
+    with FeedbackStore(path) as store:
+        assert store.feedback_learned(owed.feedback_id) is True and store.counts()["held"] == 0
 
 
 def test_a_row_an_rlfb_of_before_the_step_writes_after_it_counts_as_learned(tmp_path: Path) -> None:

@@ -157,8 +157,10 @@ def test_opening_a_store_another_connection_holds_locked_is_store_busy(tmp_path)
     FeedbackStore(old).close()
     raw = sqlite3.connect(old, isolation_level=None)  # as an older rlfb left it: before sampling_temperature
     raw.execute("DELETE FROM _migrations WHERE name IN ('m007_sampling_temperature', 'm008_failed_runs', "
-                "'m009_snapshot_kind', 'm010_settings', 'm011_snapshot_kinds', 'm012_feedback_learned')")
+                "'m009_snapshot_kind', 'm010_settings', 'm011_snapshot_kinds', 'm012_feedback_learned', "
+                "'m013_feedback_held')")
     raw.execute("DROP INDEX idx_feedback_unlearned")
+    raw.execute("DROP INDEX idx_feedback_held")
     raw.execute("ALTER TABLE feedback DROP COLUMN learned")
     raw.execute("DROP TABLE settings")
     raw.execute("ALTER TABLE events DROP COLUMN sampling_temperature")

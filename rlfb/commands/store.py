@@ -118,6 +118,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"{name:<16} {stats[name]:>10,}   (last {days:g} days: {win[name]:,})")
     if stats.get("unlearned"):  # feedback an ensemble of its decision's kind learns when it next refreshes
         print(f"{'not learned yet':<16} {stats['unlearned']:>10,}")
+    if stats.get("held"):  # learned by a running ensemble, not yet in a snapshot: learned again if it stops first
+        print(f"{'held unwritten':<16} {stats['held']:>10,}")
     mean = stats["mean_reward"]
     shown = "-" if mean is None else f"{mean:+.3f}"
     print(f"mean reward      {shown:>10}   over {win['rewarded_events']:,} rewarded events")

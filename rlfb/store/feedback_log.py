@@ -375,11 +375,17 @@ def chunk_reward_sums(
         return sums
 
 
-def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int | None) -> list[FeedbackRecord]:
-    """The feedback rows after id ``after`` that no learner has taken (``learned`` NULL), oldest first, on
-    decisions logged by ``policy`` or by a policy not named (``None``: any policy); the first ``limit`` of them."""
-    sql = ("SELECT f.id FROM feedback f JOIN events e ON e.id = f.event_id WHERE f.learned IS NULL AND f.id > ?")
-    params: list[Any] = [after]
+def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int | None, held: bool = False
+              ) -> list[FeedbackRecord]:
+    """The feedback rows after id ``after`` that no learner has taken (``learned`` NULL; with ``held``, also those
+    a running learner holds unwritten, ``HELD``), oldest first, on decisions logged by ``policy`` or by a policy
+    not named (``None``: any policy); the first ``limit`` of them."""
+    # each mark has its partial index: two lookups, not a scan of the whole table (an OR of the two is one)
+    owed = "SELECT id FROM feedback WHERE learned IS NULL AND id > ?"
+    if held:
+        owed += " UNION ALL SELECT id FROM feedback WHERE learned = 2 AND id > ?"
+    sql = f"SELECT f.id FROM feedback f JOIN events e ON e.id = f.event_id WHERE f.id IN ({owed})"
+    params: list[Any] = [after, after] if held else [after]
     if policy is not None:
         sql += " AND (e.policy IS NULL OR e.policy = ?)"
         params.append(_enc(policy))
@@ -391,15 +397,21 @@ def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int |
         return [stored_record(conn, fid, duplicate=False) for (fid,) in conn.execute(sql, params).fetchall()]
 
 
+#: the ``learned`` mark of a row a running learner has learned and not yet written in a snapshot
+HELD = 2
+
+
 def learned_mark(store: FeedbackStore, feedback_id: int) -> bool | None:
-    """Whether a learner took the feedback row (``True``), there was nothing in it to learn (``False``), or
-    neither yet (``None``, also for an id that names no row)."""
+    """Whether a learner took the feedback row and wrote its learning (``True``), there was nothing in it to learn
+    (``False``), or neither yet (``None``: owed, or held by a running learner; also for an id that names no row)."""
     with store._read() as conn:
         found = conn.execute("SELECT learned FROM feedback WHERE id = ?", (feedback_id,)).fetchone()
-    return None if found is None or found[0] is None else bool(found[0])
+    return None if found is None or found[0] is None or found[0] == HELD else bool(found[0])
 
 
-def mark_learned(store: FeedbackStore, feedback_id: int, learned: bool) -> None:
-    """Mark the feedback row as taken by a learner (``learned``) or as holding nothing to learn."""
+def mark_learned(store: FeedbackStore, feedback_id: int, learned: bool, held: bool = False) -> None:
+    """Mark the feedback row as taken by a learner (``learned``; ``held``: not written in a snapshot yet) or as
+    holding nothing to learn."""
     with store._write() as conn:
-        conn.execute("UPDATE feedback SET learned = ? WHERE id = ?", (1 if learned else 0, feedback_id))
+        conn.execute("UPDATE feedback SET learned = ? WHERE id = ?",
+                     (HELD if held else 1 if learned else 0, feedback_id))

@@ -512,41 +512,53 @@ class FeedbackStore:
                                               repeats=repeats)
 
     def unlearned_feedback(
-        self, *, after: int = 0, policy: str | None = None, limit: int | None = None
+        self, *, after: int = 0, policy: str | None = None, limit: int | None = None, held: bool = False
     ) -> list[FeedbackRecord]:
         """The stored feedback no learner has taken yet, oldest first: rows after id ``after``, on decisions
-        of ``policy`` (or of one not named; ``None``: of any policy), the first ``limit`` of them.
+        of ``policy`` (or of one not named; ``None``: of any policy), the first ``limit`` of them; with
+        ``held``, also rows a running learner has learned and not yet written in a snapshot
+        (:meth:`mark_learned` with ``held=True``).
 
         An ensemble learns those on its own decisions when it next looks (at a refresh or a feedback), so that
         feedback stored by a process killed before it learned it, stored while the newest snapshot was damaged,
         on the decision of a policy no app was running, or stored here alone (:meth:`record_feedback`), is
-        learned once an ensemble that made such decisions runs. Feedback out of the attribution window or on
-        another engine's retrieval, a repeat once an ensemble has looked at it, and rows stored before this was
-        kept (schema step ``m012_feedback_learned``) are not listed.
+        learned once an ensemble that made such decisions runs; at its start it takes the held rows too, those
+        of a process killed before its next snapshot. Feedback out of the attribution window or on another
+        engine's retrieval, a repeat once an ensemble has looked at it, and rows stored before this was kept
+        (schema step ``m012_feedback_learned``) are not listed.
 
         >>> store = FeedbackStore(":memory:")
         >>> eid = store.log_event("tides", {"weights": {"bm25": 1.0}, "policy": "thompson"}, [{"chunk_id": "a"}])
         >>> rec = store.record_feedback(eid, "thumbs_up")
         >>> [r.feedback_id for r in store.unlearned_feedback(policy="thompson")], store.feedback_learned(1)
         ([1], None)
+        >>> store.mark_learned(rec.feedback_id, held=True)
+        >>> store.unlearned_feedback(), len(store.unlearned_feedback(held=True)), store.counts()["held"]
+        ([], 1, 1)
         >>> store.mark_learned(rec.feedback_id)
-        >>> store.unlearned_feedback(), store.feedback_learned(rec.feedback_id), store.counts()["unlearned"]
+        >>> store.unlearned_feedback(held=True), store.feedback_learned(rec.feedback_id), store.counts()["unlearned"]
         ([], True, 0)
         """
         return feedback_log.unlearned(self, _check_int(after, "after", minimum=0),
                                       None if policy is None else _req_str(policy, "policy"),
-                                      None if limit is None else _check_int(limit, "limit"))
+                                      None if limit is None else _check_int(limit, "limit"),
+                                      validate_flag(held, "held"))
 
     def feedback_learned(self, feedback_id: int) -> bool | None:
-        """Whether a learner took the feedback row ``feedback_id`` (``True``), there was nothing in it to learn
-        (``False``: out of the attribution window, a repeat, on another engine's retrieval), or neither yet
-        (``None``; also for an id that names no row)."""
+        """Whether a learner took the feedback row ``feedback_id`` and wrote what it learned in a snapshot
+        (``True``), there was nothing in it to learn (``False``: out of the attribution window, a repeat, on
+        another engine's retrieval), or neither yet (``None``: owed, or held by a running learner; also for an
+        id that names no row)."""
         return feedback_log.learned_mark(self, _check_int(feedback_id, "feedback_id", minimum=1))
 
-    def mark_learned(self, feedback_id: int, learned: bool = True) -> None:
+    def mark_learned(self, feedback_id: int, learned: bool = True, *, held: bool = False) -> None:
         """Mark the feedback row ``feedback_id`` as taken by a learner, or (``learned=False``) as holding nothing
-        to learn. An ensemble marks what it learns, in the transaction that learns it."""
-        feedback_log.mark_learned(self, _check_int(feedback_id, "feedback_id", minimum=1), bool(learned))
+        to learn; ``held``: taken by a learner that has not yet written it in a snapshot (a process killed
+        before it does leaves the row to the next ensemble to start). An ensemble marks what it learns in the
+        transaction that writes the learning, and holds it meanwhile."""
+        if validate_flag(held, "held") and not learned:
+            raise ValidationError("held=True marks a row a learner took: learned must be True")
+        feedback_log.mark_learned(self, _check_int(feedback_id, "feedback_id", minimum=1), bool(learned), held)
 
     # -- policy snapshots ----------------------------------------------------------
     def save_policy_state(

@@ -339,3 +339,12 @@ def m012_feedback_learned(db: Database) -> None:
         db.execute("UPDATE feedback SET learned = 0 WHERE in_window = 0")
     # partial: the rows still to learn are few, and an ensemble looks for them at every refresh
     db.execute("CREATE INDEX IF NOT EXISTS idx_feedback_unlearned ON feedback (id) WHERE learned IS NULL")
+
+
+@MIGRATIONS()
+def m013_feedback_held(db: Database) -> None:
+    # learned = 2: a running learner has learned the row and not yet written that in a snapshot (persist_interval
+    # above 0). Marked 1 with the snapshot that writes it; a process killed first leaves it 2, and the next
+    # ensemble to start learns it again (rlfb.feedback_learning.catch_up). Partial, as idx_feedback_unlearned:
+    # such rows are few, and looked for at each ensemble's start. Safe to rerun.
+    db.execute("CREATE INDEX IF NOT EXISTS idx_feedback_held ON feedback (id) WHERE learned = 2")

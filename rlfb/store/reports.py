@@ -68,6 +68,9 @@ def counts(store: FeedbackStore) -> dict[str, int]:
             "flagged": q("SELECT COUNT(*) FROM feedback WHERE in_window = 0").fetchone()[0],
             # stored, and not learned yet by any ensemble (rlfb.feedback_learning.catch_up learns them)
             "unlearned": q("SELECT COUNT(*) FROM feedback WHERE learned IS NULL").fetchone()[0],
+            # learned by a running ensemble and not yet in a snapshot (persist_interval above 0): learned again by
+            # the next ensemble to start if that one stops before it writes them
+            "held": q("SELECT COUNT(*) FROM feedback WHERE learned = 2").fetchone()[0],
             "policy_snapshots": q("SELECT COUNT(*) FROM policy_snapshots").fetchone()[0],
         }
 
