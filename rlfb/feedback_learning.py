@@ -32,7 +32,7 @@ from rlfb.runs import (
     owns_event,
     previous_retrieval,
 )
-from rlfb.snapshot_sync import learn_again_on_rollback, undo_on_rollback
+from rlfb.snapshot_sync import learn_again_on_rollback, take_newer, undo_on_rollback
 from rlfb.types import Hit
 
 if TYPE_CHECKING:
@@ -310,7 +310,17 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
             if marked and record.feedback_id in ens._held:
                 # no snapshot yet (persist_interval above 0): killed before it, the row is learned again at the
                 # next start; marked learned at once, the learning was lost with the process
-                store.mark_learned(record.feedback_id, held=True)
+                _hold(ens, store, record.feedback_id)
+
+
+def _hold(ens: FeedbackEnsemble, store: Any, feedback_id: int) -> None:
+    """Mark the row ``feedback_id``, which ``ens`` learned and has not written, as held; a store of the user's own
+    whose ``mark_learned`` takes no ``held`` gets it marked learned, as before held rows were kept."""
+    try:
+        store.mark_learned(feedback_id, held=True)
+    except TypeError:
+        store.mark_learned(feedback_id)
+        del ens._held[feedback_id]  # settled: not one another ensemble may have taken (take_newer)
 
 
 def _marks(store: Any, record: Any) -> bool:
@@ -353,9 +363,11 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
             held = ens._take_held
             records = _owed(find, start, ens._learner.policy_name, held)
             ens._owed_more = False
-            if len(records) < CATCH_UP_BATCH:  # held rows looked at to the end: those held later are live ones'
-                ens._take_held = False
+            # held rows looked at to the end (once this batch is learned and written): those held later are live
+            # ensembles', left to them
+            last = len(records) < CATCH_UP_BATCH
             if not records:
+                ens._take_held = ens._take_held and not last
                 return 0
             exclusive = getattr(store, "exclusive", None)  # a store of the user's own may have none
             with exclusive() if callable(exclusive) else contextlib.nullcontext():
@@ -369,10 +381,14 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
                 finally:
                     ens._holding_snapshots = False
                 if ens._dirty:
-                    # when persist_interval says: until then the rows are held, and a process killed first leaves
-                    # them to the next ensemble to start (written at once whatever it said until 2026-12-06, when
+                    # on the newest snapshot (a batch that learned nothing read none under this lock), when
+                    # persist_interval says: until then the rows are held, and a process killed first leaves them
+                    # to the next ensemble to start (written at once whatever it said until 2026-12-06, when
                     # they were marked learned before their learning was written)
+                    take_newer(ens)
                     ens._persist()
+            if last and looked == len(records):
+                ens._take_held = False
             # a backlog: the next retrieval looks again, not refresh_interval later
             ens._owed_more = len(records) == CATCH_UP_BATCH
             return looked

@@ -46,6 +46,7 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
     ens._dirty = True
     if not force and not persist_due(ens, now):
         return
+    before = _bookkeeping(ens)
     ens._state_version = ens._own_version = ens._store.save_policy_state(
         state_to_save(ens), ens._learner.weights(), policy=ens._learner.policy_name
     )
@@ -59,6 +60,36 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
     ens._unsaved.clear()
     ens._unsaved_asks.clear()
     _PINNED.pop(id(ens), None)
+    _unwritten_again_if_undone(ens, before)
+
+
+def _bookkeeping(ens: FeedbackEnsemble) -> _Marks:
+    """``ens``'s snapshot bookkeeping as it is now (copies), to put back if a block's writes are undone."""
+    return (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved),
+            dict(ens._unsaved_asks), dict(ens._held))
+
+
+def _unwritten_again_if_undone(ens: FeedbackEnsemble, before: _Marks) -> None:
+    """A snapshot was just written inside a ``store.exclusive()`` block: if the block's writes are undone (its
+    commit fails on a full disk or a file gone, or a block around it fails), its learning is unwritten again and
+    its feedback rows held again, as ``before``, so that a later snapshot writes and marks them.
+
+    Before, the bookkeeping said written: the rows stayed held in the store while the next snapshot wrote their
+    learning unmarked, and the next ensemble to start learned them again (an audit: 3 feedbacks, 4 learned).
+    Callbacks run newest first, so one registered before the learning (:func:`undo_on_rollback`,
+    :func:`learn_again_on_rollback`) still has the last word."""
+    on_rollback = getattr(ens._store, "on_rollback", None)
+    if not callable(on_rollback) or not getattr(ens._store, "exclusive_depth", 0):
+        return
+
+    def unwritten() -> None:
+        with ens._guarded():
+            (ens._own_version, ens._state_version, _, ens._last_persist, ens._unsaved, ens._unsaved_asks,
+             ens._held) = before
+            ens._dirty = True  # the learner still holds what the undone snapshot wrote
+            _flush_at_exit(ens, pin=True)
+
+    on_rollback(unwritten)
 
 
 #: unwritten episodes kept for learning again on a newer snapshot; at this many a snapshot is written even
@@ -401,8 +432,7 @@ def undo_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
     on_rollback = getattr(store, "on_rollback", None)
     if on_rollback is None:  # a store of the user's own, without rollback callbacks
         return
-    marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved),
-             dict(ens._unsaved_asks), dict(ens._held))
+    marks = _bookkeeping(ens)
     state, replay = ens._learner.state_dict(), ens._learner.replay.held()
     on_rollback(lambda: _take_back(ens, state, replay, marks))
 
@@ -430,8 +460,7 @@ def learn_again_on_rollback(ens: FeedbackEnsemble, store: Any) -> None:
             return
     else:
         ens._rollback_base = None  # a snapshot of its own now: no need to hold the copy
-    marks = (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, list(ens._unsaved),
-             dict(ens._unsaved_asks), dict(ens._held))
+    marks = _bookkeeping(ens)
     replay = ens._learner.replay.held()  # the episodes themselves are not copied
     on_rollback(lambda: _learn_again(ens, base, replay, marks))
 

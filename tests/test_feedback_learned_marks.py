@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from _damage import damage_newest_snapshot
+from _restarts import bm25_ensemble, newest_n_learned, retrieved_before_a_restart
 
 from rlfb import FeedbackEnsemble
 from rlfb.cli import main
@@ -30,28 +31,9 @@ from rlfb.store import MIGRATIONS, FeedbackStore
 from _corpus import IDS, TEXTS
 
 
-def _ensemble(path: Path, **kw: Any) -> FeedbackEnsemble:
-    kw.setdefault("policy", "thompson")
-    kw.setdefault("refresh_interval", 0.0)
-    return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=str(path), **kw)
-
-
-def _retrieved_before_a_restart(path: Path, query: str = "what causes the tides") -> Any:
-    """A retrieval logged by an ensemble that is gone since (a restart): no live ensemble made it."""
-    made = _ensemble(path)
-    result = made.retrieve(query, k=3)
-    made.close()
-    return result
-
-
-def _newest_n_learned(path: Path) -> int:
-    with FeedbackStore(path) as store:
-        return int(store.load_policy_state()["state"]["n_learned"])
-
-
 def test_feedback_stored_alone_is_learned_once_by_the_next_ensemble_of_its_policy(tmp_path: Path, capsys: Any) -> None:
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)
+    r = retrieved_before_a_restart(path)
     with FeedbackStore(path) as store:  # a feedback service of its own, writing to the app's file
         rec = store.record_feedback(r.event_id, "thumbs_up", chunk_id=r.hits[0].chunk_id)
         assert store.feedback_learned(rec.feedback_id) is None
@@ -61,19 +43,19 @@ def test_feedback_stored_alone_is_learned_once_by_the_next_ensemble_of_its_polic
         assert store.counts()["unlearned"] == 1
     assert main(["store", "stats", str(path)]) == 0
     assert re.search(r"not learned yet +1\n", capsys.readouterr().out)
-    again = _ensemble(path)
+    again = bm25_ensemble(path)
     assert again.learner.n_learned == 0  # not while it is built: a load may still replace its state
     again.retrieve("volcano lava", k=2)
     assert again.learner.n_learned == 1
     again.retrieve("volcano lava", k=2)
     again.close()
-    assert _newest_n_learned(path) == 1
+    assert newest_n_learned(path) == 1
     with FeedbackStore(path) as store:
         assert store.feedback_learned(rec.feedback_id) is True and store.unlearned_feedback() == []
         assert store.counts()["unlearned"] == 0
     assert main(["store", "stats", str(path)]) == 0
     assert "not learned yet" not in capsys.readouterr().out
-    third = _ensemble(path)  # a restart learns it no second time
+    third = bm25_ensemble(path)  # a restart learns it no second time
     third.retrieve("volcano lava", k=2)
     assert third.learner.n_learned == 1
     third.close()
@@ -81,7 +63,7 @@ def test_feedback_stored_alone_is_learned_once_by_the_next_ensemble_of_its_polic
 
 def test_feedback_of_a_process_killed_before_it_learned_is_learned_after_the_restart(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)
+    r = retrieved_before_a_restart(path)
     child = textwrap.dedent(f"""
         import os
         from rlfb.store import FeedbackStore
@@ -91,20 +73,20 @@ def test_feedback_of_a_process_killed_before_it_learned_is_learned_after_the_res
     """)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
     assert done.returncode == 9, done.stderr
-    again = _ensemble(path)
+    again = bm25_ensemble(path)
     r2 = again.retrieve("aurora", k=2)
     assert again.learner.n_learned == 1
     again.feedback(r2.event_id, "thumbs_down")  # its own feedback as before
     assert again.learner.n_learned == 2
     again.close()
-    assert _newest_n_learned(path) == 2
+    assert newest_n_learned(path) == 2
 
 
 def test_the_same_feedback_stored_alone_then_given_to_the_ensemble_is_learned_once(tmp_path: Path) -> None:
     # the second is a repeat of the first (a double click): before, the first was never learned and the second
     # was taken for its repeat, so neither was
     path = tmp_path / "fb.db"
-    ens = _ensemble(path, refresh_interval=3600.0)
+    ens = bm25_ensemble(path, refresh_interval=3600.0)
     ens.retrieve("glacier ice", k=2)  # its first look is done: the next refresh is an hour away
     r = ens.retrieve("what causes the tides", k=3)
     with FeedbackStore(path) as store:
@@ -119,13 +101,13 @@ def test_the_same_feedback_stored_alone_then_given_to_the_ensemble_is_learned_on
 
 def test_feedback_on_a_policy_no_app_was_running_is_learned_when_one_starts(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)  # by a thompson app
-    gradient = _ensemble(path, policy="gradient")
+    r = retrieved_before_a_restart(path)  # by a thompson app
+    gradient = bm25_ensemble(path, policy="gradient")
     gradient.feedback(r.event_id, "thumbs_up")  # not its decision: stored, and not learned by it
     gradient.retrieve("aurora", k=2)
     assert gradient.learner.n_learned == 0
     gradient.close()
-    again = _ensemble(path)
+    again = bm25_ensemble(path)
     again.retrieve("aurora", k=2)
     assert again.learner.n_learned == 1
     again.close()
@@ -133,7 +115,7 @@ def test_feedback_on_a_policy_no_app_was_running_is_learned_when_one_starts(tmp_
 
 def test_feedback_given_while_the_newest_snapshot_is_damaged_is_learned_once_it_is_dropped(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    ens = _ensemble(path)
+    ens = bm25_ensemble(path)
     for _ in range(2):
         r = ens.retrieve("aurora", k=2)
         ens.feedback(r.event_id, "thumbs_up")
@@ -144,7 +126,7 @@ def test_feedback_given_while_the_newest_snapshot_is_damaged_is_learned_once_it_
         assert store.drop_snapshot(newest)
         again = store.record_feedback(r.event_id, "thumbs_down", idempotency_key="k1")  # the client's retry
         assert again.duplicate and again.feedback_id == lost.feedback_id
-    ens = _ensemble(path)
+    ens = bm25_ensemble(path)
     assert ens.learner.n_learned == 1  # the snapshot before the damaged one
     ens.retrieve("aurora", k=2)
     assert ens.learner.n_learned == 2  # and the feedback stored meanwhile
@@ -156,7 +138,7 @@ def test_feedback_given_while_the_newest_snapshot_is_damaged_is_learned_once_it_
 def test_damage_stops_the_catching_up_and_it_goes_on_after_the_drop(tmp_path: Path) -> None:
     # a row owed is not passed over while the snapshot is damaged: a running ensemble learns it after the drop
     path = tmp_path / "fb.db"
-    ens = _ensemble(path, refresh_interval=3600.0)
+    ens = bm25_ensemble(path, refresh_interval=3600.0)
     r = ens.retrieve("aurora", k=2)
     ens.feedback(r.event_id, "thumbs_up")
     with sqlite3.connect(path) as db:
@@ -180,8 +162,8 @@ def test_damage_stops_the_catching_up_and_it_goes_on_after_the_drop(tmp_path: Pa
 def test_a_row_another_process_learns_while_this_one_is_about_to_is_learned_once(tmp_path: Path) -> None:
     # both list the row owed; the other learns it first: this one checks the mark under the write lock
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)  # neither live ensemble made it
-    a, b = _ensemble(path, refresh_interval=3600.0), _ensemble(path, refresh_interval=3600.0)
+    r = retrieved_before_a_restart(path)  # neither live ensemble made it
+    a, b = bm25_ensemble(path, refresh_interval=3600.0), bm25_ensemble(path, refresh_interval=3600.0)
     a.retrieve("aurora", k=2)
     b.retrieve("aurora", k=2)
     with FeedbackStore(path) as store:
@@ -195,18 +177,18 @@ def test_a_row_another_process_learns_while_this_one_is_about_to_is_learned_once
 
     a.store.unlearned_feedback = listed_then_learned_elsewhere  # type: ignore[method-assign]
     a.refresh()
-    assert _newest_n_learned(path) == 1  # not learned a second time on top of b's snapshot
+    assert newest_n_learned(path) == 1  # not learned a second time on top of b's snapshot
     a.store.unlearned_feedback = listed  # type: ignore[method-assign]
     a.refresh()
     assert (a.learner.n_learned, b.learner.n_learned) == (1, 1)
     a.close()
     b.close()
-    assert _newest_n_learned(path) == 1
+    assert newest_n_learned(path) == 1
 
 
 def test_two_live_ensembles_learn_a_row_owed_once_between_them(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    a, b = _ensemble(path), _ensemble(path)
+    a, b = bm25_ensemble(path), bm25_ensemble(path)
     r = a.retrieve("what causes the tides", k=3)
     with FeedbackStore(path) as store:
         store.record_feedback(r.event_id, "thumbs_up")
@@ -216,12 +198,12 @@ def test_two_live_ensembles_learn_a_row_owed_once_between_them(tmp_path: Path) -
     assert (a.learner.n_learned, b.learner.n_learned) == (1, 1)  # a loaded b's snapshot: one learning
     a.close()
     b.close()
-    assert _newest_n_learned(path) == 1
+    assert newest_n_learned(path) == 1
 
 
 def test_a_busy_store_while_catching_up_is_warned_of_once_and_tried_again(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)
+    r = retrieved_before_a_restart(path)
     ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="thompson",
                                       refresh_interval=0.0, store=FeedbackStore(path, busy_timeout=0.05))
     ens.retrieve("glacier", k=2)
@@ -245,7 +227,7 @@ def test_a_busy_store_while_catching_up_is_warned_of_once_and_tried_again(tmp_pa
 
 def test_feedback_rolled_back_with_a_callers_block_is_caught_up_again(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
-    ens = _ensemble(path, refresh_interval=3600.0)
+    ens = bm25_ensemble(path, refresh_interval=3600.0)
     ens.retrieve("glacier ice", k=2)  # its first look is done: the next refresh is an hour away
     r = ens.retrieve("what causes the tides", k=3)
     with FeedbackStore(path) as other:
@@ -309,7 +291,7 @@ def test_feedback_on_another_engines_retrieval_is_owed_to_no_learner(tmp_path: P
     from rlfb.runs import log_external, record_run_feedback
 
     path = tmp_path / "fb.db"
-    ens = _ensemble(path)
+    ens = bm25_ensemble(path)
     with FeedbackStore(path) as store:
         by_run = log_external(store, "tides", [("doc2", 1.0), ("doc9", 0.5)], source="bm25", event_id="run-1")
         direct = log_external(store, "tides", [("doc2", 1.0)], source="bm25")
@@ -325,7 +307,7 @@ def test_feedback_on_another_engines_retrieval_is_owed_to_no_learner(tmp_path: P
 def test_a_row_owed_on_another_live_ensembles_decision_is_left_to_that_one(tmp_path: Path) -> None:
     # two ensembles of one kind in one process (a two-corpus app): the one that made the decision learns it
     path = tmp_path / "fb.db"
-    a, b = _ensemble(path, refresh_interval=3600.0), _ensemble(path, refresh_interval=3600.0)
+    a, b = bm25_ensemble(path, refresh_interval=3600.0), bm25_ensemble(path, refresh_interval=3600.0)
     r = a.retrieve("what causes the tides", k=3)
     b.retrieve("aurora", k=2)
     with FeedbackStore(path) as store:
@@ -345,7 +327,7 @@ def test_a_backlog_is_learned_a_batch_at_a_time_with_one_snapshot_each(tmp_path:
 
     monkeypatch.setattr(feedback_learning, "CATCH_UP_BATCH", 4)
     path = tmp_path / "fb.db"
-    made = _ensemble(path)
+    made = bm25_ensemble(path)
     events = [made.retrieve(q, k=2).event_id for q in ("tides", "aurora", "volcano", "glacier", "lava")]
     made.close()
     with FeedbackStore(path) as store:
@@ -353,7 +335,7 @@ def test_a_backlog_is_learned_a_batch_at_a_time_with_one_snapshot_each(tmp_path:
             for eid in events:
                 store.record_feedback(eid, signal)
         before = store.state_version()
-    ens = _ensemble(path, refresh_interval=3600.0)  # each retrieval looks again while the backlog lasts
+    ens = bm25_ensemble(path, refresh_interval=3600.0)  # each retrieval looks again while the backlog lasts
     versions = [before]
     for _ in range(4):
         ens.retrieve("tides", k=2, log=False)
@@ -362,26 +344,26 @@ def test_a_backlog_is_learned_a_batch_at_a_time_with_one_snapshot_each(tmp_path:
     assert [b - a for a, b in zip(versions, versions[1:], strict=False)] == [1, 1, 1, 0]
     assert ens.store.counts()["unlearned"] == 0
     ens.close()
-    assert _newest_n_learned(path) == 10
+    assert newest_n_learned(path) == 10
 
 
 def test_rows_caught_up_at_a_persist_interval_are_held_until_its_snapshot(tmp_path: Path) -> None:
     # marked learned in the look's transaction while their learning waited for persist_interval, they were lost
     # to a process killed before its next snapshot (then written at once instead); now they are held until it
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)
-    ens = _ensemble(path, persist_interval=3600.0)
+    r = retrieved_before_a_restart(path)
+    ens = bm25_ensemble(path, persist_interval=3600.0)
     own = ens.retrieve("aurora", k=2)
     ens.feedback(own.event_id, "thumbs_up")  # its first snapshot: the next is an hour away
-    assert _newest_n_learned(path) == 1
+    assert newest_n_learned(path) == 1
     with FeedbackStore(path) as store:
         owed = store.record_feedback(r.event_id, "thumbs_up")
     ens.retrieve("aurora", k=2, log=False)
     assert ens.learner.n_learned == 2
-    assert _newest_n_learned(path) == 1 and ens.store.counts()["held"] == 1
+    assert newest_n_learned(path) == 1 and ens.store.counts()["held"] == 1
     assert ens.store.feedback_learned(owed.feedback_id) is None
     ens.close()
-    assert _newest_n_learned(path) == 2
+    assert newest_n_learned(path) == 2
     with FeedbackStore(path) as store:
         assert store.feedback_learned(owed.feedback_id) is True and store.counts()["held"] == 0
 
@@ -390,14 +372,14 @@ def test_a_row_an_rlfb_of_before_the_step_writes_after_it_counts_as_learned(tmp_
     # a rolling upgrade: an app of the previous version, still running on the file another process upgraded,
     # learns what it stores and writes rows without the column; taken as owed, they were learned a second time
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)
+    r = retrieved_before_a_restart(path)
     with sqlite3.connect(path) as db:  # the previous version's insert names no `learned`
         db.execute("INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
                    "discounted, reward, ts, delay, in_window, created_at) SELECT 99, id, NULL, 'thumbs_up', "
                    "'explicit', 1.0, 1.0, 1.0, 1.0, 1.0, ts + 1, 1.0, 1, ts + 1 FROM events WHERE id = ?",
                    (r.event_id,))
     db.close()
-    ens = _ensemble(path)
+    ens = bm25_ensemble(path)
     ens.retrieve("aurora", k=2, log=False)
     assert ens.learner.n_learned == 0 and ens.store.feedback_learned(99) is True
     ens.close()
@@ -409,10 +391,10 @@ def test_a_look_whose_writes_are_undone_looks_again(tmp_path: Path) -> None:
     from rlfb.errors import StoreFullError
 
     path = tmp_path / "fb.db"
-    r = _retrieved_before_a_restart(path)
+    r = retrieved_before_a_restart(path)
     with FeedbackStore(path) as store:
         owed = store.record_feedback(r.event_id, "thumbs_up")
-    ens = _ensemble(path, refresh_interval=3600.0)
+    ens = bm25_ensemble(path, refresh_interval=3600.0)
     persist = ens._persist
 
     def full_once(**kw: Any) -> None:
@@ -426,4 +408,4 @@ def test_a_look_whose_writes_are_undone_looks_again(tmp_path: Path) -> None:
     ens.refresh()
     assert ens.learner.n_learned == 1 and ens.store.feedback_learned(owed.feedback_id) is True
     ens.close()
-    assert _newest_n_learned(path) == 1
+    assert newest_n_learned(path) == 1

@@ -380,21 +380,24 @@ def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int |
     """The feedback rows after id ``after`` that no learner has taken (``learned`` NULL; with ``held``, also those
     a running learner holds unwritten, ``HELD``), oldest first, on decisions logged by ``policy`` or by a policy
     not named (``None``: any policy); the first ``limit`` of them."""
-    # each mark has its partial index: two lookups, not a scan of the whole table (an OR of the two is one)
-    owed = "SELECT id FROM feedback WHERE learned IS NULL AND id > ?"
-    if held:
-        owed += " UNION ALL SELECT id FROM feedback WHERE learned = 2 AND id > ?"
-    sql = f"SELECT f.id FROM feedback f JOIN events e ON e.id = f.event_id WHERE f.id IN ({owed})"
-    params: list[Any] = [after, after] if held else [after]
-    if policy is not None:
-        sql += " AND (e.policy IS NULL OR e.policy = ?)"
-        params.append(_enc(policy))
+    # one query a mark, each on its partial index and each limited: an OR of the two, or an IN over both,
+    # listed every row owed before the limit applied (a look at 100 of 196,000 owed took 96 ms, not 0.3)
+    marks = ("f.learned IS NULL", "f.learned = 2") if held else ("f.learned IS NULL",)
+    ids: list[int] = []
     with store._read() as conn:
-        sql += " ORDER BY f.id"
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(limit)
-        return [stored_record(conn, fid, duplicate=False) for (fid,) in conn.execute(sql, params).fetchall()]
+        for mark in marks:
+            sql = f"SELECT f.id FROM feedback f JOIN events e ON e.id = f.event_id WHERE {mark} AND f.id > ?"
+            params: list[Any] = [after]
+            if policy is not None:
+                sql += " AND (e.policy IS NULL OR e.policy = ?)"
+                params.append(_enc(policy))
+            sql += " ORDER BY f.id"
+            if limit is not None:
+                sql += " LIMIT ?"
+                params.append(limit)
+            ids.extend(fid for (fid,) in conn.execute(sql, params).fetchall())
+        ids.sort()
+        return [stored_record(conn, fid, duplicate=False) for fid in ids[:limit]]
 
 
 #: the ``learned`` mark of a row a running learner has learned and not yet written in a snapshot
