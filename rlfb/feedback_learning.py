@@ -367,7 +367,7 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
             # ensembles', left to them
             last = len(records) < CATCH_UP_BATCH
             if not records:
-                ens._take_held = ens._take_held and not last
+                ens._take_held = False
                 return 0
             exclusive = getattr(store, "exclusive", None)  # a store of the user's own may have none
             with exclusive() if callable(exclusive) else contextlib.nullcontext():

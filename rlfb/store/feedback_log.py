@@ -375,6 +375,10 @@ def chunk_reward_sums(
         return sums
 
 
+#: the ``learned`` mark of a row a running learner has learned and not yet written in a snapshot
+HELD = 2
+
+
 def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int | None, held: bool = False
               ) -> list[FeedbackRecord]:
     """The feedback rows after id ``after`` that no learner has taken (``learned`` NULL; with ``held``, also those
@@ -382,7 +386,7 @@ def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int |
     not named (``None``: any policy); the first ``limit`` of them."""
     # one query a mark, each on its partial index and each limited: an OR of the two, or an IN over both,
     # listed every row owed before the limit applied (a look at 100 of 196,000 owed took 96 ms, not 0.3)
-    marks = ("f.learned IS NULL", "f.learned = 2") if held else ("f.learned IS NULL",)
+    marks = ("f.learned IS NULL", f"f.learned = {HELD}") if held else ("f.learned IS NULL",)
     ids: list[int] = []
     with store._read() as conn:
         for mark in marks:
@@ -398,10 +402,6 @@ def unlearned(store: FeedbackStore, after: int, policy: str | None, limit: int |
             ids.extend(fid for (fid,) in conn.execute(sql, params).fetchall())
         ids.sort()
         return [stored_record(conn, fid, duplicate=False) for fid in ids[:limit]]
-
-
-#: the ``learned`` mark of a row a running learner has learned and not yet written in a snapshot
-HELD = 2
 
 
 def learned_mark(store: FeedbackStore, feedback_id: int) -> bool | None:
