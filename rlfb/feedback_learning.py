@@ -140,6 +140,7 @@ def record_and_learn(ens: FeedbackEnsemble, event_id: str, signal: str | None, *
     # one transaction: when learning fails (another process held the write lock too long), the feedback
     # is not kept either, so a retry with the same idempotency key records it and learns it; kept but
     # unlearned, the retry was a duplicate and was never learned
+    undo = False
     with ens._guarded(), store.exclusive():
         record = store.record_feedback(event_id, signal, **fields)
         # two ensembles of the same retrievers on one store: the one that made the decision learns it
@@ -148,24 +149,39 @@ def record_and_learn(ens: FeedbackEnsemble, event_id: str, signal: str | None, *
         together = learner.store is store
         if together:
             undo = in_callers_block(store)
-            learn_pending(learner, undo=undo)
-            damaged = _learn_keeping(learner, record, undo=undo)
+            damaged = learn_recorded(learner, record, together=True, undo=undo)
     if not together:  # its own connection to this file waits for this one's write lock
-        # the row is committed already: learning that fails now (another writer took the lock meanwhile) leaves
-        # it stored and unlearned, and a retry with its idempotency key is a duplicate, so the learner keeps it
-        # to learn at its next feedback (an audit of 2026-12-06 found 3 of 40 feedbacks stored and never learned)
-        try:
-            learn_pending(learner)
-            damaged = _learn_keeping(learner, record)
-        except BaseException as exc:
-            _keep_unlearned(learner, record, exc)
-            raise
+        damaged = learn_recorded(learner, record, together=False)
     # feedback stored and not learned before (a killed process's, or stored alone): after this one, which the
     # caller waits for
-    catch_up(learner, undo=together and undo)
+    catch_up(learner, undo=undo)
     if damaged is not None:
         raise damaged
     return record
+
+
+def learn_recorded(learner: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | None = None, *,
+                   together: bool, undo: bool = False) -> CorruptStateError | None:
+    """Have ``learner`` learn the feedback ``record`` that was just recorded for it (``event``: its logged event,
+    when already read), after the rows it keeps unlearned (:func:`learn_pending`); a damaged logged row of the
+    event is returned, not raised: the feedback is kept.
+
+    ``together``: inside the recording's transaction, on the learner's own store object (``undo``: inside a
+    caller's block as well). Otherwise the row is committed already, and the learner, on its own connection to
+    the file, waits for the lock: learning that fails then (another writer took the lock meanwhile) leaves it
+    stored and unlearned, and a retry with its idempotency key is a duplicate, so the learner keeps it to learn
+    at its next feedback and the error says so (an audit of 2026-12-06 found 3 of 40 feedbacks stored and
+    never learned; through the adapters, run feedback, until a later audit that day).
+    """
+    if together:
+        learn_pending(learner, undo=undo)
+        return _learn_keeping(learner, record, event, undo=undo)
+    try:
+        learn_pending(learner)
+        return _learn_keeping(learner, record, event)
+    except BaseException as exc:
+        _keep_unlearned(learner, record, exc)
+        raise
 
 
 def record_implicit(
@@ -247,10 +263,11 @@ def _keep_unlearned(ens: FeedbackEnsemble, record: Any, exc: BaseException) -> N
         add_note(note)
 
 
-def _learn_keeping(ens: FeedbackEnsemble, record: Any, *, undo: bool = False) -> CorruptStateError | None:
+def _learn_keeping(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | None = None, *,
+                   undo: bool = False) -> CorruptStateError | None:
     """``ens._learn``; a damaged logged row of the event is returned, not raised: the feedback is kept."""
     try:
-        ens._learn(record, undo=undo)
+        ens._learn(record, event, undo=undo)
     except CorruptStateError as exc:
         return exc
     return None

@@ -42,7 +42,6 @@ from uuid import UUID
 import numpy as np
 
 from rlfb.errors import (
-    CorruptStateError,
     IdempotencyConflictError,
     NonFiniteValueError,
     UnknownChunkError,
@@ -428,6 +427,9 @@ def record_run_feedback(
     # its state in this store object; a learner on another connection (even to this file) must wait for
     # this one's write lock, so there the feedback is committed first and learned after.
     together = all(learner.store is store for _, learner in learners)
+    # here: rlfb.feedback_learning imports this module
+    from rlfb.feedback_learning import catch_up, learn_recorded
+
     damaged = None
     with store.exclusive() if together else nullcontext():
         try:
@@ -437,10 +439,14 @@ def record_run_feedback(
         by_event = {r.event_id: r for r in records}
         undo = together and in_callers_block(store)
         for event, learner in learners:
-            try:
-                learner._learn(by_event[event["id"]], event, undo=undo)
-            except CorruptStateError as exc:  # that event's row is damaged: keep the feedback, unlearned
-                damaged = damaged or exc
+            # that event's row damaged: the feedback kept, unlearned; after the commit, a failure keeps the row
+            # for the learner's next feedback and says so (it was neither kept nor said: a retry learned nothing)
+            found = learn_recorded(learner, by_event[event["id"]], event, together=together, undo=undo)
+            damaged = damaged or found
+    # feedback stored and not learned before (a killed process's, or stored alone), as ens.feedback does: a
+    # feedback endpoint that never retrieves learned none of it
+    for learner in {id(learner): learner for _, learner in learners}.values():
+        catch_up(learner, undo=undo)
     if damaged is not None:
         raise damaged
     return records

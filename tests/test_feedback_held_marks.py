@@ -341,3 +341,30 @@ def test_a_look_that_learns_nothing_writes_on_top_of_the_newest_snapshot(tmp_pat
     a.close()
     b.close()
     assert newest_n_learned(path) == 3
+
+
+def test_run_feedback_takes_a_killed_processs_held_rows_without_a_retrieval(tmp_path: Path) -> None:
+    # a feedback endpoint (the adapters' handlers give feedback by run id: rlfb.runs.record_run_feedback) that
+    # never retrieves: it learned its own feedback and none of the rows owed or held, which the warnings said it
+    # would at its next feedback
+    from rlfb.runs import record_run_feedback
+
+    path = tmp_path / "fb.db"
+    r = retrieved_before_a_restart(path)
+    child = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from _restarts import bm25_ensemble
+        ens = bm25_ensemble({str(path)!r}, persist_interval=3600.0)
+        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[0].chunk_id!r})  # written
+        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[1].chunk_id!r})  # held
+        os._exit(9)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 9, done.stderr
+    endpoint = bm25_ensemble(path)
+    record_run_feedback(endpoint.store, r.event_id, ensemble=endpoint, signal="thumbs_up")
+    assert endpoint.learner.n_learned == 3
+    assert endpoint.store.counts()["held"] == 0 and endpoint.store.counts()["unlearned"] == 0
+    endpoint.close()
+    assert newest_n_learned(path) == 3

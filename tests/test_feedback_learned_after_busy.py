@@ -112,3 +112,25 @@ def test_feedback_stored_before_a_busy_error_is_learned_at_the_makers_next_feedb
     fresh = _ensemble(str(path))
     assert fresh.learner.n_learned == 3
     fresh.close()
+
+
+def test_run_feedback_stored_before_a_busy_error_is_kept_and_learned_once_at_its_retry(pair: Any) -> None:
+    # the adapters' path (rlfb.runs.record_run_feedback, by run id, on a handle of their own): the error had no
+    # note, the row was not kept, and the retry, a duplicate, learned nothing until a later retrieval
+    from rlfb.runs import record_run_feedback
+
+    path, maker, other, blocker = pair
+    r = maker.retrieve("what causes the tides", k=3)
+    blocker.armed = 1
+    with pytest.raises(StoreBusyError) as err:
+        record_run_feedback(other.store, r.event_id, signal="thumbs_up", idempotency_key="k1")
+    assert "stored but not learned" in "".join(getattr(err.value, "__notes__", []))
+    assert _rows(other.store, "k1:" + r.event_id) == 1 and maker.learner.n_learned == 0
+    (again,) = record_run_feedback(other.store, r.event_id, signal="thumbs_up", idempotency_key="k1")
+    assert again.duplicate and maker.learner.n_learned == 1
+    record_run_feedback(other.store, r.event_id, signal="thumbs_up", idempotency_key="k1")
+    maker.flush()
+    assert maker.learner.n_learned == 1
+    fresh = _ensemble(str(path))
+    assert fresh.learner.n_learned == 1
+    fresh.close()
