@@ -26,7 +26,20 @@ from rlfb.store import FeedbackStore
 TESTS = Path(__file__).resolve().parent
 
 
-
+def _killed_holding_one(path: Path, r: Any) -> None:
+    """A process at ``persist_interval=3600`` clicks two of retrieval ``r``'s hits and is killed: the first click
+    is written (its first snapshot), the second held."""
+    child = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from _restarts import bm25_ensemble
+        ens = bm25_ensemble({str(path)!r}, persist_interval=3600.0)
+        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[0].chunk_id!r})  # written
+        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[1].chunk_id!r})  # held
+        os._exit(9)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 9, done.stderr
 
 
 def test_feedback_learned_by_a_process_killed_before_its_snapshot_is_learned_after_the_restart(
@@ -240,17 +253,7 @@ def test_held_rows_a_start_could_not_take_are_taken_at_its_next_look(tmp_path: P
 
     path = tmp_path / "fb.db"
     r = retrieved_before_a_restart(path)
-    child = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(TESTS)!r})
-        from _restarts import bm25_ensemble
-        ens = bm25_ensemble({str(path)!r}, persist_interval=3600.0)
-        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[0].chunk_id!r})  # written
-        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[1].chunk_id!r})  # held
-        os._exit(9)
-    """)
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 9, done.stderr
+    _killed_holding_one(path, r)
     with FeedbackStore(path) as store:
         (held,) = store.unlearned_feedback(held=True)
     starter = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="thompson",
@@ -351,17 +354,7 @@ def test_run_feedback_takes_a_killed_processs_held_rows_without_a_retrieval(tmp_
 
     path = tmp_path / "fb.db"
     r = retrieved_before_a_restart(path)
-    child = textwrap.dedent(f"""
-        import os, sys
-        sys.path.insert(0, {str(TESTS)!r})
-        from _restarts import bm25_ensemble
-        ens = bm25_ensemble({str(path)!r}, persist_interval=3600.0)
-        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[0].chunk_id!r})  # written
-        ens.feedback({r.event_id!r}, "click", chunk_id={r.hits[1].chunk_id!r})  # held
-        os._exit(9)
-    """)
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 9, done.stderr
+    _killed_holding_one(path, r)
     endpoint = bm25_ensemble(path)
     record_run_feedback(endpoint.store, r.event_id, ensemble=endpoint, signal="thumbs_up")
     assert endpoint.learner.n_learned == 3
