@@ -114,7 +114,8 @@ def test_an_export_path_with_a_nul_character_is_named(tmp_path: object) -> None:
 
 def test_a_bare_store_write_is_documented_as_unlearned(tmp_path: object) -> None:
     # FeedbackStore.record_feedback only stores (its docstring says so); record_run_feedback is learned by the
-    # live ensemble that made the retrieval
+    # live ensemble that made the retrieval, which then learns the row stored alone too (it is owed: until a later
+    # audit of 2026-12-06, run feedback left such rows to the next retrieval)
     from rlfb.runs import record_run_feedback
 
     path = str(tmp_path / "fb.db")  # type: ignore[operator]
@@ -123,7 +124,7 @@ def test_a_bare_store_write_is_documented_as_unlearned(tmp_path: object) -> None
     FeedbackStore(path).record_feedback(first.event_id, "thumbs_up")
     assert ens.learner.n_learned == 0
     record_run_feedback(FeedbackStore(path), second.event_id, "thumbs_up")
-    assert ens.learner.n_learned == 1
+    assert ens.learner.n_learned == 2
     assert "stores it only" in FeedbackStore.record_feedback.__doc__
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM feedback").fetchone()[0] == 2
