@@ -134,24 +134,27 @@ def test_an_ensemble_started_meanwhile_takes_held_rows_and_their_holder_leaves_t
     assert newest_n_learned(path) == 3
 
 
-def test_a_running_ensemble_leaves_the_rows_another_holds_to_it(tmp_path: Path) -> None:
-    # only the looks from an ensemble's start take held rows: later ones would take a live worker's every time
+@pytest.mark.parametrize("owed_at_start", [0, 1])
+def test_a_running_ensemble_leaves_the_rows_another_holds_to_it(tmp_path: Path, owed_at_start: int) -> None:
+    # only the looks from an ensemble's start take held rows, whether its first look found rows owed or none:
+    # later ones would take a live worker's every time
     path = tmp_path / "fb.db"
     r = retrieved_before_a_restart(path)
-    with FeedbackStore(path) as store:  # a row owed, which b's first look learns
-        store.record_feedback(r.event_id, "thumbs_up")
+    with FeedbackStore(path) as store:  # rows owed, which b's first look learns
+        for _ in range(owed_at_start):
+            store.record_feedback(r.event_id, "thumbs_up")
     b = bm25_ensemble(path)
     b.retrieve("aurora", k=2)  # its looks from its start are done
-    assert b.learner.n_learned == 1
+    assert b.learner.n_learned == owed_at_start
     a = bm25_ensemble(path, persist_interval=3600.0)
     a.retrieve("aurora", k=2)
     a.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)  # written: a's first snapshot
     held = a.feedback(r.event_id, "click", chunk_id=r.hits[1].chunk_id)
     b.retrieve("aurora", k=2)  # refresh_interval 0: it loads a's snapshot and looks again
-    assert b.learner.n_learned == 2 and b.store.feedback_learned(held.feedback_id) is None
+    assert b.learner.n_learned == owed_at_start + 1 and b.store.feedback_learned(held.feedback_id) is None
     a.close()
     b.retrieve("aurora", k=2)
-    assert b.learner.n_learned == 3 and b.store.feedback_learned(held.feedback_id) is True
+    assert b.learner.n_learned == owed_at_start + 2 and b.store.feedback_learned(held.feedback_id) is True
     b.close()
 
 
