@@ -430,7 +430,7 @@ def record_run_feedback(
     # here: rlfb.feedback_learning imports this module
     from rlfb.feedback_learning import catch_up, learn_recorded
 
-    damaged = None
+    damaged = failed = None
     with store.exclusive() if together else nullcontext():
         try:
             records = store.record_feedback_batch(items)  # all or nothing
@@ -441,8 +441,16 @@ def record_run_feedback(
         for event, learner in learners:
             # that event's row damaged: the feedback kept, unlearned; after the commit, a failure keeps the row
             # for the learner's next feedback and says so (it was neither kept nor said: a retry learned nothing)
-            found = learn_recorded(learner, by_event[event["id"]], event, together=together, undo=undo)
+            try:
+                found = learn_recorded(learner, by_event[event["id"]], event, together=together, undo=undo)
+            except Exception as exc:
+                if together:  # inside the recording's transaction: nothing of it is kept
+                    raise
+                failed = failed or exc  # committed: the other retrievals' learners still learn theirs, or keep it
+                continue
             damaged = damaged or found
+    if failed is not None:
+        raise failed
     # feedback stored and not learned before (a killed process's, or stored alone), as ens.feedback does: a
     # feedback endpoint that never retrieves learned none of it
     for learner in {id(learner): learner for _, learner in learners}.values():

@@ -134,3 +134,24 @@ def test_run_feedback_stored_before_a_busy_error_is_kept_and_learned_once_at_its
     fresh = _ensemble(str(path))
     assert fresh.learner.n_learned == 1
     fresh.close()
+
+
+def test_run_feedback_on_two_retrievals_keeps_both_rows_when_the_learning_meets_a_busy_store(pair: Any) -> None:
+    # one chain run that made two retrievals: the first retrieval's learning failed and was raised at once, so the
+    # second retrieval's row, committed with it, was not learned either, nor kept
+    from rlfb.runs import record_run_feedback
+
+    path, maker, other, blocker = pair
+    maker.retrieve("what causes the tides", k=3, parent_id="chain-run")
+    maker.retrieve("why do volcanoes erupt", k=3, parent_id="chain-run")
+    blocker.armed = 1
+    with pytest.raises(StoreBusyError):
+        record_run_feedback(other.store, "chain-run", signal="thumbs_up", idempotency_key="k1")
+    # the second retrieval's learning got the lock, and learned the first's row, kept, before its own
+    assert maker.learner.n_learned == 2
+    records = record_run_feedback(other.store, "chain-run", signal="thumbs_up", idempotency_key="k1")
+    assert all(r.duplicate for r in records) and maker.learner.n_learned == 2
+    maker.flush()
+    fresh = _ensemble(str(path))
+    assert fresh.learner.n_learned == 2
+    fresh.close()
