@@ -69,6 +69,12 @@ def _bookkeeping(ens: FeedbackEnsemble) -> _Marks:
             dict(ens._unsaved_asks), dict(ens._held))
 
 
+def _put_back(ens: FeedbackEnsemble, marks: _Marks) -> None:
+    """Set ``ens``'s snapshot bookkeeping to ``marks`` (:func:`_bookkeeping`'s copy)."""
+    (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks,
+     ens._held) = marks
+
+
 def _unwritten_again_if_undone(ens: FeedbackEnsemble, before: _Marks) -> None:
     """A snapshot was just written inside a ``store.exclusive()`` block: if the block's writes are undone (its
     commit fails on a full disk or a file gone, or a block around it fails), its learning is unwritten again and
@@ -84,8 +90,7 @@ def _unwritten_again_if_undone(ens: FeedbackEnsemble, before: _Marks) -> None:
 
     def unwritten() -> None:
         with ens._guarded():
-            (ens._own_version, ens._state_version, _, ens._last_persist, ens._unsaved, ens._unsaved_asks,
-             ens._held) = before
+            _put_back(ens, before)
             ens._dirty = True  # the learner still holds what the undone snapshot wrote
             _flush_at_exit(ens, pin=True)
 
@@ -521,8 +526,7 @@ def _restore(ens: FeedbackEnsemble, replay: Any, marks: _Marks
              ) -> None:
     """Put back the replay buffer's episodes and the snapshot bookkeeping ``marks`` (under ``ens``'s locks)."""
     ens._learner.replay.restore_held(replay)
-    (ens._own_version, ens._state_version, ens._dirty, ens._last_persist, ens._unsaved, ens._unsaved_asks,
-     ens._held) = marks
+    _put_back(ens, marks)
     if ens._dirty or ens._unsaved_asks:  # unwritten again: written later, at exit at the latest
         _flush_at_exit(ens, pin=ens._dirty)
     else:
