@@ -33,10 +33,14 @@ demo: $(STAMP)
 test: $(STAMP) lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" --nbmake tests rlfb langchain_rlfb llamaindex_rlfb notebooks
 
-# ruff over the code, tests and benchmarks; mypy over the core and the adapters (settings: pyproject.toml)
+# ruff over the code, tests and benchmarks; mypy over the core and the adapters (settings: pyproject.toml);
+# then the README's Python examples under `mypy --strict`, as a user's own code that imports rlfb, in a folder
+# outside the checkout's packages (their own cache: other options than the one above)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlfb langchain_rlfb llamaindex_rlfb tests benchmarks
 	$(VENV)/bin/mypy
+	$(PY) tests/_readme.py $(VENV)/readme-examples > /dev/null
+	cd $(VENV)/readme-examples && ../bin/mypy --strict --ignore-missing-imports --cache-dir ../.mypy_cache_readme .
 
 slow: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow

@@ -164,6 +164,23 @@ class Capture:
             if own is None:
                 self._mark_cut(nodes, ranked)
                 self._note_derived(qid, nodes, ranked)
+        if outer is not None:
+            self._logged_in_outer(qid, outer)
+
+    def _logged_in_outer(self, qid: str, outer: str) -> None:
+        """What query ``qid`` logged counts as logged for ``outer``, the query it ran in (linked to it): a router
+        with one selection, or a ``TransformQueryEngine``, returns the inner engine's response as its own, and
+        logging it again as ``<outer>/response`` gave one thumbs up on the outer query two feedback rows on one
+        list (a combined response, other nodes, is still logged)."""
+        with self._lock:
+            inner = self._logged.get(qid)
+            if not inner:
+                return
+            seen = self._logged.setdefault(outer, [])
+            seen.extend(ids for ids in inner if ids not in seen)
+            self._logged.move_to_end(outer)
+            while len(self._logged) > KEPT:
+                self._logged.popitem(last=False)
 
     def _note_derived(self, qid: str, nodes: Sequence[NodeWithScore],
                       ranked_ids: Callable[[str], list[str] | None]) -> None:

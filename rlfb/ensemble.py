@@ -735,7 +735,7 @@ class FeedbackEnsemble:
     # ------------------------------------------------------------------ feedback
     def feedback(
         self,
-        event_id: str,
+        event_id: str | None,
         signal: str | None = None,
         *,
         value: float | None = None,
@@ -758,6 +758,9 @@ class FeedbackEnsemble:
         retrieval this ensemble did not make (:func:`rlfb.runs.owns_event`);
         a retrieval another live ensemble of this process logged on this store
         is learned by that one (:func:`rlfb.runs.maker_of`).
+        ``event_id`` is the retrieval's :attr:`~rlfb.RetrievalResult.event_id`,
+        as it is (``None``, a retrieval that was not logged, is a
+        :class:`~rlfb.errors.ValidationError` that says so).
         Returns the store's :class:`~rlfb.store.FeedbackRecord`.
         """
         return record_and_learn(self, event_id, signal, value=value, rating=rating, chunk_id=chunk_id,

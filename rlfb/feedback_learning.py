@@ -132,7 +132,7 @@ def _chunk_row(hit: Hit, used: int | None = None) -> dict[str, Any]:
     }
 
 
-def record_and_learn(ens: FeedbackEnsemble, event_id: str, signal: str | None, **fields: Any) -> Any:
+def record_and_learn(ens: FeedbackEnsemble, event_id: str | None, signal: str | None, **fields: Any) -> Any:
     """The body of :meth:`FeedbackEnsemble.feedback <rlfb.FeedbackEnsemble.feedback>`: record the feedback
     (``fields`` are ``record_feedback``'s keyword arguments) and have the event's maker learn it."""
     store = ens._require_store()

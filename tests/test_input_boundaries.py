@@ -96,6 +96,21 @@ def test_reading_feedback_of_an_unknown_event_is_named() -> None:
     assert store.feedback(eid) == [] and store.chunk_reward_sums(eid) == {}  # a logged event without feedback
 
 
+def test_feedback_on_a_retrieval_that_was_not_logged_says_so() -> None:
+    # RetrievalResult.event_id is None for a retrieval that was not logged; feedback took only a str, so the
+    # README's own ens.feedback(res.event_id, ...) failed a user's type check, and None at run time got "must be a
+    # non-empty str, got NoneType None", which named no cause
+    ens = _ens(store=FeedbackStore(":memory:"))
+    res = ens.retrieve("aurora", k=2, log=False)
+    assert res.event_id is None
+    for call in (lambda: ens.feedback(res.event_id, "click"), lambda: ens.store.record_feedback(res.event_id, "click"),
+                 lambda: ens.store.event(res.event_id), lambda: ens.store.feedback(res.event_id),
+                 lambda: ens.store.event_reward(res.event_id)):
+        with pytest.raises(ValidationError, match=r"event_id is None: the retrieval was not logged \(retrieve"):
+            call()
+    assert ens.store.counts()["feedback"] == 0 and ens.learner.n_learned == 0
+
+
 def test_an_integer_too_long_for_text_is_not_called_nan() -> None:
     store = FeedbackStore(":memory:")
     with pytest.raises(ValidationError, match="cannot be stored as JSON") as info:

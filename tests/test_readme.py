@@ -6,12 +6,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+from _readme import BLOCKS, README
 
 
 def test_the_readme_has_examples() -> None:

@@ -108,6 +108,13 @@ def _check_id(x: Any, name: str, *, allow_empty: bool = False) -> str:
 
 
 def _check_event_id(event_id: Any) -> str:
+    """An event id argument. ``None``, the ``event_id`` of a retrieval that was not logged, is refused with a
+    word on why there is none: the bare type error sent users looking for a bug in their own id handling."""
+    if event_id is None:
+        raise ValidationError(
+            "event_id is None: the retrieval was not logged (retrieve(..., log=False), or an ensemble without a "
+            "store), so there is no event to give feedback on or to read"
+        )
     return _check_id(event_id, "event_id")
 
 

@@ -288,7 +288,7 @@ def mark_unused(store: FeedbackStore, event_id: str, chunk_ids: Iterable[str]) -
     return len(unused) - len(before)
 
 
-def event(store: FeedbackStore, event_id: str) -> dict[str, Any]:
+def event(store: FeedbackStore, event_id: str | None) -> dict[str, Any]:
     """The logged event with its chunks; :class:`UnknownEventError` if absent."""
     events = select_events(store, "e.id = ?", [_enc(_check_event_id(event_id))])
     if not events:

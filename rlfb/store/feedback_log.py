@@ -69,7 +69,7 @@ def record_batch(store: FeedbackStore, items: Iterable[Mapping[str, Any]]) -> li
 def prepare_feedback(
     store: FeedbackStore,
     now: float,
-    event_id: str,
+    event_id: str | None,
     signal: str | None = None,
     *,
     value: Any = None,
@@ -268,7 +268,7 @@ def stored_record(conn: sqlite3.Connection, feedback_id: int, duplicate: bool) -
     )
 
 
-def feedback_rows(store: FeedbackStore, event_id: str) -> list[dict[str, Any]]:
+def feedback_rows(store: FeedbackStore, event_id: str | None) -> list[dict[str, Any]]:
     """The event's feedback rows, decoded, oldest first; an event never logged is an :class:`UnknownEventError`
     (as in :func:`event_reward`), where ``[]`` read as "no feedback yet" for a mistyped id."""
     enc = _enc(_check_event_id(event_id))
@@ -279,13 +279,15 @@ def feedback_rows(store: FeedbackStore, event_id: str) -> list[dict[str, Any]]:
         return rows
 
 
-def _known(conn: sqlite3.Connection, enc_event_id: Any, event_id: str, found: Any) -> None:
+def _known(conn: sqlite3.Connection, enc_event_id: Any, event_id: str | None, found: Any) -> None:
     """Refuse an event id that names no logged event, where ``found`` (what was read for it) is empty."""
     if not found and conn.execute("SELECT 1 FROM events WHERE id = ?", (enc_event_id,)).fetchone() is None:
         raise UnknownEventError(f"unknown event id {event_id!r}")
 
 
-def event_reward(store: FeedbackStore, event_id: str, *, repeats: bool = False) -> tuple[float, dict[str, float]]:
+def event_reward(
+    store: FeedbackStore, event_id: str | None, *, repeats: bool = False
+) -> tuple[float, dict[str, float]]:
     """``(reward, chunk_rewards)`` of an event over all its in-window feedback, each clipped; without the
     feedback :func:`repeats_latest` finds repeated (which taught the learner nothing), unless ``repeats``."""
     enc = _enc(_check_event_id(event_id))

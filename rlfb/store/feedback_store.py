@@ -317,8 +317,9 @@ class FeedbackStore:
         """Whether ``event_id`` was logged."""
         return event_log.has_event(self, event_id)
 
-    def event(self, event_id: str) -> dict[str, Any]:
-        """The logged event, decoded, with its ``chunks`` in rank order; :class:`UnknownEventError` if absent.
+    def event(self, event_id: str | None) -> dict[str, Any]:
+        """The logged event, decoded, with its ``chunks`` in rank order; :class:`UnknownEventError` if absent
+        (``None``, a retrieval that was not logged, is a :class:`ValidationError` that says so).
 
         Keys: ``id`` (and ``event_id``), ``timestamp``, ``query`` (``None`` with
         ``store_text=False``), ``query_hash``, ``query_hashed`` (true when only
@@ -422,7 +423,7 @@ class FeedbackStore:
     # -- feedback ------------------------------------------------------------------
     def record_feedback(
         self,
-        event_id: str,
+        event_id: str | None,
         signal: str | None = None,
         *,
         value: float | None = None,
@@ -474,12 +475,12 @@ class FeedbackStore:
         """
         return feedback_log.record_batch(self, items)
 
-    def feedback(self, event_id: str) -> list[dict[str, Any]]:
+    def feedback(self, event_id: str | None) -> list[dict[str, Any]]:
         """The event's feedback rows, oldest first (flagged out-of-window rows included); an id that names no
         logged event is an :class:`~rlfb.errors.UnknownEventError`."""
         return feedback_log.feedback_rows(self, event_id)
 
-    def event_reward(self, event_id: str, *, repeats: bool = False) -> tuple[float, dict[str, float]]:
+    def event_reward(self, event_id: str | None, *, repeats: bool = False) -> tuple[float, dict[str, float]]:
         """``(reward, chunk_rewards)`` of an event over all its in-window feedback.
 
         The event reward is the sum of its discounted signals, clipped; each

@@ -852,11 +852,25 @@ def test_feedback_on_an_outer_query_reaches_a_nested_query_engines_retrievals(
 ) -> None:
     # a query engine run inside another (a router's choice, a sub-question) was not linked to the query around
     # it: feedback on the outer query id, the one the app holds, never reached the learner that ranked the nodes
+    ens = make_ensemble(store=handler.store, policy="thompson")
+    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2, explore=False)
+    inner = index.as_query_engine(llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
+    response = _router(inner).query("moon tides")
+    outer = handler.last_query_id
+    assert outer is not None and outer.startswith("RouterQueryEngine.query-")
+    decision = response.source_nodes[0].node.metadata[EVENT_ID_KEY]
+    assert decision in {e["id"] for e in handler.retrievals(outer)}  # the inner engine's ranking
+    records = handler.record_feedback(outer, score=1.0)
+    assert decision in {r.event_id for r in records} and ens.learner.n_learned == 1
+
+
+def _router(*engines: Any) -> Any:
+    """A ``RouterQueryEngine`` over ``engines`` that selects every one of them, without an LLM to choose."""
     from llama_index.core.base.base_selector import BaseSelector, SelectorResult, SingleSelection
     from llama_index.core.query_engine import RouterQueryEngine
     from llama_index.core.tools import QueryEngineTool
 
-    class First(BaseSelector):  # the router's choice without an LLM to make it
+    class Every(BaseSelector):
         def _get_prompts(self) -> dict[str, Any]:
             return {}
 
@@ -864,22 +878,51 @@ def test_feedback_on_an_outer_query_reaches_a_nested_query_engines_retrievals(
             pass
 
         def _select(self, choices: Any, query: Any) -> SelectorResult:
-            return SelectorResult(selections=[SingleSelection(index=0, reason="the first engine")])
+            return SelectorResult(selections=[SingleSelection(index=i, reason="") for i in range(len(choices))])
 
         async def _aselect(self, choices: Any, query: Any) -> SelectorResult:
             return self._select(choices, query)
 
-    ens = make_ensemble(store=handler.store, policy="thompson")
-    pp = FeedbackFusionPostprocessor.from_ensemble(ens, top_n=2, explore=False)
-    inner = index.as_query_engine(llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
-    tool = QueryEngineTool.from_defaults(inner, description="facts about nature")
-    response = RouterQueryEngine(selector=First(), query_engine_tools=[tool], llm=MockLLM()).query("moon tides")
-    outer = handler.last_query_id
-    assert outer is not None and outer.startswith("RouterQueryEngine.query-")
-    decision = response.source_nodes[0].node.metadata[EVENT_ID_KEY]
-    assert decision in {e["id"] for e in handler.retrievals(outer)}  # the inner engine's ranking
-    records = handler.record_feedback(outer, score=1.0)
-    assert decision in {r.event_id for r in records} and ens.learner.n_learned == 1
+    tools = [QueryEngineTool.from_defaults(e, description=f"engine {i}") for i, e in enumerate(engines)]
+    return RouterQueryEngine(selector=Every(), query_engine_tools=tools, llm=MockLLM())
+
+
+@pytest.mark.parametrize("wrapper", ["router", "transform"])
+def test_an_engine_that_returns_the_inner_engines_response_logs_it_once(
+    index: Any, handler: FeedbackEventHandler, wrapper: str
+) -> None:
+    # a router with one selection, or a TransformQueryEngine, returns the inner engine's response as its own:
+    # it was logged again as "<outer query id>/response", so one thumbs up on the outer query gave two feedback
+    # rows on the one list the user saw
+    from llama_index.core.indices.query.query_transform.base import IdentityQueryTransform
+    from llama_index.core.query_engine import TransformQueryEngine
+
+    inner = index.as_query_engine(llm=MockLLM(), similarity_top_k=3)
+    outer = _router(inner) if wrapper == "router" else TransformQueryEngine(inner, IdentityQueryTransform())
+    response = outer.query("moon tides")
+    qid = handler.last_query_id
+    assert qid is not None and qid.startswith(f"{type(outer).__name__}.query-")
+    [event] = handler.retrievals(qid)
+    assert [c["chunk_id"] for c in event["chunks"]] == [n.node.node_id for n in response.source_nodes]
+    assert event["metadata"]["component"] == "VectorIndexRetriever"
+    assert [r.event_id for r in handler.record_feedback(qid, score=1.0)] == [event["id"]]
+
+
+def test_a_router_that_combines_two_engines_logs_the_combined_response(
+    index: Any, handler: FeedbackEventHandler
+) -> None:
+    # the combined response's nodes are no one engine's list: the user saw them together, so they are logged
+    response = _router(index.as_query_engine(llm=MockLLM(), similarity_top_k=2),
+                       index.as_query_engine(llm=MockLLM(), similarity_top_k=3)).query("moon tides")
+    qid = handler.last_query_id
+    assert qid is not None
+    events = handler.retrievals(qid)
+    assert [e["metadata"]["component"] for e in events] == ["VectorIndexRetriever", "VectorIndexRetriever",
+                                                             "response"]
+    # both engines found doc2 and doc9: the list is logged once per node, as the response first names it
+    shown = list(dict.fromkeys(n.node.node_id for n in response.source_nodes))
+    assert len(shown) < len(response.source_nodes)
+    assert [c["chunk_id"] for c in events[-1]["chunks"]] == shown
 
 
 def test_a_citation_engines_sources_leave_the_ranked_nodes_they_were_cut_from_used(
