@@ -66,6 +66,35 @@ def record_batch(store: FeedbackStore, items: Iterable[Mapping[str, Any]]) -> li
         return apply_feedback(store, conn, pendings, prefix=len(pendings) > 1)
 
 
+#: the ``settings`` row that keeps the highest feedback id given before a prune deleted rows
+FEEDBACK_ID_HIGH = "feedback_id_high"
+
+
+def next_feedback_id(conn: sqlite3.Connection) -> int:
+    """The id the next feedback row gets: one above any given before, deleted rows' included.
+
+    A running ensemble looks for rows to catch up by id, above the highest it has looked at
+    (:func:`rlfb.feedback_learning.catch_up`); after a prune had deleted the newest rows, the next ones were given
+    their ids again, and it never looked at them until it restarted. The prune keeps the highest id in
+    ``settings`` (:func:`note_feedback_id_high`)."""
+    return int(conn.execute(
+        "SELECT MAX(COALESCE((SELECT MAX(id) FROM feedback), 0), "
+        "COALESCE((SELECT CAST(value AS INTEGER) FROM settings WHERE key = ?), 0)) + 1",
+        (FEEDBACK_ID_HIGH,),
+    ).fetchone()[0])
+
+
+def note_feedback_id_high(conn: sqlite3.Connection) -> None:
+    """Before rows are deleted: keep the highest feedback id given, for :func:`next_feedback_id`."""
+    high = conn.execute("SELECT MAX(id) FROM feedback").fetchone()[0]
+    if high is not None:
+        conn.execute(
+            "INSERT INTO settings (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value "
+            "WHERE CAST(settings.value AS INTEGER) < CAST(excluded.value AS INTEGER)",
+            (FEEDBACK_ID_HIGH, str(int(high))),
+        )
+
+
 def prepare_feedback(
     store: FeedbackStore,
     now: float,
@@ -132,7 +161,7 @@ def apply_feedback(
                 raise CorruptStateError(f"event {_dec(eid)!r} in {store.path} is damaged: {exc}") from exc
             info[_dec(eid)] = _EventInfo(ts, chunks, chunks if unused_ids is None else
                                          [c for c in chunks if c not in skip], _dec(policy) == EXTERNAL_POLICY)
-    next_id = conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM feedback").fetchone()[0]
+    next_id = next_feedback_id(conn)
     rf = store.reward
     created = store._now()
     records: list[FeedbackRecord] = []

@@ -696,8 +696,9 @@ class FeedbackStore:
         no retention (the store's or the argument) nothing is deleted; a
         retention shorter than ``attribution_window`` raises :class:`ValidationError`. ``now``
         (the clock by default) may lie in the past; one more than ``clock_skew`` past the clock
-        raises :class:`FutureTimestampError`, as every other timestamp does. Returns the number
-        of rows deleted per table.
+        raises :class:`FutureTimestampError`, as every other timestamp does. The ids of the feedback rows
+        it deletes are not given again (a running ensemble catches up rows stored without it by id). Returns
+        the number of rows deleted per table.
         """
         return pruning.prune(self, now, retention=retention)
 

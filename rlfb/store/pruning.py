@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlfb.errors import ValidationError
 from rlfb.store.checks import _positive
+from rlfb.store.feedback_log import note_feedback_id_high
 from rlfb.store.snapshots import PRUNE_SNAPSHOTS
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ def prune(
         "failed_runs": "DELETE FROM failed_runs WHERE ts < ?",
     }
     with store._write() as conn:
+        note_feedback_id_high(conn)  # the ids of the rows it deletes are not given again
         for table, sql in statements.items():  # children first; the cascades then find nothing left
             # a failed run's mark is part of the run tree: counted with the run links
             key = "run_links" if table == "failed_runs" else table
