@@ -33,12 +33,17 @@ demo: $(STAMP)
 test: $(STAMP) lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" --nbmake tests rlfb langchain_rlfb llamaindex_rlfb notebooks
 
-# ruff over the code, tests and benchmarks; mypy over the core and the adapters (settings: pyproject.toml);
-# then the README's Python examples under `mypy --strict`, as a user's own code that imports rlfb, in a folder
-# outside the checkout's packages (their own cache: other options than the one above)
+# ruff over the code, tests and benchmarks; mypy over the core and the adapters (settings: pyproject.toml),
+# then over the tests and benchmarks (each test folder with its own helper modules on the path: the three
+# conftest.py files are all "conftest"), then the README's Python examples under `mypy --strict`, as a user's
+# own code that imports rlfb, in a folder outside the checkout's packages (each with its own cache: other options)
+TESTS_MYPY := $(VENV)/bin/mypy --explicit-package-bases --warn-unused-ignores --cache-dir $(VENV)/.mypy_cache_tests
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlfb langchain_rlfb llamaindex_rlfb tests benchmarks
 	$(VENV)/bin/mypy
+	MYPYPATH=tests:benchmarks $(TESTS_MYPY) tests/*.py benchmarks/*.py
+	MYPYPATH=tests:tests/langchain $(TESTS_MYPY) tests/langchain
+	MYPYPATH=tests:tests/llamaindex $(TESTS_MYPY) tests/llamaindex
 	$(PY) tests/_readme.py $(VENV)/readme-examples > /dev/null
 	cd $(VENV)/readme-examples && ../bin/mypy --strict --ignore-missing-imports --cache-dir ../.mypy_cache_readme .
 

@@ -59,6 +59,7 @@ def main() -> None:
     # both sides get every vector precomputed: model time is out of the comparison
     dense = DenseRetriever(cache_dir=cache_dir, model_key="bench-precomputed")
     doc_cache, _ = open_side_caches(cache_dir, dense.cache_key)  # where it looks: the key is kind-prefixed
+    assert doc_cache is not None
     doc_cache.put_many({text_hash(t): v for t, v in zip(texts, vectors, strict=True)})
     chunks = make_chunks(base, [f"c{i}" for i in range(len(base))])
     ours = FeedbackEnsemble.from_chunks(chunks, retrievers=[BM25Retriever(), dense], fusion="rrf")

@@ -101,7 +101,7 @@ def _naive_store(path: str, synchronous: str) -> Database:
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     db = Database(conn)
-    db["feedback"].create({"id": int, "event_id": str, "signal": str, "timestamp": float}, pk="id")
+    db.table("feedback").create({"id": int, "event_id": str, "signal": str, "timestamp": float}, pk="id")
     return db
 
 
@@ -140,7 +140,7 @@ def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rou
             for r in range(rounds):
                 items = [_feedback(i, t0) for i in range(r * per_round, (r + 1) * per_round)]
                 single_rounds.append(_timed(items, lambda item: store.record_feedback(**item)))
-                peer_rounds.append(_timed(items, peer["feedback"].insert))
+                peer_rounds.append(_timed(items, peer.table("feedback").insert))
                 plain_rounds.append(_timed(items, plain_insert))
             peer.conn.close()
             plain.close()

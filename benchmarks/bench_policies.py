@@ -148,7 +148,7 @@ def main() -> None:
     print(f"Convergence on the toy world, type A (r0 is good), weights only, {n} interactions, "
           f"median over {len(seeds)} seeds")
     print(f"{'policy':<10} {'interactions to stay within 0.05 of final':>42}   final weights (r0, r1, r2)")
-    runs = (
+    runs: tuple[tuple[str, dict[str, float]], ...] = (
         ("batch", {}),
         ("thompson", {}),
         ("epsilon", {}),

@@ -144,6 +144,7 @@ def main() -> None:
     # ---- rlfb: the same precomputed vectors, put where DenseRetriever looks for them
     dense = DenseRetriever(cache_dir=cache_dir, model_key="bench-precomputed")
     doc_cache, query_cache = open_side_caches(cache_dir, dense.cache_key)  # the key is kind-prefixed
+    assert doc_cache is not None and query_cache is not None  # a cache folder and a model key: caching is on
     doc_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs, strict=True)})
     query_cache.put_many({text_hash(q): v for q, v in zip(queries, query_vecs, strict=True)})
     t = time.perf_counter()
@@ -197,9 +198,11 @@ def main() -> None:
     # ---- the fusion layer's own cost at 100 candidates per retriever: the context's normalisation (and the
     # question's features and type) made again each time from the retrievers' raw scores, then the decision
     ctx = ours.context(queries[0], k=10)
+    ranks = ctx.ranks
+    assert ranks is not None  # the ensemble's contexts carry each retriever's ranks
 
     def fuse(_: object) -> None:
-        made = ours._make_context(ctx.query, ctx.candidate_ids, ctx.raw, ctx.ranks, None, ctx.proposed)
+        made = ours._make_context(ctx.query, ctx.candidate_ids, ctx.raw, ranks, None, ctx.proposed)
         ours.rank_context(made, 10, log=False)  # greedy: not logged
 
     fusion_ms = median_ms(fuse, range(200))
@@ -212,8 +215,10 @@ def main() -> None:
     real_dense = DenseRetriever(cache_dir=cache_dir)
     splade = SpladeRetriever(cache_dir=cache_dir)
     d_cache, _ = open_side_caches(cache_dir, real_dense._model.key)
+    assert d_cache is not None
     d_cache.put_many({text_hash(t): v for t, v in zip(texts, doc_vecs, strict=True)})
     s_cache, _ = open_side_caches(cache_dir, splade._model.key)
+    assert s_cache is not None
     dim = 30_522
     sparse = {}
     for t_ in texts:  # about as many active terms as splade-tiny gives a short passage

@@ -48,7 +48,9 @@ def mean_ndcg(prep: Prepared, scores: Mapping[str, np.ndarray], gains: Mapping[s
     The simulator's own nDCG (``_Judge``, checked against pytrec_eval). A query without a positive gain
     scores 0 for every weight vector, which leaves the best one unchanged.
     """
-    return np.mean([_Judge(prep.contexts[q], gains[q], K).ndcg(scores[q]) for q in queries], axis=0)
+    # _Judge computes with float gains (click rates here) though its qrel is annotated Mapping[str, int]
+    return np.mean([_Judge(prep.contexts[q], gains[q], K).ndcg(scores[q])
+                    for q in queries], axis=0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     first = min(5, args.seeds)
     print(f"{folder.name}: held-out nDCG@10 of the weights each source of judgments picks, "
           f"{args.interactions} interactions; mean (and against tuned) over seeds 0-{first - 1} | 0-{args.seeds - 1}")
-    tuned = np.array(rows["tuned on full judgments"])
+    tuned_held = np.array(rows["tuned on full judgments"])
     width = max(len(name) for name in rows)
     for name, vals in rows.items():
         v = np.array(vals)
-        print(f"  {name:<{width}} {v[:first].mean():.4f} ({v[:first].mean() - tuned[:first].mean():+.4f})"
-              f" | {v.mean():.4f} ({v.mean() - tuned.mean():+.4f})")
+        print(f"  {name:<{width}} {v[:first].mean():.4f} ({v[:first].mean() - tuned_held[:first].mean():+.4f})"
+              f" | {v.mean():.4f} ({v.mean() - tuned_held.mean():+.4f})")
     return 0
 
 

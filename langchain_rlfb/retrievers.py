@@ -283,7 +283,7 @@ async def _fetch_runnables(members: Sequence[SearchMember], query: str,
     return {(id(r), query): docs for r, docs in zip(runnables, found, strict=True)}
 
 
-def _members(members: Mapping[str, MemberLike] | Sequence[SearchMember] | None) -> list[SearchMember]:
+def _members(members: Mapping[str, MemberLike] | Sequence[MemberLike] | None) -> list[SearchMember]:
     if not members:
         return []
     if isinstance(members, Mapping):
@@ -515,7 +515,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         ids: Sequence[str] | None = None,
         metadatas: Sequence[Mapping[str, Any] | None] | None = None,
         *,
-        members: Mapping[str, MemberLike] | Sequence[SearchMember] | None = None,
+        members: Mapping[str, MemberLike] | Sequence[MemberLike] | None = None,
         k: int = 4,
         session_id: str | None = None,
         explore: bool = True,
@@ -548,7 +548,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         cls,
         documents: Sequence[Document],
         *,
-        members: Mapping[str, MemberLike] | Sequence[SearchMember] | None = None,
+        members: Mapping[str, MemberLike] | Sequence[MemberLike] | None = None,
         k: int = 4,
         session_id: str | None = None,
         explore: bool = True,
@@ -577,7 +577,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     @classmethod
     def from_retrievers(
         cls,
-        retrievers: Mapping[str, MemberLike],
+        retrievers: Mapping[str, MemberLike] | Sequence[MemberLike],
         *,
         k: int = 4,
         session_id: str | None = None,
@@ -590,7 +590,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         """Fuse existing LangChain retrievers / vector stores only (no rlfb index), with learned weights.
 
         ``retrievers`` maps a member name to a retriever or vector store
-        (see :func:`as_member`); ``policy`` as in :meth:`from_texts` (``"thompson"``);
+        (see :func:`as_member`), or lists members that carry their own ``name``; ``policy`` as in
+        :meth:`from_texts` (``"thompson"``);
         ``ensemble_kwargs`` go to :class:`rlfb.FeedbackEnsemble`.
         """
         if not retrievers:

@@ -89,6 +89,8 @@ from rlfb.types import (
 )
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from rlfb.implicit import ImplicitSignals
 
 __all__ = ["FeedbackEnsemble"]
@@ -250,7 +252,7 @@ class FeedbackEnsemble:
         retriever_options: Mapping[str, Mapping[str, Any]] | None = None,
         show_progress: bool = False,
         **kwargs: Any,
-    ) -> FeedbackEnsemble:
+    ) -> Self:
         """Index ``chunks`` with each named retriever (or given, unindexed retriever instance); ``kwargs`` go to
         :class:`FeedbackEnsemble` (an option it does not take is a :class:`ValidationError`, before any indexing)."""
         check_options(kwargs, cls)
@@ -270,7 +272,7 @@ class FeedbackEnsemble:
         *,
         retrievers: Sequence[str | Retriever] = ("bm25", "dense", "splade"),
         **kwargs: Any,
-    ) -> FeedbackEnsemble:
+    ) -> Self:
         """Build an ensemble over raw texts; ids default to a hash of each text (:func:`rlfb.types.content_ids`)."""
         return cls.from_chunks(make_chunks(texts, ids, metadatas), retrievers=retrievers, **kwargs)
 
@@ -302,7 +304,7 @@ class FeedbackEnsemble:
 
     def add_texts(
         self,
-        texts: Sequence[str],
+        texts: Iterable[str],
         ids: Sequence[str] | None = None,
         metadatas: Sequence[Mapping[str, Any] | None] | None = None,
         *,
@@ -375,7 +377,7 @@ class FeedbackEnsemble:
         self._refresh()
         return self._learner.weights()
 
-    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> FeedbackEnsemble:
+    def set_weights(self, weights: Mapping[str, float] | Iterable[float]) -> Self:
         """Set the policy's (default) fusion weights and write them to the store now.
 
         Validated as the learner's ``set_weights`` is (NaN, negative or all-zero weights are refused).
@@ -864,7 +866,7 @@ class FeedbackEnsemble:
         store: Any = None,
         retriever_options: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
-    ) -> FeedbackEnsemble:
+    ) -> Self:
         """Load what :meth:`save` wrote: the index, the settings, the learner's settings and all it learned.
 
         ``retriever_options`` maps a saved retriever's name to keyword arguments of its ``load``:

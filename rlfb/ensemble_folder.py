@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlfb.corpus_index import indexed_table
 from rlfb.errors import CorruptStateError, ValidationError
@@ -29,6 +29,9 @@ from rlfb.types import validate_seconds
 
 if TYPE_CHECKING:
     from rlfb.ensemble import FeedbackEnsemble
+
+#: the class ``load`` was called on (a subclass of :class:`~rlfb.FeedbackEnsemble` loads as itself)
+_E = TypeVar("_E", bound="FeedbackEnsemble")
 
 _CONFIG_FILE = "ensemble.json"
 _FORMAT = 1
@@ -69,13 +72,13 @@ def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
 
 
 def load_ensemble(
-    cls: type[FeedbackEnsemble],
+    cls: type[_E],
     path: str | Path,
     *,
     store: Any,
     retriever_options: Mapping[str, Mapping[str, Any]] | None,
     kwargs: Mapping[str, Any],
-) -> FeedbackEnsemble:
+) -> _E:
     """The body of :meth:`FeedbackEnsemble.load <rlfb.FeedbackEnsemble.load>` (``kwargs``: its keyword
     arguments that override the saved settings)."""
     root = folder_path(path)
@@ -113,9 +116,7 @@ def load_ensemble(
         raise
 
 
-def _built(
-    cls: type[FeedbackEnsemble], root: Path, store: Any, read: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> FeedbackEnsemble:
+def _built(cls: type[_E], root: Path, store: Any, read: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _E:
     """The ensemble in the save ``read`` (what :func:`_read_folder` read of ``root``), on the opened ``store``."""
     config, state, learner, saved_count, table, retrievers = read
     if hashes_queries(store) and knows_questions_by_text(state):

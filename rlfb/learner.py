@@ -503,7 +503,7 @@ class Learner:
         """The policy's greedy weights, for a query type or globally."""
         return dict(self.policy.weights(query_type))
 
-    def set_weights(self, weights: Mapping[str, float] | Sequence[float]) -> Learner:
+    def set_weights(self, weights: Mapping[str, float] | Iterable[float]) -> Learner:
         """Set the policy's (default) weights; validated, NaN and negative weights are rejected."""
         if isinstance(weights, Iterable) and not isinstance(weights, (Mapping, Sequence, np.ndarray)):
             weights = list(weights)  # a generator, read once: checked, then handed on empty ("got 0 weights")

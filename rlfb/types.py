@@ -279,7 +279,7 @@ def content_ids(texts: Sequence[str]) -> list[str]:
     return out
 
 
-def text_list(texts: Sequence[str]) -> list[str]:
+def text_list(texts: Iterable[str]) -> list[str]:
     """``texts`` as a list, read once (a generator too); one string or a mapping is refused.
 
     A mapping of ids to texts, a common shape, would index its keys as the texts (a list of it is its keys):

@@ -30,4 +30,6 @@ def retrieved_before_a_restart(path: Path, query: str = "what causes the tides")
 def newest_n_learned(path: Path) -> int:
     """How many episodes the store's newest snapshot has learned."""
     with FeedbackStore(path) as store:
-        return int(store.load_policy_state()["state"]["n_learned"])
+        snapshot = store.load_policy_state()
+    assert snapshot is not None
+    return int(snapshot["state"]["n_learned"])

@@ -216,7 +216,7 @@ def test_a_damaged_qrels_file_of_another_split_does_not_stop_a_run_of_this_one(t
     with pytest.raises(CorruptStateError, match=r"dev\.tsv:3"):  # the damaged split, asked for, is still refused
         load_beir(root, splits="dev")
     with pytest.raises(ValidationError, match="a split is the name of a qrels file"):
-        load_beir(root, splits=[None])
+        load_beir(root, splits=[None])  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize("command", ["evaluate", "simulate"])

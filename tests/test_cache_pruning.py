@@ -26,6 +26,12 @@ CREATE TABLE encodings (
 """
 
 
+def _dense(vector: np.ndarray | SparseVector) -> np.ndarray:
+    """An encoding these tests made dense (the cache's lookups are typed dense or sparse)."""
+    assert isinstance(vector, np.ndarray)
+    return vector
+
+
 def _file(folder: Path) -> Path:
     return folder / "embeddings.sqlite"
 
@@ -134,8 +140,13 @@ def test_prune_keeps_the_most_recently_used_within_the_size(tmp_path: Path) -> N
     assert report["file_bytes_after"] < report["file_bytes_before"]  # vacuumed
     # what was pruned is simply encoded again when asked for
     calls: list[list[str]] = []
-    out = cached_encode(["x"], lambda b: calls.append(b) or [np.ones(2)], disk=EmbeddingCache(tmp_path, "m"))
-    assert calls == [["x"]] and out[0].tolist() == [1.0, 1.0]
+
+    def encode(batch: list[str]) -> list[np.ndarray]:
+        calls.append(batch)
+        return [np.ones(2)]
+
+    out = cached_encode(["x"], encode, disk=EmbeddingCache(tmp_path, "m"))
+    assert calls == [["x"]] and _dense(out[0]).tolist() == [1.0, 1.0]
 
 
 def test_prune_gives_back_pages_freed_earlier_even_when_it_removes_nothing(tmp_path: Path) -> None:
@@ -172,7 +183,7 @@ def test_the_file_and_its_log_stay_near_max_mb_after_a_batch_larger_than_it(tmp_
         return sum(p.stat().st_size for p in tmp_path.glob("embeddings.sqlite*"))
 
     assert on_disk() < 8 * 1024 * 1024, on_disk()  # 37 MB before: 19 MB of file and as much of log
-    assert cache.get_many(["g2-199"])["g2-199"].shape == (384,)  # the newest are kept
+    assert _dense(cache.get_many(["g2-199"])["g2-199"]).shape == (384,)  # the newest are kept
     cache.close()  # the log goes into the file
     assert on_disk() < 2.5 * 1024 * 1024, on_disk()  # 19 MB before
 
@@ -256,9 +267,9 @@ def test_the_bound_comes_from_rlfb_cache_max_mb(tmp_path: Path, monkeypatch: pyt
         with pytest.raises(ValidationError, match="RLFB_CACHE_MAX_MB"):
             EmbeddingCache(tmp_path, "m")
     monkeypatch.delenv("RLFB_CACHE_MAX_MB")
-    for bad in (-1, float("nan"), True, "5"):
+    for bad_mb in (-1, float("nan"), True, "5"):
         with pytest.raises(ValidationError, match="max_mb"):
-            EmbeddingCache(tmp_path, "m", max_mb=bad)  # type: ignore[arg-type]
+            EmbeddingCache(tmp_path, "m", max_mb=bad_mb)  # type: ignore[arg-type]
 
 
 # -- a damaged file ---------------------------------------------------------------------------------------
@@ -291,7 +302,7 @@ def test_a_damaged_cache_file_warns_once_and_encoding_goes_on_without_it(tmp_pat
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the file's damage was reported: no second warning
         out = cached_encode(["a", "b"], encode, disk=reader)
-        assert calls == [["a", "b"]] and [v.tolist() for v in out] == [[1.0] * 4] * 2
+        assert calls == [["a", "b"]] and [_dense(v).tolist() for v in out] == [[1.0] * 4] * 2
         writer = EmbeddingCache(tmp_path, "m|query")  # another cache on the same file, writing first
         writer.put_many({"x": np.ones(4)})
         assert writer.get_many(["x"]) == {}
@@ -319,7 +330,7 @@ def test_a_cache_file_that_is_no_database_is_passed_by_too(tmp_path: Path) -> No
         warnings.simplefilter("error")
         cache.put_many({"h1": np.ones(4)})  # dropped, without a second warning
         out = cached_encode(["a"], lambda b: [np.ones(4, dtype=np.float32) for _ in b], disk=cache)
-    assert out[0].tolist() == [1.0] * 4
+    assert _dense(out[0]).tolist() == [1.0] * 4
 
 
 def test_stats_and_prune_of_a_damaged_cache_file_name_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -343,13 +354,13 @@ def test_a_cache_folder_that_cannot_be_made_warns_once_and_encoding_goes_on_with
     cache = EmbeddingCache(tmp_path / "afile" / "sub", "m")
     with pytest.warns(RuntimeWarning, match="cannot be used") as caught:
         out = cached_encode(["a", "b"], _ones, disk=cache)
-    assert [v.tolist() for v in out] == [[1.0] * 4] * 2
+    assert [_dense(v).tolist() for v in out] == [[1.0] * 4] * 2
     message = str(caught[0].message)
     assert str(cache.path) in message and "Not a directory" in message
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # reported once
         cache.put_many({"c": np.ones(4)})
-        assert cached_encode(["c"], _ones, disk=cache)[0].tolist() == [1.0] * 4
+        assert _dense(cached_encode(["c"], _ones, disk=cache)[0]).tolist() == [1.0] * 4
         assert EmbeddingCache(tmp_path / "afile" / "sub", "m|query").get_many(["c"]) == {}
 
 
@@ -360,7 +371,7 @@ def test_a_cache_file_that_cannot_be_opened_is_passed_by_not_called_damaged(tmp_
     with pytest.warns(RuntimeWarning, match="unable to open database file"):
         assert cache.get_many(["h"]) == {}
     cache.put_many({"h": np.ones(4)})  # dropped
-    assert cached_encode(["a"], _ones, disk=cache)[0].tolist() == [1.0] * 4
+    assert _dense(cached_encode(["a"], _ones, disk=cache)[0]).tolist() == [1.0] * 4
 
 
 def test_a_read_only_cache_file_is_still_read_and_its_writes_are_dropped(tmp_path: Path) -> None:
@@ -373,10 +384,10 @@ def test_a_read_only_cache_file_is_still_read_and_its_writes_are_dropped(tmp_pat
     data[18] = 3
     _file(tmp_path).write_bytes(bytes(data))
     cache = EmbeddingCache(tmp_path, "m")
-    assert cache.get_many(["h0"])["h0"].tolist() == [2.0] * 4
+    assert _dense(cache.get_many(["h0"])["h0"]).tolist() == [2.0] * 4
     with pytest.warns(RuntimeWarning, match="cannot be written .*readonly") as caught:
         out = cached_encode(["new text"], _ones, disk=cache)
-    assert str(_file(tmp_path)) in str(caught[0].message) and out[0].tolist() == [1.0] * 4
+    assert str(_file(tmp_path)) in str(caught[0].message) and _dense(out[0]).tolist() == [1.0] * 4
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cache.put_many({"h1": np.ones(4)})  # dropped, without a second warning
@@ -404,8 +415,8 @@ def test_a_whole_cache_in_a_folder_that_cannot_be_written_is_still_read(
     monkeypatch.setattr(cache_admin, "_open", refused)
     cache = EmbeddingCache(tmp_path, "m")
     with pytest.warns(RuntimeWarning, match="cannot be written .*reading it"):
-        assert cache.get_many(["h0"])["h0"].tolist() == [2.0] * 4
-    assert cached_encode(["new text"], _ones, disk=cache)[0].tolist() == [1.0] * 4  # encoded, not stored
+        assert _dense(cache.get_many(["h0"])["h0"]).tolist() == [2.0] * 4
+    assert _dense(cached_encode(["new text"], _ones, disk=cache)[0]).tolist() == [1.0] * 4  # encoded, not stored
     assert list(cache.get_many(["h0", text_hash("new text")])) == ["h0"]
     assert main(["cache", "stats", "--dir", str(tmp_path), "--json"]) == 0
     assert [m["entries"] for m in json.loads(capsys.readouterr().out)["models"]] == [1]
@@ -440,6 +451,7 @@ def test_a_search_does_not_wait_on_another_process_holding_the_cache(tmp_path: P
     from rlfb.retrievers.cache import open_side_caches
 
     documents, queries = open_side_caches(tmp_path, "m")
+    assert documents is not None and queries is not None
     queries.put_many({"old": np.zeros(2)})
     _set_used_at(tmp_path, {"old": int(time.time()) - 3 * 86400})
     holder = sqlite3.connect(_file(tmp_path), isolation_level=None)

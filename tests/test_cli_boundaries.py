@@ -59,7 +59,9 @@ def make_store(path: Path, policy: str = "gradient") -> Path:
 
 def store_version(path: Path) -> int:
     with FeedbackStore(path) as store:
-        return store.load_policy_state()["version"]
+        state = store.load_policy_state()
+    assert state is not None
+    return state["version"]
 
 
 # -- 1. an export over the store it reads ---------------------------------------------------------------
@@ -158,7 +160,7 @@ def test_simulate_a_folder_without_a_test_split(tmp_path: Path, capsys, monkeypa
     from_chunks = FeedbackEnsemble.from_chunks.__func__  # type: ignore[attr-defined]
     indexed: list[bool] = []
 
-    def counting(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def counting(cls, *args, **kwargs):
         indexed.append(True)
         return from_chunks(cls, *args, **kwargs)
 
@@ -254,7 +256,8 @@ def test_weights_import_huge_weights_normalise_safely(tmp_path: Path, capsys) ->
         warnings.simplefilter("error")  # no numpy overflow warning on the way
         assert main(["weights", "import", str(db), str(src)]) == 0
     with FeedbackStore(db) as store:
-        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.5, "dense": 0.5})
+        state = store.load_policy_state()
+        assert state is not None and state["weights"] == pytest.approx({"bm25": 0.5, "dense": 0.5})
 
 
 def test_weights_import_onto_a_damaged_snapshot_names_it_and_the_way_on(tmp_path: Path, capsys) -> None:
@@ -644,7 +647,7 @@ def test_importing_rlfb_main_runs_nothing(monkeypatch) -> None:
 
     import rlfb.cli
 
-    def no_run(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def no_run(*args, **kwargs):
         raise AssertionError("importing rlfb.__main__ ran the CLI")
 
     monkeypatch.setattr(rlfb.cli, "main", no_run)

@@ -72,10 +72,10 @@ def test_a_write_command_refuses_a_sqlite_file_with_no_tables(tmp_path: Path, ca
     empty.touch()
     for other, error in ((theirs, "not an rlfb feedback store"), (empty, "is empty: not an rlfb feedback store"),
                          (tmp_path / "new.db", "no feedback store at")):
-        before = other.read_bytes() if other.exists() else None
+        was = other.read_bytes() if other.exists() else None
         assert main([a.format(db=other, w=w) for a in command]) == 2
         assert error in one_error_line(capsys)
-        assert (other.read_bytes() if other.exists() else None) == before
+        assert (other.read_bytes() if other.exists() else None) == was
     # and a store is written
     store = save_kinds(tmp_path / "fb.db", (("bm25", "dense"), "gradient"), (("bm25", "dense"), "gradient"))
     assert main([a.format(db=store, w=w) for a in command]) == 0

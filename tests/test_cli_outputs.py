@@ -10,6 +10,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_cli_boundaries import TINY, make_store, one_error_line, write_beir
@@ -123,10 +124,11 @@ def test_a_store_that_cannot_be_written_is_inspected_from_a_copy(tmp_path: Path,
 
     db = make_store(tmp_path / "fb.db")
     before = db.read_bytes()
-    real = rlfb.store.FeedbackStore
 
-    class ReadOnlyHere(real):  # root writes anywhere: the refusal SQLite gives a read-only mount, for this file
-        def __init__(self, path: object, *args: object, **kwargs: object) -> None:
+    # root writes anywhere: the refusal SQLite gives a read-only mount, for this file (made before the patch below,
+    # its base is the real store)
+    class ReadOnlyHere(rlfb.store.FeedbackStore):
+        def __init__(self, path: str | Path, *args: Any, **kwargs: Any) -> None:
             if Path(str(path)) == db:
                 raise ReadOnlyStoreError(f"feedback store {db} is read-only: attempt to write a readonly database")
             super().__init__(path, *args, **kwargs)
@@ -213,6 +215,7 @@ def test_an_export_that_meets_a_damaged_row_names_the_store_the_column_and_the_e
         conn.execute("UPDATE event_chunks SET scores = '{' WHERE rank = 1")
     assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 2
     line = one_error_line(capsys)
+    assert event_id is not None
     assert f"cannot export {db}" in line and "event_chunks.scores of chunk" in line and event_id in line
     assert not (tmp_path / "out.jsonl").exists()
 

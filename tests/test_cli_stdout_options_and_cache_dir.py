@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 from _cli_output import one_error_line
@@ -23,9 +24,11 @@ from rlfb.store import FeedbackStore
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def newest(db: Path) -> dict:
+def newest(db: Path) -> dict[str, Any]:
     with FeedbackStore(db) as store:
-        return store.load_policy_state()
+        state = store.load_policy_state()
+    assert state is not None
+    return state
 
 
 def snapshot_count(db: Path) -> int:
@@ -75,7 +78,7 @@ def test_dev_null_is_no_stdout_though_stdout_goes_there(monkeypatch: pytest.Monk
     assert output_target("out.json") == "out.json" and output_target(None) is None
 
 
-def run_cli(cwd: Path, *args: str, stdout: object = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+def run_cli(cwd: Path, *args: str, stdout: int | IO[Any] = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     """``python -m rlfb.cli ARGS`` in ``cwd``, its stdout a pipe (or the file given)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "RLFB_CACHE_DIR": str(cwd / "cache")}

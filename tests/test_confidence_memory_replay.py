@@ -866,8 +866,8 @@ def test_thompson_chunk_noise_is_centred_on_each_posterior_mean():
 
 @pytest.mark.parametrize("make", [
     lambda: EpsilonGreedyExploration(seed=-1), lambda: ThompsonChunkExploration(seed=-1),
-    lambda: EpsilonGreedyExploration(seed=1.5), lambda: PrioritizedReplay(seed=-1),
-    lambda: Guardrail(lr_bounds=0.5), lambda: Guardrail(explore_bounds=(1.0,)),
+    lambda: EpsilonGreedyExploration(seed=1.5), lambda: PrioritizedReplay(seed=-1),  # type: ignore[arg-type]
+    lambda: Guardrail(lr_bounds=0.5), lambda: Guardrail(explore_bounds=(1.0,)),  # type: ignore[arg-type]
 ])
 def test_bad_settings_are_validation_errors(make):
     # were numpy's ValueError and TypeError, or a TypeError from unpacking

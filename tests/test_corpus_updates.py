@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,7 +17,7 @@ NEW_TEXT = "Penguins huddle together to survive the Antarctic winter."
 
 
 @pytest.fixture()
-def ens(tmp_path) -> FeedbackEnsemble:
+def ens(tmp_path) -> Iterator[FeedbackEnsemble]:
     e = FeedbackEnsemble.from_texts(TEXTS[:6], ids=IDS[:6], retrievers=("bm25", "dense"),
                                     store=tmp_path / "fb.db", policy="thompson", seed=3)
     yield e

@@ -45,7 +45,7 @@ def _edit_npy(name: str, change: Callable[[np.ndarray], np.ndarray]) -> Callable
     return mutate
 
 
-def _empty_npy(name: str) -> Callable[[Path], None]:
+def _empty_npy(name: str) -> Callable[[Path], object]:
     return lambda root: (root / "bm25s" / f"{name}.csc.index.npy").write_bytes(b"")
 
 
@@ -61,7 +61,7 @@ def _set_term(value: object) -> Callable[[dict], None]:
     return lambda d: d.__setitem__("rock", value)
 
 
-def _edit_counts(change: Callable[[dict[str, np.ndarray]], None]) -> Callable[[Path], None]:
+def _edit_counts(change: Callable[[dict[str, np.ndarray]], object]) -> Callable[[Path], None]:
     def mutate(root: Path) -> None:
         file = root / COUNTS
         with np.load(file) as npz:
@@ -146,7 +146,7 @@ def test_intact_bm25_index_still_loads(index_dir: Path) -> None:
 
 def test_bm25_load_rejects_a_tokenizer_that_is_not_callable(index_dir: Path) -> None:
     with pytest.raises(ValidationError, match="tokenizer"):
-        BM25Retriever.load(index_dir, tokenizer="\\w+")  # type: ignore[arg-type]
+        BM25Retriever.load(index_dir, tokenizer="\\w+")
 
 
 # -- a BEIR folder ------------------------------------------------------------------------------------

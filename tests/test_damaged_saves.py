@@ -22,6 +22,7 @@ from _damage import unchecked, zip_method
 from rlfb.cli import main
 from rlfb.errors import CorruptStateError, InvalidWeightsError
 from rlfb.retrievers import load_retriever
+from rlfb.retrievers.base import Retriever
 from rlfb.retrievers.cache import EmbeddingCache, SparseVector, cached_encode, text_hash
 from rlfb.retrievers.dense import DenseRetriever
 from rlfb.retrievers.splade import SpladeRetriever
@@ -98,7 +99,7 @@ def _embeddings(change: Callable[[np.ndarray], np.ndarray]) -> Mutation:
     return mutate
 
 
-def _put(index: tuple[int, ...] | slice, value: float) -> Callable[[np.ndarray], np.ndarray]:
+def _put(index: tuple[int | slice, ...] | slice, value: float) -> Callable[[np.ndarray], np.ndarray]:
     def change(a: np.ndarray) -> np.ndarray:
         a = a.copy()
         a[index] = value
@@ -184,7 +185,7 @@ DAMAGE: dict[str, tuple[str, Mutation, str]] = {
     "splade model a list": ("splade", _metas(model=["x"], default_model=False), "meta.json"),
     "dense default_model not a bool": ("dense", _meta("default_model", "yes"), "meta.json"),
 }
-LOADERS = {"dense": DenseRetriever.load, "splade": SpladeRetriever.load}
+LOADERS: dict[str, Callable[..., Retriever]] = {"dense": DenseRetriever.load, "splade": SpladeRetriever.load}
 
 
 @pytest.mark.parametrize("case", DAMAGE)
@@ -285,7 +286,7 @@ def test_damaged_cache_row_is_a_miss_and_is_rewritten(tmp_path: Path, case: str)
     # the miss is encoded again and its row rewritten: nothing stays lost
     encoded: list[str] = []
 
-    def encode(texts: list[str]) -> list[object]:
+    def encode(texts: list[str]) -> list[np.ndarray | SparseVector]:
         encoded.extend(texts)
         return [dense if t.startswith("dense") else sparse for t in texts]
 
@@ -381,7 +382,7 @@ def test_feedback_on_an_event_whose_logged_row_is_damaged_is_kept_unlearned(tmp_
     ens.close()
 
 
-def _batch_ensemble(tmp_path: Path, **kwargs: object):
+def _batch_ensemble(tmp_path: Path, **kwargs: Any):
     from rlfb import FeedbackEnsemble
 
     ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="batch", **kwargs)

@@ -43,7 +43,7 @@ def test_hits_carry_every_score(ens: FeedbackEnsemble) -> None:
         assert set(hit.scores) == {"bm25", "dense"} and set(hit.normalized) == {"bm25", "dense"}
         assert hit.text == TEXTS[IDS.index(hit.chunk_id)]
         assert hit.proposed_by and set(hit.proposed_by) <= {"bm25", "dense"}
-        assert all(math.isfinite(v) for v in hit.scores.values())
+        assert all(v is not None and math.isfinite(v) for v in hit.scores.values())
 
 
 def test_union_is_scored_by_every_retriever(ens: FeedbackEnsemble) -> None:
@@ -96,7 +96,7 @@ def test_bad_input_is_rejected_clearly(ens: FeedbackEnsemble) -> None:
         FeedbackEnsemble.from_texts(["a", "b"], ids=["x", "x"], retrievers=("bm25",))
     for k in (0, -1, 1.5):
         with pytest.raises(ValidationError):
-            ens.retrieve("aurora", k=k, log=False, explore=False)
+            ens.retrieve("aurora", k=k, log=False, explore=False)  # type: ignore[arg-type]
     with pytest.raises(InvalidWeightsError):
         FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), weights=[float("nan"), 1.0])
     with pytest.raises(InvalidWeightsError):
@@ -136,7 +136,7 @@ def test_bad_member_results_and_metadata_are_named_errors() -> None:
 
     good = Chunk("w1", "web page about the aurora")
     for bad in ([good], [(good, "high")], [(good, 0.5, "extra")], [("w1", 0.5)]):
-        member = SearchMember("web", lambda q, k, bad=bad: bad)
+        member = SearchMember("web", lambda q, k, bad=bad: bad)  # type: ignore[misc]
         with pytest.raises(ValidationError, match="member 'web'"):
             member.search("aurora", 5)
     member = SearchMember("web", lambda q, k: [(good, None), (Chunk("w2", "tides"), float("nan"))])
@@ -145,7 +145,7 @@ def test_bad_member_results_and_metadata_are_named_errors() -> None:
     with pytest.raises(ValidationError, match="metadata must be a mapping"):
         ens.retrieve("aurora", k=2, metadata=[1, 2])  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="rrf_c"):
-        FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), rrf_c="x")  # type: ignore[arg-type]
+        FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), rrf_c="x")
 
 
 def test_rank_context_used_spreads_praise_of_the_answer_over_the_chunks_it_was_written_from() -> None:
@@ -180,7 +180,7 @@ def test_embedding_strs_average_the_dense_scores_only(tmp_path) -> None:
         np.testing.assert_allclose(plain.raw[:, cols["dense"]], alone)
     for bad in ("one string", [3], ["ok", None]):
         with pytest.raises(ValidationError, match="embedding_strs"):
-            ens.retrieve("tides", embedding_strs=bad)
+            ens.retrieve("tides", embedding_strs=bad)  # type: ignore[arg-type]
 
 
 def test_embedding_strs_score_a_members_chunks_as_the_pooled_ones() -> None:
@@ -224,7 +224,8 @@ def test_a_chunk_bm25_scored_zero_is_not_proposed_by_it() -> None:
     texts = ["the aurora glows green over the pole"] + [f"note {i} on tides and volcanoes" for i in range(20)]
     ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",))
     hits = ens.retrieve("aurora", k=5).hits
-    assert hits[0].proposed_by == ("bm25",) and hits[0].scores["bm25"] > 0
+    top = hits[0].scores["bm25"]
+    assert hits[0].proposed_by == ("bm25",) and top is not None and top > 0
     assert all(h.proposed_by == () and h.scores["bm25"] == 0 for h in hits[1:])
 
 
@@ -263,4 +264,5 @@ def test_a_chunk_only_a_member_found_ranks_below_every_pooled_candidate_in_a_cor
     i = list(ctx.candidate_ids).index("web1")
     col = list(ctx.retrievers).index("bm25")
     others = [j for j in range(len(ctx.candidate_ids)) if j != i]
+    assert ctx.ranks is not None
     assert ctx.ranks[i, col] > ctx.ranks[others, col].max()

@@ -7,7 +7,7 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -95,7 +95,7 @@ def test_retriever_options_that_name_no_retriever_built_by_name_are_refused() ->
     with pytest.raises(ValidationError, match=r"retriever_options\['bm25'\] must be a mapping"):
         FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), retriever_options={"bm25": 1.2})
     ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), retriever_options={"bm25": {"k1": 0.9}})
-    assert ens.retrievers["bm25"].k1 == 0.9
+    assert cast(BM25Retriever, ens.retrievers["bm25"]).k1 == 0.9
 
 
 # -- empty and malformed member results ---------------------------------------------------------------------
@@ -223,7 +223,8 @@ def test_save_refuses_metadata_json_would_change(tmp_path: Path, meta: Any, mess
 def test_add_texts_of_nothing_or_a_generator() -> None:
     ens = _ens()
     assert ens.add_texts([]) == []
-    ids = ens.add_texts(t for t in ["glaciers carve valleys", "comets have tails"])  # read once, ids included
+    # read once, ids included (the ignore: add_texts is annotated to take a Sequence, though it reads any iterable)
+    ids = ens.add_texts(t for t in ["glaciers carve valleys", "comets have tails"])
     assert len(ids) == 2 and len(ens) == len(TEXTS) + 2
     # ids are the texts' hashes, as from_texts gives them: a text added again is the same chunk, and a corpus
     # built again from its texts finds what was learned under those ids (random ids orphaned it)
@@ -233,7 +234,9 @@ def test_add_texts_of_nothing_or_a_generator() -> None:
 
 def test_bm25_scores_stay_float_after_a_delete() -> None:
     bm25 = BM25Retriever().index(make_chunks(["the aurora glows", "tides follow the moon"], ids=["a", "t"]))
-    updated = bm25.updated(bm25._table.changed(deletes=["a"]))  # 'aurora' is now a term no chunk holds
+    table = bm25._table
+    assert table is not None
+    updated = bm25.updated(table.changed(deletes=["a"]))  # 'aurora' is now a term no chunk holds
     assert updated.score_all("aurora").dtype == np.float64
     assert updated.score_all_batch(["aurora"]).dtype == np.float64
 
@@ -278,7 +281,8 @@ def test_a_hit_takes_its_text_from_the_index_it_was_scored_on() -> None:
     ctx = ens.context("aurora")
     ens.add_texts(["volcanoes erupt magma"], ids=["0"])
     hit = ens.rank_context(ctx, 1, explore=False, log=False).hits[0]
-    assert hit.chunk_id == "0" and hit.scores["bm25"] > 0
+    score = hit.scores["bm25"]
+    assert hit.chunk_id == "0" and score is not None and score > 0
     assert hit.text == "the aurora is caused by solar wind"
     fresh = ens.retrieve("volcanoes", k=1, explore=False, log=False).hits[0]  # new searches: the new text
     assert (fresh.chunk_id, fresh.text) == ("0", "volcanoes erupt magma")
@@ -331,7 +335,8 @@ def test_a_misspelt_option_is_refused_before_anything_is_indexed(monkeypatch, op
     indexed: list[int] = []
     monkeypatch.setattr(BM25Retriever, "index", lambda self, *a, **k: indexed.append(1))
     with pytest.raises(ValidationError, match=f"takes no option '{option}'.*{hint}"):
-        FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",), **{option: "thompson"})
+        options: dict[str, Any] = {option: "thompson"}
+        FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",), **options)
     assert indexed == []
 
 
@@ -355,7 +360,7 @@ def test_retrieve_batch_checks_every_query_before_it_logs_any(tmp_path: Path) ->
     # the first query was retrieved and logged, then the second raised
     ens = FeedbackEnsemble.from_texts(["tides follow the moon"], retrievers=("bm25",), store=str(tmp_path / "f.db"))
     with pytest.raises(ValidationError, match=r"queries\[1\]: query must be a string"):
-        ens.retrieve_batch(["tides", 1])
+        ens.retrieve_batch(["tides", 1])  # type: ignore[list-item]
     assert ens.store.counts()["events"] == 0
     assert len(ens.retrieve_batch(["tides", "moon"], k=1)) == 2
 
@@ -372,8 +377,9 @@ def test_a_subclass_takes_its_own_options_through_from_texts() -> None:
             super().__init__(retrievers, chunks)
             self.tag = tag
 
-    assert Tagged.from_texts(["tides"], retrievers=("bm25",), tag="x", seed=3).tag == "x"
-    assert Strict.from_texts(["tides"], retrievers=("bm25",), tag="y").tag == "y"
+    # the casts: from_texts is annotated to return a FeedbackEnsemble, where it builds an instance of cls
+    assert cast(Tagged, Tagged.from_texts(["tides"], retrievers=("bm25",), tag="x", seed=3)).tag == "x"
+    assert cast(Strict, Strict.from_texts(["tides"], retrievers=("bm25",), tag="y")).tag == "y"
     with pytest.raises(ValidationError, match="takes no option 'seed'"):
         Strict.from_texts(["tides"], retrievers=("bm25",), seed=3)
 

@@ -6,6 +6,7 @@ import datetime
 import json
 import math
 import time
+from typing import cast
 
 import pytest
 from _damage import unchecked
@@ -14,7 +15,7 @@ from rlfb import CorruptStateError, FeedbackEnsemble, ValidationError
 from rlfb.learner import LearnerConfig
 from rlfb.policies import make_policy
 from rlfb.policies.base import MIN_PROPENSITY, Decision
-from rlfb.retrievers import BM25Retriever
+from rlfb.retrievers import BM25Retriever, DenseRetriever
 from rlfb.store import FeedbackStore
 from rlfb.types import make_chunks
 
@@ -267,8 +268,9 @@ def test_learning_stays_with_its_text_when_the_texts_are_given_again_in_another_
     first.close()
     again = FeedbackEnsemble.from_texts(["Glaciers carve valleys.", *texts], retrievers=("bm25",), store=str(path))
     hits = {h.text: h.memory for h in again.retrieve("what erupts", k=4, explore=False, log=False).hits}
-    assert hits["Volcanoes erupt molten rock."] > 0
-    assert all(v <= 0 for t, v in hits.items() if t != "Volcanoes erupt molten rock.")
+    learned = hits["Volcanoes erupt molten rock."]
+    assert learned is not None and learned > 0
+    assert all(v is not None and v <= 0 for t, v in hits.items() if t != "Volcanoes erupt molten rock.")
     # a text given twice is two chunks, as before
     twice = FeedbackEnsemble.from_texts([texts[0], texts[0]], retrievers=("bm25",))
     assert len(set(twice.chunks.ids)) == 2
@@ -319,7 +321,8 @@ def test_save_reads_the_learner_under_the_lock_that_learning_holds(tmp_path, mon
     _teach(ens, 2, time.time() - 100)
     read = ens.learner.state_dict
     held = []
-    monkeypatch.setattr(ens.learner, "state_dict", lambda: held.append(ens._lock._is_owned()) or read())
+    monkeypatch.setattr(ens.learner, "state_dict",
+                        lambda: held.append(ens._lock._is_owned()) or read())  # type: ignore[func-returns-value, attr-defined]
     ens.save(tmp_path / "idx")
     assert held and all(held)
 
@@ -389,6 +392,7 @@ def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken_wh
     old.close()
     with FeedbackStore(db) as store:
         saved = store.load_policy_state(policy="thompson")
+    assert saved is not None
     assert saved["state"]["memory"]["model"] == "dense:model-a"
     # a new model with no snapshot of its own starts from the old one's, without its query embeddings
     new = build("model-b")
@@ -408,7 +412,8 @@ def test_a_snapshot_of_another_dense_model_of_the_same_dimension_is_not_taken_wh
     (tmp_path / "w.json").write_text(json.dumps({"weights": saved["weights"], "state": saved["state"]}))
     with FeedbackStore(db) as store:
         import_weights(store, tmp_path / "w.json")
-        assert store.load_policy_state(policy="thompson")["state"]["memory"]["model"] == "dense:model-a"
+        snapshot = store.load_policy_state(policy="thompson")
+        assert snapshot is not None and snapshot["state"]["memory"]["model"] == "dense:model-a"
     # a damaged snapshot of another model is no state to start from: a new model starts afresh, as before
     with FeedbackStore(db) as store:
         store.save_policy_state({**saved["state"], "memory": {**saved["state"]["memory"], "entries": [7]}},
@@ -438,7 +443,8 @@ def test_a_dense_model_that_cannot_be_named_names_none_and_learning_goes_on(tmp_
     r = ens.retrieve("aurora physics", k=2)
     ens.feedback(r.event_id, "thumbs_up")
     with FeedbackStore(db) as store:
-        assert "model" not in store.load_policy_state(policy="thompson")["state"]["memory"]
+        snapshot = store.load_policy_state(policy="thompson")
+        assert snapshot is not None and "model" not in snapshot["state"]["memory"]
 
 
 def test_a_policy_keeps_its_learning_when_another_policy_wrote_the_store_since(tmp_path) -> None:
@@ -525,7 +531,8 @@ def test_a_store_without_text_knows_a_repeat_by_its_normalised_text_across_a_res
     again.feedback(event, "implicit_positive", chunk_id="0")
     for repeat in ("What causes tides?", "what causes tides", "What causes  TIDES"):
         hits = again.retrieve(repeat, k=3, explore=False, log=False).hits
-        assert next(h.memory for h in hits if h.chunk_id == "0") > 0, repeat
+        memory = next(h.memory for h in hits if h.chunk_id == "0")
+        assert memory is not None and memory > 0, repeat
     assert b"tides" not in path.read_bytes().lower()
 
 
@@ -545,7 +552,7 @@ def test_load_passes_retriever_options_to_each_retriever(tmp_path) -> None:
     for bad, words in [({"dense": {}}, "dense"), ({"bm25": {"model": "x"}}, "model"), ({"bm25": 3}, "mapping"),
                        (["bm25"], "map")]:
         with pytest.raises(ValidationError, match=words):
-            FeedbackEnsemble.load(tmp_path / "idx", retriever_options=bad)
+            FeedbackEnsemble.load(tmp_path / "idx", retriever_options=bad)  # type: ignore[arg-type]
 
 
 def test_a_dense_retriever_built_without_disk_cache_loads_without_it(tmp_path, monkeypatch) -> None:
@@ -557,7 +564,7 @@ def test_a_dense_retriever_built_without_disk_cache_loads_without_it(tmp_path, m
     ens.retrieve("aurora light", k=2, log=False)
     ens.save(tmp_path / "idx")
     loaded = FeedbackEnsemble.load(tmp_path / "idx")
-    assert loaded.retrievers["dense"].cache_dir is False
+    assert cast(DenseRetriever, loaded.retrievers["dense"]).cache_dir is False
     assert loaded.retrieve("a question never seen", k=2, log=False).chunk_ids
     assert not cache.exists()
     # a setting given for one retriever overrides the saved one

@@ -4,7 +4,7 @@ episodes, logged arms and saved states as they are."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ import pytest
 from rlfb import FeedbackEnsemble, ValidationError
 from rlfb.confidence import ChunkConfidence
 from rlfb.errors import CorruptStateError
-from rlfb.policies import make_policy
+from rlfb.policies import FixedPolicy, ThompsonPolicy, make_policy
 from rlfb.policies.base import Decision, Episode
 from rlfb.store import FeedbackStore
 
@@ -95,21 +95,22 @@ def test_pdgd_refuses_an_episode_it_cannot_read(bad: str) -> None:
 
 
 def test_clipped_grid_points_are_one_arm_each() -> None:
-    policy = make_policy("epsilon", ("a", "b"), step=0.1, bounds=(0.2, 0.8))
+    policy = cast(ThompsonPolicy, make_policy("epsilon", ("a", "b"), step=0.1, bounds=(0.2, 0.8)))
     assert len(set(policy.arm_names)) == len(policy.arm_names)
     weights = [tuple(np.round(policy._arms[i], 9)) for i in range(1, len(policy.arm_names))]
     assert len(set(weights)) == len(weights)
 
 
 def test_a_logged_arm_name_counts_only_in_the_policy_retriever_order() -> None:
-    policy = make_policy("thompson", ("a", "b"))
+    policy = cast(ThompsonPolicy, make_policy("thompson", ("a", "b")))
     arm = "0.2/0.8"  # named in (b, a) order by another logger: weights a=0.8, b=0.2
     episode = _episode(("b", "a"), [[1.0, 0.0]], [1.0], weights={"b": 0.2, "a": 0.8}, arm=arm)
-    assert policy.arm_names[policy._arm_of(episode)] == "0.8/0.2"
+    counted = policy._arm_of(episode)
+    assert counted is not None and policy.arm_names[counted] == "0.8/0.2"
 
 
 def test_a_gate_of_zero_never_prefers_an_arm_of_unknown_spread() -> None:
-    policy = make_policy("thompson", ("a", "b"), cf_gate_z=0.0)
+    policy = cast(ThompsonPolicy, make_policy("thompson", ("a", "b"), cf_gate_z=0.0))
     adv = np.zeros(len(policy.arm_names))
     adv[1], adv[2] = -0.1, 0.3
     var = np.full(len(adv), 0.01)
@@ -132,6 +133,6 @@ def test_a_state_of_other_hyperparameters_is_refused_whole() -> None:
 
 @pytest.mark.parametrize(("reward", "weight"), [(float("nan"), 1.0), (1.0, float("nan")), (1.0, -5.0)])
 def test_fixed_policy_checks_what_it_learns_from(reward: float, weight: float) -> None:
-    policy = make_policy("fixed", ("a", "b"))
+    policy = cast(FixedPolicy, make_policy("fixed", ("a", "b")))
     with pytest.raises(ValidationError):
         policy.learn(_episode(("a", "b"), [[1.0, 0.0]], [1.0]), reward, weight=weight)

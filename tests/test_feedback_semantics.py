@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -23,7 +24,7 @@ TEXTS = ["aurora charged particles sun", "aurora lights north sky", "tides moon"
 
 
 @pytest.fixture
-def store() -> FeedbackStore:
+def store() -> Iterator[FeedbackStore]:
     s = FeedbackStore(clock=lambda: T0 + 10_000)
     yield s
     s.close()
@@ -163,11 +164,13 @@ def test_default_implicit_compares_follow_ups_with_the_dense_encoder_not_splade(
 def test_episode_prior_is_what_earlier_feedback_gave_each_chunk_unclipped(store: FeedbackStore) -> None:
     ens = _ensemble(store)
     result = ens.retrieve("aurora", 2, explore=False, timestamp=T0)
+    assert result.event_id is not None
     top, second = (h.chunk_id for h in result.hits)
     ens.feedback(result.event_id, "click", chunk_id=second, timestamp=T0)  # +0.4, rank 1 read as skipped
     thumbs = ens.feedback(result.event_id, "thumbs_up", chunk_id=second, timestamp=T0)  # +1.0, sum clipped
     ep = ens.episode(result.event_id, thumbs)
     assert ep.shown_ids == (top, second)
+    assert ep.prior_rewards is not None
     np.testing.assert_allclose(ep.prior_rewards, [0.0, 0.4])
     np.testing.assert_allclose(ep.chunk_rewards, [0.0, 1.0])
     # rank 1 was already counted as skipped by the click: the thumbs up does not count it again
@@ -228,7 +231,9 @@ def test_what_earlier_feedback_taught_a_chunk_leaves_out_the_repeats_that_taught
 ) -> None:
     ens, result, second = _clicked_three_times(store)
     down = ens.feedback(result.event_id, "thumbs_down", chunk_id=second, timestamp=T0 + 5)
-    np.testing.assert_allclose(ens.episode(result.event_id, down).prior_rewards, [0.0, 0.4])
+    prior = ens.episode(result.event_id, down).prior_rewards
+    assert prior is not None
+    np.testing.assert_allclose(prior, [0.0, 0.4])
     stored, taught = store.chunk_reward_sums(result.event_id, repeats=True), store.chunk_reward_sums(result.event_id)
     assert stored[second] - taught[second] == pytest.approx(0.8, abs=0.01)  # two repeated clicks, as sent
 

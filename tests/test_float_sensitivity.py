@@ -31,6 +31,7 @@ def test_dense_encodings_are_perturbed_splade_left_alone(tmp_path: Path, monkeyp
     q = np.array([0.6, 0.8, 0.0], dtype=np.float32)
     dense = DenseRetriever(cache_dir=tmp_path, model_key="precomputed")  # no model: every vector is cached
     doc_cache, query_cache = open_side_caches(tmp_path, dense.cache_key)
+    assert doc_cache is not None and query_cache is not None
     doc_cache.put_many({text_hash(t): v for t, v in zip(texts, docs, strict=True)})
     query_cache.put_many({text_hash(query): q})
 

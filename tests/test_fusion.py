@@ -147,7 +147,7 @@ def test_weighted_rrf_counts_a_repeated_id_once_and_checks_c() -> None:
     for c in (-1, -1.5, float("nan"), True):
         with pytest.raises(ValidationError, match="RRF constant"):
             weighted_rrf([["a"]], c=c)
-    assert weighted_rrf([["a"]], c=np.int64(60)) == {"a": 1 / 61}
+    assert weighted_rrf([["a"]], c=np.int64(60)) == {"a": 1 / 61}  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("normalize", [minmax_normalize, zscore_normalize])

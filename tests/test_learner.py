@@ -369,15 +369,15 @@ _LOGGED = Episode("e", "q", ("bm25", "dense"), Decision({"bm25": 0.5, "dense": 0
     {"scores": np.array([np.nan, 1.0, 1.0])}, {"scores": np.array([1.0, 1.0])},
     {"prior_rewards": np.array([np.nan, 0.0, 0.0])},
     {"decision": Decision({"bm25": float("nan"), "dense": 0.5})},
-    {"decision": Decision({"bm25": "x", "dense": 0.5})},
+    {"decision": Decision({"bm25": "x", "dense": 0.5})},  # type: ignore[dict-item]
     {"decision": Decision({"bm25": 0.5, "dense": 0.5}, propensity=float("nan"))},
     {"decision": Decision({"bm25": 0.5, "dense": 0.5}, sampling_temperature=float("inf"))},
     # ids and names are saved as JSON strings: a UUID event id or a NumPy int in the ranking made every save
     # fail; a query type that is not a str failed inside the policy after the learner's clock had moved
     {"event_id": __import__("uuid").UUID(int=7)},
     {"decision": Decision({"bm25": 0.5, "dense": 0.5}, ranking=tuple(np.arange(3)))},
-    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, arm=np.int64(3))},
-    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, policy=None)},
+    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, arm=np.int64(3))},  # type: ignore[arg-type]
+    {"decision": Decision({"bm25": 0.5, "dense": 0.5}, policy=None)},  # type: ignore[arg-type]
     {"query_type": ["long"]}, {"query_type": None},
 ])
 def test_an_episode_that_the_state_could_not_save_is_refused(change):
@@ -925,8 +925,9 @@ def test_a_sampled_ranking_shorter_than_k_is_filled_up_from_the_fused_ranking() 
         def decide(self, context: Context, *, explore: bool = True) -> Decision:
             return dataclasses.replace(super().decide(context, explore=explore), ranking=(2,))
 
-    learner = Learner(("r0",), FirstOnly(("r0",)), LearnerConfig(memory_weight=0.0, confidence_weight=0.0,
-                                                                 exploration="none"), seed=0)
+    # the ignore: BasePolicy.load_state_dict returns BasePolicy, so to mypy no built-in policy is a Policy
+    learner = Learner(("r0",), FirstOnly(("r0",)),
+                      LearnerConfig(memory_weight=0.0, confidence_weight=0.0, exploration="none"), seed=0)
     scores = np.array([[1.0], [0.8], [0.1], [0.5]])
     assert learner.rank(Context("q", ("r0",), ("a", "b", "c", "d"), scores.copy(), scores), 3).order.tolist() == [
         2, 0, 1]

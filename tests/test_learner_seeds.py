@@ -37,7 +37,8 @@ def test_a_loaded_state_keeps_the_streams_of_the_learner_it_was_saved_from() -> 
 def test_an_unknown_part_is_refused() -> None:
     with pytest.raises(ValueError):
         part_seed(0, "policy")
-    assert np.iinfo(np.uint32).max >= part_seed(0, "exploration") >= 0
+    seed = part_seed(0, "exploration")
+    assert seed is not None and np.iinfo(np.uint32).max >= seed >= 0
 
 
 def test_a_numpy_integer_seed_is_kept_as_a_plain_int_and_saves(tmp_path) -> None:
@@ -47,7 +48,7 @@ def test_a_numpy_integer_seed_is_kept_as_a_plain_int_and_saves(tmp_path) -> None
     from rlfb import FeedbackEnsemble
     from rlfb.policies import make_policy
 
-    assert json.dumps(Learner(("bm25", "dense"), seed=np.int64(3)).state_dict())
+    assert json.dumps(Learner(("bm25", "dense"), seed=np.int64(3)).state_dict())  # type: ignore[arg-type]
     assert json.dumps(make_policy("thompson", ["bm25", "dense"], seed=np.int64(3)).state_dict())
     ens = FeedbackEnsemble.from_texts(["aurora borealis", "tides and the moon"], retrievers=("bm25",),
                                       seed=np.int64(1), store=":memory:")

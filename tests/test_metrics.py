@@ -87,7 +87,7 @@ def test_the_simulators_vectorised_ndcg_matches_pytrec_eval() -> None:
     cut = {q: {d: runs[q][d] for d in candidates_of[q]} for q in runs}
     ref = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(cut)
     for q, ids in candidates_of.items():
-        judge = _Judge(SimpleNamespace(candidate_ids=tuple(ids)), qrels[q], 10)
+        judge = _Judge(SimpleNamespace(candidate_ids=tuple(ids)), qrels[q], 10)  # type: ignore[arg-type]
         scores = np.array([cut[q][d] for d in ids])
         assert judge.ndcg(scores[:, None])[0] == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-9)
         assert judge.ndcg_order(np.argsort(-scores)) == pytest.approx(ref[q]["ndcg_cut_10"], abs=1e-9)
@@ -110,7 +110,7 @@ def test_the_simulators_ndcg_breaks_tied_scores_as_trec_eval_does() -> None:
         scores = np.array([float(rng.randint(0, 3)) for _ in ids])  # few values: many ties
         ref = pytrec_eval.RelevanceEvaluator({"q": qrel}, {"ndcg_cut.10"}).evaluate(
             {"q": {d: s for d, s in zip(ids, scores, strict=True)}})
-        judge = _Judge(SimpleNamespace(candidate_ids=tuple(ids)), qrel, 10)
+        judge = _Judge(SimpleNamespace(candidate_ids=tuple(ids)), qrel, 10)  # type: ignore[arg-type]
         assert judge.ndcg(scores[:, None])[0] == pytest.approx(ref["q"]["ndcg_cut_10"], abs=1e-9), trial
 
 

@@ -9,7 +9,7 @@ import dataclasses
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -220,10 +220,11 @@ def test_the_tuned_weights_are_chosen_on_the_stream_and_the_oracle_on_the_held_o
     from rlfb.simulation.runner import SimulationConfig
 
     # r1 puts d1 first, r2 puts d2 first; the stream question wants d1, the held-out one d2
-    ctx = SimpleNamespace(retrievers=("r1", "r2"), candidate_ids=("d1", "d2"),
-                          raw=np.array([[1.0, 0.0], [0.0, 1.0]]), ranks=np.array([[1.0, 2.0], [2.0, 1.0]]))
+    # stand-ins for a Context and a Prepared: only the fields read
+    ctx: Any = SimpleNamespace(retrievers=("r1", "r2"), candidate_ids=("d1", "d2"),
+                               raw=np.array([[1.0, 0.0], [0.0, 1.0]]), ranks=np.array([[1.0, 2.0], [2.0, 1.0]]))
     qrels = {"s": {"d1": 1}, "h": {"d2": 1}}
-    prep = SimpleNamespace(contexts={"s": ctx, "h": ctx})
+    prep: Any = SimpleNamespace(contexts={"s": ctx, "h": ctx})
     config = SimulationConfig(grid_step=0.5)
     judges = {q: _Judge(ctx, qrels[q], config.k) for q in qrels}
     result = _baselines(prep, config, ["s"], ["h"], judges, [], {"s": 1})
@@ -240,8 +241,8 @@ def test_each_seed_samples_its_own_max_heldout_questions_from_a_held_out_split()
 
     held = [f"t{i:02d}" for i in range(30)]
     texts = {q: f"question {q}?" for q in [*held, "s1", "s2"]}
-    prep = SimpleNamespace(stream_qrels={"s1": {"d": 1}, "s2": {"d": 1}}, qrels={q: {"d": 1} for q in held},
-                           contexts=dict.fromkeys(texts), dataset=SimpleNamespace(queries=texts))
+    prep: Any = SimpleNamespace(stream_qrels={"s1": {"d": 1}, "s2": {"d": 1}}, qrels={q: {"d": 1} for q in held},
+                                contexts=dict.fromkeys(texts), dataset=SimpleNamespace(queries=texts))
     config = SimulationConfig(max_heldout=5)
     samples = {tuple(_split(prep, config, seed=seed)[1]) for seed in range(3)}
     assert len(samples) == 3
@@ -292,7 +293,8 @@ def _batch_after_one_batch(**kw: Any) -> BatchPolicy:
     """A batch policy after one batch: the event shown weights leaning to bm25 did better than the one leaning to
     dense, and the batch's mean reward (0.6) is past the positive threshold."""
     tune = kw.pop("tune", {})
-    p = BatchPolicy(RETRIEVERS3, batch_size=2, seed=0, **kw).tune(**tune)
+    # the cast: tune is annotated to return a BasePolicy
+    p = cast(BatchPolicy, BatchPolicy(RETRIEVERS3, batch_size=2, seed=0, **kw).tune(**tune))
     p.learn(_episode([[1.0, 0.0, 0.0]], [1.0], weights=(0.6, 0.2, 0.2), eid="e1"), 1.0)
     p.learn(_episode([[1.0, 0.0, 0.0]], [0.2], weights=(0.2, 0.6, 0.2), eid="e2"), 0.2)
     return p
@@ -314,7 +316,8 @@ def test_a_batch_step_is_at_most_max_step() -> None:
 
 def test_the_guardrails_exploration_multiplier_widens_the_batch_policys_perturbations() -> None:
     """Bug guarded: the step towards a retriever ignored the exploration multiplier (4 / sqrt(concentration))."""
-    p = BatchPolicy(RETRIEVERS3, seed=0).tune(exploration=2.0)  # a step of 4 / sqrt(200 / 2) = 0.4
+    # a step of 4 / sqrt(200 / 2) = 0.4 (the cast: tune is annotated to return a BasePolicy)
+    p = cast(BatchPolicy, BatchPolicy(RETRIEVERS3, seed=0).tune(exploration=2.0))
     shown = [p.decide(None) for _ in range(40)]
     explored = [max(d.weights.values()) for d in shown if d.explored]
     assert explored and explored == pytest.approx([1 / 3 + 0.4 * 2 / 3] * len(explored))

@@ -65,6 +65,7 @@ def test_repeat_discovery_leaves_a_ranking_sampled_by_the_gradient_policy_alone(
         learner.memory.note_ask("q")
     for _ in range(20):
         r = learner.rank(_context(), 3)
+        assert r.decision.ranking is not None
         assert r.order.tolist() == list(r.decision.ranking[:3])
 
 
@@ -262,6 +263,7 @@ def test_feedback_on_a_chunk_is_chunk_level_and_on_the_answer_response_level(tmp
     ens = FeedbackEnsemble.from_texts(["aurora charged particles sun", "aurora lights north sky", "tides moon"],
                                       retrievers=("bm25",), store=store, policy="gradient")
     r = ens.retrieve("aurora", 2, explore=False, timestamp=t0)
+    assert r.event_id is not None
     second = r.hits[1].chunk_id
     down = ens.feedback(r.event_id, "thumbs_down", chunk_id=second, timestamp=t0)
     assert ens.episode(r.event_id, down).response_level is False

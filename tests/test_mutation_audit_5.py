@@ -191,7 +191,8 @@ def test_prune_takes_a_kinds_older_snapshots_whatever_weights_they_hold() -> Non
                                 {"bm25": w, "dense": 1 - w}, policy="thompson", timestamp=NOW - (60 - i) * DAY)
     assert len(store.newest_snapshots()) == 1
     assert store.prune()["policy_snapshots"] == 2
-    assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.6, "dense": 0.4})
+    snapshot = store.load_policy_state()
+    assert snapshot is not None and snapshot["weights"] == pytest.approx({"bm25": 0.6, "dense": 0.4})
 
 
 # ---------------------------------------------------------------- thompson: the posterior

@@ -19,6 +19,7 @@ import math
 import types
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,13 +40,14 @@ TEXTS = [
 IDS = ["tides", "aurora", "volcanoes", "bread"]
 
 
-def _bm25(store: object = None, **kwargs: object) -> FeedbackEnsemble:
+def _bm25(store: Any = None, **kwargs: Any) -> FeedbackEnsemble:
     return FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=store, **kwargs)
 
 
 def _click(ens: FeedbackEnsemble, query: str = "what causes the tides") -> str:
     r = ens.retrieve(query, k=2)
     ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    assert r.event_id is not None
     return r.event_id
 
 
@@ -132,6 +134,7 @@ def test_one_store_file_under_two_spellings_is_one_store_and_its_maker_learns(tm
     assert same_store(str(real), str(tmp_path / "data" / "sub" / ".." / "f.db"))
     ens = _bm25(FeedbackStore(real))
     r = ens.retrieve("what causes the tides", k=2)
+    assert r.event_id is not None
     with FeedbackStore(linked) as other:
         record_run_feedback(other, r.event_id, "click", chunk_id=r.hits[0].chunk_id)
     assert ens.learner.n_learned == 1
@@ -159,6 +162,7 @@ def test_an_explicit_ensembles_entry_wins_over_the_events_maker(tmp_path: Path) 
     store = FeedbackStore(tmp_path / "f.db")
     maker, named = _bm25(store), _bm25(store)
     r = maker.retrieve("what causes the tides", k=2)
+    assert r.event_id is not None
     record_run_feedback(store, r.event_id, "click", chunk_id=r.hits[0].chunk_id, ensembles={r.event_id: named})
     assert (named.learner.n_learned, maker.learner.n_learned) == (1, 0)
     maker.close()

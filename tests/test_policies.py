@@ -1113,6 +1113,7 @@ def test_pdgd_with_a_learning_rate_of_zero_does_not_learn() -> None:
     # the rate used never fell below min_learning_rate's default 0.005: learning_rate=0 still moved the weights
     policy = GradientPolicy(RETRIEVERS, learning_rate=0.0, evidence_z=0.0, seed=0)
     env = ToyEnv(seed=0)
+    # the ignore: BasePolicy.load_state_dict returns BasePolicy, so to mypy no built-in policy is a Policy
     learner = Learner(RETRIEVERS, policy=policy)
     simulate(learner, env, 200, seed=1)
     assert learner.weights() == pytest.approx(dict.fromkeys(RETRIEVERS, 1 / 3))

@@ -10,17 +10,20 @@ saved state with the old default over 20 or more retrievers rebuilds with the ne
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import pytest
 
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.learner import Learner, LearnerConfig
-from rlfb.policies import POLICIES, Context, Decision, Episode, make_policy
+from rlfb.policies import POLICIES, BatchPolicy, Context, Decision, Episode, GradientPolicy, ThompsonPolicy, make_policy
 from rlfb.policies.simplex import check_within_bounds, default_bounds, project_simplex
 
 from _toy_env import RETRIEVERS, ToyEnv, simulate
+
+#: the policies that learn weights within bounds (``hyper.bounds``), as make_policy builds them by name
+Bounded: TypeAlias = ThompsonPolicy | GradientPolicy | BatchPolicy
 
 
 def _saved(name: str, n: int = 60, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
@@ -163,10 +166,11 @@ def test_the_default_bounds_are_unchanged_below_twenty_retrievers_and_leave_room
         lo, hi = default_bounds(n)
         assert lo == pytest.approx(0.5 / n) and lo * n < 1.0 and hi == 0.95
     for name in ("thompson", "epsilon", "gradient", "batch"):
-        assert make_policy(name, RETRIEVERS).hyper.bounds == (0.05, 0.95)
-        assert make_policy(name, RETRIEVERS).params()["bounds"] == [0.05, 0.95]
+        assert cast(Bounded, make_policy(name, RETRIEVERS)).hyper.bounds == (0.05, 0.95)
+        assert cast(Bounded, make_policy(name, RETRIEVERS)).params()["bounds"] == [0.05, 0.95]
         kwargs: dict[str, Any] = {"step": 0.5} if name in ("thompson", "epsilon") else {}
-        assert make_policy(name, tuple(f"r{i}" for i in range(12)), **kwargs).hyper.bounds == (0.05, 0.95)
+        many = cast(Bounded, make_policy(name, tuple(f"r{i}" for i in range(12)), **kwargs))
+        assert many.hyper.bounds == (0.05, 0.95)
 
 
 @pytest.mark.parametrize("name", ["batch", "gradient"])
@@ -220,7 +224,7 @@ def test_a_default_policy_over_many_retrievers_moves_its_weights_after_one_sided
     # at 20 retrievers or more the default lower bound 0.05 was widened to 1/n: every weight stayed 1/n for good
     retrievers = tuple(f"r{i}" for i in range(n))
     kwargs: dict[str, Any] = {"step": 0.5} if name == "thompson" else {}  # the default step has too many arms
-    policy = make_policy(name, retrievers, seed=0, **kwargs)
+    policy = cast(Bounded, make_policy(name, retrievers, seed=0, **kwargs))
     lo, hi = policy.hyper.bounds
     assert lo < 1.0 / n and (lo, hi) == (0.5 / n, 0.95)
     _one_sided(policy, retrievers, 300)
@@ -245,6 +249,6 @@ def test_a_lower_bound_given_at_or_over_one_over_n_is_refused(name: str) -> None
 
 def test_a_default_many_retriever_thompson_has_arms_apart() -> None:
     # with the lower bound widened to 1/20 every grid arm was projected onto equal weights: one arm was left
-    policy = make_policy("thompson", tuple(f"r{i}" for i in range(20)), step=0.5)
+    policy = cast(ThompsonPolicy, make_policy("thompson", tuple(f"r{i}" for i in range(20)), step=0.5))
     assert policy.n_arms == 1 + 210
     assert isinstance(policy.decide(None, explore=False), Decision)

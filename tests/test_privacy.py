@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ TEXTS = ["The aurora is caused by charged particles from the sun.", "Tides follo
 SECRET = "ZEBRA-SECRET-4711 what causes the aurora"
 
 
-def _ensemble(store: object, **kwargs: object) -> FeedbackEnsemble:
+def _ensemble(store: Any, **kwargs: Any) -> FeedbackEnsemble:
     return FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=store, policy="thompson", **kwargs)
 
 
@@ -42,7 +43,9 @@ def test_no_query_encoding_nor_embedding_of_a_question_reaches_the_disk(tmp_path
     assert _cached_queries(tmp_path / "cache") == before
     ens.save(tmp_path / "saved")
     ens.close()
-    snapshot = FeedbackStore(tmp_path / "private.db").load_policy_state()["state"]
+    newest = FeedbackStore(tmp_path / "private.db").load_policy_state()
+    assert newest is not None
+    snapshot = newest["state"]
     saved = json.loads((tmp_path / "saved" / "learner.json").read_text())
     for state in (snapshot, saved):
         assert state["memory"]["embeddings"] == "" and state["memory"]["queries"][0].startswith("sha256:")

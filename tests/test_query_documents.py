@@ -78,6 +78,7 @@ def test_leaving_a_candidate_out_closes_up_each_retrievers_ranks() -> None:
     np.testing.assert_allclose(out.normalized[0], [1 / 61, 1 / 61])
     assert out.normalized[2, 1] == 0.0  # no rank there: no RRF score, as before
     tied = without_candidates(ctx, {"b"}, fusion="rrf", rrf_c=60.0)
+    assert tied.ranks is not None
     np.testing.assert_array_equal(tied.ranks[:, 0], [1.0, 2.0, 3.0])  # c keeps the place it shared with b
     assert without_candidates(ctx, {"zzz"}, fusion="rrf", rrf_c=60.0) is ctx
 

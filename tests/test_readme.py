@@ -59,7 +59,8 @@ def test_the_command_line_synopsis_names_each_commands_options_and_defaults() ->
 
     seen = set()
     for words, rest in segments:
-        parser, path = build_parser(), []
+        path: list[str] = []
+        parser = build_parser()
         for word in words.split():
             inner = sub(parser, word)
             if inner is None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from rlfb.errors import ValidationError
 from rlfb.learner import Learner, LearnerConfig
 from rlfb.policies.base import Context, Episode
 from rlfb.relevance_feedback import similar_to_clicked
+from rlfb.retrievers import DenseRetriever
 
 from _corpus import IDS, TEXTS
 
@@ -116,7 +118,7 @@ def ens() -> FeedbackEnsemble:
 
 def test_the_ensemble_gives_the_learner_the_dense_embeddings_of_the_candidates(ens: FeedbackEnsemble):
     ctx = ens.context("what causes aurora")
-    dense = ens.retrievers["dense"]
+    dense = cast(DenseRetriever, ens.retrievers["dense"])
     rows = [dense.ids.index(c) for c in ctx.candidate_ids]
     np.testing.assert_array_equal(ctx.candidate_embeddings, dense.embeddings[rows])
     # a re-ranked chunk from outside the index, and one given with another text than the indexed one, have none
@@ -124,6 +126,7 @@ def test_the_ensemble_gives_the_learner_the_dense_embeddings_of_the_candidates(e
 
     given = [Chunk(IDS[0], TEXTS[0]), Chunk(IDS[1], "an edited text"), Chunk("outside", "not in the index")]
     re = ens.rerank_context("what causes aurora", given)
+    assert re.candidate_embeddings is not None
     np.testing.assert_array_equal(re.candidate_embeddings[0], dense.embeddings[dense.ids.index(IDS[0])])
     assert not re.candidate_embeddings[1:].any()
     # without a dense retriever there are none, and none are gathered where the learner does not read them

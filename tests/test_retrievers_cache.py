@@ -75,6 +75,7 @@ def test_vectors_put_under_cache_key_are_the_ones_used(tmp_path) -> None:
     dense = DenseRetriever(cache_dir=tmp_path, model_key="precomputed")
     assert dense.cache_key == "dense:precomputed"
     doc_cache, query_cache = open_side_caches(tmp_path, dense.cache_key)
+    assert doc_cache is not None and query_cache is not None
     doc_cache.put_many({text_hash(t): v for t, v in zip(texts, docs, strict=True)})
     query_cache.put_many({text_hash(query): np.array([0.6, 0.8, 0.0], dtype=np.float32)})
     dense.index(make_chunks(texts, ["a", "b"]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -23,7 +25,7 @@ DECISION = {"weights": {"bm25": 1.0}}
 
 
 @pytest.fixture
-def store() -> FeedbackStore:
+def store() -> Iterator[FeedbackStore]:
     s = FeedbackStore()
     yield s
     s.close()
@@ -180,6 +182,7 @@ def test_feedback_on_the_ensembles_own_events_is_learned() -> None:
     assert ens.store.load_policy_state() is None
     record_run_feedback(ens.store, "theirs", "thumbs_up", ensemble=ens)
     assert ens.store.load_policy_state() is None  # stored only: not this ensemble's decision
+    assert result.event_id is not None
     record_run_feedback(ens.store, result.event_id, "thumbs_up", ensemble=ens)
     assert ens.store.load_policy_state() is not None
 
@@ -246,7 +249,7 @@ def test_observe_followup_takes_an_implicit_whose_infer_predates_the_follow_up_t
     from rlfb.implicit import ImplicitSignals
 
     class Older(ImplicitSignals):
-        def infer(self, previous_event, query, dwell_seconds=None, cited=(), opened=()):  # type: ignore[override]
+        def infer(self, previous_event, query, dwell_seconds=None, cited=(), opened=()):
             return super().infer(previous_event, query, dwell_seconds, cited, opened)
 
     log_external(store, "what causes the aurora", [("a", 1.0)], source="x", event_id="e1", session_id="s",

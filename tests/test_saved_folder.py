@@ -30,7 +30,7 @@ def _ensemble(texts: list[str], seed: int) -> FeedbackEnsemble:
 def _swap_once_during_chunks_read(monkeypatch: pytest.MonkeyPatch, save) -> list[int]:
     """Make the first ``ChunkTable.load`` (a step of every load) swap another save in first; returns the calls."""
     calls: list[int] = []
-    original = ChunkTable.load.__func__
+    original = ChunkTable.load.__func__  # type: ignore[attr-defined]
 
     def patched(cls, path, **kwargs):
         calls.append(1)
@@ -70,8 +70,8 @@ def test_damage_that_stays_is_raised_at_once(tmp_path: Path, monkeypatch) -> Non
     _ensemble(OLD_TEXTS, seed=1).save(root)
     (root / "chunks.jsonl").write_text("{not json\n", encoding="utf-8")
     reads: list[int] = []
-    original = ChunkTable.load.__func__
-    monkeypatch.setattr(ChunkTable, "load", classmethod(lambda c, p, **kw: (reads.append(1), original(c, p, **kw))[1]))
+    original = ChunkTable.load.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(ChunkTable, "load", classmethod(lambda c, p, **kw: (reads.append(1), original(c, p, **kw))[1]))  # type: ignore[func-returns-value]
     with pytest.raises(CorruptStateError, match="chunks.jsonl"):
         FeedbackEnsemble.load(root)
     assert len(reads) == 1  # not read again: the folder did not change
@@ -91,7 +91,7 @@ def test_a_folder_replaced_on_every_read_gives_up_with_a_named_error(tmp_path: P
     root = tmp_path / "ens"
     _ensemble(OLD_TEXTS, seed=1).save(root)
     newer = _ensemble(NEW_TEXTS, seed=2)
-    original = ChunkTable.load.__func__
+    original = ChunkTable.load.__func__  # type: ignore[attr-defined]
 
     def always_swapped(c, p, **kw):
         newer.save(root)

@@ -88,7 +88,8 @@ def test_learners_that_write_now_and_then_lose_nothing_of_each_other(tmp_path: P
         b.save(tmp_path / "saved")
     else:
         b.set_weights({"bm25": 1.0})
-    assert FeedbackStore(path).load_policy_state()["state"]["n_learned"] == 12
+    snapshot = FeedbackStore(path).load_policy_state()
+    assert snapshot is not None and snapshot["state"]["n_learned"] == 12
     assert _ensemble(path).learner.n_learned == 12
     a.refresh()
     assert a.learner.n_learned == 12  # and a reads b's, which holds its own
@@ -112,7 +113,8 @@ print(ens.store.load_policy_state()["state"]["n_learned"])
                           env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1" and "Warning" not in done.stderr  # only the first was due before exit
-    assert FeedbackStore(path).load_policy_state()["state"]["n_learned"] == 5
+    snapshot = FeedbackStore(path).load_policy_state()
+    assert snapshot is not None and snapshot["state"]["n_learned"] == 5
 
 
 class _Boom(Exception):
@@ -140,7 +142,8 @@ def test_a_write_undone_by_the_callers_block_leaves_the_learning_to_write_later(
     feedback(b, "tides 3")
     feedback(a, "tides 4")
     a.close()
-    assert FeedbackStore(path).load_policy_state()["state"]["n_learned"] == 4
+    snapshot = FeedbackStore(path).load_policy_state()
+    assert snapshot is not None and snapshot["state"]["n_learned"] == 4
 
 
 def test_episodes_learned_again_on_anothers_snapshot_are_written_at_once(tmp_path: Path) -> None:
@@ -158,7 +161,9 @@ def test_episodes_learned_again_on_anothers_snapshot_are_written_at_once(tmp_pat
     r = b.retrieve("aurora", k=3)
     b.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
     a.refresh()
-    assert a._unsaved == [] and FeedbackStore(path).load_policy_state()["state"]["n_learned"] == RELEARN_WRITE + 3
+    assert a._unsaved == []
+    snapshot = FeedbackStore(path).load_policy_state()
+    assert snapshot is not None and snapshot["state"]["n_learned"] == RELEARN_WRITE + 3
 
 
 _FORKED = """
@@ -302,7 +307,8 @@ def test_weights_given_to_an_ensemble_on_a_new_store_are_written_there(tmp_path:
     first = _two(tmp_path, policy, {"bm25": 0.8, "notes": 0.2})
     first.close()
     with FeedbackStore(tmp_path / "f.db") as store:
-        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.8, "notes": 0.2})
+        snapshot = store.load_policy_state()
+        assert snapshot is not None and snapshot["weights"] == pytest.approx({"bm25": 0.8, "notes": 0.2})
     again = _two(tmp_path, policy, None)
     assert again.weights == pytest.approx({"bm25": 0.8, "notes": 0.2})
     version = again.store.state_version()
@@ -358,7 +364,8 @@ def _all_learned_after(tmp_path: Path, text: str, *, printed: str, feedback: int
     assert done.stdout.strip() == printed
     with FeedbackStore(path) as store:
         assert store.counts()["feedback"] == feedback
-        assert store.load_policy_state()["state"]["n_learned"] == feedback
+        snapshot = store.load_policy_state()
+        assert snapshot is not None and snapshot["state"]["n_learned"] == feedback
 
 
 def test_forked_processes_write_their_own_learning_at_exit_and_only_theirs(tmp_path: Path) -> None:
@@ -537,6 +544,7 @@ def test_a_snapshot_from_before_a_hyperparameter_existed_is_ours(tmp_path: Path)
     app.close()
     with FeedbackStore(path) as store:  # the newest snapshot, as an rlfb without `cf_gate_z` wrote it
         saved = store.load_policy_state()
+        assert saved is not None
         state = json.loads(json.dumps(saved["state"]))
         del state["policy"]["params"]["cf_gate_z"]
         store.save_policy_state(state, saved["weights"], policy="thompson")
@@ -554,8 +562,10 @@ def test_an_older_snapshot_without_a_policy_column_is_known_by_its_state(tmp_pat
     other.close()
     with FeedbackStore(path) as store:  # the newest snapshot, as an rlfb before the policy column wrote it
         saved = store.load_policy_state()
+        assert saved is not None
         store.save_policy_state(saved["state"], saved["weights"])
-        assert store.load_policy_state()["policy"] is None
+        snapshot = store.load_policy_state()
+        assert snapshot is not None and snapshot["policy"] is None
     app = _ensemble(path, refresh_interval=0)  # thompson: the gradient state is another kind's, not loaded
     assert app.retrieve("aurora", k=1).hits
     assert app.learner.n_learned == 0
@@ -775,7 +785,7 @@ def test_an_app_without_a_snapshot_of_its_own_pages_back_once(tmp_path: Path) ->
         reads.append(kwargs.get("before"))
         return real(*args, **kwargs)
 
-    evaluation.store.load_policy_state = counted  # type: ignore[method-assign]
+    evaluation.store.load_policy_state = counted
     for i in range(3):
         r = live.retrieve(f"tides {i}", k=2)
         live.feedback(r.event_id, "thumbs_up")  # a new snapshot of the other kind
@@ -1011,7 +1021,8 @@ def test_learning_a_rolled_back_flush_left_unwritten_is_written_at_exit(tmp_path
     done = _run_script(tmp_path, _ROLLED_BACK, path)
     assert done.returncode == 0, done.stderr
     with FeedbackStore(path) as store:
-        assert store.load_policy_state()["state"]["n_learned"] == 2
+        snapshot = store.load_policy_state()
+        assert snapshot is not None and snapshot["state"]["n_learned"] == 2
 
 
 def test_a_store_written_while_the_clock_ran_two_days_fast_still_opens_and_learns_once_it_is_corrected(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -66,10 +67,11 @@ def test_the_config_takes_policies_and_retrievers_by_name_and_keeps_plain_json()
     from rlfb.retrievers.bm25 import BM25Retriever
 
     with pytest.raises(ValidationError, match="policy's name"):
-        SimulationConfig(policy=make_policy("thompson", ["bm25"]), retrievers=("bm25",))
+        SimulationConfig(policy=make_policy("thompson", ["bm25"]), retrievers=("bm25",))  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="retriever names"):
-        SimulationConfig(retrievers=(BM25Retriever(),))
-    config = SimulationConfig(interactions=np.int64(20), checkpoints=np.int32(2), retrievers=("bm25",))
+        SimulationConfig(retrievers=(BM25Retriever(),))  # type: ignore[arg-type]
+    config = SimulationConfig(interactions=np.int64(20), checkpoints=np.int32(2),  # type: ignore[arg-type]
+                              retrievers=("bm25",))
     assert json.loads(json.dumps(config.to_dict()))["interactions"] == 20
 
 
@@ -132,7 +134,7 @@ def test_the_answer_is_judged_on_its_top_answer_k_chunks_the_last_included() -> 
 def test_simulated_user_refuses_bad_settings(setting: str, value: object) -> None:
     # a negative late delay had feedback arrive before the retrieval it rates
     with pytest.raises(ValidationError, match=setting):
-        SimulatedUser(**{setting: value})
+        SimulatedUser(**{setting: value})  # type: ignore[arg-type]
 
 
 def test_the_thumb_and_the_reformulation_judge_the_same_answer() -> None:
@@ -153,8 +155,8 @@ def test_max_heldout_is_a_seeded_sample_not_the_first_ids() -> None:
     from rlfb.simulation.runner import _split
 
     ids = [f"q{i:03d}" for i in range(200)]
-    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
-                           dataset=SimpleNamespace(queries={q: f"question {q}?" for q in ids}))
+    prep: Any = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
+                                dataset=SimpleNamespace(queries={q: f"question {q}?" for q in ids}))
     config = SimulationConfig(max_heldout=20)
     stream, heldout, _ = _split(prep, config, seed=0)
     _, all_heldout, _ = _split(prep, SimulationConfig(), seed=0)
@@ -173,8 +175,8 @@ def test_a_question_judged_in_both_splits_is_scored_with_the_held_out_splits_gra
     from rlfb.simulation.runner import _split
 
     texts = {"both": "what pulls the tides", "s1": "why do volcanoes erupt"}
-    prep = SimpleNamespace(stream_qrels={"both": {"d1": 1}, "s1": {"d3": 1}}, qrels={"both": {"d2": 2}},
-                           contexts=dict.fromkeys(texts), dataset=SimpleNamespace(queries=texts))
+    prep: Any = SimpleNamespace(stream_qrels={"both": {"d1": 1}, "s1": {"d3": 1}}, qrels={"both": {"d2": 2}},
+                                contexts=dict.fromkeys(texts), dataset=SimpleNamespace(queries=texts))
     stream, heldout, judgments = _split(prep, SimulationConfig(), seed=0)
     assert heldout == ["both"] and stream == ["s1"]
     assert judgments["both"] == {"d2": 2} and judgments["s1"] == {"d3": 1}
@@ -188,8 +190,8 @@ def test_without_a_stream_split_each_seed_draws_its_own_halves() -> None:
     from rlfb.simulation.runner import _split
 
     ids = [f"q{i:02d}" for i in range(40)]
-    prep = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
-                           dataset=SimpleNamespace(queries={q: f"question {q}?" for q in ids}))
+    prep: Any = SimpleNamespace(stream_qrels=None, qrels={q: {"d": 1} for q in ids}, contexts=dict.fromkeys(ids),
+                                dataset=SimpleNamespace(queries={q: f"question {q}?" for q in ids}))
     halves = {seed: _split(prep, SimulationConfig(), seed=seed)[:2] for seed in range(3)}
     for stream, heldout in halves.values():
         assert len(stream) == len(heldout) == 20 and sorted(stream + heldout) == ids
@@ -206,9 +208,9 @@ def test_a_stream_question_worded_as_a_held_out_one_is_not_streamed() -> None:
 
     texts = {"t1": "Obesity decreases life quality.", "t2": "Aspirin thins blood.",
              "s1": "obesity decreases life quality", "s2": "Statins lower cholesterol.", "s3": "Aspirin thins blood."}
-    prep = SimpleNamespace(stream_qrels={q: {"d": 1} for q in ("s1", "s2", "s3")},
-                           qrels={"t1": {"d": 1}, "t2": {"d": 1}}, contexts=dict.fromkeys(texts),
-                           dataset=SimpleNamespace(queries=texts))
+    prep: Any = SimpleNamespace(stream_qrels={q: {"d": 1} for q in ("s1", "s2", "s3")},
+                                qrels={"t1": {"d": 1}, "t2": {"d": 1}}, contexts=dict.fromkeys(texts),
+                                dataset=SimpleNamespace(queries=texts))
     stream, heldout, _ = _split(prep, SimulationConfig(), seed=0)
     assert heldout == ["t1", "t2"] and stream == ["s2"]
     ids = [f"q{i}" for i in range(8)]  # seeded halves: a twin falling in the other half is not streamed either
@@ -234,10 +236,10 @@ def test_a_stream_question_the_memory_takes_for_a_held_out_one_is_not_streamed()
     emb = {"t1": base[0], "t2": base[1], "s1": twin, "s2": base[2], "s3": None}
     assert float(twin @ base[0] / np.linalg.norm(twin) / np.linalg.norm(base[0])) >= MemoryParams().exact_similarity
     texts = {q: f"question {q}" for q in emb}
-    prep = SimpleNamespace(stream_qrels={q: {"d": 1} for q in ("s1", "s2", "s3")},
-                           qrels={"t1": {"d": 1}, "t2": {"d": 1}},
-                           contexts={q: SimpleNamespace(query_embedding=e) for q, e in emb.items()},
-                           dataset=SimpleNamespace(queries=texts))
+    prep: Any = SimpleNamespace(stream_qrels={q: {"d": 1} for q in ("s1", "s2", "s3")},
+                                qrels={"t1": {"d": 1}, "t2": {"d": 1}},
+                                contexts={q: SimpleNamespace(query_embedding=e) for q, e in emb.items()},
+                                dataset=SimpleNamespace(queries=texts))
     stream, heldout, _ = _split(prep, SimulationConfig(), seed=0)
     assert heldout == ["t1", "t2"] and stream == ["s2", "s3"]
 
@@ -251,9 +253,9 @@ def test_a_stream_left_empty_by_repeats_says_how_many_and_why() -> None:
     base = rng.normal(size=(2, 16))
     emb = {"t1": base[0], "t2": base[1], "s1": base[0] + 0.01 * rng.normal(size=16), "s2": None}
     texts = {"t1": "question one", "t2": "question two", "s1": "question three", "s2": "Question two"}
-    prep = SimpleNamespace(stream_qrels={"s1": {"d": 1}, "s2": {"d": 1}}, qrels={"t1": {"d": 1}, "t2": {"d": 1}},
-                           contexts={q: SimpleNamespace(query_embedding=e) for q, e in emb.items()},
-                           dataset=SimpleNamespace(name="toy", queries=texts))
+    prep: Any = SimpleNamespace(stream_qrels={"s1": {"d": 1}, "s2": {"d": 1}}, qrels={"t1": {"d": 1}, "t2": {"d": 1}},
+                                contexts={q: SimpleNamespace(query_embedding=e) for q, e in emb.items()},
+                                dataset=SimpleNamespace(name="toy", queries=texts))
     with pytest.raises(ValidationError, match=r"^toy: all 2 stream questions of qrels/train.tsv were left out as "
                                               r"repeats of held-out questions of qrels/test.tsv \(1 with the same "
                                               r"text as one, 1 within cosine 0.995 of one's embedding\)"):
@@ -278,9 +280,9 @@ def test_the_demo_collection_asks_each_question_once_and_compares_each_device_wi
             if chunk.metadata["kind"] == "comparison":
                 own = data.corpus[data.corpus.index(chunk) - 2].metadata["device"]
                 assert chunk.metadata["device"] != own
-    for n in (0, 1, MAX_DEVICES + 1, 2.0, True):
+    for bad in (0, 1, MAX_DEVICES + 1, 2.0, True):
         with pytest.raises(ValidationError, match="n_devices"):
-            generate_demo_corpus(n_devices=n)
+            generate_demo_corpus(n_devices=bad)  # type: ignore[arg-type]
 
 
 def test_simplex_grid() -> None:
@@ -305,8 +307,8 @@ def test_the_tuned_and_oracle_fixed_weights_can_be_equal_weights() -> None:
     ids = ("r", "a", "b", "c", "z")
     raw = np.array([[0.6, 0.6, 0.6], [1.0, 0.39, 0.39], [0.39, 1.0, 0.39], [0.39, 0.39, 1.0], [0.0, 0.0, 0.0]])
     names = ("bm25", "dense", "splade")
-    ctx = SimpleNamespace(candidate_ids=ids, raw=raw, ranks=rank_matrix(raw), retrievers=names)
-    prep = SimpleNamespace(contexts={"s": ctx, "h": ctx})
+    ctx: Any = SimpleNamespace(candidate_ids=ids, raw=raw, ranks=rank_matrix(raw), retrievers=names)
+    prep: Any = SimpleNamespace(contexts={"s": ctx, "h": ctx})
     judges = {q: _Judge(ctx, {"r": 1}, 10) for q in ("s", "h")}
     out = _baselines(prep, SimulationConfig(), ["s"], ["h"], judges, ["s"], {"s": 1})
     assert out["equal"]["heldout_ndcg@10"] == pytest.approx(1.0)
@@ -348,7 +350,7 @@ def test_policy_options_reach_the_policy_with_the_runs_seed() -> None:
     from rlfb.commands.simulate import policy_options
 
     data = generate_demo_corpus(n_devices=8, seed=3)
-    base = dict(policy="thompson", interactions=150, seeds=(0, 1), checkpoints=2, retrievers=("bm25",))
+    base: dict[str, Any] = dict(policy="thompson", interactions=150, seeds=(0, 1), checkpoints=2, retrievers=("bm25",))
     prep = prepare(data, SimulationConfig(**base))
     plain = simulate(data, SimulationConfig(**base), prepared=prep)
     as_default = simulate(data, SimulationConfig(**base, policy_options={"cf_min_questions": 1}), prepared=prep)
@@ -386,7 +388,8 @@ def test_policy_options_reach_the_policy_with_the_runs_seed() -> None:
 def test_relevance_feedback_runs_on_a_context_prepared_without_it() -> None:
     # contexts prepared for another run carried no candidate embeddings: relevance feedback was silently off
     data = generate_demo_corpus(n_devices=8, seed=3)
-    base = dict(policy="thompson", interactions=300, seeds=(0,), checkpoints=1, retrievers=("bm25", "dense"))
+    base: dict[str, Any] = dict(policy="thompson", interactions=300, seeds=(0,), checkpoints=1,
+                                retrievers=("bm25", "dense"))
     prep = prepare(data, SimulationConfig(**base))
     assert all(ctx.candidate_embeddings is None for ctx in prep.contexts.values())
     off = simulate(data, SimulationConfig(**base), prepared=prep)
@@ -719,7 +722,7 @@ def test_feedback_later_than_the_clocks_end_is_delivered_too(monkeypatch) -> Non
     generated: list[float] = []
 
     class Counting(SimulatedUser):
-        def interact(self, ranking, qrel):  # type: ignore[no-untyped-def]
+        def interact(self, ranking, qrel):
             inter = super().interact(ranking, qrel)
             generated.extend(f.delay for f in inter.feedback)
             return inter
@@ -762,7 +765,7 @@ def test_the_figures_are_named_by_their_cut_off(capsys, tmp_path, k: int) -> Non
 def test_the_cut_off_is_checked_itself(k: object) -> None:
     # k=0 was reported as "answer_k must be an int in [1, k=0]"
     with pytest.raises(ValidationError, match="^k must be a positive integer"):
-        SimulationConfig(k=k)
+        SimulationConfig(k=k)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -852,8 +855,12 @@ def test_the_run_splits_held_out_queries_by_the_questions_it_asked(monkeypatch: 
 
     seen: list[list[str]] = []
     split = runner._overlap
-    monkeypatch.setattr(runner, "_overlap", lambda heldout, asked, *a: seen.append(list(asked)) or split(
-        heldout, asked, *a))
+
+    def recording(heldout, asked, *a):
+        seen.append(list(asked))
+        return split(heldout, asked, *a)
+
+    monkeypatch.setattr(runner, "_overlap", recording)
     config = SimulationConfig(policy="fixed", interactions=6, seeds=(0,), checkpoints=1, retrievers=("bm25",))
     result = simulate(generate_demo_corpus(n_devices=10, seed=2), config)
     (asked,) = seen
@@ -899,7 +906,8 @@ def test_the_environment_names_the_packages_files_that_differ_from_the_commit(mo
 
     diff = ("diff", "--name-only", "HEAD", "--", "rlfb")
     others = ("ls-files", "--others", "--exclude-standard", "--", "rlfb")
-    answers = {("rev-parse", "HEAD"): ["2fbee23"], diff: ["rlfb/fusion.py"], others: ["rlfb/new_policy.py"]}
+    answers: dict[tuple[str, ...], list[str] | None] = {
+        ("rev-parse", "HEAD"): ["2fbee23"], diff: ["rlfb/fusion.py"], others: ["rlfb/new_policy.py"]}
     monkeypatch.setattr(runner, "_git", lambda *args: answers.get(args))
     env = runner.environment()
     assert env["commit"] == "2fbee23" and env["uncommitted"] == ["rlfb/fusion.py", "rlfb/new_policy.py"]

@@ -102,6 +102,7 @@ def test_a_snapshot_that_cannot_be_read_is_a_kind_of_its_own_and_the_step_is_saf
 
     with FeedbackStore(path) as store:
         kinds = _kinds(path)
+        assert kinds[0] is not None
         assert json.loads(kinds[0]) == ["unreadable snapshot", 1] and SnapshotKind.from_key(kinds[1]) is not None
         m011_snapshot_kinds(Database(store._tx.conn))  # again: it changes nothing
         assert _kinds(path) == kinds

@@ -962,7 +962,7 @@ def test_closed_store_raises_named_error(clock):
 def test_feedback_record_is_frozen(fresh_store):
     rec = fresh_store.record_feedback(log(fresh_store), "thumbs_up")
     with pytest.raises(AttributeError):
-        rec.reward = 0.0  # type: ignore[misc]
+        rec.reward = 0.0
 
 
 def test_threads_share_one_store(tmp_path, clock):

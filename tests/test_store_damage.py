@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _damage import damage_newest_snapshot
@@ -150,7 +151,7 @@ def test_a_foreign_file_with_a_migrations_table_is_refused_unchanged(tmp_path: P
 
 def test_flags_at_the_store_boundary_are_bools() -> None:
     with pytest.raises(ValidationError, match="store_text"):  # bool("no") kept the query text
-        FeedbackStore(":memory:", store_text="no")
+        FeedbackStore(":memory:", store_text="no")  # type: ignore[arg-type]
     store = FeedbackStore(":memory:")
     with pytest.raises(ValidationError, match="used"):  # "no" counted as used
         store.log_event("q", {"weights": {"bm25": 1.0}}, [{"chunk_id": "a", "used": "no"}])
@@ -265,7 +266,7 @@ def test_a_new_store_in_a_folder_that_cannot_be_written_is_read_only_not_bad_inp
 
     real_connect, real_access = sqlite3.connect, os.access
 
-    def refused(path: str, *args: object, **kwargs: object) -> sqlite3.Connection:
+    def refused(path: str, *args: Any, **kwargs: Any) -> sqlite3.Connection:
         if str(path).startswith(str(tmp_path)):
             raise sqlite3.OperationalError("unable to open database file")
         return real_connect(path, *args, **kwargs)

@@ -46,7 +46,8 @@ def test_show_export_import_round_trip(tmp_path, capsys) -> None:
     out.write_text(json.dumps({"weights": data["weights"]}))
     assert main(["weights", "import", str(db), str(out)]) == 0
     with FeedbackStore(db) as store:
-        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.8, "dense": 0.2})
+        snapshot = store.load_policy_state()
+        assert snapshot is not None and snapshot["weights"] == pytest.approx({"bm25": 0.8, "dense": 0.2})
 
 
 @pytest.mark.parametrize(
@@ -87,7 +88,8 @@ def test_weights_import_reads_a_file_with_a_utf8_byte_order_mark(tmp_path, capsy
     assert bom.read_bytes().startswith(b"\xef\xbb\xbf")
     assert main(["weights", "import", str(db), str(bom)]) == 0, capsys.readouterr().err
     with FeedbackStore(db) as store:
-        assert store.load_policy_state()["weights"] == pytest.approx({"bm25": 0.7, "dense": 0.3})
+        snapshot = store.load_policy_state()
+        assert snapshot is not None and snapshot["weights"] == pytest.approx({"bm25": 0.7, "dense": 0.3})
 
 
 def test_a_second_process_picks_up_new_weights_without_restart(tmp_path) -> None:
@@ -151,7 +153,9 @@ def test_an_unmodified_export_imports_as_it_was_exported(tmp_path) -> None:
         export_weights(a, tmp_path / "w.json")
     with FeedbackStore(tmp_path / "b.db") as b:
         out = import_weights(b, tmp_path / "w.json")
-        back = Learner.from_state_dict(b.load_policy_state()["state"])
+        snapshot = b.load_policy_state()
+        assert snapshot is not None
+        back = Learner.from_state_dict(snapshot["state"])
     assert out["notes"] == [] and out["weights"] == learner.weights()
     assert json.dumps(back.state_dict()) == json.dumps(learner.state_dict())
 
@@ -216,7 +220,7 @@ def test_an_import_holds_the_stores_write_lock_from_its_read_to_its_save(tmp_pat
                 blocked.append(True)
             return out
 
-        store.load_policy_state = read_then_app_saves
+        store.load_policy_state = read_then_app_saves  # type: ignore[method-assign]
         import_weights(store, tmp_path / "w.json")
         assert blocked == [True]
 

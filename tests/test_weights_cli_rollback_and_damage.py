@@ -8,6 +8,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _cli_output import one_error_line
@@ -30,9 +31,11 @@ def learn(db: Path, n: int) -> None:
     ens.close()
 
 
-def newest(db: Path) -> dict:
+def newest(db: Path) -> dict[str, Any]:
     with FeedbackStore(db) as store:
-        return store.load_policy_state()
+        snapshot = store.load_policy_state()
+    assert snapshot is not None
+    return snapshot
 
 
 # -- 1. an old export does not roll the store back unsaid -------------------------------------------------------

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.hyperparameters import check_float, check_int
 from rlfb.policies.simplex import default_bounds, saved_bounds, validate_retrievers
 from rlfb.saved_state import MAX_COUNT, read_number, rng_state, set_rng_state
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["BasePolicy", "Context", "Decision", "Episode", "Policy", "MIN_PROPENSITY", "same_hyperparameters"]
 
@@ -252,7 +255,7 @@ class BasePolicy:
                                   f"be under 1/{n} (leave bounds out for a default that fits {n} retrievers)")
 
     # -- tuning by the guardrail
-    def tune(self, *, learning_rate: float = 1.0, exploration: float = 1.0) -> BasePolicy:
+    def tune(self, *, learning_rate: float = 1.0, exploration: float = 1.0) -> Self:
         """Set the guardrail's multipliers on the learning rate and on exploration."""
         self._lr_scale = check_float("learning_rate multiplier", learning_rate, 0.0, 10.0)
         self._explore_scale = check_float("exploration multiplier", exploration, 0.0, 10.0)
@@ -263,7 +266,7 @@ class BasePolicy:
         """The (replay-weighted) number of updates learned so far."""
         return self._n_updates
 
-    def partial_fit(self, episodes: Iterable[Any]) -> BasePolicy:
+    def partial_fit(self, episodes: Iterable[Any]) -> Self:
         """Replay logged episodes through :meth:`learn`, each with its own reward."""
         for ep in episodes:
             self.learn(ep, ep.reward)  # type: ignore[attr-defined]
@@ -296,7 +299,7 @@ class BasePolicy:
             "state": self._state(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> BasePolicy:
+    def load_state_dict(self, state: Mapping[str, Any]) -> Self:
         """Restore what :meth:`state_dict` saved; a mismatch or damage raises :class:`CorruptStateError`."""
         if not isinstance(state, Mapping):
             raise CorruptStateError(f"policy state must be a mapping, got {type(state).__name__}")

@@ -34,7 +34,7 @@ def simplex_grid(n: int, step: float = 0.1) -> np.ndarray:
 class Judge:
     """nDCG@k of many rankings of one query's candidates at once (vectorised over weight vectors)."""
 
-    def __init__(self, ctx: Context, qrel: Mapping[str, int], k: int) -> None:
+    def __init__(self, ctx: Context, qrel: Mapping[str, float], k: int) -> None:
         self.k = k
         self.gains = np.array([max(qrel.get(c, 0), 0) for c in ctx.candidate_ids], dtype=np.float64)
         # tied scores in trec_eval's order (document id descending), as rlfb.metrics ranks a run: in candidate

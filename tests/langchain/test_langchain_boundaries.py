@@ -16,6 +16,7 @@ import pytest
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
 from rlfb import ValidationError
@@ -90,7 +91,7 @@ def test_handler_store_must_be_a_path_or_a_store(store: Any) -> None:
 
 def test_handler_observe_followups_must_be_a_bool() -> None:
     with pytest.raises(ValidationError, match="observe_followups"):
-        FeedbackCallbackHandler(FeedbackStore(), observe_followups="no")
+        FeedbackCallbackHandler(FeedbackStore(), observe_followups="no")  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------- the retriever's options
@@ -140,7 +141,8 @@ def test_observe_followups_and_session_id_fields_are_checked(retriever: Any) -> 
 
 
 def test_numpy_integers_and_bools_are_accepted(retriever: Any) -> None:
-    r = FeedbackEnsembleRetriever.from_ensemble(retriever.ensemble, k=np.int64(3), explore=np.bool_(False))
+    r = FeedbackEnsembleRetriever.from_ensemble(
+        retriever.ensemble, k=np.int64(3), explore=np.bool_(False))  # type: ignore[arg-type]
     assert type(r.k) is int and r.k == 3 and r.explore is False
     assert len(r.invoke("moon tides", k=np.int32(1))) == 1
     assert len(r.invoke("moon tides", explore=np.bool_(True))) == 3
@@ -195,7 +197,8 @@ def test_a_misspelt_ensemble_option_is_a_named_error_before_indexing(monkeypatch
         FeedbackEnsembleRetriever.from_retrievers([LCBM25.from_texts(TEXTS)])
     named = LCBM25.from_texts(TEXTS)
     named.name = "kw"  # a sequence of named ones is taken, by their names
-    assert [m.name for m in FeedbackEnsembleRetriever.from_retrievers([named]).ensemble.members] == ["kw"]
+    by_name = FeedbackEnsembleRetriever.from_retrievers([named])
+    assert [m.name for m in by_name.ensemble.members] == ["kw"]
 
 
 def test_a_retriever_is_shared_shallowly_and_refuses_a_deep_copy_by_name() -> None:
@@ -223,8 +226,8 @@ def test_a_callback_handler_refuses_a_pickle_by_name_and_a_deep_copy_is_itself(m
                else FeedbackCallbackHandler(retriever.ensemble.store))
     with pytest.raises(NotCopyableError, match="FeedbackCallbackHandler cannot be pickled"):
         pickle.dumps(handler)
-    config = copy.deepcopy({"callbacks": [handler], "metadata": {"session_id": "s"}})
-    assert config["callbacks"][0] is handler
+    config = copy.deepcopy(RunnableConfig(callbacks=[handler], metadata={"session_id": "s"}))
+    assert isinstance(config["callbacks"], list) and config["callbacks"][0] is handler
     run_id = uuid.uuid4()
     retriever.invoke("tides", config=config, run_id=run_id)
     assert handler.record_feedback(run_id, score=1.0)
@@ -252,7 +255,7 @@ def test_fields_set_after_construction_are_checked_as_the_constructor_checks_the
             setattr(retriever, field, value)
     assert (retriever.k, retriever.explore, retriever.log, retriever.observe_followups) == (2, True, True, True)
     session = uuid.uuid4()
-    retriever.session_id = session
+    retriever.session_id = session  # type: ignore[assignment]
     assert retriever.session_id == str(session)
     docs = retriever.invoke("tides")
     assert len(docs) == 2 and retriever.ensemble.store.event(docs[0].metadata["event_id"])["session_id"] == str(session)

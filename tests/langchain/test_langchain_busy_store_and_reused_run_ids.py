@@ -15,7 +15,7 @@ import re
 import sqlite3
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -26,7 +26,7 @@ from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.runnables import RunnableConfig, RunnableLambda, RunnablePassthrough
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, retrievers
 from rlfb import DuplicateEventError, FeedbackEnsemble, IdempotencyConflictError, StoreBusyError
@@ -41,7 +41,7 @@ HANDLER_ERROR = "Error in FeedbackCallbackHandler"
 
 def rag_chain(retriever: Any) -> Any:
     """The retrieval two runs below the top-level run, as in a RAG chain."""
-    fmt = RunnableLambda(lambda docs: "\n".join(d.page_content for d in docs))
+    fmt: RunnableLambda[list[Document], str] = RunnableLambda(lambda docs: "\n".join(d.page_content for d in docs))
     llm = FakeListChatModel(responses=["an answer"])
     return {"context": retriever | fmt, "question": RunnablePassthrough()} | PROMPT | llm | StrOutputParser()
 
@@ -389,9 +389,9 @@ def test_two_runs_at_once_under_one_run_id_are_told_apart_from_one_start_reporte
     handler = FeedbackCallbackHandler.from_ensemble(ens)
     handler.raise_error = raise_error
     chain = flat_chain(FeedbackEnsembleRetriever.from_ensemble(ens, k=2))
-    config = {"callbacks": [handler], "run_id": uuid.uuid4()}
+    config: RunnableConfig = {"callbacks": [handler], "run_id": uuid.uuid4()}
 
-    async def both() -> list[Any]:
+    async def both() -> Sequence[Any]:
         return await asyncio.gather(chain.ainvoke("molten magma", config=config),
                                     chain.ainvoke("ocean tides", config=config), return_exceptions=True)
 
@@ -429,7 +429,7 @@ def test_a_retry_after_a_locked_store_failed_the_run_is_taken_before_its_mark_is
     chain = RunnableParallel(a=FeedbackEnsembleRetriever.from_ensemble(free, k=2),
                              b=FeedbackEnsembleRetriever.from_ensemble(busy, k=2))
     run_id = uuid.uuid4()
-    config = {"callbacks": [handler], "run_id": run_id}
+    config: RunnableConfig = {"callbacks": [handler], "run_id": run_id}
     with locked(busy_path), pytest.raises(StoreBusyError):
         chain.invoke("molten magma", config=config)
     (failed,) = [e["id"] for e in free.store.db.query("SELECT id FROM events")]
@@ -474,7 +474,7 @@ def test_the_end_of_a_run_refused_as_running_at_once_leaves_the_first_run_open(t
         raise RuntimeError("the second run fails")
 
     run_id = uuid.uuid4()
-    config = {"callbacks": [handler], "run_id": run_id}
+    config: RunnableConfig = {"callbacks": [handler], "run_id": run_id}
     first = threading.Thread(target=lambda: (retriever | RunnableLambda(wait_for_the_second)).invoke(
         "molten magma", config=config))
     with warnings.catch_warnings():

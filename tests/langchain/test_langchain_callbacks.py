@@ -15,7 +15,7 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -31,7 +31,7 @@ PROMPT = ChatPromptTemplate.from_template("Answer from the context.\n{context}\n
 
 def rag_chain(retriever: Any) -> Any:
     """A nested LCEL RAG chain: the retrieval sits two runs below the top-level run."""
-    fmt = RunnableLambda(lambda docs: "\n".join(d.page_content for d in docs))
+    fmt: RunnableLambda[list[Document], str] = RunnableLambda(lambda docs: "\n".join(d.page_content for d in docs))
     llm = FakeListChatModel(responses=["an answer"])
     return {"context": retriever | fmt, "question": RunnablePassthrough()} | PROMPT | llm | StrOutputParser()
 
@@ -154,7 +154,7 @@ def test_bad_scores_are_rejected_before_anything_is_written(bm25: BM25Retriever)
     bm25.invoke("tides", config={"callbacks": [handler]}, run_id=run_id)
     for bad in (1.5, -0.1, float("nan"), "yes"):
         with pytest.raises(ValidationError):
-            handler.record_feedback(run_id, score=bad)
+            handler.record_feedback(run_id, score=bad)  # type: ignore[arg-type]
     with pytest.raises(ValidationError):
         handler.record_feedback(run_id, score=1, value=1.0)
     assert handler.store.counts()["feedback"] == 0
@@ -215,7 +215,7 @@ def test_a_copy_on_another_store_has_the_session_the_retriever_used(make_ensembl
 
 def test_session_followups_with_a_plain_retriever(bm25: BM25Retriever) -> None:
     handler = FeedbackCallbackHandler(store=FeedbackStore())
-    config = {"callbacks": [handler], "metadata": {"session_id": "chat-1"}}
+    config: RunnableConfig = {"callbacks": [handler], "metadata": {"session_id": "chat-1"}}
     first = uuid.uuid4()
     bm25.invoke("what causes the aurora borealis", config=config, run_id=first)
     bm25.invoke("the aurora borealis, what causes it?", config=config)
@@ -290,7 +290,8 @@ def test_retrieval_through_a_tool_links_up_to_the_root_run(bm25: BM25Retriever) 
     # What an agent or a LangGraph ToolNode does: a chain step calls a tool that calls the retriever.
     handler = FeedbackCallbackHandler(store=FeedbackStore())
     kb = create_retriever_tool(bm25, "kb", "search the knowledge base")
-    step = RunnableLambda(lambda q: {"context": kb.invoke({"query": q}), "question": q})
+    step: RunnableLambda[str, dict[str, Any]] = RunnableLambda(
+        lambda q: {"context": kb.invoke({"query": q}), "question": q})
     agent = step | PROMPT | FakeListChatModel(responses=["an answer"]) | StrOutputParser()
     top = uuid.uuid4()
     assert agent.invoke("what causes the aurora", config={"callbacks": [handler], "run_id": top}) == "an answer"
@@ -319,7 +320,8 @@ def test_members_reached_through_a_chain_are_not_logged_twice(bm25: BM25Retrieve
     handler = FeedbackCallbackHandler(store=FeedbackStore())
     ensemble = EnsembleRetriever(retrievers=[member, other], weights=[0.5, 0.5])
     top = uuid.uuid4()
-    (RunnablePassthrough() | ensemble).invoke("Tides", config={"callbacks": [handler], "run_id": top})
+    chain: Runnable[Any, list[Document]] = RunnablePassthrough() | ensemble
+    chain.invoke("Tides", config={"callbacks": [handler], "run_id": top})
     (event,) = handler.retrievals(top)  # only the outer ensemble's result
     assert event["retrievers"] == ["EnsembleRetriever"]
     assert len(handler.record_feedback(top, score=1.0)) == 1
@@ -329,7 +331,7 @@ def test_rlfb_member_behind_a_chain_is_not_logged_twice(make_ensemble: Any, bm25
     ens = make_ensemble(members=[as_member("rewritten", RunnableLambda(str.lower) | bm25)])
     handler = FeedbackCallbackHandler.from_ensemble(ens)
     top = uuid.uuid4()
-    chain = RunnablePassthrough() | FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
+    chain: Runnable[Any, list[Document]] = RunnablePassthrough() | FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
     chain.invoke("Molten magma", config={"callbacks": [handler], "run_id": top})
     assert ens.store.counts()["events"] == 1
     (record,) = handler.record_feedback(top, score=0.0)
@@ -459,7 +461,8 @@ def test_feedback_on_a_chain_skips_the_retrieval_of_a_failed_retry_attempt(make_
     # both attempts' retrievals were linked under the top run, and feedback rated the ranking that never
     # produced the answer
     ens, retriever, handler, flaky_llm = _flaky_setup(make_ensemble)
-    context = retriever | RunnableLambda(lambda docs: " ".join(d.page_content for d in docs))
+    join: RunnableLambda[list[Document], str] = RunnableLambda(lambda docs: " ".join(d.page_content for d in docs))
+    context = retriever | join
     chain = ({"context": context, "question": RunnablePassthrough()} | RunnableLambda(flaky_llm)).with_retry(
         stop_after_attempt=2, wait_exponential_jitter=False)
     top = uuid.uuid4()
@@ -481,7 +484,7 @@ def test_a_retry_or_fallback_in_a_session_is_no_reformulation_of_the_failed_atte
     chain = (attempt.with_fallbacks([retriever | RunnableLambda(flaky_llm)]) if wrap == "with_fallbacks"
              else attempt.with_retry(stop_after_attempt=2, wait_exponential_jitter=False))
     top = uuid.uuid4()
-    config = {"callbacks": [handler], "run_id": top, "metadata": {"session_id": "s"}}
+    config: RunnableConfig = {"callbacks": [handler], "run_id": top, "metadata": {"session_id": "s"}}
     assert chain.invoke("why do tides happen", config=config) == "answer"
     assert ens.store.counts()["events"] == 2 and ens.store.counts()["feedback"] == 0
     assert ens.learner.n_learned == 0
@@ -503,7 +506,8 @@ def test_feedback_on_a_fallbacks_run_inside_a_chain_reaches_the_attempt_that_ans
     ens, retriever, handler, flaky_llm = _flaky_setup(make_ensemble)
     fallbacks = (retriever | RunnableLambda(flaky_llm)).with_fallbacks([retriever | RunnableLambda(flaky_llm)])
     inner = uuid.uuid4()
-    outer = RunnableLambda(lambda q, config: fallbacks.invoke(q, config={**config, "run_id": inner}))
+    outer: RunnableLambda[str, str] = RunnableLambda(
+        lambda q, config: fallbacks.invoke(q, config={**config, "run_id": inner}))
     top = uuid.uuid4()
     assert outer.invoke("why do tides happen", config={"callbacks": [handler], "run_id": top}) == "answer"
     assert ens.store.counts()["events"] == 2
@@ -525,7 +529,7 @@ def test_feedback_on_a_fallbacks_run_reaches_a_retriever_that_is_the_fallback(ma
 
     chain = RunnableLambda(down).with_fallbacks([retriever])
     top = uuid.uuid4()
-    config = {"callbacks": [handler], "run_id": top}
+    config: RunnableConfig = {"callbacks": [handler], "run_id": top}
     docs = chain.invoke("tides", config=config) if call == "invoke" else asyncio.run(chain.ainvoke("tides", config))
     (event,) = handler.retrievals(top)
     assert event["id"] == docs[0].metadata["event_id"]
@@ -666,7 +670,8 @@ def test_feedback_on_a_wrapper_retrievers_run_teaches_the_rlfb_retriever_inside(
     assert len(fer.feedback(run, score=1.0)) == 2  # the retriever's own feedback by run id too
     # and from a chain above the wrapper
     top = uuid.uuid4()
-    (RunnablePassthrough() | wrapper).invoke("tides", config={"callbacks": [handler], "run_id": top})
+    chain: Runnable[Any, list[Document]] = RunnablePassthrough() | wrapper
+    chain.invoke("tides", config={"callbacks": [handler], "run_id": top})
     assert len(handler.retrievals(top)) == 2
 
 
@@ -701,7 +706,7 @@ def _spy_learning(retriever: FeedbackEnsembleRetriever, name: str, learned: list
         learned.append((name, tuple(c["chunk_id"] for c in (event or {}).get("chunks", []))))
         return learn(record, event, **kw)
 
-    retriever.ensemble._learn = spy
+    retriever.ensemble._learn = spy  # type: ignore[method-assign]
 
 
 def test_two_retrievers_of_one_store_each_learn_their_own_decision_from_feedback_on_the_chain(tmp_path) -> None:
@@ -716,8 +721,8 @@ def test_two_retrievers_of_one_store_each_learn_their_own_decision_from_feedback
     learned: list = []
     _spy_learning(ra, "A", learned)
     _spy_learning(rb, "B", learned)
-    ids = RunnableLambda(lambda docs: [d.id for d in docs])
-    chain = RunnablePassthrough() | {"manual": ra | ids, "faq": rb | ids}
+    ids: RunnableLambda[list[Document], list[str | None]] = RunnableLambda(lambda docs: [d.id for d in docs])
+    chain: Runnable[Any, dict[str, Any]] = RunnablePassthrough() | {"manual": ra | ids, "faq": rb | ids}
     for handler in (FeedbackCallbackHandler.from_ensemble(ra), FeedbackCallbackHandler(store=store)):
         learned.clear()
         run = uuid.uuid4()
@@ -771,7 +776,7 @@ def test_two_rlfb_retrievers_on_two_stores_in_one_chain_both_learn(make_ensemble
     first, second = make_ensemble(policy="gradient"), make_ensemble(policy="gradient")
     handler = (FeedbackCallbackHandler.from_ensemble(first) if handler_of == "first_ensemble"
                else FeedbackCallbackHandler(FeedbackStore()))
-    fmt = RunnableLambda(lambda docs: " ".join(d.page_content for d in docs))
+    fmt: RunnableLambda[list[Document], str] = RunnableLambda(lambda docs: " ".join(d.page_content for d in docs))
     chain = ({"a": FeedbackEnsembleRetriever.from_ensemble(first, k=2) | fmt,
               "b": FeedbackEnsembleRetriever.from_ensemble(second, k=2) | fmt, "question": RunnablePassthrough()}
              | ChatPromptTemplate.from_template("{a} {b} {question}") | FakeListChatModel(responses=["ok"]))

@@ -82,6 +82,7 @@ def test_repeated_praise_of_the_compressed_result_leaves_the_cut_documents_confi
     for _ in range(4):  # BM25 finds c1 and c4 for "moon"; the compressor keeps c1
         run = uuid.uuid4()
         (doc,) = cc.invoke("moon", config={"callbacks": [handler]}, run_id=run)
+        assert doc.id is not None
         shown.add(doc.id)
         cut |= {c["chunk_id"] for c in handler.store.event(doc.metadata["event_id"])["chunks"]} - {doc.id}
         handler.record_feedback(run, score=1.0)
@@ -144,6 +145,7 @@ def test_a_handler_on_another_store_marks_the_cut_documents_in_the_ensembles_sto
     cc = ContextualCompressionRetriever(base_compressor=KeepOnly(positions=(1,)), base_retriever=retriever)
     run = uuid.uuid4()
     (doc,) = cc.invoke("what is the sun", config={"callbacks": [handler]}, run_id=run)
+    assert doc.id is not None
     decision = doc.metadata["event_id"]
     ens_store = retriever.ensemble.store
     for store in (handler.store, ens_store):

@@ -12,7 +12,8 @@ from typing import Any
 
 from langchain_community.retrievers import BM25Retriever
 from langchain_core.chat_history import InMemoryChatMessageHistory
-from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.documents import Document
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from langchain_core.runnables.history import RunnableWithMessageHistory
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
@@ -38,7 +39,7 @@ def test_a_chain_with_message_history_logs_its_session_and_a_restatement(tmp_pat
         RunnableLambda(lambda d: d["question"]) | r | RunnableLambda(lambda docs: docs[0].page_content),
         lambda session_id: histories.setdefault(session_id, InMemoryChatMessageHistory()),
         input_messages_key="question", history_messages_key="history")
-    config = {"configurable": {"session_id": "s1"}}
+    config: RunnableConfig = {"configurable": {"session_id": "s1"}}
     chain.invoke({"question": FIRST}, config=config)
     chain.invoke({"question": RESTATED}, config=config)
     store = r.ensemble.store
@@ -49,10 +50,11 @@ def test_a_chain_with_message_history_logs_its_session_and_a_restatement(tmp_pat
 
 def test_a_thread_id_and_a_plain_retrievers_handler_read_the_configurable_session(tmp_path: Any) -> None:
     r = retriever(tmp_path / "fb.db")
-    (RunnablePassthrough() | r).invoke(FIRST, config={"configurable": {"thread_id": "t1"}})  # LangGraph's key
+    passthrough: Runnable[Any, list[Document]] = RunnablePassthrough() | r
+    passthrough.invoke(FIRST, config={"configurable": {"thread_id": "t1"}})  # LangGraph's key
     assert r.ensemble.store.last_event("t1") is not None
     handler = FeedbackCallbackHandler(FeedbackStore(tmp_path / "plain.db"))
-    chain = RunnablePassthrough() | BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)
+    chain: Runnable[Any, list[Document]] = RunnablePassthrough() | BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)
     for question in (FIRST, RESTATED):
         chain.invoke(question, config={"callbacks": [handler], "configurable": {"session_id": "p1"}})
     first, _ = handler.store.events_for_session("p1")
@@ -61,7 +63,7 @@ def test_a_thread_id_and_a_plain_retrievers_handler_read_the_configurable_sessio
 
 def test_the_run_metadata_session_wins_over_the_configurable_one(tmp_path: Any) -> None:
     r = retriever(tmp_path / "fb.db")
-    (RunnablePassthrough() | r).invoke(FIRST, config={"metadata": {"session_id": "m1"},
-                                                      "configurable": {"session_id": "c1"}})
+    passthrough: Runnable[Any, list[Document]] = RunnablePassthrough() | r
+    passthrough.invoke(FIRST, config={"metadata": {"session_id": "m1"}, "configurable": {"session_id": "c1"}})
     store = r.ensemble.store
     assert store.last_event("m1") is not None and store.last_event("c1") is None

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from langchain_community.retrievers import BM25Retriever
 from langchain_core.documents import Document
+from langchain_core.runnables import RunnableConfig
 
 from langchain_rlfb import FeedbackEnsembleRetriever
 from rlfb import ValidationError
@@ -32,7 +33,7 @@ def build(how: str, store: Any, **options: Any) -> FeedbackEnsembleRetriever:
 @pytest.mark.parametrize("how", ["from_texts", "from_documents", "from_retrievers"])
 def test_observe_followups_is_taken_by_every_constructor(tmp_path: Any, how: str) -> None:
     def signals(retriever: FeedbackEnsembleRetriever) -> list[str]:
-        config = {"metadata": {"session_id": "s1"}}
+        config: RunnableConfig = {"metadata": {"session_id": "s1"}}
         first = retriever.invoke("what causes the aurora borealis", config=config)
         retriever.invoke("what really causes the aurora borealis lights", config=config)  # restated
         return [f["signal"] for f in retriever.ensemble.store.feedback(first[0].metadata["event_id"])]

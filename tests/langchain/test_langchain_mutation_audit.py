@@ -13,7 +13,7 @@ from langchain_community.retrievers import BM25Retriever as LCBM25
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding
-from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member
@@ -118,7 +118,7 @@ def test_observe_followups_false_records_no_reformulation() -> None:
     keyword = LCBM25.from_texts(TEXTS)
     for observe, expected in ((False, []), (True, ["reformulation"])):
         handler = FeedbackCallbackHandler(FeedbackStore(), observe_followups=observe)
-        config = {"callbacks": [handler], "metadata": {"session_id": "s1"}}
+        config: RunnableConfig = {"callbacks": [handler], "metadata": {"session_id": "s1"}}
         first = uuid.uuid4()
         keyword.invoke("what causes the aurora borealis", config=config, run_id=first)
         keyword.invoke("the aurora borealis, what causes it?", config=config)

@@ -52,8 +52,13 @@ def test_lcel_rag_chain_with_feedback_on_the_chain_run(make_ensemble: Any) -> No
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
     handler = FeedbackCallbackHandler.from_ensemble(ens)
     seen: list[str] = []
+
+    def remember(answer: str) -> str:
+        seen.append(answer)
+        return answer
+
     llm = FakeListChatModel(responses=["Charged particles from the sun."])
-    chain = rag_chain(retriever, llm) | RunnableLambda(lambda answer: seen.append(answer) or answer)
+    chain = rag_chain(retriever, llm) | RunnableLambda(remember)
     top = uuid.uuid4()
     answer = chain.invoke(
         "what causes the aurora borealis",

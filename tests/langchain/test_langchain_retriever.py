@@ -12,6 +12,7 @@ import pytest
 from langchain_community.retrievers import BM25Retriever
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
 from langchain_core.vectorstores import InMemoryVectorStore
 
 import langchain_rlfb
@@ -96,7 +97,7 @@ def test_log_false_evaluates_without_writing_to_the_store(tmp_path: Any, make_en
     with pytest.raises(ValidationError, match="log"):  # checked also where nothing would be logged
         FeedbackEnsembleRetriever(ensemble=make_ensemble(store=None)).invoke("tides", log="no")
     with pytest.raises(ValidationError, match="log"):
-        FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), log="no")
+        FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), log="no")  # type: ignore[arg-type]
 
 
 def test_from_texts_and_from_documents(tmp_path: Any) -> None:
@@ -147,7 +148,7 @@ def test_from_documents_indexes_identical_id_less_documents_once() -> None:
     with pytest.raises(DuplicateIdError, match="documents 0 and 2 both have the id 'p1'"):
         FeedbackEnsembleRetriever.from_documents(twice, retrievers=("bm25",))
     with pytest.raises(ValidationError, match=r"documents\[1\]: expected a LangChain Document"):
-        FeedbackEnsembleRetriever.from_documents([documents[0], "text"], retrievers=("bm25",))
+        FeedbackEnsembleRetriever.from_documents([documents[0], "text"], retrievers=("bm25",))  # type: ignore[list-item]
 
 
 def test_document_to_chunk_ids() -> None:
@@ -192,7 +193,7 @@ def test_feedback_by_run_id_learns_and_weights_are_exposed(make_ensemble: Any) -
 def test_session_followup_is_a_reformulation(make_ensemble: Any) -> None:
     ens = make_ensemble()
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
-    config = {"metadata": {"session_id": "s1"}}
+    config: RunnableConfig = {"metadata": {"session_id": "s1"}}
     first = retriever.invoke("what causes the aurora borealis", config=config)
     retriever.invoke("what really causes the aurora borealis lights", config=config)  # restated
     retriever.invoke("price of titanium bolts", config=config)  # a new topic: no signal
@@ -223,7 +224,7 @@ def test_a_retrieval_that_fails_or_is_refused_records_no_reformulation(tmp_path:
     retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), k=2,
                                                      members={"remote": RunnableLambda(search)},
                                                      store=str(tmp_path / "fb.db"))
-    config = {"metadata": {"session_id": "s1"}}
+    config: RunnableConfig = {"metadata": {"session_id": "s1"}}
     first = retriever.invoke("what causes the aurora borealis", config=config)[0].metadata["event_id"]
     failing["on"] = True
     with pytest.raises(TimeoutError):
@@ -334,7 +335,7 @@ def test_restated_retrievals_inside_one_run_are_not_reformulations(make_ensemble
                 *retriever.invoke("what really causes the aurora borealis lights", config=config),
                 *external.invoke("what truly causes aurora borealis lights", config=config)]  # the handler logs it
 
-    session = {"metadata": {"session_id": "mq"}, "callbacks": [handler]}
+    session: RunnableConfig = {"metadata": {"session_id": "mq"}, "callbacks": [handler]}
     RunnableLambda(variants).invoke("what causes the aurora borealis", config=session)
     events = ens.store.events_for_session("mq")
     assert len(events) == 3 and not any(ens.store.feedback(e["id"]) for e in events)
@@ -362,7 +363,7 @@ def test_an_agent_calling_its_retriever_tool_again_is_not_a_reformulation(
         first = tool.invoke({"query": question}, config=config)
         return first + tool.invoke({"query": "what really causes the aurora borealis lights"}, config=config)
 
-    turn = {"metadata": {"session_id": "agent"}, "callbacks": [handler]}
+    turn: RunnableConfig = {"metadata": {"session_id": "agent"}, "callbacks": [handler]}
     RunnableLambda(agent).invoke("what causes the aurora borealis", config=turn)
     events = ens.store.events_for_session("agent")
     assert len(events) == 2 and not any(ens.store.feedback(e["id"]) for e in events)
@@ -436,8 +437,8 @@ def test_a_members_lone_hit_counts_for_more_than_what_it_did_not_return() -> Non
     from langchain_core.runnables import RunnableLambda
 
     docs = [Document(page_content=t, id=f"d{i}") for i, t in enumerate(TEXTS)]
-    exact = RunnableLambda(lambda q: [docs[-1]])
-    broad = RunnableLambda(lambda q: docs[:-1] + [docs[-1]])
+    exact: RunnableLambda[str, list[Document]] = RunnableLambda(lambda q: [docs[-1]])
+    broad: RunnableLambda[str, list[Document]] = RunnableLambda(lambda q: docs[:-1] + [docs[-1]])
     retriever = FeedbackEnsembleRetriever.from_retrievers({"exact": exact, "broad": broad}, policy="fixed",
                                                           weights={"exact": 0.9, "broad": 0.1}, k=len(docs))
     got = retriever.invoke("anything", explore=False)
@@ -451,7 +452,7 @@ async def test_ainvoke_and_concurrent_abatch_log_every_event(make_ensemble: Any)
     docs = await retriever.ainvoke("ocean tides", run_id=run_id, k=3)
     assert len(docs) == 3 and docs[0].metadata["event_id"] == str(run_id)
     queries = [f"{t} ({i})" for i, t in enumerate(["aurora", "tides", "volcano", "glacier", "stock market"])]
-    config = {"max_concurrency": 3}
+    config: RunnableConfig = {"max_concurrency": 3}
     batches = await asyncio.gather(*(retriever.abatch(queries, config=config) for _ in range(4)))
     event_ids = {d[0].metadata["event_id"] for batch in batches for d in batch}
     assert len(event_ids) == 20
@@ -578,7 +579,8 @@ async def test_one_member_shared_by_an_outer_and_an_inner_retriever_is_searched_
     # the inner one the outer query's documents
     from langchain_core.runnables import RunnableLambda
 
-    web = RunnableLambda(lambda q: [Document(page_content=f"result for {q}", id=f"web:{q}")])
+    web: RunnableLambda[str, list[Document]] = RunnableLambda(
+        lambda q: [Document(page_content=f"result for {q}", id=f"web:{q}")])
     inner = FeedbackEnsembleRetriever.from_retrievers({"web": web}, k=1, explore=False)
     seen: list[str] = []
 
@@ -603,7 +605,7 @@ def test_a_langsmith_thread_id_is_the_session_for_the_retriever_and_the_handler(
     # reformulation recorded
     ens = make_ensemble()
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
-    config = {"metadata": {key: "t-1"}}
+    config: RunnableConfig = {"metadata": {key: "t-1"}}
     first = retriever.invoke("what causes the aurora borealis", config=config)[0].metadata["event_id"]
     retriever.invoke("what really causes the aurora borealis lights", config=config)
     assert ens.store.event(first)["session_id"] == "t-1"

@@ -7,7 +7,7 @@ and every query engine ``llm=MockLLM()``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from llama_index.core import VectorStoreIndex
@@ -15,6 +15,7 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.schema import TextNode
 
 from rlfb import FeedbackEnsemble
+from rlfb.retrievers.dense import DenseRetriever
 from rlfb.store import FeedbackStore
 
 from _li_corpus import IDS, TEXTS, MiniLMEmbedding
@@ -45,7 +46,8 @@ def embed_model(base_ensemble: FeedbackEnsemble) -> MiniLMEmbedding:
 @pytest.fixture(scope="session")
 def fast_dense(base_ensemble: FeedbackEnsemble) -> dict[str, Any]:
     """``retriever_options`` that give a new dense retriever the already-loaded model."""
-    return {"retriever_options": {"dense": {"model": base_ensemble.retrievers["dense"].model}}}
+    dense = cast(DenseRetriever, base_ensemble.retrievers["dense"])
+    return {"retriever_options": {"dense": {"model": dense.model}}}
 
 
 @pytest.fixture

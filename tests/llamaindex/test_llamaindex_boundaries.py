@@ -49,12 +49,14 @@ def test_postprocessor_from_ensemble_checks_too(make_ensemble: Any) -> None:
     with pytest.raises(ValidationError, match="top_n"):
         FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=0)
     with pytest.raises(ValidationError, match="explore"):
-        FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), explore="no")
+        FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), explore="no")  # type: ignore[arg-type]
 
 
 def test_postprocessor_takes_numpy_integers_and_bools(tmp_path: Any) -> None:
-    pp = FeedbackFusionPostprocessor(tmp_path / "fb.db", retrievers=("bm25",), top_n=np.int64(2),
-                                     explore=np.bool_(False), nodes=_nodes())
+    # numpy values on purpose: accepted, though annotated int and bool
+    pp = FeedbackFusionPostprocessor(tmp_path / "fb.db", retrievers=("bm25",),
+                                     top_n=np.int64(2),  # type: ignore[arg-type]
+                                     explore=np.bool_(False), nodes=_nodes())  # type: ignore[arg-type]
     assert type(pp.top_n) is int and pp.top_n == 2 and pp.explore is False
     out = pp.postprocess_nodes([NodeWithScore(node=n) for n in _nodes()], query_str="what causes aurora")
     assert len(out) == 2
@@ -87,8 +89,8 @@ def test_retriever_explore_must_be_a_bool(make_ensemble: Any, explore: Any) -> N
 
 
 def test_retriever_takes_numpy_integers() -> None:
-    r = FeedbackEnsembleRetriever.from_defaults(nodes=_nodes(), retrievers=("bm25",),
-                                                similarity_top_k=np.int64(1), explore=np.bool_(True))
+    r = FeedbackEnsembleRetriever.from_defaults(nodes=_nodes(), retrievers=("bm25",),  # numpy values on purpose
+                                                similarity_top_k=np.int64(1), explore=np.bool_(True))  # type: ignore[arg-type]
     assert type(r.similarity_top_k) is int and r.explore is True
     assert [n.node.node_id for n in r.retrieve("what causes aurora")] == ["a"]
 

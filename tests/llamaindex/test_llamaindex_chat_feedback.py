@@ -156,7 +156,7 @@ def test_feedback_naming_no_query_refuses_a_chat_turn_with_an_rlfb_postprocessor
     pp = _rerank(mock_index, db)
     good = _engine(cls, mock_index, pp).chat("valve")
     with pytest.raises(RuntimeError, match="down"):
-        _engine(cls, mock_index, pp, llm=DownLLM()).chat("aurora")
+        _engine(cls, mock_index, pp, llm=DownLLM(max_tokens=None)).chat("aurora")
     before = handler.store.counts()["feedback"]
     with pytest.raises(ValidationError, match="raised"):
         handler.record_feedback(score=0.0)
@@ -165,6 +165,7 @@ def test_feedback_naming_no_query_refuses_a_chat_turn_with_an_rlfb_postprocessor
 
 
 def _confidence(pp: FeedbackFusionPostprocessor, chunk: str) -> float:
+    assert pp.ensemble is not None
     return float(pp.ensemble.learner.confidence.confidence([chunk])[0])
 
 

@@ -20,7 +20,7 @@ import heapq
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -32,6 +32,7 @@ from llamaindex_rlfb import FeedbackEventHandler, FeedbackFusionPostprocessor
 from rlfb import FeedbackEnsemble
 from rlfb.datasets import load_beir
 from rlfb.metrics import ndcg_at_k
+from rlfb.retrievers.dense import DenseRetriever
 from rlfb.simulation.users import SimulatedUser
 from rlfb.store import FeedbackStore
 
@@ -67,7 +68,7 @@ def cranfield_run(cranfield_path: Path, tmp_path_factory: pytest.TempPathFactory
     stream, held_out = qids[: len(qids) // 2], qids[len(qids) // 2 :]
 
     base = FeedbackEnsemble.from_chunks(data.corpus, retrievers=("bm25", "dense"))
-    vectors = base.retrievers["dense"].embeddings
+    vectors = cast(DenseRetriever, base.retrievers["dense"]).embeddings
     nodes = [TextNode(id_=c.id, text=c.text, embedding=vectors[i].tolist())
              for i, c in enumerate(base.chunks.chunks())]
     embed_model = HuggingFaceEmbedding(model_name=default_dense_model(), device="cpu")
@@ -100,7 +101,9 @@ def cranfield_run(cranfield_path: Path, tmp_path_factory: pytest.TempPathFactory
             assert len(shown) == TOP_N
             for fb in user.interact(shown, qrels[q]).feedback:
                 due = clock.now + fb.delay
-                heapq.heappush(pending, (due, i, handler.last_query_id, fb.signal, fb.chunk_id))
+                query_id = handler.last_query_id
+                assert query_id is not None
+                heapq.heappush(pending, (due, i, query_id, fb.signal, fb.chunk_id))
         for ts, _, qid, signal, chunk in sorted(pending):  # the stragglers, late ones included
             clock.now = max(clock.now, ts)
             handler.record_feedback(qid, signal=signal, chunk_id=chunk, timestamp=ts)

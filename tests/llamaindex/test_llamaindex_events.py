@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,8 +40,14 @@ from _li_corpus import IDS, TEXTS
 LEXICAL_QUERIES = ("what makes the sky glow green", "moon", "hot rock from mountains", "titanium 400 bar")
 
 
+def _ensemble(pp: FeedbackFusionPostprocessor) -> FeedbackEnsemble:
+    """``pp.ensemble``, built by now (``None`` only before a self-indexing postprocessor's first call)."""
+    assert pp.ensemble is not None
+    return pp.ensemble
+
+
 @pytest.fixture
-def handler(tmp_path: Any) -> Any:
+def handler(tmp_path: Any) -> Iterator[FeedbackEventHandler]:
     h = FeedbackEventHandler(store=tmp_path / "fb.db").attach()
     yield h
     h.close()
@@ -154,7 +161,12 @@ def test_last_query_id_per_thread(index: Any, handler: FeedbackEventHandler) -> 
     engine.query("aurora")
     mine = handler.last_query_id
     seen: list[str | None] = []
-    worker = threading.Thread(target=lambda: (engine.query("tides"), seen.append(handler.last_query_id)))
+
+    def work() -> None:
+        engine.query("tides")
+        seen.append(handler.last_query_id)
+
+    worker = threading.Thread(target=work)
     worker.start()
     worker.join()
     assert handler.last_query_id == mine
@@ -207,11 +219,11 @@ def test_feedback_a_learners_store_refuses_leaves_no_row_in_the_handlers(index: 
         response = engine.query("moon")
         eid = response.source_nodes[0].node.metadata[EVENT_ID_KEY]
         pp.store.record_feedback(eid, "explicit_negative", idempotency_key=f"fb-1:{eid}")  # taken there
-        learned = pp.ensemble.learner.n_learned
+        learned = _ensemble(pp).learner.n_learned
         with pytest.raises(IdempotencyConflictError):
             handler.record_feedback(score=1.0, idempotency_key="fb-1")
         assert handler.store.counts()["feedback"] == 0 and handler.store.counts()["rewards"] == 0
-        assert pp.store.counts()["feedback"] == 1 and pp.ensemble.learner.n_learned == learned
+        assert pp.store.counts()["feedback"] == 1 and _ensemble(pp).learner.n_learned == learned
         records = handler.record_feedback(score=1.0, idempotency_key="fb-2")  # a retry lands on both
         assert [r.event_id for r in records].count(eid) == 2  # the handler's copy and the learner's event
         assert handler.store.counts()["feedback"] == len(records) - 1 and pp.store.counts()["feedback"] == 2
@@ -292,14 +304,14 @@ def test_manual_postprocessing_of_a_bare_retrieval_teaches_the_postprocessor(
     assert [e["id"] for e in handler.retrievals()][1:] == [ours]
     records = handler.record_feedback(score=1.0)
     assert len(records) == 2 and ours in {r.event_id for r in records}
-    assert pp.ensemble.learner.n_learned == 1
+    assert _ensemble(pp).learner.n_learned == 1
 
     # nodes that did not come from the latest bare retrieval: the re-ranking is the query id on its own
     given = [NodeWithScore(node=index.docstore.get_node(i)) for i in ("doc2", "doc9")]
     out = pp.postprocess_nodes(given, query_str="tides")
     assert handler.last_query_id == out[0].node.metadata[EVENT_ID_KEY]
     handler.record_feedback(score=0.0)
-    assert pp.ensemble.learner.n_learned == 2
+    assert _ensemble(pp).learner.n_learned == 2
 
 
 def test_manual_postprocessing_with_a_learner_on_another_store(index: Any, make_ensemble: Any) -> None:
@@ -310,7 +322,7 @@ def test_manual_postprocessing_with_a_learner_on_another_store(index: Any, make_
         records = handler.record_feedback(score=1.0, chunk_id=out[0].node.node_id)
     # the handler keeps a copy of the re-ranking; the learner learns from its own store's event
     assert out[0].node.metadata[EVENT_ID_KEY] in {r.event_id for r in records}
-    assert pp.store.counts()["feedback"] == 1 and pp.ensemble.learner.n_learned == 1
+    assert pp.store.counts()["feedback"] == 1 and _ensemble(pp).learner.n_learned == 1
 
 
 def test_rebuilt_from_its_dump_on_the_same_file(tmp_path: Any, make_ensemble: Any) -> None:
@@ -346,7 +358,7 @@ async def test_async_manual_postprocessing_teaches_the_postprocessor(
     out = await pp.apostprocess_nodes(candidates, query_str=question)
     records = handler.record_feedback(score=1.0)
     assert out[0].node.metadata[EVENT_ID_KEY] in {r.event_id for r in records}
-    assert pp.ensemble.learner.n_learned == 1
+    assert _ensemble(pp).learner.n_learned == 1
 
 
 def test_feedback_without_an_id_after_a_query_in_another_task_asks_for_the_id(
@@ -386,7 +398,9 @@ def test_a_handler_attached_to_a_dispatcher_and_its_parent_hears_each_event_once
         for name in children:
             handler.attach(get_dispatcher(name))
         pp.postprocess_nodes(retriever.retrieve(question), query_str=question)
-        runs.append(handler.last_query_id.count("/reranked"))  # the re-ranking, linked once under its retrieval
+        qid = handler.last_query_id
+        assert qid is not None
+        runs.append(qid.count("/reranked"))  # the re-ranking, linked once under its retrieval
         handler.detach()
     assert runs == [1, 1]
 
@@ -537,7 +551,7 @@ def test_feedback_through_the_handler_during_a_re_index_is_carried_over(
 
         monkeypatch.setattr(FeedbackEnsemble, "add_chunks", add_after_feedback)
         pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
-        assert len(pp.ensemble) == len(nodes) and pp.ensemble.learner.n_learned == 1
+        assert len(_ensemble(pp)) == len(nodes) and _ensemble(pp).learner.n_learned == 1
     finally:
         handler.detach()
         handler.close()
@@ -559,12 +573,13 @@ def test_a_second_request_re_ranking_cached_nodes_gets_a_query_id_of_its_own(
     records = handler.record_feedback(qid_b, score=0.0)
     assert second in {r.event_id for r in records} and first not in {r.event_id for r in records}
     assert handler.store.feedback(first) == []
+    assert qid_a is not None and qid_b is not None
     assert qid_a.endswith(f"/reranked/{first}") and qid_b.endswith(f"/reranked/{second}")
     assert len(records) == 2  # its decision, and the candidates it re-ranked (a copy: the first run holds them)
     candidates = [e for e in handler.retrievals(qid_b) if e["id"] != second]
     assert [c["chunk_id"] for c in candidates[0]["chunks"]] == [n.node.node_id for n in cached]
     assert {r.event_id for r in handler.record_feedback(qid_a, score=1.0)} == {first, qid_a.split("/")[0]}
-    assert pp.ensemble.learner.n_learned == 2
+    assert _ensemble(pp).learner.n_learned == 2
 
 
 @pytest.mark.parametrize("bare", [True, False])
@@ -585,7 +600,7 @@ def test_a_re_ranking_of_a_re_ranking_by_hand_joins_its_query_id(
     assert decisions <= {e["id"] for e in handler.retrievals()}
     assert len(handler.retrievals()) == 2 + bare
     handler.record_feedback(score=1.0)
-    assert pp1.ensemble.learner.n_learned == pp2.ensemble.learner.n_learned == 1
+    assert _ensemble(pp1).learner.n_learned == _ensemble(pp2).learner.n_learned == 1
 
 
 def test_feedback_naming_no_query_refuses_a_latest_query_that_raised(index: Any, handler: FeedbackEventHandler) -> None:
@@ -598,7 +613,7 @@ def test_feedback_naming_no_query_refuses_a_latest_query_that_raised(index: Any,
     index.as_query_engine(llm=MockLLM(), similarity_top_k=2).query("tides")
     answered = handler.last_query_id
     with pytest.raises(RuntimeError, match="down"):
-        index.as_query_engine(llm=Down(), similarity_top_k=2).query("aurora")
+        index.as_query_engine(llm=Down(max_tokens=None), similarity_top_k=2).query("aurora")
     failed = handler.last_query_id
     assert failed != answered
     with pytest.raises(ValidationError, match="raised, so it gave no answer"):
@@ -646,7 +661,7 @@ def test_feedback_naming_no_query_refuses_a_chat_turn_that_raised(index: Any, ha
     answered = handler.last_query_id
     assert len(handler.record_feedback(score=1.0)) == 1
     with pytest.raises(RuntimeError, match="down"):
-        index.as_chat_engine(chat_mode=mode, llm=Down()).chat("aurora")
+        index.as_chat_engine(chat_mode=mode, llm=Down(max_tokens=None)).chat("aurora")
     assert handler.last_query_id != answered
     with pytest.raises(ValidationError, match="raised, so it gave no answer"):
         handler.record_feedback(score=1.0)
@@ -660,7 +675,8 @@ def test_close_leaves_open_a_store_the_handler_borrowed(tmp_path: Any, borrow: s
     # "FeedbackStore is closed"
     nodes = [TextNode(id_="a", text="the aurora is caused by the solar wind"), TextNode(id_="b", text="tides")]
     pp = FeedbackFusionPostprocessor(store=str(tmp_path / "fb.db"), retrievers=("bm25",), top_n=1, nodes=nodes)
-    handler = FeedbackEventHandler(**{borrow: pp if borrow == "ensemble" else pp.store}).attach()
+    borrowed: dict[str, Any] = {borrow: pp if borrow == "ensemble" else pp.store}
+    handler = FeedbackEventHandler(**borrowed).attach()
     pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="aurora")
     handler.record_feedback(score=1.0)
     handler.close()

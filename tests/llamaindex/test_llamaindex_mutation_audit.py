@@ -22,8 +22,11 @@ def test_an_option_given_to_from_dict_wins_over_the_dumped_one(tmp_path: Any, no
     data = pp.to_dict()
     assert data["options"] == {"candidate_k": 7}
     rebuilt = FeedbackFusionPostprocessor.from_dict(data, nodes=nodes, candidate_k=9)
+    assert rebuilt.ensemble is not None
     assert rebuilt.ensemble.candidate_k == 9 and rebuilt.options["candidate_k"] == 9
-    assert FeedbackFusionPostprocessor.from_dict(data, nodes=nodes).ensemble.candidate_k == 7  # none given: the dump's
+    default = FeedbackFusionPostprocessor.from_dict(data, nodes=nodes).ensemble
+    assert default is not None
+    assert default.candidate_k == 7  # none given: the dump's
 
 
 def test_an_inserted_node_is_returned_as_inserted(nodes: list[TextNode]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -19,6 +19,12 @@ from _li_corpus import IDS, TEXTS
 from _threads import Gate, cancel_inside
 
 QUERY = "what causes the northern lights aurora"
+
+
+def _ensemble(pp: FeedbackFusionPostprocessor) -> FeedbackEnsemble:
+    """``pp.ensemble``, built by now (``None`` only before a self-indexing postprocessor's first call)."""
+    assert pp.ensemble is not None
+    return pp.ensemble
 
 
 def _check_reranked(out: list[NodeWithScore], pp: FeedbackFusionPostprocessor, top_n: int) -> str:
@@ -86,7 +92,7 @@ async def test_a_cancelled_apostprocess_nodes_logs_nothing(
 
 def test_from_index_and_nodes_outside_the_index(index: Any, fast_dense: dict[str, Any]) -> None:
     pp = FeedbackFusionPostprocessor.from_index(index, top_n=3, **fast_dense)
-    assert len(pp.ensemble) == len(TEXTS)
+    assert len(_ensemble(pp)) == len(TEXTS)
     outsider = TextNode(id_="new", text="Auroras are caused by the solar wind exciting oxygen atoms.")
     given = [NodeWithScore(node=outsider, score=0.1)] + [
         NodeWithScore(node=index.docstore.get_node(i), score=0.5) for i in ("doc2", "doc6", "doc1")
@@ -117,7 +123,7 @@ def test_explore_false_is_greedy_and_repeatable(make_ensemble: Any, nodes: list[
     runs = [pp.postprocess_nodes(given, query_str="moon tides") for _ in range(5)]
     assert len({tuple(n.node.node_id for n in run) for run in runs}) == 1
     scores = [n.score for n in runs[0]]
-    assert scores == sorted(scores, reverse=True)
+    assert scores == sorted(cast("list[float]", scores), reverse=True)  # every node scored (None would raise)
 
 
 def test_log_false_evaluates_without_writing_to_the_store(
@@ -146,15 +152,15 @@ def test_self_indexing_without_a_corpus(
     assert pp.ensemble is None
     assert pp.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})  # before anything was indexed
     first = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[:4]], query_str="aurora solar wind")
-    assert len(pp.ensemble) == 4 and first[0].node.node_id == "doc0"
+    assert len(_ensemble(pp)) == 4 and first[0].node.node_id == "doc0"
     pp.feedback(first[0].node.metadata[EVENT_ID_KEY], "thumbs_up")
     learned = pp.weights
     # one unseen node: scored from its text, no re-index yet
     out = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes[3:5]], query_str="titanium bolt XK-4471")
-    assert len(pp.ensemble) == 4 and out[0].node.node_id == "doc4"
+    assert len(_ensemble(pp)) == 4 and out[0].node.node_id == "doc4"
     # many unseen nodes: the index is rebuilt over every node seen, and the learned state carries over
     pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
-    assert len(pp.ensemble) == len(TEXTS)
+    assert len(_ensemble(pp)) == len(TEXTS)
     assert pp.weights == pytest.approx(learned)
     assert (tmp_path / "fb.db").is_file()
 
@@ -170,7 +176,7 @@ def test_from_dict_reopens_the_same_store_file(tmp_path: Any, nodes: list[TextNo
         FeedbackFusionPostprocessor.from_dict(data)
     twin = FeedbackFusionPostprocessor.from_json(pp.to_json(), nodes=nodes)
     assert twin.store.path == str(path) and twin.top_n == 2
-    assert twin.ensemble.retriever_names == ("bm25",) and twin.ensemble.learner.policy_name == "thompson"
+    assert _ensemble(twin).retriever_names == ("bm25",) and _ensemble(twin).learner.policy_name == "thompson"
     assert twin.options == {"seed": 7}
     assert twin.feedback(out[0].node.metadata[EVENT_ID_KEY], "thumbs_up")[0].reward > 0  # pp's event, same file
 
@@ -339,7 +345,7 @@ def test_feedback_during_a_re_index_is_carried_into_the_new_index(
     monkeypatch.setattr(FeedbackEnsemble, "add_chunks", slow_add)
     pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_str="glacier ice")
     giver.join()
-    assert len(pp.ensemble) == len(TEXTS) and pp.ensemble.learner.n_learned == 1
+    assert len(_ensemble(pp)) == len(TEXTS) and _ensemble(pp).learner.n_learned == 1
 
 
 def test_a_self_indexing_call_inside_store_exclusive_beside_a_first_build_does_not_deadlock(
@@ -384,7 +390,7 @@ def test_a_self_indexing_call_inside_store_exclusive_beside_a_first_build_does_n
     assert len(results["holder"]) == 2 and len(results["builder"]) == 2
     for out in results.values():
         assert pp.store.event(out[0].node.metadata[EVENT_ID_KEY])["chunks"]
-    assert len(pp.ensemble) == 6  # the holder's build came first; the builder's nodes were added to it
+    assert len(_ensemble(pp)) == 6  # the holder's build came first; the builder's nodes were added to it
 
 
 def test_a_self_indexing_call_is_not_held_up_by_another_calls_re_index(
@@ -411,11 +417,11 @@ def test_a_self_indexing_call_is_not_held_up_by_another_calls_re_index(
         query.start()
         query.join(120)
         assert ranked, "the query waited for another call's re-index"
-        assert ranked[0].node.node_id == "doc0" and len(pp.ensemble) == 4
+        assert ranked[0].node.node_id == "doc0" and len(_ensemble(pp)) == 4
     finally:
         gate.opened.set()
         indexing.join()
-    assert len(pp.ensemble) == len(TEXTS)
+    assert len(_ensemble(pp)) == len(TEXTS)
 
 
 def test_two_first_calls_with_the_same_nodes_both_rank(monkeypatch: pytest.MonkeyPatch, nodes: list[TextNode]) -> None:
@@ -450,7 +456,7 @@ def test_two_first_calls_with_the_same_nodes_both_rank(monkeypatch: pytest.Monke
     for t in threads:
         t.join()
     assert errors == [] and [len(r) for r in ranked] == [2, 2] and len(entered) == 2
-    assert len(pp.ensemble) == 6
+    assert len(_ensemble(pp)) == 6
 
 
 def test_an_edited_node_reaches_the_index_whichever_re_index_lands_last(
@@ -488,7 +494,7 @@ def test_an_edited_node_reaches_the_index_whichever_re_index_lands_last(
     # the next re-index due brings the newest text in
     pp.postprocess_nodes([NodeWithScore(node=TextNode(id_=f"more{i}", text=f"more text {i}")) for i in range(4)],
                          query_str="q")
-    assert pp.ensemble.chunk(edited).text == "tides v2 newest"
+    assert _ensemble(pp).chunk(edited).text == "tides v2 newest"
 
 
 def test_weights_before_the_first_call_skip_another_apps_snapshot(tmp_path: Any, nodes: list[TextNode]) -> None:
@@ -539,6 +545,7 @@ def test_a_hyde_query_bundle_moves_the_dense_scores_of_a_rerank(make_ensemble: A
     bundle = HyDEQueryTransform(llm=MockLLM(), include_original=True).run("moon tides")
     got = pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes], query_bundle=bundle)
     ids = [n.node.node_id for n in got]
+    assert bundle.custom_embedding_strs is not None
     want = np.mean([ens.retrievers["dense"].score(s, ids) for s in bundle.custom_embedding_strs], axis=0)
     assert [n.node.metadata["scores"]["dense"] for n in got] == pytest.approx(want.tolist())
 
@@ -560,14 +567,14 @@ def test_a_node_edited_under_the_same_id_is_ranked_by_its_new_text(
     before = scores(alone, nodes)
     after = scores(alone, [edited, *nodes[1:]])
     assert before["doc0"] > 0 and after["doc0"] == 0.0  # no aurora in the edited text
-    assert alone.ensemble.chunk("doc0").text != edited.text  # one edit: not re-indexed yet
+    assert _ensemble(alone).chunk("doc0").text != edited.text  # one edit: not re-indexed yet
     more = [TextNode(id_=n.node_id, text=f"{n.text} (revised)") for n in nodes[1:3]]
     scores(alone, [edited, *more, *nodes[3:]])  # edits count towards the re-index, which takes them as they are
-    assert alone.ensemble.chunk("doc0").text == edited.text and alone.ensemble.chunk("doc1").text == more[0].text
+    assert _ensemble(alone).chunk("doc0").text == edited.text and _ensemble(alone).chunk("doc1").text == more[0].text
 
     # an ensemble of plain texts (the nodes' content without their metadata): by id, unless edited
     plain = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=len(nodes), explore=False)
-    by_id = dict(zip(IDS, plain.ensemble.retrievers["bm25"].score(question, IDS), strict=True))
+    by_id = dict(zip(IDS, _ensemble(plain).retrievers["bm25"].score(question, IDS), strict=True))
     assert scores(plain, nodes) == pytest.approx(by_id)
     assert scores(plain, [edited, *nodes[1:]]) == pytest.approx({**by_id, "doc0": 0.0})
 
@@ -650,9 +657,9 @@ def test_plain_nodes_are_refused_by_name() -> None:
     nodes = [TextNode(id_=f"n{i}", text=t) for i, t in enumerate(["aurora glows", "tides rise"])]
     pp = FeedbackFusionPostprocessor(nodes=nodes, retrievers=("bm25",), log=False)
     with pytest.raises(ValidationError, match=r"NodeWithScore, got TextNode \(wrap nodes"):
-        pp.postprocess_nodes(nodes, query_str="aurora")  # a bare AttributeError before
+        pp.postprocess_nodes(nodes, query_str="aurora")  # type: ignore[arg-type]  # a bare AttributeError before
     with pytest.raises(ValidationError, match="got str"):
-        pp.postprocess_nodes(["aurora glows"], query_str="aurora")
+        pp.postprocess_nodes(["aurora glows"], query_str="aurora")  # type: ignore[list-item]
 
 
 def test_weights_given_are_the_weights_before_the_first_call_as_after_it(
@@ -691,23 +698,23 @@ def test_an_index_built_again_with_new_node_ids_is_named_and_id_func_keeps_what_
         return FeedbackFusionPostprocessor.from_index(index, store=db, top_n=3, explore=False, **fast_dense)
 
     def click_every_chunk(pp: FeedbackFusionPostprocessor) -> None:
-        for chunk_id in pp.ensemble.chunks.ids:
-            text = pp.ensemble.chunk(chunk_id).text
+        for chunk_id in _ensemble(pp).chunks.ids:
+            text = _ensemble(pp).chunk(chunk_id).text
             out = pp.postprocess_nodes([NodeWithScore(node=TextNode(id_=chunk_id, text=text))], query_str=text)
             pp.feedback(out[0].node.metadata[EVENT_ID_KEY], "click", chunk_id=chunk_id)
 
     pp = start(SentenceSplitter())
     click_every_chunk(pp)
-    pp.ensemble.close()
+    _ensemble(pp).close()
     with pytest.warns(UserWarning, match=f"these {3 * len(TEXTS)} nodes have random ids.*id_func") as caught:
-        start(SentenceSplitter()).ensemble.close()  # the same documents, new random node ids
+        _ensemble(start(SentenceSplitter())).close()  # the same documents, new random node ids
     assert caught[0].filename == __file__  # it names the app's line, not the library's
     stable = SentenceSplitter(id_func=lambda i, doc: f"{doc.doc_id}-{i}")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pp = start(stable)  # ids of the app's own: new to this store, but no sign of ids made anew
         click_every_chunk(pp)
-        pp.ensemble.close()
+        _ensemble(pp).close()
         pp = start(stable)  # the next start: the same ids, and what was learned under them is found
-    assert pp.ensemble.learner.confidence.known(pp.ensemble.chunks.ids) == len(docs) == 3 * len(TEXTS)
-    pp.ensemble.close()
+    assert _ensemble(pp).learner.confidence.known(_ensemble(pp).chunks.ids) == len(docs) == 3 * len(TEXTS)
+    _ensemble(pp).close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -44,7 +44,7 @@ def test_log_false_evaluates_without_writing_to_the_store(nodes: list[TextNode],
     assert [n.node.node_id for n in got] == want and logged.store.counts() == before  # it wrote an event before
     assert all(n.node.metadata[EVENT_ID_KEY] is None for n in got)
     with pytest.raises(ValidationError, match="log"):
-        FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), log="no")
+        FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), log="no")  # type: ignore[arg-type]
 
 
 def test_attributes_set_after_construction_are_named_when_wrong(nodes: list[TextNode]) -> None:
@@ -89,6 +89,7 @@ async def test_aretrieve_and_feedback(make_ensemble: Any) -> None:
     retriever = FeedbackEnsembleRetriever(make_ensemble(policy="gradient"), similarity_top_k=2)
     out = await retriever.aretrieve("why do tides happen")
     assert {n.node.node_id for n in out} <= {"doc2", "doc9"}
+    assert isinstance(out[0].node, TextNode)
     assert out[0].node.text in TEXTS  # no original nodes given: TextNodes built from the chunks
     record = retriever.feedback(out[0].node.metadata[EVENT_ID_KEY], rating=5)[0]
     assert record.reward > 0
@@ -131,7 +132,7 @@ def test_in_a_query_engine(make_ensemble: Any) -> None:
     response = engine.query(QueryBundle("how do volcanoes erupt"))
     assert response.source_nodes[0].node.node_id == "doc3"
     scores = [n.score for n in response.source_nodes]
-    assert scores == sorted(scores, reverse=True)
+    assert scores == sorted(cast("list[float]", scores), reverse=True)  # every node scored (None would raise)
     assert retriever.weights == pytest.approx({"bm25": 0.5, "dense": 0.5})
 
 
@@ -153,7 +154,7 @@ def test_insert_and_delete_nodes_change_the_index_and_return_the_inserted_nodes(
     with pytest.raises(ValidationError, match="not one string"):
         retriever.delete_nodes("doc0")
     with pytest.raises(ValidationError, match="LlamaIndex nodes"):
-        retriever.insert_nodes(["a text"])
+        retriever.insert_nodes(["a text"])  # type: ignore[list-item]
 
 
 def test_from_index_of_none_is_refused() -> None:
@@ -173,6 +174,7 @@ def test_a_hyde_query_bundle_moves_the_dense_scores_only(make_ensemble: Any) -> 
     retriever = FeedbackEnsembleRetriever(ens, similarity_top_k=len(TEXTS), explore=False)
     bundle = HyDEQueryTransform(llm=MockLLM(), include_original=True).run("moon tides")
     strs = bundle.custom_embedding_strs
+    assert strs is not None
     assert len(strs) == 2 and strs[1] == "moon tides"
     dense, bm25 = ens.retrievers["dense"], ens.retrievers["bm25"]
     got = retriever.retrieve(bundle)
@@ -208,13 +210,18 @@ def test_a_retrieval_returns_the_text_it_ranked_while_an_insert_swaps_a_node(mon
                                                 retrievers=("bm25",), similarity_top_k=3, log=False)
     r._nodes["x"] = TextNode(id_="x", text="x v1 volcano")  # as between the index's swap and the nodes'
     (top, *_) = r.retrieve("aurora")
+    assert isinstance(top.node, TextNode)
     assert top.node.node_id == "x" and top.node.text == "x v0 aurora"
-    held = []
+    held: list[bool] = []
     add = r.ensemble.add_chunks
-    monkeypatch.setattr(r.ensemble, "add_chunks", lambda chunks, **kw: held.append(r._nodes_lock.locked()) or add(
-        chunks, **kw))
+
+    def add_chunks(chunks: Any, **kw: Any) -> Any:
+        held.append(r._nodes_lock.locked())
+        return add(chunks, **kw)
+
+    monkeypatch.setattr(r.ensemble, "add_chunks", add_chunks)
     r.insert_nodes([TextNode(id_="x", text="x v2 aurora")])
-    assert held == [True] and r.retrieve("aurora")[0].node.text == "x v2 aurora"
+    assert held == [True] and cast(TextNode, r.retrieve("aurora")[0].node).text == "x v2 aurora"
 
 
 def test_the_ids_made_anew_warning_fires_only_on_random_ids_unknown_to_a_store_that_learned_enough() -> None:
@@ -244,8 +251,10 @@ def test_the_ids_made_anew_warning_fires_only_on_random_ids_unknown_to_a_store_t
                                    store_that_learned(30))  # derived from a name: the same at each build
         warn_if_ids_were_made_anew(nodes(["x" * 36]), store_that_learned(30))
         warn_if_ids_were_made_anew(nodes(fresh), store_that_learned(30, also=(fresh[0],)))  # a loaded index
+    frame = inspect.currentframe()
+    assert frame is not None
     with pytest.warns(UserWarning, match="these 4 nodes have random ids") as caught:
-        line = inspect.currentframe().f_lineno + 1
+        line = frame.f_lineno + 1
         warn_if_ids_were_made_anew(nodes(fresh), store_that_learned(20))
     assert (caught[0].filename, caught[0].lineno) == (__file__, line)  # the app's line
 

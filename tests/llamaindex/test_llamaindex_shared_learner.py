@@ -75,10 +75,11 @@ def test_an_adapters_feedback_on_a_query_teaches_each_decision_to_the_learner_th
     pp = FeedbackFusionPostprocessor(store=store, retrievers=("bm25",), top_n=2, nodes=nodes)
     learned: list = []
     for name, ens in (("retriever", retriever.ensemble), ("postprocessor", pp.ensemble)):
+        assert ens is not None
         def spy(record: Any, event: Any = None, _name: str = name, _learn: Any = ens._learn, **kw: Any) -> Any:
             learned.append((_name, (event or {}).get("metadata", {}).get("component")))
             return _learn(record, event, **kw)
-        ens._learn = spy
+        ens._learn = spy  # type: ignore[method-assign]  # a spy on the learner's private hook
     handler = FeedbackEventHandler(store=store).attach()
     try:
         engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM(), node_postprocessors=[pp])

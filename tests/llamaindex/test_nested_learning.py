@@ -8,7 +8,7 @@ and learned once. BM25-only ensembles and a ``SummaryIndex`` member keep these t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -111,11 +111,13 @@ async def test_a_bare_fused_retrieval_is_a_query_id_that_teaches(
 ) -> None:
     retriever = _rlfb(nodes, tmp_path / "own.db" if own_store else handler.store)
     fusion = _fusion(retriever, nodes)
-    for n, retrieve in enumerate((fusion.retrieve, fusion.aretrieve), start=1):
+    retrieves: tuple[Callable[[str], Any], ...] = (fusion.retrieve, fusion.aretrieve)
+    for n, retrieve in enumerate(retrieves, start=1):
         out = retrieve(QUESTION)
         out = await out if n == 2 else out
         eid = _decision(out)
         qid = handler.last_query_id
+        assert qid is not None
         assert qid.startswith("QueryFusionRetriever.")  # the retrieval's span id is still the query id
         assert {e["id"] for e in handler.retrievals(qid)} == {eid, f"{qid}/result"}
         handler.record_feedback(score=1.0)
@@ -152,6 +154,7 @@ async def test_postprocessor_in_a_custom_retriever_on_its_own_store_learns(
     eid = _decision(response.source_nodes)
 
     handler.record_feedback(handler.last_query_id, rating=5)
+    assert pp.ensemble is not None
     assert pp.ensemble.learner.n_learned == 1
     assert pp.store.counts()["feedback"] == 1 and pp.store.has_event(eid)
 
