@@ -37,7 +37,8 @@ test: $(STAMP) lint
 # then over the tests and benchmarks (each test folder with its own helper modules on the path: the three
 # conftest.py files are all "conftest"), then the README's Python examples under `mypy --strict`, as a user's
 # own code that imports rlfb, in a folder outside the checkout's packages (each with its own cache: other options)
-TESTS_MYPY := $(VENV)/bin/mypy --explicit-package-bases --warn-unused-ignores --cache-dir $(VENV)/.mypy_cache_tests
+TESTS_MYPY := $(VENV)/bin/mypy --explicit-package-bases --check-untyped-defs --warn-unused-ignores --warn-redundant-casts \
+              --cache-dir $(VENV)/.mypy_cache_tests
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rlfb langchain_rlfb llamaindex_rlfb tests benchmarks
 	$(VENV)/bin/mypy

@@ -48,7 +48,7 @@ def mean_ndcg(prep: Prepared, scores: Mapping[str, np.ndarray], gains: Mapping[s
     The simulator's own nDCG (``_Judge``, checked against pytrec_eval). A query without a positive gain
     scores 0 for every weight vector, which leaves the best one unchanged.
     """
-    # _Judge computes with float gains (click rates here) though its qrel is annotated Mapping[str, int]
+    # float gains: click rates here
     return np.mean([_Judge(prep.contexts[q], gains[q], K).ndcg(scores[q])
                     for q in queries], axis=0)
 

@@ -56,6 +56,7 @@ class Capture:
         _learners: OrderedDict[str, tuple[weakref.ref[Any], weakref.ref[Any] | None]]  # (adapter, its ensemble)
         _adapters: OrderedDict[int, weakref.ref[Any]]
         _logged: OrderedDict[str, list[tuple[str, ...]]]
+        _inner: OrderedDict[str, list[tuple[str, tuple[str, ...]]]]
         _nested: OrderedDict[str, list[str]]
         _raised: OrderedDict[str, None]
         _span_of: OrderedDict[str, str]
@@ -86,6 +87,7 @@ class Capture:
         since = None if last is None else self._span_for(last)
         with self._lock:
             self._nested.pop(dropped, None)
+            self._inner.pop(dropped, None)
             self._decided_in.pop(dropped, None)
             self._retrieved_in.pop(dropped, None)
             if last is not None and (dropped in (last, since) or self._spans.above(since, dropped)
@@ -160,27 +162,29 @@ class Capture:
                 return read[eid]
 
             own = self._own_event(nodes, ranked)
-            self._log(event.query, nodes, own or f"{qid}/response", qid, "response")
+            if own is not None or not self._an_inner_querys(qid, event.query, nodes):
+                self._log(event.query, nodes, own or f"{qid}/response", qid, "response")
             if own is None:
                 self._mark_cut(nodes, ranked)
                 self._note_derived(qid, nodes, ranked)
-        if outer is not None:
-            self._logged_in_outer(qid, outer)
-
-    def _logged_in_outer(self, qid: str, outer: str) -> None:
-        """What query ``qid`` logged counts as logged for ``outer``, the query it ran in (linked to it): a router
-        with one selection, or a ``TransformQueryEngine``, returns the inner engine's response as its own, and
-        logging it again as ``<outer>/response`` gave one thumbs up on the outer query two feedback rows on one
-        list (a combined response, other nodes, is still logged)."""
         with self._lock:
-            inner = self._logged.get(qid)
-            if not inner:
-                return
-            seen = self._logged.setdefault(outer, [])
-            seen.extend(ids for ids in inner if ids not in seen)
-            self._logged.move_to_end(outer)
-            while len(self._logged) > KEPT:
-                self._logged.popitem(last=False)
+            inner = self._inner.pop(qid, [])
+            if outer is not None:  # what this query and those inside it logged, for the query around it
+                question = _query_str(event.query)
+                lists = self._inner.setdefault(outer, [])
+                lists.extend((question, ids) for ids in self._logged.get(qid, ()))
+                lists.extend(inner)
+                while len(self._inner) > KEPT:
+                    self._inner.popitem(last=False)
+
+    def _an_inner_querys(self, qid: str, query: Any, nodes: Sequence[NodeWithScore]) -> bool:
+        """Whether a query that ran inside query ``qid`` (linked to it) logged these very nodes, in this order, for
+        the same question: a router with one selection, or a ``TransformQueryEngine`` that keeps the question,
+        returns the inner engine's response as its own, and logging it again as ``<qid>/response`` gave one
+        thumbs up on the outer query two feedback rows on one list. A transform that rewrote the question still
+        logs the user's own; so does a response of other nodes (a router that combines several engines')."""
+        with self._lock:
+            return (_query_str(query), _ids(nodes)) in self._inner.get(qid, ())
 
     def _note_derived(self, qid: str, nodes: Sequence[NodeWithScore],
                       ranked_ids: Callable[[str], list[str] | None]) -> None:

@@ -172,6 +172,7 @@ class FeedbackEventHandler(QueryIds, Capture, HandlerFeedback, BaseEventHandler)
     _learners: Any = PrivateAttr(default_factory=OrderedDict)  # event id -> weak reference to the adapter
     _adapters: Any = PrivateAttr(default_factory=OrderedDict)  # id -> weak reference, each adapter seen
     _logged: Any = PrivateAttr(default_factory=OrderedDict)  # query id -> node-id lists logged under it
+    _inner: Any = PrivateAttr(default_factory=OrderedDict)  # query id -> (question, node ids) its inner queries logged
     _dispatchers: list[Any] = PrivateAttr(default_factory=list)
     _last: Any = PrivateAttr(default=None)  # ContextVar: this handler's latest query in the thread or task
     _bare: Any = PrivateAttr(default=None)  # ContextVar: the latest bare retrieval (a _Bare)

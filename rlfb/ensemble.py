@@ -895,7 +895,7 @@ class FeedbackEnsemble:
             self._store.close()
         forget(self)  # nor held for the exit hook: clean, yet registered after a caller's block rolled back
 
-    def __enter__(self) -> FeedbackEnsemble:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import cast
 
 import numpy as np
 import pytest
@@ -64,8 +63,7 @@ def test_click_evidence_round_trips_through_json_and_rejects_corrupt_state() -> 
     for i in range(100):
         policy.learn(_click_episode(f"q{i % 20}", rng), 0.4)
     state = json.loads(json.dumps(policy.state_dict()))
-    # load_state_dict returns the policy itself, typed as the base class
-    again = cast(ThompsonPolicy, ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(state))
+    again = ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(state)
     assert again.weights() == policy.weights()
     bad = json.loads(json.dumps(state))
     bad["state"]["clicks"]["*"]["s"] = [1.0]
@@ -83,7 +81,7 @@ def test_click_evidence_round_trips_through_json_and_rejects_corrupt_state() -> 
         ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(emptied)
     older = json.loads(json.dumps(state))  # saved before clicks counted: no key at all, which still loads
     del older["state"]["clicks"]
-    loaded = cast(ThompsonPolicy, ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(older))
+    loaded = ThompsonPolicy(NAMES, step=0.1, seed=0).load_state_dict(older)
     assert loaded.weights() == {"a": 0.5, "b": 0.5}
 
 

@@ -223,7 +223,7 @@ def test_save_refuses_metadata_json_would_change(tmp_path: Path, meta: Any, mess
 def test_add_texts_of_nothing_or_a_generator() -> None:
     ens = _ens()
     assert ens.add_texts([]) == []
-    # read once, ids included (the ignore: add_texts is annotated to take a Sequence, though it reads any iterable)
+    # read once, ids included
     ids = ens.add_texts(t for t in ["glaciers carve valleys", "comets have tails"])
     assert len(ids) == 2 and len(ens) == len(TEXTS) + 2
     # ids are the texts' hashes, as from_texts gives them: a text added again is the same chunk, and a corpus
@@ -377,9 +377,8 @@ def test_a_subclass_takes_its_own_options_through_from_texts() -> None:
             super().__init__(retrievers, chunks)
             self.tag = tag
 
-    # the casts: from_texts is annotated to return a FeedbackEnsemble, where it builds an instance of cls
-    assert cast(Tagged, Tagged.from_texts(["tides"], retrievers=("bm25",), tag="x", seed=3)).tag == "x"
-    assert cast(Strict, Strict.from_texts(["tides"], retrievers=("bm25",), tag="y")).tag == "y"
+    assert Tagged.from_texts(["tides"], retrievers=("bm25",), tag="x", seed=3).tag == "x"
+    assert Strict.from_texts(["tides"], retrievers=("bm25",), tag="y").tag == "y"
     with pytest.raises(ValidationError, match="takes no option 'seed'"):
         Strict.from_texts(["tides"], retrievers=("bm25",), seed=3)
 

@@ -7,9 +7,11 @@ given their ids again, and the running ensemble never looked at them until it re
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
+import pytest
 from _restarts import bm25_ensemble, newest_n_learned
 
 from rlfb.store import FeedbackStore
@@ -54,4 +56,15 @@ def test_the_next_feedback_id_stays_above_every_pruned_row_across_prunes(tmp_pat
     eid = store.log_event("aurora", {"weights": {"bm25": 1.0}}, [{"chunk_id": "b"}])
     assert store.record_feedback(eid, "click", chunk_id="b").feedback_id == 4
     assert store.record_feedback(eid, "thumbs_up").feedback_id == 5
+    store.close()
+
+
+@pytest.mark.parametrize("kept", ["abc", "12.9", "-5", str(2**63 - 1), str(2**70)])
+def test_a_kept_id_edited_by_hand_into_no_usable_id_leaves_the_tables_ids(tmp_path: Path, kept: str) -> None:
+    store = FeedbackStore(tmp_path / "fb.db")
+    eid = store.log_event("tides", {"weights": {"bm25": 1.0}}, [{"chunk_id": "a"}])
+    store.record_feedback(eid, "click", chunk_id="a")
+    with sqlite3.connect(tmp_path / "fb.db") as conn:
+        conn.execute("INSERT INTO settings (key, value) VALUES ('feedback_id_high', ?)", (kept,))
+    assert store.record_feedback(eid, "thumbs_up").feedback_id == 2
     store.close()

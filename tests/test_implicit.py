@@ -271,7 +271,7 @@ def test_a_question_asked_again_past_the_followup_window_is_no_reformulation():
     assert [s.signal for s in unlimited.infer(event, "what causes the aurora?", at=1e9)] == ["reformulation"]
     for bad in (0, -1, float("nan"), "1h"):
         with pytest.raises(ValidationError):
-            ImplicitSignals(followup_window=bad)
+            ImplicitSignals(followup_window=bad)  # type: ignore[arg-type]
 
 
 def test_a_follow_up_exactly_at_the_end_of_the_window_is_still_a_reformulation():
@@ -353,16 +353,18 @@ def test_the_follow_up_window_is_set_on_the_ensemble_and_read_by_its_langchain_r
                                       store=str(tmp_path / "f.db"), policy="thompson")
     assert ens.implicit.followup_window == 1800.0
     with pytest.raises(ValidationError, match="ImplicitSignals"):
-        ens.implicit = {"followup_window": 60}
+        ens.implicit = {"followup_window": 60}  # type: ignore[assignment]
     ens.implicit = ImplicitSignals(followup_window=60.0)
     t0 = time.time() - 600
     ens.retrieve("what causes the aurora", k=1, session_id="s", timestamp=t0)
     assert ens.observe("s", "what causes the aurora borealis", timestamp=t0 + 120) == []  # past 60 s
     pytest.importorskip("langchain_core")
+    from langchain_core.runnables import RunnableConfig
+
     from langchain_rlfb import FeedbackEnsembleRetriever
 
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=1)
-    config = {"metadata": {"session_id": "lc"}}
+    config: RunnableConfig = {"metadata": {"session_id": "lc"}}
     first = retriever.invoke("what causes the aurora", config=config)[0].metadata["event_id"]
     ens.implicit = ImplicitSignals(followup_window=1e-6)  # no follow-up comes within a microsecond
     retriever.invoke("what causes the aurora borealis", config=config)

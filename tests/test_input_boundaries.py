@@ -83,7 +83,7 @@ def test_proposed_by_is_read_once_and_a_number_is_named() -> None:
 
 def test_set_weights_takes_a_generator() -> None:
     ens = _ens(policy="fixed")
-    # "expected 1 weights, got 0" before (a generator: set_weights' annotation names only a mapping or a sequence)
+    # "expected 1 weights, got 0" before (a generator, read once)
     assert ens.set_weights(w for w in [2.0]).weights == {"bm25": 1.0}
     ens.learner.set_weights(w for w in [1.0])
     assert ens.learner.weights() == {"bm25": 1.0}

@@ -335,7 +335,7 @@ def test_partial_fit_checks_every_episode_before_learning_any():
     with pytest.raises(ValidationError, match="episode 60 .*dimensions"):
         learner.partial_fit(bad)
     with pytest.raises(ValidationError, match="episode 1 "):
-        learner.partial_fit([log[0], None])
+        learner.partial_fit([log[0], None])  # type: ignore[list-item]
     assert learner.n_learned == 0 and json.dumps(learner.state_dict()) == before
     assert learner.partial_fit(log).n_learned == 100
 
@@ -399,10 +399,11 @@ def test_a_time_in_milliseconds_is_refused_before_it_stops_all_learning(name):
     learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
     learner.learn(_LOGGED)
     before = json.dumps(learner.state_dict(), sort_keys=True)
+    in_ms: dict[str, Any] = {name: 1.7e12}
     with pytest.raises(ValidationError, match="milliseconds"):
-        learner.learn(dataclasses.replace(_LOGGED, **{name: 1.7e12}))
+        learner.learn(dataclasses.replace(_LOGGED, **in_ms))
     with pytest.raises(ValidationError, match="milliseconds"):
-        learner.partial_fit([_LOGGED, dataclasses.replace(_LOGGED, **{name: 1.7e12})])
+        learner.partial_fit([_LOGGED, dataclasses.replace(_LOGGED, **in_ms)])
     assert json.dumps(learner.state_dict(), sort_keys=True) == before
     state = learner.state_dict()
     state["now"] = 1.7e12
@@ -458,8 +459,8 @@ def test_chunk_ids_that_a_saved_state_could_not_keep_are_refused():
     learner = Learner(("bm25", "dense"), policy="thompson", seed=0)
     for ids in [(101, 102, 103), ("a", "b", "a")]:
         with pytest.raises(ValidationError, match="strings|duplicate"):
-            learner.learn(dataclasses.replace(_LOGGED, shown_ids=ids))
-        ctx = Context("q", ("bm25", "dense"), ids, np.ones((3, 2)), np.ones((3, 2)) * 0.5)
+            learner.learn(dataclasses.replace(_LOGGED, shown_ids=ids))  # type: ignore[arg-type]
+        ctx = Context("q", ("bm25", "dense"), ids, np.ones((3, 2)), np.ones((3, 2)) * 0.5)  # type: ignore[arg-type]
         with pytest.raises(ValidationError, match="strings|duplicate"):
             learner.rank(ctx, 2)
     assert learner.n_learned == 0
@@ -489,9 +490,9 @@ def test_a_malformed_episode_changes_nothing(name):
     before = json.dumps(learner.state_dict(), sort_keys=True)
     for bad in (dataclasses.replace(ok, prior_rewards=np.array([0.4, 0.0])),
                 dataclasses.replace(ok, query_embedding=np.ones(8) / 8 ** 0.5),
-                dataclasses.replace(ok, reward="good"),
+                dataclasses.replace(ok, reward="good"),  # type: ignore[arg-type]
                 dataclasses.replace(ok, chunk_rewards=np.array(["a", "b", "c"])),
-                dataclasses.replace(ok, query=None)):
+                dataclasses.replace(ok, query=None)):  # type: ignore[arg-type]
         with pytest.raises(ValidationError):
             learner.learn(bad)
         assert json.dumps(learner.state_dict(), sort_keys=True) == before
@@ -506,6 +507,7 @@ def test_replayed_episodes_keep_their_prior_rewards_across_a_save():
                  np.eye(3), np.array([0.0, 0.4, 0.0]), 0.4, prior_rewards=np.array([0.4, 0.0, 0.0]),
                  response_level=False)
     back = episode_from_dict(json.loads(json.dumps(episode_to_dict(ep))))
+    assert back.prior_rewards is not None
     assert back.prior_rewards.tolist() == [0.4, 0.0, 0.0] and back.response_level is False
     old = episode_to_dict(ep)
     del old["prior_rewards"], old["response_level"]  # saved before they were kept
@@ -542,7 +544,7 @@ def test_replays_are_learned_at_their_importance_weights():
         drawn.extend(w for _, w in out)
         return out
 
-    learner.replay.sample_weighted = spy
+    learner.replay.sample_weighted = spy  # type: ignore[method-assign]
     simulate(learner, env, 200, seed=1, types=("A",))
     assert len(drawn) == 80 and min(drawn) < 0.9 and max(drawn) > 1.1
     assert sum(drawn) == pytest.approx(80)
@@ -649,7 +651,7 @@ def test_corrupt_state_raises_and_changes_nothing():
             fresh.load_state_dict(s)
         assert json.dumps(fresh.state_dict()) == before
     with pytest.raises(CorruptStateError):
-        fresh.load_state_dict("not a dict")
+        fresh.load_state_dict("not a dict")  # type: ignore[arg-type]
     with pytest.raises(CorruptStateError):
         Learner(RETRIEVERS, "thompson").load_state_dict(good)
 
@@ -841,11 +843,11 @@ def test_one_number_for_the_weights_and_a_dict_for_the_reward_config_are_named_e
     from rlfb.reward import RewardFunction
 
     with pytest.raises(InvalidWeightsError, match="a mapping or a sequence"):
-        ThompsonPolicy(_AUDIT_R, 0.5)
+        ThompsonPolicy(_AUDIT_R, 0.5)  # type: ignore[arg-type]
     with pytest.raises(InvalidWeightsError, match="a mapping or a sequence"):
-        Learner(_AUDIT_R, "thompson").set_weights(0.5)
+        Learner(_AUDIT_R, "thompson").set_weights(0.5)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="must be a RewardConfig"):
-        RewardFunction({"horizon": 1})
+        RewardFunction({"horizon": 1})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("count", ["5", 10**400, True, -1, 2.0])

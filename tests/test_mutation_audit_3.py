@@ -9,7 +9,7 @@ import dataclasses
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pytest
@@ -293,8 +293,7 @@ def _batch_after_one_batch(**kw: Any) -> BatchPolicy:
     """A batch policy after one batch: the event shown weights leaning to bm25 did better than the one leaning to
     dense, and the batch's mean reward (0.6) is past the positive threshold."""
     tune = kw.pop("tune", {})
-    # the cast: tune is annotated to return a BasePolicy
-    p = cast(BatchPolicy, BatchPolicy(RETRIEVERS3, batch_size=2, seed=0, **kw).tune(**tune))
+    p = BatchPolicy(RETRIEVERS3, batch_size=2, seed=0, **kw).tune(**tune)
     p.learn(_episode([[1.0, 0.0, 0.0]], [1.0], weights=(0.6, 0.2, 0.2), eid="e1"), 1.0)
     p.learn(_episode([[1.0, 0.0, 0.0]], [0.2], weights=(0.2, 0.6, 0.2), eid="e2"), 0.2)
     return p
@@ -316,8 +315,8 @@ def test_a_batch_step_is_at_most_max_step() -> None:
 
 def test_the_guardrails_exploration_multiplier_widens_the_batch_policys_perturbations() -> None:
     """Bug guarded: the step towards a retriever ignored the exploration multiplier (4 / sqrt(concentration))."""
-    # a step of 4 / sqrt(200 / 2) = 0.4 (the cast: tune is annotated to return a BasePolicy)
-    p = cast(BatchPolicy, BatchPolicy(RETRIEVERS3, seed=0).tune(exploration=2.0))
+    # a step of 4 / sqrt(200 / 2) = 0.4
+    p = BatchPolicy(RETRIEVERS3, seed=0).tune(exploration=2.0)
     shown = [p.decide(None) for _ in range(40)]
     explored = [max(d.weights.values()) for d in shown if d.explored]
     assert explored and explored == pytest.approx([1 / 3 + 0.4 * 2 / 3] * len(explored))

@@ -105,8 +105,12 @@ def test_a_decision_logged_without_its_temperature_learns_at_multiplier_one(monk
     import rlfb.policies.gradient as gradient
 
     seen = []
-    monkeypatch.setattr(gradient, "pdgd_debias_weights", lambda s, pos, neg: (
-        seen.append(np.array(s)) or pdgd_debias_weights(s, pos, neg)))
+
+    def spy(scores, pos, neg):
+        seen.append(np.array(scores))
+        return pdgd_debias_weights(scores, pos, neg)
+
+    monkeypatch.setattr(gradient, "pdgd_debias_weights", spy)
     ctx = _context(seed=2)
     p = GradientPolicy(RETRIEVERS, seed=0).tune(exploration=2.0)
     d = p.decide(ctx)
@@ -138,6 +142,7 @@ def test_the_sampling_temperature_survives_the_store(tmp_path):
     ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), policy="gradient", store=tmp_path / "fb.db")
     ens.learner.policy._explore_scale = 2.0  # as the guardrail sets it when learned weights do worse
     res = ens.retrieve("tides and the moon", k=5, explore=True)
+    assert res.event_id is not None
     logged = ens.store.event(res.event_id)["decision"]["sampling_temperature"]
     assert logged > 0 and math.isfinite(logged)
     record = ens.feedback(res.event_id, "click", chunk_id=res.hits[2].chunk_id)

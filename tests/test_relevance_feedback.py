@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from rlfb.retrievers import DenseRetriever
 from _corpus import IDS, TEXTS
 
 RETRIEVERS = ("bm25", "dense")
-ON = {"relevance_feedback_weight": 0.1}
+ON: dict[str, Any] = {"relevance_feedback_weight": 0.1}
 IDS4 = ("clicked", "like_clicked", "other1", "other2")
 # "like_clicked" points almost where "clicked" does; the others elsewhere
 VECTORS = np.array([[1.0, 0.0, 0.0], [0.95, 0.31, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
@@ -142,6 +142,7 @@ def test_contexts_kept_for_later_feedback_do_not_hold_the_embeddings(tmp_path):
                                       learner_config=ON)
     result = ens.retrieve("what causes aurora", k=2, explore=False)
     assert ens.context("what causes aurora").candidate_embeddings is not None
+    assert result.event_id is not None
     kept = ens._contexts[result.event_id]
     assert kept.candidate_embeddings is None and kept.candidate_ids
     ens.feedback(result.event_id, "thumbs_up")  # learning from it needs none

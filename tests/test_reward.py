@@ -273,7 +273,7 @@ def test_config_accepts_implicit_negative_range(value):
 def test_config_is_frozen_and_hashable():
     cfg = RewardConfig()
     with pytest.raises(AttributeError):
-        cfg.floor = 0.5
+        cfg.floor = 0.5  # type: ignore[misc]
     assert hash(cfg) == hash(RewardConfig())
 
 
@@ -281,7 +281,7 @@ def test_config_numbers_are_kept_as_floats():
     # an np.float32 floor came back from discount() and SQLite stored it as a 4-byte BLOB that SUM() read as 0
     from fractions import Fraction
 
-    cfg = RewardConfig(floor=np.float32(0.1), horizon=Fraction(3600), grace=np.int64(0))
+    cfg = RewardConfig(floor=np.float32(0.1), horizon=Fraction(3600), grace=np.int64(0))  # type: ignore[arg-type]
     assert all(type(getattr(cfg, f)) is float for f in ("floor", "horizon", "grace"))
     assert type(RewardFunction(cfg).discount(7200)) is float
 
@@ -310,7 +310,7 @@ def test_a_reward_config_can_be_copied_and_turned_into_a_dict():
     assert copy.deepcopy(config) == config and pickle.loads(pickle.dumps(config)) == config
     assert dataclasses.asdict(config)["aliases"] == {"upvote": "explicit_positive"}
     with pytest.raises(TypeError):
-        config.aliases["downvote"] = "explicit_negative"  # still frozen
+        config.aliases["downvote"] = "explicit_negative"  # type: ignore[index]  # still frozen
     assert dict(config.aliases) == {"upvote": "explicit_positive"}
 
 

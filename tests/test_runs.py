@@ -249,7 +249,7 @@ def test_observe_followup_takes_an_implicit_whose_infer_predates_the_follow_up_t
     from rlfb.implicit import ImplicitSignals
 
     class Older(ImplicitSignals):
-        def infer(self, previous_event, query, dwell_seconds=None, cited=(), opened=()):
+        def infer(self, previous_event, query, dwell_seconds=None, cited=(), opened=()):  # type: ignore[override]
             return super().infer(previous_event, query, dwell_seconds, cited, opened)
 
     log_external(store, "what causes the aurora", [("a", 1.0)], source="x", event_id="e1", session_id="s",

@@ -493,7 +493,7 @@ def test_each_curve_is_drawn_against_the_baselines_figures_of_its_kind(small_run
     # those panels draw them as such, the tuned and oracle weights' final figures as lines)
     _, result, _ = small_run
     lines: dict[int, list[float]] = {}
-    curves: dict[int, dict[str, list[float]]] = {}
+    curves: dict[int, dict[str | None, list[float]]] = {}  # keyed by label: a curve may have none
     axhline, plot = matplotlib.axes.Axes.axhline, matplotlib.axes.Axes.plot
 
     def record(ax, y=0, *args, **kwargs):

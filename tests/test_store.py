@@ -647,7 +647,9 @@ def test_a_save_keeps_the_newest_snapshots_of_its_kind_only(clock):
                                    {"bm25": 1.0}, policy="thompson")
     versions = [h["version"] for h in store.policy_history()]
     assert versions == [theirs, other_step, newest - 1, newest, same]  # other kinds' are kept, however old
-    assert store.state_version() == same and store.load_policy_state(before=theirs + 1)["version"] == theirs
+    assert store.state_version() == same
+    paged_back = store.load_policy_state(before=theirs + 1)
+    assert paged_back is not None and paged_back["version"] == theirs
     keep_all = FeedbackStore(":memory:", clock=clock, snapshots_kept=None)
     for _ in range(8):
         keep_all.save_policy_state(_state(["bm25"]), {"bm25": 1.0}, policy="thompson")
@@ -696,7 +698,8 @@ def test_state_version_is_seen_by_another_connection(tmp_path, clock):
         assert 0 == reader.state_version()
         writer.save_policy_state({}, {"bm25": 1.0})
         assert 1 == reader.state_version()
-        assert {"bm25": 1.0} == reader.load_policy_state()["weights"]
+        seen = reader.load_policy_state()
+        assert seen is not None and {"bm25": 1.0} == seen["weights"]
 
 
 # -- statistics ---------------------------------------------------------------------------------
@@ -827,7 +830,8 @@ def test_prune_deletes_old_rows_and_their_children(clock):
         == store.prune()
     assert (1, 1, 1, 1, 1) == rows(store)
     assert not store.has_event(old) and store.has_event(new)
-    assert {"bm25": 0.5} == store.load_policy_state()["weights"]  # the newest snapshot is always kept
+    kept = store.load_policy_state()
+    assert kept is not None and {"bm25": 0.5} == kept["weights"]  # the newest snapshot is always kept
     assert "ok" == store.integrity_check()
     assert [] == list(store.db.query("PRAGMA foreign_key_check"))
     assert {"events": 0, "chunks": 0, "feedback": 0, "rewards": 0, "policy_snapshots": 0, "run_links": 0} \
@@ -1031,8 +1035,10 @@ def test_prune_keeps_each_policys_newest_snapshot_and_drops_old_run_links(clock)
     pruned = store.prune()
     assert pruned["policy_snapshots"] == 1 and pruned["run_links"] == 2  # the link and the failed run's mark
     assert not store.run_failed("failed-attempt")
-    assert store.load_policy_state(policy="thompson")["weights"] == {"bm25": 0.5}
-    assert store.load_policy_state(policy="gradient")["weights"] == {"bm25": 0.4}
+    thompson = store.load_policy_state(policy="thompson")
+    assert thompson is not None and thompson["weights"] == {"bm25": 0.5}
+    gradient = store.load_policy_state(policy="gradient")
+    assert gradient is not None and gradient["weights"] == {"bm25": 0.4}
     assert store.run_lineage("retrieval-run") == ["retrieval-run"]
 
 
@@ -1180,7 +1186,7 @@ def test_export_jsonl_refuses_the_stores_own_files(tmp_path, tail):
             s.export_jsonl(f"{path}{tail}")
         for bad in (None, 1, ""):
             with pytest.raises(ValidationError, match="file path or a binary file object"):
-                s.export_jsonl(bad)
+                s.export_jsonl(bad)  # type: ignore[arg-type]
     with FeedbackStore(path) as s:
         assert s.counts()["feedback"] == 1
         assert s.export_jsonl(tmp_path / "out.jsonl") == 1

@@ -213,7 +213,7 @@ def test_a_clock_that_returns_no_finite_number_is_named(value):
 
 def test_a_clock_that_is_not_callable_is_rejected():
     with pytest.raises(ValidationError, match="clock"):
-        FeedbackStore(clock=NOW)
+        FeedbackStore(clock=NOW)  # type: ignore[arg-type]
 
 
 def test_numeric_clocks_still_work():

@@ -126,6 +126,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_feedback(tmp_path):
             assert time.monotonic() < deadline, "writer too slow"
             time.sleep(0.005)
         time.sleep(rng.random() * 0.02)  # land the kill at an arbitrary point of the stream
+        assert p.pid is not None
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
         assert -signal.SIGKILL == p.exitcode

@@ -188,7 +188,7 @@ def test_a_snapshot_no_learner_can_read_is_named_with_the_way_past_it(tmp_path):
     with FeedbackStore(path) as store:
         assert store.drop_snapshot(newest) and not store.drop_snapshot(newest)
         with pytest.raises(ValidationError):
-            store.drop_snapshot("3")
+            store.drop_snapshot("3")  # type: ignore[arg-type]
     again = FeedbackEnsemble.from_texts(texts, retrievers=("bm25",), store=str(path), policy="thompson")
     assert again.learner.n_learned == 2 and again.store.counts()["feedback"] == 3
 

@@ -76,12 +76,18 @@ def next_feedback_id(conn: sqlite3.Connection) -> int:
     A running ensemble looks for rows to catch up by id, above the highest it has looked at
     (:func:`rlfb.feedback_learning.catch_up`); after a prune had deleted the newest rows, the next ones were given
     their ids again, and it never looked at them until it restarted. The prune keeps the highest id in
-    ``settings`` (:func:`note_feedback_id_high`)."""
-    return int(conn.execute(
-        "SELECT MAX(COALESCE((SELECT MAX(id) FROM feedback), 0), "
-        "COALESCE((SELECT CAST(value AS INTEGER) FROM settings WHERE key = ?), 0)) + 1",
+    ``settings`` (:func:`note_feedback_id_high`); an rlfb older than this, writing to the same file, still gives
+    ids above the table's highest alone."""
+    top, high = conn.execute(
+        "SELECT COALESCE((SELECT MAX(id) FROM feedback), 0), (SELECT value FROM settings WHERE key = ?)",
         (FEEDBACK_ID_HIGH,),
-    ).fetchone()[0])
+    ).fetchone()
+    try:
+        kept = int(high)
+    except (TypeError, ValueError):
+        kept = 0  # none kept, or a row edited by hand into something else: the ids in the table still count
+    # a kept id past what SQLite can store (edited by hand) is no id: the next one could not be written at all
+    return max(int(top), kept if 0 <= kept < 2**63 - 1 else 0) + 1
 
 
 def note_feedback_id_high(conn: sqlite3.Connection) -> None:

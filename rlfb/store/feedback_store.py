@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sqlite_utils import Database
 
@@ -31,6 +31,9 @@ from rlfb.store.connection import _SYNCHRONOUS
 from rlfb.store.migrations import MIGRATIONS
 from rlfb.store.records import FeedbackRecord
 from rlfb.types import validate_flag
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 class FeedbackStore:
@@ -165,7 +168,7 @@ class FeedbackStore:
         tx = getattr(self, "_tx", None)
         return tx is None or tx.closed
 
-    def __enter__(self) -> FeedbackStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -924,6 +924,34 @@ def test_an_engine_that_returns_the_inner_engines_response_logs_it_once(
     assert [r.event_id for r in handler.record_feedback(qid, score=1.0)] == [event["id"]]
 
 
+def test_a_transform_that_rewrites_the_question_still_logs_the_users_own(
+    index: Any, handler: FeedbackEventHandler
+) -> None:
+    # the inner engine logged the rewritten question; the list the user saw is the same, but the question is
+    # theirs, which the store's statistics, exports and follow-ups read: the outer response is logged as before
+    from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
+    from llama_index.core.query_engine import TransformQueryEngine
+
+    class Rewrite(BaseQueryTransform):
+        def _get_prompts(self) -> dict[str, Any]:
+            return {}
+
+        def _update_prompts(self, prompts: Any) -> None:
+            pass
+
+        def _run(self, query_bundle: QueryBundle, metadata: dict[str, Any]) -> QueryBundle:
+            return QueryBundle(query_str="lunar gravity and the ocean")
+
+    inner = index.as_query_engine(llm=MockLLM(), similarity_top_k=3)
+    TransformQueryEngine(inner, Rewrite()).query("why does the sea rise twice a day")
+    qid = handler.last_query_id
+    assert qid is not None
+    events = handler.retrievals(qid)
+    assert [(e["query"], e["metadata"]["component"]) for e in events] == [
+        ("lunar gravity and the ocean", "VectorIndexRetriever"), ("why does the sea rise twice a day", "response")]
+    assert [c["chunk_id"] for c in events[0]["chunks"]] == [c["chunk_id"] for c in events[1]["chunks"]]
+
+
 def test_a_router_that_combines_two_engines_logs_the_combined_response(
     index: Any, handler: FeedbackEventHandler
 ) -> None:
