@@ -78,6 +78,9 @@ def find_results(root: Path) -> dict[str, dict[str, dict]]:
         # the file's name says the collection (a folder named otherwise still reads as the README's), else the JSON
         ds = (path.stem[: -len(key) - 1] if path.stem.endswith(f"_{key}") and len(path.stem) > len(key) + 1
               else result.get("dataset") or Path(result["config"].get("dataset_path", path.stem)).name)
+        ran_on = result.get("dataset")
+        if isinstance(ran_on, str) and ran_on != ds:  # a run saved under another collection's name, say
+            print(f"results_table: {path.name} is read as {ds}, but its run was on {ran_on!r}", file=sys.stderr)
         if (ds, key) in found:
             print(f"results_table: skipped {path}: {found[ds, key][0].name} is also {ds} {key}", file=sys.stderr)
             continue

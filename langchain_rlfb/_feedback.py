@@ -15,12 +15,13 @@ from rlfb.runs import EXTERNAL_POLICY, learned_here, learns_after_commit, maker_
 
 if TYPE_CHECKING:
     from langchain_rlfb.callbacks import FeedbackCallbackHandler
+    from rlfb.store.records import FeedbackRecord
 
 __all__ = ["learners_elsewhere", "record_in_both_stores", "warn_unlearned", "warn_chunk_unlearned"]
 
 
 def record_in_both_stores(handler: FeedbackCallbackHandler, run_id: Any, signal: str | None, fb: dict[str, Any],
-                          elsewhere: dict[str, Any]) -> list[Any]:
+                          elsewhere: dict[str, Any]) -> list[FeedbackRecord]:
     """Feedback ``fb`` on ``run_id`` recorded in the handler's store and, for each retrieval under it whose
     learner keeps its log in another store (``elsewhere``: :func:`learners_elsewhere`), in that store too."""
     # The run tree (links) lives in this handler's store: resolve here, record per event there. The learner's

@@ -77,7 +77,7 @@ import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -91,6 +91,9 @@ from langchain_rlfb._retrievals import retrieval_ended, retrieval_started
 from langchain_rlfb._runs import FALLBACKS, ended, forget, opened, parent_of, run_str, trim
 from rlfb.errors import DuplicateEventError, NoStoreError, NotCopyableError, StoreBusyError, ValidationError
 from rlfb.runs import SCORE_SCALES, key_or_score, record_run_feedback
+
+if TYPE_CHECKING:
+    from rlfb.store.records import FeedbackRecord
 
 __all__ = ["FeedbackCallbackHandler"]
 
@@ -350,7 +353,7 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         comment: str | None = None,
         key: str | None = None,
         **kwargs: Any,
-    ) -> list[Any]:
+    ) -> list[FeedbackRecord]:
         """Feedback on a run: a retrieval's run id, or a chain's (every retrieval below it is rated).
 
         LangSmith's shape: ``record_feedback(run_id, score=1.0, key="user_score", comment=...)``, also with

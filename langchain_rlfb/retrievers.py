@@ -33,7 +33,7 @@ import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -54,6 +54,9 @@ from rlfb.errors import DuplicateEventError, DuplicateIdError, NoStoreError, Val
 from rlfb.members import SearchMember
 from rlfb.runs import content_id, default_implicit, observe_followup, record_run_feedback
 from rlfb.types import Chunk, Hit, check_known_options, copy_metadata, keyword_options
+
+if TYPE_CHECKING:
+    from rlfb.store.records import FeedbackRecord
 
 __all__ = [
     "FeedbackEnsembleRetriever",
@@ -194,6 +197,11 @@ def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchM
     documents the ids of the ensemble's chunks (``vs.add_documents(docs, ids=ids)``)
     so each chunk gets every retriever's score.
     """
+    return _member(name, source, scores, warn_unscored=True)
+
+
+def _member(name: str, source: MemberLike, scores: str, *, warn_unscored: bool) -> SearchMember:
+    """:func:`as_member`; ``warn_unscored``: warn where a vector store in ``"auto"`` gives no relevance scores."""
     if isinstance(source, SearchMember):
         if source.name != name:
             raise ValidationError(f"member {source.name!r} is listed under the name {name!r}")
@@ -208,7 +216,7 @@ def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchM
         store = source.vectorstore
         extra = {k: v for k, v in source.search_kwargs.items() if k != "k"}
     if store is not None:
-        return SearchMember(name, _vectorstore_search(name, store, extra, scores))
+        return SearchMember(name, _vectorstore_search(name, store, extra, scores, warn_unscored))
     if isinstance(source, Runnable):
         return SearchMember(name, _runnable_search(name, source))
     raise ValidationError(
@@ -217,8 +225,8 @@ def as_member(name: str, source: MemberLike, *, scores: str = "auto") -> SearchM
     )
 
 
-def _vectorstore_search(name: str, store: VectorStore, extra: dict[str, Any], scores: str) -> Any:
-    warned = False
+def _vectorstore_search(name: str, store: VectorStore, extra: dict[str, Any], scores: str, warn: bool) -> Any:
+    warned = not warn
 
     def search(query: str, k: int) -> list[tuple[Chunk, float | None]]:
         nonlocal warned
@@ -283,16 +291,29 @@ async def _fetch_runnables(members: Sequence[SearchMember], query: str,
     return {(id(r), query): docs for r, docs in zip(runnables, found, strict=True)}
 
 
-def _members(members: Mapping[str, MemberLike] | Sequence[MemberLike] | None) -> list[SearchMember]:
+def _members(members: Mapping[str, MemberLike] | Sequence[MemberLike] | None,
+             fusion: object = None) -> list[SearchMember]:
     if not members:
         return []
+    # RRF fuses ranks alone: the warning that a store without relevance scores "is fused by rank" would be said
+    # of every member (the scores a store gives are still kept in each Document's metadata and the log)
+    warn = fusion != "rrf"
     if isinstance(members, Mapping):
-        return [as_member(name, m) for name, m in members.items()]
+        return [_member(name, m, "auto", warn_unscored=warn) for name, m in members.items()]
     unnamed = [type(m).__name__ for m in members if not (isinstance(getattr(m, "name", None), str) and m.name)]
     if unnamed:  # a list of LangChain retrievers, named by an attribute they leave None: "needs a non-empty name"
         raise ValidationError(f"members must map a name to each retriever or vector store ({{'bm25': retriever, "
                               f"...}}), or name each one; got an unnamed {unnamed[0]} in a sequence")
-    return [as_member(m.name, m) for m in members]
+    return [_member(m.name, m, "auto", warn_unscored=warn) for m in members]
+
+
+def _check_call_options(unknown: Mapping[str, Any]) -> None:
+    """Refuse an option ``invoke`` passed on that the retriever does not take, by name: ``invoke(q, explor=False)``
+    raised a bare ``TypeError`` from inside langchain_core. ``verbose``, which ``BaseRetriever.invoke`` reads for
+    its callback manager and passes on too, is taken and has no use here."""
+    given = {name for name in unknown if name != "verbose"}
+    if given:
+        check_known_options(given, ("k", "explore", "log", "verbose"), "FeedbackEnsembleRetriever.invoke (ainvoke)")
 
 
 # each option's check: (value, option name) -> the value checked
@@ -415,7 +436,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         k: int | None = None,
         explore: bool | None = None,
         log: bool | None = None,
+        **unknown: Any,
     ) -> list[Document]:
+        _check_call_options(unknown)
         return self._retrieve(query, run_manager, run_manager.get_child(), k, explore, log)
 
     async def _aget_relevant_documents(
@@ -426,7 +449,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         k: int | None = None,
         explore: bool | None = None,
         log: bool | None = None,
+        **unknown: Any,
     ) -> list[Document]:
+        _check_call_options(unknown)
         # The core is synchronous (numpy, SQLite): run it in a thread, as LangChain's default does.
         cancelled = threading.Event()
         child = run_manager.get_child()
@@ -539,7 +564,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log,
                                 "observe_followups": observe_followups})  # before indexing
         _check_options(ensemble_kwargs, "from_texts")
-        ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, retrievers=retrievers, members=_members(members),
+        members_ = _members(members, ensemble_kwargs.get("fusion"))
+        ens = FeedbackEnsemble.from_texts(texts, ids, metadatas, retrievers=retrievers, members=members_,
                                           policy=policy, **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
@@ -570,7 +596,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
                                 "observe_followups": observe_followups})  # before indexing
         _check_options(ensemble_kwargs, "from_documents")
         chunks = _documents_to_chunks(documents)
-        ens = FeedbackEnsemble.from_chunks(chunks, retrievers=retrievers, members=_members(members), policy=policy,
+        members_ = _members(members, ensemble_kwargs.get("fusion"))
+        ens = FeedbackEnsemble.from_chunks(chunks, retrievers=retrievers, members=members_, policy=policy,
                                            **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
@@ -599,7 +626,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         opts = _checked_fields({"k": k, "session_id": session_id, "explore": explore, "log": log,
                                 "observe_followups": observe_followups})
         _check_options(ensemble_kwargs, "from_retrievers")  # a named error, not a TypeError
-        ens = FeedbackEnsemble({}, members=_members(retrievers), policy=policy, **ensemble_kwargs)
+        ens = FeedbackEnsemble({}, members=_members(retrievers, ensemble_kwargs.get("fusion")), policy=policy,
+                                **ensemble_kwargs)
         return cls(ensemble=ens, **opts)
 
     # ------------------------------------------------------------------ a changing corpus
@@ -649,7 +677,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         comment: str | None = None,
         key: str | None = None,
         **kwargs: Any,
-    ) -> list[Any]:
+    ) -> list[FeedbackRecord]:
         """Feedback on a retrieval (its ``event_id``, which is its run id) or on the chain run just above it.
 
         The ensemble learns from it. The retriever knows only its parent run: for a run further

@@ -26,10 +26,14 @@ if TYPE_CHECKING:
     import weakref
     from collections import OrderedDict
 
+    from rlfb.store.records import FeedbackRecord
+
 __all__ = ["adapter_feedback", "HandlerFeedback"]
 
 
-def adapter_feedback(store: Any, event_id: Any, signal: str | None, *, ensemble: Any, **fields: Any) -> list[Any]:
+def adapter_feedback(
+    store: Any, event_id: Any, signal: str | None, *, ensemble: Any, **fields: Any
+) -> list[FeedbackRecord]:
     """:func:`rlfb.runs.record_run_feedback` on ``store``; an unknown id names what a LlamaIndex app passes."""
     try:
         return record_run_feedback(store, event_id, signal, ensemble=ensemble, **fields)
@@ -95,7 +99,7 @@ class HandlerFeedback:
         comment: str | None = None,
         key: str | None = None,
         **kwargs: Any,
-    ) -> list[Any]:
+    ) -> list[FeedbackRecord]:
         """Feedback on a query (or on one retrieval's event id); returns one record per retrieval rated.
 
         ``query_id`` left out is :attr:`last_query_id`; ``None`` is refused

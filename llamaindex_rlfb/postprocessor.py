@@ -55,13 +55,14 @@ afresh.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import inspect
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
@@ -86,6 +87,9 @@ from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_settings
 from rlfb.errors import CorruptStateError, NoStoreError, UnknownChunkError, ValidationError
 from rlfb.types import Chunk
+
+if TYPE_CHECKING:
+    from rlfb.store.records import FeedbackRecord
 
 __all__ = ["FeedbackFusionPostprocessor"]
 
@@ -217,8 +221,14 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         ensemble_kwargs.pop("class_name", None)  # every LlamaIndex dump carries it; it is not an ensemble option
         unknown = sorted(set(ensemble_kwargs) - _ensemble_options())
         if unknown:  # now, not at the first query (self-indexing builds the ensemble late) nor saved in a dump
+            own = [n for n, prm in inspect.signature(FeedbackFusionPostprocessor.__init__).parameters.items()
+                   if prm.kind in (prm.KEYWORD_ONLY, prm.POSITIONAL_OR_KEYWORD)
+                   and n not in ("self", "options", "not_serialised")]
+            close = difflib.get_close_matches(unknown[0], [*own, *_ensemble_options()], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""  # stor= listed every option but store
             raise ValidationError(
-                f"unknown ensemble options {unknown}; FeedbackEnsemble takes {sorted(_ensemble_options())}"
+                f"unknown ensemble options {unknown}{hint}; FeedbackFusionPostprocessor takes {sorted(own)}, "
+                f"and FeedbackEnsemble {sorted(_ensemble_options())}"
             )
         corpus = {"nodes": nodes, "index": index, "docstore": docstore}
         has_corpus = any(v is not None for v in corpus.values())
@@ -373,7 +383,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         value: float | None = None,
         chunk_id: str | None = None,
         **kwargs: Any,
-    ) -> list[Any]:
+    ) -> list[FeedbackRecord]:
         """Feedback on a re-ranking (a node's ``metadata["event_id"]``) or on a query id above it; it learns.
 
         Give a ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...),

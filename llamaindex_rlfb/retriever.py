@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
@@ -27,6 +27,9 @@ from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, cur
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import NoStoreError, ValidationError
+
+if TYPE_CHECKING:
+    from rlfb.store.records import FeedbackRecord
 
 __all__ = ["FeedbackEnsembleRetriever"]
 
@@ -185,7 +188,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         value: float | None = None,
         chunk_id: str | None = None,
         **kwargs: Any,
-    ) -> list[Any]:
+    ) -> list[FeedbackRecord]:
         """Feedback on a retrieval (a node's ``metadata["event_id"]``) or a query id above it; it learns.
 
         As :meth:`llamaindex_rlfb.FeedbackFusionPostprocessor.feedback`.

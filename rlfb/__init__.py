@@ -32,6 +32,7 @@ from rlfb.errors import (
     StoreFullError,
     UnknownChunkError,
     UnknownEventError,
+    UnknownOptionError,
     UnknownSignalError,
     ValidationError,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "NotCopyableError",
     "NoStoreError",
     "ModelNotFoundError",
+    "UnknownOptionError",
     "__version__",
 ]
 

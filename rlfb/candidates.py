@@ -167,6 +167,7 @@ def make_context(
         ranks=ranks,
         proposed=proposed,
         candidate_embeddings=candidate_embeddings,
+        rrf_c=rrf_c if fusion == "rrf" else None,
     )
 
 

@@ -92,6 +92,8 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from rlfb.implicit import ImplicitSignals
+    from rlfb.learner import Learner
+    from rlfb.store.records import FeedbackRecord
 
 __all__ = ["FeedbackEnsemble"]
 
@@ -208,6 +210,7 @@ class FeedbackEnsemble:
         self._query_dim_cache: Any = _UNKNOWN
         self._other_models_asked = False  # other_models_snapshot: a first start takes another model's state once
         self._exploration_noted = False  # note_default_exploration: warned once
+        self._policy_noted = False  # note_other_policy: asked in the constructor only
         self._learner = Learner(
             self.retriever_names, policy=policy, weights=weights, config=learner_config, seed=seed
         )
@@ -241,6 +244,9 @@ class FeedbackEnsemble:
                 # on a store with no snapshot of this ensemble's kind too: until 2026-12-06 they were not, so a
                 # restart without weights= (or `rlfb weights show`) found none until the first feedback
                 self.set_weights(weights)
+        # the note that this ensemble starts afresh is for its first look at the store alone: later, another app's
+        # snapshot is no reason to think it was restarted with the wrong policy
+        self._policy_noted = True
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -408,7 +414,7 @@ class FeedbackEnsemble:
         return self._learner.weights(query_type(query_features(check_query(query))))
 
     @property
-    def learner(self) -> Any:
+    def learner(self) -> Learner:
         """The :class:`~rlfb.learner.Learner` that decides and learns (its state is the newest this process
         read; :attr:`weights` reads the store's first)."""
         return self._learner
@@ -749,7 +755,7 @@ class FeedbackEnsemble:
         idempotency_key: str | None = None,
         comment: str | None = None,
         key: str | None = None,
-    ) -> Any:
+    ) -> FeedbackRecord:
         """Record feedback on a logged retrieval and learn from it.
 
         Give a ``signal`` (``"explicit_positive"``, ``"implicit_negative"``,
@@ -783,7 +789,7 @@ class FeedbackEnsemble:
         cited: Sequence[str] = (),
         opened: Sequence[str] = (),
         timestamp: float | None = None,
-    ) -> list[Any]:
+    ) -> list[FeedbackRecord]:
         """Infer implicit feedback on the session's latest retrieval and learn from it.
 
         ``query`` is the user's follow-up: a restatement of the previous query
@@ -924,19 +930,22 @@ class FeedbackEnsemble:
         return f"FeedbackEnsemble({len(self)} chunks, fusion={self.fusion!r}, weights: {w})"
 
 
-def check_options(kwargs: Mapping[str, Any], cls: type | None = None) -> None:
+def check_options(kwargs: Mapping[str, Any], cls: type | None = None, *, leave_out: Sequence[str] = (),
+                  owner: str | None = None) -> None:
     """Refuse options :class:`FeedbackEnsemble` (or its subclass ``cls``) does not take now, not after the whole
-    corpus was encoded. A constructor that takes ``**kwargs`` takes them all.
+    corpus was encoded. A constructor that takes ``**kwargs`` takes them all. ``leave_out``: options the caller
+    (``load``) does not take either, named ``owner`` in the error.
 
     >>> check_options({"polciy": "thompson"})
     Traceback (most recent call last):
     ...
-    rlfb.errors.ValidationError: FeedbackEnsemble takes no option 'polciy' (did you mean 'policy'?); its options are ...
+    rlfb.errors.UnknownOptionError: FeedbackEnsemble takes no option 'polciy' (did you mean 'policy'?); ...
     """
     # read off the class (a subclass's own __init__), as inspect.signature reads it
-    known = keyword_options((cls or FeedbackEnsemble).__init__, leave_out=("retrievers", "chunks"))  # type: ignore[misc]
+    known = keyword_options((cls or FeedbackEnsemble).__init__,  # type: ignore[misc]
+                            leave_out=("retrievers", "chunks", *leave_out))
     if known is not None:
-        check_known_options(kwargs, known, (cls or FeedbackEnsemble).__name__)
+        check_known_options(kwargs, known, owner or (cls or FeedbackEnsemble).__name__)
 
 
 def _scalar_settings(

@@ -90,7 +90,9 @@ def load_ensemble(
         )
     from rlfb.ensemble import check_options
 
-    check_options(kwargs, cls)  # a bare TypeError of the constructor's, once the whole save was read
+    # a bare TypeError of the constructor's, once the whole save was read; not listing those refused above
+    check_options(kwargs, cls, leave_out=("policy", "learner_config", "weights"),
+                  owner=f"{cls.__name__}.load")
     members = kwargs.get("members", ())
     if isinstance(members, (str, bytes, Mapping)) or not isinstance(members, Iterable):
         raise ValidationError(f"members must be a list of SearchMember, got {type(members).__name__}")
@@ -137,12 +139,17 @@ def _built(cls: type[_E], root: Path, store: Any, read: tuple[Any, ...], kwargs:
         if name in config and name not in kwargs:  # one given explicitly wins, a damaged saved one too
             options[name] = _interval_from_json(config[name], name, root / _CONFIG_FILE)
     options.update(kwargs)
+    from rlfb.snapshot_sync import LOADING  # here: as the ensemble's own imports
+
+    token = LOADING.set(True)  # the save's learning comes next: no note that the ensemble starts afresh
     try:
         ens = cls(retrievers, table, store=store, **options)
     except ValidationError as exc:
         if kwargs:  # the caller's own settings may be what is wrong
             raise
         raise CorruptStateError(f"{root / _CONFIG_FILE}: {exc}") from exc
+    finally:
+        LOADING.reset(token)
     if ens._own_version > 0 and ens._learner.n_learned >= saved_count:
         # the store already holds this policy's state, learned from as much feedback as the save or more:
         # the store is the live record (other processes may have learned since the save, or set weights,

@@ -34,6 +34,7 @@ __all__ = [
     "StoreFileGoneError",
     "NotCopyableError",
     "NoStoreError",
+    "UnknownOptionError",
 ]
 
 
@@ -140,6 +141,11 @@ class StoreBusyError(RlfbError, sqlite3.OperationalError):
     ``FeedbackStore`` on the same file inside its ``exclusive()`` block (one that would wait for
     ever on itself). Still an ``sqlite3.OperationalError``, as it was before it had a name.
     """
+
+
+class UnknownOptionError(ValidationError, TypeError):
+    """A keyword argument a call does not take (a misspelt option), named with the closest one it does take.
+    Also the ``TypeError`` Python raises for an unexpected keyword argument, which it replaced."""
 
 
 class NotCopyableError(RlfbError, TypeError):

@@ -37,6 +37,7 @@ from rlfb.types import Hit
 
 if TYPE_CHECKING:
     from rlfb.ensemble import FeedbackEnsemble
+    from rlfb.store.records import FeedbackRecord
 
 #: The event metadata key of the learner's key for a question, logged where the store keeps no text.
 QUERY_KEY = "rlfb_query_key"
@@ -132,7 +133,9 @@ def _chunk_row(hit: Hit, used: int | None = None) -> dict[str, Any]:
     }
 
 
-def record_and_learn(ens: FeedbackEnsemble, event_id: str | None, signal: str | None, **fields: Any) -> Any:
+def record_and_learn(
+    ens: FeedbackEnsemble, event_id: str | None, signal: str | None, **fields: Any
+) -> FeedbackRecord:
     """The body of :meth:`FeedbackEnsemble.feedback <rlfb.FeedbackEnsemble.feedback>`: record the feedback
     (``fields`` are ``record_feedback``'s keyword arguments) and have the event's maker learn it."""
     store = ens._require_store()
@@ -193,7 +196,7 @@ def record_implicit(
     cited: Sequence[str],
     opened: Sequence[str],
     timestamp: float | None,
-) -> list[Any]:
+) -> list[FeedbackRecord]:
     """The body of :meth:`FeedbackEnsemble.observe <rlfb.FeedbackEnsemble.observe>`: the implicit signals on the
     session's latest retrieval (made by ``timestamp``, where given), each given to ``ens`` as feedback."""
     from rlfb.implicit import infer_at

@@ -57,7 +57,7 @@ from rlfb.decay import episode_time
 from rlfb.discovery import RepeatDiscovery
 from rlfb.errors import CorruptStateError, InvalidWeightsError, ValidationError
 from rlfb.exploration import NoExploration, ThompsonChunkExploration
-from rlfb.fusion import score_scale
+from rlfb.fusion import exploration_scale, score_scale
 from rlfb.guardrail import Guardrail
 from rlfb.hyperparameters import check_int
 from rlfb.learner_checks import (
@@ -294,7 +294,8 @@ class Learner:
             if explore and kk > 0 and not isinstance(self._explorer, NoExploration):
                 extra: dict[str, Any] = {}
                 if isinstance(self._explorer, ThompsonChunkExploration):
-                    extra = {"fused": fused, "alpha": alpha, "beta": beta, "score_scale": scale}
+                    extra = {"fused": fused, "alpha": alpha, "beta": beta,
+                             "score_scale": exploration_scale(N, kk, context.rrf_c)}
                 res = self._explorer.explore(ranked, kk, scale=self._guardrail.multipliers[1], **extra)
                 order = res.order
                 decision = _explored(decision, res)

@@ -36,7 +36,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import numpy as np
@@ -52,6 +52,9 @@ from rlfb.errors import (
 from rlfb.reward import NUMERIC_SIGNALS, RewardFunction
 from rlfb.types import EXTERNAL_POLICY as EXTERNAL_POLICY  # the policy of another engine's retrievals
 from rlfb.types import content_id as content_id  # where it always was importable from
+
+if TYPE_CHECKING:
+    from rlfb.store.records import FeedbackRecord
 
 __all__ = [
     "finite_score",
@@ -357,7 +360,7 @@ def record_run_feedback(
     user_id: str | None = None,
     idempotency_key: str | None = None,
     **unknown: Any,
-) -> list[Any]:
+) -> list[FeedbackRecord]:
     """Record feedback on every retrieval that ``run_id`` stands for; return the records.
 
     ``run_id`` is a retrieval's event id, or the id of a run above retrievals
@@ -415,6 +418,11 @@ def record_run_feedback(
         events = [e for e in events if any(c["chunk_id"] == chunk_id for c in e["chunks"])]
         if not events:
             raise UnknownChunkError(f"chunk {chunk_id!r} was not returned by any retrieval of run {run_id!r}")
+    reward = getattr(store, "reward", None)
+    if reward is not None:
+        # checked once here, once the run is known: the batch below names the item that failed ("feedback item 0:
+        # ..."), which says nothing to a caller who rated one run and gave the same signal for each retrieval
+        reward.normalize(signal, value, rating)
     items = [
         dict(event_id=e["id"], signal=signal, value=value, rating=rating, chunk_id=chunk_id, timestamp=timestamp,
              session_id=session_id, user_id=user_id, idempotency_key=_event_key(store, idempotency_key, e["id"]),

@@ -21,9 +21,11 @@ import os
 import warnings
 import weakref
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from rlfb._at_exit import run_at_exit
+from rlfb._caller import caller_stacklevel
 from rlfb.errors import CorruptStateError, ModelNotFoundError
 from rlfb.memory import naming_model, without_embeddings
 from rlfb.snapshot_kind import SnapshotKind
@@ -239,12 +241,13 @@ def take_newer(ens: FeedbackEnsemble) -> int:
         # (a store shared by two apps, or a policy switched and switched back) is still ours
         # snapshots up to the newest already seen were searched before: page back only through the new ones
         seen, ens._state_version = ens._state_version, newest
-        saved = own_snapshot(ens, after=max(ens._own_version, seen))
+        theirs, saved = saved, own_snapshot(ens, after=max(ens._own_version, seen))
         if saved is None and ens._own_version == 0:
             saved = other_models_snapshot(ens)
         if saved is None:
             if ens._own_version == 0:
                 note_default_exploration(ens)
+                note_other_policy(ens, theirs)
             return 0
     try:
         # the learning is shared, not the random draws: with the writer's generators, workers given other
@@ -368,6 +371,44 @@ def note_default_exploration(ens: FeedbackEnsemble) -> None:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+#: Set while :meth:`FeedbackEnsemble.load <rlfb.FeedbackEnsemble.load>` builds an ensemble: the save's learning is
+#: loaded after the constructor's first look at the store, so nothing starts afresh there.
+LOADING: ContextVar[bool] = ContextVar("rlfb_loading_a_save", default=False)
+def note_other_policy(ens: FeedbackEnsemble, newest: Mapping[str, Any]) -> None:
+    """Warn, once, where ``ens`` starts afresh, at its first look at the store, on a store whose newest snapshot is
+    another policy's learning for the same retrievers and which holds none of its own policy's: an app restarted
+    without the ``policy=`` it ran with (``FeedbackEnsemble``'s own default is ``fixed``) dropped what it had
+    learned without a word. Not where ``ens`` has learned (a save being loaded: :data:`LOADING`), where its policy
+    has learning of another kind there (another note names that), nor where the store cannot be asked by policy
+    (a store of the user's own). A first app of another policy beside the one that learned is told too, once."""
+    if ens._policy_noted or LOADING.get() or ens._learner.n_learned or ens._unsaved:
+        return
+    ens._policy_noted = True
+    theirs = SnapshotKind.of(newest)
+    differ = theirs.differences(SnapshotKind.of_learner(ens._learner))
+    if "policy" not in differ or "retrievers" in differ or not _learned_count(newest):
+        return
+    try:
+        if ens._store.load_policy_state(policy=ens._learner.policy_name) is not None:
+            return
+    except TypeError:  # a store of the user's own that takes no policy: it cannot say
+        return
+    warnings.warn(
+        f"rlfb: the store holds {theirs.policy!r} learning for these retrievers (snapshot {newest['version']}), "
+        f"and this ensemble runs {ens._learner.policy_name!r}, which has none there, so it starts afresh; pass "
+        f"policy={theirs.policy!r} to go on with that learning",
+        RuntimeWarning,
+        stacklevel=caller_stacklevel(),
+    )
+
+
+def _learned_count(saved: Mapping[str, Any]) -> int:
+    """How many episodes a snapshot's state says it learned (0 where it says nothing usable: weights set alone)."""
+    state = saved.get("state")
+    n = state.get("n_learned") if isinstance(state, Mapping) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def is_ours(ens: FeedbackEnsemble, saved: Mapping[str, Any]) -> bool:

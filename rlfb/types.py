@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlfb.errors import DuplicateIdError, EmptyCorpusError, ValidationError
+from rlfb.errors import DuplicateIdError, EmptyCorpusError, UnknownOptionError, ValidationError
 
 __all__ = [
     "EXTERNAL_POLICY", "Chunk", "Hit", "RetrievalResult", "check_choice", "check_chunk", "check_chunk_ids",
@@ -171,19 +171,20 @@ def check_choice(value: object, choices: Mapping[str, Any], what: str) -> str:
 
 
 def check_known_options(given: Iterable[str], known: Iterable[str], owner: str) -> None:
-    """Raise :class:`ValidationError` for the first name in ``given`` that is not in ``known``, with the closest
-    known name and the whole list: a bare ``TypeError`` ("got an unexpected keyword argument") listed neither.
+    """Raise :class:`~rlfb.errors.UnknownOptionError` (a ``ValidationError``, and a ``TypeError`` as Python's own
+    is) for the first name in ``given`` that is not in ``known``, with the closest known name and the whole list: a
+    bare ``TypeError`` ("got an unexpected keyword argument") listed neither.
 
     >>> check_known_options(["memory_wieght"], ["memory_weight", "exploration"], "the learner")
     Traceback (most recent call last):
     ...
-    rlfb.errors.ValidationError: the learner takes no option 'memory_wieght' (did you mean 'memory_weight'?); ...
+    rlfb.errors.UnknownOptionError: the learner takes no option 'memory_wieght' (did you mean 'memory_weight'?); ...
     """
     options = sorted(known)
     for name in sorted(set(given) - set(options)):
         close = difflib.get_close_matches(name, options, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValidationError(f"{owner} takes no option {name!r}{hint}; its options are {options}")
+        raise UnknownOptionError(f"{owner} takes no option {name!r}{hint}; its options are {options}")
 
 
 def keyword_options(func: Any, *, leave_out: Iterable[str] = ()) -> list[str] | None:

@@ -472,6 +472,11 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
             # serving equal weights
             if policy is None:
                 policy = wf.policy or "fixed"
+                if wf.policy is None:  # an app of another policy on this store passes the snapshot by, unsaid
+                    notes.append("the store held no snapshot, so these weights start a 'fixed' policy's state, "
+                                 "which only ensembles of policy 'fixed' read (FeedbackEnsemble's default; the "
+                                 "adapters and the quick start learn with 'thompson'): name the app's policy with "
+                                 "--policy (policy= in Python)")
             try:
                 learner = Learner(tuple(wf.normalised), policy=policy)
             except ValidationError as exc:  # a policy this rlfb does not know

@@ -55,3 +55,20 @@ def test_the_scifact_retriever_check_gives_the_readmes_bm25_figure(scifact_path:
     readme = (BENCHMARKS.parent / "README.md").read_text(encoding="utf-8")
     assert row[-1] == "ok" and f"| BM25 (bm25s, lucene, lowercase `\\w+`) | {row[1]} |" in readme
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.datasets
+def test_the_exploration_cost_benchmark_prints_both_fusions_and_their_ratio(scifact_path: Path,
+                                                                            tmp_path: Path) -> None:
+    """``exploration_cost.py`` on SciFact's first 20 test questions, BM25 alone (its index takes seconds)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(BENCHMARKS.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "exploration_cost.py"), "--dataset", str(scifact_path),
+                           "--retrievers", "bm25", "--max-queries", "20"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in done.stdout.splitlines()
+            if line.startswith(("minmax ", "rrf "))}
+    assert set(rows) == {"minmax", "rrf"} and rows["minmax"][0] == rows["rrf"][0]  # BM25 alone: one greedy ranking
+    assert "under RRF as a ratio of its cost under min-max" in done.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -472,3 +473,26 @@ def test_a_search_does_not_wait_on_another_process_holding_the_cache(tmp_path: P
     assert queries.get_many(["new"]) == {}
     queries.put_many({"new": np.ones(2)})  # free again: stored
     assert set(queries.get_many(["new"])) == {"new"}
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def _set_row(folder: Path, sql: str, *args: Any) -> None:
+    conn = sqlite3.connect(folder / "embeddings.sqlite")
+    with conn:
+        conn.execute(sql, args)
+    conn.close()
+
+
+def test_prune_by_unused_days_counts_whole_days(tmp_path: Path) -> None:
+    """Bug guarded: unused_days was read in the wrong unit, removing encodings used two hours ago."""
+    cache = EmbeddingCache(tmp_path, "toy|document", max_mb=100)
+    cache.put_many({"recent": np.zeros(4), "old": np.zeros(4)})
+    cache.close()
+    now = int(time.time())
+    _set_row(tmp_path, "UPDATE encodings SET used_at = ? WHERE text_hash = 'recent'", now - 7200)
+    _set_row(tmp_path, "UPDATE encodings SET used_at = ? WHERE text_hash = 'old'", now - 2 * 86400)
+    assert prune_cache(tmp_path, unused_days=1)["removed"] == 1
+    assert sorted(EmbeddingCache(tmp_path, "toy|document", max_mb=100).get_many(["recent", "old"])) == ["recent"]

@@ -231,3 +231,88 @@ def test_feedback_without_clicks_ages_the_click_evidence_until_the_gate_shuts_ag
     aged = policy.state_dict()["state"]["clicks"]["*"]["n"]
     assert aged == pytest.approx(clicks * 0.5, rel=0.01)
     assert policy.decide(None, explore=False).weights == {"bm25": 0.5, "dense": 0.5}
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_click_evidence_forgets_the_least_recently_used_question() -> None:
+    """Bug guarded: at max_queries the most recently used question was forgotten, not the least."""
+    ev = ClickEvidence(2, max_queries=2)
+    for q in ("q1", "q2", "q1", "q3"):
+        ev.update(np.array([0.5, 1.0]), q, 1.0, 1.0)
+    assert ev.state_dict()["queries"] == ["q1", "q3"]
+
+
+TR = ("bm25", "dense", "splade")
+
+
+def test_thompson_keeps_sampling_arms_after_a_single_click_whatever_cf_min_clicks() -> None:
+    """Click evidence decides only from two clicks on (``max(cf_min_clicks, 2)``): one click gives no variance to
+    gate with. With ``cf_min_clicks=0`` taken as it is, the first click switched arm sampling off for good."""
+    p = ThompsonPolicy(TR, cf_min_clicks=0.0, seed=0)
+    shown = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    click = Episode(event_id="e", query="q", retrievers=TR, decision=Decision(dict.fromkeys(TR, 1 / 3)),
+                    shown_ids=("d0", "d1", "d2"), shown=shown, chunk_rewards=np.array([0.0, 1.0, 0.0]), reward=1.0)
+    p.learn(click, 1.0)
+    decisions = [p.decide(None) for _ in range(20)]
+    assert any(dec.explored for dec in decisions) and any(dec.propensity < 1.0 for dec in decisions)
+
+
+def test_thompson_default_stays_put_while_click_evidence_decides() -> None:
+    """With click evidence the greedy arm is chosen against a *fixed* default, its bound 0. Moving the default
+    towards the arm posterior's best as well (``default_after``, here 0) shifted the baseline every advantage is
+    measured from, and the weights drifted on rewards the click evidence had already weighed."""
+    p = ThompsonPolicy(TR, cf_min_clicks=2.0, default_after=0, gate_z=0.0, min_samples=0.0, bandwidth=0.0,
+                       forget=1.0, half_life_days=None, seed=0)
+    shown = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    settled = None
+    for i in range(30):
+        if i == 3:  # two clicks in (episodes 0 and 2): the click evidence decides from here on
+            settled = p.default_weights
+        good = i % 2 == 0
+        w = (0.8, 0.1, 0.1) if good else (1 / 3, 1 / 3, 1 / 3)
+        rewards = np.array([1.0, 0.0, 0.0]) if good else np.zeros(3)
+        p.learn(Episode(event_id=f"e{i}", query=f"q{i}", retrievers=TR,
+                        decision=Decision(dict(zip(TR, w, strict=True))), shown_ids=("d0", "d1", "d2"),
+                        shown=shown, chunk_rewards=rewards, reward=float(rewards.max())), float(rewards.max()))
+    assert p.default_weights == pytest.approx(settled)
+
+
+def test_thompson_click_evidence_ignores_negative_chunk_rewards() -> None:
+    """Only positively rewarded chunks are relevant to the click evidence (gains clipped to [0, 1]): a thumbs down
+    on one chunk says the answer was bad, not which weights would have ranked a good chunk higher. Read as a
+    negative gain it pushed every arm's DCG outside [0, 1] and moved the evidence."""
+    shown = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+
+    def learned(rewards: list[float]) -> dict:
+        p = ThompsonPolicy(TR, seed=0)
+        for i in range(3):
+            ep = Episode(event_id=f"e{i}", query=f"q{i}", retrievers=TR, decision=Decision(dict.fromkeys(TR, 1 / 3)),
+                         shown_ids=("d0", "d1", "d2"), shown=shown, chunk_rewards=np.array(rewards), reward=1.0)
+            p.learn(ep, 1.0)
+        return p.state_dict()["state"]["clicks"]
+
+    assert learned([1.0, -1.0, 0.0]) == learned([1.0, 0.0, 0.0])
+
+
+def test_thompson_click_evidence_keeps_the_logged_offsets_of_the_fused_scores() -> None:
+    """Each arm re-ranks the shown chunks by its weights *plus* the offsets (feedback memory, confidence) the
+    logged fused scores held: a chunk the memory put on top stays on top under every arm and earns none of them
+    credit. Re-ranked by the weights alone, a click the memory won was credited to whichever arm ranks that
+    chunk's retriever first."""
+    w = (1 / 3, 1 / 3, 1 / 3)
+
+    def learned(shown: np.ndarray, scores: np.ndarray | None) -> dict:
+        p = ThompsonPolicy(TR, seed=0)
+        for i in range(3):
+            p.learn(Episode(event_id=f"e{i}", query=f"q{i}", retrievers=TR,
+                            decision=Decision(dict(zip(TR, w, strict=True))), shown_ids=("d0", "d1", "d2"),
+                            shown=shown, chunk_rewards=np.array([0.0, 1.0, 0.0]), reward=1.0, scores=scores), 1.0)
+        return p.state_dict()["state"]["clicks"]
+
+    eye = np.eye(3)
+    memory_won = learned(eye, eye @ np.array(w) + np.array([0.0, 10.0, 0.0]))  # the memory lifted d1 to the top
+    every_arm_agrees = learned(np.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]), None)
+    assert memory_won == every_arm_agrees

@@ -1223,3 +1223,121 @@ def test_a_short_question_padded_with_spaces_keeps_its_text_as_its_key() -> None
 
     padded = "what causes" + " " * (MAX_KEY_CHARS + 10) + "tides?"
     assert not question_key(padded).startswith(HASHED_KEY) and question_key(padded) == padded
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+# the guardrail
+SHOWN = np.array([[1.0, 0.0], [0.0, 1.0]])  # two chunks, each scored by one retriever alone
+# the second chunk rewarded: the learned weights rank it second, the default first (nDCG 0.631 against 1)
+WORSE = (np.array([0.0, 1.0]), np.array([1.0, 0.0]), np.array([0.0, 1.0]))
+SAME = (np.array([0.0, 1.0]), np.array([0.5, 0.5]), np.array([0.5, 0.5]))  # learned weights equal the default
+
+
+def test_the_guardrail_eases_its_multipliers_back_to_one_and_not_past_it() -> None:
+    """Bug guarded: easing back multiplied a learning rate below 1 past 1 (0.9 x 1.25 = 1.125)."""
+    g = Guardrail(min_episodes=0, factor=1.25)
+    state = g.state_dict()
+    state.update(lr=0.9, explore=1.1)
+    g.load_state_dict(state)
+    assert g.observe(SHOWN, *SAME) == (1.0, 1.0)
+
+
+def test_the_guardrail_does_not_act_on_two_episodes_that_disagree() -> None:
+    """Bug guarded: the standard error took a full window's effective count from the first episode on, so one worse
+    episode and one equal one already read as sure evidence."""
+    g = Guardrail(min_episodes=2)
+    g.observe(SHOWN, *WORSE)
+    assert g.observe(SHOWN, *SAME) == (1.0, 1.0)
+
+
+def test_a_disliked_chunk_counts_as_no_gain_in_the_guardrails_comparison() -> None:
+    """Bug guarded: a negative chunk reward entered the nDCG as a negative gain, and the difference left [-1, 1]."""
+    g = Guardrail(min_episodes=1000)
+    g.observe(SHOWN, np.array([-1.0, 1.0]), WORSE[1], WORSE[2])
+    assert g.lift == pytest.approx(1.0 / np.log2(3) - 1.0)
+
+
+def test_a_guardrail_state_whose_mean_square_is_below_its_squared_mean_is_damage() -> None:
+    """Each field was checked on its own: ema -0.5 with ema2 0 (a negative variance) loaded, and its standard
+    error of 0 let the next episode move the multipliers on the mean alone."""
+    from rlfb.errors import CorruptStateError
+    from rlfb.guardrail import Guardrail
+
+    state = Guardrail().state_dict()
+    with pytest.raises(CorruptStateError, match="inconsistent"):
+        Guardrail().load_state_dict({**state, "ema": -0.5, "ema2": 0.0, "n": 100})
+    Guardrail().load_state_dict({**state, "ema": -0.5, "ema2": 0.25, "n": 100})  # every reward -0.5: sound
+
+
+# memory
+def test_a_question_at_exactly_the_exact_similarity_counts_as_the_same_question() -> None:
+    # Bug guarded: exact_similarity compared with >, so an identical embedding under other words was only a neighbour.
+    memory = FeedbackMemory(similarity_threshold=0.5, exact_similarity=1.0)
+    memory.update("first wording", [1.0, 0.0], ["c1"], [0.4])
+    assert memory.score("another wording", [1.0, 0.0], ["c1"])[0] > 0.5
+
+
+def test_transfer_reads_at_most_max_neighbors_similar_questions() -> None:
+    # Bug guarded: the max_neighbors cap was not applied, and less similar questions added their evidence too.
+    memory = FeedbackMemory(similarity_threshold=0.5, max_neighbors=1, transfer_gate=1.0)
+    memory.update("n1", [1.0, 0.5], ["good"], [0.4])
+    memory.update("n2", [1.0, 0.9], ["bad"], [0.4])
+    scores = memory.score("query", [1.0, 0.0], ["good", "bad"])
+    assert scores[0] > 0
+    assert scores[1] == 0
+
+
+def test_agreeing_neighbours_do_not_add_up_past_one_questions_evidence() -> None:
+    # Bug guarded: transfer was not normalised by the neighbours' summed gains, so three neighbours counted thrice.
+    memory = FeedbackMemory(similarity_threshold=0.5, transfer_gate=1.0)
+    for query, embedding in (("n1", [1.0, 0.3]), ("n2", [1.0, -0.3]), ("n3", [1.0, 0.31])):
+        memory.update(query, embedding, ["c"], [0.1])
+    one = FeedbackMemory(similarity_threshold=0.5, transfer_gate=1.0)
+    one.update("n1", [1.0, 0.0], ["c"], [0.1])
+    assert memory.score("q", [1.0, 0.0], ["c"])[0] <= one.score("n1", [1.0, 0.0], ["c"])[0] + 1e-9
+
+
+def test_an_evicted_questions_ask_count_is_not_inherited_by_its_replacement() -> None:
+    # Bug guarded: eviction reset a row's values but not its ask count, which the next question took over.
+    memory = FeedbackMemory(max_entries=1)
+    memory.update("old", None, ["c1"], [0.4])
+    for _ in range(5):
+        memory.note_ask("old")
+    memory.update("new", None, ["c2"], [0.4])
+    assert memory.asks("new") == 0
+
+
+def test_a_question_without_an_embedding_is_no_neighbour_of_one_with() -> None:
+    # Bug guarded: similarity ignored whether a row had an embedding, so a reused row kept its evicted one's.
+    memory = FeedbackMemory(similarity_threshold=0.5, max_entries=1, transfer_gate=1.0)
+    memory.update("old", [1.0, 0.0], ["c1"], [0.4])
+    memory.update("new", None, ["c2"], [0.4])
+    assert memory.score("query", [1.0, 0.0], ["c2"])[0] == 0.0
+
+
+# confidence
+def test_a_chunks_uncertainty_stays_at_most_one_above_a_confident_prior() -> None:
+    # Bug guarded: uncertainty was not clipped, and a click on a chunk with a low prior mean read above 1.
+    confidence = ChunkConfidence(prior_alpha=2.0, prior_beta=8.0)
+    confidence.update(["a"], [1.0])
+    assert 0.0 <= confidence.uncertainty(["a"])[0] <= 1.0
+
+
+# chunk exploration
+def test_thompson_exploration_propensity_is_smoothed_over_its_draws() -> None:
+    # Bug guarded: the propensity was hits / draws (at least 1 / draws), not (hits + 1) / (draws + 1).
+    explorer = ThompsonChunkExploration(weight=10.0, draws=4, seed=0)
+    ones = np.ones(6)
+    r = explorer.explore(np.arange(6), 2, fused=np.zeros(6), alpha=ones, beta=ones)
+    assert r.propensity < 1.0
+    assert r.propensity * 5 == pytest.approx(round(r.propensity * 5))
+
+
+def test_epsilon_exploration_is_off_when_the_guardrail_scales_it_to_zero() -> None:
+    # Bug guarded: epsilon ignored its scale, so a guardrail that turned exploration off did not.
+    r = EpsilonGreedyExploration(epsilon=0.1, seed=0).explore(np.arange(20), 5, scale=0.0)
+    assert r.propensity == 1.0
+    assert r.explored is False

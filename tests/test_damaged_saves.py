@@ -150,6 +150,8 @@ DAMAGE: dict[str, tuple[str, Mutation, str]] = {
     "dense embeddings strings": ("dense", _embeddings(lambda a: a.astype(str)), "embeddings.npy"),
     "dense embeddings integers": ("dense", _embeddings(lambda a: (a * 100).astype(np.int64)), "embeddings.npy"),
     "dense embeddings truncated": ("dense", _cut("embeddings.npy", 0.5), "embeddings.npy"),
+    # numpy's own message advised loading it with allow_pickle=True, which runs the file's code
+    "dense embeddings of Python objects": ("dense", _embeddings(lambda a: a.astype(object)), "embeddings.npy"),
     "dense batch_size garbage": ("dense", _meta("batch_size", "x"), "meta.json"),
     "dense batch_size negative": ("dense", _meta("batch_size", -1), "meta.json"),
     "dense batch_size fraction": ("dense", _meta("batch_size", 2.5), "meta.json"),
@@ -203,6 +205,17 @@ def test_damaged_index_raises_corrupt_state_naming_the_file(
         load(folder, cache_dir=cache_dir)
     assert str(folder) in str(info.value)
     assert before == {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}  # loading wrote nothing
+
+
+def test_a_pickled_array_is_named_damage_without_advice_to_unpickle_it(
+    saved: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "dense"
+    shutil.copytree(saved / "dense", folder)
+    _embeddings(lambda a: a.astype(object))(folder)
+    with pytest.raises(CorruptStateError, match="never unpickles") as info:
+        DenseRetriever.load(folder, cache_dir=cache_dir)
+    assert "allow_pickle" not in str(info.value)
 
 
 @pytest.mark.parametrize("kind", ["dense", "splade"])

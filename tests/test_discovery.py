@@ -225,3 +225,31 @@ def test_discovery_skips_a_chunk_the_memory_knows_to_be_bad_as_well_as_a_good_on
     moved = discovery.explore(np.array([0, 1, 2]), np.array([0, 1, 2]), ids, {"good": 0.8, "bad": -0.3}, asks=3)
     assert moved is not None and moved.explored
     assert ids[int(moved.order[0])] == "new"
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_a_question_with_only_zero_evidence_is_not_eligible_for_discovery() -> None:
+    # Bug guarded: eligibility took evidence of 0 as something known to be good.
+    assert RepeatDiscovery().eligible({"a": 0.0}, asks=5) is False
+
+
+def test_discovery_looks_for_an_unknown_chunk_only_within_its_depth() -> None:
+    # Bug guarded: discovery ignored depth and picked an unknown chunk from anywhere in the ranking.
+    discovery = RepeatDiscovery(max_rate=1.0, depth=2, seed=0)
+    for _ in range(20):
+        discovery.observe(True)
+    assert discovery.explore(np.array([0, 1]), np.array([0, 1, 2]), ["k", "k2", "u"], {"k": 0.8, "k2": 0.5},
+                             asks=5) is None
+
+
+def test_discovery_forgets_its_old_tries_as_well_as_its_old_hits() -> None:
+    # Bug guarded: tries were never forgotten while hits were, so the rate could not recover from early misses.
+    discovery = RepeatDiscovery(max_rate=1.0, forget=0.5)
+    for _ in range(10):
+        discovery.observe(False)
+    for _ in range(10):
+        discovery.observe(True)
+    assert discovery.rate == 1.0

@@ -18,6 +18,8 @@ from rlfb import (
     ValidationError,
 )
 from rlfb.fusion import FUSION_METHODS
+from rlfb.retrievers.bm25 import BM25Retriever
+from rlfb.types import make_chunks
 
 from _corpus import IDS as _ALL_IDS
 from _corpus import TEXTS as _ALL_TEXTS
@@ -266,3 +268,15 @@ def test_a_chunk_only_a_member_found_ranks_below_every_pooled_candidate_in_a_cor
     others = [j for j in range(len(ctx.candidate_ids)) if j != i]
     assert ctx.ranks is not None
     assert ctx.ranks[i, col] > ctx.ranks[others, col].max()
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_a_retriever_indexing_other_ids_with_the_same_texts_is_refused() -> None:
+    """Bug: only the texts were compared, so a retriever indexed under other ids (the same texts) was taken, and
+    its score vectors were read against ids it does not hold."""
+    other = BM25Retriever().index(make_chunks(TEXTS, ids=[f"other-{i}" for i in IDS]))
+    with pytest.raises(ValidationError, match="same order"):
+        FeedbackEnsemble({"bm25": other}, make_chunks(TEXTS, ids=IDS))

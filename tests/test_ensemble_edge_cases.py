@@ -199,6 +199,14 @@ def test_load_refuses_settings_the_saved_learner_would_overwrite(tmp_path: Path,
     assert FeedbackEnsemble.load(tmp_path / "idx", candidate_k=3).candidate_k == 3  # ensemble settings still can
 
 
+def test_a_misspelt_load_option_lists_only_what_load_takes(tmp_path: Path) -> None:
+    # the list named policy, weights and learner_config, which load refuses
+    _ens(policy="thompson").save(tmp_path / "idx")
+    with pytest.raises(ValidationError, match=r"load takes no option 'fusio' \(did you mean 'fusion'\?\)") as info:
+        FeedbackEnsemble.load(tmp_path / "idx", fusio="rrf")
+    assert not {"policy", "weights", "learner_config"} & set(str(info.value).split("'"))
+
+
 def _cyclic() -> dict:
     meta: dict = {"a": 1}
     meta["self"] = meta
@@ -415,3 +423,31 @@ def test_a_corpus_of_blank_texts_is_refused(texts: list[str]) -> None:
         FeedbackEnsemble.from_texts(texts, retrievers=("bm25",))
     assert FeedbackEnsemble.from_texts(["", "the moon"], retrievers=("bm25",)).retrieve("moon", k=1, log=False) \
         .hits[0].text == "the moon"  # one blank chunk among others stays indexable
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_a_member_listing_a_chunk_twice_keeps_it_once_at_its_best_position() -> None:
+    """Bug guarded: a chunk a member listed twice came back twice."""
+    a, b = Chunk("a", "alpha"), Chunk("b", "beta")
+    m = SearchMember("kb", lambda q, k: [(a, 0.9), (b, 0.5), (a, 0.1)])
+    assert [(c.id, s) for c, s in m.search("q", 3)] == [("a", 0.9), ("b", 0.5)]
+
+
+def test_a_member_whose_search_is_not_callable_is_refused_when_made() -> None:
+    """Bug guarded: a member made with a search that is no function failed only at its first retrieval."""
+    with pytest.raises(ValidationError, match="callable"):
+        SearchMember("kb", [(Chunk("a", "alpha"), 1.0)])  # type: ignore[arg-type]
+
+
+def _bm25_ensemble(**kw: Any) -> FeedbackEnsemble:
+    return FeedbackEnsemble.from_texts(TEXTS[:3], ids=["a", "b", "c"], retrievers=("bm25",), **kw)
+
+
+def test_rerank_keeps_the_first_chunk_given_under_a_repeated_id() -> None:
+    """Bug guarded: of two chunks given under one id, the last one given was scored and returned."""
+    chunks = [Chunk("x", "aurora and solar wind"), Chunk("x", "nothing alike")]
+    hits = _bm25_ensemble().rerank("aurora", chunks, explore=False, log=False).hits
+    assert [(h.chunk_id, h.text) for h in hits] == [("x", "aurora and solar wind")]

@@ -455,7 +455,8 @@ def test_a_policy_keeps_its_learning_when_another_policy_wrote_the_store_since(t
     t = _teach(thompson, 3, time.time() - 1000)
     learned = thompson.learner.state_dict()
     thompson.close()
-    gradient = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="gradient")
+    with pytest.warns(RuntimeWarning, match="holds 'thompson' learning"):  # a second app, or a changed default
+        gradient = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="gradient")
     assert gradient.learner.n_learned == 0  # not thompson's state
     t = _teach(gradient, 1, t)
     again = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="thompson")

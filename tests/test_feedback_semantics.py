@@ -453,3 +453,22 @@ def test_observe_on_a_damaged_event_keeps_the_feedback_it_says_it_stored(tmp_pat
         ens.observe("s", cited=[r.hits[0].chunk_id])
     assert [f["signal"] for f in ens.store.feedback(r.event_id)] == ["cited"]
     ens.close()
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_feedback_on_a_chunk_is_chunk_level_and_on_the_answer_response_level(tmp_path) -> None:
+    # Bug guarded: response_level was inverted, so a chunk's thumbs down read as criticism of the whole answer.
+    t0 = 1_000_000.0
+    store = FeedbackStore(tmp_path / "feedback.db", clock=lambda: t0 + 10_000)
+    ens = FeedbackEnsemble.from_texts(["aurora charged particles sun", "aurora lights north sky", "tides moon"],
+                                      retrievers=("bm25",), store=store, policy="gradient")
+    r = ens.retrieve("aurora", 2, explore=False, timestamp=t0)
+    assert r.event_id is not None
+    second = r.hits[1].chunk_id
+    down = ens.feedback(r.event_id, "thumbs_down", chunk_id=second, timestamp=t0)
+    assert ens.episode(r.event_id, down).response_level is False
+    up = ens.feedback(r.event_id, "thumbs_up", timestamp=t0 + 1)
+    assert ens.episode(r.event_id, up).response_level is True

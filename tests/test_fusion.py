@@ -6,12 +6,14 @@ import pytest
 from rlfb.errors import InvalidWeightsError, ValidationError
 from rlfb.fusion import (
     FUSION_METHODS,
+    exploration_scale,
     fuse,
     minmax_normalize,
     normalize,
     rank_matrix,
     rrf_normalize,
     validate_weights,
+    weighted_fusion,
     weighted_rrf,
     zscore_normalize,
 )
@@ -170,3 +172,31 @@ def test_weights_of_a_score_matrix_as_a_mapping_are_refused() -> None:
     # over columns (bm25, dense) weighed bm25 0.8
     with pytest.raises(InvalidWeightsError, match="column order"):
         fuse(RAW, {"dense": 0.8, "bm25": 0.2})  # type: ignore[arg-type]
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_weighted_fusion_reads_a_missing_normalised_score_as_zero() -> None:
+    """Without its ``nan_to_num``, one missing (NaN) normalised score made the candidate's fused score NaN, which
+    sorts unpredictably: a candidate a member did not return gets nothing from it, not NaN."""
+    fused = weighted_fusion(np.array([[np.nan, 1.0], [0.5, 0.0]]), [0.5, 0.5])
+    assert fused.tolist() == [0.5, 0.25]
+
+
+def test_exploration_scale_is_the_rrf_drop_over_the_shown_depth_and_the_largest_score_otherwise() -> None:
+    from rlfb.candidates import make_context
+
+    ranks = rank_matrix(RAW)
+    assert exploration_scale(minmax_normalize(RAW), 10) == 1.0
+    assert exploration_scale(zscore_normalize(RAW), 10) == pytest.approx(float(np.abs(zscore_normalize(RAW)).max()))
+    assert exploration_scale(rrf_normalize(ranks), 10, rrf_c=60.0) == pytest.approx(1 / 61 - 1 / 71)
+    assert exploration_scale(rrf_normalize(ranks, c=0.0), 3, rrf_c=0.0) == pytest.approx(1 - 1 / 4)
+    with pytest.raises(ValidationError):
+        exploration_scale(RAW, 10, rrf_c=float("nan"))
+    # the ensemble's contexts say which fusion made their scores
+    for fusion, c in (("rrf", 60.0), ("minmax", None), ("zscore", None)):
+        ctx = make_context("q", ["a", "b", "c", "d"], RAW, ranks, None, retrievers=("bm25", "dense"),
+                           fusion=fusion, rrf_c=60.0, embed=lambda q: None)
+        assert ctx.rrf_c == c

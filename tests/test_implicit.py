@@ -403,3 +403,12 @@ def test_observe_without_a_time_judges_by_the_stores_clock_and_a_time_ahead_of_i
     ens.retrieve("why do tides rise", k=1, session_id="own")
     records = observe_followup(OwnStore(store), "own", "why do the tides rise", ensemble=ens, timestamp=then + 60)
     assert [r.signal for r in records] == ["reformulation"]
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_japanese_particles_do_not_count_as_content_words_of_a_restatement() -> None:
+    """Bug guarded: hiragana runs (particles, endings) counted as content words and diluted the overlap."""
+    assert ImplicitSignals().overlap("オーロラはなぜ光る", "オーロラが光る理由") == 1.0

@@ -112,7 +112,7 @@ def test_a_whole_corpus_retrieved_and_criticised_fills_one_entry_only_to_its_bou
     # and the replay keeps the episode's first shown chunks only, in the order shown
     (episode,) = ens.learner.replay.sample()
     assert episode.shown_ids == tuple(hits.chunk_ids[:MAX_SHOWN]) and episode.shown.shape == (MAX_SHOWN, 1)
-    assert episode.chunk_rewards.shape == episode.scores.shape == (MAX_SHOWN,)
+    assert episode.scores is not None and episode.chunk_rewards.shape == episode.scores.shape == (MAX_SHOWN,)
     ens.close()
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 
 import ir_measures
+import numpy as np
 import pytest
 import pytrec_eval
 
 from rlfb.errors import ValidationError
 from rlfb.metrics import evaluate_run, mrr_at_k, ndcg_at_k, precision_at_k, recall_at_k, run_to_ranking
+from rlfb.offline import trec_top
 
 
 def _random_runs(seed: int = 3, n_queries: int = 40, n_docs: int = 60):
@@ -194,3 +196,40 @@ def test_a_judged_query_missing_from_the_run_scores_zero() -> None:
     # trec_eval's -c: a judged query the run has no ranking for counts as 0, not as absent (skipping it would
     # raise every mean by the queries a system failed to answer)
     assert evaluate_run({"q1": ["a"]}, {"q1": {"a": 1}, "q2": {"b": 1}}, [("p", 1)]) == {"p@1": 0.5}
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_trec_top_ranks_a_nan_score_last() -> None:
+    """Bug guarded: a NaN score taken as is made the cut at the depth drop a scored document."""
+    assert trec_top(["a", "b", "c"], np.array([np.nan, 1.0, 0.5]), 2) == ["b", "c"]
+
+
+def test_trec_top_at_depth_zero_is_empty_and_a_negative_depth_is_named() -> None:
+    from rlfb.errors import ValidationError
+    from rlfb.offline import trec_top
+
+    assert trec_top(["a", "b"], np.array([1.0, 0.5]), 0) == []
+    with pytest.raises(ValidationError, match="depth"):
+        trec_top(["a", "b"], np.array([1.0, 0.5]), -1)
+
+
+def test_a_query_whose_qrels_are_empty_is_not_judged() -> None:
+    """A query with an empty qrel mapping has no judgments at all (unlike one judged only grade 0): counted as
+    judged, it scored 0 and halved the mean here."""
+    rankings = {"q1": ["a", "b"], "q2": ["c"]}
+    assert evaluate_run(rankings, {"q1": {"a": 1}, "q2": {}}, [("mrr", 10), ("p", 1)]) == {"mrr@10": 1.0,
+                                                                                         "p@1": 1.0}
+
+
+def test_score_ties_between_ids_that_are_prefixes_of_one_another_follow_trec_eval() -> None:
+    """trec_eval breaks a score tie by doc id in descending string order, so "ab" comes before "a". Negated
+    character codes alone (without the end marker) put the shorter id first, and P@1 differed from trec_eval's."""
+    run = {"a": 1.0, "ab": 1.0, "b": 0.5}
+    assert run_to_ranking(run) == ["ab", "a", "b"]
+    for relevant in ("a", "ab"):
+        ours = evaluate_run({"q": run_to_ranking(run)}, {"q": {relevant: 1}}, [("p", 1)])["p@1"]
+        theirs = pytrec_eval.RelevanceEvaluator({"q": {relevant: 1}}, {"P_1"}).evaluate({"q": run})["q"]["P_1"]
+        assert ours == theirs

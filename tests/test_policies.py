@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 import math
 from collections.abc import Mapping
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pytest
@@ -1169,3 +1171,160 @@ def test_chunk_exploration_that_reorders_the_greedy_set_is_logged_as_explored() 
         assert r.explored == (r.order.tolist() != [0, 1, 2, 3, 4])
         flags.append(r.explored)
     assert any(flags) and not all(flags)
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+# query features
+def test_one_letter_capitals_are_not_counted_as_all_capital_tokens() -> None:
+    """Bug guarded: "I" and "A" counted as all-capital (acronym) tokens in upper_ratio."""
+    assert query_features("What is a UNIX pipe and can I use it")["upper_ratio"] == pytest.approx(0.1)
+
+
+def test_a_capitalised_question_word_makes_a_question_without_a_question_mark() -> None:
+    """Bug guarded: the leading question word was compared without lower-casing it."""
+    assert query_features("How do tides work")["is_question"] == 1.0
+
+
+def test_twelve_tokens_are_medium_and_thirteen_long() -> None:
+    """Bug guarded: the medium bucket's bound was exclusive, so a 12-token query was long."""
+    assert query_type(query_features(" ".join(["tide"] * 12))) == "medium|keyword"
+    assert query_type(query_features(" ".join(["tide"] * 13))) == "long|keyword"
+
+
+# the gradient and batch policies
+RETRIEVERS3 = ("bm25", "dense", "splade")
+
+
+def _episode3(shown: list[list[float]], rewards: list[float], *, weights: tuple[float, ...] = (1 / 3,) * 3,
+             eid: str = "e") -> Episode:
+    return Episode(event_id=eid, query="q", retrievers=RETRIEVERS3,
+                   decision=Decision(dict(zip(RETRIEVERS3, weights, strict=True)), arm=None),
+                   shown_ids=tuple(f"d{i}" for i in range(len(shown))), shown=np.asarray(shown, dtype=float),
+                   chunk_rewards=np.asarray(rewards, dtype=float), reward=max(rewards))
+
+
+def test_a_chunk_reward_beyond_one_weighs_as_a_full_click_in_the_gradient() -> None:
+    """Bug guarded: a chunk reward of 3 (an explicit rating's) weighed three full clicks in the PDGD gradient."""
+    sums = []
+    for r in (1.0, 3.0):
+        p = GradientPolicy(RETRIEVERS3, seed=0)
+        p.learn(_episode3([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]], [0.0, r]), 1.0)
+        sums.append(p.state_dict()["state"]["grad_sums"])
+    assert sums[1] == sums[0]
+
+
+def test_a_later_click_on_an_event_counts_only_its_own_pairs() -> None:
+    """Bug guarded: a second click on an event counted the first click's pairs again (n_pairs twice as large)."""
+    p = GradientPolicy(RETRIEVERS3, seed=0)
+    shown = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    later = dataclasses.replace(_episode3(shown, [0.0, 0.0, 1.0]), prior_rewards=np.array([0.0, 1.0, 0.0]))
+    p.learn(later, 1.0)
+    assert p.state_dict()["state"]["n_pairs"] == 1.0  # chunk 2 over chunk 0; chunk 1 was learned from before
+
+
+def test_the_batch_policy_buffers_a_reward_beyond_one_as_one_and_its_state_still_loads() -> None:
+    """Bug guarded: a reward of 5 was buffered as it came, and the saved state then failed to load."""
+    p = BatchPolicy(RETRIEVERS3, batch_size=3, seed=0)
+    p.learn(_episode3([[1.0, 0.0, 0.0]], [5.0]), 5.0)
+    state = p.state_dict()
+    assert state["state"]["buffer"][0][1] == 1.0
+    BatchPolicy(RETRIEVERS3, batch_size=3, seed=0).load_state_dict(state)
+
+
+def _batch_after_one_batch(**kw: Any) -> BatchPolicy:
+    """A batch policy after one batch: the event shown weights leaning to bm25 did better than the one leaning to
+    dense, and the batch's mean reward (0.6) is past the positive threshold."""
+    tune = kw.pop("tune", {})
+    p = BatchPolicy(RETRIEVERS3, batch_size=2, seed=0, **kw).tune(**tune)
+    p.learn(_episode3([[1.0, 0.0, 0.0]], [1.0], weights=(0.6, 0.2, 0.2), eid="e1"), 1.0)
+    p.learn(_episode3([[1.0, 0.0, 0.0]], [0.2], weights=(0.2, 0.6, 0.2), eid="e2"), 0.2)
+    return p
+
+
+def test_the_guardrails_learning_rate_multiplier_scales_the_batch_step() -> None:
+    """Bug guarded: the batch policy ignored the guardrail's learning-rate multiplier (0 still moved the weights)."""
+    assert _batch_after_one_batch().weights()["bm25"] > 1 / 3
+    assert _batch_after_one_batch(tune={"learning_rate": 0.0}).weights() == pytest.approx(dict.fromkeys(RETRIEVERS3,
+                                                                                                      1 / 3))
+
+
+def test_a_batch_step_is_at_most_max_step() -> None:
+    """Bug guarded: the batch step was not bounded by max_step."""
+    p = _batch_after_one_batch(learning_rate=1.0, max_step=0.01)
+    w = np.array([p.weights()[n] for n in RETRIEVERS3])
+    assert 0.0 < np.linalg.norm(w - 1 / 3) <= 0.01 + 1e-12
+
+
+def test_the_guardrails_exploration_multiplier_widens_the_batch_policys_perturbations() -> None:
+    """Bug guarded: the step towards a retriever ignored the exploration multiplier (4 / sqrt(concentration))."""
+    # a step of 4 / sqrt(200 / 2) = 0.4
+    p = BatchPolicy(RETRIEVERS3, seed=0).tune(exploration=2.0)
+    shown = [p.decide(None) for _ in range(40)]
+    explored = [max(d.weights.values()) for d in shown if d.explored]
+    assert explored and explored == pytest.approx([1 / 3 + 0.4 * 2 / 3] * len(explored))
+
+
+# thompson: the posterior and its gate
+TR = ("bm25", "dense", "splade")
+
+
+def _thompson_episode(weights: tuple[float, ...], reward: float = 1.0, qtype: str = "default") -> Episode:
+    return Episode(event_id="e", query="q", retrievers=TR, decision=Decision(dict(zip(TR, weights, strict=True))),
+                   shown_ids=("d0",), shown=np.ones((1, 3)), chunk_rewards=np.array([reward]), reward=reward,
+                   query_type=qtype)
+
+
+def _plain_thompson(**kwargs) -> ThompsonPolicy:
+    # no forgetting, no clock, no click evidence: the posterior of the module docstring, exactly
+    return ThompsonPolicy(TR, counterfactual=False, forget=1.0, half_life_days=None, prior_strength=2.0, **kwargs)
+
+
+def test_thompson_arms_shrink_towards_the_global_mean_reward() -> None:
+    """Each arm's posterior mean is ``(s + k0 * mu0) / (n + k0)``, ``mu0 = S / (N + 1)`` the global mean: an
+    untried arm starts at what arms earn on average. With the prior mean read as 0 (or left out of the played
+    arm's mean) every untried arm looked worse than the played one and a played arm's mean came out low."""
+    p = _plain_thompson(bandwidth=0.0)
+    for _ in range(10):
+        p.learn(_thompson_episode((0.8, 0.1, 0.1)), 1.0)
+    stats = p.arm_stats()
+    mu0 = 10 / 11
+    assert stats["0.8/0.1/0.1"]["mean"] == pytest.approx((10 + 2 * mu0) / 12)
+    assert stats["default"]["mean"] == pytest.approx(mu0)
+    assert stats["0.1/0.1/0.8"]["mean"] == pytest.approx(mu0)
+
+
+def test_thompson_neighbours_variance_counts_shared_evidence_at_its_squared_kernel_weight() -> None:
+    """A neighbour that borrows ``n`` samples at kernel weight ``k`` has variance ``sigma2 (k^2 n + k0) /
+    (k n + k0)^2``: the borrowed samples are correlated, so they narrow it less than ``k n`` samples of its own
+    would. Using ``k n`` in the numerator made neighbours as sure as if they had been played."""
+    h, k0, n = 0.1, 2.0, 10
+    p = _plain_thompson(bandwidth=h)
+    for _ in range(n):
+        p.learn(_thompson_episode((0.8, 0.1, 0.1)), 1.0)
+    stats = p.arm_stats()
+    k = math.exp(-0.02 / (2 * h * h))  # squared distance from 0.8/0.1/0.1 to 0.7/0.2/0.1
+    ratio = (stats["0.7/0.2/0.1"]["sd"] / stats["0.8/0.1/0.1"]["sd"]) ** 2
+    assert ratio == pytest.approx((k * k * n + k0) * (n + k0) / (k * n + k0) ** 2)
+
+
+def test_thompson_gate_plays_the_best_mean_among_the_arms_that_pass() -> None:
+    """Among the arms whose advantage over the default passes the gate, the greedy arm is the one with the highest
+    posterior mean (the gate decides *whether* to leave the default, not *where to*). Taking the best lower bound
+    instead preferred an arm sampled often with a lower mean reward."""
+    p = _plain_thompson(bandwidth=0.0, gate_z=10.0, min_samples=0.0, default_step=0.0)
+    for _ in range(40):
+        p.learn(_thompson_episode((1 / 3, 1 / 3, 1 / 3)), 0.0)  # the default arm
+        p.learn(_thompson_episode((0.8, 0.1, 0.1)), 0.5)
+    for _ in range(3):
+        p.learn(_thompson_episode((0.1, 0.1, 0.8)), 1.0)
+    stats = p.arm_stats()
+    d, often, rare = stats["default"], stats["0.8/0.1/0.1"], stats["0.1/0.1/0.8"]
+
+    def lcb(a: dict[str, float]) -> float:
+        return a["mean"] - d["mean"] - 10.0 * math.sqrt(a["sd"] ** 2 + d["sd"] ** 2)
+
+    assert 0 < lcb(rare) < lcb(often) and rare["mean"] > often["mean"]  # both pass; rare is better, less sure
+    assert p.weights() == pytest.approx(dict(zip(TR, (0.1, 0.1, 0.8), strict=True)))

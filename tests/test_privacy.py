@@ -17,6 +17,8 @@ import pytest
 from rlfb import FeedbackEnsemble, ValidationError
 from rlfb.store import FeedbackStore
 
+from _four_texts import bm25_ensemble as _bm25
+
 TEXTS = ["The aurora is caused by charged particles from the sun.", "Tides follow the pull of the moon.",
          "Volcanoes erupt molten rock."]
 SECRET = "ZEBRA-SECRET-4711 what causes the aurora"
@@ -113,3 +115,16 @@ def test_a_llamaindex_handler_copies_a_decision_made_on_a_store_that_keeps_no_te
         handler.detach()
         handler.close()
     assert learner_store.counts()["feedback"] == 1
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_a_result_names_the_question_as_asked_when_the_store_keeps_only_hashes(tmp_path: Path) -> None:
+    """Bug: the result took the question as the learner knows it, which with ``store_text=False`` is a hash: the
+    caller got ``sha256:...`` back as the query it had asked."""
+    ens = _bm25(FeedbackStore(tmp_path / "p.db", store_text=False))
+    r = ens.retrieve("What causes the tides?", k=2)
+    assert r.query == "What causes the tides?" and r.hits[0].chunk_id == "tides"
+    ens.close()

@@ -156,3 +156,15 @@ def test_negative_evidence_takes_no_part_in_the_clicked_centroid() -> None:
     assert np.allclose(similar_to_clicked(vectors, np.array([1.0, -5.0, 0.0])),
                        similar_to_clicked(vectors, np.array([1.0, 0.0, 0.0])))
     assert similar_to_clicked(vectors, np.array([0.0, -1.0, 0.0])).tolist() == [0.0, 0.0, 0.0]
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_relevance_feedback_does_not_depend_on_how_much_evidence_there_is() -> None:
+    """Bug guarded: the centroid was not normalised, so twice the evidence doubled the cosines and the
+    MIN_SPREAD floor let near-duplicates drift apart."""
+    vectors = np.array([[1.0, 0.0], [0.9995, 0.0316]])  # near-duplicates
+    once = similar_to_clicked(vectors, np.array([1.0, 0.0]))
+    np.testing.assert_allclose(similar_to_clicked(vectors, np.array([2.0, 0.0])), once, rtol=1e-12)

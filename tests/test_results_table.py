@@ -201,3 +201,14 @@ def test_runs_made_in_two_environments_are_noted(tmp_path: Path, output: dict) -
     assert "another processor" in done.stderr and "| thompson" in done.stdout.replace("**", "")
     write(tmp_path / "b.json", output, policy="gradient")
     assert "environments" not in table(tmp_path).stderr
+
+
+def test_a_run_saved_under_another_collections_name_is_noted(tmp_path: Path, output: dict) -> None:
+    # an audit (2026-12-07) saved a cranfield run as scifact_thompson.json: its figures were tabled as scifact's,
+    # without a word
+    write(tmp_path / "scifact_thompson.json", output, policy="thompson", dataset="cranfield")
+    done = table(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "scifact_thompson.json is read as scifact, but its run was on 'cranfield'" in done.stderr
+    write(tmp_path / "scifact_thompson.json", output, policy="thompson", dataset="scifact")
+    assert "its run was on" not in table(tmp_path).stderr

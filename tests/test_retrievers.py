@@ -12,6 +12,8 @@ import re
 import sqlite3
 import subprocess
 import sys
+import types
+import warnings
 from pathlib import Path
 from typing import TypeAlias, cast
 
@@ -37,6 +39,8 @@ from rlfb.retrievers import (
     load_retriever,
     make_retriever,
 )
+from rlfb.retrievers.base import ChunkTable, dense_retriever
+from rlfb.retrievers.cache import SparseVector
 from rlfb.types import Chunk, make_chunks
 
 NAMES = ["bm25", "dense", "splade"]
@@ -849,3 +853,55 @@ def test_a_misspelt_retriever_option_is_a_named_error() -> None:
     with pytest.raises(ValidationError, match="bm25 retriever takes no option 'tokeniser' "
                                               "\\(did you mean 'tokenizer'\\?\\); its options are \\['b',"):
         make_retriever("bm25", tokeniser=str.split)
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_a_cached_sparse_row_with_a_term_id_at_its_dimension_is_a_miss(tmp_path: Path) -> None:
+    """Bug guarded: a term id equal to the dimension passed the bounds check of a cached row."""
+    cache = EmbeddingCache(tmp_path, "toy|document", max_mb=100)
+    cache.put_many({"inside": SparseVector(np.array([2]), np.array([0.5]), 3),
+                    "outside": SparseVector(np.array([3]), np.array([0.5]), 3)})
+    assert sorted(cache.get_many(["inside", "outside"])) == ["inside"]
+    cache.close()
+
+
+def test_a_bm25_update_after_a_delete_with_atire_idf_warns_of_nothing() -> None:
+    """Bug: the IDF of a term no chunk holds any more (its column is kept) computed from a document frequency of
+    0: ATIRE's ``log(n / 0)`` raised a divide-by-zero ``RuntimeWarning`` at each update (unused, but in the log)."""
+    r = BM25Retriever(method="atire").index(make_chunks(["alpha beta", "gamma delta", "alpha"], ids=["a", "g", "x"]))
+    table = ChunkTable(make_chunks(["alpha beta", "alpha"], ids=["a", "x"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        up = r.updated(table)
+    fresh = BM25Retriever(method="atire").index(table.chunks())
+    np.testing.assert_allclose(up.score_all("alpha beta gamma"), fresh.score_all("alpha beta gamma"))
+
+
+def test_a_chunk_table_change_that_deletes_and_upserts_one_id_keeps_the_upsert() -> None:
+    """Bug: an upsert whose id is also deleted in the same change replaced the deleted row, and went with it."""
+    t = ChunkTable(make_chunks(["a", "b"], ids=["x", "y"]))
+    u = t.changed(make_chunks(["A"], ids=["x"]), deletes=["x"])
+    assert (u.ids, u.texts) == (["y", "x"], ["b", "A"])
+
+
+def test_dense_retriever_never_takes_splade() -> None:
+    """Bug: SPLADE's encoder taken for the dense one: the memory and the reformulation check would compare
+    sparse vocabulary vectors by cosine."""
+    splade, dense = types.SimpleNamespace(name="splade"), types.SimpleNamespace(name="dense")
+    assert dense_retriever({"splade": splade}) is None
+    assert dense_retriever({"splade": splade, "dense": dense}) is dense
+
+
+def test_a_bm25_update_trusts_a_tables_origin_only_for_the_table_it_came_from() -> None:
+    """Bug: the rows a table made by ``other.changed(...)`` records as reused are rows of ``other``; trusted for any
+    retriever's table, an index of other texts under the same ids reused its own counts for them."""
+    r = BM25Retriever().index(make_chunks(["alpha", "beta", "gamma"], ids=["x", "y", "z"]))
+    other = ChunkTable(make_chunks(["delta", "epsilon", "zeta"], ids=["x", "y", "z"]))
+    new = other.changed(make_chunks(["eta"], ids=["w"]))
+    up = r.updated(new)
+    fresh = BM25Retriever().index(new.chunks())
+    for query in ("delta epsilon", "alpha"):
+        np.testing.assert_allclose(up.score_all(query), fresh.score_all(query))

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
+from _clock import NOW
 
 from rlfb.errors import (
     FeedbackBeforeEventError,
@@ -16,6 +17,9 @@ from rlfb.errors import (
     ValidationError,
 )
 from rlfb.reward import BASE_SIGNALS, SIGNAL_ALIASES, RewardConfig, RewardFunction, Signal
+
+from _clocked_store import clocked_store as _store
+from _clocked_store import log_retrieval as _event
 
 MIN = 60.0
 
@@ -342,3 +346,37 @@ def test_compute_refuses_a_signal_stamped_before_its_event_as_the_store_does() -
     for bad in (-1, float("nan"), "300", True):
         with pytest.raises(ValidationError, match="clock_skew"):
             rf.compute(0.0, [], clock_skew=bad)  # type: ignore[arg-type]
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_feedback_before_its_event_is_tolerated_up_to_the_clock_skew_and_no_further() -> None:
+    """A tolerance read as twice (or any more than) ``clock_skew`` took feedback stamped 301 s to 600 s before its
+    event as undelayed; the existing tests sat far from the edge (1000 s, 3600 s)."""
+    rf = RewardFunction()
+    assert rf.compute(1000.0, [("click", 700.0)]) == pytest.approx(0.4)  # 300 s before: tolerated
+    with pytest.raises(FeedbackBeforeEventError):
+        rf.compute(1000.0, [("click", 699.0)])  # 301 s before
+    store = _store()
+    eid = _event(store, ts=NOW - 1000)
+    assert store.record_feedback(eid, "thumbs_up", timestamp=NOW - 1300).delay == 0.0
+    with pytest.raises(FeedbackBeforeEventError):
+        store.record_feedback(eid, "thumbs_up", timestamp=NOW - 1301)
+
+
+def test_an_event_without_signals_gets_the_configured_no_feedback() -> None:
+    """``compute`` with no signals returned a literal 0.0: a ``no_feedback`` set to -0.1 (silence counted as mild
+    disapproval) was ignored by every event without feedback."""
+    assert RewardFunction(RewardConfig(no_feedback=-0.1)).compute(0, []) == -0.1
+    assert RewardFunction(RewardConfig(no_feedback=0.05)).compute(0, []) == 0.05
+
+
+def test_a_custom_alias_overrides_a_built_in_one() -> None:
+    """Merged the other way round, the built-in aliases won: ``aliases={"click": "explicit_positive"}`` (an app
+    where a click is a deliberate endorsement) was accepted and then silently valued as an implicit 0.4."""
+    rf = RewardFunction(RewardConfig(aliases={"click": "explicit_positive"}))
+    assert rf.resolve("click") == "explicit_positive"
+    assert rf.signal_value("click") == 1.0
+    assert RewardFunction().signal_value("click") == 0.4  # the default registry is untouched

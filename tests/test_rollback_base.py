@@ -12,6 +12,7 @@ import pytest
 
 from rlfb import FeedbackEnsemble, snapshot_sync
 from rlfb.errors import StoreFullError
+from rlfb.learner import Learner
 
 TEXTS = [f"document number {i} about topic {i % 7} and things {i * 3}" for i in range(200)]
 QUESTIONS = ["topic 3 things", "number 5 document", "topic 6 about", "things 30"]
@@ -89,7 +90,7 @@ def test_the_state_is_copied_once_before_the_first_snapshot_not_at_every_feedbac
     copies = 0
     state_dict = type(ens.learner).state_dict
 
-    def counted(self: object) -> dict:
+    def counted(self: Learner) -> dict:
         nonlocal copies
         copies += 1
         return state_dict(self)

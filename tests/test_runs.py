@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,13 +12,18 @@ from rlfb import FeedbackEnsemble, UnknownChunkError, UnknownEventError, Validat
 from rlfb.runs import (
     EXTERNAL_POLICY,
     content_id,
+    key_or_score,
+    learns_after_commit,
     log_external,
     observe_followup,
     owns_event,
     record_run_feedback,
+    same_store,
     score_value,
 )
 from rlfb.store import FeedbackStore
+
+from _four_texts import bm25_ensemble as _bm25
 
 T0 = 1_000_000.0
 SOON = T0 + 60  # a follow-up a minute after the retrieval at T0
@@ -172,6 +178,23 @@ def test_record_run_feedback_by_chain_id(store: FeedbackStore) -> None:
         record_run_feedback(store, "top", score=1, value=1.0)
 
 
+@pytest.mark.parametrize(("given", "says"), [({"signal": "thumbsup"}, "unknown signal"),
+                                             ({"rating": 0}, "rating"), ({"value": float("nan")}, "value")])
+def test_a_bad_value_for_a_run_of_several_retrievals_is_named_without_a_batch_item(
+    store: FeedbackStore, given: dict, says: str
+) -> None:
+    # a LlamaIndex query id stands for its retrieval and its re-ranking: the error began "feedback item 0: ",
+    # which named an item of a batch the caller never made (a user's walkthrough, 2026-12-07)
+    log_external(store, "q1", [("a", 1.0)], source="x", event_id="r1", parent_id="top", timestamp=T0)
+    log_external(store, "q2", [("c", 1.0)], source="y", event_id="r2", parent_id="top", timestamp=T0)
+    with pytest.raises(ValidationError, match=says) as info:
+        record_run_feedback(store, "top", **given)
+    assert "feedback item" not in str(info.value)
+    assert store.feedback("r1") == store.feedback("r2") == []
+    with pytest.raises(UnknownEventError, match="no retrieval was logged under run id 'nope'"):
+        record_run_feedback(store, "nope", **given)  # an unknown run still says so first, as it did
+
+
 def test_feedback_on_the_ensembles_own_events_is_learned() -> None:
     ens = FeedbackEnsemble.from_texts(["aurora lights", "ocean tides", "volcano lava"], retrievers=("bm25",),
                                       store=FeedbackStore(), policy="gradient")
@@ -256,3 +279,86 @@ def test_observe_followup_takes_an_implicit_whose_infer_predates_the_follow_up_t
                  timestamp=T0)
     (rec,) = observe_followup(store, "s", "why does the aurora happen", implicit=Older(), timestamp=SOON)
     assert rec.signal == "reformulation"
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_key_or_score_refuses_a_key_and_a_score_both_positional() -> None:
+    """Bug: ``record_feedback(run_id, "user_score", 1.0)`` was taken (three positional arguments where the
+    signature takes the run id and one key or score), silently, for a call LangSmith's API does not have."""
+    with pytest.raises(ValidationError, match="positional"):
+        key_or_score(("user_score", 1.0), None, None, "record_feedback")
+    assert key_or_score((1.0,), "user_score", None, "record_feedback") == ("user_score", 1.0, None)
+
+
+def test_one_store_file_under_two_spellings_is_one_store_and_its_maker_learns(tmp_path: Path) -> None:
+    """Bug: store paths compared as written: the file reached through a symlink (or ``dir/../f.db``) was taken
+    for another database, so feedback recorded through it was not learned by the ensemble that made the
+    decision on the same file."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    real, linked = tmp_path / "data" / "f.db", tmp_path / "link" / "f.db"
+    assert same_store(str(real), str(linked))
+    assert same_store(str(real), str(tmp_path / "data" / "sub" / ".." / "f.db"))
+    ens = _bm25(FeedbackStore(real))
+    r = ens.retrieve("what causes the tides", k=2)
+    assert r.event_id is not None
+    with FeedbackStore(linked) as other:
+        record_run_feedback(other, r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+    assert ens.learner.n_learned == 1
+    ens.close()
+
+
+def test_feedback_on_an_external_retrieval_named_like_the_ensembles_retriever_is_not_learned(
+    tmp_path: Path,
+) -> None:
+    """Bug: an event ``log_external`` logged with ``source="bm25"`` names the retrievers a BM25-only ensemble has,
+    so without the check of its policy the ensemble learned another engine's ranking as its own decision."""
+    store = FeedbackStore(tmp_path / "f.db")
+    ens = _bm25(store)
+    eid = log_external(store, "what causes the tides", [("tides", 3.0), ("aurora", 1.0)], source="bm25")
+    ens.feedback(eid, "click", chunk_id="tides")
+    record_run_feedback(store, eid, "thumbs_up", ensemble=ens)
+    assert len(store.feedback(eid)) == 2  # stored, both
+    assert ens.learner.n_learned == 0  # learned, neither
+    ens.close()
+
+
+def test_an_explicit_ensembles_entry_wins_over_the_events_maker(tmp_path: Path) -> None:
+    """Bug: the live maker of an event was asked before the ``ensembles`` mapping the caller passed, so an adapter
+    naming the learner of each of its events had its choice overridden."""
+    store = FeedbackStore(tmp_path / "f.db")
+    maker, named = _bm25(store), _bm25(store)
+    r = maker.retrieve("what causes the tides", k=2)
+    assert r.event_id is not None
+    record_run_feedback(store, r.event_id, "click", chunk_id=r.hits[0].chunk_id, ensembles={r.event_id: named})
+    assert (named.learner.n_learned, maker.learner.n_learned) == (1, 0)
+    maker.close()
+    named.close()
+
+
+def test_an_idempotency_key_given_with_its_event_suffix_is_kept_as_given(tmp_path: Path) -> None:
+    """Bug: a key already ending in ``:<event id>`` got the suffix a second time (``k:e1:e1``), so a retry that
+    gave the bare key (``k``, made ``k:e1``) was not a duplicate: the feedback was stored, and learned, twice."""
+    store = FeedbackStore(tmp_path / "f.db")
+    eid = log_external(store, "q", [("a", 1.0)], source="web")
+    record_run_feedback(store, eid, "click", chunk_id="a", idempotency_key=f"k:{eid}")
+    again = record_run_feedback(store, eid, "click", chunk_id="a", idempotency_key="k")
+    assert [f["idempotency_key"] for f in store.feedback(eid)] == [f"k:{eid}"]
+    assert again[0].duplicate
+    store.close()
+
+
+def test_learns_after_commit_tells_another_connection_from_the_same_one(tmp_path: Path) -> None:
+    """Bug: the comparison inverted, a handler holding its own connection to the learner's file recorded and
+    learned in one transaction, and the learner waited on the handler's write lock (``StoreBusyError``); the
+    learner's own store object was committed first for nothing."""
+    path = tmp_path / "f.db"
+    ens = _bm25(FeedbackStore(path))
+    r = ens.retrieve("what causes the tides", k=2)
+    with FeedbackStore(path) as other:
+        assert learns_after_commit(other, r.event_id) is True
+    assert learns_after_commit(ens.store, r.event_id) is False
+    ens.close()

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rlfb import CorruptStateError, FeedbackEnsemble, ValidationError, saved_folder
+from rlfb import CorruptStateError, FeedbackEnsemble, RlfbError, ValidationError, saved_folder
 from rlfb.retrievers import BM25Retriever
 from rlfb.retrievers.base import ChunkTable
+from rlfb.saved_folder import saving_into
 from rlfb.types import make_chunks
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="a killed save's process is told apart on POSIX only")
@@ -370,3 +371,18 @@ def test_a_save_lists_every_file_it_wrote(tmp_path: Path) -> None:
     inner = root / "retrievers" / "bm25"
     files = {p.relative_to(inner).as_posix() for p in inner.rglob("*") if p.is_file()} - {saved_folder.CHECKSUMS}
     assert set(json.loads((inner / saved_folder.CHECKSUMS).read_text())["sha256"]) == files
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_a_save_that_writes_a_name_its_kind_does_not_list_is_refused_and_not_swapped_in(tmp_path: Path) -> None:
+    """Bug guarded: a save writing a file missing from its kind's list of names was kept, and every later save to
+    the folder then refused it as holding something else."""
+    root = tmp_path / "thing"
+    with pytest.raises(RlfbError, match=r"wrote \['extra.txt'\], which its list of saved names lacks"):
+        with saving_into(root, marker="thing.json", what="thing", names=frozenset({"thing.json"})) as tmp:
+            (tmp / "thing.json").write_text("{}")
+            (tmp / "extra.txt").write_text("not listed")
+    assert not root.exists()

@@ -7,6 +7,7 @@ raises a named rlfb error rather than SQLite's own.
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -15,18 +16,22 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _clock import NOW, Clock
 
-from rlfb import FeedbackEnsemble
+from rlfb import FeedbackEnsemble, snapshot_sync
 from rlfb.errors import CorruptStateError, RatingOutOfRangeError, ReadOnlyStoreError, RlfbError, ValidationError
 from rlfb.policies.base import same_hyperparameters
 from rlfb.store import FeedbackStore
 from rlfb.weight_config import import_weights
 
 from _corpus import IDS, TEXTS
+from _four_texts import bm25_ensemble as _bm25
+from _four_texts import click_first_hit as _click
 from _threads import errors_in_threads
 
 N_FEEDBACK = 25
@@ -566,7 +571,8 @@ def test_an_older_snapshot_without_a_policy_column_is_known_by_its_state(tmp_pat
         store.save_policy_state(saved["state"], saved["weights"])
         snapshot = store.load_policy_state()
         assert snapshot is not None and snapshot["policy"] is None
-    app = _ensemble(path, refresh_interval=0)  # thompson: the gradient state is another kind's, not loaded
+    with pytest.warns(RuntimeWarning, match="holds 'gradient' learning"):  # known as gradient's by its state
+        app = _ensemble(path, refresh_interval=0)  # thompson: the gradient state is another kind's, not loaded
     assert app.retrieve("aurora", k=1).hits
     assert app.learner.n_learned == 0
     app.close()
@@ -966,7 +972,9 @@ def test_a_restart_after_another_app_wrote_last_draws_anew(tmp_path: Path) -> No
 
     fresh = draws(ensemble("thompson", None))
     for policy in ("thompson", "gradient"):
-        ens = ensemble(policy)
+        with warnings.catch_warnings():  # gradient starts afresh where thompson learned, and says so
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ens = ensemble(policy)
         r = ens.retrieve("tides", k=3)
         ens.feedback(r.event_id, "thumbs_up")
         ens.close()
@@ -1061,3 +1069,146 @@ def test_a_memory_off_app_of_before_the_exploration_default_is_told_how_to_keep_
     kept = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=db, learner_config=before)
     assert kept.learner.n_learned == learned == 3  # what the warning says to do
     kept.close()
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+# snapshot kinds
+DAY = 86400.0
+
+
+def _state(retrievers: list[str], weights: dict[str, float]) -> dict:
+    return {"retrievers": retrievers, "exploration": {"kind": "none"},
+            "policy": {"name": "thompson", "params": {"step": 0.1, "weights": weights}}}
+
+
+def test_prune_keeps_the_newest_snapshot_of_each_set_of_retrievers() -> None:
+    """Two apps with other retrievers share a store and a policy. Read without the retrievers, their snapshots
+    were one kind: a prune kept only the newer app's and took the other's only state."""
+    store = FeedbackStore(":memory:", clock=Clock(), retention=30 * DAY, snapshots_kept=None)
+    store.save_policy_state(_state(["bm25"], {"bm25": 1.0}), {"bm25": 1.0}, policy="thompson",
+                            timestamp=NOW - 60 * DAY)
+    store.save_policy_state(_state(["bm25", "dense"], {"bm25": 0.5, "dense": 0.5}), {"bm25": 0.5, "dense": 0.5},
+                            policy="thompson", timestamp=NOW - 59 * DAY)
+    assert len(store.newest_snapshots()) == 2
+    assert store.prune()["policy_snapshots"] == 0
+    assert store.counts()["policy_snapshots"] == 2
+
+
+def test_prune_takes_a_kinds_older_snapshots_whatever_weights_they_hold() -> None:
+    """The weights in a policy's params are what it learned, not a hyperparameter: read with them, every snapshot
+    of a learning policy was a kind of its own, and a prune (and ``newest_snapshots``) kept them all."""
+    store = FeedbackStore(":memory:", clock=Clock(), retention=30 * DAY, snapshots_kept=None)
+    for i, w in enumerate((0.2, 0.4, 0.6)):
+        store.save_policy_state(_state(["bm25", "dense"], {"bm25": w, "dense": 1 - w}),
+                                {"bm25": w, "dense": 1 - w}, policy="thompson", timestamp=NOW - (60 - i) * DAY)
+    assert len(store.newest_snapshots()) == 1
+    assert store.prune()["policy_snapshots"] == 2
+    snapshot = store.load_policy_state()
+    assert snapshot is not None and snapshot["weights"] == pytest.approx({"bm25": 0.6, "dense": 0.4})
+
+
+# weights given again, and when learning is written
+def test_a_restart_with_the_weights_the_store_holds_writes_no_snapshot(tmp_path: Path) -> None:
+    """Bug: weights given at construction set (and written) again at every restart even where the store's snapshot
+    holds them already: each restart wrote a snapshot of nothing new, which every other process then reloaded."""
+    path = tmp_path / "f.db"
+    first = _bm25(path, weights={"bm25": 1.0})
+    _click(first)
+    first.close()
+    with FeedbackStore(path) as store:
+        version = store.state_version()
+    assert version > 0
+    again = _bm25(path, weights={"bm25": 1.0})
+    assert again.store.state_version() == version
+    again.close()
+
+
+def test_an_infinite_persist_interval_writes_only_when_forced(tmp_path: Path) -> None:
+    """Bug: with ``persist_interval=inf`` the first feedback after a start wrote a snapshot (``now - -inf`` is
+    ``inf``, which is not below ``inf``), though an infinite interval is to write only at flush, close and save."""
+    ens = _bm25(tmp_path / "f.db", persist_interval=math.inf)
+    before = ens.store.state_version()
+    _click(ens)
+    _click(ens, "aurora and the sun")
+    assert ens.learner.n_learned == 2
+    assert ens.store.state_version() == before
+    ens.flush()
+    assert ens.store.state_version() > before
+    ens.close()
+
+
+def test_max_unsaved_episodes_force_a_snapshot_before_the_interval(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bug: unwritten episodes were kept without bound under a long (or infinite) ``persist_interval``: every
+    refresh that found another process's snapshot learned them all again, under the locks."""
+    monkeypatch.setattr(snapshot_sync, "MAX_UNSAVED", 3)
+    ens = _bm25(tmp_path / "f.db", persist_interval=math.inf)
+    before = ens.store.state_version()
+    for query in ("what causes the tides", "aurora and the sun"):
+        _click(ens, query)
+    assert ens.store.state_version() == before  # two of three: nothing written yet
+    _click(ens, "volcanoes erupt")
+    assert ens.learner.n_learned == 3 and ens.store.state_version() > before
+    ens.close()
+
+
+# -- a restart with another policy ---------------------------------------------------------------------------
+def test_a_restart_without_the_policy_it_learned_with_warns_that_it_starts_afresh(tmp_path: Path) -> None:
+    """FeedbackEnsemble's default policy is ``fixed``: an app restarted without its ``policy="thompson"`` found
+    none of its learning and said nothing (a user's walkthrough, 2026-12-07)."""
+    from _corpus import IDS, TEXTS
+
+    db = tmp_path / "fb.db"
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson")
+    for _ in range(3):
+        r = ens.retrieve("what causes tides", k=3)
+        ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
+    ens.close()
+    with pytest.warns(RuntimeWarning, match=r"holds 'thompson' learning .* runs 'fixed'.* policy='thompson'"):
+        plain = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db)
+    assert plain.learner.n_learned == 0
+    with warnings.catch_warnings(record=True) as caught:  # once: not again at each retrieval
+        warnings.simplefilter("always")
+        plain.retrieve("what causes tides", k=3)
+        again = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson")
+        other = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25", "dense"), store=db)
+    assert not [w for w in caught if "learning" in str(w.message)]  # its own policy, or other retrievers: silent
+    assert again.learner.n_learned == 3 and other.learner.n_learned == 0
+    for e in (plain, again, other):
+        e.close()
+
+
+def test_no_note_of_starting_afresh_where_an_ensemble_does_not(tmp_path: Path) -> None:
+    """A review of the note above: a save loaded onto a store where another policy wrote last (its learning comes
+    from the save), an app running before another policy's app wrote, and an app whose policy has learning of
+    another kind there (another note's case) were each told that they start afresh and should switch policy."""
+    from _corpus import IDS, TEXTS
+
+    def teach(ens: FeedbackEnsemble) -> None:
+        r = ens.retrieve("what causes tides", k=3)
+        ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)
+
+    db = tmp_path / "fb.db"
+    saved = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=tmp_path / "own.db",
+                                        policy="thompson")
+    teach(saved)
+    saved.save(tmp_path / "idx")
+    saved.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        running = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db)  # fixed, fresh store
+        writer = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="gradient",
+                                             refresh_interval=0)
+        teach(writer)
+        running.refresh()
+        running.retrieve("what causes tides", k=3)
+        loaded = FeedbackEnsemble.load(tmp_path / "idx", store=db)  # thompson, gradient's snapshot newest
+        tuned = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson",
+                                            learner_config={"memory_weight": 0.0})  # loaded's learning: other kind
+    assert not [w for w in caught if "starts afresh; pass policy" in str(w.message)]
+    assert loaded.learner.n_learned == 1
+    for e in (running, writer, loaded, tuned):
+        e.close()

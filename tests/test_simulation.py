@@ -985,3 +985,45 @@ def test_the_table_prints_the_seen_lift_by_times_asked(capsys) -> None:
     del result["seen_by_asks"]  # an output of before: no line, no error
     print_table(result)
     assert "by times asked" not in capsys.readouterr().out
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_the_tuned_weights_are_chosen_on_the_stream_and_the_oracle_on_the_held_out_questions() -> None:
+    """Bug guarded: the tuned baseline was chosen on the held-out questions, making it the oracle under a
+    more modest name."""
+    from types import SimpleNamespace
+
+    from rlfb.simulation.baselines import Judge as _Judge
+    from rlfb.simulation.baselines import fixed_baselines as _baselines
+    from rlfb.simulation.runner import SimulationConfig
+
+    # r1 puts d1 first, r2 puts d2 first; the stream question wants d1, the held-out one d2
+    # stand-ins for a Context and a Prepared: only the fields read
+    ctx: Any = SimpleNamespace(retrievers=("r1", "r2"), candidate_ids=("d1", "d2"),
+                               raw=np.array([[1.0, 0.0], [0.0, 1.0]]), ranks=np.array([[1.0, 2.0], [2.0, 1.0]]))
+    qrels = {"s": {"d1": 1}, "h": {"d2": 1}}
+    prep: Any = SimpleNamespace(contexts={"s": ctx, "h": ctx})
+    config = SimulationConfig(grid_step=0.5)
+    judges = {q: _Judge(ctx, qrels[q], config.k) for q in qrels}
+    result = _baselines(prep, config, ["s"], ["h"], judges, [], {"s": 1})
+    assert result["tuned_fixed"]["weights"] == {"r1": 1.0, "r2": 0.0}
+    assert result["oracle_fixed"]["weights"] == {"r1": 0.0, "r2": 1.0}
+
+
+def test_each_seed_samples_its_own_max_heldout_questions_from_a_held_out_split() -> None:
+    """Bug guarded: the max_heldout sample was drawn with one fixed seed, so every seed scored the same questions
+    where a stream split fixes the held-out pool."""
+    from types import SimpleNamespace
+
+    from rlfb.simulation.runner import SimulationConfig, _split
+
+    held = [f"t{i:02d}" for i in range(30)]
+    texts = {q: f"question {q}?" for q in [*held, "s1", "s2"]}
+    prep: Any = SimpleNamespace(stream_qrels={"s1": {"d": 1}, "s2": {"d": 1}}, qrels={q: {"d": 1} for q in held},
+                                contexts=dict.fromkeys(texts), dataset=SimpleNamespace(queries=texts))
+    config = SimulationConfig(max_heldout=5)
+    samples = {tuple(_split(prep, config, seed=seed)[1]) for seed in range(3)}
+    assert len(samples) == 3

@@ -37,6 +37,9 @@ from rlfb.reward import RewardConfig, RewardFunction
 from rlfb.store import MIGRATIONS, FeedbackRecord, FeedbackStore, Migrations, query_hash
 from rlfb.types import Hit
 
+from _clocked_store import clocked_store as _store
+from _clocked_store import log_retrieval as _event
+
 MIN = 60.0
 HOUR = 3600.0
 DAY = 86400.0
@@ -1225,3 +1228,69 @@ def test_the_settings_migration_reads_whether_an_older_store_kept_text_from_its_
     conn.close()
     with FeedbackStore(path) as again:
         assert again.store_text is store_text
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_an_idempotency_key_reused_on_another_chunk_conflicts() -> None:
+    """The conflict check did not compare the chunk: a key reused for a click on another chunk of the same
+    retrieval returned the first record as a duplicate, and the second chunk's click was silently lost."""
+    store = _store()
+    eid = _event(store)
+    store.record_feedback(eid, "click", chunk_id="c1", idempotency_key="K")
+    with pytest.raises(IdempotencyConflictError):
+        store.record_feedback(eid, "click", chunk_id="c2", idempotency_key="K")
+    with pytest.raises(IdempotencyConflictError):
+        store.record_feedback(eid, "click", idempotency_key="K")  # response-level is another chunk too
+    assert store.counts()["feedback"] == 1
+
+
+def test_an_idempotency_key_reused_on_another_event_conflicts() -> None:
+    """The conflict check did not compare the event: a key reused for the same signal on another retrieval
+    returned the first record (of the first event) as a duplicate, and the second event got no feedback."""
+    store = _store()
+    e1, e2 = _event(store), _event(store)
+    store.record_feedback(e1, "thumbs_up", idempotency_key="K")
+    with pytest.raises(IdempotencyConflictError):
+        store.record_feedback(e2, "thumbs_up", idempotency_key="K")
+    assert store.feedback(e2) == []
+
+
+def test_each_feedback_reward_is_clipped_to_the_configured_range() -> None:
+    """The store clips each feedback's discounted value to ``[clip_low, clip_high]`` before attributing it; without
+    the clip a narrowed range (or an explicit value beyond it) reached the reward rows and the learner whole."""
+    store = _store(reward=RewardFunction(RewardConfig(clip_low=-0.5, clip_high=0.5)))
+    eid = _event(store)
+    rec = store.record_feedback(eid, "thumbs_up", timestamp=NOW - 60)
+    assert rec.reward == 0.5 and rec.chunk_rewards == {"c1": 0.5, "c2": 0.5}
+    neg = store.record_feedback(eid, "thumbs_down", chunk_id="c2", timestamp=NOW - 60)
+    assert neg.reward == -0.5 and neg.chunk_rewards == {"c2": -0.5}
+    assert store.chunk_reward_sums(eid) == {"c1": 0.5, "c2": 0.0}
+
+
+def test_a_new_rating_of_the_same_retrieval_is_no_repeat() -> None:
+    """A repeat says again what the latest feedback said: the same signal *and* the same number. Comparing the
+    signal alone took a rating of 2 after a rating of 5 (a user changing their mind) for a double click, and the
+    learner and ``event_reward`` dropped it."""
+    store = _store()
+    eid = _event(store)
+    store.record_feedback(eid, value=0.25, session_id="s", timestamp=NOW - 60)
+    second = store.record_feedback(eid, value=0.5, session_id="s", timestamp=NOW - 60)
+    again = store.record_feedback(eid, value=0.5, session_id="s", timestamp=NOW - 60)
+    assert not store.repeats_latest(second)
+    assert store.repeats_latest(again)  # the same number again is one
+    assert store.event_reward(eid)[0] == pytest.approx(0.75)
+
+
+def test_window_mean_reward_clips_each_events_reward() -> None:
+    """``stats()["mean_reward"]`` is the mean of each event's reward, the sum of its discounted signals clipped
+    as ``event_reward`` clips it: unclipped, a thumbs up with a click reported 1.4."""
+    store = _store()
+    eid = _event(store)
+    store.record_feedback(eid, "thumbs_up", timestamp=NOW - 60)
+    store.record_feedback(eid, "click", timestamp=NOW - 60)
+    window = store.stats()["window"]
+    assert store.event_reward(eid)[0] == 1.0
+    assert window["mean_reward"] == 1.0 and window["by_arm"]["a"]["mean_reward"] == 1.0

@@ -370,3 +370,24 @@ def test_one_kind_on_a_store_exports_without_naming_it(tmp_path, capsys) -> None
     with FeedbackStore(db) as store:
         assert [k["weights"] for k in store.newest_snapshots()] == [pytest.approx({"bm25": 0.5, "dense": 0.5})]
         assert store.stats()["snapshot_kinds"] == 1
+
+
+def test_bare_weights_imported_into_an_empty_store_say_that_they_start_a_fixed_policy(tmp_path, capsys) -> None:
+    # a user's walkthrough (2026-12-07): "imported as version 1" and nothing on stderr, while the thompson app on
+    # the store (which had written no snapshot yet) kept serving equal weights, and `weights show` named 0.8/0.2
+    db = tmp_path / "fb.db"
+    FeedbackStore(db).close()
+    out = tmp_path / "w.json"
+    out.write_text(json.dumps({"bm25": 0.8, "dense": 0.2}))
+    out.write_text(json.dumps({"bm25": 0.8, "dense": 0.2 + 1e-9}))
+    assert main(["weights", "import", str(db), str(out)]) == 0
+    said = capsys.readouterr()
+    assert "start a 'fixed' policy's state" in said.err and "--policy" in said.err
+    assert said.out == "imported as version 1: bm25 0.8000, dense 0.2000\n"  # not 0.20000000000000007
+    FeedbackStore(tmp_path / "named.db").close()
+    assert main(["weights", "import", str(tmp_path / "named.db"), str(out), "--policy", "thompson"]) == 0
+    assert "'fixed'" not in capsys.readouterr().err  # the policy named: nothing to say
+    app = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=str(tmp_path / "named.db"),
+                                      policy="thompson")
+    assert app.weights == pytest.approx({"bm25": 0.8, "dense": 0.2})
+    app.close()

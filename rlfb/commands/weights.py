@@ -170,5 +170,6 @@ def run_import(args: argparse.Namespace) -> int:
         out = import_weights(store, weights_file, rollback=args.rollback, **_kind(args))
     for note in out["notes"]:  # on stderr, so that stdout stays the one result line
         print(f"rlfb: note: {note}", file=sys.stderr)
-    print(f"{'imported as' if out['written'] else 'already'} version {out['version']}: {out['weights']}")
+    shown = ", ".join(f"{name} {w:.4f}" for name, w in out["weights"].items())  # as `weights show` prints them
+    print(f"{'imported as' if out['written'] else 'already'} version {out['version']}: {shown}")
     return 0

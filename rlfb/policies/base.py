@@ -59,6 +59,10 @@ class Context:
     # (n_candidates, dim) normalised chunk embeddings, a zero row for a chunk without one: the learner scores
     # candidates by their likeness to chunks clicked for the question before (rlfb.relevance_feedback)
     candidate_embeddings: np.ndarray | None = None
+    # the RRF constant where ``normalized`` holds RRF scores (``fusion="rrf"``), None for a score-based
+    # normalisation: RRF's scores at the top of a ranking are a few ten-thousandths apart, so the learner measures
+    # its chunk exploration against their drop over the shown depth (rlfb.fusion.exploration_scale)
+    rrf_c: float | None = None
 
 
 @dataclass(frozen=True)

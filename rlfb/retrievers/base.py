@@ -82,10 +82,14 @@ def array_problem(exc: BaseException) -> str:
     >>> print(array_problem(MemoryError("Unable to allocate 745. GiB")))
     Unable to allocate 745. GiB (a header claiming more than the file holds; if the file is intact, this
     machine has too little memory to load it)
+    >>> print(array_problem(ValueError("Object arrays cannot be loaded when allow_pickle=False")))
+    it holds Python objects, which rlfb never saves and never unpickles: the file is damaged or not rlfb's
     """
     if isinstance(exc, MemoryError):
         return (f"{exc} (a header claiming more than the file holds; if the file is intact, this machine has too "
                 "little memory to load it)")
+    if "allow_pickle" in str(exc):  # numpy's advice, to load it with allow_pickle=True, would run its code
+        return "it holds Python objects, which rlfb never saves and never unpickles: the file is damaged or not rlfb's"
     return str(exc)
 
 

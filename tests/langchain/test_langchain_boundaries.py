@@ -7,6 +7,7 @@ can rather than raise; options a user passes raise rlfb's ValidationError
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -131,6 +132,17 @@ def test_explore_must_be_a_bool(retriever: Any, explore: Any) -> None:
     if explore is not None:  # None per call means "the retriever's own"
         with pytest.raises(ValidationError, match="explore must be True or False"):
             retriever.invoke("moon tides", explore=explore)
+
+
+def test_a_misspelt_option_of_a_call_is_a_named_error(retriever: Any) -> None:
+    # invoke passes its keyword arguments to _get_relevant_documents: a typo was a bare TypeError from inside
+    # langchain_core
+    with pytest.raises(ValidationError, match=r"takes no option 'explor' \(did you mean 'explore'\?\)"):
+        retriever.invoke("moon tides", explor=False)
+    with pytest.raises(ValidationError, match=r"takes no option 'lgo' \(did you mean 'log'\?\)"):
+        asyncio.run(retriever.ainvoke("moon tides", lgo=False))
+    assert retriever.invoke("moon tides", k=1, explore=False, log=False)
+    assert retriever.invoke("moon tides", verbose=True)  # BaseRetriever.invoke reads it and passes it on too
 
 
 def test_observe_followups_and_session_id_fields_are_checked(retriever: Any) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from typing import Any
 
 import pytest
 from langchain_classic.retrievers import EnsembleRetriever
 from langchain_community.retrievers import BM25Retriever
+from langchain_community.retrievers import BM25Retriever as LCBM25
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
@@ -18,11 +20,19 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from langchain_core.tools import create_retriever_tool
 from langchain_core.vectorstores import InMemoryVectorStore
+from typing_extensions import assert_type
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, _runs, as_member
-from rlfb import IdempotencyConflictError, NoStoreError, UnknownChunkError, UnknownEventError, ValidationError
+from rlfb import (
+    FeedbackEnsemble,
+    IdempotencyConflictError,
+    NoStoreError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
 from rlfb.runs import EXTERNAL_POLICY
-from rlfb.store import FeedbackStore
+from rlfb.store import FeedbackRecord, FeedbackStore
 
 from _lc_corpus import IDS, TEXTS
 
@@ -56,7 +66,9 @@ def test_plain_bm25_retriever_is_logged_by_run_id(bm25: BM25Retriever) -> None:
     assert event["query"] == "molten magma volcano" and event["policy"] == EXTERNAL_POLICY
     assert event["retrievers"] == ["BM25Retriever"]
     assert len(event["chunks"]) == len(docs) == 3
-    (record,) = handler.record_feedback(run_id, score=1.0, key="user_score", comment="helpful")
+    (record,) = assert_type(  # typed: a typed app checks what it reads from the record
+        handler.record_feedback(run_id, score=1.0, key="user_score", comment="helpful"), list[FeedbackRecord]
+    )
     assert record.value == 1.0 and record.event_id == str(run_id)
     (record,) = handler.record_feedback(str(run_id), score=0)  # LangSmith thumbs down
     assert record.value == -1.0
@@ -812,3 +824,40 @@ def test_the_handler_reads_the_follow_up_settings_given_or_the_ensembles_as_they
     assert restated_twice(handler, plain, "b") == ["reformulation"]
     ours.implicit = ImplicitSignals(followup_window=1e-6)  # read at the next follow-up, not kept
     assert restated_twice(handler, plain, "c") == []
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_a_handler_restarted_with_the_ensemble_on_another_store_still_teaches_it(tmp_path) -> None:
+    # after a restart no live ensemble has made the retrieval, and the handler fell back to nothing instead of
+    # its own ensemble: the feedback was stored in the handler's file and never learned
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    ens = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=str(b))
+    run = uuid.uuid4()
+    handler = FeedbackCallbackHandler(str(a))
+    FeedbackEnsembleRetriever(ensemble=ens, k=2).invoke("tides", config={"callbacks": [handler]}, run_id=run)
+    handler.store.close()
+    ens.close()
+    del ens, handler
+    gc.collect()
+
+    again = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=str(b))
+    restarted = FeedbackCallbackHandler(str(a), ensemble=again)
+    before = again.learner.n_learned
+    records = restarted.record_feedback(run, score=1.0)
+    assert len(records) == 2  # the handler's row and the learner's
+    assert len(again.store.feedback(str(run))) == 1 and again.learner.n_learned == before + 1
+
+
+def test_observe_followups_false_records_no_reformulation() -> None:
+    # the handler observed restated questions of a session whatever observe_followups said
+    keyword = LCBM25.from_texts(TEXTS)
+    for observe, expected in ((False, []), (True, ["reformulation"])):
+        handler = FeedbackCallbackHandler(FeedbackStore(), observe_followups=observe)
+        config: RunnableConfig = {"callbacks": [handler], "metadata": {"session_id": "s1"}}
+        first = uuid.uuid4()
+        keyword.invoke("what causes the aurora borealis", config=config, run_id=first)
+        keyword.invoke("the aurora borealis, what causes it?", config=config)
+        assert [f["signal"] for f in handler.store.feedback(str(first))] == expected, observe

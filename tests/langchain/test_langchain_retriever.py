@@ -5,22 +5,34 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from langchain_community.retrievers import BM25Retriever
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore
+from typing_extensions import assert_type
 
 import langchain_rlfb
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, as_member, document_to_chunk
-from rlfb import DuplicateIdError, FeedbackEnsemble, NoStoreError, UnknownEventError, ValidationError
+from rlfb import (
+    DuplicateIdError,
+    FeedbackEnsemble,
+    NoStoreError,
+    UnknownEventError,
+    UnknownOptionError,
+    ValidationError,
+)
 from rlfb.members import SearchMember
 from rlfb.runs import content_id
-from rlfb.store import FeedbackStore
+from rlfb.store import FeedbackRecord, FeedbackStore
 from rlfb.types import Chunk
 
 from _lc_corpus import IDS, TEXTS
@@ -74,8 +86,9 @@ def test_k_in_constructor_and_per_call_and_explore_flag(make_ensemble: Any) -> N
     assert greedy[0].id in {"doc2", "doc9"}
     with pytest.raises(ValidationError):
         retriever.invoke("tides", k=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="takes no option 'top_k'") as info:
         retriever.invoke("tides", top_k=3)  # a typo is an error, not silently ignored
+    assert isinstance(info.value, UnknownOptionError) and isinstance(info.value, ValidationError)  # named now
     with pytest.raises(ValueError):
         FeedbackEnsembleRetriever(ensemble=make_ensemble(), k=0)
 
@@ -176,7 +189,10 @@ def test_feedback_by_run_id_learns_and_weights_are_exposed(make_ensemble: Any) -
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=3)
     assert retriever.weights == {"bm25": 0.5, "dense": 0.5}
     docs = retriever.invoke("northern lights")
-    (record,) = retriever.feedback(docs[0].metadata["event_id"], score=1.0, key="user_score", comment="good")
+    (record,) = assert_type(  # typed: a typed app checks what it reads from the record
+        retriever.feedback(docs[0].metadata["event_id"], score=1.0, key="user_score", comment="good"),
+        list[FeedbackRecord],
+    )
     assert record.value == 1.0 and record.reward > 0
     (record,) = retriever.feedback(docs[0].metadata["event_id"], "click", chunk_id=docs[1].id)
     assert set(record.chunk_rewards) == {docs[1].id}
@@ -388,6 +404,13 @@ def test_langchain_retrievers_and_vector_stores_as_members(make_ensemble: Any, e
     assert docs[0].id in {"doc0", "doc1"}
     assert set(docs[0].metadata["scores"]) == {"lc_bm25", "vs"}
     assert docs[0].metadata["scores"]["vs"] is not None
+    # under RRF every member is fused by rank: nothing to warn of (the README's migration from EnsembleRetriever)
+    by_rank = FeedbackEnsembleRetriever.from_retrievers({"lc_bm25": bm25, "vs": vs}, fusion="rrf",
+                                                        store=FeedbackStore(), k=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert by_rank.invoke("what causes the aurora borealis")[0].id in {"doc0", "doc1"}
+    assert not [w for w in caught if "relevance scores" in str(w.message)]
 
     # members join rlfb's own retrievers: the same ids, so every chunk gets every score
     ens = FeedbackEnsemble(make_ensemble().retrievers, make_ensemble().chunks,
@@ -615,3 +638,76 @@ def test_a_langsmith_thread_id_is_the_session_for_the_retriever_and_the_handler(
     run_id = uuid.uuid4()
     plain.invoke("tides", config={"callbacks": [handler], "metadata": {key: "t-2"}}, run_id=run_id)
     assert handler.store.event(str(run_id))["session_id"] == "t-2"
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def _members_in_opposite_orders() -> dict[str, Any]:
+    """Two LangChain runnables that return the corpus's first five documents in opposite orders."""
+    docs = [Document(page_content=t, id=i) for i, t in zip(IDS[:5], TEXTS[:5], strict=True)]
+    return {"a": RunnableLambda(lambda q: list(docs)), "b": RunnableLambda(lambda q: docs[::-1])}
+
+
+async def test_ainvoke_with_explore_false_does_not_explore() -> None:
+    # ainvoke dropped explore=False (passed None, the default), so an evaluation run under async explored:
+    # 29 of 30 such calls were logged as explored
+    retriever = FeedbackEnsembleRetriever.from_retrievers(_members_in_opposite_orders(), store=FeedbackStore(), k=3)
+    store = retriever.ensemble.store
+    explored = []
+    for i in range(30):
+        docs = await retriever.ainvoke(f"question {i}", explore=False)
+        explored.append(store.event(docs[0].metadata["event_id"])["explored"])
+    assert not any(explored)
+    exploring = [store.event((await retriever.ainvoke(f"question {i}"))[0].metadata["event_id"])["explored"]
+                 for i in range(30)]
+    assert any(exploring)  # the same calls without explore=False do explore: the check above can fail
+
+
+def test_a_similarity_retrievers_search_kwargs_reach_its_vector_store() -> None:
+    # as_member(vs.as_retriever(search_kwargs={"filter": ...})) dropped every search setting but k: documents
+    # the filter excludes (another tenant's, another language's) were fused in
+    store = InMemoryVectorStore(DeterministicFakeEmbedding(size=16))
+    store.add_documents([Document(page_content=f"doc {i}", metadata={"lang": "en" if i % 2 else "de"}, id=f"d{i}")
+                         for i in range(8)])
+    member = as_member("vs", store.as_retriever(search_kwargs={"k": 3, "filter": lambda d: d.metadata["lang"] == "en"}),
+                       scores="rank")
+    found = member.function("doc", 6)
+    assert found and all(chunk.metadata["lang"] == "en" for chunk, _ in found)
+    unfiltered = as_member("vs", store.as_retriever(search_kwargs={"k": 3}), scores="rank").function("doc", 6)
+    assert {chunk.metadata["lang"] for chunk, _ in unfiltered} == {"en", "de"}
+
+
+class _Starts(BaseCallbackHandler):
+    """Records each retriever run's id and its parent's."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[Any, Any]] = []
+
+    def on_retriever_start(self, serialized: Any, query: str, *, run_id: Any, parent_run_id: Any = None,
+                           **kwargs: Any) -> None:
+        self.runs.append((run_id, parent_run_id))
+
+
+async def test_member_runs_nest_under_the_ensembles_run_under_ainvoke_as_under_invoke() -> None:
+    # under ainvoke the members were invoked without the callbacks: their runs vanished from traces
+    retriever = FeedbackEnsembleRetriever.from_retrievers(
+        {"a": FeedbackEnsembleRetriever.from_texts(TEXTS, IDS, retrievers=("bm25",), log=False)}, k=2)
+    for call in ("invoke", "ainvoke"):
+        seen = _Starts()
+        top = uuid.uuid4()
+        if call == "invoke":
+            retriever.invoke("tides", config={"callbacks": [seen]}, run_id=top)
+        else:
+            await retriever.ainvoke("tides", config={"callbacks": [seen]}, run_id=top)
+        assert seen.runs[0] == (top, None) and len(seen.runs) == 2, call
+        assert seen.runs[1][1] == top, call  # the member's run is the ensemble run's child
+
+
+def test_the_retrievers_feedback_reads_the_score_on_the_scale_given(make_ensemble: Callable[..., Any]) -> None:
+    # score_scale was dropped on the way to the store: a neutral 0.0 on the signed scale was a thumbs down
+    retriever = FeedbackEnsembleRetriever(ensemble=make_ensemble(), k=2)
+    eid = retriever.invoke("tides")[0].metadata["event_id"]
+    assert [r.reward for r in retriever.feedback(eid, score=0.0, score_scale="signed")] == [0.0]
+    assert [r.reward for r in retriever.feedback(eid, score=0.0)] == [pytest.approx(-1.0, abs=1e-3)]  # a thumb down

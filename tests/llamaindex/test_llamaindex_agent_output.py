@@ -17,8 +17,10 @@ from llama_index.core.base.llms.types import ToolCallBlock
 from llama_index.core.llms import ChatMessage, MessageRole, MockLLM
 from llama_index.core.llms.mock import MockFunctionCallingLLM
 from llama_index.core.tools import QueryEngineTool
+from typing_extensions import assert_type
 
 from llamaindex_rlfb import FeedbackEventHandler, FeedbackFusionPostprocessor
+from rlfb.store import FeedbackRecord
 
 
 def scripted(*questions: str) -> MockFunctionCallingLLM:
@@ -61,6 +63,6 @@ def test_feedback_on_an_agents_output_rates_every_query_its_tools_ran(
     assert qid is not None and handler.query_id_of(output) == qid  # the same run, asked again
     if len(questions) == 1:
         assert qid == asked[0]
-    records = handler.record_feedback(qid, score=1.0)
+    records = assert_type(handler.record_feedback(qid, score=1.0), list[FeedbackRecord])  # typed
     assert {r.event_id for r in records} >= {e["id"] for q in asked for e in handler.retrievals(q)}
     assert ens.learner.n_learned == len(questions)  # each tool query's rlfb decision learned

@@ -10,10 +10,11 @@ import pytest
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import ImageNode, NodeWithScore, QueryBundle, TextNode
+from typing_extensions import assert_type
 
 from llamaindex_rlfb import EVENT_ID_KEY, METADATA_KEYS, FeedbackFusionPostprocessor
 from rlfb import EmptyCorpusError, FeedbackEnsemble, NoStoreError, ValidationError
-from rlfb.store import FeedbackStore
+from rlfb.store import FeedbackRecord, FeedbackStore
 
 from _li_corpus import IDS, TEXTS
 from _threads import Gate, cancel_inside
@@ -70,7 +71,7 @@ async def test_aquery(index: Any, make_ensemble: Any) -> None:
     response = await engine.aquery("how do volcanoes erupt")
     eid = _check_reranked(response.source_nodes, pp, 2)
     assert response.source_nodes[0].node.node_id in {"doc3", "doc8"}
-    assert pp.feedback(eid, "thumbs_up")[0].reward > 0
+    assert assert_type(pp.feedback(eid, "thumbs_up"), list[FeedbackRecord])[0].reward > 0  # typed
 
 
 async def test_a_cancelled_apostprocess_nodes_logs_nothing(
@@ -220,6 +221,9 @@ def test_an_unknown_ensemble_option_fails_at_construction(nodes: list[TextNode])
         FeedbackFusionPostprocessor(retrievers=("bm25",), candidat_k=50)
     with pytest.raises(ValidationError, match="unknown ensemble options"):
         FeedbackFusionPostprocessor.from_dict({"retrievers": ["bm25"], "options": {"rrf": 60}})
+    # the postprocessor's own options are named too: stor= listed every ensemble option but store
+    with pytest.raises(ValidationError, match=r"\['stor'\] \(did you mean 'store'\?\)"):
+        FeedbackFusionPostprocessor(retrievers=("bm25",), stor="fb.db")
 
 
 @pytest.mark.parametrize(
@@ -718,3 +722,21 @@ def test_an_index_built_again_with_new_node_ids_is_named_and_id_func_keeps_what_
         pp = start(stable)  # the next start: the same ids, and what was learned under them is found
     assert _ensemble(pp).learner.confidence.known(_ensemble(pp).chunks.ids) == len(docs) == 3 * len(TEXTS)
     _ensemble(pp).close()
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_an_option_given_to_from_dict_wins_over_the_dumped_one(tmp_path: Any, nodes: list[TextNode]) -> None:
+    # the dump's options were merged over the explicit keywords: a rebuild asked for candidate_k=9 and silently
+    # kept the dumped 7
+    pp = FeedbackFusionPostprocessor(store=tmp_path / "fb.db", retrievers=("bm25",), nodes=nodes, candidate_k=7)
+    data = pp.to_dict()
+    assert data["options"] == {"candidate_k": 7}
+    rebuilt = FeedbackFusionPostprocessor.from_dict(data, nodes=nodes, candidate_k=9)
+    assert rebuilt.ensemble is not None
+    assert rebuilt.ensemble.candidate_k == 9 and rebuilt.options["candidate_k"] == 9
+    default = FeedbackFusionPostprocessor.from_dict(data, nodes=nodes).ensemble
+    assert default is not None
+    assert default.candidate_k == 7  # none given: the dump's

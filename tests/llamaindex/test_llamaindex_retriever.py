@@ -10,11 +10,13 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.core.schema import QueryBundle, TextNode
+from llama_index.core.schema import NodeRelationship, QueryBundle, RelatedNodeInfo, TextNode
 from llama_index.core.storage.docstore import SimpleDocumentStore
+from typing_extensions import assert_type
 
 from llamaindex_rlfb import EVENT_ID_KEY, FeedbackEnsembleRetriever, FeedbackRetrievalEvent
 from rlfb import EmptyCorpusError, FeedbackEnsemble, NoStoreError, ValidationError
+from rlfb.store import FeedbackRecord
 
 from _li_corpus import IDS, TEXTS
 from _threads import Gate, cancel_inside
@@ -91,7 +93,7 @@ async def test_aretrieve_and_feedback(make_ensemble: Any) -> None:
     assert {n.node.node_id for n in out} <= {"doc2", "doc9"}
     assert isinstance(out[0].node, TextNode)
     assert out[0].node.text in TEXTS  # no original nodes given: TextNodes built from the chunks
-    record = retriever.feedback(out[0].node.metadata[EVENT_ID_KEY], rating=5)[0]
+    record = assert_type(retriever.feedback(out[0].node.metadata[EVENT_ID_KEY], rating=5), list[FeedbackRecord])[0]
     assert record.reward > 0
     assert retriever.store.counts()["feedback"] == 1
 
@@ -275,3 +277,22 @@ def test_a_retriever_built_again_over_nodes_of_new_random_ids_warns(tmp_path: An
     ens.close()
     with pytest.warns(UserWarning, match="random ids"):
         build().ensemble.close()
+
+
+# Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
+# (or found) and no other test caught, named in its docstring or comment.
+
+
+def test_an_inserted_node_is_returned_as_inserted(nodes: list[TextNode]) -> None:
+    # insert_nodes indexed the text but kept no node: the hit came back as a bare TextNode built from the chunk,
+    # without its source document (ref_doc_id) or its metadata keys hidden from the LLM
+    retriever = FeedbackEnsembleRetriever.from_defaults(nodes=nodes, retrievers=("bm25",), similarity_top_k=1)
+    inserted = TextNode(id_="n9", text="Penguins huddle together through the antarctic winter.",
+                        metadata={"secret": "x"}, excluded_llm_metadata_keys=["secret"],
+                        relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id="doc-7")})
+    retriever.insert_nodes([inserted])
+    [hit] = retriever.retrieve("penguins in the antarctic winter")
+    assert hit.node.node_id == "n9"
+    assert hit.node.ref_doc_id == "doc-7"
+    assert "secret" in hit.node.excluded_llm_metadata_keys
+    assert hit.node.metadata["secret"] == "x"

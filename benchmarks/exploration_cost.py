@@ -1,0 +1,81 @@
+"""What chunk exploration costs on questions asked for the first time, by fusion.
+
+For each test question of a BEIR collection, a fresh ensemble (the default ``fixed`` policy with a store, so
+Thompson chunk exploration is on, as it is for every policy while the feedback memory is) serves its top 10 twice:
+greedy (``explore=False``) and as a user would get it. It prints the mean nDCG@10 of both, the cost, and how
+often the top chunk changed, for min-max and RRF fusion measured in the same run; the cost under RRF is printed
+as a ratio of the cost under min-max, the fusion the learning targets are measured with.
+
+    RLFB_DATASETS=... HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/exploration_cost.py --dataset scifact \\
+        --retrievers bm25,dense
+
+Nothing is learned between questions (no feedback is given), so each question is a first ask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def first_ask_cost(dataset: object, retrievers: tuple[str, ...], fusion: str, store: Path, *,
+                   max_queries: int | None = None, cache_dir: str | None = None) -> dict[str, float]:
+    """Mean greedy and served nDCG@10, and the share of questions whose top chunk exploration changed."""
+    from rlfb import FeedbackEnsemble
+    from rlfb.datasets import BeirDataset
+    from rlfb.metrics import ndcg_at_k
+
+    assert isinstance(dataset, BeirDataset)
+    qrels = dataset.split("test")
+    qids = sorted(qrels)[:max_queries] if max_queries else sorted(qrels)
+    options = {r: {"cache_dir": cache_dir} for r in retrievers if r != "bm25" and cache_dir}
+    ens = FeedbackEnsemble.from_chunks(dataset.corpus, retrievers=retrievers, fusion=fusion, store=store,
+                                       retriever_options=options)
+    greedy = served = changed = 0.0
+    for q in qids:
+        text = dataset.queries[q]
+        g = ens.retrieve(text, k=10, explore=False, log=False).chunk_ids
+        s = ens.retrieve(text, k=10).chunk_ids
+        greedy += ndcg_at_k(g, qrels[q], 10)
+        served += ndcg_at_k(s, qrels[q], 10)
+        changed += g[0] != s[0]
+    ens.close()
+    n = len(qids)
+    return {"greedy": greedy / n, "served": served / n, "top1_changed": changed / n, "queries": n}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rlfb.datasets import find_dataset, load_beir
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="scifact", help="a BEIR folder, or a name under RLFB_DATASETS")
+    parser.add_argument("--retrievers", default="bm25", help="comma-separated names")
+    parser.add_argument("--max-queries", type=int, default=None, help="the first N test questions only")
+    parser.add_argument("--cache-dir", default=None, help="embedding cache (default: the retrievers' own)")
+    args = parser.parse_args(argv)
+    data = load_beir(find_dataset(args.dataset), splits=["test"])
+    retrievers = tuple(r.strip() for r in args.retrievers.split(",") if r.strip())
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fusion in ("minmax", "rrf"):
+            rows[fusion] = first_ask_cost(data, retrievers, fusion, Path(tmp) / f"{fusion}.db",
+                                          max_queries=args.max_queries, cache_dir=args.cache_dir)
+    print(f"{data.name}, {'+'.join(retrievers)}, {rows['minmax']['queries']} test questions asked once each")
+    print(f"{'fusion':<7} {'greedy':>7} {'served':>7} {'cost':>7} {'top-1 changed':>14}")
+    for fusion, r in rows.items():
+        print(f"{fusion:<7} {r['greedy']:7.4f} {r['served']:7.4f} {r['greedy'] - r['served']:7.4f} "
+              f"{r['top1_changed']:14.1%}")
+    base = rows["minmax"]["greedy"] - rows["minmax"]["served"]
+    cost = rows["rrf"]["greedy"] - rows["rrf"]["served"]
+    ratio = f"{cost / base:.2f}x" if base > 0 else "n/a (no cost under min-max)"
+    print(f"exploration's cost under RRF as a ratio of its cost under min-max: {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
