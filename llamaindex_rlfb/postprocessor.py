@@ -85,7 +85,7 @@ from llamaindex_rlfb._threads import in_thread
 from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, current_session, remember_adapter
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_settings
-from rlfb.errors import CorruptStateError, NoStoreError, UnknownChunkError, ValidationError
+from rlfb.errors import CorruptStateError, NoStoreError, UnknownChunkError, UnknownOptionError, ValidationError
 from rlfb.types import Chunk
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
                    and n not in ("self", "options", "not_serialised")]
             close = difflib.get_close_matches(unknown[0], [*own, *_ensemble_options()], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""  # stor= listed every option but store
-            raise ValidationError(
+            raise UnknownOptionError(
                 f"unknown ensemble options {unknown}{hint}; FeedbackFusionPostprocessor takes {sorted(own)}, "
                 f"and FeedbackEnsemble {sorted(_ensemble_options())}"
             )

@@ -376,6 +376,8 @@ def note_default_exploration(ens: FeedbackEnsemble) -> None:
 #: Set while :meth:`FeedbackEnsemble.load <rlfb.FeedbackEnsemble.load>` builds an ensemble: the save's learning is
 #: loaded after the constructor's first look at the store, so nothing starts afresh there.
 LOADING: ContextVar[bool] = ContextVar("rlfb_loading_a_save", default=False)
+
+
 def note_other_policy(ens: FeedbackEnsemble, newest: Mapping[str, Any]) -> None:
     """Warn, once, where ``ens`` starts afresh, at its first look at the store, on a store whose newest snapshot is
     another policy's learning for the same retrievers and which holds none of its own policy's: an app restarted

@@ -13,7 +13,7 @@ from llama_index.core.schema import ImageNode, NodeWithScore, QueryBundle, TextN
 from typing_extensions import assert_type
 
 from llamaindex_rlfb import EVENT_ID_KEY, METADATA_KEYS, FeedbackFusionPostprocessor
-from rlfb import EmptyCorpusError, FeedbackEnsemble, NoStoreError, ValidationError
+from rlfb import EmptyCorpusError, FeedbackEnsemble, NoStoreError, UnknownOptionError, ValidationError
 from rlfb.store import FeedbackRecord, FeedbackStore
 
 from _li_corpus import IDS, TEXTS
@@ -222,7 +222,7 @@ def test_an_unknown_ensemble_option_fails_at_construction(nodes: list[TextNode])
     with pytest.raises(ValidationError, match="unknown ensemble options"):
         FeedbackFusionPostprocessor.from_dict({"retrievers": ["bm25"], "options": {"rrf": 60}})
     # the postprocessor's own options are named too: stor= listed every ensemble option but store
-    with pytest.raises(ValidationError, match=r"\['stor'\] \(did you mean 'store'\?\)"):
+    with pytest.raises(UnknownOptionError, match=r"\['stor'\] \(did you mean 'store'\?\)"):
         FeedbackFusionPostprocessor(retrievers=("bm25",), stor="fb.db")
 
 
