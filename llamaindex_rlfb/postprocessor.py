@@ -55,7 +55,6 @@ afresh.
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import inspect
 import json
@@ -86,7 +85,7 @@ from llamaindex_rlfb.events import FeedbackRetrievalEvent, current_query_id, cur
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble, check_settings
 from rlfb.errors import CorruptStateError, NoStoreError, UnknownChunkError, UnknownOptionError, ValidationError
-from rlfb.types import Chunk
+from rlfb.types import Chunk, closest_hint
 
 if TYPE_CHECKING:
     from rlfb.store.records import FeedbackRecord
@@ -224,8 +223,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
             own = [n for n, prm in inspect.signature(FeedbackFusionPostprocessor.__init__).parameters.items()
                    if prm.kind in (prm.KEYWORD_ONLY, prm.POSITIONAL_OR_KEYWORD)
                    and n not in ("self", "options", "not_serialised")]
-            close = difflib.get_close_matches(unknown[0], [*own, *_ensemble_options()], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""  # stor= listed every option but store
+            hint = closest_hint(unknown[0], [*own, *_ensemble_options()])  # stor= listed every option but store
             raise UnknownOptionError(
                 f"unknown ensemble options {unknown}{hint}; FeedbackFusionPostprocessor takes {sorted(own)}, "
                 f"and FeedbackEnsemble {sorted(_ensemble_options())}"

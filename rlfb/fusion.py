@@ -341,9 +341,10 @@ def weighted_rrf(
     return dict(sorted(fused.items(), key=lambda kv: -kv[1]))
 
 
-def exploration_scale(matrix: np.ndarray, k: int, rrf_c: float | None = None) -> float:
-    """The score scale chunk exploration perturbs fused scores in, showing ``k``: :func:`score_scale`, except
-    for RRF scores (``rrf_c``, their constant), where it is their drop from the first rank to rank ``k + 1``.
+def exploration_scale(scale: float, k: int, rrf_c: float | None = None) -> float:
+    """The score scale chunk exploration perturbs fused scores in, showing ``k``: ``scale``, the normalised
+    scores' own (:func:`score_scale`, which the caller has already), except for RRF scores (``rrf_c``, their
+    constant), where it is their drop from the first rank to rank ``k + 1``.
 
     Min-max scores spread over [0, 1], much of that spread at the top of a ranking, so a perturbation of a
     fraction of the largest score moves a chunk a few places. RRF scores are ``1 / (c + rank)``: at ``c = 60``
@@ -353,13 +354,13 @@ def exploration_scale(matrix: np.ndarray, k: int, rrf_c: float | None = None) ->
     shown depth, it falls to 0.611; with BM25 + dense, from 0.687 to 0.662, where min-max falls from 0.713 to
     0.642 (``benchmarks/exploration_cost.py``): about what exploration costs under min-max, one way or the other.
 
-    >>> exploration_scale(np.array([[1.0, 0.2], [0.5, 0.9]]), 10)
+    >>> exploration_scale(score_scale(np.array([[1.0, 0.2], [0.5, 0.9]])), 10)
     1.0
-    >>> round(exploration_scale(np.array([[1 / 61, 1 / 62]]), 10, rrf_c=60.0), 6)  # 1/61 - 1/71
+    >>> round(exploration_scale(1 / 61, 10, rrf_c=60.0), 6)  # 1/61 - 1/71
     0.002309
     """
     if rrf_c is None:
-        return score_scale(matrix)
+        return scale
     c = check_rrf_constant(rrf_c)
     return 1.0 / (c + 1.0) - 1.0 / (c + 1.0 + max(int(k), 1))
 

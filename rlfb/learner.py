@@ -295,7 +295,7 @@ class Learner:
                 extra: dict[str, Any] = {}
                 if isinstance(self._explorer, ThompsonChunkExploration):
                     extra = {"fused": fused, "alpha": alpha, "beta": beta,
-                             "score_scale": exploration_scale(N, kk, context.rrf_c)}
+                             "score_scale": exploration_scale(scale, kk, context.rrf_c)}
                 res = self._explorer.explore(ranked, kk, scale=self._guardrail.multipliers[1], **extra)
                 order = res.order
                 decision = _explored(decision, res)

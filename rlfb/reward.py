@@ -36,7 +36,6 @@ answer among its chunks itself: :func:`rlfb.credit.shared_credit`.)
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,6 +51,7 @@ from rlfb.errors import (
     UnknownSignalError,
     ValidationError,
 )
+from rlfb.types import closest_hint
 
 __all__ = [
     "BASE_SIGNALS",
@@ -427,8 +427,7 @@ class RewardFunction:
         try:
             return self._aliases[signal]
         except (KeyError, TypeError):
-            close = difflib.get_close_matches(signal, self.signals, n=1) if isinstance(signal, str) else []
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = closest_hint(signal, self.signals) if isinstance(signal, str) else ""
             raise UnknownSignalError(
                 f"unknown signal type {signal!r}{hint}; known: {', '.join(self.signals)}"
             ) from None

@@ -310,13 +310,14 @@ def own_snapshot(ens: FeedbackEnsemble, after: int) -> Mapping[str, Any] | None:
     return None
 
 
-def _policys_newest(ens: FeedbackEnsemble) -> Mapping[str, Any] | None:
-    """The store's newest snapshot of ``ens``'s policy, of any kind; ``None`` if there is none, or from a store of
-    the user's own whose ``load_policy_state`` takes no policy."""
+def _policys_newest(ens: FeedbackEnsemble, *,
+                    unanswered: Mapping[str, Any] | None = None) -> Mapping[str, Any] | None:
+    """The store's newest snapshot of ``ens``'s policy, of any kind; ``None`` if there is none, and
+    ``unanswered`` from a store of the user's own whose ``load_policy_state`` takes no policy."""
     try:
         return ens._store.load_policy_state(policy=ens._learner.policy_name)
     except TypeError:
-        return None
+        return unanswered
 
 
 def other_models_snapshot(ens: FeedbackEnsemble) -> Mapping[str, Any] | None:
@@ -392,10 +393,8 @@ def note_other_policy(ens: FeedbackEnsemble, newest: Mapping[str, Any]) -> None:
     differ = theirs.differences(SnapshotKind.of_learner(ens._learner))
     if "policy" not in differ or "retrievers" in differ or not _learned_count(newest):
         return
-    try:
-        if ens._store.load_policy_state(policy=ens._learner.policy_name) is not None:
-            return
-    except TypeError:  # a store of the user's own that takes no policy: it cannot say
+    # its policy's learning, of any kind; a store of the user's own that takes no policy cannot say (newest)
+    if _policys_newest(ens, unanswered=newest) is not None:
         return
     warnings.warn(
         f"rlfb: the store holds {theirs.policy!r} learning for these retrievers (snapshot {newest['version']}), "

@@ -182,9 +182,18 @@ def check_known_options(given: Iterable[str], known: Iterable[str], owner: str) 
     """
     options = sorted(known)
     for name in sorted(set(given) - set(options)):
-        close = difflib.get_close_matches(name, options, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UnknownOptionError(f"{owner} takes no option {name!r}{hint}; its options are {options}")
+        raise UnknownOptionError(f"{owner} takes no option {name!r}{closest_hint(name, options)}; its options are "
+                                 f"{options}")
+
+
+def closest_hint(name: str, options: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` with the option closest to a misspelt ``name``, or ``""`` where none is close.
+
+    >>> closest_hint("stor", ["store", "top_n"])
+    " (did you mean 'store'?)"
+    """
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def keyword_options(func: Any, *, leave_out: Iterable[str] = ()) -> list[str] | None:

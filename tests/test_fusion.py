@@ -12,6 +12,7 @@ from rlfb.fusion import (
     normalize,
     rank_matrix,
     rrf_normalize,
+    score_scale,
     validate_weights,
     weighted_fusion,
     weighted_rrf,
@@ -189,12 +190,13 @@ def test_exploration_scale_is_the_rrf_drop_over_the_shown_depth_and_the_largest_
     from rlfb.candidates import make_context
 
     ranks = rank_matrix(RAW)
-    assert exploration_scale(minmax_normalize(RAW), 10) == 1.0
-    assert exploration_scale(zscore_normalize(RAW), 10) == pytest.approx(float(np.abs(zscore_normalize(RAW)).max()))
-    assert exploration_scale(rrf_normalize(ranks), 10, rrf_c=60.0) == pytest.approx(1 / 61 - 1 / 71)
-    assert exploration_scale(rrf_normalize(ranks, c=0.0), 3, rrf_c=0.0) == pytest.approx(1 - 1 / 4)
+    assert exploration_scale(score_scale(minmax_normalize(RAW)), 10) == 1.0
+    assert exploration_scale(score_scale(zscore_normalize(RAW)), 10) == pytest.approx(
+        float(np.abs(zscore_normalize(RAW)).max()))
+    assert exploration_scale(score_scale(rrf_normalize(ranks)), 10, rrf_c=60.0) == pytest.approx(1 / 61 - 1 / 71)
+    assert exploration_scale(score_scale(rrf_normalize(ranks, c=0.0)), 3, rrf_c=0.0) == pytest.approx(1 - 1 / 4)
     with pytest.raises(ValidationError):
-        exploration_scale(RAW, 10, rrf_c=float("nan"))
+        exploration_scale(1.0, 10, rrf_c=float("nan"))
     # the ensemble's contexts say which fusion made their scores
     for fusion, c in (("rrf", 60.0), ("minmax", None), ("zscore", None)):
         ctx = make_context("q", ["a", "b", "c", "d"], RAW, ranks, None, retrievers=("bm25", "dense"),
