@@ -10,6 +10,8 @@ vectors, as in ``bench_retrieval.py``) and take one new document at a time:
   built again over all texts, and the ``InMemoryVectorStore`` takes ``add_texts``;
   the ``EnsembleRetriever`` is then made again over the two.
 
+The two take turns on each new document, so that a change of the machine's load falls on both.
+
     python benchmarks/bench_corpus_update.py [--chunks 50000] [--updates 5]
 """
 
@@ -26,8 +28,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_retrieval's helpers, the shared argument types
 
 import numpy as np  # noqa: E402
+from _bench_args import positive_int  # noqa: E402
 from bench_retrieval import precomputed_embeddings, synthetic_corpus, unit  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,8 +39,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chunks", type=int, default=50_000)
-    ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--chunks", type=positive_int, default=50_000,
+                    help="synthetic chunks indexed before the updates (default: %(default)s)")
+    ap.add_argument("--updates", type=positive_int, default=5,
+                    help="documents added one at a time; the median is printed (default: %(default)s)")
     args = ap.parse_args()
 
     from langchain_classic.retrievers import EnsembleRetriever
@@ -63,19 +69,16 @@ def main() -> None:
     doc_cache.put_many({text_hash(t): v for t, v in zip(texts, vectors, strict=True)})
     chunks = make_chunks(base, [f"c{i}" for i in range(len(base))])
     ours = FeedbackEnsemble.from_chunks(chunks, retrievers=[BM25Retriever(), dense], fusion="rrf")
-    rlfb_s = []
-    for i, text in enumerate(new):
-        t = time.perf_counter()
-        ours.add_texts([text], ids=[f"new{i}"])
-        rlfb_s.append(time.perf_counter() - t)
-    assert ours.retrievers["bm25"].search(new[-1], 1)[0][0] == f"new{len(new) - 1}"  # it is searchable
 
     lookup = {t: v.tolist() for t, v in zip(texts, vectors, strict=True)}
     store = InMemoryVectorStore(precomputed_embeddings(lookup, lookup))
     store.add_texts(base, ids=[f"c{i}" for i in range(len(base))])
     current = list(base)
-    lc_s = []
-    for i, text in enumerate(new):
+    rlfb_s, lc_s = [], []
+    for i, text in enumerate(new):  # taking turns on each document
+        t = time.perf_counter()
+        ours.add_texts([text], ids=[f"new{i}"])
+        rlfb_s.append(time.perf_counter() - t)
         t = time.perf_counter()
         current.append(text)
         lc_bm25 = LCBM25.from_texts(current, k=10)
@@ -83,12 +86,13 @@ def main() -> None:
         lc = EnsembleRetriever(retrievers=[lc_bm25, store.as_retriever(search_kwargs={"k": 10})],
                                weights=[0.5, 0.5])
         lc_s.append(time.perf_counter() - t)
+    assert ours.retrievers["bm25"].search(new[-1], 1)[0][0] == f"new{len(new) - 1}"  # it is searchable
     assert lc_bm25.invoke(new[-1])[0].page_content == new[-1] and len(lc.retrievers) == 2
 
-    ours_m, lc_m = statistics.median(rlfb_s), statistics.median(lc_s)
+    ours_m, lc_m = statistics.median(rlfb_s) * 1000, statistics.median(lc_s) * 1000
     print("\nadding one document to BM25 + dense, median per update:")
-    print(f"  LangChain EnsembleRetriever (BM25 rebuilt, vector store add)  {lc_m:8.2f} s")
-    print(f"  rlfb FeedbackEnsemble.add_texts (both updated)                {ours_m:8.2f} s")
+    print(f"  LangChain EnsembleRetriever (BM25 rebuilt, vector store add)  {lc_m:8.1f} ms")
+    print(f"  rlfb FeedbackEnsemble.add_texts (both updated)                {ours_m:8.1f} ms")
     print(f"  ratio                                                         {lc_m / ours_m:8.1f}x")
 
 

@@ -5,7 +5,8 @@ Measures, in one run:
 * single  : ``record_feedback`` calls, one transaction each (the per-request path);
 * batched : ``record_feedback_batch`` with ``--batch`` items per transaction.
 
-Each mode runs in ``--rounds`` rounds; the best and median wall-clock throughput
+Each mode runs in ``--rounds`` rounds (of equal size, or one more item in the first
+ones where the count does not divide); the best and median wall-clock throughput
 are printed, and events per CPU-second of this process, which other processes
 sharing the machine do not distort.
 
@@ -42,7 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
 
+from _bench_args import positive_int  # noqa: E402
 from sqlite_utils import Database  # noqa: E402
 
 from rlfb.store import FeedbackStore  # noqa: E402
@@ -86,13 +89,27 @@ def _rate(n: int, wall: float, cpu: float) -> tuple[float, float]:
     return n / wall, n / cpu if cpu > 0 else float("inf")
 
 
+def _rounded(rate: float) -> float:
+    """A rate as printed: whole numbers, but never rounded down to 0 (two decimals below 10/s)."""
+    return round(rate) if rate >= 10 else round(rate, 2)
+
+
 def _summary(rounds: list[tuple[float, float]]) -> dict:
     walls = sorted(w for w, _ in rounds)
     return {
-        "best": round(walls[-1]),
-        "median": round(statistics.median(walls)),
-        "per_cpu_second": round(statistics.median(c for _, c in rounds)),
+        "best": _rounded(walls[-1]),
+        "median": _rounded(statistics.median(walls)),
+        "per_cpu_second": _rounded(statistics.median(c for _, c in rounds)),
     }
+
+
+def _split(lo: int, n: int, rounds: int) -> list[range]:
+    """``range(lo, lo + n)`` in ``rounds`` consecutive parts whose sizes differ by at most one: none dropped.
+
+    >>> [len(r) for r in _split(0, 7, 3)], _split(5, 4, 2)
+    ([2, 2, 3], [range(5, 7), range(7, 9)])
+    """
+    return [range(lo + n * r // rounds, lo + n * (r + 1) // rounds) for r in range(rounds)]
 
 
 def _naive_store(path: str, synchronous: str) -> Database:
@@ -113,7 +130,8 @@ def _timed(items: list[dict], write: Callable[[dict], object]) -> tuple[float, f
 
 
 def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rounds: int) -> dict:
-    """Ingest in ``rounds`` equal rounds per mode; report best and median wall throughput.
+    """Ingest in ``rounds`` rounds per mode (their sizes differ by at most one; every item is ingested); report
+    best and median wall throughput. ``n_single`` and ``n_batched`` are at least ``rounds``, every count at least 1.
 
     The machine may be shared: wall throughput then depends on what else runs.
     ``per_cpu_second`` (events per second of this process's CPU time) does not.
@@ -136,9 +154,8 @@ def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rou
             log_batched = _rate(n_events, time.perf_counter() - start, time.process_time() - cpu)
 
             single_rounds, peer_rounds, plain_rounds = [], [], []
-            per_round = n_single // rounds
-            for r in range(rounds):
-                items = [_feedback(i, t0) for i in range(r * per_round, (r + 1) * per_round)]
+            for part in _split(0, n_single, rounds):
+                items = [_feedback(i, t0) for i in part]
                 single_rounds.append(_timed(items, lambda item: store.record_feedback(**item)))
                 peer_rounds.append(_timed(items, peer.table("feedback").insert))
                 plain_rounds.append(_timed(items, plain_insert))
@@ -146,10 +163,8 @@ def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rou
             plain.close()
 
             batched_rounds = []
-            per_round = n_batched // rounds
-            for r in range(rounds):
-                lo_r = n_single + r * per_round
-                items = [_feedback(i, t0) for i in range(lo_r, lo_r + per_round)]
+            for part in _split(n_single, n_batched, rounds):
+                items = [_feedback(i, t0) for i in part]
                 start, cpu = time.perf_counter(), time.process_time()
                 for lo in range(0, len(items), batch):
                     store.record_feedback_batch(items[lo : lo + batch])
@@ -175,6 +190,11 @@ def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rou
         "plain_insert_single_per_s": _summary(plain_rounds),
         "log_event_single_per_s": _summary([log_single]),
         "log_events_batched_per_s": _summary([log_batched]),
+        # from the unrounded medians: rlfb's single-feedback rate as a ratio of each peer's
+        "single_vs_naive_insert": round(statistics.median(w for w, _ in single_rounds)
+                                        / statistics.median(w for w, _ in peer_rounds), 4),
+        "single_vs_plain_insert": round(statistics.median(w for w, _ in single_rounds)
+                                        / statistics.median(w for w, _ in plain_rounds), 4),
         "rows": counts,
         "integrity": ok,
         "cpus": os.cpu_count(),
@@ -184,14 +204,20 @@ def run(n_single: int, n_batched: int, batch: int, k: int, synchronous: str, rou
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--single", type=int, default=5_000, help="record_feedback calls (one transaction each)")
-    p.add_argument("--batched", type=int, default=100_000, help="feedback items ingested in batches")
-    p.add_argument("--batch", type=int, default=1_000, help="items per record_feedback_batch call")
-    p.add_argument("--k", type=int, default=5, help="chunks per event")
+    p.add_argument("--single", type=positive_int, default=5_000,
+                   help="record_feedback calls (one transaction each), at least --rounds")
+    p.add_argument("--batched", type=positive_int, default=100_000,
+                   help="feedback items ingested in batches, at least --rounds")
+    p.add_argument("--batch", type=positive_int, default=1_000, help="items per record_feedback_batch call")
+    p.add_argument("--k", type=positive_int, default=5, help="chunks per event")
     p.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
-    p.add_argument("--rounds", type=int, default=5, help="rounds per mode (best and median are reported)")
+    p.add_argument("--rounds", type=positive_int, default=5, help="rounds per mode (best and median are reported)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)
+    for name in ("single", "batched"):  # a round of none timed nothing: it printed 0/s
+        if getattr(args, name) < args.rounds:
+            p.error(f"--{name} {getattr(args, name)} is fewer than --rounds {args.rounds}: every round needs "
+                    "at least one feedback")
     res = run(args.single, args.batched, args.batch, args.k, args.synchronous, args.rounds)
     if args.json:
         print(json.dumps(res, indent=2))
@@ -208,10 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name, fig, note in rows:
         print(f"  {name:<18}{fig['best']:>10,}{fig['median']:>10,}{fig['per_cpu_second']:>11,}   {note}")
-    for name, key, what in (("peer: sqlite-utils", "naive_insert_single_per_s", "Table.insert"),
-                            ("peer: sqlite3", "plain_insert_single_per_s", "a plain INSERT")):
-        fig = res[key]
-        ratio = res["feedback_single_per_s"]["median"] / max(fig["median"], 1)
+    for name, key, what in (("peer: sqlite-utils", "naive_insert", "Table.insert"),
+                            ("peer: sqlite3", "plain_insert", "a plain INSERT")):
+        fig, ratio = res[f"{key}_single_per_s"], res[f"single_vs_{key}"]
         print(f"  {name:<18}{fig['best']:>10,}{fig['median']:>10,}{fig['per_cpu_second']:>11,}   "
               f"{what}, no checks, no reward rows; rlfb single feedback runs at {ratio:.2f}x its rate")
     print(f"  rows {res['rows']}, integrity {res['integrity']}")

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from langchain_core.retrievers import BaseRetriever
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
+
+from _bench_args import int_at_least, plural, positive_int  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -106,6 +110,15 @@ def interleaved_ms(fns: dict[str, Callable[[Any], object]], items: list) -> dict
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def times(ratio: float) -> str:
+    """A ratio as printed: whole numbers, one decimal below 10 (a small run's 0.4 was printed as 0).
+
+    >>> times(88.6), times(8.24)
+    ('89', '8.2')
+    """
+    return f"{ratio:.0f}" if ratio >= 10 else f"{ratio:.1f}"
+
+
 def median_ms(fn: Callable[[Any], object], items: Iterable) -> float:
     """The median ms of ``fn`` over ``items``."""
     return interleaved_ms({"fn": fn}, list(items))["fn"]
@@ -113,11 +126,19 @@ def median_ms(fn: Callable[[Any], object], items: Iterable) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chunks", type=int, default=50_000)
-    ap.add_argument("--queries", type=int, default=50)
-    ap.add_argument("--lc-queries", type=int, default=15, help="LangChain is slow: fewer queries")
-    ap.add_argument("--no-splade", action="store_true")
+    # more than the 10 retrieved: the numpy search's argpartition needs an 11th
+    ap.add_argument("--chunks", type=int_at_least(11), default=50_000,
+                    help="synthetic chunks indexed, at least 11 (default: %(default)s)")
+    ap.add_argument("--queries", type=positive_int, default=50,
+                    help="queries; the end-to-end SPLADE part times all but the first, so at least 2 with it "
+                         "(default: %(default)s)")
+    ap.add_argument("--lc-queries", type=positive_int, default=15,
+                    help="LangChain is slow: the first N queries are timed on both sides (default: %(default)s)")
+    ap.add_argument("--no-splade", action="store_true",
+                    help="skip the end-to-end part with SPLADE and the real query encoders")
     args = ap.parse_args()
+    if not args.no_splade and args.queries < 2:
+        ap.error("--queries must be at least 2 unless --no-splade: the first warms the query encoders up")
 
     from langchain_classic.retrievers import EnsembleRetriever
     from langchain_community.retrievers import BM25Retriever as LCBM25
@@ -139,7 +160,7 @@ def main() -> None:
     query_vecs = unit(len(queries), 384, rng)
     cache_dir = Path(tempfile.mkdtemp(prefix="rlfb-bench-"))
     atexit.register(shutil.rmtree, cache_dir, True)  # hundreds of MB of vectors: gone when the run ends
-    print(f"{len(texts):,} synthetic chunks, {len(queries)} queries; cache in {cache_dir}")
+    print(f"{len(texts):,} synthetic chunks, {plural(len(queries), 'query', 'queries')}; cache in {cache_dir}")
 
     # ---- rlfb: the same precomputed vectors, put where DenseRetriever looks for them
     dense = DenseRetriever(cache_dir=cache_dir, model_key="bench-precomputed")
@@ -154,15 +175,8 @@ def main() -> None:
     print(f"rlfb index (BM25 + cached vectors): {time.perf_counter() - t:.1f}s")
     for q in queries:  # warm-up: every query embedding in memory, as LangChain's lookup table has them
         ours.retrieve(q, k=10, log=False)
-    # both sides on the same queries (LangChain's are slow, so the first lc_queries); rlfb's median over three
-    # passes of them, LangChain's over one. The same job as LangChain's: a deterministic fused ranking
-    # (exploration is measured apart)
-    timed = queries[: args.lc_queries]
-    rlfb_ms = median_ms(lambda q: ours.retrieve(q, k=10, log=False, explore=False), timed * 3)
     # exploration runs only where feedback can reach the list, so the serving path: logged to a store
     served = FeedbackEnsemble({"bm25": bm25, "dense": dense}, chunks, fusion="rrf", store=cache_dir / "fb.db")
-    explore_ms = median_ms(lambda q: served.retrieve(q, k=10), timed * 3)
-    served.close()
 
     # ---- LangChain: EnsembleRetriever over rank_bm25 and an InMemoryVectorStore, same vectors
     lookup = {t: v.tolist() for t, v in zip(texts, doc_vecs, strict=True)}
@@ -180,17 +194,24 @@ def main() -> None:
     lc_np = EnsembleRetriever(retrievers=[lc_bm25, np_dense], weights=[0.5, 0.5])
     lc_np.invoke(queries[0])
     lc.invoke(queries[0])
+    served.retrieve(queries[0], k=10)
+    # both sides on the same queries (LangChain's are slow, so the first lc_queries), taking turns on each: rlfb
+    # doing the same job as LangChain's (a deterministic fused ranking; exploration is timed apart, beside them)
     timings = interleaved_ms({"ensemble": lc.invoke, "numpy ensemble": lc_np.invoke,
+                              "rlfb": lambda q: ours.retrieve(q, k=10, log=False, explore=False),
+                              "rlfb served": lambda q: served.retrieve(q, k=10),
                               "rank_bm25 BM25Retriever": lc_bm25.invoke, "InMemoryVectorStore retriever": vs.invoke,
-                              "numpy dense retriever (as rlfb's)": np_dense.invoke}, timed)
+                              "numpy dense retriever (as rlfb's)": np_dense.invoke}, queries[: args.lc_queries])
+    served.close()
     lc_ms, lc_np_ms = timings.pop("ensemble"), timings.pop("numpy ensemble")
+    rlfb_ms, explore_ms = timings.pop("rlfb"), timings.pop("rlfb served")
     parts = timings
     print("\nBM25 + dense, median per query (same vectors, cached query embedding):")
     print(f"  LangChain EnsembleRetriever  {lc_ms:10.1f} ms  (rank_bm25 + InMemoryVectorStore, as an app builds it)")
     print(f"  the same, numpy vector search{lc_np_ms:10.1f} ms  (rank_bm25 + a retriever searching as rlfb's does)")
     print(f"  rlfb FeedbackEnsemble        {rlfb_ms:10.2f} ms")
-    print(f"  ratio                        {lc_ms / rlfb_ms:10.0f}x faster than the first, "
-          f"{lc_np_ms / rlfb_ms:.0f}x than the second")
+    print(f"  ratio                        {times(lc_ms / rlfb_ms):>10}x faster than the first, "
+          f"{times(lc_np_ms / rlfb_ms)}x than the second")
     print("  LangChain's parts alone: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in parts.items()))
     print(f"  rlfb serving: explored, logged {explore_ms:8.2f} ms (Thompson-sampled chunk exploration, event written "
           "to a store)")

@@ -22,6 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
+
+from _bench_args import positive_int  # noqa: E402
+
 # target: (low, high) bounds on nDCG@10, reference figure
 TARGETS = {
     "bm25": ((0.64, 1.0), 0.652),
@@ -60,20 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     default_data = base / "scifact" if base is not None else None
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=default_data, help="BEIR folder of SciFact")
-    parser.add_argument("--retrievers", default="bm25,dense,splade", help="comma-separated names")
+    parser.add_argument("--retrievers", default="bm25,dense,splade",
+                        help=f"comma-separated names, of {', '.join(TARGETS)} (default: %(default)s)")
     parser.add_argument(
         "--cache-dir", default=None, help="embedding cache (default: a fresh temporary folder)"
     )
-    parser.add_argument("--dense-batch-size", type=int, default=64)
-    parser.add_argument("--splade-batch-size", type=int, default=32)
+    parser.add_argument("--dense-batch-size", type=positive_int, default=64,
+                        help="documents per batch of the dense encoder (default: %(default)s)")
+    parser.add_argument("--splade-batch-size", type=positive_int, default=32,
+                        help="documents per batch of the SPLADE encoder (default: %(default)s)")
     parser.add_argument("--progress", action="store_true", help="show encoding progress bars")
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names:  # checked before the collection is read (an unknown one was a KeyError after it)
+        parser.error(f"unknown retriever {unknown[0]!r}; valid names: {', '.join(TARGETS)}" if unknown
+                     else f"no retriever named; valid names: {', '.join(TARGETS)}")
     if args.data is None or not args.data.is_dir():
         parser.error(f"no SciFact folder at {args.data}: pass --data, or set RLFB_DATASETS to the folder that "
                      "holds the BEIR collections")
 
     import ir_measures
 
+    from rlfb.errors import RlfbError
     from rlfb.retrievers import make_retriever
     from rlfb.types import make_chunks
 
@@ -95,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     failed = False
     print(f"{'retriever':<8} {'nDCG@10':>8} {'reference':>9} {'index/encode s':>15} {'query s':>8}  status")
-    for name in [n.strip() for n in args.retrievers.split(",") if n.strip()]:
-        retriever = make_retriever(name, **kwargs[name])
+    for name in names:
+        try:
+            retriever = make_retriever(name, **kwargs[name])
+        except RlfbError as exc:
+            parser.error(str(exc))
         start = time.perf_counter()
         retriever.index(chunks, show_progress=args.progress)
         index_s = time.perf_counter() - start

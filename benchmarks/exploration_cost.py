@@ -1,15 +1,17 @@
 """What chunk exploration costs on questions asked for the first time, by fusion.
 
-For each test question of a BEIR collection, a fresh ensemble (the default ``fixed`` policy with a store, so
-Thompson chunk exploration is on, as it is for every policy while the feedback memory is) serves its top 10 twice:
-greedy (``explore=False``) and as a user would get it. It prints the mean nDCG@10 of both, the cost, and how
-often the top chunk changed, for min-max and RRF fusion measured in the same run; the cost under RRF is printed
-as a ratio of the cost under min-max, the fusion the learning targets are measured with.
+One ensemble per fusion, built once over a BEIR collection (the default ``fixed`` policy with a store in a
+temporary folder, so Thompson chunk exploration is on, as it is for every policy while the feedback memory is),
+serves each test question's top 10 twice: greedy (``explore=False``, not logged) and as a user would get it
+(explored and logged). It prints the mean nDCG@10 of both, the cost, and how often the top chunk changed, for
+min-max and RRF fusion measured in the same run; the cost under RRF is printed as a ratio of the cost under
+min-max, the fusion the learning targets are measured with.
 
     RLFB_DATASETS=... HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/exploration_cost.py --dataset scifact \\
         --retrievers bm25,dense
 
-Nothing is learned between questions (no feedback is given), so each question is a first ask.
+Nothing is learned between questions (no feedback is given, so the feedback memory stays empty), so each
+question is a first ask; only the ensemble's random stream runs on from one question to the next.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmarks' shared argument types
+
+from _bench_args import positive_int  # noqa: E402
 
 
 def first_ask_cost(dataset: object, retrievers: tuple[str, ...], fusion: str, store: Path, *,
@@ -32,7 +37,7 @@ def first_ask_cost(dataset: object, retrievers: tuple[str, ...], fusion: str, st
 
     assert isinstance(dataset, BeirDataset)
     qrels = dataset.split("test")
-    qids = sorted(qrels)[:max_queries] if max_queries else sorted(qrels)
+    qids = sorted(qrels)[:max_queries] if max_queries is not None else sorted(qrels)
     options = {r: {"cache_dir": cache_dir} for r in retrievers if r != "bm25" and cache_dir}
     ens = FeedbackEnsemble.from_chunks(dataset.corpus, retrievers=retrievers, fusion=fusion, store=store,
                                        retriever_options=options)
@@ -51,20 +56,25 @@ def first_ask_cost(dataset: object, retrievers: tuple[str, ...], fusion: str, st
 
 def main(argv: list[str] | None = None) -> int:
     from rlfb.datasets import find_dataset, load_beir
+    from rlfb.errors import RlfbError
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="scifact", help="a BEIR folder, or a name under RLFB_DATASETS")
     parser.add_argument("--retrievers", default="bm25", help="comma-separated names")
-    parser.add_argument("--max-queries", type=int, default=None, help="the first N test questions only")
+    parser.add_argument("--max-queries", type=positive_int, default=None,
+                        help="the first N test questions only (default: all)")
     parser.add_argument("--cache-dir", default=None, help="embedding cache (default: the retrievers' own)")
     args = parser.parse_args(argv)
-    data = load_beir(find_dataset(args.dataset), splits=["test"])
     retrievers = tuple(r.strip() for r in args.retrievers.split(",") if r.strip())
     rows = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for fusion in ("minmax", "rrf"):
-            rows[fusion] = first_ask_cost(data, retrievers, fusion, Path(tmp) / f"{fusion}.db",
-                                          max_queries=args.max_queries, cache_dir=args.cache_dir)
+    try:  # a missing folder or an unknown retriever name: a usage error, not a traceback
+        data = load_beir(find_dataset(args.dataset), splits=["test"])
+        with tempfile.TemporaryDirectory() as tmp:
+            for fusion in ("minmax", "rrf"):
+                rows[fusion] = first_ask_cost(data, retrievers, fusion, Path(tmp) / f"{fusion}.db",
+                                              max_queries=args.max_queries, cache_dir=args.cache_dir)
+    except RlfbError as exc:
+        parser.error(str(exc))
     print(f"{data.name}, {'+'.join(retrievers)}, {rows['minmax']['queries']} test questions asked once each")
     print(f"{'fusion':<7} {'greedy':>7} {'served':>7} {'cost':>7} {'top-1 changed':>14}")
     for fusion, r in rows.items():

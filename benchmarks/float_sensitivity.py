@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
+
+from _bench_args import plural, positive_int  # noqa: E402
 
 METRICS = ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10")
 BASELINES = ("rrf", "equal", "tuned_fixed", "oracle_fixed")
@@ -83,6 +88,10 @@ def _run_one(salt: str, scale: float, simulate_args: list[str]) -> int:
     return main(["simulate", *simulate_args])
 
 
+class ChildFailed(Exception):
+    """A run's process exited with an error (which it printed)."""
+
+
 def _figures(path: Path) -> dict[str, float]:
     data = json.loads(path.read_text())
     out = {m: data["final"][m]["mean"] for m in METRICS}
@@ -98,15 +107,22 @@ def _moved(weights: dict[str, float]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", default="scifact", help="a folder name under $RLFB_DATASETS, or a path")
-    parser.add_argument("--policy", default="thompson")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--interactions", type=int, default=2000)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Any other option is handed to each run's `rlfb simulate` (for instance --learner-option "
+               "transfer_weight=0, or --no-memory); `rlfb simulate --help` lists them.")
+    parser.add_argument("--dataset", default="scifact",
+                        help="a folder name under $RLFB_DATASETS, or a path (default: %(default)s)")
+    parser.add_argument("--policy", default="thompson", help="the learning policy simulated (default: %(default)s)")
+    parser.add_argument("--seeds", type=positive_int, default=5,
+                        help="seeds of each run, its figures their mean (default: %(default)s)")
+    parser.add_argument("--interactions", type=positive_int, default=2000,
+                        help="interactions of each seed (default: %(default)s)")
     parser.add_argument("--salts", type=int, default=8, choices=range(1, 10), metavar="1..9",
-                        help="how many perturbed runs (salts s1 to s9)")
-    parser.add_argument("--perturb", type=float, default=3e-7, help="the perturbation's scale")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at once (each is one process)")
+                        help="how many perturbed runs (salts s1 to s9; default: %(default)s)")
+    parser.add_argument("--perturb", type=float, default=3e-7, help="the perturbation's scale (default: %(default)s)")
+    parser.add_argument("--jobs", type=positive_int, default=2,
+                        help="runs at once, each one process (default: %(default)s)")
     parser.add_argument("--target", type=float, default=None, help="count the runs whose held-out figure reaches it")
     parser.add_argument("--out", default=None, help="a folder to keep each run's JSON in")
     parser.add_argument("--salt", default=None, help=argparse.SUPPRESS)  # a child process: one run
@@ -116,9 +132,18 @@ def main(argv: list[str] | None = None) -> int:
             "--dataset", args.dataset, "--policy", args.policy, "--seeds", str(args.seeds),
             "--interactions", str(args.interactions), *rest])
 
-    from rlfb.datasets import find_dataset
+    from rlfb.datasets import DATASETS_ENV, datasets_dir, find_dataset
+    from rlfb.errors import RlfbError
 
-    folder = find_dataset(args.dataset)
+    try:  # checked here: each child run said so itself, then the parent died of the first one's exit status
+        folder = find_dataset(args.dataset)
+    except RlfbError as exc:
+        parser.error(str(exc))
+    if not folder.is_dir():
+        unset = "" if datasets_dir() is not None else (
+            f"; set {DATASETS_ENV} to the folder that holds the BEIR collections, or give the collection's path")
+        parser.error(f"no collection at {folder}{unset}")
+    made = not args.out  # a temporary folder of this run's: removed if the run fails
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rlfb-float-"))
     out.mkdir(parents=True, exist_ok=True)
     salts = ["", *(f"s{i}" for i in range(1, args.salts + 1))]
@@ -128,17 +153,28 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--salt", salt, "--perturb", str(args.perturb),
                "--dataset", str(folder), "--policy", args.policy, "--seeds", str(args.seeds),
                "--interactions", str(args.interactions), "--quiet", "--json", str(path), *rest]
-        subprocess.run(cmd, check=True, env=os.environ.copy(), stdout=subprocess.DEVNULL)
+        done = subprocess.run(cmd, check=False, env=os.environ.copy(), stdout=subprocess.DEVNULL)
+        if done.returncode != 0:  # its own error is on stderr above
+            raise ChildFailed(f"the {'run as is' if not salt else f'run with salt {salt}'} failed "
+                              f"(exit status {done.returncode})")
         # labelled, so that results_table.py does not table a perturbed run as the code's own figure
         data = json.loads(path.read_text())
         data["config"]["perturbation"] = {"scale": args.perturb, "salt": salt} if salt else None
         path.write_text(json.dumps(data))
         return _figures(path)
 
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+    pool = ThreadPoolExecutor(args.jobs)
+    try:
         results = dict(zip(salts, pool.map(run, salts), strict=True))
+    except ChildFailed as exc:
+        pool.shutdown(wait=True, cancel_futures=True)  # the runs not started are not started
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    pool.shutdown()
 
-    print(f"{folder.name}, {args.policy}, {args.seeds} seeds, {args.interactions} interactions; "
+    print(f"{folder.name}, {args.policy}, {plural(args.seeds, 'seed')}, {args.interactions} interactions; "
           f"dense embeddings perturbed by {args.perturb:g}; each row the mean over seeds")
     head = ["run", "held-out", "seen", "online", *BASELINES, "weights moved"]
     print(" | ".join(head))
@@ -149,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in (*METRICS, *BASELINES):
         values = [r[m] for r in perturbed_runs]
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
-        print(f"{m} over {len(values)} salts: mean {statistics.fmean(values):.4f}, sd {sd:.4f}, "
+        print(f"{m} over {plural(len(values), 'salt')}: mean {statistics.fmean(values):.4f}, sd {sd:.4f}, "
               f"range {min(values):.4f} to {max(values):.4f}")
     if args.target is not None:
         hits = sum(r["heldout_ndcg@10"] >= args.target for r in perturbed_runs)

@@ -23,7 +23,8 @@ At each checkpoint it prints, for the window since the previous one: the size of
 ``state`` column of the store's newest ``policy_snapshots`` row, in bytes, which is the JSON that
 ``learner.state_dict()`` encodes to; its largest parts beside it), the store's file size, the median and
 90th percentile wall time of ``ens.feedback`` and its median CPU time (``time.process_time``: steadier on
-a shared machine), and the median wall time of ``ens.retrieve``.
+a shared machine), and the median wall time of ``ens.retrieve``. A checkpoint before the first feedback says
+that there is no snapshot yet.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_retrieval's synthetic_corpus
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_retrieval's synthetic_corpus, the argument types
 
+from _bench_args import positive_int  # noqa: E402
 from bench_retrieval import synthetic_corpus  # noqa: E402
 
 from rlfb import FeedbackEnsemble  # noqa: E402
@@ -59,12 +61,16 @@ def make_questions(texts: list[str], n: int, rng: random.Random) -> list[tuple[s
     return questions
 
 
-def state_parts(path: Path) -> tuple[int, dict[str, int]]:
-    """Bytes of the newest snapshot's state, and of each of its top-level parts (read on a connection of its own)."""
+def state_parts(path: Path) -> tuple[int, dict[str, int]] | None:
+    """Bytes of the newest snapshot's state, and of each of its top-level parts (read on a connection of its own);
+    ``None`` before the first snapshot (the first feedback writes it)."""
     conn = sqlite3.connect(path)
     try:
-        version, total = conn.execute("SELECT version, length(CAST(state AS BLOB)) FROM policy_snapshots "
-                                      "ORDER BY version DESC LIMIT 1").fetchone()
+        newest = conn.execute("SELECT version, length(CAST(state AS BLOB)) FROM policy_snapshots "
+                              "ORDER BY version DESC LIMIT 1").fetchone()
+        if newest is None:
+            return None
+        version, total = newest
         parts = conn.execute("SELECT key, length(CAST(value AS BLOB)) FROM policy_snapshots, json_each(state) "
                              "WHERE version = ?", (version,)).fetchall()
     finally:
@@ -82,13 +88,17 @@ def percentile(values: list[float], q: int) -> float:
 
 
 def report(done: int, path: Path, fb_wall: list[float], fb_cpu: list[float], ret_wall: list[float]) -> None:
-    total, parts = state_parts(path)
-    big = sorted(parts.items(), key=lambda kv: -kv[1])[:4]
-    shown = ", ".join(f"{k} {v / MB:.2f}" for k, v in big)
+    snapshot = state_parts(path)
+    if snapshot is None:
+        state = "no snapshot yet"
+    else:
+        total, parts = snapshot
+        big = sorted(parts.items(), key=lambda kv: -kv[1])[:4]
+        state = f"state {total / MB:.2f} MB ({', '.join(f'{k} {v / MB:.2f}' for k, v in big)})"
     ms = 1000.0
     fb = (f"feedback median {statistics.median(fb_wall) * ms:.1f} ms, p90 {percentile(fb_wall, 90) * ms:.1f} ms, "
           f"CPU median {statistics.median(fb_cpu) * ms:.1f} ms (n={len(fb_wall)})") if fb_wall else "no feedback"
-    print(f"after {done:>6,} retrievals: state {total / MB:.2f} MB ({shown}); store file "
+    print(f"after {done:>6,} retrievals: {state}; store file "
           f"{store_bytes(path) / MB:.1f} MB; {fb}; retrieval median {statistics.median(ret_wall) * ms:.2f} ms",
           flush=True)
 
@@ -96,12 +106,13 @@ def report(done: int, path: Path, fb_wall: list[float], fb_cpu: list[float], ret
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--retrievals", type=int, default=10_000, help="retrievals in the stream")
-    parser.add_argument("--checkpoints", type=int, nargs="+", default=[2_500, 5_000, 10_000],
+    parser.add_argument("--retrievals", type=positive_int, default=10_000, help="retrievals in the stream")
+    parser.add_argument("--checkpoints", type=positive_int, nargs="+", default=[2_500, 5_000, 10_000],
                         help="retrieval counts to report at (those past --retrievals are dropped; "
                              "--retrievals itself is always one)")
-    parser.add_argument("--chunks", type=int, default=5_000, help="synthetic chunks indexed")
-    parser.add_argument("--questions", type=int, default=20_000, help="questions in the pool the stream draws from")
+    parser.add_argument("--chunks", type=positive_int, default=5_000, help="synthetic chunks indexed")
+    parser.add_argument("--questions", type=positive_int, default=20_000,
+                        help="questions in the pool the stream draws from")
     parser.add_argument("--zipf", type=float, default=0.8, help="a question's popularity is 1/rank^zipf")
     parser.add_argument("--click-shown", type=float, default=0.55,
                         help="chance of a click on the question's chunk where it is shown")

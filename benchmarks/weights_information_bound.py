@@ -29,14 +29,20 @@ import random
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
 from rlfb.datasets import DATASETS_ENV, datasets_dir, find_dataset, load_beir
+from rlfb.errors import RlfbError
 from rlfb.fusion import normalize
 from rlfb.simulation.baselines import Judge as _Judge
 from rlfb.simulation.runner import Prepared, SimulationConfig, _split, prepare, simplex_grid, stream_seed, users_scale
 from rlfb.simulation.users import SimulatedUser
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
+
+from _bench_args import positive_int  # noqa: E402
 
 K = 10
 
@@ -55,20 +61,29 @@ def mean_ndcg(prep: Prepared, scores: Mapping[str, np.ndarray], gains: Mapping[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset", default="cranfield", help="a folder name under $RLFB_DATASETS, or a path")
-    parser.add_argument("--seeds", type=int, default=10)
-    parser.add_argument("--interactions", type=int, default=2000)
+    parser.add_argument("--dataset", default="cranfield",
+                        help="a folder name under $RLFB_DATASETS, or a path (default: %(default)s)")
+    parser.add_argument("--seeds", type=positive_int, default=10,
+                        help="seeds (splits and streams) the rows are the mean over (default: %(default)s)")
+    parser.add_argument("--interactions", type=positive_int, default=2000,
+                        help="interactions of each seed's stream (default: %(default)s)")
     args = parser.parse_args(argv)
     # a path, else a name under RLFB_DATASETS (or the checkout's sibling ../shared/datasets), as the CLI takes it
-    folder = find_dataset(args.dataset)
+    try:
+        folder = find_dataset(args.dataset)
+    except RlfbError as exc:
+        parser.error(str(exc))
     if not folder.is_dir():
         unset = "" if datasets_dir() is not None else (
             f"; set {DATASETS_ENV} to the folder that holds the BEIR collections, or give the collection's path")
         print(f"no collection at {folder}{unset}", file=sys.stderr)
         return 2
 
-    config = SimulationConfig(policy="thompson", interactions=args.interactions)
-    prep = prepare(load_beir(folder), config, show_progress=False)
+    try:  # a collection rlfb cannot read, or settings the simulator refuses: a usage error, not a traceback
+        config = SimulationConfig(policy="thompson", interactions=args.interactions)
+        prep = prepare(load_beir(folder), config, show_progress=False)
+    except RlfbError as exc:
+        parser.error(str(exc))
     grid = np.vstack([np.full(3, 1 / 3), simplex_grid(3, 0.1)])  # row 0: exactly equal weights
     scores = {q: normalize(c.raw, "minmax") @ grid.T for q, c in prep.contexts.items()}  # (candidates, arms)
 

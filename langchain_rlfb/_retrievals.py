@@ -15,11 +15,12 @@ from uuid import UUID
 
 from langchain_core.documents import Document
 
-from langchain_rlfb._checks import session_key, session_text, usable_score, with_configured_session
+from langchain_rlfb._checks import FRAMEWORK, session_key, session_text, usable_score, with_configured_session
 from langchain_rlfb._given_again import refused_below
 from langchain_rlfb._kept import keep, write_unmarked
 from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
+from rlfb._caller import caller_stacklevel
 from rlfb.errors import StoreBusyError
 from rlfb.runs import default_implicit, log_external, maker_of, observe_followup, same_store
 
@@ -74,7 +75,7 @@ def retrieval_started(handler: FeedbackCallbackHandler, query: str, run_id: UUID
 def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Document], run_id: UUID,
                     parent_run_id: UUID | None) -> None:
     """``on_retriever_end``: log the retrieval where it is to be logged (see the module's docstring). Its
-    warnings name the caller of ``on_retriever_end`` (``stacklevel=3``), as they did there."""
+    warnings name the app's call into LangChain (``invoke``), past LangChain's callback manager."""
     rid = str(run_id)
     with handler._lock:
         info = handler._retrievals.pop(rid, None)
@@ -134,7 +135,9 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
     if dropped:
         # LangChain only prints a callback's exception, so failing here would lose the retrieval and every
         # later feedback on it; log what is usable and say once what was left out.
-        warnings.warn(f"rlfb logged retrieval {rid} without " + "; ".join(dropped), stacklevel=3)
+        # the app's call into LangChain (invoke), past its callback manager (stacklevel=3 named it)
+        warnings.warn(f"rlfb logged retrieval {rid} without " + "; ".join(dropped),
+                      stacklevel=caller_stacklevel(FRAMEWORK))
     logged = dict(query=info["query"], results=results, source=info["name"], event_id=event_id, parent_id=parent,
                   session_id=session, metadata={"framework": "langchain", "run_name": info["name"]},
                   timestamp=time.time())
@@ -146,7 +149,7 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         keep(handler, handler._unlogged, event_id, logged)
         warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
                       "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
-                      stacklevel=3)
+                      stacklevel=caller_stacklevel(FRAMEWORK))
 
 
 def _in_ensemble_store(handler: FeedbackCallbackHandler, rid: str) -> bool:

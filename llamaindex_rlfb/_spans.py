@@ -21,7 +21,8 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 
-from llamaindex_rlfb._checks import session_text
+from llamaindex_rlfb._checks import FRAMEWORK, session_text
+from rlfb._caller import caller_stacklevel
 
 __all__ = [
     "KEPT",
@@ -69,7 +70,9 @@ def current_session() -> str | None:
     value = current_tags().get("session_id")
     session = None if value is None else session_text(value)
     if value is not None and session is None:
-        warnings.warn(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID", stacklevel=2)
+        # the app's query or retrieve, past LlamaIndex's dispatcher (stacklevel=2 named the adapter's module)
+        warnings.warn(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID",
+                      stacklevel=caller_stacklevel(FRAMEWORK))
     return session
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlfb._caller import caller_stacklevel
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
@@ -418,7 +419,8 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
         if not ens._catch_up_warned:
             ens._catch_up_warned = True
             warnings.warn(f"rlfb: feedback stored and not learned yet could not be learned now ({exc}); it is "
-                          "tried again at the next refresh or feedback", RuntimeWarning, stacklevel=3)
+                          "tried again at the next refresh or feedback", RuntimeWarning,
+                          stacklevel=caller_stacklevel())  # the app's line (stacklevel=3 named ensemble.py)
         return 0
     finally:
         ens._catching_up = False

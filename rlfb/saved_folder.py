@@ -34,6 +34,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rlfb._caller import caller_stacklevel
 from rlfb.errors import CorruptStateError, ReadOnlyFolderError, RlfbError, ValidationError
 from rlfb.files import file_sha256, folder_path
 
@@ -357,6 +358,6 @@ def _put_back(root: Path, marker: str) -> bool:
         f"rlfb: {root} was missing, a save there having been stopped between its two renames; "
         f"the save before it was put back from {behind[-1].name}",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=caller_stacklevel(),  # the app's load (stacklevel=3 named ensemble_folder.py)
     )
     return True

@@ -370,7 +370,7 @@ def note_default_exploration(ens: FeedbackEnsemble) -> None:
             f"afresh; pass learner_config={{'exploration': {theirs.exploration!r}, ...}} to go on with that "
             "learning",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=caller_stacklevel(),  # the user's line (stacklevel=2 named this module)
         )
 
 

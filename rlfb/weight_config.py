@@ -403,7 +403,7 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
     The file is either an export (``{"weights": ..., "state": ...}``) or just
     ``{"weights": {"bm25": 0.3, ...}}`` / a bare ``{"bm25": 0.3, ...}``. With a
     learner state, the state must load; with weights only, they are applied to
-    the newest state in the store (or become a ``fixed`` policy's weights).
+    the newest state in the store (into a store with no snapshot: a new state, see below).
     Weights are JSON numbers (not booleans), normalised to sum to 1.
 
     An export's ``version`` and ``updated_at`` describe the exported snapshot:
@@ -438,8 +438,10 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
     the policy the file names, where several are), with a note; where no kind or several could take them, the
     :class:`ValidationError` lists the kinds and the option that picks one. A file's state is imported as it
     is: the options must agree with it, and name the snapshot it is compared with (whether it is held already,
-    of another kind, of other hyperparameters). Into a store that holds no snapshot, ``policy`` is the new
-    state's policy.
+    of another kind, of other hyperparameters). Into a store that holds no snapshot (its apps have learned
+    nothing yet), weights alone start a new state of ``policy``, else of the policy a file's export names, else
+    of the policy of the retrievals the store logged with the same retrievers (several such policies: a
+    :class:`ValidationError` asks for ``policy``), else of ``"fixed"``, with a note saying which.
     Returns ``{"weights", "policy", "version", "requested", "notes", "written"}``.
     """
     from rlfb.learner import Learner
@@ -467,22 +469,41 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
             learner, target = _saved_learner(store, saved), f"{label} ({describe_kind(saved)})"
         else:
             # an empty store: the weights become the policy's named, else the file's policy's (an export names it),
-            # else a fixed policy's (FeedbackEnsemble's own default). Always fixed before: an export of a thompson
-            # store imported into a new one was a fixed snapshot, which the thompson ensembles on it passed by,
-            # serving equal weights
+            # else that of the apps whose retrievals the store logged (_logged_policy). Always fixed before: an
+            # export of a thompson store imported into a new one was a fixed snapshot, which the thompson
+            # ensembles on it passed by, serving equal weights
             if policy is None:
-                policy = wf.policy or "fixed"
-                if wf.policy is None:  # an app of another policy on this store passes the snapshot by, unsaid
-                    notes.append("the store held no snapshot, so these weights start a 'fixed' policy's state, "
-                                 "which only ensembles of policy 'fixed' read (FeedbackEnsemble's default; the "
-                                 "adapters and the quick start learn with 'thompson'): name the app's policy with "
-                                 "--policy (policy= in Python)")
+                policy = wf.policy or _logged_policy(store, wf, notes)
             try:
                 learner = Learner(tuple(wf.normalised), policy=policy)
             except ValidationError as exc:  # a policy this rlfb does not know
                 raise _naming(wf.path, exc) from exc
             target = "a new state (the store held none)"
         return _apply(store, learner, target, saved, wf, rollback=rollback, label=label, notes=notes, picked=picked)
+
+
+def _logged_policy(store: Any, wf: WeightsFile, notes: list[str]) -> str:
+    """The policy weights alone start a state of in a store with no snapshot: that of the retrievals the store
+    logged with the same retrievers (an app writes its first snapshot when it first learns, so apps that have
+    served and learned nothing yet are told apart by their retrievals alone), else ``"fixed"``
+    (FeedbackEnsemble's default). Until 2026-12-07 it was always ``"fixed"``, which the thompson apps serving
+    from the store passed by: the weights an operator set right after a deployment were never served."""
+    from rlfb.store.reports import logged_policies
+
+    logged = logged_policies(store, wf.normalised)
+    if len(logged) > 1:
+        raise ValidationError(f"the store holds no snapshot, and its retrievals with these retrievers were made by "
+                              f"policies {' and '.join(map(repr, logged))}: name the one these weights are for with "
+                              "--policy (policy= in Python)")
+    if logged:
+        notes.append(f"the store held no snapshot, so these weights start a {logged[0]!r} policy's state, the "
+                     "policy of the retrievals it logged with these retrievers (--policy names another)")
+        return logged[0]
+    # an app of another policy on this store passes the snapshot by, unsaid
+    notes.append("the store held no snapshot, so these weights start a 'fixed' policy's state, which only "
+                 "ensembles of policy 'fixed' read (FeedbackEnsemble's default; the adapters and the quick start "
+                 "learn with 'thompson'): name the app's policy with --policy (policy= in Python)")
+    return "fixed"
 
 
 #: How :func:`import_weights`'s notes name the snapshot it compares with, where it is the store's newest.

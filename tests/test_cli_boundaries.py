@@ -820,6 +820,42 @@ def test_a_look_at_an_empty_file_leaves_it_empty(tmp_path: Path, capsys, command
     assert empty.stat().st_size == 0
 
 
+@pytest.mark.parametrize("command", [["store", "stats"], ["weights", "show"]])
+def test_a_store_being_created_is_waited_for(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch,
+                                             command: list[str]) -> None:
+    # an app makes its store's file (0 bytes) before it writes the schema in: a command run at that moment (an
+    # audit's monitoring loop as an app started) said "is empty: not an rlfb feedback store" (2026-12-07)
+    import threading
+
+    import rlfb.commands as commands
+
+    db = tmp_path / "fb.db"
+    db.touch()
+    looked = threading.Event()
+    refuse = commands.refuse_empty_store
+
+    def looking(path: str) -> None:
+        looked.set()  # the command has seen the file empty: only now is the schema written
+        refuse(path)
+
+    monkeypatch.setattr(commands, "refuse_empty_store", looking)
+    monkeypatch.setattr(commands, "STORE_SETTLE_SECONDS", 600.0)  # however slow the machine, the creator finishes
+
+    def create() -> None:
+        looked.wait()
+        with FeedbackStore(db):
+            pass
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    try:
+        code = main([*command[:2], str(db)])
+    finally:
+        creator.join()
+    assert code == 0, capsys.readouterr().err
+    assert "not an rlfb feedback store" not in capsys.readouterr().err
+
+
 def test_weights_export_to_a_dash_writes_stdout(tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     # a file named "-" was written, where `store export --jsonl -` writes stdout
     monkeypatch.chdir(tmp_path)

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from _cli_output import one_error_line
 
 from rlfb import FeedbackEnsemble
 from rlfb.cli import main
@@ -391,3 +392,38 @@ def test_bare_weights_imported_into_an_empty_store_say_that_they_start_a_fixed_p
                                       policy="thompson")
     assert app.weights == pytest.approx({"bm25": 0.8, "dense": 0.2})
     app.close()
+
+
+def test_bare_weights_into_a_store_without_snapshots_go_to_the_policy_its_retrievals_were_made_by(
+        tmp_path, capsys) -> None:
+    # a multi-process audit (2026-12-07): thompson apps that had served and learned nothing yet (no snapshot) never
+    # served weights an operator imported right after the deployment: they became a 'fixed' policy's state
+    db = str(tmp_path / "fb.db")
+    app = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=db, policy="thompson",
+                                      refresh_interval=0)
+    app.retrieve("what causes tides", k=2)
+    out = tmp_path / "w.json"
+    out.write_text(json.dumps({"bm25": 0.8, "dense": 0.2}))
+    assert main(["weights", "import", db, str(out)]) == 0
+    said = capsys.readouterr()
+    assert "start a 'thompson' policy's state" in said.err and "'fixed'" not in said.err
+    app.refresh()
+    assert app.weights == pytest.approx({"bm25": 0.8, "dense": 0.2})  # the running app serves them
+    app.close()
+    # retrievals of two policies with these retrievers: which app's the weights are for is asked, nothing written
+    two = str(tmp_path / "two.db")
+    for policy in ("thompson", "gradient"):
+        with FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25", "dense"), store=two, policy=policy) as other:
+            other.retrieve("what causes tides", k=2)
+    assert main(["weights", "import", two, str(out)]) == 2
+    assert "policies 'gradient' and 'thompson': name the one" in one_error_line(capsys)
+    with FeedbackStore(two) as store:
+        assert store.counts()["policy_snapshots"] == 0
+    assert main(["weights", "import", two, str(out), "--policy", "gradient"]) == 0
+    capsys.readouterr()
+    # retrievals of other retrievers alone say nothing of these weights' policy: a fixed state, said so
+    bm25 = str(tmp_path / "bm25.db")
+    with FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=bm25, policy="thompson") as solo:
+        solo.retrieve("what causes tides", k=2)
+    assert main(["weights", "import", bm25, str(out)]) == 0
+    assert "start a 'fixed' policy's state" in capsys.readouterr().err

@@ -332,13 +332,33 @@ def refuse_tableless_store(path: str | Path) -> None:
         raise _tableless(path)
 
 
+#: How long a command waits for another process to write the schema into a store it is creating.
+STORE_SETTLE_SECONDS = 1.0
+
+
 def store_file(path: str) -> str:
     """The path to open the store file a command names by: refused when empty (:func:`refuse_empty_store`) or a
     SQLite file with no tables (:func:`refuse_tableless_store`), and a file named ``:memory:`` as ``./:memory:``,
     which the store would take for an in-memory database (an import into it reported success and wrote
-    nothing)."""
-    refuse_empty_store(path)
-    refuse_tableless_store(path)
+    nothing).
+
+    An app creating its store makes the file (0 bytes) before it writes the schema in, so a command run at that
+    moment (a monitoring job as the app starts) looks again for up to :data:`STORE_SETTLE_SECONDS` before it
+    refuses the file: until 2026-12-07 it called a store being created "not an rlfb feedback store"."""
+    import time
+
+    from rlfb.errors import ValidationError
+
+    deadline = time.monotonic() + STORE_SETTLE_SECONDS
+    while True:
+        try:
+            refuse_empty_store(path)
+            refuse_tableless_store(path)
+            break
+        except ValidationError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
     return f"./{path}" if path == ":memory:" else path
 
 

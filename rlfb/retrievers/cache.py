@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rlfb._caller import caller_stacklevel
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.cache_admin import cache_stats, prune_cache
 from rlfb.retrievers.cache_file import (
@@ -259,7 +260,8 @@ class EmbeddingCache:
         key = f"{kind}:{self.path}"
         if key not in _WARNED:
             _WARNED.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            # the app's line: a fixed level named a retriever's module (the cache is reached through several)
+            warnings.warn(message, RuntimeWarning, stacklevel=caller_stacklevel())
 
     def _usable(self) -> sqlite3.Connection | None:
         """The connection, under the lock; ``None`` once the file is known damaged, also when it is damaged

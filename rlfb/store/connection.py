@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
+from rlfb._caller import caller_stacklevel
 from rlfb.errors import (
     CorruptStateError,
     ReadOnlyStoreError,
@@ -367,7 +368,8 @@ class Transactions:
                 if add_note is not None:
                     add_note(note)
                 else:
-                    warnings.warn(note, RuntimeWarning, stacklevel=2)
+                    # the app's with-block, past the context managers (stacklevel=2 named this module)
+                    warnings.warn(note, RuntimeWarning, stacklevel=caller_stacklevel(("contextlib",)))
 
 
 def settled_store_text(tx: Transactions, given: bool | None, path: str) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -18,7 +18,7 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.files import path_text, refuse_overwriting_store, write_atomically
 from rlfb.reward import as_timestamp, finite_float
 from rlfb.store.checks import _marks, _positive
-from rlfb.store.codec import _dec, _jsonl
+from rlfb.store.codec import _dec, _jsonl, _loads
 from rlfb.store.feedback_log import KEPT_FEEDBACK, repeats_sql
 from rlfb.store.records import _EVENT_COLS, _chunk_dict, _event_dict, _feedback_dict
 
@@ -54,6 +54,26 @@ def _finite(store: FeedbackStore, value: Any, row: str, col: str) -> Any:
             f"{row} in {store.path} is damaged: its {col} is {value!r}, not a finite number"[:300]
         )
     return value
+
+
+def logged_policies(store: FeedbackStore, retrievers: Collection[str], recent: int = 1000) -> list[str]:
+    """The policies that made the store's ``recent`` newest retrievals of exactly ``retrievers`` (the names of
+    their weights), the most recent first: which apps use the store, where no snapshot says so yet (an app
+    writes its first snapshot when it first learns). A damaged event is passed by: this only guides a choice."""
+    names = set(retrievers)
+    found: dict[str, None] = {}
+    with store._read() as conn:
+        rows = conn.execute("SELECT policy, weights FROM events WHERE policy IS NOT NULL ORDER BY ts DESC LIMIT ?",
+                            (int(recent),)).fetchall()
+    for policy, weights in rows:
+        try:
+            same = set(_loads(weights)) == names
+            policy = _dec(policy)
+        except (CorruptStateError, TypeError):
+            continue
+        if same and isinstance(policy, str):
+            found.setdefault(policy)
+    return list(found)
 
 
 def counts(store: FeedbackStore) -> dict[str, int]:
