@@ -5,7 +5,7 @@ Measures, in one run:
 * single  : ``record_feedback`` calls, one transaction each (the per-request path);
 * batched : ``record_feedback_batch`` with ``--batch`` items per transaction.
 
-Each mode runs in ``--rounds`` rounds (of equal size, or one more item in the first
+Each mode runs in ``--rounds`` rounds (of equal size, or one more item in the last
 ones where the count does not divide); the best and median wall-clock throughput
 are printed, and events per CPU-second of this process, which other processes
 sharing the machine do not distort.

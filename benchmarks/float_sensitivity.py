@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
 
-from _bench_args import plural, positive_int  # noqa: E402
+from _bench_args import collection_folder, plural, positive_int  # noqa: E402
 
 METRICS = ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10")
 BASELINES = ("rrf", "equal", "tuned_fixed", "oracle_fixed")
@@ -132,17 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             "--dataset", args.dataset, "--policy", args.policy, "--seeds", str(args.seeds),
             "--interactions", str(args.interactions), *rest])
 
-    from rlfb.datasets import DATASETS_ENV, datasets_dir, find_dataset
-    from rlfb.errors import RlfbError
-
     try:  # checked here: each child run said so itself, then the parent died of the first one's exit status
-        folder = find_dataset(args.dataset)
-    except RlfbError as exc:
+        folder = collection_folder(args.dataset)
+    except ValueError as exc:
         parser.error(str(exc))
-    if not folder.is_dir():
-        unset = "" if datasets_dir() is not None else (
-            f"; set {DATASETS_ENV} to the folder that holds the BEIR collections, or give the collection's path")
-        parser.error(f"no collection at {folder}{unset}")
     made = not args.out  # a temporary folder of this run's: removed if the run fails
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="rlfb-float-"))
     out.mkdir(parents=True, exist_ok=True)

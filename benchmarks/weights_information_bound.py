@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlfb.datasets import DATASETS_ENV, datasets_dir, find_dataset, load_beir
+from rlfb.datasets import load_beir
 from rlfb.errors import RlfbError
 from rlfb.fusion import normalize
 from rlfb.simulation.baselines import Judge as _Judge
@@ -42,7 +42,7 @@ from rlfb.simulation.users import SimulatedUser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
 
-from _bench_args import positive_int  # noqa: E402
+from _bench_args import collection_folder, positive_int  # noqa: E402
 
 K = 10
 
@@ -68,15 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interactions", type=positive_int, default=2000,
                         help="interactions of each seed's stream (default: %(default)s)")
     args = parser.parse_args(argv)
-    # a path, else a name under RLFB_DATASETS (or the checkout's sibling ../shared/datasets), as the CLI takes it
     try:
-        folder = find_dataset(args.dataset)
-    except RlfbError as exc:
-        parser.error(str(exc))
-    if not folder.is_dir():
-        unset = "" if datasets_dir() is not None else (
-            f"; set {DATASETS_ENV} to the folder that holds the BEIR collections, or give the collection's path")
-        print(f"no collection at {folder}{unset}", file=sys.stderr)
+        folder = collection_folder(args.dataset)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
 
     try:  # a collection rlfb cannot read, or settings the simulator refuses: a usage error, not a traceback

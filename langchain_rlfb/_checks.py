@@ -18,12 +18,8 @@ from rlfb.runs import finite_score, session_text
 from rlfb.types import validate_flag, validate_k
 
 # the adapters' shared rules live in the core: validate_k, validate_flag, session_text, finite_score
-__all__ = ["FRAMEWORK", "positive_count", "flag", "session_text", "session_key", "SESSION_KEYS", "usable_score",
-           "check_store", "check_ensemble", "with_configured_session"]
-
-#: The packages a call from the app passes through before the adapter: a warning names the app's line past them
-#: (``rlfb._caller.caller_stacklevel(FRAMEWORK)``)
-FRAMEWORK = ("langchain_core", "langchain", "langchain_classic", "langgraph", "pydantic")
+__all__ = ["positive_count", "flag", "session_text", "session_key", "SESSION_KEYS", "usable_score", "check_store",
+           "check_ensemble", "with_configured_session"]
 
 positive_count = validate_k
 flag = validate_flag

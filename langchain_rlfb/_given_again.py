@@ -10,7 +10,6 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from langchain_rlfb._checks import FRAMEWORK
 from langchain_rlfb._kept import mark_failed, write_unmarked
 from rlfb._caller import caller_stacklevel
 from rlfb.errors import DuplicateEventError, RlfbError, StoreBusyError
@@ -61,7 +60,7 @@ def refuse(handler: FeedbackCallbackHandler, rid: str, *, running: bool = False)
         f"{said}; this run goes on, but feedback on {rid!r} rates {rates} (handler.raise_error = True refuses "
         "such a run with a DuplicateEventError)",
         UserWarning,
-        stacklevel=caller_stacklevel(FRAMEWORK),
+        stacklevel=caller_stacklevel(),
     )
 
 

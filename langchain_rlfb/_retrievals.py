@@ -15,7 +15,7 @@ from uuid import UUID
 
 from langchain_core.documents import Document
 
-from langchain_rlfb._checks import FRAMEWORK, session_key, session_text, usable_score, with_configured_session
+from langchain_rlfb._checks import session_key, session_text, usable_score, with_configured_session
 from langchain_rlfb._given_again import refused_below
 from langchain_rlfb._kept import keep, write_unmarked
 from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str
@@ -137,7 +137,7 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         # later feedback on it; log what is usable and say once what was left out.
         # the app's call into LangChain (invoke), past its callback manager (stacklevel=3 named it)
         warnings.warn(f"rlfb logged retrieval {rid} without " + "; ".join(dropped),
-                      stacklevel=caller_stacklevel(FRAMEWORK))
+                      stacklevel=caller_stacklevel())
     logged = dict(query=info["query"], results=results, source=info["name"], event_id=event_id, parent_id=parent,
                   session_id=session, metadata={"framework": "langchain", "run_name": info["name"]},
                   timestamp=time.time())
@@ -149,7 +149,7 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         keep(handler, handler._unlogged, event_id, logged)
         warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
                       "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
-                      stacklevel=caller_stacklevel(FRAMEWORK))
+                      stacklevel=caller_stacklevel())
 
 
 def _in_ensemble_store(handler: FeedbackCallbackHandler, rid: str) -> bool:

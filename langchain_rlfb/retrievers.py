@@ -46,14 +46,7 @@ from langchain_core.runnables.config import run_in_executor
 from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from langchain_rlfb._checks import (
-    FRAMEWORK,
-    flag,
-    positive_count,
-    session_key,
-    session_text,
-    with_configured_session,
-)
+from langchain_rlfb._checks import flag, positive_count, session_key, session_text, with_configured_session
 from rlfb._caller import caller_stacklevel
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
@@ -183,7 +176,7 @@ def _warn_replaced(hit: Hit) -> None:
         f"replaced by rlfb's own on the Documents it returns ({', '.join(METADATA_KEYS)}): rename those keys "
         "to keep their values",
         UserWarning,
-        stacklevel=caller_stacklevel(FRAMEWORK),
+        stacklevel=caller_stacklevel(),
     )
 
 
@@ -248,7 +241,7 @@ def _vectorstore_search(name: str, store: VectorStore, extra: dict[str, Any], sc
                         f"member {name!r}: {type(store).__name__} gives no relevance scores, so it is fused by "
                         f"rank; as_member({name!r}, store, scores='similarity') (or 'distance') fuses the scores "
                         "of its similarity_search_with_score", UserWarning,
-                        stacklevel=caller_stacklevel(FRAMEWORK))
+                        stacklevel=caller_stacklevel())
                 pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]
         elif scores == "rank":
             pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]
@@ -376,7 +369,7 @@ def _run_session(metadata: Mapping[str, Any], default: str | None) -> str | None
     if session is None:
         warnings.warn(f"ignoring run metadata {key} {metadata[key]!r}: "
                       "not a non-empty str, int or UUID",
-                      stacklevel=caller_stacklevel(FRAMEWORK))
+                      stacklevel=caller_stacklevel())
     return session
 
 

@@ -10,11 +10,7 @@ from __future__ import annotations
 from rlfb.runs import finite_score, session_text
 from rlfb.types import validate_flag, validate_k
 
-__all__ = ["FRAMEWORK", "positive_count", "flag", "session_text", "finite_or_none"]
-
-#: The packages a call from the app passes through before the adapter: a warning names the app's line past them
-#: (``rlfb._caller.caller_stacklevel(FRAMEWORK)``)
-FRAMEWORK = ("llama_index", "llama_index_instrumentation", "pydantic")
+__all__ = ["positive_count", "flag", "session_text", "finite_or_none"]
 
 positive_count = validate_k  # a positive int (numpy integers too), never a bool or a float
 flag = validate_flag  # a real bool: "no" or 0 is a mistake, not False

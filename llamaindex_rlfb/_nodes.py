@@ -11,7 +11,6 @@ from typing import Any
 
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
-from llamaindex_rlfb._checks import FRAMEWORK
 from rlfb._caller import caller_stacklevel
 from rlfb.errors import EmptyCorpusError, ValidationError
 from rlfb.types import Chunk, Hit, copy_metadata
@@ -122,7 +121,7 @@ def warn_if_ids_were_made_anew(nodes: Sequence[BaseNode], ensemble: Any) -> None
         "an index built again from its documents starts every chunk afresh. Give the node parser ids of your "
         "own (SentenceSplitter(id_func=lambda i, doc: f\"{doc.doc_id}-{i}\")), or load the persisted index",
         UserWarning,
-        stacklevel=caller_stacklevel(FRAMEWORK),
+        stacklevel=caller_stacklevel(),
     )
 
 
@@ -187,7 +186,7 @@ def _warn_replaced(node: BaseNode) -> None:
         f"rlfb's own on the nodes it returns ({', '.join(METADATA_KEYS)}), which the LLM and the embedder do not "
         "see: rename those keys to keep their values in the prompt",
         # past LlamaIndex and its dispatcher (stacklevel=3 named the adapter's module)
-        stacklevel=caller_stacklevel(FRAMEWORK),
+        stacklevel=caller_stacklevel(),
     )
 
 

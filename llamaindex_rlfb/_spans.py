@@ -21,7 +21,7 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 
-from llamaindex_rlfb._checks import FRAMEWORK, session_text
+from llamaindex_rlfb._checks import session_text
 from rlfb._caller import caller_stacklevel
 
 __all__ = [
@@ -72,7 +72,7 @@ def current_session() -> str | None:
     if value is not None and session is None:
         # the app's query or retrieve, past LlamaIndex's dispatcher (stacklevel=2 named the adapter's module)
         warnings.warn(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID",
-                      stacklevel=caller_stacklevel(FRAMEWORK))
+                      stacklevel=caller_stacklevel())
     return session
 
 

@@ -10,17 +10,25 @@ if TYPE_CHECKING:
 
 #: rlfb and its adapters: a warning raised inside them names the first frame outside
 _RLFB = ("rlfb", "langchain_rlfb", "llamaindex_rlfb")
+#: The frameworks an app's call passes through before it reaches rlfb (LangChain's runnables and callback manager,
+#: LlamaIndex's dispatcher, pydantic's validators): names only, nothing is imported. A warning passes them too, to
+#: the app's call into the framework (an app's function the framework called is still the first frame outside)
+_FRAMEWORKS = ("langchain_core", "langchain", "langchain_classic", "langgraph", "llama_index",
+               "llama_index_instrumentation", "pydantic")
 
 
 def caller_stacklevel(also_inside: tuple[str, ...] = ()) -> int:
     """The ``stacklevel`` for ``warnings.warn`` in the function that calls this: the first frame whose module is
-    outside rlfb, its adapters and ``also_inside`` (top-level package names: a framework that called the
-    adapter, such as ``llama_index``). A warning is reached through several layers (``FeedbackEnsemble.load``, a
-    retry on a swapped folder, a LlamaIndex postprocessor), so a fixed level named rlfb's own line.
+    outside rlfb, its adapters, the frameworks that call them (LangChain, LlamaIndex) and ``also_inside``
+    (top-level module names, such as ``contextlib``). A warning is reached through several layers
+    (``FeedbackEnsemble.load``, a retry on a swapped folder, a LlamaIndex postprocessor building its ensemble
+    lazily), so a fixed level named rlfb's own line, or a framework's. A call run in an executor thread
+    (``ainvoke``, ``aretrieve``) has no app frame above it: its warnings name the thread's module.
 
-    (Tested through the warnings that use it: ``tests/test_retrievers.py``, ``tests/llamaindex``.)
+    (Tested through the warnings that use it: ``tests/test_warning_locations.py`` and the adapters'
+    ``test_warning_locations_*.py``.)
     """
-    inside = _RLFB + tuple(also_inside)
+    inside = _RLFB + _FRAMEWORKS + tuple(also_inside)
     frame: FrameType | None = sys._getframe(1)  # the function that warns: stacklevel 1
     level = 1
     while frame is not None and frame.f_globals.get("__name__", "").split(".", 1)[0] in inside:

@@ -488,16 +488,19 @@ def _logged_policy(store: Any, wf: WeightsFile, notes: list[str]) -> str:
     served and learned nothing yet are told apart by their retrievals alone), else ``"fixed"``
     (FeedbackEnsemble's default). Until 2026-12-07 it was always ``"fixed"``, which the thompson apps serving
     from the store passed by: the weights an operator set right after a deployment were never served."""
+    from rlfb.policies import POLICIES
     from rlfb.store.reports import logged_policies
 
-    logged = logged_policies(store, wf.normalised)
+    # a policy object of the app's own is logged under its name, which no import can rebuild: passed by
+    logged = [name for name in logged_policies(store, wf.normalised) if name in POLICIES]
     if len(logged) > 1:
         raise ValidationError(f"the store holds no snapshot, and its retrievals with these retrievers were made by "
                               f"policies {' and '.join(map(repr, logged))}: name the one these weights are for with "
                               "--policy (policy= in Python)")
     if logged:
         notes.append(f"the store held no snapshot, so these weights start a {logged[0]!r} policy's state, the "
-                     "policy of the retrievals it logged with these retrievers (--policy names another)")
+                     "policy of the retrievals it logged with these retrievers (--policy names another; policy= "
+                     "in Python)")
         return logged[0]
     # an app of another policy on this store passes the snapshot by, unsaid
     notes.append("the store held no snapshot, so these weights start a 'fixed' policy's state, which only "

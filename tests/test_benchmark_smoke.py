@@ -19,7 +19,7 @@ RUNS = {
     "bench_feedback.py": (["--single", "200", "--batched", "400", "--batch", "100", "--rounds", "1"],
                            "rlfb single feedback runs at"),
     "bench_corpus_update.py": (["--chunks", "300", "--updates", "1"], "ratio"),
-    "bench_feedback_learning.py": (["--feedback", "10", "--throttled-feedback", "20", "--chunks", "100",
+    "bench_feedback_learning.py": (["--feedback", "10", "--throttled-feedback", "2", "--chunks", "100",
                                     "--repeats", "1"], "slower than recording"),
     "bench_retrieval.py": (["--chunks", "300", "--queries", "3", "--lc-queries", "2", "--no-splade"],
                           "faster than the first"),
@@ -28,7 +28,8 @@ RUNS = {
                           "200"],
                          "feedbacks in 60 retrievals"),
 }
-# its once-a-second runs span a fraction of a second here: one snapshot each, which it said nothing of
+# its once-a-second runs (2 feedbacks) span a fraction of a second however slow the machine: one snapshot each,
+# which it said nothing of
 WARNS = {"bench_feedback_learning.py": "under a second, so each wrote one snapshot at most"}
 
 

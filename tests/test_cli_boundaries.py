@@ -842,7 +842,7 @@ def test_a_store_being_created_is_waited_for(tmp_path: Path, capsys, monkeypatch
     monkeypatch.setattr(commands, "STORE_SETTLE_SECONDS", 600.0)  # however slow the machine, the creator finishes
 
     def create() -> None:
-        looked.wait()
+        looked.wait(timeout=60)  # a command that never looks: the test fails, it does not hang
         with FeedbackStore(db):
             pass
 

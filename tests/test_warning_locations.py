@@ -9,7 +9,6 @@ The adapters' warnings: ``tests/langchain`` and ``tests/llamaindex`` (``test_war
 from __future__ import annotations
 
 import os
-import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,10 @@ from rlfb.retrievers import DenseRetriever
 from rlfb.store import FeedbackStore
 from rlfb.types import make_chunks
 
+from _warned import named_files
+
 TEXTS = ["ocean tides follow the moon", "the aurora glows green", "volcanoes erupt magma"]
 IDS = ["tides", "aurora", "volcano"]
-
-
-def named_files(caught: Any, pattern: str) -> list[str]:
-    """The files the caught warnings matching ``pattern`` name (at least one, else the test fails)."""
-    files = [w.filename for w in caught if re.search(pattern, str(w.message))]
-    assert files, [str(w.message) for w in caught]
-    return files
 
 
 class FakeModel:

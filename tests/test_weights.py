@@ -427,3 +427,27 @@ def test_bare_weights_into_a_store_without_snapshots_go_to_the_policy_its_retrie
         solo.retrieve("what causes tides", k=2)
     assert main(["weights", "import", bm25, str(out)]) == 0
     assert "start a 'fixed' policy's state" in capsys.readouterr().err
+
+
+def test_the_policy_read_from_retrievals_passes_other_engines_and_busier_apps_by(tmp_path, capsys) -> None:
+    # a review (2026-12-07): the 1,000 newest retrievals of any retrievers were read, so a busier app of other
+    # retrievers hid this one's; another engine's logged results ("external") and a policy object of the app's
+    # own were taken for policies and the import refused with "unknown policy"
+    from rlfb.runs import log_external
+
+    db = str(tmp_path / "fb.db")
+    with FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=db, policy="thompson") as app:
+        app.retrieve("what causes tides", k=2)
+    with FeedbackStore(db) as store:
+        decision = {"weights": {"dense": 1.0}, "policy": "gradient", "explored": False, "propensity": 1.0}
+        store.log_events([{"query": f"q{i}", "decision": decision, "chunks": []}
+                          for i in range(1001)])  # logged after the app's: newer
+        for i in range(3):
+            log_external(store, f"q{i}", [("c1", 1.0)], source="bm25")
+        # an app's own policy object is logged under its name
+        store.log_event("q", {"weights": {"bm25": 1.0}, "policy": "mine", "explored": False,
+                              "propensity": 1.0}, [])
+    out = tmp_path / "w.json"
+    out.write_text(json.dumps({"bm25": 1.0}))
+    assert main(["weights", "import", db, str(out)]) == 0
+    assert "start a 'thompson' policy's state" in capsys.readouterr().err

@@ -56,23 +56,33 @@ def _finite(store: FeedbackStore, value: Any, row: str, col: str) -> Any:
     return value
 
 
-def logged_policies(store: FeedbackStore, retrievers: Collection[str], recent: int = 1000) -> list[str]:
+def logged_policies(store: FeedbackStore, retrievers: Collection[str], recent: int = 1000,
+                    scanned: int = 100_000) -> list[str]:
     """The policies that made the store's ``recent`` newest retrievals of exactly ``retrievers`` (the names of
-    their weights), the most recent first: which apps use the store, where no snapshot says so yet (an app
-    writes its first snapshot when it first learns). A damaged event is passed by: this only guides a choice."""
+    their weights), the most recent first, among its ``scanned`` newest retrievals of any: which apps use the
+    store, where no snapshot says so yet (an app writes its first snapshot when it first learns). Another
+    engine's retrievals (logged as ``external``) and damaged events are passed by: this only guides a choice."""
+    from rlfb.types import EXTERNAL_POLICY
+
     names = set(retrievers)
     found: dict[str, None] = {}
+    matched = 0
     with store._read() as conn:
-        rows = conn.execute("SELECT policy, weights FROM events WHERE policy IS NOT NULL ORDER BY ts DESC LIMIT ?",
-                            (int(recent),)).fetchall()
-    for policy, weights in rows:
-        try:
-            same = set(_loads(weights)) == names
-            policy = _dec(policy)
-        except (CorruptStateError, TypeError):
-            continue
-        if same and isinstance(policy, str):
+        # newest first, ties by insertion; another app's busier retrievals of other retrievers are read past
+        rows = conn.execute("SELECT policy, weights FROM events WHERE policy IS NOT NULL AND policy != ? "
+                            "ORDER BY ts DESC, rowid DESC LIMIT ?", (EXTERNAL_POLICY, int(scanned)))
+        for policy, weights in rows:
+            try:
+                logged = _loads(weights)
+                policy = _dec(policy)
+            except CorruptStateError:
+                continue
+            if not isinstance(logged, Mapping) or set(logged) != names or not isinstance(policy, str):
+                continue
             found.setdefault(policy)
+            matched += 1
+            if matched >= recent:
+                break
     return list(found)
 
 

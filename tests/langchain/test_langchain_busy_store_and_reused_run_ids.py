@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
-import sqlite3
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -34,6 +32,7 @@ from rlfb.runs import log_external, record_run_feedback
 from rlfb.store import FeedbackStore, connection
 
 from _lc_corpus import IDS, TEXTS
+from _store_lock import locked
 
 PROMPT = ChatPromptTemplate.from_template("Answer from the context.\n{context}\nQuestion: {question}")
 HANDLER_ERROR = "Error in FeedbackCallbackHandler"
@@ -108,18 +107,6 @@ def test_keys_rlfb_wrote_on_an_earlier_pass_are_not_warned_of(fresh_warnings: No
 
 
 # ---------------------------------------------------------------- 2. a locked store
-@contextmanager
-def locked(path: Any) -> Iterator[None]:
-    """The store's file held by another connection (another process writing), as SQLite sees it."""
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)  # let go in a callback's thread
-    other.execute("BEGIN EXCLUSIVE")
-    try:
-        yield
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
-
-
 @pytest.fixture
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """One entry per write that waited the store's whole busy_timeout (each ends in connection.busy_error)."""

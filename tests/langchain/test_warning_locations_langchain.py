@@ -7,11 +7,7 @@ into LangChain (``invoke``), past LangChain's callback manager and runnables; fe
 
 from __future__ import annotations
 
-import re
-import sqlite3
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +23,8 @@ from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever, r
 from rlfb.store import FeedbackStore
 
 from _lc_corpus import IDS, TEXTS
-
-
-def named_files(caught: Any, pattern: str) -> list[str]:
-    """The files the caught warnings matching ``pattern`` name (at least one, else the test fails)."""
-    files = [w.filename for w in caught if re.search(pattern, str(w.message))]
-    assert files, [str(w.message) for w in caught]
-    return files
+from _store_lock import locked
+from _warned import named_files
 
 
 def rlfb_retriever(store: Any, **kwargs: Any) -> FeedbackEnsembleRetriever:
@@ -56,18 +47,6 @@ class Parents(BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
         found = self.child.invoke(query, config={"callbacks": run_manager.get_child()})
         return [Document(id=f"parent-of-{d.id}", page_content=d.page_content) for d in found]
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """The store's file held by another connection (another process writing), as SQLite sees it."""
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    other.execute("BEGIN EXCLUSIVE")
-    try:
-        yield
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
 
 
 # ---------------------------------------------------------------- the retriever

@@ -7,7 +7,6 @@ feedback's warnings name the ``record_feedback`` call. BM25-only ensembles, mock
 
 from __future__ import annotations
 
-import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,16 +26,10 @@ from llamaindex_rlfb import FeedbackEnsembleRetriever, FeedbackEventHandler, Fee
 from rlfb.store import FeedbackStore
 
 from _li_corpus import IDS, TEXTS
+from _warned import named_files
 
 SESSION = "ignoring the session_id tag"
 REPLACED = r"the metadata keys .* are replaced by rlfb's own"
-
-
-def named_files(caught: Any, pattern: str) -> list[str]:
-    """The files the caught warnings matching ``pattern`` name (at least one, else the test fails)."""
-    files = [w.filename for w in caught if re.search(pattern, str(w.message))]
-    assert files, [str(w.message) for w in caught]
-    return files
 
 
 def nodes(**metadata: Any) -> list[TextNode]:
@@ -150,3 +143,20 @@ def test_feedback_no_live_learner_learns_names_the_feedback(tmp_path: Path) -> N
         with pytest.warns(RuntimeWarning, match="no rlfb learner alive in this process") as caught:
             handler.record_feedback(qid, score=1.0)
     assert named_files(caught, "no rlfb learner") == [__file__]
+
+
+def test_a_core_warning_given_while_llamaindex_calls_the_postprocessor_names_the_app(tmp_path: Path) -> None:
+    # the postprocessor builds its ensemble at its first nodes, inside LlamaIndex's dispatcher: the core's restart
+    # note ("starts afresh") named llama_index_instrumentation/dispatcher.py (a review, 2026-12-07)
+    from rlfb import FeedbackEnsemble
+
+    db = str(tmp_path / "fb.db")
+    with FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson") as ens:
+        for _ in range(3):
+            r = ens.retrieve("moon tides", k=3)
+            ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
+    pp = FeedbackFusionPostprocessor(store=db, retrievers=("bm25",), top_n=2, policy="gradient")
+    with pytest.warns(RuntimeWarning, match="starts afresh") as caught:
+        pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes()], query_str="moon tides")
+    assert named_files(caught, "starts afresh") == [__file__]
+    pp.store.close()

@@ -1,0 +1,13 @@
+"""The files caught warnings name, read the same way by the tests of where warnings point."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def named_files(caught: Any, pattern: str) -> list[str]:
+    """The files the caught warnings matching ``pattern`` name (at least one, else the test fails)."""
+    files = [w.filename for w in caught if re.search(pattern, str(w.message))]
+    assert files, [str(w.message) for w in caught]
+    return files
