@@ -1168,8 +1168,9 @@ def test_a_restart_without_the_policy_it_learned_with_warns_that_it_starts_afres
         r = ens.retrieve("what causes tides", k=3)
         ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
     ens.close()
-    with pytest.warns(RuntimeWarning, match=r"holds 'thompson' learning .* runs 'fixed'.* policy='thompson'"):
+    with pytest.warns(RuntimeWarning, match=r"holds 'thompson' learning .* runs 'fixed'.* policy='thompson'") as said:
         plain = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db)
+    assert [w.filename for w in said if "starts afresh" in str(w.message)] == [__file__]  # the app's line
     assert plain.learner.n_learned == 0
     with warnings.catch_warnings(record=True) as caught:  # once: not again at each retrieval
         warnings.simplefilter("always")

@@ -71,19 +71,6 @@ def test_feedback_that_could_not_be_learned_at_a_retrieval_names_the_retrieval(t
     ens.close()
 
 
-def test_a_restart_under_another_policy_names_the_constructor(tmp_path: Path) -> None:
-    db = tmp_path / "fb.db"
-    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson")
-    for _ in range(3):
-        r = ens.retrieve("what causes tides", k=3)
-        ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
-    ens.close()
-    with pytest.warns(RuntimeWarning, match="starts afresh") as caught:
-        plain = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db)
-    assert named_files(caught, "starts afresh") == [__file__]
-    plain.close()
-
-
 def test_an_embedding_cache_that_cannot_be_used_names_the_indexing(tmp_path: Path) -> None:
     # stacklevel=4 named rlfb/retrievers/base.py
     (tmp_path / "afile").write_text("a file, not a folder")
