@@ -57,6 +57,7 @@ def first_ask_cost(dataset: object, retrievers: tuple[str, ...], fusion: str, st
 def main(argv: list[str] | None = None) -> int:
     from rlfb.datasets import find_dataset, load_beir
     from rlfb.errors import RlfbError
+    from rlfb.retrievers import check_retriever_names
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="scifact", help="a BEIR folder, or a name under RLFB_DATASETS")
@@ -66,15 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None, help="embedding cache (default: the retrievers' own)")
     args = parser.parse_args(argv)
     retrievers = tuple(r.strip() for r in args.retrievers.split(",") if r.strip())
-    rows = {}
-    try:  # a missing folder or an unknown retriever name: a usage error, not a traceback
+    try:  # an unknown retriever name or a missing folder: a usage error, not a traceback (checked before any
+        # work; a failure in the run itself stays the error it is)
+        check_retriever_names(retrievers)
         data = load_beir(find_dataset(args.dataset), splits=["test"])
-        with tempfile.TemporaryDirectory() as tmp:
-            for fusion in ("minmax", "rrf"):
-                rows[fusion] = first_ask_cost(data, retrievers, fusion, Path(tmp) / f"{fusion}.db",
-                                              max_queries=args.max_queries, cache_dir=args.cache_dir)
     except RlfbError as exc:
         parser.error(str(exc))
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fusion in ("minmax", "rrf"):
+            rows[fusion] = first_ask_cost(data, retrievers, fusion, Path(tmp) / f"{fusion}.db",
+                                          max_queries=args.max_queries, cache_dir=args.cache_dir)
     print(f"{data.name}, {'+'.join(retrievers)}, {rows['minmax']['queries']} test questions asked once each")
     print(f"{'fusion':<7} {'greedy':>7} {'served':>7} {'cost':>7} {'top-1 changed':>14}")
     for fusion, r in rows.items():

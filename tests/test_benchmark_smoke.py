@@ -89,10 +89,9 @@ def test_a_bad_argument_is_a_one_line_usage_error(script: str, args: list[str], 
     assert done.stdout == "" and list(tmp_path.iterdir()) == []  # nothing started: no child run, no folder
 
 
-def test_an_unknown_retriever_is_a_usage_error_once_the_collection_is_read(tmp_path: Path) -> None:
-    # exploration_cost.py learns the name is unknown from rlfb (a ValidationError) after reading the collection
-    folder = _tiny_beir(tmp_path / "tiny")
-    done = _run("exploration_cost.py", ["--dataset", str(folder), "--retrievers", "foo"], tmp_path)
+def test_an_unknown_retriever_is_a_usage_error_before_the_collection_is_read(tmp_path: Path) -> None:
+    # exploration_cost.py asks rlfb (a ValidationError) before any work: a missing collection is not read first
+    done = _run("exploration_cost.py", ["--dataset", str(tmp_path / "no-such"), "--retrievers", "foo"], tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.splitlines()[-1] == "exploration_cost.py: error: unknown retriever 'foo'; valid names: " \
                                            "bm25, dense, splade"
