@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         folder = collection_folder(args.dataset)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        parser.error(str(exc))
 
     try:  # a collection rlfb cannot read, or settings the simulator refuses: a usage error, not a traceback
         config = SimulationConfig(policy="thompson", interactions=args.interactions)

@@ -6,12 +6,11 @@ passes them by."""
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from langchain_rlfb._kept import mark_failed, write_unmarked
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import DuplicateEventError, RlfbError, StoreBusyError
 
 if TYPE_CHECKING:
@@ -56,11 +55,10 @@ def refuse(handler: FeedbackCallbackHandler, rid: str, *, running: bool = False)
     # runs at once under one id cannot be told apart: feedback on it rates both; a later one is passed by
     rates = ("both runs' retrievals: rate each retrieval by its own run id" if running else
              "the earlier run's retrievals only: rate this run's by their own run ids")
-    warnings.warn(
+    warn_at_app(
         f"{said}; this run goes on, but feedback on {rid!r} rates {rates} (handler.raise_error = True refuses "
         "such a run with a DuplicateEventError)",
         UserWarning,
-        stacklevel=caller_stacklevel(),
     )
 
 

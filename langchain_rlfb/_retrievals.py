@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -20,7 +19,7 @@ from langchain_rlfb._given_again import refused_below
 from langchain_rlfb._kept import keep, write_unmarked
 from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import StoreBusyError
 from rlfb.runs import default_implicit, log_external, maker_of, observe_followup, same_store
 
@@ -136,8 +135,7 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         # LangChain only prints a callback's exception, so failing here would lose the retrieval and every
         # later feedback on it; log what is usable and say once what was left out.
         # the app's call into LangChain (invoke), past its callback manager (stacklevel=3 named it)
-        warnings.warn(f"rlfb logged retrieval {rid} without " + "; ".join(dropped),
-                      stacklevel=caller_stacklevel())
+        warn_at_app(f"rlfb logged retrieval {rid} without " + "; ".join(dropped))
     logged = dict(query=info["query"], results=results, source=info["name"], event_id=event_id, parent_id=parent,
                   session_id=session, metadata={"framework": "langchain", "run_name": info["name"]},
                   timestamp=time.time())
@@ -147,9 +145,8 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         # the store stayed locked past busy_timeout: LangChain would print this as the handler's error, and the
         # retrieval was lost (feedback on its run found nothing). Kept, and logged at the handler's next write
         keep(handler, handler._unlogged, event_id, logged)
-        warnings.warn(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
-                      "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning,
-                      stacklevel=caller_stacklevel())
+        warn_at_app(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
+                    "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning)
 
 
 def _in_ensemble_store(handler: FeedbackCallbackHandler, rid: str) -> bool:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,7 @@ from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
 from langchain_rlfb._checks import flag, positive_count, session_key, session_text, with_configured_session
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import app_line_for_threads, warn_at_app
 from rlfb.defaults import ADAPTER_RETRIEVERS, LEARNING_POLICY
 from rlfb.ensemble import FeedbackEnsemble
 from rlfb.errors import DuplicateEventError, DuplicateIdError, NoStoreError, ValidationError
@@ -171,12 +170,11 @@ def _warn_replaced(hit: Hit) -> None:
         if own in _warned:
             return
         _warned.add(own)
-    warnings.warn(
+    warn_at_app(
         f"the metadata keys {list(own)} of document {hit.chunk_id!r} (and of any document that has them) are "
         f"replaced by rlfb's own on the Documents it returns ({', '.join(METADATA_KEYS)}): rename those keys "
         "to keep their values",
         UserWarning,
-        stacklevel=caller_stacklevel(),
     )
 
 
@@ -237,11 +235,10 @@ def _vectorstore_search(name: str, store: VectorStore, extra: dict[str, Any], sc
             except NotImplementedError:
                 if not warned:  # LangChain's own InMemoryVectorStore among them: its scores went unused, unsaid
                     warned = True
-                    warnings.warn(
+                    warn_at_app(
                         f"member {name!r}: {type(store).__name__} gives no relevance scores, so it is fused by "
                         f"rank; as_member({name!r}, store, scores='similarity') (or 'distance') fuses the scores "
-                        "of its similarity_search_with_score", UserWarning,
-                        stacklevel=caller_stacklevel())
+                        "of its similarity_search_with_score", UserWarning)
                 pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]
         elif scores == "rank":
             pairs = [(d, None) for d in store.similarity_search(query, k=k, **extra)]
@@ -367,9 +364,8 @@ def _run_session(metadata: Mapping[str, Any], default: str | None) -> str | None
         return None
     session = session_text(metadata[key])
     if session is None:
-        warnings.warn(f"ignoring run metadata {key} {metadata[key]!r}: "
-                      "not a non-empty str, int or UUID",
-                      stacklevel=caller_stacklevel())
+        warn_at_app(f"ignoring run metadata {key} {metadata[key]!r}: "
+                    "not a non-empty str, int or UUID")
     return session
 
 
@@ -463,7 +459,9 @@ class FeedbackEnsembleRetriever(BaseRetriever):
             if any(getattr(m.function, "runnable", None) is not None for m in members):
                 self._call_options(run_manager, k, explore, log)  # refused before any member is searched
                 token = _FETCHED.set(await _fetch_runnables(members, query, child))  # the thread copies it
-            return await run_in_executor(None, self._retrieve, query, run_manager, child, k, explore, log, cancelled)
+            with app_line_for_threads():  # the thread's warnings name the app's await, not the thread pool
+                return await run_in_executor(None, self._retrieve, query, run_manager, child, k, explore, log,
+                                             cancelled)
         except asyncio.CancelledError as exc:
             # A cancelled ainvoke (asyncio.wait_for timing out) is a BaseException, which BaseRetriever.ainvoke
             # does not pass to the callbacks' error hook: say it here, so a FeedbackCallbackHandler drops the

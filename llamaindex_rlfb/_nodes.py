@@ -5,13 +5,12 @@ from __future__ import annotations
 import math
 import threading
 import uuid
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import EmptyCorpusError, ValidationError
 from rlfb.types import Chunk, Hit, copy_metadata
 
@@ -115,13 +114,12 @@ def warn_if_ids_were_made_anew(nodes: Sequence[BaseNode], ensemble: Any) -> None
     confidence = ensemble.learner.confidence
     if len(confidence) < _LEARNED_ENOUGH or confidence.known([str(n.node_id) for n in nodes]) > 0:
         return
-    warnings.warn(
+    warn_at_app(
         f"these {len(nodes)} nodes have random ids (the node parser's default) and the store has learned about "
         f"{len(confidence)} chunks, none of them these: what rlfb learns about a node is kept by its node id, so "
         "an index built again from its documents starts every chunk afresh. Give the node parser ids of your "
         "own (SentenceSplitter(id_func=lambda i, doc: f\"{doc.doc_id}-{i}\")), or load the persisted index",
         UserWarning,
-        stacklevel=caller_stacklevel(),
     )
 
 
@@ -181,12 +179,11 @@ def _warn_replaced(node: BaseNode) -> None:
         if own in _warned:
             return
         _warned.add(own)
-    warnings.warn(
+    # past LlamaIndex and its dispatcher (stacklevel=3 named the adapter's module)
+    warn_at_app(
         f"the metadata keys {list(own)} of node {node.node_id!r} (and of any node that has them) are replaced by "
         f"rlfb's own on the nodes it returns ({', '.join(METADATA_KEYS)}), which the LLM and the embedder do not "
         "see: rename those keys to keep their values in the prompt",
-        # past LlamaIndex and its dispatcher (stacklevel=3 named the adapter's module)
-        stacklevel=caller_stacklevel(),
     )
 
 

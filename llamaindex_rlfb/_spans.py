@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 
 from llamaindex_rlfb._checks import session_text
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 
 __all__ = [
     "KEPT",
@@ -71,8 +70,7 @@ def current_session() -> str | None:
     session = None if value is None else session_text(value)
     if value is not None and session is None:
         # the app's query or retrieve, past LlamaIndex's dispatcher (stacklevel=2 named the adapter's module)
-        warnings.warn(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID",
-                      stacklevel=caller_stacklevel())
+        warn_at_app(f"ignoring the session_id tag {value!r}: not a non-empty str, int or UUID")
     return session
 
 

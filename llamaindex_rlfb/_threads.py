@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from rlfb._caller import app_line_for_threads
+
 T = TypeVar("T")
 
 
@@ -18,7 +20,8 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """
     cancelled = threading.Event()
     try:
-        return await asyncio.to_thread(fn, *args, cancelled)
+        with app_line_for_threads():  # the thread's warnings name the app's await, not the thread pool
+            return await asyncio.to_thread(fn, *args, cancelled)
     except asyncio.CancelledError:
         cancelled.set()
         raise

@@ -15,13 +15,12 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
@@ -418,9 +417,9 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
     except RlfbError as exc:
         if not ens._catch_up_warned:
             ens._catch_up_warned = True
-            warnings.warn(f"rlfb: feedback stored and not learned yet could not be learned now ({exc}); it is "
-                          "tried again at the next refresh or feedback", RuntimeWarning,
-                          stacklevel=caller_stacklevel())  # the app's line (stacklevel=3 named ensemble.py)
+            # the app's line (stacklevel=3 named ensemble.py)
+            warn_at_app(f"rlfb: feedback stored and not learned yet could not be learned now ({exc}); it is "
+                        "tried again at the next refresh or feedback", RuntimeWarning)
         return 0
     finally:
         ens._catching_up = False

@@ -28,13 +28,12 @@ import shutil
 import socket
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import CorruptStateError, ReadOnlyFolderError, RlfbError, ValidationError
 from rlfb.files import file_sha256, folder_path
 
@@ -354,10 +353,9 @@ def _put_back(root: Path, marker: str) -> bool:
         behind[-1].rename(root)
     except OSError:  # another load put it back first, or a save wrote root meanwhile
         return root.exists()
-    warnings.warn(
+    warn_at_app(
         f"rlfb: {root} was missing, a save there having been stopped between its two renames; "
         f"the save before it was put back from {behind[-1].name}",
-        RuntimeWarning,
-        stacklevel=caller_stacklevel(),  # the app's load (stacklevel=3 named ensemble_folder.py)
+        RuntimeWarning,  # the app's load (stacklevel=3 named ensemble_folder.py)
     )
     return True

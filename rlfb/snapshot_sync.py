@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from rlfb._at_exit import run_at_exit
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import CorruptStateError, ModelNotFoundError
 from rlfb.memory import naming_model, without_embeddings
 from rlfb.snapshot_kind import SnapshotKind
@@ -364,13 +364,12 @@ def note_default_exploration(ens: FeedbackEnsemble) -> None:
         return
     theirs = SnapshotKind.of(saved)
     if set(theirs.differences(SnapshotKind.of_learner(ens._learner))) == {"exploration"}:
-        warnings.warn(
+        warn_at_app(
             f"rlfb: the store holds this policy's learning with chunk exploration {theirs.exploration!r}, and "
             "with the memory off this ensemble explores no chunks by default (since 2026-12-05), so it starts "
             f"afresh; pass learner_config={{'exploration': {theirs.exploration!r}, ...}} to go on with that "
             "learning",
-            RuntimeWarning,
-            stacklevel=caller_stacklevel(),  # the user's line (stacklevel=2 named this module)
+            RuntimeWarning,  # the user's line (stacklevel=2 named this module)
         )
 
 
@@ -396,12 +395,11 @@ def note_other_policy(ens: FeedbackEnsemble, newest: Mapping[str, Any]) -> None:
     # its policy's learning, of any kind; a store of the user's own that takes no policy cannot say (newest)
     if _policys_newest(ens, unanswered=newest) is not None:
         return
-    warnings.warn(
+    warn_at_app(
         f"rlfb: the store holds {theirs.policy!r} learning for these retrievers (snapshot {newest['version']}), "
         f"and this ensemble runs {ens._learner.policy_name!r}, which has none there, so it starts afresh; pass "
         f"policy={theirs.policy!r} to go on with that learning",
         RuntimeWarning,
-        stacklevel=caller_stacklevel(),
     )
 
 

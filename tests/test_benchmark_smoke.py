@@ -69,6 +69,7 @@ BAD_ARGS = [  # each was a traceback (or, for bench_feedback's rounds, figures o
     ("soak_feedback.py", ["--retrievals", "0"], f"argument --retrievals: {MIN} 0"),
     ("weights_information_bound.py", ["--seeds", "0"], f"argument --seeds: {MIN} 0"),
     ("weights_information_bound.py", ["--interactions", "0"], f"argument --interactions: {MIN} 0"),
+    ("weights_information_bound.py", ["--dataset", "no-such-collection"], "no collection at no-such-collection"),
     ("check_scifact_retrievers.py", ["--retrievers", "bm25,foo"], "unknown retriever 'foo'; valid names: bm25"),
     ("exploration_cost.py", ["--dataset", "no-such-collection"], "no such folder: no-such-collection"),
     ("exploration_cost.py", ["--max-queries", "0"], f"argument --max-queries: {MIN} 0"),  # it ran every question

@@ -32,7 +32,6 @@ import os
 import sqlite3
 import threading
 import time
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -40,7 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.cache_admin import cache_stats, prune_cache
 from rlfb.retrievers.cache_file import (
@@ -261,7 +260,7 @@ class EmbeddingCache:
         if key not in _WARNED:
             _WARNED.add(key)
             # the app's line: a fixed level named a retriever's module (the cache is reached through several)
-            warnings.warn(message, RuntimeWarning, stacklevel=caller_stacklevel())
+            warn_at_app(message, RuntimeWarning)
 
     def _usable(self) -> sqlite3.Connection | None:
         """The connection, under the lock; ``None`` once the file is known damaged, also when it is damaged

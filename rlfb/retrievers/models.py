@@ -17,12 +17,11 @@ import enum
 import hashlib
 import importlib.util
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb._extras import missing_framework
 from rlfb.errors import CorruptStateError, ModelNotFoundError, ValidationError
 from rlfb.files import file_sha256
@@ -314,11 +313,11 @@ def encoded_by_another_model(meta: Mapping[str, Any], key: str | None, where: ob
     saved = meta.get("model_key")
     if not isinstance(saved, str) or key is None or saved == key:
         return False
-    warnings.warn(
+    warn_at_app(
         f"{where}: its vectors were encoded by another model than the one loaded now (model key {saved}, now "
         f"{key}: another model, or the same one under another model_key), with which they cannot be compared: "
         "its chunks are encoded again (save it afterwards to keep them)",
-        RuntimeWarning, stacklevel=caller_stacklevel(),
+        RuntimeWarning,
     )
     return True
 

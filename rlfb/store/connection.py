@@ -12,7 +12,6 @@ import os
 import sqlite3
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from rlfb._caller import caller_stacklevel
+from rlfb._caller import warn_at_app
 from rlfb.errors import (
     CorruptStateError,
     ReadOnlyStoreError,
@@ -369,7 +368,7 @@ class Transactions:
                     add_note(note)
                 else:
                     # the app's with-block, past the context managers (stacklevel=2 named this module)
-                    warnings.warn(note, RuntimeWarning, stacklevel=caller_stacklevel(("contextlib",)))
+                    warn_at_app(note, RuntimeWarning, also_inside=("contextlib",))
 
 
 def settled_store_text(tx: Transactions, given: bool | None, path: str) -> bool:

@@ -7,6 +7,7 @@ into LangChain (``invoke``), past LangChain's callback manager and runnables; fe
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,76 @@ def test_run_metadata_that_cannot_be_a_session_names_the_invoke() -> None:
     # stacklevel=2 named langchain_rlfb/retrievers.py
     with pytest.warns(UserWarning, match="ignoring run metadata session_id") as caught:
         rlfb_retriever(FeedbackStore()).invoke("ocean tides", config={"metadata": {"session_id": ""}})
+    assert named_files(caught, "ignoring run metadata") == [__file__]
+
+
+# ---------------------------------------------------------------- the retriever, awaited
+# ainvoke runs the retrieval in a worker thread: its warnings named concurrent/futures/thread.py
+async def test_own_metadata_keys_replaced_name_the_ainvoke(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(retrievers, "_warned", set(), raising=False)
+    retriever = FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, metadatas=[{"rank": "gold"}] * len(TEXTS),
+                                                     retrievers=("bm25",), k=2)
+    with pytest.warns(UserWarning, match="are replaced by rlfb's own") as caught:
+        await retriever.ainvoke("ocean tides")
+    assert named_files(caught, "are replaced by rlfb's own") == [__file__]
+
+
+async def test_a_vector_store_member_without_relevance_scores_names_the_ainvoke() -> None:
+    store = InMemoryVectorStore(DeterministicFakeEmbedding(size=8))
+    store.add_texts(TEXTS, ids=IDS)
+    retriever = FeedbackEnsembleRetriever.from_retrievers({"vs": store}, store=FeedbackStore(), k=2)
+    with pytest.warns(UserWarning, match="gives no relevance scores") as caught:
+        await retriever.ainvoke("ocean tides")
+    assert named_files(caught, "gives no relevance scores") == [__file__]
+
+
+async def test_run_metadata_that_cannot_be_a_session_names_the_ainvoke_in_a_chain() -> None:
+    chain: Any = RunnablePassthrough() | rlfb_retriever(FeedbackStore())
+    with pytest.warns(UserWarning, match="ignoring run metadata session_id") as caught:
+        await chain.ainvoke("ocean tides", config={"metadata": {"session_id": ""}})
+    assert named_files(caught, "ignoring run metadata") == [__file__]
+
+
+async def test_a_core_warning_in_the_worker_thread_names_the_ainvoke(tmp_path: Path) -> None:
+    # feedback stored and not learned, which the retrieval's catch-up (in the thread) cannot learn now
+    from rlfb.errors import StoreFullError
+
+    path = str(tmp_path / "fb.db")
+    before = rlfb_retriever(path)
+    run = uuid.uuid4()
+    before.invoke("ocean tides", run_id=run)
+    before.ensemble.close()
+    with FeedbackStore(path) as store:
+        store.record_feedback(str(run), "thumbs_up")  # stored, learned by no ensemble yet
+    retriever = rlfb_retriever(path)
+    ens = retriever.ensemble
+    persist = ens._persist
+
+    def full_once(**kwargs: Any) -> None:
+        ens._persist = persist  # type: ignore[method-assign]
+        raise StoreFullError("database or disk is full")
+
+    ens._persist = full_once  # type: ignore[method-assign]
+    with pytest.warns(RuntimeWarning, match="could not be learned now") as caught:
+        await retriever.ainvoke("ocean tides")
+    assert named_files(caught, "could not be learned now") == [__file__]
+    ens.close()
+
+
+async def test_a_warning_of_a_retrieval_run_by_asyncio_gather_names_the_gather() -> None:
+    # gather makes each ainvoke a task of its own: the line is the one awaiting the gather
+    retriever = rlfb_retriever(FeedbackStore())
+    with pytest.warns(UserWarning, match="ignoring run metadata session_id") as caught:
+        await asyncio.gather(retriever.ainvoke("ocean tides", config={"metadata": {"session_id": ""}}),
+                             retriever.ainvoke("the moon"))
+    assert named_files(caught, "ignoring run metadata") == [__file__]
+
+
+async def test_a_warning_of_a_retrieval_under_asyncio_wait_for_names_the_wait_for() -> None:
+    # Python 3.11's wait_for runs the call as a task of its own and waits on a future of its own
+    retriever = rlfb_retriever(FeedbackStore())
+    with pytest.warns(UserWarning, match="ignoring run metadata session_id") as caught:
+        await asyncio.wait_for(retriever.ainvoke("ocean tides", config={"metadata": {"session_id": ""}}), 60)
     assert named_files(caught, "ignoring run metadata") == [__file__]
 
 

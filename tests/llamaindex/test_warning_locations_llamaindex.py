@@ -101,6 +101,45 @@ def test_own_metadata_keys_at_a_rerank_name_the_postprocess_call(fresh_warnings:
     assert named_files(caught, REPLACED) == [__file__]
 
 
+# ---------------------------------------------------------------- the same, awaited
+# aretrieve and apostprocess_nodes run rlfb in a worker thread: its warnings named concurrent/futures/thread.py
+async def test_a_session_tag_at_an_aretrieve_names_the_aretrieve() -> None:
+    retriever = rlfb_retriever()
+    with instrument_tags({"session_id": ""}), pytest.warns(UserWarning, match=SESSION) as caught:
+        await retriever.aretrieve("moon tides")
+    assert named_files(caught, SESSION) == [__file__]
+
+
+async def test_own_metadata_keys_at_an_aquery_name_the_aquery(fresh_warnings: None) -> None:
+    engine = RetrieverQueryEngine.from_args(rlfb_retriever(rank="gold"), llm=MockLLM())
+    with pytest.warns(UserWarning, match=REPLACED) as caught:
+        await engine.aquery("moon tides")
+    assert named_files(caught, REPLACED) == [__file__]
+
+
+async def test_own_metadata_keys_at_an_async_rerank_name_the_apostprocess_call(fresh_warnings: None) -> None:
+    pp = FeedbackFusionPostprocessor(retrievers=("bm25",), top_n=1, nodes=nodes(scores="x"))
+    with pytest.warns(UserWarning, match=REPLACED) as caught:
+        await pp.apostprocess_nodes([NodeWithScore(node=n) for n in nodes(scores="x")], query_str="moon tides")
+    assert named_files(caught, REPLACED) == [__file__]
+
+
+async def test_a_core_warning_at_an_async_rerank_names_the_apostprocess_call(tmp_path: Path) -> None:
+    # the postprocessor builds its ensemble at its first nodes, here in the worker thread
+    from rlfb import FeedbackEnsemble
+
+    db = str(tmp_path / "fb.db")
+    with FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson") as ens:
+        for _ in range(3):
+            r = ens.retrieve("moon tides", k=3)
+            ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
+    pp = FeedbackFusionPostprocessor(store=db, retrievers=("bm25",), top_n=2, policy="gradient")
+    with pytest.warns(RuntimeWarning, match="starts afresh") as caught:
+        await pp.apostprocess_nodes([NodeWithScore(node=n) for n in nodes()], query_str="moon tides")
+    assert named_files(caught, "starts afresh") == [__file__]
+    pp.store.close()
+
+
 # ---------------------------------------------------------------- already the app's line
 def test_nodes_of_new_random_ids_name_the_build(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
