@@ -28,10 +28,15 @@ _THREADS = ("concurrent", "threading", "asyncio", "contextvars")
 _APP_LINE: ContextVar[tuple[str, int, dict[str, Any]] | None] = ContextVar("rlfb_app_line", default=None)
 
 
+def _top(frame: FrameType) -> str:
+    """The top-level name of the frame's module (``rlfb`` for ``rlfb.store.connection``)."""
+    return str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
+
+
 def _first_outside(frame: FrameType | None, inside: tuple[str, ...]) -> tuple[FrameType | None, int]:
     """The first frame from ``frame`` down whose top-level module is not in ``inside``, and how many it passed."""
     passed = 0
-    while frame is not None and frame.f_globals.get("__name__", "").split(".", 1)[0] in inside:
+    while frame is not None and _top(frame) in inside:
         frame, passed = frame.f_back, passed + 1
     return frame, passed
 
@@ -50,7 +55,7 @@ def warn_at_app(message: str, category: type[Warning] = UserWarning, also_inside
     """
     frame, passed = _first_outside(sys._getframe(1), _RLFB + _FRAMEWORKS + tuple(also_inside))
     app = _APP_LINE.get()
-    in_worker = frame is None or frame.f_globals.get("__name__", "").split(".", 1)[0] in _THREADS
+    in_worker = frame is None or _top(frame) in _THREADS
     if app is not None and in_worker:
         filename, lineno, module_globals = app
         # what warnings.warn does with a frame's globals, for a frame of another thread's stack
@@ -74,10 +79,6 @@ def app_line_for_threads() -> Iterator[None]:
         yield
     finally:
         _APP_LINE.reset(token)
-
-
-def _top(frame: FrameType) -> str:
-    return str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
 
 
 def _app_frame(start: FrameType, inside: tuple[str, ...]) -> FrameType | None:
@@ -116,13 +117,15 @@ def _awaiting_task(future: Any, depth: int) -> Any:
     through a future of asyncio's own that waits on it (``gather``'s, ``wait_for``'s), the task awaiting that."""
     import asyncio
 
-    for callback, _context in list(getattr(future, "_callbacks", None) or ()):
+    callbacks = [callback for callback, _context in list(getattr(future, "_callbacks", None) or ())]
+    for callback in callbacks:  # an await's own wake-up first: another callback's futures are a guess
         owner = getattr(callback, "__self__", None)
         if isinstance(owner, asyncio.Task):
             return owner
+    for callback in callbacks if depth > 0 else ():
         held = [c.cell_contents for c in getattr(callback, "__closure__", None) or () if _filled(c)]
         for value in [*held, *getattr(callback, "args", ())]:
-            if depth > 0 and isinstance(value, asyncio.Future) and value is not future:
+            if isinstance(value, asyncio.Future) and value is not future:
                 found = _awaiting_task(value, depth - 1)
                 if found is not None:
                     return found
