@@ -46,4 +46,7 @@ def test_the_information_bound_prints_every_row(tmp_path: Path, capsys: pytest.C
     assert [line.strip().startswith(name) for line, name in zip(out[1:], names, strict=True)] == [True] * len(names)
     tuned = [line for line in out if "tuned on full judgments" in line][0]
     assert "(+0.0000)" in tuned
-    assert script.main(["--dataset", str(tmp_path / "missing")]) == 2
+    with pytest.raises(SystemExit) as exited:  # a usage error, as argparse's own (printed bare until 2026-12-07)
+        script.main(["--dataset", str(tmp_path / "missing")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.endswith(f"error: no collection at {tmp_path / 'missing'}\n")
