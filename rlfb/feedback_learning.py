@@ -381,13 +381,15 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
         with ens._guarded():
             ens._caught_up_once = True
             held = ens._take_held
-            records = _owed(find, start, ens._learner.policy_name, held)
-            ens._owed_more = False
+            records, through, last = _owed(store, find, start, ens._learner.policy_name, held)
+            ens._owed_more = False  # a look that fails is tried again at the next refresh, not at each retrieval
             # held rows looked at to the end (once this batch is learned and written): those held later are live
             # ensembles', left to them
-            last = len(records) < CATCH_UP_BATCH
             if not records:
-                ens._take_held = False
+                ens._caught_up = max(ens._caught_up, through)  # other policies' rows: not read again
+                ens._owed_more = not last  # OWED_SCAN of them read: the next retrieval reads on
+                if last:
+                    ens._take_held = False
                 return 0
             exclusive = getattr(store, "exclusive", None)  # a store of the user's own may have none
             with exclusive() if callable(exclusive) else contextlib.nullcontext():
@@ -407,10 +409,13 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
                     # they were marked learned before their learning was written)
                     take_newer(ens)
                     ens._persist()
-            if last and looked == len(records):
-                ens._take_held = False
-            # a backlog: the next retrieval looks again, not refresh_interval later
-            ens._owed_more = len(records) == CATCH_UP_BATCH
+            if looked == len(records):
+                ens._caught_up = max(ens._caught_up, through)
+                if last:
+                    ens._take_held = False
+            # a backlog, or a look that read OWED_SCAN rows: the next retrieval looks again, not refresh_interval
+            # later
+            ens._owed_more = not last
             return looked
     except CorruptStateError:
         return 0  # a damaged snapshot: the retrieval's or the feedback's own refresh says so
@@ -425,15 +430,24 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
         ens._catching_up = False
 
 
-def _owed(find: Callable[..., Any], after: int, policy: str, held: bool) -> list[Any]:
-    """The rows owed after id ``after`` on ``policy``'s decisions, a batch (``find``: the store's
-    ``unlearned_feedback``); with ``held``, the rows running learners hold unwritten too."""
+def _owed(store: Any, find: Callable[..., Any], after: int, policy: str, held: bool) -> tuple[list[Any], int, bool]:
+    """The rows owed after id ``after`` on ``policy``'s decisions, a batch, the id up to which every row owed
+    (to any policy) was read, and whether the look read them all (``find``: the store's ``unlearned_feedback``,
+    for a store of the user's own, which is read as before: to the batch's last row); with ``held``, the rows
+    running learners hold unwritten too."""
+    bounded = getattr(store, "_owed_feedback", None)
+    if callable(bounded):
+        batch = bounded(after, policy, CATCH_UP_BATCH, held)
+        return batch.records, batch.through, batch.complete
+    records: list[Any] = []
     if held:
         try:
-            return list(find(after=after, policy=policy, limit=CATCH_UP_BATCH, held=True))
+            records = list(find(after=after, policy=policy, limit=CATCH_UP_BATCH, held=True))
         except TypeError:  # a store of the user's own, whose unlearned_feedback knows no held rows
-            pass
-    return list(find(after=after, policy=policy, limit=CATCH_UP_BATCH))
+            held = False
+    if not held:
+        records = list(find(after=after, policy=policy, limit=CATCH_UP_BATCH))
+    return records, after, len(records) < CATCH_UP_BATCH
 
 
 def _look_again(ens: FeedbackEnsemble, start: int, held: bool) -> None:

@@ -548,6 +548,12 @@ class FeedbackStore:
                                       None if limit is None else _check_int(limit, "limit"),
                                       validate_flag(held, "held"))
 
+    def _owed_feedback(self, after: int, policy: str, limit: int, held: bool) -> feedback_log.OwedBatch:
+        """An ensemble's look for the rows owed to ``policy`` (:func:`rlfb.store.feedback_log.owed`): a bounded
+        read, and how far it went, where :meth:`unlearned_feedback` reads every row of other policies before
+        the first of ``policy``'s."""
+        return feedback_log.owed(self, after, policy, limit, held)
+
     def feedback_learned(self, feedback_id: int) -> bool | None:
         """Whether a learner took the feedback row ``feedback_id`` and wrote what it learned in a snapshot
         (``True``), there was nothing in it to learn (``False``: out of the attribution window, a repeat, on
