@@ -897,8 +897,11 @@ class FeedbackEnsemble:
         retrievals is then learned by an ensemble opened again on the file). Where ensembles or handlers share
         one store object, :meth:`flush` each and close the store once, at the end."""
         if self._store is not None:
-            self.flush()
-            self._store.close()
+            # one hold of both locks: a feedback another thread's call learned between the flush and the close
+            # stayed held in the store, its learning unwritten (a thread audit, 2026-12-07)
+            with self._guarded():
+                self.flush()
+                self._store.close()
         forget(self)  # nor held for the exit hook: clean, yet registered after a caller's block rolled back
 
     def __enter__(self) -> Self:

@@ -43,8 +43,15 @@ def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
     """The body of :meth:`FeedbackEnsemble.save <rlfb.FeedbackEnsemble.save>`."""
     path = folder_path(path)
     # flushed before this save's lock: flushing takes the store's lock, which a caller saving inside its own
-    # store.exclusive() block holds while it waits for this lock (another thread's save held both for ever)
-    ens.flush()
+    # store.exclusive() block holds while it waits for this lock (another thread's save held both for ever).
+    # The state is read (and encoded) in the same hold of the store's lock and the ensemble's as the flush: a
+    # feedback learned between the two went into the save and not the store, and a load of the save on that
+    # store wrote it back as the newest snapshot, whose learning this ensemble then took on top of its own (a
+    # row counted twice; a thread audit, 2026-12-07). Under the ensemble's lock a save made while feedback
+    # arrives does not see dicts change size mid-read, or half of one update.
+    with ens._guarded():
+        ens.flush()
+        state = json.dumps(state_to_save(ens), allow_nan=False)
     with ens._save_lock:
         table, retrievers = ens._index()
         config = {
@@ -64,10 +71,6 @@ def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
             for name, r in retrievers.items():
                 r.save(tmp / "retrievers" / name)
             (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
-            # learning holds ens._lock: read (and encode) the state under it, or a save made while
-            # feedback arrives sees dicts change size mid-read, or half of one update
-            with ens._lock:
-                state = json.dumps(state_to_save(ens), allow_nan=False)
             (tmp / "learner.json").write_text(state, encoding="utf-8")
 
 

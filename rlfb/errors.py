@@ -32,6 +32,7 @@ __all__ = [
     "StoreBusyError",
     "StoreFullError",
     "StoreFileGoneError",
+    "StoreClosedError",
     "NotCopyableError",
     "NoStoreError",
     "UnknownOptionError",
@@ -132,6 +133,16 @@ class StoreFileGoneError(RlfbError, OSError):
     """The feedback store's file was deleted (``rm fb.db*``) or replaced by another file while the store had it
     open: a write would go to the old, unlinked file and be lost when the process exits, so it is refused and
     nothing of it was stored. Close the store and open the path again (or restart the process)."""
+
+
+class StoreClosedError(RlfbError, RuntimeError):
+    """A call needed a :class:`~rlfb.store.FeedbackStore` that was closed (``store.close()``, or
+    ``FeedbackEnsemble.close()``, which closes the ensemble's store): in an app, a thread still serving while
+    another shuts the ensemble down."""
+
+    def __init__(self, message: str = "FeedbackStore is closed (close() was called); open the file again, or "
+                                      "load the ensemble again, to go on") -> None:
+        super().__init__(message)
 
 
 class StoreBusyError(RlfbError, sqlite3.OperationalError):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlfb._caller import warn_at_app
-from rlfb.errors import CorruptStateError, RlfbError, UnknownEventError
+from rlfb.errors import CorruptStateError, RlfbError, StoreClosedError, UnknownEventError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.runs import (
@@ -419,6 +419,11 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
             return looked
     except CorruptStateError:
         return 0  # a damaged snapshot: the retrieval's or the feedback's own refresh says so
+    except StoreClosedError:
+        # another thread closed the ensemble after this call's own feedback was learned and written: nothing is
+        # "tried again" on a closed store (it warned so at most closes under load; a thread audit, 2026-12-07),
+        # and the rows owed are the next ensemble's on the file
+        return 0
     except RlfbError as exc:
         if not ens._catch_up_warned:
             ens._catch_up_warned = True

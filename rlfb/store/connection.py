@@ -25,6 +25,7 @@ from rlfb.errors import (
     ReadOnlyStoreError,
     RlfbError,
     StoreBusyError,
+    StoreClosedError,
     StoreFileGoneError,
     StoreFullError,
     ValidationError,
@@ -232,7 +233,7 @@ class Transactions:
 
     def check_open(self) -> sqlite3.Connection:
         if self.closed:
-            raise RlfbError("FeedbackStore is closed")
+            raise StoreClosedError()
         return self.conn
 
     def check_file(self) -> None:
