@@ -256,7 +256,10 @@ def test_the_schema_step_counts_rows_stored_before_it_as_settled_and_is_safe_to_
         assert store.feedback_learned(kept.feedback_id) is None  # stored, not learned yet
         assert store.feedback_learned(late.feedback_id) is False  # out of the window: nothing to learn
     raw = sqlite3.connect(path, isolation_level=None)  # as an older rlfb left it
-    raw.execute("DELETE FROM _migrations WHERE name IN ('m012_feedback_learned', 'm013_feedback_held')")
+    raw.execute("DELETE FROM _migrations WHERE name IN ('m012_feedback_learned', 'm013_feedback_held', "
+                "'m014_run_tree_ts')")
+    raw.execute("DROP INDEX idx_run_links_ts")
+    raw.execute("DROP INDEX idx_failed_runs_ts")
     raw.execute("DROP INDEX idx_feedback_unlearned")
     raw.execute("DROP INDEX idx_feedback_held")
     raw.execute("ALTER TABLE feedback DROP COLUMN learned")

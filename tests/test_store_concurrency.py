@@ -159,7 +159,8 @@ def test_opening_a_store_another_connection_holds_locked_is_store_busy(tmp_path)
     raw = sqlite3.connect(old, isolation_level=None)  # as an older rlfb left it: before sampling_temperature
     raw.execute("DELETE FROM _migrations WHERE name IN ('m007_sampling_temperature', 'm008_failed_runs', "
                 "'m009_snapshot_kind', 'm010_settings', 'm011_snapshot_kinds', 'm012_feedback_learned', "
-                "'m013_feedback_held')")
+                "'m013_feedback_held', 'm014_run_tree_ts')")
+    raw.execute("DROP INDEX idx_run_links_ts")
     raw.execute("DROP INDEX idx_feedback_unlearned")
     raw.execute("DROP INDEX idx_feedback_held")
     raw.execute("ALTER TABLE feedback DROP COLUMN learned")

@@ -708,6 +708,11 @@ class FeedbackStore:
         raises :class:`FutureTimestampError`, as every other timestamp does. The ids of the feedback rows
         it deletes are not given again (a running ensemble catches up rows stored without it by id). Returns
         the number of rows deleted per table.
+
+        It deletes in batches, oldest first (:data:`rlfb.store.pruning.PRUNE_BATCH` events, each with what hangs
+        on them, a write transaction), so that other processes' writes go on between them: one stopped part way
+        has deleted the oldest events whole and left the rest for the next prune. Inside :meth:`exclusive` the
+        batches are part of the block's one transaction.
         """
         return pruning.prune(self, now, retention=retention)
 

@@ -133,10 +133,13 @@ def _resolve_run(store: FeedbackStore, run_id: str) -> list[str]:
             nxt = []
             for b in _batches(frontier):
                 m = _marks(len(b))
+                # the failed runs passed by one indexed lookup per child: "... EXCEPT SELECT run_id FROM
+                # failed_runs" read the whole table at each level (9.8 ms with 50,000 failed runs; an audit of a
+                # store at scale, 2026-12-07). IS, as EXCEPT compares: a NULL child is passed by a NULL mark
                 for (child,) in conn.execute(
-                    f"SELECT run_id FROM run_links WHERE parent_id IN ({m}) "
-                    f"UNION SELECT id FROM events WHERE parent_id IN ({m}) "
-                    "EXCEPT SELECT run_id FROM failed_runs",
+                    f"SELECT child FROM (SELECT run_id AS child FROM run_links WHERE parent_id IN ({m}) "
+                    f"UNION SELECT id FROM events WHERE parent_id IN ({m})) "
+                    "WHERE NOT EXISTS (SELECT 1 FROM failed_runs WHERE failed_runs.run_id IS child)",
                     [*b, *b],
                 ):
                     if child not in seen:
