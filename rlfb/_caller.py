@@ -71,7 +71,8 @@ def app_line_for_threads() -> Iterator[None]:
     ``run_in_executor``) gives its :func:`warn_at_app` warnings at the app's line that called in: the first frame
     outside rlfb, the frameworks and ``contextlib`` on the awaiting coroutines' stack, or, where the call is a task
     of its own (each step of a LangChain chain is one, and so is each call ``asyncio.gather`` runs), on the stack
-    of the task awaiting it.
+    of the task awaiting it. A task nothing awaits yet (``create_task``, a ``TaskGroup``) has no such line: its
+    thread's warnings name the thread pool's module, as ``warnings.warn`` does.
     """
     frame = _app_frame(sys._getframe(1), (*_RLFB, *_FRAMEWORKS, "contextlib"))
     token = _APP_LINE.set(None if frame is None else (frame.f_code.co_filename, frame.f_lineno, frame.f_globals))

@@ -207,6 +207,10 @@ class FeedbackEnsemble:
         self._lock = threading.RLock()
         self._update_lock = threading.Lock()  # one corpus update at a time; searches go on meanwhile
         self._save_lock = threading.Lock()  # one save at a time; retrieval and feedback go on meanwhile
+        # saves in the order their learner states were read, and the newest written to each folder: a save whose
+        # state is older than the one another thread has written there since writes nothing (save_ensemble)
+        self._save_seq = 0
+        self._saved_seq: dict[str, int] = {}
         self._query_dim_cache: Any = _UNKNOWN
         self._other_models_asked = False  # other_models_snapshot: a first start takes another model's state once
         self._exploration_noted = False  # note_default_exploration: warned once

@@ -52,7 +52,14 @@ def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
     with ens._guarded():
         ens.flush()
         state = json.dumps(state_to_save(ens), allow_nan=False)
+        ens._save_seq += 1
+        seq = ens._save_seq
+    folder = str(Path(path).resolve())
     with ens._save_lock:
+        # two threads saving to one folder may take this lock in the other order than they read their states:
+        # the older state is not written over the newer (a review, 2026-12-07)
+        if ens._saved_seq.get(folder, 0) > seq:
+            return
         table, retrievers = ens._index()
         config = {
             "format": _FORMAT,
@@ -72,6 +79,7 @@ def save_ensemble(ens: FeedbackEnsemble, path: str | Path) -> None:
                 r.save(tmp / "retrievers" / name)
             (tmp / _CONFIG_FILE).write_text(json.dumps(config, indent=2, allow_nan=False), encoding="utf-8")
             (tmp / "learner.json").write_text(state, encoding="utf-8")
+        ens._saved_seq[folder] = seq  # once written whole: a save that failed leaves the folder to the older one
 
 
 def load_ensemble(

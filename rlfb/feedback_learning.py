@@ -358,7 +358,8 @@ CATCH_UP_BATCH = 100
 
 def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
     """Learn the feedback stored on ``ens``'s decisions that no learner has taken
-    (:meth:`FeedbackStore.unlearned_feedback <rlfb.store.FeedbackStore.unlearned_feedback>`), oldest first, at
+    (:meth:`FeedbackStore.unlearned_feedback <rlfb.store.FeedbackStore.unlearned_feedback>`; a
+    ``FeedbackStore`` is read through :func:`rlfb.store.feedback_log.owed`, a bounded look), oldest first, at
     most :data:`CATCH_UP_BATCH` rows, and return how many rows were looked at.
 
     That is feedback stored by a process killed before it learned it, stored while the store's newest snapshot
@@ -386,6 +387,8 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
             # held rows looked at to the end (once this batch is learned and written): those held later are live
             # ensembles', left to them
             if not records:
+                if getattr(store, "exclusive_depth", 0):  # rows of a caller's block it may roll back, whose ids
+                    store.on_rollback(lambda: _look_again(ens, start, held))  # SQLite then gives again
                 ens._caught_up = max(ens._caught_up, through)  # other policies' rows: not read again
                 ens._owed_more = not last  # OWED_SCAN of them read: the next retrieval reads on
                 if last:

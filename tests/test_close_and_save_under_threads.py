@@ -38,7 +38,7 @@ def marks(path: Path) -> dict[int, int]:
     return found
 
 
-def feedback_during_flush(ens: FeedbackEnsemble, event_id: str, chunk_id: str, errors: list[BaseException]
+def feedback_during_flush(ens: FeedbackEnsemble, event_id: str | None, chunk_id: str, errors: list[BaseException]
                           ) -> list[threading.Thread]:
     """Make ``ens.flush`` start another thread's click and wait for it (a second at most): the feedback that
     arrived between a flush and what followed it."""
@@ -101,7 +101,7 @@ def test_a_close_leaves_no_feedback_held_unwritten(tmp_path: Path) -> None:
     assert marks(db) == {1: 1}
 
 
-def test_a_look_for_owed_rows_on_a_closed_store_warns_of_no_retry(tmp_path: Path) -> None:
+def test_a_look_for_owed_rows_on_a_closed_store_gives_no_warning(tmp_path: Path) -> None:
     # a feedback call looks for owed rows after its own is learned, outside the locks: another thread's close
     # may come first. It warned "could not be learned now (FeedbackStore is closed); it is tried again", at most
     # closes under load, of a retry a closed store never makes
@@ -124,3 +124,35 @@ def test_a_closed_store_is_a_named_error(tmp_path: Path) -> None:
             call()
         assert isinstance(raised.value, RlfbError) and isinstance(raised.value, RuntimeError)
     assert "StoreClosedError" in rlfb.__all__ and "StoreClosedError" in rlfb.errors.__all__
+
+
+def test_of_two_saves_to_one_folder_the_newer_state_stays(tmp_path: Path) -> None:
+    # a save reads the learner under the ensemble's locks and writes under the save lock: the save that read
+    # first may write last, and wrote its older state over the newer one (a review, 2026-12-07)
+    ens = ensemble(tmp_path / "fb.db", persist_interval=0.0)
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.feedback(r.event_id, "thumbs_up")
+    lock, first_waits, second_done = ens._save_lock, threading.Event(), threading.Event()
+
+    class SecondSaveFirst:
+        """The save lock, taken by the first save only once the second has written: an order a lock may give."""
+
+        def __enter__(self) -> None:
+            if threading.current_thread().name == "first":
+                first_waits.set()  # its state is read (n_learned 1): it waits for the lock
+                second_done.wait()
+            lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            lock.release()
+
+    ens._save_lock = SecondSaveFirst()  # type: ignore[assignment]
+    first = threading.Thread(target=ens.save, args=(tmp_path / "saved",), name="first")
+    first.start()
+    first_waits.wait()
+    ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)  # the learner moves on: n_learned 2
+    ens.save(tmp_path / "saved")
+    second_done.set()
+    first.join()
+    assert FeedbackEnsemble.load(tmp_path / "saved").learner.n_learned == ens.learner.n_learned == 2
+    ens.close()

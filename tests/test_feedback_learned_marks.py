@@ -175,10 +175,10 @@ def test_a_row_another_process_learns_while_this_one_is_about_to_is_learned_once
         b.refresh()  # another process learns them between this one's look and its learning
         return rows
 
-    a.store._owed_feedback = listed_then_learned_elsewhere  # type: ignore[method-assign]
+    a.store._owed_feedback = listed_then_learned_elsewhere
     a.refresh()
     assert newest_n_learned(path) == 1  # not learned a second time on top of b's snapshot
-    a.store._owed_feedback = listed  # type: ignore[method-assign]
+    a.store._owed_feedback = listed
     a.refresh()
     assert (a.learner.n_learned, b.learner.n_learned) == (1, 1)
     a.close()

@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 from _restarts import bm25_ensemble, retrieved_before_a_restart
 
+from rlfb import FeedbackEnsemble
 from rlfb.store import FeedbackStore, feedback_log
+
+from _corpus import IDS, TEXTS
 
 SCAN = 10
 
@@ -121,3 +124,23 @@ def test_held_rows_read_beside_owed_ones_stop_at_the_lower_bound(tmp_path: Path,
         assert [r.feedback_id for r in look.records] == ids[:2 * SCAN - 1]  # none past the lower bound
         rest = feedback_log.owed(store, look.through, "thompson", limit=100, held=True)
         assert [r.feedback_id for r in rest.records] == ids[2 * SCAN - 1:] and rest.complete
+
+
+def test_a_look_inside_a_block_that_rolls_back_reads_those_rows_again(tmp_path: Path) -> None:
+    # the look found only another policy's rows, written in the caller's block, and started the next look past
+    # them; the block rolled back and SQLite gave their ids again, to a row owed to this ensemble, never learned
+    # (a review, 2026-12-07)
+    store = FeedbackStore(str(tmp_path / "fb.db"))
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=store, policy="thompson",
+                                      refresh_interval=0.0)
+    with pytest.raises(RuntimeError, match="the app's block fails"), store.exclusive():
+        stranded(store, 3)
+        ens.retrieve("what causes the tides", k=3)  # the first look for owed rows, inside the block
+        raise RuntimeError("the app's block fails")
+    r = ens.retrieve("what causes the tides", k=3)
+    owed = store.record_feedback(r.event_id, "thumbs_up")  # stored without the ensemble: owed to it
+    assert owed.feedback_id == 1  # the rolled back rows' id, given again
+    for _ in range(2):
+        ens.retrieve("aurora", k=2)
+    assert ens.learner.n_learned == 1 and store.feedback_learned(owed.feedback_id) is True
+    ens.close()

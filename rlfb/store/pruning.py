@@ -148,6 +148,6 @@ def _prune_by_ts(store: FeedbackStore, table: str, cutoff: float) -> int:
 
 def _pause(store: FeedbackStore) -> None:
     """Between two batches: :data:`PRUNE_PAUSE`, unless an :meth:`~rlfb.store.FeedbackStore.exclusive` block holds
-    the lock throughout anyway."""
-    if not store.exclusive_depth:
+    the lock throughout anyway, or the store is in memory (no other connection can wait for it)."""
+    if not store.exclusive_depth and not store._memory:
         time.sleep(PRUNE_PAUSE)
