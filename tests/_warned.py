@@ -11,3 +11,16 @@ def named_files(caught: Any, pattern: str) -> list[str]:
     files = [w.filename for w in caught if re.search(pattern, str(w.message))]
     assert files, [str(w.message) for w in caught]
     return files
+
+
+def disk_full_once(ens: Any) -> None:
+    """Make the ensemble's next snapshot write fail as a full disk does, once (the writes after it succeed)."""
+    from rlfb.errors import StoreFullError
+
+    persist = ens._persist
+
+    def full_once(**kwargs: Any) -> None:
+        ens._persist = persist
+        raise StoreFullError("database or disk is full")
+
+    ens._persist = full_once

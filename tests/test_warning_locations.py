@@ -21,7 +21,7 @@ from rlfb.retrievers import DenseRetriever
 from rlfb.store import FeedbackStore
 from rlfb.types import make_chunks
 
-from _warned import named_files
+from _warned import disk_full_once, named_files
 
 TEXTS = ["ocean tides follow the moon", "the aurora glows green", "volcanoes erupt magma"]
 IDS = ["tides", "aurora", "volcano"]
@@ -49,8 +49,6 @@ def test_a_save_put_back_at_load_names_the_load(tmp_path: Path) -> None:
 
 def test_feedback_that_could_not_be_learned_at_a_retrieval_names_the_retrieval(tmp_path: Path) -> None:
     # stacklevel=3 named rlfb/ensemble.py
-    from rlfb.errors import StoreFullError
-
     path = tmp_path / "fb.db"
     before = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=path)
     event_id = before.retrieve("aurora", k=2).event_id
@@ -58,13 +56,7 @@ def test_feedback_that_could_not_be_learned_at_a_retrieval_names_the_retrieval(t
     with FeedbackStore(path) as store:
         store.record_feedback(event_id, "thumbs_up")  # stored, learned by no ensemble yet
     ens = FeedbackEnsemble.from_texts(TEXTS, IDS, retrievers=("bm25",), store=path, refresh_interval=3600.0)
-    persist = ens._persist
-
-    def full_once(**kwargs: Any) -> None:
-        ens._persist = persist  # type: ignore[method-assign]
-        raise StoreFullError("database or disk is full")
-
-    ens._persist = full_once  # type: ignore[method-assign]
+    disk_full_once(ens)
     with pytest.warns(RuntimeWarning, match="could not be learned now") as caught:
         ens.retrieve("aurora", k=2, log=False)
     assert named_files(caught, "could not be learned now") == [__file__]

@@ -25,7 +25,7 @@ from rlfb.store import FeedbackStore
 
 from _lc_corpus import IDS, TEXTS
 from _store_lock import locked
-from _warned import named_files
+from _warned import disk_full_once, named_files
 
 
 def rlfb_retriever(store: Any, **kwargs: Any) -> FeedbackEnsembleRetriever:
@@ -106,8 +106,6 @@ async def test_run_metadata_that_cannot_be_a_session_names_the_ainvoke_in_a_chai
 
 async def test_a_core_warning_in_the_worker_thread_names_the_ainvoke(tmp_path: Path) -> None:
     # feedback stored and not learned, which the retrieval's catch-up (in the thread) cannot learn now
-    from rlfb.errors import StoreFullError
-
     path = str(tmp_path / "fb.db")
     before = rlfb_retriever(path)
     run = uuid.uuid4()
@@ -117,13 +115,7 @@ async def test_a_core_warning_in_the_worker_thread_names_the_ainvoke(tmp_path: P
         store.record_feedback(str(run), "thumbs_up")  # stored, learned by no ensemble yet
     retriever = rlfb_retriever(path)
     ens = retriever.ensemble
-    persist = ens._persist
-
-    def full_once(**kwargs: Any) -> None:
-        ens._persist = persist  # type: ignore[method-assign]
-        raise StoreFullError("database or disk is full")
-
-    ens._persist = full_once  # type: ignore[method-assign]
+    disk_full_once(ens)
     with pytest.warns(RuntimeWarning, match="could not be learned now") as caught:
         await retriever.ainvoke("ocean tides")
     assert named_files(caught, "could not be learned now") == [__file__]

@@ -48,6 +48,17 @@ class Fixed(BaseRetriever):
         return [NodeWithScore(node=nodes()[0], score=0.5)]
 
 
+def thompson_learning_in(path: Path) -> str:
+    """A store file holding thompson's learning for BM25: a gradient postprocessor on it starts afresh, warned."""
+    from rlfb import FeedbackEnsemble
+
+    with FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=str(path), policy="thompson") as ens:
+        for _ in range(3):
+            r = ens.retrieve("moon tides", k=3)
+            ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
+    return str(path)
+
+
 @pytest.fixture
 def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     """The once-per-set-of-keys memory emptied, so each test sees its first warning."""
@@ -126,13 +137,7 @@ async def test_own_metadata_keys_at_an_async_rerank_name_the_apostprocess_call(f
 
 async def test_a_core_warning_at_an_async_rerank_names_the_apostprocess_call(tmp_path: Path) -> None:
     # the postprocessor builds its ensemble at its first nodes, here in the worker thread
-    from rlfb import FeedbackEnsemble
-
-    db = str(tmp_path / "fb.db")
-    with FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson") as ens:
-        for _ in range(3):
-            r = ens.retrieve("moon tides", k=3)
-            ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
+    db = thompson_learning_in(tmp_path / "fb.db")
     pp = FeedbackFusionPostprocessor(store=db, retrievers=("bm25",), top_n=2, policy="gradient")
     with pytest.warns(RuntimeWarning, match="starts afresh") as caught:
         await pp.apostprocess_nodes([NodeWithScore(node=n) for n in nodes()], query_str="moon tides")
@@ -187,13 +192,7 @@ def test_feedback_no_live_learner_learns_names_the_feedback(tmp_path: Path) -> N
 def test_a_core_warning_given_while_llamaindex_calls_the_postprocessor_names_the_app(tmp_path: Path) -> None:
     # the postprocessor builds its ensemble at its first nodes, inside LlamaIndex's dispatcher: the core's restart
     # note ("starts afresh") named llama_index_instrumentation/dispatcher.py (a review, 2026-12-07)
-    from rlfb import FeedbackEnsemble
-
-    db = str(tmp_path / "fb.db")
-    with FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=db, policy="thompson") as ens:
-        for _ in range(3):
-            r = ens.retrieve("moon tides", k=3)
-            ens.feedback(r.event_id, "click", chunk_id=r.hits[-1].chunk_id)
+    db = thompson_learning_in(tmp_path / "fb.db")
     pp = FeedbackFusionPostprocessor(store=db, retrievers=("bm25",), top_n=2, policy="gradient")
     with pytest.warns(RuntimeWarning, match="starts afresh") as caught:
         pp.postprocess_nodes([NodeWithScore(node=n) for n in nodes()], query_str="moon tides")
