@@ -21,7 +21,7 @@ _FRAMEWORKS = ("langchain_core", "langchain", "langchain_classic", "langgraph", 
                "llama_index_instrumentation", "pydantic")
 #: What starts a worker thread's stack: a warning whose first frame outside rlfb is one of these was given in a
 #: thread an async call started (``ainvoke``, ``aretrieve``), which has no app frame above it
-_THREADS = ("concurrent", "threading", "asyncio", "contextvars")
+_THREADS = ("concurrent", "threading", "asyncio")
 
 #: The app's line (file, line, module globals) of the async call whose worker thread runs now; a thread started by
 #: ``asyncio.to_thread`` or LangChain's ``run_in_executor`` runs in a copy of the caller's context, so it sees it
