@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from langchain_rlfb._runs import trim
-from rlfb._at_exit import run_at_exit
+from rlfb._at_exit import run_at_exit, write_kept_of_this_process
 from rlfb.errors import DuplicateEventError, StoreBusyError
 from rlfb.runs import log_external
 
@@ -47,18 +46,9 @@ def keep(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any], key: str
 def write_kept_at_exit() -> None:
     """At exit: write what each handler of this process kept while its store was locked, warning where that fails
     (the store still locked, or closed already)."""
-    pid = os.getpid()
-    for key, (owner, handler) in list(KEEPING.items()):
-        if owner != pid:  # a forked child's copy of its parent's entry: the parent writes it
-            continue
-        try:
-            write_unmarked(handler)
-        except Exception as exc:  # noqa: BLE001 - at exit there is no caller to raise to
-            warnings.warn(
-                f"rlfb: {len(handler._unlogged)} retrieval log(s) and {len(handler._unmarked)} failed run mark(s) "
-                f"kept while the feedback store was locked were not written at exit: {exc!r}",
-                RuntimeWarning, stacklevel=1)
-        KEEPING.pop(key, None)
+    write_kept_of_this_process(
+        KEEPING, write_unmarked,
+        lambda h: f"{len(h._unlogged)} retrieval log(s) and {len(h._unmarked)} failed run mark(s)")
 
 
 def mark_failed(handler: FeedbackCallbackHandler, rid: str, *, wait: bool = True) -> None:

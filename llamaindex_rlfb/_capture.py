@@ -15,6 +15,7 @@ from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import finite_or_none
+from llamaindex_rlfb._kept import kept_log, now_of, written
 from llamaindex_rlfb._learners import ensemble_of
 from llamaindex_rlfb._nodes import EVENT_ID_KEY, event_id_of
 from llamaindex_rlfb._spans import (
@@ -32,7 +33,7 @@ from rlfb.runs import log_external
 
 if TYPE_CHECKING:
     import threading
-    from collections import OrderedDict
+    from collections import OrderedDict, deque
     from contextvars import ContextVar
 
     from llamaindex_rlfb._spans import SpanParents
@@ -63,6 +64,8 @@ class Capture:
         _cut_from: OrderedDict[tuple[str, str], tuple[str, str]]
         _decided_in: OrderedDict[str, list[tuple[str, bool]]]
         _retrieved_in: OrderedDict[str, set[str]]
+        _kept_lock: threading.Lock
+        _unwritten: deque[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]
 
         @property
         def last_query_id(self) -> str | None: ...
@@ -128,7 +131,8 @@ class Capture:
                 # result is not simply theirs. Its span id stays the query id, but as a run above their
                 # decisions and its own result: an event id would stand for that one event alone.
                 qid = rid
-                self._store.link_runs([(e, rid) for e in dict.fromkeys([*nested, *([own] if own else [])])])
+                written(self, self._store.link_runs,
+                        [(e, rid) for e in dict.fromkeys([*nested, *([own] if own else [])])])
                 logged_as, parent = own or f"{rid}/result", rid
             self._set_last(qid)
             with self._lock:
@@ -145,7 +149,7 @@ class Capture:
         self._remember_response(event.response, qid)
         outer = current_query_id()
         if outer is not None:
-            self._store.link_runs([(qid, outer)])
+            written(self, self._store.link_runs, [(qid, outer)])
         else:
             self._set_last(qid)
         nodes = list(getattr(event.response, "source_nodes", None) or [])
@@ -158,7 +162,7 @@ class Capture:
 
             def ranked(eid: str) -> list[str] | None:
                 if eid not in read:
-                    read[eid] = _ranked_ids(self._store, eid)
+                    read[eid] = self._ranked_in(self._store, eid)
                 return read[eid]
 
             own = self._own_event(nodes, ranked)
@@ -212,10 +216,10 @@ class Capture:
             return
         kept = set(_ids(nodes))
         for store in self._stores_of(eid):
-            decided = ranked_ids(eid) if store is self._store else _ranked_ids(store, eid)
+            decided = ranked_ids(eid) if store is self._store else self._ranked_in(store, eid)
             cut = [c for c in decided or () if c not in kept]
             if cut and decided is not None and len(cut) < len(decided):
-                store.mark_unused(eid, cut)
+                written(self, store.mark_unused, eid, cut)
 
     def _stores_of(self, eid: str) -> list[Any]:
         """The stores that hold decision ``eid``: the handler's, and the learner's where that is another file."""
@@ -238,12 +242,21 @@ class Capture:
             if eid in named:  # its nodes, or new nodes made from them (a citation engine's): _mark_cut's case
                 continue
             for store in self._stores_of(eid):
-                ranked = _ranked_ids(store, eid)
+                ranked = self._ranked_in(store, eid)
                 if not ranked or kept & set(ranked):  # a later step that drops the metadata keeps the nodes
                     continue
                 if in_retrieval and not set(ranked) <= retrieved:  # followed or merged within the retrieval
                     continue
-                store.mark_unused(eid, ranked)
+                written(self, store.mark_unused, eid, ranked)
+
+    def _ranked_in(self, store: Any, eid: str) -> list[str] | None:
+        """:func:`_ranked_ids`, a log this handler keeps for a locked store counted as logged."""
+        kept = kept_log(self, store, eid)
+        return kept if kept is not None else _ranked_ids(store, eid)
+
+    def _has_event(self, eid: str) -> bool:
+        """Whether the handler's store has event ``eid``, or the handler keeps its log for it."""
+        return kept_log(self, self._store, eid) is not None or bool(self._store.has_event(eid))
 
     def _own_event(self, nodes: Sequence[NodeWithScore],
                    ranked_ids: Callable[[str], list[str] | None] | None = None) -> str | None:
@@ -257,7 +270,7 @@ class Capture:
         eid = event_id_of(nodes)
         if eid is None:
             return None
-        logged = _ranked_ids(self._store, eid) if ranked_ids is None else ranked_ids(eid)
+        logged = self._ranked_in(self._store, eid) if ranked_ids is None else ranked_ids(eid)
         return eid if logged is not None and tuple(logged) == _ids(nodes) else None
 
     def _log(
@@ -273,9 +286,11 @@ class Capture:
             self._logged.move_to_end(parent or event_id)
             while len(self._logged) > KEPT:
                 self._logged.popitem(last=False)
-        if self._store.has_event(event_id):  # an rlfb adapter on this store logged it, with its decision
+        if self._has_event(event_id):  # an rlfb adapter on this store logged it, with its decision
             return
-        log_external(
+        written(
+            self,
+            log_external,
             self._store,
             _query_str(query),
             _results(nodes),
@@ -331,7 +346,7 @@ class Capture:
             # It re-ranked what the decision just before it returned (pp2 after pp1): in a query engine the
             # query id stands for both, so it joins that one's query id (made here when it stood alone).
             run = before[1] if before[1] != before[0] else f"{before[0]}/reranked/{eid}"
-            self._store.link_runs([(before[0], run), (eid, run)])
+            written(self, self._store.link_runs, [(before[0], run), (eid, run)])
         elif (bare is not None and bare.latest == last and bare.query == event.query_str
               and set(event.node_ids) <= {cid for cid, _ in bare.results}):
             # It re-ranked the latest bare retrieval: in a query engine the query id stands for both (the
@@ -339,12 +354,17 @@ class Capture:
             # nodes (a second request served from cached first-stage nodes) is another user's decision, and
             # feedback on one must not rate the other.
             run = f"{bare.id}/reranked/{eid}"
-            if not self._store.link_runs([(bare.id, run)]):
-                # a run keeps its first parent, an earlier re-ranking's: this one gets a copy of the candidates
-                log_external(self._store, bare.query, bare.results, source=bare.source,
-                             event_id=f"{run}/candidates", parent_id=run, session_id=current_session(),
-                             metadata={"framework": "llamaindex", "component": bare.source})
-            self._store.link_runs([(eid, run)])
+            store, session, at = self._store, current_session(), now_of(self._store)
+
+            def link_or_copy() -> None:  # one write, so that a kept link is tried again with its copy
+                if not store.link_runs([(bare.id, run)]):
+                    # a run keeps its first parent, an earlier re-ranking's: this one gets a copy of the candidates
+                    log_external(store, bare.query, bare.results, source=bare.source, event_id=f"{run}/candidates",
+                                 parent_id=run, session_id=session, timestamp=at,
+                                 metadata={"framework": "llamaindex", "component": bare.source})
+
+            written(self, link_or_copy)
+            written(self, self._store.link_runs, [(eid, run)])
             self._bare.set(bare._replace(latest=run))
         else:
             run = eid  # it stands alone
@@ -359,11 +379,13 @@ class Capture:
         """Log a copy of a learner's decision made on another store, under ``parent``, so this store can resolve
         and rate it (the learner learns from its own store's event: :meth:`record_feedback`)."""
         ens = ensemble_of(event.learner)
-        if self._store.has_event(event.event_id) or ens is None or not ens.store.has_event(event.event_id):
+        if self._has_event(event.event_id) or ens is None or not ens.store.has_event(event.event_id):
             return
         made = ens.store.event(event.event_id)
         component = (made.get("metadata") or {}).get("component") or "rlfb"
-        log_external(
+        written(
+            self,
+            log_external,
             self._store,
             # a learner store that keeps no query text has none to copy: the event's own (this store's mode then
             # decides whether it is kept). Copying None failed, only logged, and the feedback never reached it

@@ -4,13 +4,15 @@ the learner that made each decision under the query."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
+from llamaindex_rlfb._kept import write_kept
 from llamaindex_rlfb._learners import ensemble_of, live_adapters, live_ensembles
-from rlfb.errors import UnknownChunkError, UnknownEventError, ValidationError
+from rlfb.errors import StoreBusyError, UnknownChunkError, UnknownEventError, ValidationError
 from rlfb.runs import (
     key_or_score,
     learned_here,
@@ -24,7 +26,8 @@ from rlfb.runs import (
 if TYPE_CHECKING:
     import threading
     import weakref
-    from collections import OrderedDict
+    from collections import OrderedDict, deque
+    from collections.abc import Callable
 
     from rlfb.store.records import FeedbackRecord
 
@@ -84,6 +87,8 @@ class HandlerFeedback:
         _raised: OrderedDict[str, None]
         _cut_from: OrderedDict[tuple[str, str], tuple[str, str]]
         _warned_unlearned: bool
+        _kept_lock: threading.Lock
+        _unwritten: deque[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]]
 
         def _implied_query(self) -> str | None: ...
 
@@ -148,6 +153,7 @@ class HandlerFeedback:
                 "the feedback is about"
             )
         qid = str(qid)
+        write_kept(self)  # logs a locked store refused, so that the query is found (still locked: StoreBusyError)
         event_ids = self._store.resolve_run(qid)
         if not event_ids:
             raise UnknownEventError(
@@ -264,5 +270,7 @@ class HandlerFeedback:
         qid = self._implied_query() if query_id is _LATEST else query_id
         if qid is None:
             return []
+        with contextlib.suppress(StoreBusyError):  # a read: the kept logs wait for a write that can wait
+            write_kept(self)
         return [self._store.event(e) for e in self._store.resolve_run(str(qid))]
 

@@ -71,7 +71,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
+import warnings
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from pathlib import Path
@@ -87,12 +88,13 @@ from llama_index.core.instrumentation.events.span import SpanDropEvent
 
 from llamaindex_rlfb._capture import Capture
 from llamaindex_rlfb._feedback import HandlerFeedback
+from llamaindex_rlfb._kept import drop_kept, write_kept, written
 from llamaindex_rlfb._learners import ensemble_of, store_of
 from llamaindex_rlfb._learners import remember_adapter as remember_adapter  # the adapters import it from here
 from llamaindex_rlfb._queries import QueryIds
 from llamaindex_rlfb._spans import KEPT, SpanParents, current_query_id, current_session, current_tags
 from llamaindex_rlfb._store import MEMORY, check_given_again, open_store, store_path_of
-from rlfb.errors import NoStoreError, NotCopyableError, ValidationError
+from rlfb.errors import NoStoreError, NotCopyableError, StoreBusyError, ValidationError
 from rlfb.runs import SCORE_SCALES
 
 __all__ = [
@@ -194,6 +196,10 @@ class FeedbackEventHandler(QueryIds, Capture, HandlerFeedback, BaseEventHandler)
     # dataclass; an entry goes with its response
     _responses: Any = PrivateAttr(default_factory=dict)
     _warned_unlearned: bool = PrivateAttr(default=False)  # the warning that feedback taught no learner, given
+    # (write, args, kwargs) a locked store refused, oldest first, and the lock of the one thread writing them
+    # (llamaindex_rlfb._kept)
+    _unwritten: Any = PrivateAttr(default_factory=deque)
+    _kept_lock: Any = PrivateAttr(default_factory=threading.Lock)
 
     def __init__(
         self,
@@ -296,6 +302,16 @@ class FeedbackEventHandler(QueryIds, Capture, HandlerFeedback, BaseEventHandler)
         caller and stays open: closing it here broke every later query of that postprocessor.
         """
         self.detach()
+        try:
+            write_kept(self)  # what a locked store refused, before its connection goes
+        except StoreBusyError:
+            if self._owns_store:  # closed below: nothing could write them later
+                warnings.warn(f"rlfb: {drop_kept(self)} log(s) kept while the feedback store was locked were not "
+                              "written at close: it is locked still", RuntimeWarning, stacklevel=2)
+            else:  # the caller's store stays open: the process's exit tries again
+                warnings.warn(f"rlfb: {len(self._unwritten)} log(s) kept while the feedback store was locked "
+                              "are not written yet: it is locked still; the process's exit tries again",
+                              RuntimeWarning, stacklevel=2)
         if self._owns_store:
             self._store.close()
 
@@ -327,7 +343,7 @@ class FeedbackEventHandler(QueryIds, Capture, HandlerFeedback, BaseEventHandler)
         try:
             kept = [q for i, q in enumerate(qids) if not any(later.startswith(f"{q}/") for later in qids[i + 1:])]
             if len(kept) > 1:
-                self._store.link_runs([(q, turn) for q in kept])
+                written(self, self._store.link_runs, [(q, turn) for q in kept])
             self._remember_response(response, kept[0] if len(kept) == 1 else turn)
         except Exception:  # never break the user's chat; the dispatcher would swallow it silently
             _log.warning("rlfb could not note the query ids of chat turn %s", turn, exc_info=True)

@@ -143,16 +143,21 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         (``None`` for ``retrievers`` or ``policy``: the default.)
     nodes, index, docstore
         At most one: the corpus to index (see the module docstring for none).
+    ensemble
+        An existing :class:`rlfb.FeedbackEnsemble` (with a store) to re-rank with, its corpus, store, policy
+        and learned state, instead of the arguments above (:meth:`from_ensemble`).
     explore
         Let the policy explore; ``False`` gives the greedy ranking (evaluation).
     log
         Log each re-ranking to the store, so feedback can reach it (the default).
         ``False`` for evaluation: nothing is written, and the nodes carry no
         ``event_id``, so no feedback can be given on them.
+    callback_manager
+        LlamaIndex's, as every postprocessor takes it.
     ensemble_kwargs
         Passed to :class:`rlfb.FeedbackEnsemble`: ``fusion``, ``weights``,
-        ``candidate_k``, ``seed``, ``refresh_interval``, ``learner_config``,
-        ``retriever_options``.
+        ``candidate_k``, ``rrf_c``, ``seed``, ``refresh_interval``, ``persist_interval``,
+        ``learner_config``, ``members``, ``retriever_options``, ``show_progress``.
     store_path, options, not_serialised
         The dumped form (``to_dict()``): the SQLite file to reopen (instead of
         ``store``), the JSON-able ensemble options, and the arguments the dump

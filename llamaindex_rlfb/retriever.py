@@ -53,6 +53,8 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     log
         Log each retrieval to the store (``False`` with ``explore=False`` evaluates without writing
         anything; the nodes then carry no ``event_id``).
+    callback_manager, objects, object_map, verbose
+        Passed to LlamaIndex's ``BaseRetriever``, as every retriever takes them.
 
     Examples
     --------

@@ -6,9 +6,13 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import warnings
 from collections.abc import Callable
+from typing import Any, TypeVar
 
-__all__ = ["run_at_exit"]
+T = TypeVar("T")
+
+__all__ = ["run_at_exit", "write_kept_of_this_process"]
 
 _REGISTERED: set[tuple[int, Callable[[], None]]] = set()  # (process id, hook): a forked child registers its own
 
@@ -30,3 +34,21 @@ def run_at_exit(hook: Callable[[], None]) -> None:
         from multiprocessing.util import Finalize
 
         Finalize(None, hook, exitpriority=10)
+
+
+def write_kept_of_this_process(keeping: dict[Any, tuple[int, T]], write: Callable[[T], None],
+                               what: Callable[[T], str]) -> None:
+    """At exit: ``write(holder)`` for each holder ``keeping`` lists for this process (``{key: (pid, holder)}``:
+    an adapter's handler holding what its store refused while locked), warning with ``what(holder)`` (the
+    writes still kept) where that fails, and forgetting each. A forked child's copy of its parent's entries is
+    left to the parent."""
+    pid = os.getpid()
+    for key, (owner, holder) in list(keeping.items()):
+        if owner != pid:
+            continue
+        try:
+            write(holder)
+        except Exception as exc:  # noqa: BLE001 - at exit there is no caller to raise to
+            warnings.warn(f"rlfb: {what(holder)} kept while the feedback store was locked were not written at "
+                          f"exit: {exc!r}", RuntimeWarning, stacklevel=1)
+        keeping.pop(key, None)

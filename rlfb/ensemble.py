@@ -125,6 +125,15 @@ class FeedbackEnsemble:
         How many of each retriever's best chunks enter the candidate pool. Every
         candidate is scored by every retriever, so a chunk absent from one list
         still gets that retriever's real score instead of zero.
+    rrf_c
+        RRF's constant ``c`` in ``1 / (c + rank)``, for ``fusion="rrf"`` and for a search member's hits
+        that come without a score (60, as LangChain's ``EnsembleRetriever`` and the RRF paper take it).
+    learner_config
+        A :class:`rlfb.learner_config.LearnerConfig` or a dict of its options (feedback memory, chunk
+        confidence, exploration, replay, guardrail); a misspelt name is an
+        :class:`~rlfb.errors.UnknownOptionError`.
+    seed
+        Seeds the learner's random streams (exploration, Thompson sampling), so a run is reproducible.
     refresh_interval
         Seconds between checks for weights that another process wrote to the store.
     persist_interval

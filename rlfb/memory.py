@@ -257,7 +257,9 @@ class FeedbackMemory:
             if p.max_neighbors == 0:
                 cand = cand[:0]
             else:
-                cand = cand[np.argpartition(-sims[cand], p.max_neighbors - 1)[: p.max_neighbors]]
+                # a stable sort, so that tied neighbours (two questions of one embedding) are the same on every
+                # machine: argpartition's choice among ties depends on the CPU's SIMD code (NumPy 2)
+                cand = cand[np.sort(np.argsort(-sims[cand], kind="stable")[: p.max_neighbors])]
         gains = (sims[cand] - p.similarity_threshold) / (1.0 - p.similarity_threshold)
         return exact, cand.astype(np.int64), gains
 

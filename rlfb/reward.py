@@ -255,6 +255,9 @@ class RewardConfig:
         The rating scale; its midpoint is neutral.
     spread
         How response-level reward is shared among chunks: ``"full"`` or ``"split"``.
+    aliases
+        Signal names of the app's own, each mapped to a base signal (``{"copied_answer": "implicit_positive"}``),
+        beside the built-in ones; read-only once the config is built.
 
     >>> RewardConfig().implicit_positive
     0.4

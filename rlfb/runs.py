@@ -46,11 +46,13 @@ from rlfb.errors import (
     NonFiniteValueError,
     UnknownChunkError,
     UnknownEventError,
+    UnknownOptionError,
     UnknownSignalError,
     ValidationError,
 )
 from rlfb.reward import NUMERIC_SIGNALS, RewardFunction
 from rlfb.types import EXTERNAL_POLICY as EXTERNAL_POLICY  # the policy of another engine's retrievals
+from rlfb.types import closest_hint
 from rlfb.types import content_id as content_id  # where it always was importable from
 
 if TYPE_CHECKING:
@@ -341,6 +343,11 @@ def learns_after_commit(store: Any, run_id: Any, ensembles: Mapping[str, Any] | 
     return False
 
 
+# what feedback on a run takes by name, beside the signal: the closest one is named for a misspelt keyword
+FEEDBACK_ARGUMENTS = ("signal", "score", "rating", "value", "chunk_id", "comment", "key", "timestamp", "session_id",
+                      "user_id", "idempotency_key")
+
+
 def record_run_feedback(
     store: Any,
     run_id: str,
@@ -389,9 +396,10 @@ def record_run_feedback(
     :class:`UnknownChunkError` when none of its retrievals returned ``chunk_id``.
     """
     if unknown:  # the adapters' feedback() passes its keywords on: a TypeError here named this function
-        raise ValidationError(
-            f"feedback takes no argument {sorted(unknown)[0]!r}; it takes a signal, score, rating or value, and "
-            "chunk_id, comment, key, timestamp, session_id, user_id, idempotency_key"
+        name = sorted(unknown)[0]
+        raise UnknownOptionError(
+            f"feedback takes no argument {name!r}{closest_hint(name, FEEDBACK_ARGUMENTS)}; it takes a signal, "
+            "score, rating or value, and chunk_id, comment, key, timestamp, session_id, user_id, idempotency_key"
         )
     run_id = _run_id(run_id)
     if score is not None:

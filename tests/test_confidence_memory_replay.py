@@ -1341,3 +1341,16 @@ def test_epsilon_exploration_is_off_when_the_guardrail_scales_it_to_zero() -> No
     r = EpsilonGreedyExploration(epsilon=0.1, seed=0).explore(np.arange(20), 5, scale=0.0)
     assert r.propensity == 1.0
     assert r.explored is False
+
+
+def test_memory_neighbours_tied_at_the_cut_are_the_earliest_remembered():
+    # argpartition chose among tied neighbours by its own (CPU-dependent, in NumPy 2) order: here it took the
+    # sixth question over the fifth, both 0.9 from the new one
+    sims = [0.7, 0.9, 0.9, 0.7, 0.9, 0.9, 0.7, 0.8, 0.8, 0.7, 0.9, 0.9, 0.7, 0.7, 0.7, 0.9, 0.7, 0.8, 0.9, 0.9, 0.7,
+            0.7, 0.8, 0.9, 0.8, 0.7, 0.8, 0.8, 0.7, 0.8, 0.9, 0.9, 0.7, 0.8, 0.9, 0.7, 0.7, 0.7, 0.7, 0.9, 0.7, 0.7,
+            0.7, 0.7, 0.9, 0.7, 0.9, 0.8, 0.9, 0.8, 0.9, 0.9, 0.7, 0.8]
+    mem = FeedbackMemory(max_neighbors=3, transfer_gate=1.0, similarity_threshold=0.5)
+    for i, s in enumerate(sims):
+        mem.update(f"question {i}", np.array([s, np.sqrt(1.0 - s * s), 0.0]), [f"c{i}"], [0.8])
+    out = mem.transfer("another question", np.array([1.0, 0.0, 0.0]), [f"c{i}" for i in range(len(sims))])
+    assert np.flatnonzero(out).tolist() == [1, 2, 4]

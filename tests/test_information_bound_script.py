@@ -30,7 +30,11 @@ def _write_demo(root: Path) -> Path:
     return root
 
 
-def test_the_information_bound_prints_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_information_bound_prints_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # set, so that the usage error below is the same wherever the checkout is: with neither the setting nor the
+    # checkout's sibling ../shared/datasets it also says to set RLFB_DATASETS (a checkout elsewhere failed)
+    monkeypatch.setenv("RLFB_DATASETS", str(tmp_path))
     spec = importlib.util.spec_from_file_location("weights_information_bound", SCRIPT)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)

@@ -1328,3 +1328,35 @@ def test_thompson_gate_plays_the_best_mean_among_the_arms_that_pass() -> None:
 
     assert 0 < lcb(rare) < lcb(often) and rare["mean"] > often["mean"]  # both pass; rare is better, less sure
     assert p.weights() == pytest.approx(dict(zip(TR, (0.1, 0.1, 0.8), strict=True)))
+
+
+@pytest.mark.parametrize("weights", [(-1.0, 2.0), (float("nan"), 1.0), (0.5, 0.6), (), (0.0, 0.0), ("a", "b"),
+                                     ((0.5, 0.5),)])
+def test_fixed_params_refuse_weights_a_fixed_policy_would_refuse(weights: Any) -> None:
+    # exported and said to be validated, FixedParams took (-1.0, nan) unchecked
+    from rlfb.policies.fixed import FixedParams, FixedPolicy
+
+    with pytest.raises(InvalidWeightsError, match="FixedParams weights"):
+        FixedParams(weights)
+    assert FixedPolicy(["a", "b", "c"], [1, 1, 2]).hyper == FixedParams((0.25, 0.25, 0.5))
+
+
+@pytest.mark.parametrize("name", ["thompson", "gradient", "batch"])
+def test_a_policys_hyperparameters_are_its_params_value_object(name: str) -> None:
+    # each policy lists its hyperparameters in its signature and again in its Params: one added to either alone
+    # would be taken and never validated, or validated and never reachable
+    import inspect
+
+    from rlfb.policies import BatchParams, BatchPolicy, GradientParams, GradientPolicy, ThompsonParams, ThompsonPolicy
+
+    policy: type[Any]
+    params: type[Any]
+    policy, params = {"thompson": (ThompsonPolicy, ThompsonParams), "gradient": (GradientPolicy, GradientParams),
+                      "batch": (BatchPolicy, BatchParams)}[name]
+    signature = {n: p.default for n, p in inspect.signature(policy.__init__).parameters.items()
+                 if n not in ("self", "retrievers", "weights", "seed")}
+    fields = {f.name: f.default for f in dataclasses.fields(params)}
+    assert signature.keys() == fields.keys()
+    assert isinstance(policy(["bm25", "dense"]).hyper, params)
+    assert {n: v for n, v in signature.items() if v is not None} == {
+        n: v for n, v in fields.items() if signature[n] is not None}

@@ -22,9 +22,29 @@ __all__ = ["FixedParams", "FixedPolicy"]
 
 @dataclass(frozen=True)
 class FixedParams:
-    """The weights, validated and normalised, in retriever order."""
+    """The weights in retriever order: finite, non-negative, summing to one (the policy normalises them first).
+
+    >>> FixedParams((0.75, 0.25)).weights
+    (0.75, 0.25)
+    >>> FixedParams((-1.0, float("nan")))
+    Traceback (most recent call last):
+    ...
+    rlfb.errors.InvalidWeightsError: FixedParams weights must be finite and non-negative and sum to one, ...
+    """
 
     weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        # was taken unchecked, though exported and said to be validated: FixedParams((-1.0, nan)) was accepted
+        try:
+            w = np.array(self.weights, dtype=float)
+        except (TypeError, ValueError):
+            w = np.array([np.nan])
+        if w.ndim != 1 or not w.size or not np.isfinite(w).all() or (w < 0).any() or abs(w.sum() - 1.0) > 1e-9:
+            raise InvalidWeightsError(
+                f"FixedParams weights must be finite and non-negative and sum to one, got {self.weights!r}"
+            )
+        object.__setattr__(self, "weights", tuple(float(x) for x in w))
 
 
 class FixedPolicy(BasePolicy):

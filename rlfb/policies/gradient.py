@@ -210,10 +210,11 @@ class GradientPolicy(BasePolicy):
         Retriever names.
     weights
         The default weights (start and shrinkage target); ``None`` for equal weights.
-    learning_rate, lr_decay, min_learning_rate, temperature, shrinkage, max_step, bounds
-        See :class:`GradientParams` and the module docstring. ``bounds=None``: (0.05, 0.95), the lower
-        bound ``0.5/n`` from 20 retrievers on (:func:`~rlfb.policies.simplex.default_bounds`); a lower bound given at or
-        over ``1/n`` is refused.
+    learning_rate, lr_decay, min_learning_rate, temperature, shrinkage, evidence_z, window, max_step, bounds
+        See :class:`GradientParams` and the module docstring (``window``: the episodes the running sums of
+        the gradients span; ``evidence_z``: how many standard errors their mean is shrunk by).
+        ``bounds=None``: (0.05, 0.95), the lower bound ``0.5/n`` from 20 retrievers on
+        (:func:`~rlfb.policies.simplex.default_bounds`); a lower bound given at or over ``1/n`` is refused.
     seed
         Seed of the policy's own generator.
 

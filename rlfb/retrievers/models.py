@@ -17,7 +17,9 @@ import enum
 import hashlib
 import importlib.util
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,34 @@ def _check_device(device: str | None) -> None:
         raise ValidationError(f"device {device!r} is not available on this machine; use device='cpu' (the default)")
 
 
+# Hugging Face's progress bars are one switch for the whole process: loads in several threads at once each
+# turned it off and back on, so one thread's end turned the bars on under another's load, and a load that
+# began while the switch was off left it off for good. The first load to begin turns it off, the last to end
+# restores it.
+_BARS_LOCK = threading.Lock()
+_quiet_loads = 0
+_bars_were_on = False
+
+
+@contextmanager
+def no_loading_bars(hf_logging: Any) -> Iterator[None]:
+    """Hugging Face's progress bars off while a model loads (no "Loading weights" bar for a small local
+    model), put back as they were when the last of the loads running at once ends."""
+    global _quiet_loads, _bars_were_on
+    with _BARS_LOCK:
+        if _quiet_loads == 0:
+            _bars_were_on = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+        _quiet_loads += 1
+    try:
+        yield
+    finally:
+        with _BARS_LOCK:
+            _quiet_loads -= 1
+            if _quiet_loads == 0 and _bars_were_on:
+                hf_logging.enable_progress_bar()
+
+
 def _load(cls_name: str, model: str, device: str | None, hint: str, **kwargs: Any) -> Any:
     try:
         import sentence_transformers
@@ -156,18 +186,14 @@ def _load(cls_name: str, model: str, device: str | None, hint: str, **kwargs: An
 
     _check_device(device)
     cls = getattr(sentence_transformers, cls_name)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # no "Loading weights" bar for a small local model
     try:
-        return cls(model, device=device, **kwargs)
+        with no_loading_bars(hf_logging):
+            return cls(model, device=device, **kwargs)
     except OSError as exc:
         offline = ""
         if os.environ.get("HF_HUB_OFFLINE"):
             offline = " (HF_HUB_OFFLINE is set, so only local or cached models can load)"
         raise ModelNotFoundError(f"cannot load {cls_name} model {model!r}{offline}: {exc}. {hint}") from exc
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def load_sentence_transformer(model: str | None = None, device: str | None = "cpu") -> Any:

@@ -136,8 +136,12 @@ class SimulatedUser:
     late_rate
         Fraction of feedback that arrives after ``late_delay`` seconds (>= 0),
         outside a 24 h attribution window by default, to exercise the window.
+    late_delay
+        How late that feedback arrives, in seconds (two days by default).
     max_grade
         The collection's highest qrel value (at least 1); 1 means binary.
+    seed
+        Seed of the user's own ``random.Random``: the same seed gives the same clicks, thumbs and delays.
     """
 
     def __init__(

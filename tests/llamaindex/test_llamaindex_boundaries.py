@@ -95,6 +95,21 @@ def test_retriever_takes_numpy_integers() -> None:
     assert [n.node.node_id for n in r.retrieve("what causes aurora")] == ["a"]
 
 
+def test_feedback_with_a_misspelt_argument_names_the_closest_one() -> None:
+    # was a bare ValidationError: neither the TypeError a misspelt keyword is elsewhere nor the closest name
+    from rlfb import UnknownOptionError
+
+    pp = FeedbackFusionPostprocessor(retrievers=("bm25",), top_n=1, nodes=_nodes())
+    [out] = pp.postprocess_nodes([NodeWithScore(node=n) for n in _nodes()], query_str="moon tides")
+    with FeedbackEventHandler(store=pp.store, ensemble=pp.ensemble) as handler:
+        _Fixed([0.5]).retrieve("moon tides")
+        for give in (lambda: pp.feedback(out.node.metadata[EVENT_ID_KEY], "thumbs_up", idempotency_ky="k"),
+                     lambda: handler.record_feedback(score=1.0, idempotency_ky="k")):
+            with pytest.raises(UnknownOptionError, match=r"'idempotency_ky' \(did you mean 'idempotency_key'\?\)"):
+                give()
+    assert pp.store.counts()["feedback"] == 0
+
+
 # ---------------------------------------------------------------------------------- FeedbackEventHandler
 class _Fixed(BaseRetriever):
     """Returns fixed nodes; their scores are assigned after construction, as a postprocessor may."""
