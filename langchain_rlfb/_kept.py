@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_rlfb._runs import trim
 from rlfb._at_exit import run_at_exit, write_kept_of_this_process
-from rlfb.errors import DuplicateEventError, StoreBusyError
+from rlfb._caller import warn_at_app
+from rlfb.errors import DuplicateEventError, StoreBusyError, StoreClosedError
 from rlfb.runs import log_external
 
 if TYPE_CHECKING:
@@ -65,28 +66,63 @@ def mark_failed(handler: FeedbackCallbackHandler, rid: str, *, wait: bool = True
 
 def write_unmarked(handler: FeedbackCallbackHandler) -> None:
     """Write the failed marks and the retrievals' logs kept while the store was locked (the handler's ``_failed``,
-    ``on_retriever_end``); a busy store raises as the write that follows would, and keeps the rest."""
-    _write_kept(handler, handler._unlogged, partial(_log_kept, handler))
-    _write_kept(handler, handler._unmarked, lambda rid, _: handler.store.fail_run(rid))
+    ``on_retriever_end``); a busy store raises as the write that follows would, and keeps the rest. One thread
+    writes them at a time, holding the store's lock (taken first, as by every holder of both). A closed store
+    can take none of them: they are dropped, with one warning."""
+    store = handler.store
+    if not handler._unlogged and not handler._unmarked:
+        return
+    with getattr(store, "lock", contextlib.nullcontext()):
+        try:
+            _write_kept(handler, handler._unlogged, partial(_log_kept, handler))
+            _write_kept(handler, handler._unmarked, lambda rid, _: store.fail_run(rid))
+        except StoreClosedError:
+            with handler._lock:
+                n, m = len(handler._unlogged), len(handler._unmarked)
+                handler._unlogged.clear()
+                handler._unmarked.clear()
+            warn_at_app(f"rlfb: {n} retrieval log(s) and {m} failed run mark(s) kept while the feedback store was "
+                        "locked are lost: the store was closed", RuntimeWarning)
     with handler._lock:
         if not handler._unlogged and not handler._unmarked:
             KEEPING.pop(id(handler), None)
 
 
-def _log_kept(handler: FeedbackCallbackHandler, event_id: str, logged: dict[str, Any]) -> None:
-    with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
-        log_external(handler.store, **logged)
+def _log_kept(handler: FeedbackCallbackHandler, key: str, entry: dict[str, Any]) -> None:
+    """A retrieval's kept writes: those before its log (links, a follow-up, unused marks), each taken out once
+    written, then its log (none for a retrieval whose own writes alone were kept)."""
+    before = entry["before"]
+    while before:
+        write, args, kwargs = before[0]
+        with contextlib.suppress(DuplicateEventError):
+            write(*args, **kwargs)
+        before.pop(0)
+    if entry["log"] is not None:
+        with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
+            log_external(handler.store, **entry["log"])
 
 
 def _write_kept(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any],
                 write: Callable[[str, Any], None]) -> None:
-    """``write`` each entry of ``kept``, oldest first, taking it out once written (another thread may write
-    the same entries: each is taken out once, and a second write of it is harmless)."""
+    """``write`` each entry of ``kept``, oldest first, taking it out once written. Written inside the app's
+    ``exclusive()`` block of this thread, an entry is kept again if that block rolls back (its rollback undoes
+    the write; callbacks run newest first, so each goes back to the front, in order)."""
+    store = handler.store
     while kept:
         with handler._lock:
             if not kept:
                 return
             key, value = next(iter(kept.items()))
+            whole = {**value, "before": list(value["before"])} if isinstance(value, dict) else value
         write(key, value)
         with handler._lock:
             kept.pop(key, None)
+        if isinstance(getattr(store, "exclusive_depth", 0), int) and store.exclusive_depth > 0:
+            store.on_rollback(partial(_put_back, handler, kept, key, whole))
+
+
+def _put_back(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any], key: str, value: Any) -> None:
+    with handler._lock:
+        kept[key] = value
+        kept.move_to_end(key, last=False)
+    keep_until_written(handler)

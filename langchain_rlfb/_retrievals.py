@@ -7,8 +7,7 @@ a restated follow-up observed, and the log kept where the store is locked."""
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -21,7 +20,7 @@ from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
 from rlfb._caller import warn_at_app
 from rlfb.errors import StoreBusyError
-from rlfb.runs import default_implicit, log_external, maker_of, observe_followup, same_store
+from rlfb.runs import default_implicit, log_external, maker_of, observe_followup, same_store, store_now
 
 if TYPE_CHECKING:
     from langchain_rlfb.callbacks import FeedbackCallbackHandler
@@ -84,26 +83,74 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         outer = next((r for r in reversed([parent, *(p for _, p in links)]) if r in handler._retrievals), None)
     if info is None:
         return
+    at = store_now(handler.store)  # the retrieval's time, before any wait for a locked store
     with contextlib.suppress(StoreBusyError):  # kept for a later write: this retrieval's own log comes first
         write_unmarked(handler)  # runs that failed, and retrievals not logged, while the store was locked
+    later = _Later(handler, at)
+    logged = _what_to_log(handler, info, documents, rid, parent, links, outer, later)
+    if logged is None and not later.writes:
+        return
+    entry: dict[str, Any] = {"before": later.writes, "log": logged}
+    key = logged["event_id"] if logged is not None else f"{rid}/writes"
+    if not later.writes and not handler._unlogged:  # else behind the earlier retrievals' kept writes
+        try:
+            log_external(handler.store, **logged)  # type: ignore[arg-type]
+            return
+        except StoreBusyError:
+            pass
+    # the store stayed locked past busy_timeout (now, or for an earlier retrieval's writes, which this one's
+    # follow): LangChain would print this as the handler's error, and the retrieval was lost (feedback on its
+    # run found nothing). Kept, and written at the handler's next write, in order
+    keep(handler, handler._unlogged, key, entry)
+    warn_at_app(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
+                "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning)
+
+
+class _Later:
+    """A retrieval's writes before its log (run links, a follow-up observed, chunks marked unused), each written
+    now unless the store is locked or earlier writes wait: then kept, in order, for the retrieval's kept entry."""
+
+    def __init__(self, handler: FeedbackCallbackHandler, at: float) -> None:
+        self.handler, self.at = handler, at
+        self.writes: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+
+    def __call__(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        if "timestamp" in kwargs and kwargs["timestamp"] is None:
+            stamped = {**kwargs, "timestamp": self.at}  # kept: judged at the retrieval's time, not the write's
+        else:
+            stamped = kwargs
+        if self.writes or self.handler._unlogged:
+            self.writes.append((write, args, stamped))
+            return
+        try:
+            write(*args, **kwargs)
+        except StoreBusyError:
+            self.writes.append((write, args, stamped))
+
+
+def _what_to_log(handler: FeedbackCallbackHandler, info: dict[str, Any], documents: Sequence[Document], rid: str,
+                 parent: str | None, links: list[tuple[str, str]], outer: str | None,
+                 write: _Later) -> dict[str, Any] | None:
+    """The retrieval's writes before its log (through ``write``), and the log to make: ``log_external``'s
+    arguments, or ``None`` where this retrieval is not logged here."""
     if info.get("unlinked"):
-        handler.store.link_runs(info["unlinked"])  # links the store was locked for at the start
+        write(handler.store.link_runs, info["unlinked"])  # links the store was locked for at the start
     decided = handler.store.has_event(rid)  # a FeedbackEnsembleRetriever logged it, and observed the session
     if outer is not None:
         # A member of an outer retriever: the outer result is what the user saw, so a plain member is not
         # logged. An rlfb retriever's own decision is what its learner learns from: keep it reachable from
         # the outer run (links through the runs between them), which then stands above it (see below).
         if not decided and not _in_ensemble_store(handler, rid):
-            return
-        handler.store.link_runs(links)
+            return None
+        write(handler.store.link_runs, links)
         with handler._lock:
             if outer in handler._retrievals:
                 handler._retrievals[outer]["decided_below"] = True
         if decided:
-            return
+            return None
         # made on the ensemble's own store: a copy here, as for an outermost one, which feedback resolves to
     elif decided:
-        return
+        return None
     event_id = rid
     if outer is None and info.get("decided_below"):
         below = handler.store.resolve_run(rid)  # the decisions still under it (a failed branch's are passed by)
@@ -114,10 +161,10 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
             # So the run id stays a run above their decisions and this result, logged as "<run id>/result",
             # as the LlamaIndex handler does with a bare retrieval that had rlfb learners inside.
             if parent is not None:
-                handler.store.link_runs([(rid, parent)])
-            _mark_cut(handler, documents, below)
+                write(handler.store.link_runs, [(rid, parent)])
+            _mark_cut(handler, documents, below, write)
             if _is_decision(handler, documents, below):
-                return  # the wrapper returned one decision as it was logged: no copy to add
+                return None  # the wrapper returned one decision as it was logged: no copy to add
             event_id, parent = f"{rid}/result", rid
     session = info["session_id"]
     if session is not None and handler.observe_followups:
@@ -126,8 +173,8 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         # a retrieval under the same run (parent or any run above it) is a restatement on purpose; so is one
         # under this very retrieval (an rlfb retriever inside a wrapper retriever logged it moments ago)
         ancestors = {p for _, p in links} | ({parent} if parent is not None else set()) | {rid}
-        observe_followup(handler.store, session, info["query"], ensemble=handler.ensemble,
-                         implicit=implicit, run_ancestors=ancestors)
+        write(observe_followup, handler.store, session, info["query"], ensemble=handler.ensemble,
+              implicit=implicit, run_ancestors=ancestors, timestamp=None)
     results, dropped = _results(documents)
     if session is None and info["raw_session_id"] is not None:
         dropped.insert(0, f"its session_id {info['raw_session_id']!r} (not a non-empty str, int or UUID)")
@@ -136,17 +183,9 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         # later feedback on it; log what is usable and say once what was left out.
         # the app's call into LangChain (invoke), past its callback manager (stacklevel=3 named it)
         warn_at_app(f"rlfb logged retrieval {rid} without " + "; ".join(dropped))
-    logged = dict(query=info["query"], results=results, source=info["name"], event_id=event_id, parent_id=parent,
-                  session_id=session, metadata={"framework": "langchain", "run_name": info["name"]},
-                  timestamp=time.time())
-    try:
-        log_external(handler.store, **logged)
-    except StoreBusyError:
-        # the store stayed locked past busy_timeout: LangChain would print this as the handler's error, and the
-        # retrieval was lost (feedback on its run found nothing). Kept, and logged at the handler's next write
-        keep(handler, handler._unlogged, event_id, logged)
-        warn_at_app(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
-                    "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning)
+    return dict(query=info["query"], results=results, source=info["name"], event_id=event_id, parent_id=parent,
+                session_id=session, metadata={"framework": "langchain", "run_name": info["name"]},
+                timestamp=write.at)
 
 
 def _in_ensemble_store(handler: FeedbackCallbackHandler, rid: str) -> bool:
@@ -156,7 +195,8 @@ def _in_ensemble_store(handler: FeedbackCallbackHandler, rid: str) -> bool:
             and ens.store.has_event(rid))
 
 
-def _mark_cut(handler: FeedbackCallbackHandler, documents: Sequence[Document], event_ids: Sequence[str]) -> None:
+def _mark_cut(handler: FeedbackCallbackHandler, documents: Sequence[Document], event_ids: Sequence[str],
+              write: Callable[..., None]) -> None:
     """The chunks of the rlfb decisions ``event_ids`` that the outer result ``documents`` left out (a
     ``ContextualCompressionRetriever``'s compressor, a trimmer, a re-ranker's cutoff) are marked unused in
     each decision's event, in this store and in the learner's where that is another file, as the LlamaIndex
@@ -180,7 +220,7 @@ def _mark_cut(handler: FeedbackCallbackHandler, documents: Sequence[Document], e
         if not cut:
             continue
         for store in _stores_of(handler, eid):
-            store.mark_unused(eid, cut)
+            write(store.mark_unused, eid, cut)
 
 
 def _stores_of(handler: FeedbackCallbackHandler, eid: str) -> list[Any]:

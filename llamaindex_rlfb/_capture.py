@@ -15,7 +15,7 @@ from llama_index.core.instrumentation.events.span import SpanDropEvent
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from llamaindex_rlfb._checks import finite_or_none
-from llamaindex_rlfb._kept import kept_log, now_of, written
+from llamaindex_rlfb._kept import kept_log, written
 from llamaindex_rlfb._learners import ensemble_of
 from llamaindex_rlfb._nodes import EVENT_ID_KEY, event_id_of
 from llamaindex_rlfb._spans import (
@@ -29,7 +29,7 @@ from llamaindex_rlfb._spans import (
     span_of,
 )
 from rlfb.errors import UnknownEventError
-from rlfb.runs import log_external
+from rlfb.runs import log_external, store_now
 
 if TYPE_CHECKING:
     import threading
@@ -354,7 +354,7 @@ class Capture:
             # nodes (a second request served from cached first-stage nodes) is another user's decision, and
             # feedback on one must not rate the other.
             run = f"{bare.id}/reranked/{eid}"
-            store, session, at = self._store, current_session(), now_of(self._store)
+            store, session, at = self._store, current_session(), store_now(self._store)
 
             def link_or_copy() -> None:  # one write, so that a kept link is tried again with its copy
                 if not store.link_runs([(bare.id, run)]):

@@ -14,16 +14,15 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from rlfb._at_exit import run_at_exit, write_kept_of_this_process
 from rlfb.errors import DuplicateEventError, StoreBusyError, StoreClosedError
-from rlfb.runs import log_external
+from rlfb.runs import log_external, store_now
 
-__all__ = ["KEPT", "KEPT_WRITES", "KEEPING", "Keeper", "drop_kept", "kept_log", "now_of", "written", "write_kept",
+__all__ = ["KEPT", "KEPT_WRITES", "KEEPING", "Keeper", "drop_kept", "kept_log", "written", "write_kept",
            "write_kept_at_exit"]
 
 
@@ -66,7 +65,7 @@ def written(handler: Keeper, write: Callable[..., Any], *args: Any, **kwargs: An
 
     A log (``log_external`` with no ``timestamp``) is kept with the time it was first tried: the store's refusal
     comes ``busy_timeout`` later, and feedback's delay and recency discount count from the retrieval."""
-    at = now_of(args[0]) if write is log_external and kwargs.get("timestamp") is None and args else None
+    at = store_now(args[0]) if write is log_external and kwargs.get("timestamp") is None and args else None
     if handler._unwritten:
         try:
             write_kept(handler)
@@ -90,12 +89,6 @@ def kept_log(handler: Keeper, store: Any, event_id: str) -> list[str] | None:
             if write is log_external and kwargs.get("event_id") == event_id and len(args) >= 3 and args[0] is store:
                 return list(dict.fromkeys(str(cid) for cid, _ in args[2]))  # a chunk listed twice keeps its first
     return None
-
-
-def now_of(store: Any) -> float:
-    """The time by ``store``'s clock (a test's, or ``time.time``)."""
-    clock = getattr(store, "_clock", None)
-    return float(clock() if callable(clock) else time.time())
 
 
 def _keep(handler: Keeper, write: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -141,6 +134,10 @@ def write_kept(handler: Keeper) -> None:
             try:
                 with contextlib.suppress(DuplicateEventError):  # logged by another handler on the file meanwhile
                     write(*args, **kwargs)
+                if _depth(handler._store) > 0:
+                    # written inside the app's exclusive() block of this thread: its rollback undoes the write, so
+                    # the entry is kept again then (callbacks run newest first: each goes back to the front)
+                    handler._store.on_rollback(lambda e=entry: _put_back(handler, e))
             except StoreBusyError:
                 raise
             except StoreClosedError:  # none of them can be written any more
@@ -152,6 +149,19 @@ def write_kept(handler: Keeper) -> None:
             with handler._lock:
                 if handler._unwritten and handler._unwritten[0] is entry:  # not dropped past the bound meanwhile
                     handler._unwritten.popleft()
+
+
+def _depth(store: Any) -> int:
+    """How many ``exclusive()`` blocks are open on ``store`` (a store of the user's own without them: 0)."""
+    depth = getattr(store, "exclusive_depth", 0)
+    return depth if isinstance(depth, int) else 0
+
+
+def _put_back(handler: Keeper, entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:
+    with handler._lock:
+        handler._unwritten.appendleft(entry)
+    KEEPING[id(handler)] = (os.getpid(), handler)
+    run_at_exit(write_kept_at_exit)
 
 
 def write_kept_at_exit() -> None:

@@ -596,6 +596,14 @@ def hashes_queries(store: Any) -> bool:
     return store is not None and getattr(store, "store_text", True) is False
 
 
+def store_now(store: Any) -> float:
+    """Now by ``store``'s clock (``FeedbackStore(clock=...)``, ``time.time`` by default); ``time.time()`` for a
+    store of the user's own without one. What a log kept for a locked store is stamped with: the store refuses
+    a timestamp past its own clock."""
+    clock = getattr(store, "_now", None)
+    return float(clock()) if callable(clock) else time.time()
+
+
 def followup_time(store: Any, timestamp: Any) -> float:
     """When a follow-up came, for :meth:`ImplicitSignals.infer <rlfb.implicit.ImplicitSignals.infer>`'s window:
     ``timestamp`` as given (unix seconds, a ``datetime`` or ISO text), else now by the store's clock.
@@ -611,7 +619,7 @@ def followup_time(store: Any, timestamp: Any) -> float:
         if callable(clock) and callable(check):
             return float(check(timestamp, "timestamp", float(clock())))
         return as_timestamp(timestamp)
-    return float(clock()) if callable(clock) else time.time()
+    return store_now(store)
 
 
 def previous_retrieval(store: Any, session_id: str, timestamp: Any, at: float) -> dict[str, Any] | None:

@@ -231,3 +231,18 @@ def test_a_kept_log_has_the_time_its_retrieval_was_made(tmp_path: Path) -> None:
             after = time.time()  # at least busy_timeout later
         [event] = handler.retrievals()
     assert before <= event["timestamp"] < before + (after - before) / 2
+
+
+def test_a_kept_log_written_inside_a_block_that_rolls_back_is_kept_again(tmp_path: Path) -> None:
+    # written in the app's exclusive() block and taken off the kept list, it went with the block's rollback
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    with FeedbackEventHandler(store=store) as handler:
+        with _locked(tmp_path / "f.db"):
+            _Three().retrieve("kept while locked")
+        with pytest.raises(ValueError), store.exclusive():
+            _Three().retrieve("inside a block that rolls back")
+            assert not handler._unwritten
+            raise ValueError
+        assert len(handler._unwritten) == 1
+        _Three().retrieve("after")
+    assert _queries(tmp_path / "f.db") == ["kept while locked", "after"]

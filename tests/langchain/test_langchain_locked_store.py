@@ -1,0 +1,139 @@
+"""The LangChain handler's writes while its store is locked past ``busy_timeout``: a retrieval's links, its
+follow-up check and its log kept together, in order behind the writes kept before them, stamped with the
+retrieval's time by the store's clock; kept again when written inside an app's block that rolls back; dropped
+with one warning when the store is closed. (The writes around the log raised before the log was kept, so the
+retrieval was lost; a store with a clock of its own refused every log as from the future.)"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_community.retrievers import BM25Retriever
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
+
+from langchain_rlfb import FeedbackCallbackHandler
+from rlfb.store import FeedbackStore
+
+from _lc_corpus import IDS, TEXTS
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+def _bm25() -> BM25Retriever:
+    return BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)
+
+
+def _queries(store: FeedbackStore) -> list[str]:
+    return [q for (q,) in store.db.execute("SELECT query FROM events ORDER BY rowid")]
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_a_retrieval_whose_links_wait_for_a_locked_store_is_kept_with_them(tmp_path: Path, lock: bool) -> None:
+    # the links the store was locked for at the retrieval's start were written at its end with no try: a
+    # locked store raised there, before the log was kept, and feedback on the chain found nothing
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    chain: Runnable[Any, Any] = RunnablePassthrough() | RunnableParallel(docs=_bm25())
+    top = uuid.uuid4()
+    with _locked(tmp_path / "f.db") if lock else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "it is kept"
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+    [record] = handler.record_feedback(top, score=1.0)
+    assert store.event(record.event_id)["query"] == "molten magma" and not handler._unlogged
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_a_follow_up_made_while_locked_is_observed_and_logged(tmp_path: Path, lock: bool) -> None:
+    # the follow-up check's reformulation was written before the log was kept: a locked store raised there,
+    # and both the restated question and its reformulation of the first were lost
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    retriever = _bm25()
+    first, second = uuid.uuid4(), uuid.uuid4()
+    config: RunnableConfig = {"callbacks": [handler], "metadata": {"session_id": "s1"}}
+    retriever.invoke("where does molten magma come from", config=config, run_id=first)
+    with _locked(tmp_path / "f.db") if lock else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        retriever.invoke("where does the molten magma come from?", config=config, run_id=second)
+    handler.record_feedback(second, score=1.0)
+    signals = store.db.execute("SELECT event_id, signal FROM feedback ORDER BY id").fetchall()
+    assert signals == [(str(first), "reformulation"), (str(second), "score")]
+
+
+def test_a_retrieval_after_kept_ones_goes_behind_them(tmp_path: Path) -> None:
+    # with the kept log still waiting (the store locked through the next retrieval's first try), the next
+    # retrieval's writes go behind it, not past it: its follow-up then judges the kept retrieval
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    retriever = _bm25()
+    first, second = uuid.uuid4(), uuid.uuid4()
+    config: RunnableConfig = {"callbacks": [handler], "metadata": {"session_id": "s1"}}
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        retriever.invoke("where does molten magma come from", config=config, run_id=first)
+        retriever.invoke("where does the molten magma come from?", config=config, run_id=second)
+        assert list(handler._unlogged) == [str(first), str(second)]
+    handler.record_feedback(second, score=1.0)
+    assert _queries(store) == ["where does molten magma come from", "where does the molten magma come from?"]
+    assert store.db.execute("SELECT signal FROM feedback ORDER BY id").fetchall() == [("reformulation",),
+                                                                                     ("score",)]
+
+
+def test_a_store_with_a_clock_of_its_own_logs_retrievals_by_it(tmp_path: Path) -> None:
+    # the log was stamped with time.time(): a store whose clock is behind it refused every log as from the
+    # future, only printed by LangChain, with no lock at all
+    store = FeedbackStore(tmp_path / "f.db", clock=lambda: 1_000_000.0)
+    handler = FeedbackCallbackHandler(store)
+    run = uuid.uuid4()
+    _bm25().invoke("molten magma", config={"callbacks": [handler]}, run_id=run)
+    assert store.event(str(run))["timestamp"] == 1_000_000.0
+    assert handler.record_feedback(run, score=1.0)[0].delay == 0.0
+
+
+def test_a_kept_log_written_inside_a_block_that_rolls_back_is_kept_again(tmp_path: Path) -> None:
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25()
+    first = uuid.uuid4()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": first})
+    with pytest.raises(ValueError), store.exclusive():
+        chain.invoke("ocean tides", config={"callbacks": [handler]})
+        assert not handler._unlogged
+        raise ValueError
+    assert len(handler._unlogged) == 1
+    [record] = handler.record_feedback(first, score=1.0)
+    assert store.event(record.event_id)["query"] == "molten magma" and _queries(store) == ["molten magma"]
+
+
+def test_what_was_kept_for_a_store_closed_since_is_dropped_with_one_warning(tmp_path: Path) -> None:
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        chain.invoke("molten magma", config={"callbacks": [handler]})
+    store.close()
+    with pytest.warns(RuntimeWarning, match="1 retrieval log.*lost: the store was closed") as caught:
+        for _ in range(3):
+            chain.invoke("ocean tides", config={"callbacks": [handler]})
+    assert sum("lost: the store was closed" in str(w.message) for w in caught) == 1
+    assert not handler._unlogged
+    assert caught[0].filename == __file__  # the app's line
