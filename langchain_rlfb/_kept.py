@@ -65,8 +65,8 @@ def mark_failed(handler: FeedbackCallbackHandler, rid: str, *, wait: bool = True
 
 
 def write_unmarked(handler: FeedbackCallbackHandler) -> None:
-    """Write the failed marks and the retrievals' logs kept while the store was locked (the handler's ``_failed``,
-    ``on_retriever_end``); a busy store raises as the write that follows would, and keeps the rest. One thread
+    """Write the failed marks and the retrievals' logs kept while the store was locked (the handler's ``_unmarked``
+    and ``_unlogged``); a busy store raises as the write that follows would, and keeps the rest. One thread
     writes them at a time, holding the store's lock (taken first, as by every holder of both). A closed store
     can take none of them: they are dropped, with one warning."""
     store = handler.store
@@ -94,8 +94,17 @@ def _log_kept(handler: FeedbackCallbackHandler, key: str, entry: dict[str, Any])
     before = entry["before"]
     while before:
         write, args, kwargs = before[0]
-        with contextlib.suppress(DuplicateEventError):
-            write(*args, **kwargs)
+        try:
+            with contextlib.suppress(DuplicateEventError):
+                write(*args, **kwargs)
+        except StoreClosedError:
+            target = getattr(write, "__self__", args[0] if args else None)
+            if target is handler.store:
+                raise
+            # a learner's store on another file (its unused marks), closed since: that write cannot be made, and
+            # the handler's own can
+            warn_at_app("rlfb: a write kept for a learner's feedback store is lost: that store was closed",
+                        RuntimeWarning)
         before.pop(0)
     if entry["log"] is not None:
         with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile

@@ -92,9 +92,9 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         return
     entry: dict[str, Any] = {"before": later.writes, "log": logged}
     key = logged["event_id"] if logged is not None else f"{rid}/writes"
-    if not later.writes and not handler._unlogged:  # else behind the earlier retrievals' kept writes
+    if logged is not None and not later.writes and not handler._unlogged:  # else behind the kept writes
         try:
-            log_external(handler.store, **logged)  # type: ignore[arg-type]
+            log_external(handler.store, **logged)
             return
         except StoreBusyError:
             pass
@@ -102,8 +102,9 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
     # follow): LangChain would print this as the handler's error, and the retrieval was lost (feedback on its
     # run found nothing). Kept, and written at the handler's next write, in order
     keep(handler, handler._unlogged, key, entry)
-    warn_at_app(f"rlfb could not log retrieval {rid} now (its feedback store stayed locked): it is kept, "
-                "and logged before this handler next logs a retrieval or takes feedback", RuntimeWarning)
+    what = "log retrieval" if logged is not None else "write the run links of retrieval"
+    warn_at_app(f"rlfb could not {what} {rid} now (its feedback store stayed locked): it is kept, "
+                "and written before this handler next logs a retrieval or takes feedback", RuntimeWarning)
 
 
 class _Later:

@@ -137,3 +137,45 @@ def test_what_was_kept_for_a_store_closed_since_is_dropped_with_one_warning(tmp_
     assert sum("lost: the store was closed" in str(w.message) for w in caught) == 1
     assert not handler._unlogged
     assert caught[0].filename == __file__  # the app's line
+
+
+def test_a_kept_write_for_a_learners_store_closed_since_loses_that_write_alone(tmp_path: Path) -> None:
+    # a kept unused mark on the learner's own file, closed since, dropped every kept log of the handler's file
+    # (still open), with a warning that said the store was closed
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_rlfb import FeedbackEnsembleRetriever
+    from rlfb import FeedbackEnsemble
+
+    learner_file, holders = tmp_path / "learner.db", []
+
+    class Trim(BaseRetriever):
+        """Returns the first of its member's documents; the learner's file is locked as it trims."""
+
+        inner: Any
+
+        def _get_relevant_documents(self, query: str, *,
+                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+            docs = self.inner.invoke(query, config={"callbacks": run_manager.get_child()})
+            holder = sqlite3.connect(learner_file, isolation_level=None, check_same_thread=False)
+            holder.execute("BEGIN IMMEDIATE")
+            holders.append(holder)
+            return list(docs[:1])
+
+    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+    own = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2)
+    theirs = FeedbackStore(learner_file, busy_timeout=0.2)
+    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
+    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+            "What causes the aurora", config={"callbacks": [handler]})
+    holders.pop().execute("ROLLBACK")
+    assert [len(entry["before"]) for entry in handler._unlogged.values()] == [1]  # the unused mark, kept
+    theirs.close()
+    with pytest.warns(RuntimeWarning, match="for a learner's feedback store is lost"):
+        _bm25().invoke("ocean tides", config={"callbacks": [handler]})
+    assert _queries(own)[-2:] == ["What causes the aurora", "ocean tides"] and not handler._unlogged
