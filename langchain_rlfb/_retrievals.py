@@ -147,6 +147,7 @@ def _what_to_log(handler: FeedbackCallbackHandler, info: dict[str, Any], documen
         with handler._lock:
             if outer in handler._retrievals:
                 handler._retrievals[outer]["decided_below"] = True
+                handler._retrievals[outer].setdefault("decisions", []).append(rid)
         if decided:
             return None
         # made on the ensemble's own store: a copy here, as for an outermost one, which feedback resolves to
@@ -155,6 +156,9 @@ def _what_to_log(handler: FeedbackCallbackHandler, info: dict[str, Any], documen
     event_id = rid
     if outer is None and info.get("decided_below"):
         below = handler.store.resolve_run(rid)  # the decisions still under it (a failed branch's are passed by)
+        if not below and (write.writes or handler._unlogged):
+            # their links, or their copies here, wait for the locked store, where resolve_run cannot see them yet
+            below = [e for e in info.get("decisions", ()) if _ranked(handler, e) is not None]
         if below:
             # rlfb retrievers decided inside this one (a wrapper that trims, compresses or re-ranks their
             # documents). Logged under the run id, this result would be an event, and resolve_run never looks
@@ -213,7 +217,7 @@ def _mark_cut(handler: FeedbackCallbackHandler, documents: Sequence[Document], e
         cid = (doc.metadata or {}).get("chunk_id")
         if isinstance(cid, str):
             kept.add(cid)
-    rankings = {eid: [c["chunk_id"] for c in handler.store.event(eid)["chunks"]] for eid in event_ids}
+    rankings = {eid: _ranked(handler, eid) or [] for eid in event_ids}
     if documents and not any(c in kept for ranked in rankings.values() for c in ranked):
         return
     for eid, ranked in rankings.items():
@@ -242,8 +246,20 @@ def _is_decision(handler: FeedbackCallbackHandler, documents: Sequence[Document]
         return False
     if any((d.metadata or {}).get("event_id") != eid for d in documents):
         return False
-    logged = [c["chunk_id"] for c in handler.store.event(eid)["chunks"]]
-    return logged == [cid for cid, _ in _results(documents)[0]]
+    return _ranked(handler, eid) == [cid for cid, _ in _results(documents)[0]]
+
+
+def _ranked(handler: FeedbackCallbackHandler, eid: str) -> list[str] | None:
+    """The chunk ids of decision ``eid`` as logged in the handler's store, in rank order, or as its copy is kept
+    there for a locked store; ``None`` where it is neither."""
+    with handler._lock:
+        entry = handler._unlogged.get(eid)
+        kept = entry.get("log") if isinstance(entry, dict) else None
+    if kept is not None:
+        return list(dict.fromkeys(cid for cid, _ in kept["results"]))
+    if not handler.store.has_event(eid):
+        return None
+    return [c["chunk_id"] for c in handler.store.event(eid)["chunks"]]
 
 
 def _results(documents: Sequence[Document]) -> tuple[list[tuple[str, float | None]], list[str]]:

@@ -179,3 +179,37 @@ def test_a_kept_write_for_a_learners_store_closed_since_loses_that_write_alone(t
     with pytest.warns(RuntimeWarning, match="for a learner's feedback store is lost"):
         _bm25().invoke("ocean tides", config={"callbacks": [handler]})
     assert _queries(own)[-2:] == ["What causes the aurora", "ocean tides"] and not handler._unlogged
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_a_wrapper_over_a_decision_whose_copy_is_kept_still_teaches_its_learner(tmp_path: Path, lock: bool) -> None:
+    # the wrapper's end read the store for the decisions below it, and the copy of the learner's decision waited
+    # for the locked store: the result was logged as a retrieval of its own, and feedback taught the learner nothing
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_rlfb import FeedbackEnsembleRetriever
+    from rlfb import FeedbackEnsemble
+
+    class Trim(BaseRetriever):
+        inner: Any
+
+        def _get_relevant_documents(self, query: str, *,
+                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+            return list(self.inner.invoke(query, config={"callbacks": run_manager.get_child()})[:1])
+
+    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+    own, theirs = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2), FeedbackStore(tmp_path / "learner.db")
+    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
+    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    run = uuid.uuid4()
+    with _locked(tmp_path / "h.db") if lock else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+            "What causes the aurora", config={"callbacks": [handler]}, run_id=run)
+    rated = sorted(r.event_id.endswith("/result") for r in handler.record_feedback(run, score=1.0))
+    assert rated == [False, False, True]  # the decision's copy, the learner's own row, the wrapper's result
+    assert theirs.counts()["feedback"] == 1
+    cut = [u for (u,) in own.db.execute("SELECT unused_ids FROM events WHERE id NOT LIKE '%/result'")]
+    assert cut == ['["doc2","doc3"]']
