@@ -22,13 +22,16 @@ __all__ = ["given_again", "refuse", "refused_below"]
 def given_again(handler: FeedbackCallbackHandler, rid: str) -> bool:
     """Whether the store holds retrievals under the top-level run id ``rid`` already. Not where that run
     failed: a retry under the same id (its first attempt's runs, which answered nobody, are marked failed
-    here, so that feedback on ``rid`` rates the retry). Nor where the store is locked or closed: this check
-    is not worth a wait, nor an error LangChain prints as the handler's at every chain start."""
+    here, so that feedback on ``rid`` rates the retry). While the store is locked, the retrievals under ``rid``
+    whose writes the handler keeps for it count as logged; past those, a locked or closed store is not checked:
+    this check is not worth a second wait, nor an error LangChain prints as the handler's at every chain start."""
     with contextlib.suppress(StoreBusyError):
         write_unmarked(handler)  # an attempt that failed on a locked store: its mark first
     with handler._lock:
         if rid in handler._unmarked:
             return False  # still locked: a retry of a run whose failed mark waits, not checked
+        if any(isinstance(e, dict) and e.get("root") == rid for e in handler._unlogged.values()):
+            return True  # still locked: retrievals under it wait to be logged, which the store cannot show yet
     try:
         if not handler.store.resolve_run(rid):
             return False

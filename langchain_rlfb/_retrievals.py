@@ -19,7 +19,7 @@ from langchain_rlfb._kept import keep, write_unmarked
 from langchain_rlfb._runs import ancestor_links, opened, parent_of, run_str
 from langchain_rlfb.retrievers import SESSION_KEY, document_to_chunk
 from rlfb._caller import warn_at_app
-from rlfb.errors import StoreBusyError
+from rlfb.errors import DuplicateEventError, StoreBusyError
 from rlfb.runs import default_implicit, log_external, maker_of, observe_followup, same_store, store_now
 
 if TYPE_CHECKING:
@@ -90,8 +90,18 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
     logged = _what_to_log(handler, info, documents, rid, parent, links, outer, later)
     if logged is None and not later.writes:
         return
-    entry: dict[str, Any] = {"before": later.writes, "log": logged}
+    # the top-level run it is under (itself where it is one): a run id given again while this entry waits is
+    # told by it (_given_again.given_again), as the store tells it once the entry is written
+    root = links[-1][1] if links else (parent if parent is not None else rid)
+    entry: dict[str, Any] = {"before": later.writes, "log": logged, "root": root}
     key = logged["event_id"] if logged is not None else f"{rid}/writes"
+    if logged is not None:
+        with handler._lock:
+            taken = key in handler._unlogged
+        if taken:
+            # a retrieval's own run id given again while the first one's log waits: refused, as the store
+            # refuses it once that log is written (kept under the id, it replaced the first retrieval's log)
+            raise DuplicateEventError(f"event id {key!r} was already logged (its log waits for the locked store)")
     if logged is not None and not later.writes and not handler._unlogged:  # else behind the kept writes
         try:
             log_external(handler.store, **logged)

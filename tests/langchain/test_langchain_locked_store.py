@@ -19,6 +19,7 @@ from langchain_community.retrievers import BM25Retriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
 
 from langchain_rlfb import FeedbackCallbackHandler
+from rlfb.errors import DuplicateEventError
 from rlfb.store import FeedbackStore
 
 from _lc_corpus import IDS, TEXTS
@@ -213,3 +214,45 @@ def test_a_wrapper_over_a_decision_whose_copy_is_kept_still_teaches_its_learner(
     assert theirs.counts()["feedback"] == 1
     cut = [u for (u,) in own.db.execute("SELECT unused_ids FROM events WHERE id NOT LIKE '%/result'")]
     assert cut == ['["doc2","doc3"]']
+
+
+@pytest.mark.parametrize("chained", [False, True], ids=["flat", "nested"])
+def test_a_chain_run_id_given_again_while_its_first_run_is_kept_is_told(tmp_path: Path, chained: bool) -> None:
+    # the check read the store, which the first run's kept log was not in yet: the second run was taken for a new
+    # one, and feedback on the id rated both questions
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    inner: Runnable[Any, Any] = RunnablePassthrough() | _bm25()
+    chain: Runnable[Any, Any] = RunnablePassthrough() | RunnableParallel(docs=inner) if chained else inner
+    top = uuid.uuid4()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "it is kept"
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+        with pytest.warns(UserWarning, match=rf"run id '{top}' was given to an earlier run.*rates the earlier"):
+            chain.invoke("ocean tides", config={"callbacks": [handler], "run_id": top})
+    [record] = handler.record_feedback(top, score=1.0)
+    assert store.event(record.event_id)["query"] == "molten magma"
+    assert sorted(_queries(store)) == ["molten magma", "ocean tides"] and not handler._unlogged
+    # a new run id under the same lock is not taken for one given again
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": uuid.uuid4()})
+        chain.invoke("ocean tides", config={"callbacks": [handler], "run_id": uuid.uuid4()})
+
+
+def test_a_retrievals_own_run_id_given_again_while_its_log_is_kept_is_refused(tmp_path: Path) -> None:
+    # kept under its id, the second retrieval's log replaced the first's: the first question was lost, and
+    # feedback on the id rated the second
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    handler.raise_error = True  # LangChain's switch: the handler's errors reach the caller
+    retriever = _bm25()
+    run = uuid.uuid4()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        retriever.invoke("molten magma", config={"callbacks": [handler]}, run_id=run)
+        with pytest.raises(DuplicateEventError, match=rf"event id '{run}' was already logged"):
+            retriever.invoke("ocean tides", config={"callbacks": [handler]}, run_id=run)
+    [record] = handler.record_feedback(run, score=1.0)
+    assert store.event(record.event_id)["query"] == "molten magma" and _queries(store) == ["molten magma"]
