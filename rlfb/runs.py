@@ -403,14 +403,39 @@ def record_run_feedback(
         )
     run_id = _run_id(run_id)
     if score is not None:
-        if value is not None or rating is not None:  # the store would name value=, which this caller never gave
-            raise ValidationError(f"give score= or {'value' if value is not None else 'rating'}=, not both")
-        if signal is not None and (base := store.reward.resolve(signal)) != "score":
-            # the score becomes a value in [-1, 1], which a rating signal would read as stars: a thumbs up
-            # (score 1) was stored as one star
-            takes = "a rating (rating=)" if base == "rating" else "no number"
-            raise ValidationError(f"score= goes alone or with a score signal; signal {signal!r} takes {takes}")
-        value = score_value(score, score_scale)
+        value = _score_as_value(store, signal, score, score_scale, value, rating)
+    events = _rated_events(store, run_id, chunk_id)
+    reward = getattr(store, "reward", None)
+    if reward is not None:
+        # checked once here, once the run is known: the batch below names the item that failed ("feedback item 0:
+        # ..."), which says nothing to a caller who rated one run and gave the same signal for each retrieval
+        reward.normalize(signal, value, rating)
+    items = [
+        dict(event_id=e["id"], signal=signal, value=value, rating=rating, chunk_id=chunk_id, timestamp=timestamp,
+             session_id=session_id, user_id=user_id, idempotency_key=_event_key(store, idempotency_key, e["id"]),
+             comment=comment, key=key)
+        for e in events
+    ]
+    makers = ensembles or {}
+    learners = [(e, learner) for e in events if owns_event(learner := _learner_of(e["id"], makers, store, ensemble), e)]
+    return _record_and_learn(store, items, learners, idempotency_key)
+
+
+def _score_as_value(store: Any, signal: str | None, score: float | bool, score_scale: str, value: float | None,
+                    rating: float | None) -> float:
+    """A LangSmith-style ``score`` as the value in [-1, 1] feedback takes, checked against what else was given."""
+    if value is not None or rating is not None:  # the store would name value=, which this caller never gave
+        raise ValidationError(f"give score= or {'value' if value is not None else 'rating'}=, not both")
+    if signal is not None and (base := store.reward.resolve(signal)) != "score":
+        # the score becomes a value in [-1, 1], which a rating signal would read as stars: a thumbs up
+        # (score 1) was stored as one star
+        takes = "a rating (rating=)" if base == "rating" else "no number"
+        raise ValidationError(f"score= goes alone or with a score signal; signal {signal!r} takes {takes}")
+    return score_value(score, score_scale)
+
+
+def _rated_events(store: Any, run_id: str, chunk_id: str | None) -> list[dict[str, Any]]:
+    """The logged retrievals feedback on ``run_id`` rates (those that returned ``chunk_id``, where given)."""
     event_ids = store.resolve_run(run_id)
     if not event_ids:
         raise UnknownEventError(
@@ -426,19 +451,13 @@ def record_run_feedback(
         events = [e for e in events if any(c["chunk_id"] == chunk_id for c in e["chunks"])]
         if not events:
             raise UnknownChunkError(f"chunk {chunk_id!r} was not returned by any retrieval of run {run_id!r}")
-    reward = getattr(store, "reward", None)
-    if reward is not None:
-        # checked once here, once the run is known: the batch below names the item that failed ("feedback item 0:
-        # ..."), which says nothing to a caller who rated one run and gave the same signal for each retrieval
-        reward.normalize(signal, value, rating)
-    items = [
-        dict(event_id=e["id"], signal=signal, value=value, rating=rating, chunk_id=chunk_id, timestamp=timestamp,
-             session_id=session_id, user_id=user_id, idempotency_key=_event_key(store, idempotency_key, e["id"]),
-             comment=comment, key=key)
-        for e in events
-    ]
-    makers = ensembles or {}
-    learners = [(e, learner) for e in events if owns_event(learner := _learner_of(e["id"], makers, store, ensemble), e)]
+    return events
+
+
+def _record_and_learn(store: Any, items: list[dict[str, Any]], learners: list[tuple[dict[str, Any], Any]],
+                      idempotency_key: str | None) -> list[FeedbackRecord]:
+    """Record ``items`` (one per retrieval rated) all or nothing, and have each ``(event, learner)`` of
+    ``learners`` learn its event's record; then each learner catches up on feedback it owes."""
     # Recorded and learned in one transaction, as FeedbackEnsemble.feedback does, when every learner keeps
     # its state in this store object; a learner on another connection (even to this file) must wait for
     # this one's write lock, so there the feedback is committed first and learned after.

@@ -22,7 +22,6 @@ Retriever scores do not change while the policy learns, so each query's
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import random
@@ -38,8 +37,9 @@ from rlfb.datasets import BeirDataset
 from rlfb.errors import ValidationError
 from rlfb.memory import MemoryParams, normalize_query
 from rlfb.policies.base import Context
-from rlfb.simulation.baselines import Judge, fixed_baselines, simplex_grid, untuned_ndcg
-from rlfb.simulation.config import SimulationConfig, clock_lead, metric_keys, metric_name
+from rlfb.simulation.baselines import Judge, fixed_baselines, simplex_grid
+from rlfb.simulation.config import SimulationConfig, metric_name
+from rlfb.simulation.episodes import SeedStream
 from rlfb.simulation.provenance import environment
 from rlfb.simulation.results import iter_table, paired_differences, plot_curves, summarize
 from rlfb.simulation.users import CLICK_MODELS, SimulatedUser
@@ -297,9 +297,6 @@ def run_seed(
     prep: Prepared, config: SimulationConfig, seed: int, *, show_progress: bool = False
 ) -> dict[str, Any]:
     """One seed: the learning curve, the final figures and the baselines, as plain numbers."""
-    from rlfb.ensemble import FeedbackEnsemble
-    from rlfb.store import FeedbackStore
-
     parts = _parts(prep, config, seed)
     stream, heldout, judgments = parts.stream, parts.heldout, parts.judgments
     if not stream and parts.same_text + parts.near:  # the data has stream questions: say why none is asked
@@ -308,126 +305,34 @@ def run_seed(
         raise ValidationError("the dataset needs judged queries for both the stream and the held-out set")
     judges = {q: Judge(prep.contexts[q], judgments[q], config.k) for q in set(stream) | set(heldout)}
     scale = users_scale(stream, judgments)
-
-    learner_cfg = config.learner_config()
-    store = FeedbackStore(":memory:")
-    policy: Any = config.policy
-    if config.policy_options:  # with the seed the learner gives a policy it builds by name
-        from rlfb.policies import make_policy
-
-        policy = make_policy(config.policy, list(prep.retrievers), seed=seed, **dict(config.policy_options))
-    ens = FeedbackEnsemble(
-        prep.retrievers, prep.chunks, fusion=config.fusion, policy=policy, store=store,
-        candidate_k=config.candidate_k, seed=seed, learner_config=learner_cfg,
-        persist_interval=math.inf,  # one writer: snapshot at the end, not after every feedback
-    )
-    _add_candidate_vectors(prep, ens.learner.config)
+    ens = _learner(prep, config, seed)
     user = SimulatedUser(
         config.user, explicit_rate=config.explicit_rate, noise=config.noise,
         reformulation_rate=config.reformulation_rate, answer_k=config.answer_k, depth=config.k,
         mean_delay=config.mean_delay, late_rate=config.late_rate, late_delay=config.late_delay,
         max_grade=scale, seed=stream_seed(seed, "user"),
     )
-    rng = random.Random(stream_seed(seed, "queries"))
-    # the simulated clock runs in the past, so that no feedback has a timestamp in the future: it ends a lead
-    # before now that every delay fits in (a late signal's too), so all the feedback is delivered
-    t0 = time.time() - config.interactions * config.spacing - clock_lead(config)
-    pending: list[tuple[float, int, str, str, str | None]] = []
-    counter = itertools.count()
-    marks = sorted({round(config.interactions * (i + 1) / config.checkpoints) for i in range(config.checkpoints)})
-    asked: dict[str, int] = {}
-    online: list[float] = []
-    # RRF's and equal weights' nDCG on each stream question: each checkpoint gives their seen and online figures
-    # on its own questions, which the curve is read against (the final baselines' are the last sample's only)
-    untuned = untuned_ndcg(prep, stream, judges)
-    untuned_online: dict[str, list[float]] = {name: [] for name in untuned}
-    curve: list[dict[str, Any]] = []  # figures, and under "baselines" each baseline's
-    seen_sample: list[str] = []  # the stream queries the latest seen figure was measured on
-    n_feedback = n_flagged = 0
-
-    def deliver(until: float) -> None:
-        nonlocal n_feedback, n_flagged
-        while pending and pending[0][0] <= until:
-            arrival, _, event_id, signal, chunk_id = heapq.heappop(pending)
-            record = ens.feedback(event_id, signal, chunk_id=chunk_id, timestamp=arrival)
-            n_feedback += 1
-            n_flagged += not record.in_window
-
-    held_values: list[float] = []  # the latest held-out figure, per query
-    seen_values: list[float] = []  # ... and the latest seen figure, per query of seen_sample
-
-    def greedy(qids: Sequence[str], keep: list[float] | None = None) -> float:
-        if not qids:
-            return float("nan")
-        # an evaluation: greedy, and read without touching the memory's entries, so it changes no state. The
-        # greedy ranking is the fused scores' order; it is scored by those scores with ties broken as trec_eval
-        # breaks them, as every baseline is (in the learner's candidate order, a duplicate chunk ranked above
-        # its copy by pool order, not by id: on the demo collection with its answers copied, 0.69 against BM25's
-        # 0.47 for the same scores)
-        vals = [judges[q].ndcg_of(ens.learner.rank(prep.contexts[q], config.k, explore=False, touch=False).fused)
-                for q in qids]
-        if keep is not None:
-            keep[:] = vals
-        return float(np.mean(vals))
-
-    def checkpoint(n: int) -> None:
-        seen = [q for q in asked]
-        if len(seen) > config.max_seen:
-            seen = random.Random(seed + n).sample(seen, config.max_seen)
-        seen_sample[:] = seen
-        held_key, seen_key, online_key = metric_keys(config.k)
-        curve.append({
-            "interactions": n,
-            held_key: greedy(heldout, held_values),
-            seen_key: greedy(seen, seen_values),
-            online_key: float(np.mean(online)) if online else float("nan"),
-            "baselines": {name: {
-                seen_key: float(np.mean([by_query[q] for q in seen])) if seen else float("nan"),
-                online_key: float(np.mean(untuned_online[name])) if online else float("nan"),
-            } for name, by_query in untuned.items()},
-        })
-
-    checkpoint(0)
-    started = time.perf_counter()
-    bar = progress(range(config.interactions), desc=f"{config.policy} seed {seed}", disable=not show_progress,
-               leave=False)
-    for i in bar:
-        now = t0 + i * config.spacing
-        deliver(now)
-        q = rng.choice(stream)
-        ctx = prep.contexts[q]
-        # the answer is written from the top answer_k chunks: a thumb or a restated question is about those
-        result = ens.rank_context(ctx, config.k, explore=True, log=True, timestamp=now, used=config.answer_k)
-        order = [ctx.candidate_ids.index(c) for c in result.chunk_ids] if result.hits else []
-        online.append(judges[q].ndcg_order(np.asarray(order)))
-        for name, by_query in untuned.items():
-            untuned_online[name].append(by_query[q])
-        asked[q] = asked.get(q, 0) + 1
-        assert result.event_id is not None  # logged: this ensemble has a store, and log=True
-        for fb in user.interact(result.chunk_ids, judgments[q]).feedback:
-            heapq.heappush(pending, (now + fb.delay, next(counter), result.event_id, fb.signal, fb.chunk_id))
-        if i + 1 in marks:
-            checkpoint(i + 1)
-    learn_seconds = time.perf_counter() - started
-    # what arrives after the stream ends, mostly outside the attribution window; all of it is due by now (the
-    # clock's lead), so none is dropped: a signal still pending would be one the counts leave out
-    deliver(math.inf)
+    run = SeedStream(prep, config, seed, ens, user, random.Random(stream_seed(seed, "queries")), stream, heldout,
+                     judges, judgments)
+    run.run(show_progress=show_progress)
     ens.flush()
+    store = ens.store
     stats = store.counts() if hasattr(store, "counts") else {}
     settings = _run_settings(prep, config, ens, scale)
     ens.close()
-    final = {k: v for k, v in curve[-1].items() if k not in ("interactions", "baselines")}
-    per_heldout: dict[str, np.ndarray] = {"learned": np.asarray(held_values)}
-    baselines = fixed_baselines(prep, config, stream, heldout, judges, seen_sample, asked, per_heldout)
+    final = {k: v for k, v in run.curve[-1].items() if k not in ("interactions", "baselines")}
+    per_heldout: dict[str, np.ndarray] = {"learned": np.asarray(run.held_values)}
+    asked = run.asked
+    baselines = fixed_baselines(prep, config, stream, heldout, judges, run.seen_sample, asked, per_heldout)
     return {
         "seed": seed,
         "final": final,
         "baselines": baselines,
         "heldout_overlap": _overlap(heldout, list(asked), judgments, per_heldout),
-        "seen_by_asks": _by_asks(seen_sample, seen_values, asked, untuned),
+        "seen_by_asks": _by_asks(run.seen_sample, run.seen_values, asked, run.untuned),
         "learner_config": ens.learner.config.to_dict(),
         "settings": settings,
-        "curve": curve,
+        "curve": run.curve,
         "weights": ens.learner.weights(),
         "stream_queries": len(stream),
         # the stream questions left out as repeats of held-out ones, by text and by embedding: what the
@@ -441,11 +346,31 @@ def run_seed(
                          "asked": {q: int(n) for q, n in sorted(asked.items())}},
         "distinct_asked": len(asked),
         "mean_times_asked": float(np.mean(list(asked.values()))),
-        "feedback": n_feedback,
-        "flagged_feedback": n_flagged,
+        "feedback": run.n_feedback,
+        "flagged_feedback": run.n_flagged,
         "store": stats,
-        "seconds": learn_seconds,
+        "seconds": run.seconds,
     }
+
+
+def _learner(prep: Prepared, config: SimulationConfig, seed: int) -> Any:
+    """A fresh ensemble for one seed, on an in-memory store: the config's policy (built by name with the seed
+    where it has options), fusion, candidates and learner settings, over the prepared retrievers."""
+    from rlfb.ensemble import FeedbackEnsemble
+    from rlfb.store import FeedbackStore
+
+    policy: Any = config.policy
+    if config.policy_options:  # with the seed the learner gives a policy it builds by name
+        from rlfb.policies import make_policy
+
+        policy = make_policy(config.policy, list(prep.retrievers), seed=seed, **dict(config.policy_options))
+    ens = FeedbackEnsemble(
+        prep.retrievers, prep.chunks, fusion=config.fusion, policy=policy, store=FeedbackStore(":memory:"),
+        candidate_k=config.candidate_k, seed=seed, learner_config=config.learner_config(),
+        persist_interval=math.inf,  # one writer: snapshot at the end, not after every feedback
+    )
+    _add_candidate_vectors(prep, ens.learner.config)
+    return ens
 
 
 def _add_candidate_vectors(prep: Prepared, learner_config: Any) -> None:

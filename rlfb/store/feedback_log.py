@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -143,6 +143,45 @@ def apply_feedback(
     store: FeedbackStore, conn: sqlite3.Connection, pendings: list[_Pending], prefix: bool = False
 ) -> list[FeedbackRecord]:
     """Inside a write transaction: check against the database, then insert. Raises before any insert."""
+    existing = _recorded_keys(conn, pendings)
+    info = _events_of(store, conn, pendings)
+    next_id = next_feedback_id(conn)
+    created = store._now()
+    records: list[FeedbackRecord] = []
+    feedback_rows: list[tuple[Any, ...]] = []
+    reward_rows: list[tuple[Any, ...]] = []
+    for i, p in enumerate(pendings):
+        try:
+            first = _recorded_before(store, p, existing)
+            if first is not None:
+                records.append(first)
+                continue
+            ev = _event_for(store, p, info)
+        except RlfbError as exc:
+            raise (_prefixed(exc, f"feedback item {i}: ") if prefix else exc) from None
+        rec = _scored(store, p, ev, next_id)
+        next_id += 1
+        feedback_rows.append(_feedback_row(p, rec, ev, created))
+        reward_rows.extend(_reward_rows(p, rec))
+        records.append(rec)
+        if p.idempotency_key is not None:
+            existing[p.idempotency_key] = _as_duplicate(rec)
+    conn.executemany(
+        "INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
+        "discounted, reward, ts, delay, in_window, session_id, user_id, idempotency_key, key, comment, "
+        "created_at, learned) "
+        f"VALUES ({_marks(20)})",
+        feedback_rows,
+    )
+    conn.executemany(
+        "INSERT INTO rewards (feedback_id, event_id, chunk_id, reward, ts) VALUES (?, ?, ?, ?, ?)",
+        reward_rows,
+    )
+    return records
+
+
+def _recorded_keys(conn: sqlite3.Connection, pendings: Sequence[_Pending]) -> dict[str, FeedbackRecord]:
+    """The feedback already stored under the idempotency keys of ``pendings``, by key."""
     keys = list({p.idempotency_key for p in pendings if p.idempotency_key is not None})
     existing: dict[str, FeedbackRecord] = {}
     for b in _batches(keys):
@@ -151,6 +190,12 @@ def apply_feedback(
         ):
             rec = stored_record(conn, row[0], duplicate=True)
             existing[rec.idempotency_key] = rec  # type: ignore[index]
+    return existing
+
+
+def _events_of(store: FeedbackStore, conn: sqlite3.Connection, pendings: Sequence[_Pending]) -> dict[str, _EventInfo]:
+    """What feedback needs of the events ``pendings`` rate (those the store holds), by id; a damaged event row
+    is a :class:`CorruptStateError` naming it."""
     event_ids = list({p.event_id for p in pendings})
     info: dict[str, _EventInfo] = {}
     for b in _batches(event_ids):
@@ -168,105 +213,102 @@ def apply_feedback(
                 raise CorruptStateError(f"event {_dec(eid)!r} in {store.path} is damaged: {exc}") from exc
             info[_dec(eid)] = _EventInfo(ts, chunks, chunks if unused_ids is None else
                                          [c for c in chunks if c not in skip], _dec(policy) == EXTERNAL_POLICY)
-    next_id = next_feedback_id(conn)
+    return info
+
+
+def _recorded_before(store: FeedbackStore, p: _Pending,
+                     existing: Mapping[str, FeedbackRecord]) -> FeedbackRecord | None:
+    """The record already stored under ``p``'s idempotency key, where it is the same feedback; ``None`` where
+    the key is new. The same key on other feedback is an :class:`IdempotencyConflictError`."""
+    if p.idempotency_key is None or p.idempotency_key not in existing:
+        return None
+    first = existing[p.idempotency_key]
     rf = store.reward
-    created = store._now()
-    records: list[FeedbackRecord] = []
-    feedback_rows: list[tuple[Any, ...]] = []
-    reward_rows: list[tuple[Any, ...]] = []
-    for i, p in enumerate(pendings):
-        try:
-            if p.idempotency_key is not None and p.idempotency_key in existing:
-                first = existing[p.idempotency_key]
-                # aliases of one kind ("cited", "opened": implicit positive) with one value are one feedback
-                if (first.event_id, rf.resolve(first.signal), first.chunk_id, first.value) != (
-                    p.event_id, rf.resolve(p.signal), p.chunk_id, p.value
-                ):
-                    recorded = (f"already recorded {first.signal!r} (value {first.value:g}) on event "
-                                f"{first.event_id!r} (chunk {first.chunk_id!r})")
-                    conflict = IdempotencyConflictError(f"idempotency key {p.idempotency_key!r} {recorded}")
-                    conflict.key, conflict.recorded = p.idempotency_key, recorded
-                    raise conflict
-                records.append(first)
-                continue
-            ev = info.get(p.event_id)
-            if ev is None:
-                raise UnknownEventError(f"unknown event id {p.event_id!r}")
-            if p.chunk_id is not None and p.chunk_id not in ev.chunks:
-                raise UnknownChunkError(f"chunk {p.chunk_id!r} was not part of event {p.event_id!r}")
-            check_not_before(p.ts, ev.ts, store.clock_skew)
-        except RlfbError as exc:
-            raise (_prefixed(exc, f"feedback item {i}: ") if prefix else exc) from None
-        delay = max(0.0, p.ts - ev.ts)
-        in_window = delay <= store.attribution_window
-        discount = rf.discount(delay)
-        discounted = p.value * discount
-        reward = rf.clip(discounted)
-        chunk_rewards = rf.attribute(reward, ev.used, p.chunk_id) if in_window else {}
-        fid = next_id
-        next_id += 1
-        enc_eid = _enc(p.event_id)
-        feedback_rows.append(
-            (
-                fid,
-                enc_eid,
-                _enc(p.chunk_id),
-                _enc(p.signal),
-                p.kind,
-                p.raw_value,
-                p.value,
-                discount,
-                discounted,
-                reward,
-                p.ts,
-                delay,
-                1 if in_window else 0,
-                _enc(p.session_id),
-                _enc(p.user_id),
-                _enc(p.idempotency_key),
-                _enc(p.key),
-                _enc(p.comment),
-                created,
-                # out of the window, or on another engine's retrieval: nothing to learn (feedback_learning.catch_up)
-                None if in_window and not ev.external else 0,
-            )
-        )
-        if in_window:
-            if chunk_rewards:
-                reward_rows.extend((fid, enc_eid, _enc(c), r, p.ts) for c, r in chunk_rewards.items())
-            else:
-                reward_rows.append((fid, enc_eid, None, reward, p.ts))
-        rec = FeedbackRecord(
-            feedback_id=fid,
-            event_id=p.event_id,
-            chunk_id=p.chunk_id,
-            signal=p.signal,
-            value=p.value,
-            reward=reward,
-            chunk_rewards=chunk_rewards,
-            in_window=in_window,
-            duplicate=False,
-            delay=delay,
-            timestamp=p.ts,
-            kind=p.kind,
-            discount=discount,
-            idempotency_key=p.idempotency_key,
-        )
-        records.append(rec)
-        if p.idempotency_key is not None:
-            existing[p.idempotency_key] = _as_duplicate(rec)
-    conn.executemany(
-        "INSERT INTO feedback (id, event_id, chunk_id, signal, kind, raw_value, value, discount, "
-        "discounted, reward, ts, delay, in_window, session_id, user_id, idempotency_key, key, comment, "
-        "created_at, learned) "
-        f"VALUES ({_marks(20)})",
-        feedback_rows,
+    # aliases of one kind ("cited", "opened": implicit positive) with one value are one feedback
+    if (first.event_id, rf.resolve(first.signal), first.chunk_id, first.value) != (
+        p.event_id, rf.resolve(p.signal), p.chunk_id, p.value
+    ):
+        recorded = (f"already recorded {first.signal!r} (value {first.value:g}) on event "
+                    f"{first.event_id!r} (chunk {first.chunk_id!r})")
+        conflict = IdempotencyConflictError(f"idempotency key {p.idempotency_key!r} {recorded}")
+        conflict.key, conflict.recorded = p.idempotency_key, recorded
+        raise conflict
+    return first
+
+
+def _event_for(store: FeedbackStore, p: _Pending, info: Mapping[str, _EventInfo]) -> _EventInfo:
+    """The event ``p`` rates, checked: known, holding ``p``'s chunk, and not after ``p``."""
+    ev = info.get(p.event_id)
+    if ev is None:
+        raise UnknownEventError(f"unknown event id {p.event_id!r}")
+    if p.chunk_id is not None and p.chunk_id not in ev.chunks:
+        raise UnknownChunkError(f"chunk {p.chunk_id!r} was not part of event {p.event_id!r}")
+    check_not_before(p.ts, ev.ts, store.clock_skew)
+    return ev
+
+
+def _scored(store: FeedbackStore, p: _Pending, ev: _EventInfo, fid: int) -> FeedbackRecord:
+    """``p`` as feedback row ``fid``: its delay after the event, the recency discount, the clipped reward,
+    and (inside the attribution window) each used chunk's share of it."""
+    rf = store.reward
+    delay = max(0.0, p.ts - ev.ts)
+    in_window = delay <= store.attribution_window
+    discount = rf.discount(delay)
+    reward = rf.clip(p.value * discount)
+    return FeedbackRecord(
+        feedback_id=fid,
+        event_id=p.event_id,
+        chunk_id=p.chunk_id,
+        signal=p.signal,
+        value=p.value,
+        reward=reward,
+        chunk_rewards=rf.attribute(reward, ev.used, p.chunk_id) if in_window else {},
+        in_window=in_window,
+        duplicate=False,
+        delay=delay,
+        timestamp=p.ts,
+        kind=p.kind,
+        discount=discount,
+        idempotency_key=p.idempotency_key,
     )
-    conn.executemany(
-        "INSERT INTO rewards (feedback_id, event_id, chunk_id, reward, ts) VALUES (?, ?, ?, ?, ?)",
-        reward_rows,
+
+
+def _reward_rows(p: _Pending, rec: FeedbackRecord) -> list[tuple[Any, ...]]:
+    """The ``rewards`` table's rows of ``p``, scored as ``rec``: one per chunk credited, else one for the whole
+    event; none outside the attribution window."""
+    if not rec.in_window:
+        return []
+    enc_eid = _enc(p.event_id)
+    if rec.chunk_rewards:
+        return [(rec.feedback_id, enc_eid, _enc(c), r, p.ts) for c, r in rec.chunk_rewards.items()]
+    return [(rec.feedback_id, enc_eid, None, rec.reward, p.ts)]
+
+
+def _feedback_row(p: _Pending, rec: FeedbackRecord, ev: _EventInfo, created: float) -> tuple[Any, ...]:
+    """The ``feedback`` table's row of ``p``, scored as ``rec``."""
+    return (
+        rec.feedback_id,
+        _enc(p.event_id),
+        _enc(p.chunk_id),
+        _enc(p.signal),
+        p.kind,
+        p.raw_value,
+        p.value,
+        rec.discount,
+        p.value * rec.discount,
+        rec.reward,
+        p.ts,
+        rec.delay,
+        1 if rec.in_window else 0,
+        _enc(p.session_id),
+        _enc(p.user_id),
+        _enc(p.idempotency_key),
+        _enc(p.key),
+        _enc(p.comment),
+        created,
+        # out of the window, or on another engine's retrieval: nothing to learn (feedback_learning.catch_up)
+        None if rec.in_window and not ev.external else 0,
     )
-    return records
 
 
 def stored_record(conn: sqlite3.Connection, feedback_id: int, duplicate: bool) -> FeedbackRecord:
