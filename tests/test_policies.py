@@ -1360,3 +1360,53 @@ def test_a_policys_hyperparameters_are_its_params_value_object(name: str) -> Non
     assert isinstance(policy(["bm25", "dense"]).hyper, params)
     assert {n: v for n, v in signature.items() if v is not None} == {
         n: v for n, v in fields.items() if signature[n] is not None}
+
+
+@pytest.mark.parametrize("name", ["thompson", "epsilon", "gradient", "batch"])
+def test_a_policy_is_made_from_its_params_value_object(name: str) -> None:
+    # MABWiser keeps a learning policy's settings as a value object apart from its learned state: one Params
+    # makes the policy of many ensembles, and gives the same policy as its settings given one by one
+    from rlfb.policies import (
+        BatchParams,
+        BatchPolicy,
+        EpsilonGreedyPolicy,
+        GradientParams,
+        GradientPolicy,
+        ThompsonParams,
+        ThompsonPolicy,
+    )
+
+    policy: type[Any]
+    params: Any
+    policy, params = {
+        "thompson": (ThompsonPolicy, ThompsonParams(step=0.25, cf_min_questions=10, bounds=(0.1, 0.9))),
+        "epsilon": (EpsilonGreedyPolicy, ThompsonParams(exploration="epsilon", epsilon=0.3)),
+        "gradient": (GradientPolicy, GradientParams(learning_rate=0.2, temperature=0.5)),
+        "batch": (BatchPolicy, BatchParams(batch_size=7, learning_rate=0.2)),
+    }[name]
+    made = policy.from_params(["bm25", "dense", "splade"], params, [1, 2, 1], seed=3)
+    assert type(made) is policy and made.hyper == params and made.seed == 3
+    given = policy(["bm25", "dense", "splade"], [1, 2, 1], seed=3,
+                   **{f.name: getattr(params, f.name) for f in dataclasses.fields(params)})
+    assert made.state_dict() == given.state_dict()
+
+
+def test_from_params_refuses_another_policys_params_and_a_fixed_policy() -> None:
+    from rlfb.policies import (
+        EpsilonGreedyPolicy,
+        FixedParams,
+        FixedPolicy,
+        GradientParams,
+        ThompsonParams,
+        ThompsonPolicy,
+    )
+
+    with pytest.raises(ValidationError, match="ThompsonPolicy.from_params takes a ThompsonParams, got GradientParams"):
+        ThompsonPolicy.from_params(["a", "b"], GradientParams())
+    with pytest.raises(ValidationError, match="FixedPolicy takes no Params"):
+        FixedPolicy.from_params(["a", "b"], FixedParams((0.5, 0.5)))
+    # the Params' default exploration is Thompson sampling: an epsilon-greedy policy was made to explore by it
+    with pytest.raises(ValidationError, match="EpsilonGreedyPolicy explores by epsilon, got exploration='thompson'"):
+        EpsilonGreedyPolicy.from_params(["a", "b"], ThompsonParams())
+    with pytest.raises(ValidationError, match="explores by epsilon"):
+        EpsilonGreedyPolicy(["a", "b"], exploration="thompson")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -228,6 +228,9 @@ class BasePolicy:
     """
 
     name = "base"
+    #: the class of the policy's hyperparameters (its ``hyper``) that :meth:`from_params` takes; ``None`` where
+    #: it takes none (a fixed policy's only setting is its weights)
+    params_type: type[Any] | None = None
 
     def __init__(self, retrievers: Sequence[str], seed: int | None = 0) -> None:
         self.retrievers = validate_retrievers(retrievers)
@@ -257,6 +260,30 @@ class BasePolicy:
         if n > 1 and bounds[0] * n >= 1.0 - 1e-12:
             raise ValidationError(f"bounds {tuple(bounds)} pin each of {n} weights at 1/{n}: the lower bound must "
                                   f"be under 1/{n} (leave bounds out for a default that fits {n} retrievers)")
+
+    @classmethod
+    def from_params(cls, retrievers: Sequence[str], params: Any,
+                    weights: Mapping[str, float] | Sequence[float] | None = None, *, seed: int | None = 0) -> Self:
+        """This policy with the hyperparameters of ``params``, a validated value object of its
+        :attr:`params_type` (``ThompsonParams``, ``GradientParams``, ``BatchParams``), kept apart from any learned
+        state as MABWiser keeps its learning policies: one value object can make the policies of many
+        ensembles, and ``policy.hyper`` is the object back. Its ``bounds`` are taken as given: the Params'
+        default, ``(0.05, 0.95)``, fits fewer than 20 retrievers (the constructors' own default fits any number).
+
+        >>> from rlfb.policies import ThompsonParams, ThompsonPolicy
+        >>> params = ThompsonParams(step=0.25, cf_min_questions=10)
+        >>> policy = ThompsonPolicy.from_params(["bm25", "dense"], params, seed=1)
+        >>> policy.hyper == params, len(policy.arm_names)
+        (True, 6)
+        """
+        if cls.params_type is None:
+            raise ValidationError(f"{cls.__name__} takes no Params value object: give its settings to the constructor")
+        if type(params) is not cls.params_type:
+            raise ValidationError(f"{cls.__name__}.from_params takes a {cls.params_type.__name__}, "
+                                  f"got {type(params).__name__}")
+        settings = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+        make: Callable[..., Self] = cls  # a subclass's constructor, which takes the weights and these settings
+        return make(retrievers, weights, seed=seed, **settings)
 
     # -- tuning by the guardrail
     def tune(self, *, learning_rate: float = 1.0, exploration: float = 1.0) -> Self:

@@ -110,6 +110,7 @@ class BatchPolicy(BasePolicy):
     """
 
     name = "batch"
+    params_type = BatchParams
 
     def __init__(
         self,

@@ -230,6 +230,7 @@ class GradientPolicy(BasePolicy):
     """
 
     name = "gradient"
+    params_type = GradientParams
 
     def __init__(
         self,

@@ -125,6 +125,7 @@ class ThompsonPolicy(BasePolicy):
     """
 
     name = "thompson"
+    params_type = ThompsonParams
 
     def __init__(
         self,
@@ -644,5 +645,9 @@ class EpsilonGreedyPolicy(ThompsonPolicy):
     name = "epsilon"
 
     def __init__(self, retrievers: Sequence[str], weights: Any = None, **kwargs: Any) -> None:
-        kwargs.setdefault("exploration", "epsilon")
+        exploration = kwargs.setdefault("exploration", "epsilon")
+        if exploration != "epsilon":
+            # it would be a ThompsonPolicy under the name "epsilon" (ThompsonParams() given to from_params, say)
+            raise ValidationError(f"EpsilonGreedyPolicy explores by epsilon, got exploration={exploration!r} (a "
+                                  "ThompsonPolicy takes exploration='thompson'; ThompsonParams default to it)")
         super().__init__(retrievers, weights, **kwargs)
