@@ -23,24 +23,32 @@ def given_again(handler: FeedbackCallbackHandler, rid: str) -> bool:
     """Whether the store holds retrievals under the top-level run id ``rid`` already. Not where that run
     failed: a retry under the same id (its first attempt's runs, which answered nobody, are marked failed
     here, so that feedback on ``rid`` rates the retry). While the store is locked, the retrievals under ``rid``
-    whose writes the handler keeps for it count as logged; past those, a locked or closed store is not checked:
-    this check is not worth a second wait, nor an error LangChain prints as the handler's at every chain start."""
+    whose writes the handler keeps for it count as logged, unless a run on their way up to ``rid`` failed, as
+    the store passes failed runs by; past those, a locked or closed store is not checked: this check is not
+    worth a second wait, nor an error LangChain prints as the handler's at every chain start."""
     with contextlib.suppress(StoreBusyError):
         write_unmarked(handler)  # an attempt that failed on a locked store: its mark first
     with handler._lock:
         if rid in handler._unmarked:
             return False  # still locked: a retry of a run whose failed mark waits, not checked
-        if any(isinstance(e, dict) and e.get("root") == rid for e in handler._unlogged.values()):
-            return True  # still locked: retrievals under it wait to be logged, which the store cannot show yet
+        unmarked = set(handler._unmarked)
+        kept = [list(e["path"]) for e in handler._unlogged.values()
+                if isinstance(e, dict) and e.get("path") and e["path"][-1] == rid]
+    store = handler.store
     try:
-        if not handler.store.resolve_run(rid):
+        logged = bool(store.resolve_run(rid))
+        if not logged and not kept:
             return False
-        if handler.store.run_failed(rid):
-            handler.store.fail_children(rid)
+        if store.run_failed(rid):
+            for path in kept:  # their links wait for the store: their runs below rid are marked after them
+                if len(path) > 1:
+                    mark_failed(handler, path[-2], wait=False)
+            if logged:
+                store.fail_children(rid)
             return False
+        return logged or any(not any(r in unmarked or store.run_failed(r) for r in path[:-1]) for path in kept)
     except RlfbError:  # a busy or closed store: the retrieval's own log says so, where there is one
         return False
-    return True
 
 
 def refuse(handler: FeedbackCallbackHandler, rid: str, *, running: bool = False) -> None:
@@ -74,4 +82,5 @@ def refused_below(handler: FeedbackCallbackHandler, path: Sequence[tuple[str, st
         for run, top in below:
             handler._refused[top].add(run)
     for run, _ in below:
-        mark_failed(handler, run)
+        # not waited for where logs wait for the store already: it was locked at their last try
+        mark_failed(handler, run, wait=not handler._unlogged)

@@ -90,17 +90,20 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
     logged = _what_to_log(handler, info, documents, rid, parent, links, outer, later)
     if logged is None and not later.writes:
         return
-    # the top-level run it is under (itself where it is one): a run id given again while this entry waits is
-    # told by it (_given_again.given_again), as the store tells it once the entry is written
-    root = links[-1][1] if links else (parent if parent is not None else rid)
-    entry: dict[str, Any] = {"before": later.writes, "log": logged, "root": root}
+    # the runs from this retrieval up to its top-level run: a run id given again while this entry waits is told by
+    # them (_given_again.given_again), as the store tells it by its links once the entry is written
+    path = [rid, *([parent] if parent is not None else []), *(p for _, p in links)]
+    entry: dict[str, Any] = {"before": later.writes, "log": logged, "path": path}
     key = logged["event_id"] if logged is not None else f"{rid}/writes"
     if logged is not None:
         with handler._lock:
             taken = key in handler._unlogged
         if taken:
             # a retrieval's own run id given again while the first one's log waits: refused, as the store
-            # refuses it once that log is written (kept under the id, it replaced the first retrieval's log)
+            # refuses it once that log is written (kept under the id, it replaced the first retrieval's log); its
+            # writes before the log are kept, as an open store makes them before it refuses the log
+            if later.writes:
+                keep(handler, handler._unlogged, f"{rid}/writes", {**entry, "log": None})
             raise DuplicateEventError(f"event id {key!r} was already logged (its log waits for the locked store)")
     if logged is not None and not later.writes and not handler._unlogged:  # else behind the kept writes
         try:

@@ -1406,7 +1406,10 @@ def test_from_params_refuses_another_policys_params_and_a_fixed_policy() -> None
     with pytest.raises(ValidationError, match="FixedPolicy takes no Params"):
         FixedPolicy.from_params(["a", "b"], FixedParams((0.5, 0.5)))
     # the Params' default exploration is Thompson sampling: an epsilon-greedy policy was made to explore by it
-    with pytest.raises(ValidationError, match="EpsilonGreedyPolicy explores by epsilon, got exploration='thompson'"):
+    with pytest.raises(ValidationError, match="EpsilonGreedyPolicy explores by epsilon, got ThompsonParams with "
+                                              "exploration='thompson'"):
         EpsilonGreedyPolicy.from_params(["a", "b"], ThompsonParams())
-    with pytest.raises(ValidationError, match="explores by epsilon"):
-        EpsilonGreedyPolicy(["a", "b"], exploration="thompson")
+    # ... which its constructor still takes, so that a state saved that way loads back
+    saved = EpsilonGreedyPolicy(["a", "b"], exploration="thompson", step=0.5)
+    rebuilt = Learner.from_state_dict(Learner(["a", "b"], policy=saved).state_dict())
+    assert rebuilt.policy.hyper == saved.hyper and rebuilt.policy.name == "epsilon"

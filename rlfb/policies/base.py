@@ -267,7 +267,7 @@ class BasePolicy:
         """This policy with the hyperparameters of ``params``, a validated value object of its
         :attr:`params_type` (``ThompsonParams``, ``GradientParams``, ``BatchParams``), kept apart from any learned
         state as MABWiser keeps its learning policies: one value object can make the policies of many
-        ensembles, and ``policy.hyper`` is the object back. Its ``bounds`` are taken as given: the Params'
+        ensembles, and ``policy.hyper`` equals it. Its ``bounds`` are taken as given: the Params'
         default, ``(0.05, 0.95)``, fits fewer than 20 retrievers (the constructors' own default fits any number).
 
         >>> from rlfb.policies import ThompsonParams, ThompsonPolicy

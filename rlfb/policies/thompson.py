@@ -72,7 +72,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from statistics import NormalDist
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -93,6 +93,9 @@ from rlfb.policies.simplex import (
 )
 from rlfb.policies.thompson_params import ThompsonParams
 from rlfb.saved_state import check_at_most, float_list, read_array, read_field, read_number, saved_times
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["ThompsonParams", "ThompsonPolicy", "EpsilonGreedyPolicy", "sampled_share", "simplex_grid"]
 
@@ -645,9 +648,17 @@ class EpsilonGreedyPolicy(ThompsonPolicy):
     name = "epsilon"
 
     def __init__(self, retrievers: Sequence[str], weights: Any = None, **kwargs: Any) -> None:
-        exploration = kwargs.setdefault("exploration", "epsilon")
-        if exploration != "epsilon":
-            # it would be a ThompsonPolicy under the name "epsilon" (ThompsonParams() given to from_params, say)
-            raise ValidationError(f"EpsilonGreedyPolicy explores by epsilon, got exploration={exploration!r} (a "
-                                  "ThompsonPolicy takes exploration='thompson'; ThompsonParams default to it)")
+        # another exploration given is kept: states saved so load back (they are refused by from_params alone)
+        kwargs.setdefault("exploration", "epsilon")
         super().__init__(retrievers, weights, **kwargs)
+
+    @classmethod
+    def from_params(cls, retrievers: Sequence[str], params: Any,
+                    weights: Mapping[str, float] | Sequence[float] | None = None, *, seed: int | None = 0) -> Self:
+        """:meth:`BasePolicy.from_params <rlfb.policies.base.BasePolicy.from_params>`, for ``ThompsonParams``
+        that explore by epsilon (``exploration="epsilon"``): their default, Thompson sampling, would make a
+        Thompson policy under this one's name."""
+        if isinstance(params, ThompsonParams) and params.exploration != "epsilon":
+            raise ValidationError(f"EpsilonGreedyPolicy explores by epsilon, got ThompsonParams with exploration="
+                                  f"{params.exploration!r}: give exploration='epsilon', or use ThompsonPolicy")
+        return super().from_params(retrievers, params, weights, seed=seed)

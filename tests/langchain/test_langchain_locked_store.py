@@ -7,6 +7,7 @@ retrieval was lost; a store with a clock of its own refused every log as from th
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import uuid
 import warnings
@@ -256,3 +257,97 @@ def test_a_retrievals_own_run_id_given_again_while_its_log_is_kept_is_refused(tm
             retriever.invoke("ocean tides", config={"callbacks": [handler]}, run_id=run)
     [record] = handler.record_feedback(run, score=1.0)
     assert store.event(record.event_id)["query"] == "molten magma" and _queries(store) == ["molten magma"]
+
+
+def test_a_run_id_whose_kept_retrieval_failed_is_not_given_again(tmp_path: Path) -> None:
+    # the kept retrievals counted whatever became of their runs: a fallback's first attempt that retrieved and
+    # failed made the next run under the id refused, and feedback on the id found nothing
+    from langchain_core.runnables import RunnableLambda
+
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    calls: list[int] = []
+
+    def flaky(docs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("the first attempt fails after retrieving")
+        return docs
+
+    attempt: Runnable[Any, Any] = _bm25() | RunnableLambda(flaky)
+    chain: Runnable[Any, Any] = RunnablePassthrough() | attempt.with_fallbacks([RunnableLambda(lambda _: [])])
+    top = uuid.uuid4()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+        chain.invoke("ocean tides", config={"callbacks": [handler], "run_id": top})
+    assert not [w for w in caught if "given to an earlier run" in str(w.message)]
+    assert [store.event(r.event_id)["query"] for r in handler.record_feedback(top, score=1.0)] == ["ocean tides"]
+
+
+def test_a_retry_of_a_failed_run_whose_retrieval_is_kept_is_rated_alone(tmp_path: Path) -> None:
+    # the run failed once the store was free again (its mark written), its retrieval's log still kept: the retry
+    # under its id was refused as given again, and feedback on the id rated the failed attempt
+    from langchain_core.runnables import RunnableLambda
+
+    path = tmp_path / "f.db"
+    store = FeedbackStore(path, busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    calls: list[int] = []
+
+    def fail_once(docs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            holder.execute("ROLLBACK")  # the store is free when the run's failure is marked
+            raise ValueError("boom")
+        return docs
+
+    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25() | RunnableLambda(fail_once)
+    top = uuid.uuid4()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="boom"):
+            chain.invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+        assert store.run_failed(str(top)) and handler._unlogged  # the mark written, the log kept
+        holder.execute("BEGIN IMMEDIATE")
+        chain.invoke("molten magma again", config={"callbacks": [handler], "run_id": top})
+        holder.execute("ROLLBACK")
+    holder.close()
+    assert not [w for w in caught if "given to an earlier run" in str(w.message)]
+    rated = [store.event(r.event_id)["query"] for r in handler.record_feedback(top, score=1.0)]
+    assert rated == ["molten magma again"]
+
+
+@pytest.mark.parametrize("lock", [False, True])
+def test_a_wrapper_run_id_given_again_still_marks_what_it_cut_in_its_decision(tmp_path: Path, lock: bool) -> None:
+    # refused while the first result's log was kept, the second wrapper's writes before its log were dropped with
+    # it: its decision's cut chunks stayed credited, where an open store marks them before it refuses the log
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_rlfb import FeedbackEnsembleRetriever
+    from rlfb import FeedbackEnsemble
+
+    class Trim(BaseRetriever):
+        inner: Any
+
+        def _get_relevant_documents(self, query: str, *,
+                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+            return list(self.inner.invoke(query, config={"callbacks": run_manager.get_child()})[:1])
+
+    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+    own, theirs = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2), FeedbackStore(tmp_path / "learner.db")
+    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
+    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    run = uuid.uuid4()
+    with _locked(tmp_path / "h.db") if lock else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for question in ("What causes the aurora", "ocean tides"):
+            Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+                question, config={"callbacks": [handler]}, run_id=run)
+    handler.retrievals(run)  # the kept writes written
+    [(chunks, unused)] = theirs.db.execute("SELECT chunk_ids, unused_ids FROM events WHERE query = 'ocean tides'")
+    assert unused is not None and json.loads(unused) == json.loads(chunks)[1:]
