@@ -24,31 +24,44 @@ def given_again(handler: FeedbackCallbackHandler, rid: str) -> bool:
     failed: a retry under the same id (its first attempt's runs, which answered nobody, are marked failed
     here, so that feedback on ``rid`` rates the retry). While the store is locked, the retrievals under ``rid``
     whose writes the handler keeps for it count as logged, unless a run on their way up to ``rid`` failed, as
-    the store passes failed runs by; past those, a locked or closed store is not checked: this check is not
-    worth a second wait, nor an error LangChain prints as the handler's at every chain start."""
+    the store passes failed runs by, and a failed mark kept for ``rid`` counts as written. Nothing here waits
+    for the store a second time, nor raises into LangChain at every chain start: a store that is closed, or
+    still locked for a mark, is answered as far as it can be read."""
     with contextlib.suppress(StoreBusyError):
         write_unmarked(handler)  # an attempt that failed on a locked store: its mark first
     with handler._lock:
-        if rid in handler._unmarked:
-            return False  # still locked: a retry of a run whose failed mark waits, not checked
+        locked = bool(handler._unlogged or handler._unmarked)  # the write above found the store locked
         unmarked = set(handler._unmarked)
         kept = [list(e["path"]) for e in handler._unlogged.values()
                 if isinstance(e, dict) and e.get("path") and e["path"][-1] == rid]
     store = handler.store
     try:
         logged = bool(store.resolve_run(rid))
-        if not logged and not kept:
+        if not logged and not kept:  # a new run id, as nearly every one is: one read
             return False
-        if store.run_failed(rid):
-            for path in kept:  # their links wait for the store: their runs below rid are marked after them
-                if len(path) > 1:
-                    mark_failed(handler, path[-2], wait=False)
-            if logged:
-                store.fail_children(rid)
+        if rid in unmarked or store.run_failed(rid):  # a retry: its first attempt's runs answered nobody
+            _fail_first_attempt(handler, rid, kept, locked)
             return False
         return logged or any(not any(r in unmarked or store.run_failed(r) for r in path[:-1]) for path in kept)
-    except RlfbError:  # a busy or closed store: the retrieval's own log says so, where there is one
+    except RlfbError:  # a closed store: the retrieval's own log says so, where there is one
         return False
+
+
+def _fail_first_attempt(handler: FeedbackCallbackHandler, rid: str, kept: list[list[str]], locked: bool) -> None:
+    """Mark failed the runs directly under the failed run ``rid`` (``store.fail_children``), before its retry
+    under the same id starts runs of its own there: those in the store, and those on the ``kept`` entries' paths,
+    whose links wait for the store. On a locked store each mark is kept, as the runs under it are now, for the
+    handler's next write."""
+    below = {path[-2] for path in kept if len(path) > 1}
+    if not locked:
+        try:
+            handler.store.fail_children(rid)
+        except StoreBusyError:
+            locked = True
+    if locked:
+        below.update(handler.store.run_children(rid))
+    for run in sorted(below):
+        mark_failed(handler, run, wait=False)
 
 
 def refuse(handler: FeedbackCallbackHandler, rid: str, *, running: bool = False) -> None:
@@ -82,5 +95,5 @@ def refused_below(handler: FeedbackCallbackHandler, path: Sequence[tuple[str, st
         for run, top in below:
             handler._refused[top].add(run)
     for run, _ in below:
-        # not waited for where logs wait for the store already: it was locked at their last try
-        mark_failed(handler, run, wait=not handler._unlogged)
+        # not waited for where writes wait for the store already: it was locked at their last try
+        mark_failed(handler, run, wait=not (handler._unlogged or handler._unmarked))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from langchain_core.documents import Document
 
@@ -102,10 +102,11 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
             # a retrieval's own run id given again while the first one's log waits: refused, as the store
             # refuses it once that log is written (kept under the id, it replaced the first retrieval's log); its
             # writes before the log are kept, as an open store makes them before it refuses the log
-            if later.writes:
-                keep(handler, handler._unlogged, f"{rid}/writes", {**entry, "log": None})
+            if later.writes:  # under a key of its own: the id may be given a third time
+                keep(handler, handler._unlogged, f"{rid}/writes/{uuid4().hex}", {**entry, "log": None})
             raise DuplicateEventError(f"event id {key!r} was already logged (its log waits for the locked store)")
-    if logged is not None and not later.writes and not handler._unlogged:  # else behind the kept writes
+    # else behind the kept writes, or (with failed marks alone kept) on a store found locked just now
+    if logged is not None and not later.writes and not handler._unlogged and not handler._unmarked:
         try:
             log_external(handler.store, **logged)
             return
@@ -133,7 +134,7 @@ class _Later:
             stamped = {**kwargs, "timestamp": self.at}  # kept: judged at the retrieval's time, not the write's
         else:
             stamped = kwargs
-        if self.writes or self.handler._unlogged:
+        if self.writes or self.handler._unlogged or self.handler._unmarked:  # behind them, or found locked
             self.writes.append((write, args, stamped))
             return
         try:
@@ -168,8 +169,11 @@ def _what_to_log(handler: FeedbackCallbackHandler, info: dict[str, Any], documen
         return None
     event_id = rid
     if outer is None and info.get("decided_below"):
-        below = handler.store.resolve_run(rid)  # the decisions still under it (a failed branch's are passed by)
-        if not below and (write.writes or handler._unlogged):
+        # the decisions made below this run and still under it (a failed branch's are passed by); not those of
+        # an earlier run under its id given again, nor that run's result copy, which resolve_run finds there too
+        mine = set(info.get("decisions", ()))
+        below = [e for e in handler.store.resolve_run(rid) if e in mine]
+        if not below and (write.writes or handler._unlogged or handler._unmarked):
             # their links, or their copies here, wait for the locked store, where resolve_run cannot see them yet
             below = [e for e in info.get("decisions", ()) if _ranked(handler, e) is not None]
         if below:

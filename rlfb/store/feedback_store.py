@@ -388,6 +388,11 @@ class FeedbackStore:
         marked before."""
         return run_tree.fail_children(self, run_id)
 
+    def run_children(self, run_id: str) -> list[str]:
+        """The runs and retrievals directly under ``run_id`` (sorted): what :meth:`fail_children` would mark, read
+        without a write, so that a caller facing a locked file can keep the marks for later."""
+        return run_tree.run_children(self, run_id)
+
     def run_failed(self, run_id: str) -> bool:
         """Whether ``run_id``, or a run above it through the links (:meth:`run_lineage`), was marked by
         :meth:`fail_run`."""

@@ -58,6 +58,16 @@ def fail_children(store: FeedbackStore, run_id: str) -> int:
         ).rowcount
 
 
+def run_children(store: FeedbackStore, run_id: str) -> list[str]:
+    """What :func:`fail_children` marks, read: the runs linked directly under ``run_id`` and the events logged with
+    it as their parent."""
+    enc = _enc(_check_id(run_id, "run_id"))
+    with store._read() as conn:
+        rows = conn.execute("SELECT run_id FROM run_links WHERE parent_id = ? UNION SELECT id FROM events "
+                            "WHERE parent_id = ?", [enc, enc]).fetchall()
+    return sorted(_dec(r) for (r,) in rows)
+
+
 def any_failed(store: FeedbackStore, run_ids: Iterable[str]) -> bool:
     """Whether any of ``run_ids`` was marked by :func:`fail_run`."""
     ids = [_enc(_check_id(r, "run_id", allow_empty=True)) for r in run_ids]

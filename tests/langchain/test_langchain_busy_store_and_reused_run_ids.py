@@ -467,7 +467,7 @@ def test_the_end_of_a_run_refused_as_running_at_once_leaves_the_first_run_open(t
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         first.start()
-        while str(run_id) not in handler._started_in:  # the first run has started
+        while str(run_id) not in handler._parents:  # the first run has started (checked and opened)
             first.join(timeout=0.01)
         with pytest.raises(RuntimeError):
             (retriever | RunnableLambda(fail)).invoke("ocean tides", config=config)

@@ -343,11 +343,106 @@ def test_a_wrapper_run_id_given_again_still_marks_what_it_cut_in_its_decision(tm
     ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
     handler = FeedbackCallbackHandler(own, ensemble=ensemble)
     run = uuid.uuid4()
+    # given a third time, the refused writes replaced the second's where they stood, ahead of the third decision's
+    # copy: its mark failed on an event not logged yet, and stopped every later write of the handler
+    questions = ("What causes the aurora", "ocean tides", "molten magma")
     with _locked(tmp_path / "h.db") if lock else contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        for question in ("What causes the aurora", "ocean tides"):
+        for question in questions:
             Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
                 question, config={"callbacks": [handler]}, run_id=run)
-    handler.retrievals(run)  # the kept writes written
-    [(chunks, unused)] = theirs.db.execute("SELECT chunk_ids, unused_ids FROM events WHERE query = 'ocean tides'")
-    assert unused is not None and json.loads(unused) == json.loads(chunks)[1:]
+    after = uuid.uuid4()
+    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25()
+    chain.invoke("ocean tides", config={"callbacks": [handler], "run_id": after})
+    assert not handler._unlogged and handler.retrievals(after)
+    for question in questions[1:]:
+        [(chunks, unused)] = theirs.db.execute("SELECT chunk_ids, unused_ids FROM events WHERE query = ?",
+                                               [question])
+        assert unused is not None and json.loads(unused) == json.loads(chunks)[1:]
+
+
+def test_a_retry_whose_failed_mark_is_kept_too_is_rated_alone(tmp_path: Path) -> None:
+    # the whole first attempt waited for the store, its failed mark too: the retry's check answered "not given
+    # again" and marked nothing, so feedback on the id rated the failed attempt beside the retry
+    from langchain_core.runnables import RunnableLambda
+
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    calls: list[int] = []
+
+    def fail_once(docs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("boom")
+        return docs
+
+    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25() | RunnableLambda(fail_once)
+    top = uuid.uuid4()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="boom"):
+            chain.invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+        assert str(top) in handler._unmarked and handler._unlogged
+        chain.invoke("molten magma again", config={"callbacks": [handler], "run_id": top})
+    assert not [w for w in caught if "given to an earlier run" in str(w.message)]
+    rated = [store.event(r.event_id)["query"] for r in handler.record_feedback(top, score=1.0)]
+    assert rated == ["molten magma again"]
+
+
+def test_a_kept_write_the_store_refuses_for_what_it_is_is_dropped_with_a_warning(tmp_path: Path) -> None:
+    # kept first and refused at every try (not for a lock: here the store's clock was set back past the log), it
+    # stopped every later log and feedback of the handler
+    now = [1_000_000.0]
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2, clock=lambda: now[0])
+    handler = FeedbackCallbackHandler(store)
+    first, second = uuid.uuid4(), uuid.uuid4()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _bm25().invoke("molten magma", config={"callbacks": [handler]}, run_id=first)
+    now[0] -= 3600.0
+    with pytest.warns(RuntimeWarning, match="is lost: the store refused it"):
+        _bm25().invoke("ocean tides", config={"callbacks": [handler]}, run_id=second)
+    assert _queries(store) == ["ocean tides"] and not handler._unlogged
+    assert handler.record_feedback(second, score=1.0)
+
+
+def test_a_retry_whose_first_attempt_is_part_logged_part_kept_marks_both_parts(tmp_path: Path) -> None:
+    # the failed attempt's first retrieval was logged, its second kept, and the store locked again at the retry:
+    # the children in the store were marked with a second wait, which failed, and were never marked
+    from langchain_core.runnables import RunnableLambda
+
+    path = tmp_path / "f.db"
+    store = FeedbackStore(path, busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    attempts: list[int] = []
+
+    def lock_first(question: Any) -> Any:
+        if not attempts:
+            holder.execute("BEGIN IMMEDIATE")  # locked between the attempt's two retrievals
+        return question
+
+    def fail_once(docs: Any) -> Any:
+        attempts.append(1)
+        if len(attempts) == 1:
+            holder.execute("ROLLBACK")  # free when the run's failure is marked
+            raise ValueError("boom")
+        return docs
+
+    chain: Runnable[Any, Any] = (RunnablePassthrough() | _bm25() | RunnableLambda(lambda _: "ocean tides")
+                                 | RunnableLambda(lock_first) | _bm25() | RunnableLambda(fail_once))
+    top = uuid.uuid4()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="boom"):
+            chain.invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+        assert store.run_failed(str(top)) and len(handler._unlogged) == 1 and _queries(store) == ["molten magma"]
+        holder.execute("BEGIN IMMEDIATE")
+        chain.invoke("molten magma", config={"callbacks": [handler], "run_id": top})
+        holder.execute("ROLLBACK")
+    holder.close()
+    assert not [w for w in caught if "given to an earlier run" in str(w.message)]
+    rated = [store.event(r.event_id)["query"] for r in handler.record_feedback(top, score=1.0)]
+    assert rated == ["molten magma", "ocean tides"]  # the retry's two, not the failed attempt's
+    # the four retrievals right under the run, the failed attempt's two marked
+    assert sorted(store.run_failed(r) for r in store.run_children(str(top))) == [False, False, True, True]
