@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 from langchain_rlfb._runs import trim
 from rlfb._at_exit import run_at_exit, write_kept_of_this_process
 from rlfb._caller import warn_at_app
-from rlfb.errors import DuplicateEventError, RlfbError, StoreBusyError, StoreClosedError
+from rlfb.errors import (
+    CorruptStateError,
+    DuplicateEventError,
+    StoreBusyError,
+    StoreClosedError,
+    UnknownChunkError,
+    UnknownEventError,
+    ValidationError,
+)
 from rlfb.runs import log_external
 
 if TYPE_CHECKING:
@@ -107,22 +115,26 @@ def _log_kept(handler: FeedbackCallbackHandler, key: str, entry: dict[str, Any])
             # the handler's own can
             warn_at_app("rlfb: a write kept for a learner's feedback store is lost: that store was closed",
                         RuntimeWarning)
-        except RlfbError as exc:
+        except REFUSED as exc:
             _lost(exc)
         before.pop(0)
     if entry["log"] is not None:
         try:
             with contextlib.suppress(DuplicateEventError):  # written by another handler on the file meanwhile
                 log_external(handler.store, **entry["log"])
-        except (StoreBusyError, StoreClosedError):
-            raise
-        except RlfbError as exc:
+        except REFUSED as exc:
             _lost(exc)
 
 
+#: What the store says of a kept write itself (its event gone, its arguments refused, a row damaged), which no
+#: later try can change: such a write is dropped. A locked, full, read-only or vanished file raises on, and the
+#: write stays kept for the next try, as it is while the file stays locked.
+REFUSED = (ValidationError, UnknownEventError, UnknownChunkError, CorruptStateError)
+
+
 def _lost(exc: Exception) -> None:
-    """A kept write the store refuses for what it is (its event gone, a clock set back past it), not for a lock:
-    dropped with a warning, since kept first it would stop every later write and feedback of the handler."""
+    """A kept write the store refuses for what it is (:data:`REFUSED`): dropped with a warning, since kept first it
+    would stop every later write and feedback of the handler."""
     warn_at_app(f"rlfb: a write kept while the feedback store was locked is lost: the store refused it ({exc})",
                 RuntimeWarning)
 

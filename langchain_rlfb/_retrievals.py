@@ -6,7 +6,6 @@ a restated follow-up observed, and the log kept where the store is locked."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
@@ -84,9 +83,12 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
     if info is None:
         return
     at = store_now(handler.store)  # the retrieval's time, before any wait for a locked store
-    with contextlib.suppress(StoreBusyError):  # kept for a later write: this retrieval's own log comes first
+    try:  # kept for a later write: this retrieval's own log comes first
         write_unmarked(handler)  # runs that failed, and retrievals not logged, while the store was locked
-    later = _Later(handler, at)
+        locked = False
+    except StoreBusyError:
+        locked = True  # found locked just now: this retrieval's writes are kept without a second wait
+    later = _Later(handler, at, locked)
     logged = _what_to_log(handler, info, documents, rid, parent, links, outer, later)
     if logged is None and not later.writes:
         return
@@ -94,7 +96,8 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
     # them (_given_again.given_again), as the store tells it by its links once the entry is written
     path = [rid, *([parent] if parent is not None else []), *(p for _, p in links)]
     entry: dict[str, Any] = {"before": later.writes, "log": logged, "path": path}
-    key = logged["event_id"] if logged is not None else f"{rid}/writes"
+    # writes alone under a key of their own: a run id given again must not put them in an earlier entry's place
+    key = logged["event_id"] if logged is not None else f"{rid}/writes/{uuid4().hex}"
     if logged is not None:
         with handler._lock:
             taken = key in handler._unlogged
@@ -105,8 +108,8 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
             if later.writes:  # under a key of its own: the id may be given a third time
                 keep(handler, handler._unlogged, f"{rid}/writes/{uuid4().hex}", {**entry, "log": None})
             raise DuplicateEventError(f"event id {key!r} was already logged (its log waits for the locked store)")
-    # else behind the kept writes, or (with failed marks alone kept) on a store found locked just now
-    if logged is not None and not later.writes and not handler._unlogged and not handler._unmarked:
+    # else behind the kept writes, or on a store found locked just now
+    if logged is not None and not later.writes and not handler._unlogged and not locked:
         try:
             log_external(handler.store, **logged)
             return
@@ -125,8 +128,8 @@ class _Later:
     """A retrieval's writes before its log (run links, a follow-up observed, chunks marked unused), each written
     now unless the store is locked or earlier writes wait: then kept, in order, for the retrieval's kept entry."""
 
-    def __init__(self, handler: FeedbackCallbackHandler, at: float) -> None:
-        self.handler, self.at = handler, at
+    def __init__(self, handler: FeedbackCallbackHandler, at: float, locked: bool = False) -> None:
+        self.handler, self.at, self.locked = handler, at, locked
         self.writes: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
 
     def __call__(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -134,7 +137,7 @@ class _Later:
             stamped = {**kwargs, "timestamp": self.at}  # kept: judged at the retrieval's time, not the write's
         else:
             stamped = kwargs
-        if self.writes or self.handler._unlogged or self.handler._unmarked:  # behind them, or found locked
+        if self.writes or self.handler._unlogged or self.locked:  # behind them, or on a store found locked
             self.writes.append((write, args, stamped))
             return
         try:
@@ -173,7 +176,7 @@ def _what_to_log(handler: FeedbackCallbackHandler, info: dict[str, Any], documen
         # an earlier run under its id given again, nor that run's result copy, which resolve_run finds there too
         mine = set(info.get("decisions", ()))
         below = [e for e in handler.store.resolve_run(rid) if e in mine]
-        if not below and (write.writes or handler._unlogged or handler._unmarked):
+        if not below and (write.writes or handler._unlogged or write.locked):
             # their links, or their copies here, wait for the locked store, where resolve_run cannot see them yet
             below = [e for e in info.get("decisions", ()) if _ranked(handler, e) is not None]
         if below:

@@ -446,3 +446,22 @@ def test_a_retry_whose_first_attempt_is_part_logged_part_kept_marks_both_parts(t
     assert rated == ["molten magma", "ocean tides"]  # the retry's two, not the failed attempt's
     # the four retrievals right under the run, the failed attempt's two marked
     assert sorted(store.run_failed(r) for r in store.run_children(str(top))) == [False, False, True, True]
+
+
+def test_a_kept_log_on_a_full_disk_stays_kept_until_there_is_room(tmp_path: Path) -> None:
+    # a full disk is no refusal of the write itself: the kept log is written once there is room, not dropped
+    store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    first = uuid.uuid4()
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _bm25().invoke("molten magma " * 3000, config={"callbacks": [handler]}, run_id=first)
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _bm25().invoke("ocean tides", config={"callbacks": [handler]})
+    assert not [w for w in caught if "is lost" in str(w.message)] and len(handler._unlogged) == 1
+    store.db.execute("PRAGMA max_page_count = 1000000")  # room again
+    [record] = handler.record_feedback(first, score=1.0)
+    assert store.event(record.event_id)["query"].startswith("molten magma") and not handler._unlogged
