@@ -5,7 +5,6 @@ passes them by."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -27,10 +26,12 @@ def given_again(handler: FeedbackCallbackHandler, rid: str) -> bool:
     the store passes failed runs by, and a failed mark kept for ``rid`` counts as written. Nothing here waits
     for the store a second time, nor raises into LangChain at every chain start: a store that is closed, or
     still locked for a mark, is answered as far as it can be read."""
-    with contextlib.suppress(StoreBusyError):
+    try:
         write_unmarked(handler)  # an attempt that failed on a locked store: its mark first
+        locked = False
+    except StoreBusyError:
+        locked = True
     with handler._lock:
-        locked = bool(handler._unlogged or handler._unmarked)  # the write above found the store locked
         unmarked = set(handler._unmarked)
         kept = [list(e["path"]) for e in handler._unlogged.values()
                 if isinstance(e, dict) and e.get("path") and e["path"][-1] == rid]

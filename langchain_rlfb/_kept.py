@@ -18,6 +18,7 @@ from rlfb._caller import warn_at_app
 from rlfb.errors import (
     CorruptStateError,
     DuplicateEventError,
+    RlfbError,
     StoreBusyError,
     StoreClosedError,
     UnknownChunkError,
@@ -82,8 +83,10 @@ def write_unmarked(handler: FeedbackCallbackHandler) -> None:
         return
     with getattr(store, "lock", contextlib.nullcontext()):
         try:
-            _write_kept(handler, handler._unlogged, partial(_log_kept, handler))
+            # the marks first: a kept follow-up check must see a run that failed before it as failed (it judged the
+            # failed run's retrieval as asked), and a mark needs none of the links after it
             _write_kept(handler, handler._unmarked, lambda rid, _: store.fail_run(rid))
+            _write_kept(handler, handler._unlogged, partial(_log_kept, handler))
         except StoreClosedError:
             with handler._lock:
                 n, m = len(handler._unlogged), len(handler._unmarked)
@@ -107,16 +110,17 @@ def _log_kept(handler: FeedbackCallbackHandler, key: str, entry: dict[str, Any])
                 write(*args, **kwargs)
         except StoreBusyError:
             raise
-        except StoreClosedError:
+        except RlfbError as exc:
             target = getattr(write, "__self__", args[0] if args else None)
-            if target is handler.store:
+            if target is not handler.store:
+                # a learner's store on another file (its unused marks), closed, deleted or full since: that write is
+                # lost, and the handler's own go on (kept first, it stopped every one of them)
+                why = "that store was closed" if isinstance(exc, StoreClosedError) else f"that store refused it ({exc})"
+                warn_at_app(f"rlfb: a write kept for a learner's feedback store is lost: {why}", RuntimeWarning)
+            elif isinstance(exc, REFUSED):
+                _lost(exc)
+            else:
                 raise
-            # a learner's store on another file (its unused marks), closed since: that write cannot be made, and
-            # the handler's own can
-            warn_at_app("rlfb: a write kept for a learner's feedback store is lost: that store was closed",
-                        RuntimeWarning)
-        except REFUSED as exc:
-            _lost(exc)
         before.pop(0)
     if entry["log"] is not None:
         try:

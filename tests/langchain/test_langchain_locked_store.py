@@ -465,3 +465,72 @@ def test_a_kept_log_on_a_full_disk_stays_kept_until_there_is_room(tmp_path: Path
     store.db.execute("PRAGMA max_page_count = 1000000")  # room again
     [record] = handler.record_feedback(first, score=1.0)
     assert store.event(record.event_id)["query"].startswith("molten magma") and not handler._unlogged
+
+
+@pytest.mark.parametrize("locked_from", ["the failure", "the start"])
+def test_a_restatement_after_a_failed_run_whose_mark_is_kept_judges_nothing(tmp_path: Path, locked_from: str) -> None:
+    # the kept marks were written after the kept logs: the restated question's follow-up check ran before the
+    # failed run was marked, and took its retrieval (which answered nobody) for one the user reformulated
+    from langchain_core.runnables import RunnableLambda
+
+    path = tmp_path / "f.db"
+    store = FeedbackStore(path, busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(store)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    config: RunnableConfig = {"callbacks": [handler], "metadata": {"session_id": "s1"}}
+
+    def fail(docs: Any) -> Any:
+        if not holder.in_transaction:
+            holder.execute("BEGIN IMMEDIATE")  # locked as the run fails: its mark is kept
+        raise ValueError("boom")
+
+    failing = uuid.uuid4()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if locked_from == "the start":
+            holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(ValueError, match="boom"):
+            (_bm25() | RunnableLambda(fail)).invoke("molten magma volcano", config={**config, "run_id": failing})
+        assert handler._unmarked
+        _bm25().invoke("molten magma volcano", config=config)
+        holder.execute("ROLLBACK")
+    holder.close()
+    handler.retrievals(failing)  # what was kept, written
+    assert store.run_failed(str(failing)) and store.counts()["feedback"] == 0
+
+
+def test_a_kept_write_for_a_learners_store_deleted_since_loses_that_write_alone(tmp_path: Path) -> None:
+    # anything but a closed learner's store raised on: its file deleted, the kept mark stopped every later log
+    # and feedback of the handler, whose own store was fine
+    import os
+
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_rlfb import FeedbackEnsembleRetriever
+    from rlfb import FeedbackEnsemble
+
+    class Trim(BaseRetriever):
+        inner: Any
+
+        def _get_relevant_documents(self, query: str, *,
+                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+            return list(self.inner.invoke(query, config={"callbacks": run_manager.get_child()})[:1])
+
+    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+    own, theirs = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2), FeedbackStore(tmp_path / "learner.db")
+    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
+    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    with _locked(tmp_path / "h.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+            "What causes the aurora", config={"callbacks": [handler]})
+    for name in os.listdir(tmp_path):
+        if name.startswith("learner.db"):
+            os.remove(tmp_path / name)
+    run = uuid.uuid4()
+    with pytest.warns(RuntimeWarning, match="for a learner's feedback store is lost: that store refused it"):
+        _bm25().invoke("ocean tides", config={"callbacks": [handler]}, run_id=run)
+    assert own.has_event(str(run)) and not handler._unlogged
+    assert handler.record_feedback(run, score=1.0)
