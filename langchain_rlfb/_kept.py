@@ -25,7 +25,7 @@ from rlfb.errors import (
     UnknownEventError,
     ValidationError,
 )
-from rlfb.runs import log_external
+from rlfb.runs import log_external, same_store
 
 if TYPE_CHECKING:
     from langchain_rlfb.callbacks import FeedbackCallbackHandler
@@ -46,9 +46,12 @@ def keep_until_written(handler: FeedbackCallbackHandler) -> None:
 
 def keep(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any], key: str, value: Any) -> None:
     """Keep ``key: value`` in the handler's table ``kept`` (bounded, as every table of the handler) for the next
-    write, and have it written at exit if nothing has by then."""
+    write, and have it written at exit if nothing has by then. Each is numbered as it is kept (a mark's value is
+    its number, a retrieval's entry holds it as ``"seq"``): the two tables are written in the order they were
+    kept in, as a free store would have taken them."""
     with handler._lock:
-        kept[key] = value
+        seq = next(handler._kept_order)
+        kept[key] = seq if value is None else {**value, "seq": seq}
         trim(kept)
     keep_until_written(handler)
 
@@ -83,10 +86,10 @@ def write_unmarked(handler: FeedbackCallbackHandler) -> None:
         return
     with getattr(store, "lock", contextlib.nullcontext()):
         try:
-            # the marks first: a kept follow-up check must see a run that failed before it as failed (it judged the
-            # failed run's retrieval as asked), and a mark needs none of the links after it
-            _write_kept(handler, handler._unmarked, lambda rid, _: store.fail_run(rid))
-            _write_kept(handler, handler._unlogged, partial(_log_kept, handler))
+            # in the order they were kept, marks and logs alike: a kept follow-up check judges the session's runs as
+            # they were when its retrieval ended (one that failed before it as failed, one that failed after it not)
+            while _write_first(handler, partial(_log_kept, handler), lambda rid, _: store.fail_run(rid)):
+                pass
         except StoreClosedError:
             with handler._lock:
                 n, m = len(handler._unlogged), len(handler._unmarked)
@@ -112,7 +115,7 @@ def _log_kept(handler: FeedbackCallbackHandler, key: str, entry: dict[str, Any])
             raise
         except RlfbError as exc:
             target = getattr(write, "__self__", args[0] if args else None)
-            if target is not handler.store:
+            if not same_store(target, handler.store):
                 # a learner's store on another file (its unused marks), closed, deleted or full since: that write is
                 # lost, and the handler's own go on (kept first, it stopped every one of them)
                 why = "that store was closed" if isinstance(exc, StoreClosedError) else f"that store refused it ({exc})"
@@ -143,23 +146,33 @@ def _lost(exc: Exception) -> None:
                 RuntimeWarning)
 
 
-def _write_kept(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any],
-                write: Callable[[str, Any], None]) -> None:
-    """``write`` each entry of ``kept``, oldest first, taking it out once written. Written inside the app's
-    ``exclusive()`` block of this thread, an entry is kept again if that block rolls back (its rollback undoes
-    the write; callbacks run newest first, so each goes back to the front, in order)."""
+def _write_first(handler: FeedbackCallbackHandler, write_log: Callable[[str, Any], None],
+                 write_mark: Callable[[str, Any], None]) -> bool:
+    """Write the entry kept first of both tables (``_unlogged``, ``_unmarked``) and take it out; ``False`` where
+    both are empty. Written inside the app's ``exclusive()`` block of this thread, an entry is kept again if that
+    block rolls back (its rollback undoes the write; callbacks run newest first, so each goes back to the front of
+    its table, in order, with its number)."""
     store = handler.store
-    while kept:
-        with handler._lock:
-            if not kept:
-                return
-            key, value = next(iter(kept.items()))
-            whole = {**value, "before": list(value["before"])} if isinstance(value, dict) else value
-        write(key, value)
-        with handler._lock:
-            kept.pop(key, None)
-        if isinstance(getattr(store, "exclusive_depth", 0), int) and store.exclusive_depth > 0:
-            store.on_rollback(partial(_put_back, handler, kept, key, whole))
+    with handler._lock:
+        firsts = [(_seq(value), kept, key, value, write)
+                  for kept, write in ((handler._unlogged, write_log), (handler._unmarked, write_mark)) if kept
+                  for key, value in [next(iter(kept.items()))]]
+        if not firsts:
+            return False
+        _, kept, key, value, write = min(firsts, key=lambda first: first[0])
+        whole = {**value, "before": list(value["before"])} if isinstance(value, dict) else value
+    write(key, value)
+    with handler._lock:
+        kept.pop(key, None)
+    if isinstance(getattr(store, "exclusive_depth", 0), int) and store.exclusive_depth > 0:
+        store.on_rollback(partial(_put_back, handler, kept, key, whole))
+    return True
+
+
+def _seq(value: Any) -> float:
+    """The number an entry was kept under (:func:`keep`)."""
+    number = value.get("seq") if isinstance(value, dict) else value
+    return number if isinstance(number, int) else -1
 
 
 def _put_back(handler: FeedbackCallbackHandler, kept: OrderedDict[str, Any], key: str, value: Any) -> None:

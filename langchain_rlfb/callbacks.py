@@ -74,6 +74,7 @@ writes later or at exit (``_kept``), and feedback whose learners keep their log 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -156,11 +157,12 @@ class FeedbackCallbackHandler(BaseCallbackHandler):
         # the runs directly under each that were marked failed, so feedback on the id passes them by
         self._refused: dict[str, set[str]] = {}
         # runs that failed while the store was locked, to mark failed in it (fail_run) at the next write
-        self._unmarked: OrderedDict[str, None] = OrderedDict()
+        self._unmarked: OrderedDict[str, int] = OrderedDict()
         # open top-level runs -> the identity of their start (_open): the same start reported twice is one run
         self._started_in: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         # retrievals whose log the store was locked for, with their time: written at the next write
         self._unlogged: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._kept_order = itertools.count()  # numbers what the two tables above keep: written in that order
         # top-level run ids -> how many runs were refused as running at once under each (their ends: _runs.ended)
         self._doubled: dict[str, int] = {}
         self._warned_unlearned = False  # feedback stored that no live learner learned was warned of

@@ -534,3 +534,70 @@ def test_a_kept_write_for_a_learners_store_deleted_since_loses_that_write_alone(
         _bm25().invoke("ocean tides", config={"callbacks": [handler]}, run_id=run)
     assert own.has_event(str(run)) and not handler._unlogged
     assert handler.record_feedback(run, score=1.0)
+
+
+def test_kept_marks_and_logs_are_written_in_the_order_they_were_kept(tmp_path: Path) -> None:
+    # the marks were all written before the logs: a restatement whose retrieval ended before the first run failed
+    # was judged as if that run had failed first, where a free store records the reformulation
+    from langchain_core.runnables import RunnableLambda
+
+    signals: dict[bool, list[tuple[str]]] = {}
+    for lock in (False, True):
+        path = tmp_path / f"{lock}.db"
+        store = FeedbackStore(path, busy_timeout=0.2)
+        handler = FeedbackCallbackHandler(store)
+        config: RunnableConfig = {"callbacks": [handler], "metadata": {"session_id": "s1"}}
+
+        def restated_then_failed(docs: Any, base: RunnableConfig = config) -> Any:
+            _bm25().invoke("molten magma volcano", config={**base, "run_id": uuid.uuid4()})  # another request
+            raise ValueError("the first run fails after the restatement ended")
+
+        with _locked(path) if lock else contextlib.nullcontext(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with pytest.raises(ValueError):
+                (_bm25() | RunnableLambda(restated_then_failed)).invoke("molten magma volcano", config=config)
+            assert bool(handler._unlogged and handler._unmarked) == lock
+        handler.retrievals("anything")  # what was kept, written
+        signals[lock] = store.db.execute("SELECT signal FROM feedback").fetchall()
+    assert signals[True] == signals[False] == [("reformulation",)]
+
+
+def test_a_kept_write_of_a_wrapped_store_is_the_handlers_own(tmp_path: Path) -> None:
+    # a store that hands every call on to a FeedbackStore (anything with log_event is taken): its bound writes are
+    # the inner store's, which was read as a learner's store on another file, so a full disk dropped the write
+    from langchain_core.runnables import RunnableLambda
+
+    import rlfb.store.run_tree as run_tree
+    from rlfb.errors import StoreFullError
+
+    class Wrapped:
+        def __init__(self, inner: FeedbackStore) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    inner = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
+    handler = FeedbackCallbackHandler(Wrapped(inner))
+    top = uuid.uuid4()
+    inner_chain: Runnable[Any, Any] = RunnableLambda(lambda q: q) | _bm25()
+    outer: Runnable[Any, Any] = RunnableLambda(lambda q, config: inner_chain.invoke(q, config))
+    with _locked(tmp_path / "f.db"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outer.invoke("ocean tides", config={"callbacks": [handler], "run_id": top})  # its run links, kept
+    assert [[w[0].__name__ for w in entry["before"]] for entry in handler._unlogged.values()] == [["link_runs"]]
+    real = run_tree.link_runs
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise StoreFullError("the disk is full")
+
+    run_tree.link_runs = full
+    try:
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(StoreFullError):
+            warnings.simplefilter("always")
+            handler.retrievals(top)
+    finally:
+        run_tree.link_runs = real
+    assert not [w for w in caught if "is lost" in str(w.message)] and handler._unlogged
+    [record] = handler.record_feedback(top, score=1.0)
+    assert inner.event(record.event_id)["query"] == "ocean tides"
