@@ -17,9 +17,13 @@ from typing import Any
 
 import pytest
 from langchain_community.retrievers import BM25Retriever
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
 
-from langchain_rlfb import FeedbackCallbackHandler
+from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
+from rlfb import FeedbackEnsemble
 from rlfb.errors import DuplicateEventError
 from rlfb.store import FeedbackStore
 
@@ -39,6 +43,37 @@ def _locked(path: Path) -> Iterator[None]:
 
 def _bm25() -> BM25Retriever:
     return BM25Retriever.from_texts(TEXTS, ids=IDS, k=2)
+
+
+class _Trim(BaseRetriever):
+    """A wrapper retriever that returns the first of its member's documents (a compressor's cut); ``on_trim``, if
+    given, is called as it trims."""
+
+    inner: Any
+    on_trim: Any = None
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        docs = self.inner.invoke(query, config={"callbacks": run_manager.get_child()})
+        if self.on_trim is not None:
+            self.on_trim()
+        return list(docs[:1])
+
+
+def _learner_elsewhere(tmp_path: Path, learner_timeout: float | None = None,
+                       ) -> tuple[FeedbackStore, FeedbackStore, FeedbackEnsemble, FeedbackCallbackHandler]:
+    """The handler's store (``h.db``, ``busy_timeout`` 0.2 s), a gradient learner over BM25 logging to a store of
+    its own (``learner.db``), and a handler on the first that teaches the learner."""
+    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
+    own = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2)
+    theirs = (FeedbackStore(tmp_path / "learner.db") if learner_timeout is None
+              else FeedbackStore(tmp_path / "learner.db", busy_timeout=learner_timeout))
+    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
+    return own, theirs, ensemble, FeedbackCallbackHandler(own, ensemble=ensemble)
+
+
+def _trim(ensemble: FeedbackEnsemble, **kwargs: Any) -> _Trim:
+    """:class:`_Trim` over an rlfb retriever (k=3) of ``ensemble``."""
+    return _Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3), **kwargs)
 
 
 def _queries(store: FeedbackStore) -> list[str]:
@@ -144,36 +179,17 @@ def test_what_was_kept_for_a_store_closed_since_is_dropped_with_one_warning(tmp_
 def test_a_kept_write_for_a_learners_store_closed_since_loses_that_write_alone(tmp_path: Path) -> None:
     # a kept unused mark on the learner's own file, closed since, dropped every kept log of the handler's file
     # (still open), with a warning that said the store was closed
-    from langchain_core.callbacks import CallbackManagerForRetrieverRun
-    from langchain_core.documents import Document
-    from langchain_core.retrievers import BaseRetriever
+    holders: list[sqlite3.Connection] = []
 
-    from langchain_rlfb import FeedbackEnsembleRetriever
-    from rlfb import FeedbackEnsemble
+    def lock_the_learners_file() -> None:  # as the wrapper trims
+        holder = sqlite3.connect(tmp_path / "learner.db", isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        holders.append(holder)
 
-    learner_file, holders = tmp_path / "learner.db", []
-
-    class Trim(BaseRetriever):
-        """Returns the first of its member's documents; the learner's file is locked as it trims."""
-
-        inner: Any
-
-        def _get_relevant_documents(self, query: str, *,
-                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-            docs = self.inner.invoke(query, config={"callbacks": run_manager.get_child()})
-            holder = sqlite3.connect(learner_file, isolation_level=None, check_same_thread=False)
-            holder.execute("BEGIN IMMEDIATE")
-            holders.append(holder)
-            return list(docs[:1])
-
-    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
-    own = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2)
-    theirs = FeedbackStore(learner_file, busy_timeout=0.2)
-    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
-    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    own, theirs, ensemble, handler = _learner_elsewhere(tmp_path, learner_timeout=0.2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+        _trim(ensemble, on_trim=lock_the_learners_file).invoke(
             "What causes the aurora", config={"callbacks": [handler]})
     holders.pop().execute("ROLLBACK")
     assert [len(entry["before"]) for entry in handler._unlogged.values()] == [1]  # the unused mark, kept
@@ -187,28 +203,11 @@ def test_a_kept_write_for_a_learners_store_closed_since_loses_that_write_alone(t
 def test_a_wrapper_over_a_decision_whose_copy_is_kept_still_teaches_its_learner(tmp_path: Path, lock: bool) -> None:
     # the wrapper's end read the store for the decisions below it, and the copy of the learner's decision waited
     # for the locked store: the result was logged as a retrieval of its own, and feedback taught the learner nothing
-    from langchain_core.callbacks import CallbackManagerForRetrieverRun
-    from langchain_core.documents import Document
-    from langchain_core.retrievers import BaseRetriever
-
-    from langchain_rlfb import FeedbackEnsembleRetriever
-    from rlfb import FeedbackEnsemble
-
-    class Trim(BaseRetriever):
-        inner: Any
-
-        def _get_relevant_documents(self, query: str, *,
-                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-            return list(self.inner.invoke(query, config={"callbacks": run_manager.get_child()})[:1])
-
-    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
-    own, theirs = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2), FeedbackStore(tmp_path / "learner.db")
-    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
-    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    own, theirs, ensemble, handler = _learner_elsewhere(tmp_path)
     run = uuid.uuid4()
     with _locked(tmp_path / "h.db") if lock else contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+        _trim(ensemble).invoke(
             "What causes the aurora", config={"callbacks": [handler]}, run_id=run)
     rated = sorted(r.event_id.endswith("/result") for r in handler.record_feedback(run, score=1.0))
     assert rated == [False, False, True]  # the decision's copy, the learner's own row, the wrapper's result
@@ -324,24 +323,7 @@ def test_a_retry_of_a_failed_run_whose_retrieval_is_kept_is_rated_alone(tmp_path
 def test_a_wrapper_run_id_given_again_still_marks_what_it_cut_in_its_decision(tmp_path: Path, lock: bool) -> None:
     # refused while the first result's log was kept, the second wrapper's writes before its log were dropped with
     # it: its decision's cut chunks stayed credited, where an open store marks them before it refuses the log
-    from langchain_core.callbacks import CallbackManagerForRetrieverRun
-    from langchain_core.documents import Document
-    from langchain_core.retrievers import BaseRetriever
-
-    from langchain_rlfb import FeedbackEnsembleRetriever
-    from rlfb import FeedbackEnsemble
-
-    class Trim(BaseRetriever):
-        inner: Any
-
-        def _get_relevant_documents(self, query: str, *,
-                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-            return list(self.inner.invoke(query, config={"callbacks": run_manager.get_child()})[:1])
-
-    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
-    own, theirs = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2), FeedbackStore(tmp_path / "learner.db")
-    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
-    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    own, theirs, ensemble, handler = _learner_elsewhere(tmp_path)
     run = uuid.uuid4()
     # given a third time, the refused writes replaced the second's where they stood, ahead of the third decision's
     # copy: its mark failed on an event not logged yet, and stopped every later write of the handler
@@ -349,7 +331,7 @@ def test_a_wrapper_run_id_given_again_still_marks_what_it_cut_in_its_decision(tm
     with _locked(tmp_path / "h.db") if lock else contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for question in questions:
-            Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+            _trim(ensemble).invoke(
                 question, config={"callbacks": [handler]}, run_id=run)
     after = uuid.uuid4()
     chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25()
@@ -504,27 +486,10 @@ def test_a_kept_write_for_a_learners_store_deleted_since_loses_that_write_alone(
     # and feedback of the handler, whose own store was fine
     import os
 
-    from langchain_core.callbacks import CallbackManagerForRetrieverRun
-    from langchain_core.documents import Document
-    from langchain_core.retrievers import BaseRetriever
-
-    from langchain_rlfb import FeedbackEnsembleRetriever
-    from rlfb import FeedbackEnsemble
-
-    class Trim(BaseRetriever):
-        inner: Any
-
-        def _get_relevant_documents(self, query: str, *,
-                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-            return list(self.inner.invoke(query, config={"callbacks": run_manager.get_child()})[:1])
-
-    base = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",))
-    own, theirs = FeedbackStore(tmp_path / "h.db", busy_timeout=0.2), FeedbackStore(tmp_path / "learner.db")
-    ensemble = FeedbackEnsemble(base.retrievers, base.chunks, store=theirs, policy="gradient")
-    handler = FeedbackCallbackHandler(own, ensemble=ensemble)
+    own, theirs, ensemble, handler = _learner_elsewhere(tmp_path)
     with _locked(tmp_path / "h.db"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3)).invoke(
+        _trim(ensemble).invoke(
             "What causes the aurora", config={"callbacks": [handler]})
     for name in os.listdir(tmp_path):
         if name.startswith("learner.db"):
