@@ -25,7 +25,7 @@ from rlfb.errors import (
     UnknownEventError,
     ValidationError,
 )
-from rlfb.runs import log_external, same_store
+from rlfb.runs import log_external, open_blocks, same_store
 
 if TYPE_CHECKING:
     from langchain_rlfb.callbacks import FeedbackCallbackHandler
@@ -164,7 +164,7 @@ def _write_first(handler: FeedbackCallbackHandler, write_log: Callable[[str, Any
     write(key, value)
     with handler._lock:
         kept.pop(key, None)
-    if isinstance(getattr(store, "exclusive_depth", 0), int) and store.exclusive_depth > 0:
+    if open_blocks(store) > 0:
         store.on_rollback(partial(_put_back, handler, kept, key, whole))
     return True
 

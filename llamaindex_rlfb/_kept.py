@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from rlfb._at_exit import run_at_exit, write_kept_of_this_process
 from rlfb.errors import DuplicateEventError, StoreBusyError, StoreClosedError
-from rlfb.runs import log_external, store_now
+from rlfb.runs import log_external, open_blocks, store_now
 
 __all__ = ["KEPT", "KEPT_WRITES", "KEEPING", "Keeper", "drop_kept", "kept_log", "written", "write_kept",
            "write_kept_at_exit"]
@@ -134,7 +134,7 @@ def write_kept(handler: Keeper) -> None:
             try:
                 with contextlib.suppress(DuplicateEventError):  # logged by another handler on the file meanwhile
                     write(*args, **kwargs)
-                if _depth(handler._store) > 0:
+                if open_blocks(handler._store) > 0:
                     # written inside the app's exclusive() block of this thread: its rollback undoes the write, so
                     # the entry is kept again then (callbacks run newest first: each goes back to the front)
                     handler._store.on_rollback(lambda e=entry: _put_back(handler, e))
@@ -149,12 +149,6 @@ def write_kept(handler: Keeper) -> None:
             with handler._lock:
                 if handler._unwritten and handler._unwritten[0] is entry:  # not dropped past the bound meanwhile
                     handler._unwritten.popleft()
-
-
-def _depth(store: Any) -> int:
-    """How many ``exclusive()`` blocks are open on ``store`` (a store of the user's own without them: 0)."""
-    depth = getattr(store, "exclusive_depth", 0)
-    return depth if isinstance(depth, int) else 0
 
 
 def _put_back(handler: Keeper, entry: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> None:

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "finite_score",
+    "open_blocks",
     "learned_here",
     "learns_after_commit",
     "session_text",
@@ -255,6 +256,13 @@ def store_lock(store: Any) -> AbstractContextManager[Any]:
     """
     lock = getattr(store, "lock", None)
     return lock if lock is not None else nullcontext()
+
+
+def open_blocks(store: Any) -> int:
+    """How many ``store.exclusive()`` blocks this thread has open on ``store`` (a store of the user's own without
+    :attr:`~rlfb.store.FeedbackStore.exclusive_depth`: 0). A write made inside one is undone if it rolls back."""
+    depth = getattr(store, "exclusive_depth", 0)
+    return depth if isinstance(depth, int) else 0
 
 
 def in_callers_block(store: Any) -> bool:
