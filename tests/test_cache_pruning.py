@@ -496,3 +496,22 @@ def test_prune_by_unused_days_counts_whole_days(tmp_path: Path) -> None:
     _set_row(tmp_path, "UPDATE encodings SET used_at = ? WHERE text_hash = 'old'", now - 2 * 86400)
     assert prune_cache(tmp_path, unused_days=1)["removed"] == 1
     assert sorted(EmbeddingCache(tmp_path, "toy|document", max_mb=100).get_many(["recent", "old"])) == ["recent"]
+
+
+def test_a_bounded_cache_keeps_the_batch_it_just_wrote_over_one_written_in_the_same_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``used_at`` is in whole seconds: writes in quick succession tie, and ties went by key, so a batch whose keys
+    sort last was dropped by the very write that stored it (a review, 2026-12-07). The batch just written counts as
+    the newest."""
+    import rlfb.retrievers.cache as cache_module
+
+    frozen = float(int(time.time()))
+    monkeypatch.setattr(cache_module.time, "time", lambda: frozen)  # every write in one second
+    limit = 8 * _entry("m|query", "a0")
+    bounded = EmbeddingCache(tmp_path, "m|query", max_mb=limit / 1024 / 1024)
+    for batch in "abcdefgh":  # each 2 entries; "h" sorts last of all
+        bounded.put_many({f"{batch}{i}": np.full(256, 1.0) for i in range(2)})
+        assert {f"{batch}0", f"{batch}1"} <= set(_used_at(tmp_path)), batch
+        assert sum(m["bytes"] for m in cache_stats(tmp_path)["models"]) <= limit
+    assert len(bounded.get_many(["h0", "h1"])) == 2

@@ -9,8 +9,8 @@
     removed is encoded again when next needed. Run it from cron, say, to keep
     a long-lived service's cache bounded.
 
-``DIR`` defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``. A ``--dir`` that does not
-exist or is not a folder is an error; a folder (the default included) that holds no cache file
+``DIR`` defaults to ``$RLFB_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlfb``, else ``~/.cache/rlfb``. A
+``--dir`` that does not exist or is not a folder is an error; a folder (the default included) that holds no cache file
 yet is reported as having none, and none is made. A file of that name that is a SQLite database
 without the cache's table (another program's) is refused and left as it is.
 """
@@ -29,7 +29,7 @@ from rlfb.errors import ValidationError
 __all__ = ["register", "cmd_stats", "cmd_prune"]
 
 
-_DIR_HELP = "cache folder (default: $RLFB_CACHE_DIR, else ~/.cache/rlfb)"
+_DIR_HELP = "cache folder (default: $RLFB_CACHE_DIR, else $XDG_CACHE_HOME/rlfb where that is set, else ~/.cache/rlfb)"
 #: the table every cache file holds (rlfb.retrievers.cache_file's schema)
 _CACHE_TABLE = "encodings"
 
@@ -39,7 +39,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     cache = subparsers.add_parser(
         "cache",
         help="see and bound the on-disk embedding cache",
-        description="See and bound the on-disk embedding cache (default $RLFB_CACHE_DIR, else ~/.cache/rlfb).",
+        description="See and bound the on-disk embedding cache (default $RLFB_CACHE_DIR, else "
+                    "$XDG_CACHE_HOME/rlfb where that is set, else ~/.cache/rlfb).",
     )
     sub = cache.add_subparsers(dest="cache_command", metavar="COMMAND")
     sub.required = True

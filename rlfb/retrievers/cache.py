@@ -6,7 +6,8 @@ float32 blob; a sparse vector as an int32 blob of indices plus a float32 blob of
 values (and the full dimension). Two processes may read and write the same file at once: SQLite's WAL
 journal and a busy timeout serialise the writers.
 
-The directory defaults to ``$RLFB_CACHE_DIR``, else ``~/.cache/rlfb``. The file grows with every
+The directory defaults to ``$RLFB_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlfb``, else ``~/.cache/rlfb``
+(:func:`~rlfb.retrievers.cache_file.default_cache_dir`). The file grows with every
 new text unless bounded: ``max_mb`` (default ``$RLFB_CACHE_MAX_MB``, unset: no bound) makes each
 writing process drop the least recently used encodings once the file's entries pass it, and
 :func:`prune_cache` does the same on request.
@@ -429,7 +430,7 @@ class EmbeddingCache:
             return
         self._size = _entry_bytes(conn)
         if self._size > limit:
-            _drop_least_recent(conn, int(limit * _PRUNE_TO))
+            _drop_least_recent(conn, int(limit * _PRUNE_TO), first=[(r[0], r[1]) for r in rows])
             self._size = _entry_bytes(conn)
 
     def __len__(self) -> int:

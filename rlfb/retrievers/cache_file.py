@@ -13,6 +13,7 @@ import math
 import os
 import sqlite3
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from rlfb.errors import CorruptStateError, ValidationError
@@ -272,14 +273,33 @@ def _entry_bytes(conn: sqlite3.Connection) -> int:
     return int(conn.execute(f"SELECT COALESCE(SUM({_ENTRY_BYTES}), 0) FROM encodings").fetchone()[0])
 
 
-def _drop_least_recent(conn: sqlite3.Connection, keep_bytes: int) -> int:
-    """Delete the least recently used entries beyond the newest ``keep_bytes``; returns how many."""
-    # newest first: what keeps within the limit stays, the rest goes
-    victims = conn.execute(
-        f"SELECT model_key, text_hash FROM (SELECT model_key, text_hash, SUM({_ENTRY_BYTES}) OVER "
-        "(ORDER BY used_at DESC, model_key, text_hash ROWS UNBOUNDED PRECEDING) AS running "
-        "FROM encodings) WHERE running > ?",
-        (keep_bytes,),
-    ).fetchall()
+def _drop_least_recent(conn: sqlite3.Connection, keep_bytes: int,
+                       first: Iterable[tuple[str, str]] = ()) -> int:
+    """Delete the least recently used entries beyond the newest ``keep_bytes``; returns how many.
+
+    ``first``, ``(model_key, text_hash)`` keys, count as newer than every other entry: a batch just written,
+    whose ``used_at`` (whole seconds) ties with what was written earlier in the same second. Without them ties
+    go by key, and a bounded cache's writes in quick succession dropped the batch each had just written.
+    """
+    first = list(first)
+    if first:
+        # a temporary table of this connection, emptied before it returns: a batch may hold more keys than an
+        # IN list takes
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS rlfb_written_first (model_key TEXT NOT NULL, "
+                     "text_hash TEXT NOT NULL, PRIMARY KEY (model_key, text_hash)) WITHOUT ROWID")
+        conn.executemany("INSERT OR IGNORE INTO temp.rlfb_written_first VALUES (?, ?)", first)
+    fresh = ("EXISTS (SELECT 1 FROM temp.rlfb_written_first f WHERE f.model_key = encodings.model_key "
+             "AND f.text_hash = encodings.text_hash)" if first else "0")
+    try:
+        # newest first: what keeps within the limit stays, the rest goes
+        victims = conn.execute(
+            f"SELECT model_key, text_hash FROM (SELECT model_key, text_hash, SUM({_ENTRY_BYTES}) OVER "
+            f"(ORDER BY {fresh} DESC, used_at DESC, model_key, text_hash ROWS UNBOUNDED PRECEDING) AS running "
+            "FROM encodings) WHERE running > ?",
+            (keep_bytes,),
+        ).fetchall()
+    finally:
+        if first:
+            conn.execute("DELETE FROM temp.rlfb_written_first")
     conn.executemany("DELETE FROM encodings WHERE model_key = ? AND text_hash = ?", victims)
     return len(victims)
