@@ -7,11 +7,12 @@ retrieval was lost; a store with a clock of its own refused every log as from th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import sqlite3
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from langchain_community.retrievers import BM25Retriever
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableLambda,
+    RunnableParallel,
+    RunnablePassthrough,
+)
 
 from langchain_rlfb import FeedbackCallbackHandler, FeedbackEnsembleRetriever
 from rlfb import FeedbackEnsemble
@@ -74,6 +81,20 @@ def _learner_elsewhere(tmp_path: Path, learner_timeout: float | None = None,
 def _trim(ensemble: FeedbackEnsemble, **kwargs: Any) -> _Trim:
     """:class:`_Trim` over an rlfb retriever (k=3) of ``ensemble``."""
     return _Trim(inner=FeedbackEnsembleRetriever.from_ensemble(ensemble, k=3), **kwargs)
+
+
+def _fails_first(message: str, before: Callable[[], object] = lambda: None) -> Runnable[Any, Any]:
+    """A step that raises ``ValueError(message)`` on its first call (after ``before()``), and passes its input on
+    at every later one: a run's first attempt that fails after retrieving, and its retry."""
+    calls = itertools.count()
+
+    def step(docs: Any) -> Any:
+        if next(calls) == 0:
+            before()
+            raise ValueError(message)
+        return docs
+
+    return RunnableLambda(step)
 
 
 def _queries(store: FeedbackStore) -> list[str]:
@@ -261,19 +282,9 @@ def test_a_retrievals_own_run_id_given_again_while_its_log_is_kept_is_refused(tm
 def test_a_run_id_whose_kept_retrieval_failed_is_not_given_again(tmp_path: Path) -> None:
     # the kept retrievals counted whatever became of their runs: a fallback's first attempt that retrieved and
     # failed made the next run under the id refused, and feedback on the id found nothing
-    from langchain_core.runnables import RunnableLambda
-
     store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
     handler = FeedbackCallbackHandler(store)
-    calls: list[int] = []
-
-    def flaky(docs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            raise ValueError("the first attempt fails after retrieving")
-        return docs
-
-    attempt: Runnable[Any, Any] = _bm25() | RunnableLambda(flaky)
+    attempt: Runnable[Any, Any] = _bm25() | _fails_first("the first attempt fails after retrieving")
     chain: Runnable[Any, Any] = RunnablePassthrough() | attempt.with_fallbacks([RunnableLambda(lambda _: [])])
     top = uuid.uuid4()
     with _locked(tmp_path / "f.db"), warnings.catch_warnings(record=True) as caught:
@@ -287,23 +298,14 @@ def test_a_run_id_whose_kept_retrieval_failed_is_not_given_again(tmp_path: Path)
 def test_a_retry_of_a_failed_run_whose_retrieval_is_kept_is_rated_alone(tmp_path: Path) -> None:
     # the run failed once the store was free again (its mark written), its retrieval's log still kept: the retry
     # under its id was refused as given again, and feedback on the id rated the failed attempt
-    from langchain_core.runnables import RunnableLambda
-
     path = tmp_path / "f.db"
     store = FeedbackStore(path, busy_timeout=0.2)
     handler = FeedbackCallbackHandler(store)
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
-    calls: list[int] = []
-
-    def fail_once(docs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            holder.execute("ROLLBACK")  # the store is free when the run's failure is marked
-            raise ValueError("boom")
-        return docs
-
-    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25() | RunnableLambda(fail_once)
+    # the store is free when the run's failure is marked
+    fail_once = _fails_first("boom", before=lambda: holder.execute("ROLLBACK"))
+    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25() | fail_once
     top = uuid.uuid4()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -346,19 +348,9 @@ def test_a_wrapper_run_id_given_again_still_marks_what_it_cut_in_its_decision(tm
 def test_a_retry_whose_failed_mark_is_kept_too_is_rated_alone(tmp_path: Path) -> None:
     # the whole first attempt waited for the store, its failed mark too: the retry's check answered "not given
     # again" and marked nothing, so feedback on the id rated the failed attempt beside the retry
-    from langchain_core.runnables import RunnableLambda
-
     store = FeedbackStore(tmp_path / "f.db", busy_timeout=0.2)
     handler = FeedbackCallbackHandler(store)
-    calls: list[int] = []
-
-    def fail_once(docs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
-            raise ValueError("boom")
-        return docs
-
-    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25() | RunnableLambda(fail_once)
+    chain: Runnable[Any, Any] = RunnablePassthrough() | _bm25() | _fails_first("boom")
     top = uuid.uuid4()
     with _locked(tmp_path / "f.db"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -391,8 +383,6 @@ def test_a_kept_write_the_store_refuses_for_what_it_is_is_dropped_with_a_warning
 def test_a_retry_whose_first_attempt_is_part_logged_part_kept_marks_both_parts(tmp_path: Path) -> None:
     # the failed attempt's first retrieval was logged, its second kept, and the store locked again at the retry:
     # the children in the store were marked with a second wait, which failed, and were never marked
-    from langchain_core.runnables import RunnableLambda
-
     path = tmp_path / "f.db"
     store = FeedbackStore(path, busy_timeout=0.2)
     handler = FeedbackCallbackHandler(store)
@@ -453,8 +443,6 @@ def test_a_kept_log_on_a_full_disk_stays_kept_until_there_is_room(tmp_path: Path
 def test_a_restatement_after_a_failed_run_whose_mark_is_kept_judges_nothing(tmp_path: Path, locked_from: str) -> None:
     # the kept marks were written after the kept logs: the restated question's follow-up check ran before the
     # failed run was marked, and took its retrieval (which answered nobody) for one the user reformulated
-    from langchain_core.runnables import RunnableLambda
-
     path = tmp_path / "f.db"
     store = FeedbackStore(path, busy_timeout=0.2)
     handler = FeedbackCallbackHandler(store)
@@ -504,8 +492,6 @@ def test_a_kept_write_for_a_learners_store_deleted_since_loses_that_write_alone(
 def test_kept_marks_and_logs_are_written_in_the_order_they_were_kept(tmp_path: Path) -> None:
     # the marks were all written before the logs: a restatement whose retrieval ended before the first run failed
     # was judged as if that run had failed first, where a free store records the reformulation
-    from langchain_core.runnables import RunnableLambda
-
     signals: dict[bool, list[tuple[str]]] = {}
     for lock in (False, True):
         path = tmp_path / f"{lock}.db"
@@ -530,8 +516,6 @@ def test_kept_marks_and_logs_are_written_in_the_order_they_were_kept(tmp_path: P
 def test_a_kept_write_of_a_wrapped_store_is_the_handlers_own(tmp_path: Path) -> None:
     # a store that hands every call on to a FeedbackStore (anything with log_event is taken): its bound writes are
     # the inner store's, which was read as a learner's store on another file, so a full disk dropped the write
-    from langchain_core.runnables import RunnableLambda
-
     import rlfb.store.run_tree as run_tree
     from rlfb.errors import StoreFullError
 
