@@ -46,15 +46,19 @@ def fail_run(store: FeedbackStore, run_id: str) -> bool:
                             [enc, store._now()]).rowcount == 1
 
 
+#: the runs linked directly under a run and the events logged with it as their parent (the run id twice): what
+#: :func:`fail_children` marks and :func:`run_children` reads
+_CHILDREN = "SELECT run_id AS child FROM run_links WHERE parent_id = ? UNION SELECT id FROM events WHERE parent_id = ?"
+
+
 def fail_children(store: FeedbackStore, run_id: str) -> int:
     """Mark failed every run linked directly under ``run_id`` and every event logged with it as its parent, in
     one transaction; return how many were not marked before."""
     enc = _enc(_check_id(run_id, "run_id"))
     with store._write() as conn:
         return conn.execute(
-            "INSERT OR IGNORE INTO failed_runs (run_id, ts) "
-            "SELECT run_id, ? FROM run_links WHERE parent_id = ? UNION SELECT id, ? FROM events WHERE parent_id = ?",
-            [store._now(), enc, store._now(), enc],
+            f"INSERT OR IGNORE INTO failed_runs (run_id, ts) SELECT child, ? FROM ({_CHILDREN})",
+            [store._now(), enc, enc],
         ).rowcount
 
 
@@ -63,8 +67,7 @@ def run_children(store: FeedbackStore, run_id: str) -> list[str]:
     it as their parent."""
     enc = _enc(_check_id(run_id, "run_id"))
     with store._read() as conn:
-        rows = conn.execute("SELECT run_id FROM run_links WHERE parent_id = ? UNION SELECT id FROM events "
-                            "WHERE parent_id = ?", [enc, enc]).fetchall()
+        rows = conn.execute(_CHILDREN, [enc, enc]).fetchall()
     return sorted(_dec(r) for (r,) in rows)
 
 
