@@ -667,7 +667,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     def feedback(
         self,
         run_id: Any,
-        signal: str | None = None,
+        signal: str | float | None = None,
         *,
         score: float | bool | None = None,
         score_scale: str = "unit",
@@ -685,9 +685,10 @@ class FeedbackEnsembleRetriever(BaseRetriever):
         callbacks, which links every run of the chain to its parent.
 
         ``score`` follows LangSmith (``0``/``1`` thumbs by default; see
-        :func:`rlfb.runs.score_value`); or give a ``signal`` (``"thumbs_up"``,
-        ``"explicit_negative"``, ...), a ``rating`` (1-5) or a raw ``value``
-        in [-1, 1]. ``kwargs``: ``timestamp``, ``session_id``, ``user_id``,
+        :func:`rlfb.runs.score_value`), and a number second is the score
+        (``retriever.feedback(run_id, 1.0)``), as the handler's ``record_feedback`` takes it;
+        or give a ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ...), a
+        ``rating`` (1-5) or a raw ``value`` in [-1, 1]. ``kwargs``: ``timestamp``, ``session_id``, ``user_id``,
         ``idempotency_key``. Returns the stored
         :class:`~rlfb.store.FeedbackRecord` of each retrieval the run id stands for.
         """

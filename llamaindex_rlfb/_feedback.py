@@ -35,7 +35,7 @@ __all__ = ["adapter_feedback", "HandlerFeedback"]
 
 
 def adapter_feedback(
-    store: Any, event_id: Any, signal: str | None, *, ensemble: Any, **fields: Any
+    store: Any, event_id: Any, signal: str | float | None, *, ensemble: Any, **fields: Any
 ) -> list[FeedbackRecord]:
     """:func:`rlfb.runs.record_run_feedback` on ``store``; an unknown id names what a LlamaIndex app passes."""
     try:

@@ -379,7 +379,7 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
     def feedback(
         self,
         event_id: Any,
-        signal: str | None = None,
+        signal: str | float | None = None,
         *,
         score: float | bool | None = None,
         rating: float | None = None,
@@ -390,7 +390,8 @@ class FeedbackFusionPostprocessor(BaseNodePostprocessor):
         """Feedback on a re-ranking (a node's ``metadata["event_id"]``) or on a query id above it; it learns.
 
         Give a ``signal`` (``"thumbs_up"``, ``"explicit_negative"``, ``"click"``, ...),
-        a LangSmith-style ``score`` (0 to 1), a ``rating`` (1 to 5) or a raw
+        a LangSmith-style ``score`` (0 to 1; a number second is the score, as the
+        handler's ``record_feedback(query_id, 1.0)`` takes it), a ``rating`` (1 to 5) or a raw
         ``value`` in [-1, 1]. ``kwargs``: ``timestamp``, ``session_id``,
         ``user_id``, ``idempotency_key``, ``comment``, ``key``. Returns the
         stored :class:`~rlfb.store.FeedbackRecord` of each retrieval rated.

@@ -183,7 +183,7 @@ class FeedbackEnsembleRetriever(BaseRetriever):
     def feedback(
         self,
         event_id: Any,
-        signal: str | None = None,
+        signal: str | float | None = None,
         *,
         score: float | bool | None = None,
         rating: float | None = None,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rlfb.corpus_index import indexed_table
-from rlfb.errors import CorruptStateError, ValidationError
+from rlfb.errors import CorruptStateError, SaveNotFoundError, ValidationError
 from rlfb.files import folder_path
 from rlfb.members import SearchMember
 from rlfb.memory import knows_questions_by_text
@@ -192,10 +192,10 @@ def _read_folder(
     from rlfb.retrievers import load_retriever
 
     if not (root / _CONFIG_FILE).is_file():
-        # a typo'd path, an empty folder, a retriever's own save: said so, not FileNotFoundError(2, ...). Still a
-        # CorruptStateError, which read_whole waits on while a save swaps the folder in
+        # a typo'd path, an empty folder, a retriever's own save: said so, not FileNotFoundError(2, ...). A
+        # FileNotFoundError still, and a CorruptStateError, which read_whole waits on while a save swaps it in
         what = "there is no such folder" if not root.exists() else f"it holds no {_CONFIG_FILE}"
-        raise CorruptStateError(f"cannot read an ensemble from {root}: {what} (FeedbackEnsemble.save(path) "
+        raise SaveNotFoundError(f"cannot read an ensemble from {root}: {what} (FeedbackEnsemble.save(path) "
                                 "writes one)")
     config = _json_file(root / _CONFIG_FILE)
     state = _json_file(root / "learner.json")

@@ -20,6 +20,7 @@ __all__ = [
     "UnknownSignalError",
     "InvalidWeightsError",
     "CorruptStateError",
+    "SaveNotFoundError",
     "ModelNotFoundError",
     "NonFiniteValueError",
     "RatingOutOfRangeError",
@@ -79,6 +80,14 @@ class InvalidWeightsError(ValidationError):
 
 class CorruptStateError(RlfbError, ValueError):
     """A saved index, weights file or policy state cannot be read back."""
+
+
+class SaveNotFoundError(CorruptStateError, FileNotFoundError):
+    """No save where one was to be loaded: no such folder, or a folder without an ensemble's settings.
+
+    A :class:`CorruptStateError` (a load that waits out another process's save swapping the folder in
+    catches that) and a :class:`FileNotFoundError`, which a caller checking for a missing save catches.
+    """
 
 
 class ModelNotFoundError(RlfbError, FileNotFoundError):

@@ -457,7 +457,9 @@ class RewardFunction:
             else:
                 raise ValidationError("feedback needs a signal, a rating or a value")
         if not isinstance(signal, str):
-            raise UnknownSignalError(f"signal must be a str, got {type(signal).__name__} {signal!r}")
+            # a number here is what a caller meant as the feedback's value (`feedback(event_id, 1.0)`)
+            raise UnknownSignalError(f"signal must be a signal's name (a str), got {type(signal).__name__} "
+                                     f"{signal!r}; give a number as value= (in [-1, 1]) or rating= (1 to 5)")
         base = self.resolve(signal)
         if base in NUMERIC_SIGNALS:
             if rating is not None and value is not None:
@@ -469,8 +471,10 @@ class RewardFunction:
             x = finite_float(number, "rating" if rating is not None else "value")  # the argument the caller gave
             return signal, base, x, float(_VALUES[base](self.config, x))
         if value is not None or rating is not None:
+            given = "rating=" if rating is not None else "value="  # the argument the caller gave, named
             raise ValidationError(
-                f"signal {signal!r} takes no value; use signal='rating' or signal='score' for numbers"
+                f"signal {signal!r} takes no number, got {given}; leave the signal out (rating= alone is a "
+                "rating, value= alone a score), or give it alone"
             )
         return signal, base, None, float(_VALUES[base](self.config, 0.0))
 

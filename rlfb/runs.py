@@ -359,7 +359,7 @@ FEEDBACK_ARGUMENTS = ("signal", "score", "rating", "value", "chunk_id", "comment
 def record_run_feedback(
     store: Any,
     run_id: str,
-    signal: str | None = None,
+    signal: str | float | None = None,
     *,
     ensemble: Any = None,
     ensembles: Mapping[str, Any] | None = None,
@@ -381,7 +381,8 @@ def record_run_feedback(
     ``run_id`` is a retrieval's event id, or the id of a run above retrievals
     (a chain), resolved through :meth:`~rlfb.store.FeedbackStore.resolve_run`.
     The feedback is a ``signal``, a ``rating``, a raw ``value`` in [-1, 1], or a
-    LangSmith-style ``score`` (mapped by :func:`score_value` with ``score_scale``).
+    LangSmith-style ``score`` (mapped by :func:`score_value` with ``score_scale``; a
+    number in ``signal``'s place is the score, as the handlers take it second).
     Feedback on a chain that made several retrievals goes to each of them; with
     ``chunk_id``, only to those that returned that chunk. All of it is written
     in one transaction: when any retrieval rejects it, nothing is written and
@@ -410,6 +411,11 @@ def record_run_feedback(
             "score, rating or value, and chunk_id, comment, key, timestamp, session_id, user_id, idempotency_key"
         )
     run_id = _run_id(run_id)
+    if signal is not None and not isinstance(signal, str):
+        # a number second is the score (`retriever.feedback(run_id, 1.0)`), as the handlers' record_feedback
+        # takes it in LangSmith's shape; it was refused as a signal that is not a str
+        key, score, _ = key_or_score((signal,), key, score, "feedback")
+        signal = None
     if score is not None:
         value = _score_as_value(store, signal, score, score_scale, value, rating)
     events = _rated_events(store, run_id, chunk_id)
@@ -434,12 +440,21 @@ def _score_as_value(store: Any, signal: str | None, score: float | bool, score_s
     """A LangSmith-style ``score`` as the value in [-1, 1] feedback takes, checked against what else was given."""
     if value is not None or rating is not None:  # the store would name value=, which this caller never gave
         raise ValidationError(f"give score= or {'value' if value is not None else 'rating'}=, not both")
-    if signal is not None and (base := store.reward.resolve(signal)) != "score":
+    if signal is not None and (base := _resolve_beside_score(store, signal)) != "score":
         # the score becomes a value in [-1, 1], which a rating signal would read as stars: a thumbs up
         # (score 1) was stored as one star
         takes = "a rating (rating=)" if base == "rating" else "no number"
         raise ValidationError(f"score= goes alone or with a score signal; signal {signal!r} takes {takes}")
     return score_value(score, score_scale)
+
+
+def _resolve_beside_score(store: Any, signal: str) -> str:
+    """The base kind of a signal given with a ``score``; a name no signal has says where a LangSmith key goes
+    (``create_feedback(run_id, "correctness", score=1.0)`` puts its key where rlfb's adapters take a signal)."""
+    try:
+        return str(store.reward.resolve(signal))
+    except UnknownSignalError as exc:
+        raise UnknownSignalError(f"{exc}; with a score, a LangSmith key goes as key={signal!r}") from None
 
 
 def _rated_events(store: Any, run_id: str, chunk_id: str | None) -> list[dict[str, Any]]:

@@ -70,6 +70,9 @@ class Hit:
     1-based position. ``proposed_by`` names the retrievers whose own top list
     contained the chunk with a score other than 0; the others only scored it
     (BM25 and SPLADE fill a top list longer than their matches with chunks they score 0).
+    ``confidence`` is the chunk's confidence from feedback over all questions, 1 to 10 (5 for a chunk no
+    feedback has reached yet), and ``memory`` what the feedback memory holds for this chunk on this question
+    or similar ones, in [-1, 1] (0: nothing); both enter ``score`` (docs/concepts.md).
     """
 
     chunk_id: str

@@ -315,3 +315,22 @@ def test_simulate_records_the_folder_a_bare_collection_name_was_found_in(tmp_pat
     out = tmp_path / "sim.json"
     assert main(["simulate", "--quiet", "--dataset", "tiny", *SMALL_RUN, "--json", str(out)]) == 0
     assert json.loads(out.read_text())["config"]["dataset_path"] == str((collections / "tiny").resolve())
+
+
+# -- errors name the option typed ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["evaluate", "--dataset", "DATA", "--retrievers", "bm25", "--k", "0"], "--k must be at least 1, got 0"),
+        (["cache", "prune", "--dir", "DIR", "--max-mb", "-1"], "--max-mb must be a finite number >= 0, got -1.0"),
+        (["cache", "prune", "--dir", "DIR", "--unused-days", "nan"],
+         "--unused-days must be a finite number >= 0, got nan"),
+    ],
+    ids=["evaluate-k", "prune-max-mb", "prune-unused-days"],
+)
+def test_a_bad_number_names_the_option_typed(tmp_path: Path, capsys, argv: list[str], expected: str) -> None:
+    # they named the function's argument (`k must be a positive integer`, `max_mb must be ...`), which the
+    # command line has no option of
+    places = {"DATA": str(write_beir(tmp_path / "data")), "DIR": str(tmp_path)}
+    assert main([places.get(a, a) for a in argv]) == 2
+    assert one_error_line(capsys) == f"rlfb: error: {expected}"

@@ -380,3 +380,14 @@ def test_a_custom_alias_overrides_a_built_in_one() -> None:
     assert rf.resolve("click") == "explicit_positive"
     assert rf.signal_value("click") == 1.0
     assert RewardFunction().signal_value("click") == 0.4  # the default registry is untouched
+
+
+def test_a_misplaced_number_is_named_as_the_caller_gave_it(rf):
+    # feedback(event_id, 1.0) said only "signal must be a str"; a rating beside a signal that takes no number
+    # was called a value ("takes no value"), which the caller never gave
+    with pytest.raises(UnknownSignalError, match=r"got float 1\.0; give a number as value= .* or rating="):
+        rf.signal_value(1.0)
+    with pytest.raises(ValidationError, match="signal 'thumbs_up' takes no number, got rating="):
+        rf.signal_value("thumbs_up", rating=2)
+    with pytest.raises(ValidationError, match="signal 'thumbs_up' takes no number, got value="):
+        rf.signal_value("thumbs_up", value=1.0)

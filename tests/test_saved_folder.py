@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfb import CorruptStateError, FeedbackEnsemble, RlfbError, ValidationError, saved_folder
+from rlfb import CorruptStateError, FeedbackEnsemble, RlfbError, SaveNotFoundError, ValidationError, saved_folder
 from rlfb.retrievers import BM25Retriever
 from rlfb.retrievers.base import ChunkTable
 from rlfb.saved_folder import saving_into
@@ -86,6 +86,23 @@ def test_damage_that_stays_is_raised_at_once(tmp_path: Path, monkeypatch) -> Non
     (root / "ensemble.json").unlink()
     with pytest.raises(CorruptStateError, match="holds no ensemble.json"):
         FeedbackEnsemble.load(root)
+
+
+def test_a_missing_save_is_a_file_not_found_error_too(tmp_path: Path) -> None:
+    # a missing save was a CorruptStateError alone, which `except FileNotFoundError` around a first start's
+    # load (load when saved, else build) did not catch, though nothing was corrupt
+    with pytest.raises(FileNotFoundError, match="there is no such folder") as missing:
+        FeedbackEnsemble.load(tmp_path / "never-saved")
+    assert isinstance(missing.value, SaveNotFoundError) and isinstance(missing.value, CorruptStateError)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SaveNotFoundError, match="holds no ensemble.json"):
+        FeedbackEnsemble.load(tmp_path / "empty")
+    root = tmp_path / "ens"
+    _ensemble(OLD_TEXTS, seed=1).save(root)
+    (root / "learner.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(CorruptStateError) as damaged:  # a damaged save is no missing one
+        FeedbackEnsemble.load(root)
+    assert not isinstance(damaged.value, FileNotFoundError)
 
 
 def test_a_folder_replaced_on_every_read_gives_up_with_a_named_error(tmp_path: Path, monkeypatch) -> None:

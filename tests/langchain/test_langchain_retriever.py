@@ -28,6 +28,7 @@ from rlfb import (
     NoStoreError,
     UnknownEventError,
     UnknownOptionError,
+    UnknownSignalError,
     ValidationError,
 )
 from rlfb.members import SearchMember
@@ -711,3 +712,24 @@ def test_the_retrievers_feedback_reads_the_score_on_the_scale_given(make_ensembl
     eid = retriever.invoke("tides")[0].metadata["event_id"]
     assert [r.reward for r in retriever.feedback(eid, score=0.0, score_scale="signed")] == [0.0]
     assert [r.reward for r in retriever.feedback(eid, score=0.0)] == [pytest.approx(-1.0, abs=1e-3)]  # a thumb down
+
+
+def test_the_retrievers_feedback_takes_a_number_second_as_the_score_as_the_handler_does(
+    make_ensemble: Callable[..., Any],
+) -> None:
+    # retriever.feedback(run_id, 1.0) was an UnknownSignalError ("signal must be a str"), where the handler's
+    # record_feedback(run_id, 1.0) takes LangSmith's score second
+    retriever = FeedbackEnsembleRetriever(ensemble=make_ensemble(), k=2)
+    handler = FeedbackCallbackHandler.from_ensemble(retriever)
+    eid = retriever.invoke("tides")[0].metadata["event_id"]
+    (by_retriever,) = retriever.feedback(eid, 1.0)
+    (by_handler,) = handler.record_feedback(eid, 1.0, idempotency_key="h")
+    assert by_retriever.value == by_handler.value == 1.0
+    assert [r.value for r in retriever.feedback(eid, 0, idempotency_key="down")] == [-1.0]  # a 0 is a thumb down
+    with pytest.raises(ValidationError, match="give the score once"):
+        retriever.feedback(eid, 1.0, score=0.0)
+    # LangSmith's key second, with a score: the error says where the key goes
+    with pytest.raises(UnknownSignalError, match="a LangSmith key goes as key='correctness'"):
+        retriever.feedback(eid, "correctness", score=1.0)
+    retriever.feedback(eid, score=1.0, key="correctness", idempotency_key="k")
+    assert [row["key"] for row in retriever.ensemble.store.feedback(eid)] == [None, None, None, "correctness"]

@@ -740,3 +740,13 @@ def test_an_option_given_to_from_dict_wins_over_the_dumped_one(tmp_path: Any, no
     default = FeedbackFusionPostprocessor.from_dict(data, nodes=nodes).ensemble
     assert default is not None
     assert default.candidate_k == 7  # none given: the dump's
+
+
+def test_feedback_takes_a_number_second_as_the_score_as_the_handler_does(index: Any, make_ensemble: Any) -> None:
+    # pp.feedback(event_id, 1.0) was an UnknownSignalError ("signal must be a str"), where the handler's
+    # record_feedback(query_id, 1.0) takes LangSmith's score second
+    pp = FeedbackFusionPostprocessor.from_ensemble(make_ensemble(), top_n=2)
+    engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=5, node_postprocessors=[pp])
+    eid = _check_reranked(engine.query("why are there tides").source_nodes, pp, 2)
+    assert [r.value for r in pp.feedback(eid, 1.0)] == [1.0]
+    assert [r.value for r in pp.feedback(eid, 0.0, idempotency_key="down")] == [-1.0]
