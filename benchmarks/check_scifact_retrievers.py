@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
 
 from _bench_args import positive_int  # noqa: E402

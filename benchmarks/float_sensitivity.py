@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
 
 from _bench_args import collection_folder, plural, positive_int  # noqa: E402

@@ -17,7 +17,8 @@ the tail is mostly asked once. Each retrieval is ``ens.retrieve(question, k=10)`
 question's own chunk is among the 10 shown, a click on it (``ens.feedback(event_id, "click",
 chunk_id=...)``) with probability ``--click-shown``; where it is not, with probability ``--click-other`` a
 click on a shown chunk drawn with probability proportional to 1/rank (position bias). The defaults give
-about 45 % of retrievals a feedback, as in the README (4,514 in 10,000); the count is printed.
+about 45 % of retrievals a feedback (4,569 in 10,000 here; docs/limitations.md's earlier soak script, not
+kept, gave 4,514); the count is printed.
 
 At each checkpoint it prints, for the window since the previous one: the size of the learned state (the
 ``state`` column of the store's newest ``policy_snapshots`` row, in bytes, which is the JSON that

@@ -33,16 +33,17 @@ from pathlib import Path
 
 import numpy as np
 
-from rlfb.datasets import load_beir
-from rlfb.errors import RlfbError
-from rlfb.fusion import normalize
-from rlfb.simulation.baselines import Judge as _Judge
-from rlfb.simulation.runner import Prepared, SimulationConfig, _split, prepare, simplex_grid, stream_seed, users_scale
-from rlfb.simulation.users import SimulatedUser
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared argument types
 
 from _bench_args import collection_folder, positive_int  # noqa: E402
+
+from rlfb.datasets import load_beir  # noqa: E402
+from rlfb.errors import RlfbError  # noqa: E402
+from rlfb.fusion import normalize  # noqa: E402
+from rlfb.simulation.baselines import Judge as _Judge  # noqa: E402
+from rlfb.simulation.runner import Prepared, SimulationConfig, _split, prepare, simplex_grid, stream_seed, users_scale  # noqa: E402
+from rlfb.simulation.users import SimulatedUser  # noqa: E402
 
 K = 10
 

@@ -183,3 +183,30 @@ def test_the_exploration_cost_benchmark_prints_both_fusions_and_their_ratio(scif
     assert set(rows) == {"minmax", "rrf"} and rows["minmax"][0] == rows["rrf"][0]  # BM25 alone: one greedy ranking
     assert "under RRF as a ratio of its cost under min-max" in done.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_script_puts_this_checkouts_rlfb_first_on_the_path(tmp_path: Path) -> None:
+    # three scripts put only benchmarks/ on sys.path: run from another checkout with a shared virtualenv, they
+    # measured the rlfb installed there, and a figure said to be this code's was another's
+    scripts = sorted(str(p) for p in BENCHMARKS.glob("*.py")
+                     if not p.name.startswith("_") and "from rlfb" in p.read_text(encoding="utf-8"))
+    assert len(scripts) >= 9  # every script that measures rlfb (beir_variants and results_table read files)
+    code = (
+        "import json, runpy, sys\n"
+        "start = list(sys.path)\n"
+        "first = {}\n"
+        "for script in sys.argv[1:]:\n"
+        "    sys.path[:] = start\n"
+        "    runpy.run_path(script, run_name='not_main')  # the module's own lines, not its main()\n"
+        "    paths = [p for p in sys.path if p]\n"
+        "    site = min([i for i, p in enumerate(paths) if 'site-packages' in p], default=len(paths))\n"
+        "    first[script] = [p for p in paths[:site]]\n"
+        "print(json.dumps(first))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", code, *scripts], cwd=tmp_path, env={**env, "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ahead_of_site_packages = json.loads(done.stdout.splitlines()[-1])
+    root = str(BENCHMARKS.parent)
+    assert {Path(s).name for s, paths in ahead_of_site_packages.items() if root not in paths} == set()
