@@ -29,6 +29,7 @@ from rlfb.runs import (
     hashes_queries,
     in_callers_block,
     maker_of,
+    open_blocks,
     owns_event,
     previous_retrieval,
 )
@@ -246,7 +247,7 @@ def learn_pending(ens: FeedbackEnsemble, *, undo: bool = False) -> None:
             with contextlib.suppress(CorruptStateError):
                 learn_record(ens, record, undo=undo)
             del pending[feedback_id]
-            if getattr(store, "exclusive_depth", 0):
+            if open_blocks(store):
                 store.on_rollback(lambda f=feedback_id, r=record: pending.setdefault(f, r))
 
 
@@ -387,7 +388,7 @@ def catch_up(ens: FeedbackEnsemble, *, undo: bool = False) -> int:
             # held rows looked at to the end (once this batch is learned and written): those held later are live
             # ensembles', left to them
             if not records:
-                if getattr(store, "exclusive_depth", 0):  # rows of a caller's block it may roll back, whose ids
+                if open_blocks(store):  # rows of a caller's block it may roll back, whose ids
                     store.on_rollback(lambda: _look_again(ens, start, held))  # SQLite then gives again
                 ens._caught_up = max(ens._caught_up, through)  # other policies' rows: not read again
                 ens._owed_more = not last  # OWED_SCAN of them read: the next retrieval reads on

@@ -269,7 +269,7 @@ def in_callers_block(store: Any) -> bool:
     """Inside one ``store.exclusive()`` block of rlfb's own: whether the caller holds another around it, which
     may still roll back what is written in this one. A store of the user's own without
     :attr:`~rlfb.store.FeedbackStore.exclusive_depth` is taken as not."""
-    return getattr(store, "exclusive_depth", 0) > 1
+    return open_blocks(store) > 1
 
 
 def owns_event(ensemble: Any, event: Mapping[str, Any]) -> bool:

@@ -86,8 +86,10 @@ def _unwritten_again_if_undone(ens: FeedbackEnsemble, before: _Marks) -> None:
     learning unmarked, and the next ensemble to start learned them again (an audit: 3 feedbacks, 4 learned).
     Callbacks run newest first, so one registered before the learning (:func:`undo_on_rollback`,
     :func:`learn_again_on_rollback`) still has the last word."""
+    from rlfb.runs import open_blocks
+
     on_rollback = getattr(ens._store, "on_rollback", None)
-    if not callable(on_rollback) or not getattr(ens._store, "exclusive_depth", 0):
+    if not callable(on_rollback) or not open_blocks(ens._store):
         return
 
     def unwritten() -> None:

@@ -321,7 +321,8 @@ def test_simulate_records_the_folder_a_bare_collection_name_was_found_in(tmp_pat
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["evaluate", "--dataset", "DATA", "--retrievers", "bm25", "--k", "0"], "--k must be at least 1, got 0"),
+        (["evaluate", "--dataset", "DATA", "--retrievers", "bm25", "--k", "0"],
+         "--k must be a positive integer, got 0"),
         (["cache", "prune", "--dir", "DIR", "--max-mb", "-1"], "--max-mb must be a finite number >= 0, got -1.0"),
         (["cache", "prune", "--dir", "DIR", "--unused-days", "nan"],
          "--unused-days must be a finite number >= 0, got nan"),

@@ -89,15 +89,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     """``cache prune``."""
-    from rlfb.retrievers.cache_admin import prune_cache
-    from rlfb.retrievers.cache_file import _check_nonnegative
+    from rlfb.retrievers.cache_admin import check_prune_bounds, prune_cache
 
     if args.max_mb is None and args.unused_days is None:
         print("rlfb: error: cache prune needs --max-mb, --unused-days or both", file=sys.stderr)
         return 2
-    for option, value in (("--max-mb", args.max_mb), ("--unused-days", args.unused_days)):
-        if value is not None:  # checked here to name the option typed; prune_cache names its argument
-            _check_nonnegative(option, value)
+    check_prune_bounds(args.max_mb, args.unused_days, ("--max-mb", "--unused-days"))  # named as typed
     _check_dir(args.dir)
     report = prune_cache(args.dir, max_mb=args.max_mb, unused_days=args.unused_days, vacuum=not args.no_vacuum)
     if args.json:

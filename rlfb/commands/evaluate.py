@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from rlfb.offline import evaluate_ensemble
     from rlfb.types import validate_k
 
-    check_int("--k", args.k, 1)  # named as typed: validate_k names its argument, k
-    k = validate_k(args.k)
+    k = validate_k(args.k, "--k")  # named as typed
     check_int("--candidate-k", args.candidate_k, 1)  # now, not after BM25 indexed the corpus
     names = [n.strip() for n in args.retrievers.split(",") if n.strip()]
     check_retriever_names(names)

@@ -32,7 +32,7 @@ from rlfb.retrievers.cache_file import (
     _rollback,
 )
 
-__all__ = ["cache_stats", "prune_cache"]
+__all__ = ["cache_stats", "check_prune_bounds", "prune_cache"]
 
 
 def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
@@ -68,6 +68,15 @@ def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
     return out
 
 
+def check_prune_bounds(max_mb: float | None, unused_days: float | None,
+                       names: tuple[str, str] = ("max_mb", "unused_days")) -> None:
+    """Refuse a bound :func:`prune_cache` cannot take (negative, not finite, not a number), named by ``names``:
+    the command line names its options (``--max-mb``, ``--unused-days``)."""
+    for name, value in zip(names, (max_mb, unused_days), strict=True):
+        if value is not None:
+            _check_nonnegative(name, value)
+
+
 def prune_cache(
     directory: str | Path | None = None,
     *,
@@ -97,9 +106,7 @@ def prune_cache(
     """
     if max_mb is None and unused_days is None:
         raise ValidationError("give max_mb, unused_days or both: what to prune")
-    for name, value in (("max_mb", max_mb), ("unused_days", unused_days)):
-        if value is not None:
-            _check_nonnegative(name, value)
+    check_prune_bounds(max_mb, unused_days)
     path = _cache_file(directory)
     before = _file_bytes(path)
     if not path.is_file():
