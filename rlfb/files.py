@@ -148,7 +148,10 @@ def refuse_overwriting_store(out: str | Path, store: str | Path) -> None:
     """
     if same_file(out, store):
         raise ValidationError(f"the output {out} is the store {store} being read: refusing to overwrite it")
-    for side in (f"{store}{tail}" for tail in ("-wal", "-shm", "-journal")):  # SQLite's own files beside it
+    # SQLite's own files beside it: beside the path as given, and beside the file a symbolic link names, where
+    # SQLite puts them (the WAL of a store opened through a link lies beside its target)
+    for side in (f"{base}{tail}" for base in dict.fromkeys((os.fspath(store), os.path.realpath(store)))
+                 for tail in ("-wal", "-shm", "-journal")):
         if same_file(out, side):
             raise ValidationError(f"the output {out} is {side}, part of the store {store}: refusing to overwrite it")
 

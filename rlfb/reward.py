@@ -188,7 +188,7 @@ def as_timestamp(x: Any, name: str = "timestamp") -> float:
         return x
     if isinstance(x, str):
         try:
-            x = datetime.fromisoformat(x)
+            x = datetime.fromisoformat(_iso_text(x))
         except ValueError as exc:
             raise ValidationError(f"{name} is not an ISO-8601 time: {x!r}") from exc
     if isinstance(x, datetime):
@@ -201,6 +201,17 @@ def as_timestamp(x: Any, name: str = "timestamp") -> float:
     if t < 0:  # numbers, datetimes and ISO strings alike: nothing before 1970
         raise ValidationError(f"{name} must not be negative, got {t!r}")
     return t
+
+
+def _iso_text(text: str) -> str:
+    """ISO-8601 text as ``datetime.fromisoformat`` reads it on every Python rlfb runs on: a UTC time ending
+    in ``Z`` (JavaScript's ``toISOString()``, most web APIs) is written ``+00:00``, which Python 3.10 needs
+    (3.11 reads both).
+
+    >>> _iso_text("2024-01-01T00:00:00.123Z"), _iso_text("2024-01-01T00:00:00+02:00")
+    ('2024-01-01T00:00:00.123+00:00', '2024-01-01T00:00:00+02:00')
+    """
+    return text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text
 
 
 def _check_range(name: str, x: float, lo: float, hi: float) -> float:
@@ -471,7 +482,7 @@ class RewardFunction:
             x = finite_float(number, "rating" if rating is not None else "value")  # the argument the caller gave
             return signal, base, x, float(_VALUES[base](self.config, x))
         if value is not None or rating is not None:
-            given = "rating=" if rating is not None else "value="  # the argument the caller gave, named
+            given = f"rating={rating!r}" if rating is not None else f"value={value!r}"  # as the caller gave it
             raise ValidationError(
                 f"signal {signal!r} takes no number, got {given}; leave the signal out (rating= alone is a "
                 "rating, value= alone a score), or give it alone"

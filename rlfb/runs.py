@@ -243,7 +243,9 @@ def same_store(a: Any, b: Any) -> bool:
     """
     if a is b:
         return True
-    pa, pb = (os.fspath(x) if isinstance(x, (str, os.PathLike)) else getattr(x, "path", None) for x in (a, b))
+    # a FeedbackStore's file as opened (a relative path read after a chdir names another file), else its path
+    pa, pb = (os.fspath(x) if isinstance(x, (str, os.PathLike))
+              else getattr(x, "_opened", None) or getattr(x, "path", None) for x in (a, b))
     if not pa or not pb or ":memory:" in (pa, pb):
         return False
     return os.path.realpath(pa) == os.path.realpath(pb)

@@ -240,10 +240,21 @@ def _saved_learner(store: Any, saved: Mapping[str, Any]) -> Any:
         raise damaged_snapshot(store, saved.get("version"), exc) from exc
 
 
+def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: ``{"bm25": 1, "bm25": 0}`` kept the last silently (an edit
+    that meant another retriever imported weights no one chose). rlfb's own exports never repeat a key."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
 def _read(path: str | Path) -> dict[str, Any]:
     try:
         # utf-8-sig: a byte-order mark (files saved by some Windows editors) is not JSON; the BEIR loader skips it too
-        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"), object_pairs_hook=_no_repeated_keys)
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply to parse
         raise CorruptStateError(f"cannot read weights from {path}: {exc}") from exc
     if not isinstance(data, Mapping):
@@ -418,10 +429,11 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
     weights other than the requested ones (``thompson`` and ``epsilon`` move
     their default arm to them, but an arm that passed the evidence gate is
     served still); a file state of another policy, other retrievers or another
-    chunk exploration than the store's newest snapshot, or with other policy
+    chunk exploration than the snapshot it is compared with (the newest of the state's own kind where the
+    store holds one, else the store's newest), or with other policy
     hyperparameters (``step``, ``bounds``, ...) than it: ensembles built like the
     snapshot treat the imported state as another kind's and keep their own.
-    Importing what the store's newest snapshot already holds (the same file again; weights compared within
+    Importing what that snapshot already holds (the same file again; weights compared within
     1e-9) writes nothing: another copy would push older snapshots out of those the store keeps (``written`` is
     ``False``, and a note says so).
 
@@ -437,11 +449,12 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
     retrievers than the newest snapshot's go onto the newest snapshot of the one kind of their retrievers (of
     the policy the file names, where several are), with a note; where no kind or several could take them, the
     :class:`ValidationError` lists the kinds and the option that picks one. A file's state is imported as it
-    is: the options must agree with it, and name the snapshot it is compared with (whether it is held already,
-    of another kind, of other hyperparameters). Into a store that holds no snapshot (its apps have learned
-    nothing yet), weights alone start a new state of ``policy``, else of the policy a file's export names, else
-    of the policy of the retrievals the store logged with the same retrievers (several such policies: a
-    :class:`ValidationError` asks for ``policy``), else of ``"fixed"``, with a note saying which.
+    is: the options must agree with it (a ``version`` of another kind's snapshot is refused too), and name the
+    snapshot it is compared with (whether it is held already, of another kind, of other hyperparameters). Into
+    a store that holds no snapshot (its apps have learned nothing yet), weights alone start a new state of
+    ``policy``, else of the policy a file's export names, else of the policy of the retrievals the store
+    logged with the same retrievers (several such policies: a :class:`ValidationError` asks for ``policy``),
+    else of ``"fixed"``, with a note saying which.
     Returns ``{"weights", "policy", "version", "requested", "notes", "written"}``.
     """
     from rlfb.learner import Learner
@@ -465,6 +478,19 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
             if policy is not None and learner.policy_name != policy:
                 raise ValidationError(f"{wf.path}: its state is of policy {learner.policy_name!r}, not {policy!r} as "
                                       "named")
+            other = None if saved is None else _other_kind(learner, saved)
+            if other is not None and version is not None:
+                # as --policy and --retrievers are: the state went to its own kind, and changed that kind's weights,
+                # while the snapshot named was left as it was (each retry wrote one more copy)
+                raise ValidationError(f"{wf.path}: its state is of another kind than snapshot {version} ({other}): "
+                                      "a file's state is imported as it is, into its own kind; leave the version "
+                                      "out, or name a snapshot of the state's kind")
+            if other is not None and not picked:
+                # compared with the newest snapshot of the state's own kind, where the store holds one: compared
+                # with another kind's, the first import of a state already held wrote a copy of it
+                own = _newest_of_kind(store, learner)
+                if own is not None:
+                    saved, label = own, "the store's newest snapshot of the file's kind"
         elif saved and saved.get("state"):
             learner, target = _saved_learner(store, saved), f"{label} ({describe_kind(saved)})"
         else:
@@ -480,6 +506,21 @@ def import_weights(store: Any, source: str | Path | WeightsFile, *, rollback: bo
                 raise _naming(wf.path, exc) from exc
             target = "a new state (the store held none)"
         return _apply(store, learner, target, saved, wf, rollback=rollback, label=label, notes=notes, picked=picked)
+
+
+def _newest_of_kind(store: Any, learner: Any) -> dict[str, Any] | None:
+    """The newest snapshot of ``learner``'s kind (its policy, retrievers and chunk exploration) the store holds,
+    whole, or ``None``; a damaged one is passed by (reading it names the damage where it is used)."""
+    for k in store.newest_snapshots():
+        if not _matches(k, list(learner.retrievers), learner.policy_name):
+            continue
+        try:
+            saved = store.load_policy_state(version=int(k["version"]))
+        except (CorruptStateError, ValidationError):
+            continue
+        if saved is not None and _other_kind(learner, saved) is None:
+            return dict(saved)
+    return None
 
 
 def _logged_policy(store: Any, wf: WeightsFile, notes: list[str]) -> str:

@@ -406,6 +406,30 @@ def test_empty_output_name_is_refused(tmp_path: Path, capsys, command: str, opti
     assert f"{option} needs a file name" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize(("args", "said"), [(["store", "export", "{db}", "--jsonl", ""], "--jsonl needs a file name"),
+                                            (["weights", "export", "{db}", ""], "the output needs a file name")])
+def test_an_empty_export_name_is_refused(tmp_path: Path, capsys, monkeypatch, args: list[str], said: str) -> None:
+    """They said "Is a directory: .", as simulate's and evaluate's --json '' no longer did."""
+    db = make_store(tmp_path / "fb.db")
+    monkeypatch.chdir(tmp_path)
+    assert main([a.format(db=db) for a in args]) == 2
+    assert said in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fb.db"]
+
+
+def test_a_key_given_twice_in_a_weights_file_is_refused(tmp_path: Path, capsys) -> None:
+    """{"bm25": 1, "bm25": 0, "dense": 1} imported bm25 0.05, dense 0.95: JSON's last value, silently."""
+    db = make_store(tmp_path / "fb.db")
+    with FeedbackStore(db) as store:
+        before = store.newest_snapshots()
+    src = tmp_path / "w.json"
+    src.write_text('{"weights": {"bm25": 1, "bm25": 0, "dense": 1}}', encoding="utf-8")
+    assert main(["weights", "import", str(db), str(src)]) == 2
+    assert "the key 'bm25' appears twice" in one_error_line(capsys)
+    with FeedbackStore(db) as store:
+        assert store.newest_snapshots() == before
+
+
 @pytest.mark.parametrize("command", ["simulate", "evaluate"])
 def test_a_folder_given_for_the_json_file_is_refused_before_the_run(tmp_path: Path, capsys, command: str,
                                                                       monkeypatch) -> None:

@@ -387,7 +387,21 @@ def test_a_misplaced_number_is_named_as_the_caller_gave_it(rf):
     # was called a value ("takes no value"), which the caller never gave
     with pytest.raises(UnknownSignalError, match=r"got float 1\.0; give a number as value= .* or rating="):
         rf.signal_value(1.0)
-    with pytest.raises(ValidationError, match="signal 'thumbs_up' takes no number, got rating="):
+    with pytest.raises(ValidationError, match="signal 'thumbs_up' takes no number, got rating=2;"):
         rf.signal_value("thumbs_up", rating=2)
-    with pytest.raises(ValidationError, match="signal 'thumbs_up' takes no number, got value="):
-        rf.signal_value("thumbs_up", value=1.0)
+    # the number was left out of the message ("got value=;" read as an empty value)
+    with pytest.raises(ValidationError, match=r"signal 'thumbs_up' takes no number, got value=-1\.0;"):
+        rf.signal_value("thumbs_up", value=-1.0)
+
+
+def test_an_iso_time_ending_in_z_is_utc_on_every_supported_python():
+    """Bug: ``datetime.fromisoformat`` of Python 3.10 (which rlfb supports) refuses a trailing ``Z``, the form
+    JavaScript's ``toISOString()`` and most web APIs send: feedback timed so was refused there."""
+    from rlfb.reward import _iso_text, as_timestamp
+
+    assert _iso_text("2025-01-01T00:00:00.123Z") == "2025-01-01T00:00:00.123+00:00"
+    assert _iso_text("2025-01-01T00:00:00z") == "2025-01-01T00:00:00+00:00"
+    assert _iso_text("2025-01-01T00:00:00+02:00") == "2025-01-01T00:00:00+02:00"
+    assert as_timestamp("2025-01-01T00:00:00Z") == as_timestamp("2025-01-01T00:00:00+00:00") == 1735689600.0
+    with pytest.raises(ValidationError, match="not an ISO-8601 time: 'Z'"):
+        as_timestamp("Z")

@@ -293,6 +293,19 @@ def test_key_or_score_refuses_a_key_and_a_score_both_positional() -> None:
     assert key_or_score((1.0,), "user_score", None, "record_feedback") == ("user_score", 1.0, None)
 
 
+def test_two_files_opened_under_one_relative_name_are_two_stores(tmp_path: Path, monkeypatch) -> None:
+    """Bug: a store's relative path was resolved when compared, not when opened: ``fb.db`` opened in A and
+    ``fb.db`` opened in B after a chdir were taken for one database."""
+    for name in ("A", "B"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path / "A")
+    with FeedbackStore("fb.db") as a:
+        monkeypatch.chdir(tmp_path / "B")
+        with FeedbackStore("fb.db") as b:
+            assert not same_store(a, b)
+            assert same_store(a, tmp_path / "A" / "fb.db") and same_store(b, "fb.db")
+
+
 def test_one_store_file_under_two_spellings_is_one_store_and_its_maker_learns(tmp_path: Path) -> None:
     """Bug: store paths compared as written: the file reached through a symlink (or ``dir/../f.db``) was taken
     for another database, so feedback recorded through it was not learned by the ensemble that made the

@@ -27,6 +27,7 @@ from rlfb.errors import (
     NonFiniteValueError,
     RatingOutOfRangeError,
     RlfbError,
+    StoreClosedError,
     UnknownChunkError,
     UnknownEventError,
     UnknownSignalError,
@@ -1193,6 +1194,57 @@ def test_export_jsonl_refuses_the_stores_own_files(tmp_path, tail):
     with FeedbackStore(path) as s:
         assert s.counts()["feedback"] == 1
         assert s.export_jsonl(tmp_path / "out.jsonl") == 1
+
+
+def test_export_jsonl_refuses_the_store_after_a_chdir_and_its_wal_through_a_link(tmp_path, monkeypatch):
+    """Bug: the guard compared the store's path as given, read again at export: a store opened as ``fb.db``
+    and exported after a chdir to ``../A/fb.db`` (itself) was written over, and the WAL of a store opened
+    through a symbolic link, which SQLite keeps beside the link's target, was not taken for one of its files."""
+    (tmp_path / "A").mkdir()
+    (tmp_path / "B").mkdir()
+    monkeypatch.chdir(tmp_path / "A")
+    with FeedbackStore("fb.db") as s:
+        s.log_event("q", {"weights": {"a": 1.0}}, [{"chunk_id": "c1"}], event_id="E1")
+        monkeypatch.chdir(tmp_path / "B")
+        with pytest.raises(ValidationError, match="refusing to overwrite"):
+            s.export_jsonl("../A/fb.db")
+        with pytest.raises(ValidationError, match="refusing to overwrite"):
+            s.export_jsonl("../A/fb.db-wal")
+        assert s.export_jsonl("fb.db") == 1  # B/fb.db: another file, as the path now says
+    with FeedbackStore(tmp_path / "A" / "fb.db") as s:
+        assert s.counts()["events"] == 1
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link.db").symlink_to(tmp_path / "real" / "t.db")
+    with FeedbackStore(tmp_path / "link.db") as s:
+        s.log_event("q", {"weights": {"a": 1.0}}, [{"chunk_id": "c1"}], event_id="E1")
+        for tail in ("-wal", "-shm"):
+            with pytest.raises(ValidationError, match="refusing to overwrite"):
+                s.export_jsonl(tmp_path / "real" / f"t.db{tail}")
+        assert s.counts()["events"] == 1
+
+
+def test_a_value_past_sqlites_length_limit_is_a_named_error_and_nothing_is_written(tmp_path):
+    """Bug: a text past SQLite's length limit (a billion bytes by default; lowered here, so that the test does
+    not build one) came out as a bare sqlite3.DataError, outside rlfb's named errors."""
+    with FeedbackStore(tmp_path / "fb.db") as s:
+        eid = s.log_event("q", {"weights": {"a": 1.0}}, [{"chunk_id": "c1"}])
+        s._conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
+        with pytest.raises(ValidationError, match="too large for feedback store .*nothing of this write"):
+            s.record_feedback(eid, "thumbs_up", comment="x" * 2000)
+        with pytest.raises(ValidationError, match="too large"):
+            s.log_event("q" * 2000, {"weights": {"a": 1.0}}, [{"chunk_id": "c1"}])
+        assert s.counts()["events"] == 1 and s.counts()["feedback"] == 0
+
+
+def test_calls_that_write_nothing_still_refuse_a_closed_store(clock):
+    """Bug: an empty batch, a prune without a retention and check_event_args answered a closed store as an
+    open one ([] and zero counts), where every other call raises StoreClosedError."""
+    store = FeedbackStore(clock=clock)
+    store.close()
+    for call in (lambda: store.log_events([]), lambda: store.record_feedback_batch([]), store.prune,
+                 store.check_event_args):
+        with pytest.raises(StoreClosedError):
+            call()
 
 
 def test_last_event_at_a_time_takes_the_newest_made_by_then_whatever_order_they_were_logged_in(fresh_store):

@@ -76,6 +76,28 @@ def test_a_damaged_reward_number_is_a_corrupt_state_error(tmp_path: Path, capsys
     assert f"{table} row 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("table", "column", "value"), [("event_chunks", "score", 9e999),
+                                                        ("events", "propensity", 9e999),
+                                                        ("event_chunks", "scores", '{"bm25": NaN}'),
+                                                        ("events", "features", '{"n_tokens": Infinity}')])
+def test_a_number_json_cannot_hold_in_an_event_is_named_by_the_export(tmp_path: Path, capsys, table: str,
+                                                                      column: str, value: object) -> None:
+    """Bug: NaN or infinity in an event's columns (written outside rlfb) came out of `store export` as a
+    traceback from json.dumps, exit 1; now the export's named error, naming the event."""
+    db = tmp_path / "fb.db"
+    eid = _logged(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"UPDATE {table} SET {column} = ?", (value,))  # noqa: S608 - constants of the test
+    with FeedbackStore(db) as store, pytest.raises(CorruptStateError,
+                                                   match=f"cannot export .*event {eid!r} is damaged"):
+        store.export_jsonl(tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
+    capsys.readouterr()
+    assert main(["store", "export", str(db), "--jsonl", str(tmp_path / "out.jsonl")]) == 2
+    one_line = capsys.readouterr().err.strip()
+    assert one_line.startswith("rlfb: error: cannot export") and "\n" not in one_line
+
+
 @pytest.mark.parametrize("state", ["5", "[1,2]", "null", '"text"'])
 def test_a_snapshot_state_that_is_not_an_object_is_reported(tmp_path: Path, capsys, state: str) -> None:
     # show and export exited 0; export wrote "state": 5, which weights import then refused

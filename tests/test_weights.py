@@ -343,6 +343,27 @@ def test_weights_show_and_export_tell_two_apps_on_one_store_apart(tmp_path, caps
     assert "not of the retrievers or policy named" in capsys.readouterr().err
 
 
+def test_a_files_state_is_compared_with_its_own_kind_and_a_version_of_another_kind_is_refused(tmp_path,
+                                                                                               capsys) -> None:
+    """Bugs: a full export of a kind that is not the store's newest, imported again, was compared with the
+    newest (another app's) and written once more, a copy; and with ``--version`` naming another kind's
+    snapshot it went to its own kind all the same, changing that kind's weights with a note, while the snapshot
+    named was left as it was, and each retry wrote one more copy."""
+    db = _two_kinds_store(tmp_path)  # thompson bm25+dense (version 1), then gradient bm25 (version 2, newest)
+    out = tmp_path / "thompson.json"
+    assert main(["weights", "export", str(db), str(out), "--retrievers", "bm25,dense", "--policy", "thompson"]) == 0
+    capsys.readouterr()
+    assert main(["weights", "import", str(db), str(out)]) == 0
+    assert "(version 1) holds these already: nothing was written" in capsys.readouterr().err
+    assert main(["weights", "import", str(db), str(out), "--version", "2"]) == 2
+    err = one_error_line(capsys)
+    assert "its state is of another kind than snapshot 2 (policy 'thompson' in the file, 'gradient'" in err
+    with FeedbackStore(db) as store:
+        assert [k["version"] for k in store.newest_snapshots()] == [2, 1]
+    assert main(["weights", "import", str(db), str(out), "--version", "1"]) == 0  # its own kind's: held already
+    assert "holds these already" in capsys.readouterr().err
+
+
 def test_export_refuses_two_kinds_of_the_same_retrievers_and_policy_unless_a_version_names_one(tmp_path,
                                                                                                  capsys) -> None:
     # two apps of one policy and retrievers, one with the memory off (another chunk exploration): --retrievers

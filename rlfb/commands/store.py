@@ -91,7 +91,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     days = args.window_days
     # checked here to name the days given; 1e308 days is an infinite number of seconds
     if days is not None and not (math.isfinite(days) and days > 0 and math.isfinite(days * 86400.0)):
-        return _fail(f"--window-days must be a positive number of days, got {days:g}")
+        return _fail(f"--window-days must be a positive number of days, got {days:g}" if not days > 0 or
+                     not math.isfinite(days) else f"--window-days {days:g} is too large: its seconds overflow")
     try:
         with _open(args.file) as store:
             window = None if args.window_days is None else args.window_days * 86400.0
@@ -142,6 +143,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``store export``."""
     from rlfb.commands import (
         STDOUT,
+        check_output_name,
         output_target,
         parent_made,
         prepare_output_file,
@@ -152,6 +154,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     # /dev/stdout is stdout, as "-" is: written as a file, a redirected stdout was replaced by a rename
     to_stdout = output_target(args.jsonl) == STDOUT
     try:
+        check_output_name("--jsonl", args.jsonl)  # '' said "Is a directory: ."
         if not to_stdout:  # before the store is opened: exporting onto it would destroy it
             refuse_overwriting_store(args.jsonl, args.file)
             prepare_output_file(args.jsonl)  # its folder can be made (made once the store opened); not a folder

@@ -132,7 +132,16 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from rlfb.commands import STDOUT, output_target, prepare_output_file, refuse_overwriting_store, write_output
+    from rlfb.commands import (
+        STDOUT,
+        check_output_name,
+        output_target,
+        prepare_output_file,
+        refuse_overwriting_store,
+        write_output,
+    )
+
+    check_output_name("the output", args.file)  # '' said "Is a directory: ."
 
     # "-" as `store export --jsonl -` (a file named "-" was written), and /dev/stdout as "-": written as a file, a
     # redirected stdout was replaced by a rename

@@ -268,6 +268,10 @@ class Transactions:
             yield
         except StoreBusyError:
             raise  # named already, by the store it is about (another store's, inside an exclusive() block of this one)
+        except sqlite3.DataError as exc:  # a text or blob past SQLite's length limit (a billion bytes by default)
+            raise ValidationError(
+                f"a value is too large for feedback store {self.path} ({exc}): nothing of this write was stored"
+            ) from exc
         except sqlite3.DatabaseError as exc:
             if _read_only(exc):
                 raise ReadOnlyStoreError(f"feedback store {self.path} is read-only: {exc}") from exc

@@ -67,6 +67,7 @@ def log_events(store: FeedbackStore, events: Iterable[Mapping[str, Any]]) -> lis
         seen.add(ev[0])
         prepared.append((ev, rows))
     if not prepared:
+        store._tx.check_open()  # a closed store is refused as for a batch with rows, not answered []
         return []
     with store._write() as conn:
         try:

@@ -62,6 +62,7 @@ def record_batch(store: FeedbackStore, items: Iterable[Mapping[str, Any]]) -> li
                 raise
             raise _prefixed(exc, f"feedback item {i}: ") from exc
     if not pendings:
+        store._tx.check_open()  # a closed store is refused as for a batch with rows, not answered []
         return []
     with store._write() as conn:
         return apply_feedback(store, conn, pendings, prefix=len(pendings) > 1)

@@ -126,6 +126,9 @@ class FeedbackStore:
         self._clock = clock
         self.path = _check_path(path)
         self._memory = self.path in _MEMORY
+        # the file as opened, fixed now: a relative path read again after a chdir names another file (an export
+        # guard that compared it let an export overwrite this store, and same_store took two files for one)
+        self._opened = None if self._memory else os.path.abspath(self.path)
         self._lock = threading.RLock()
         conn = connection.connect(self.path, self.busy_timeout)
         self._conn = conn
@@ -133,7 +136,7 @@ class FeedbackStore:
         # collected: Python 3.13 warns of an unclosed one (a ResourceWarning, an error under -W error)
         finalizer = weakref.finalize(self, conn.close)
         self._tx = connection.Transactions(
-            conn, self._lock, self.path, self.busy_timeout, finalizer, file=None if self._memory else self.path
+            conn, self._lock, self.path, self.busy_timeout, finalizer, file=self._opened
         )
         self.db = Database(conn, execute_plugins=False)
         try:
@@ -304,6 +307,7 @@ class FeedbackStore:
         An ensemble checks them before it ranks: a retrieval refused only when logged had already moved
         the policy's random state and the memory's count of asks.
         """
+        self._tx.check_open()  # as log_event would: a closed store, before the ensemble ranks
         event_log.event_args(self, event_id, session_id, parent_id, timestamp, metadata, self._now())
         if event_id is not None and self.has_event(event_id):
             raise DuplicateEventError(f"event id {event_id!r} was already logged")

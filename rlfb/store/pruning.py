@@ -69,6 +69,7 @@ def prune(
     # Also with no retention, when nothing is deleted: a NaN passed unnoticed until a retention was set
     t = store._timestamp(now, "now", store._now())
     if keep is None:
+        store._tx.check_open()  # a closed store is refused as when there is a retention, not answered zeros
         return result
     cutoff = t - keep
     # children first, in each batch: the cascades then find nothing left, and each table's count is its own

@@ -370,13 +370,19 @@ def export_jsonl(store: FeedbackStore, path: str | Path | BinaryIO) -> int:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValidationError(f"export_jsonl needs a file path or a binary file object, got {path!r}")
         path = path_text(path, "export path")  # a NUL character: a bare ValueError from os.path.samefile
-        if not store._memory:  # an export written over the store it reads destroys it ("file is not a database")
-            refuse_overwriting_store(path, store.path)
+        if store._opened is not None:  # an export written over the store it reads destroys it ("not a database")
+            refuse_overwriting_store(path, store._opened)
     if hasattr(path, "write"):
         n = 0
         try:
             for row in store.export_rows():
-                path.write(_jsonl(row))  # type: ignore[union-attr]
+                try:
+                    line = _jsonl(row)
+                except ValueError as exc:  # NaN or infinity, written outside rlfb (a traceback before; its own
+                    # writes keep every number finite, and feedback's and rewards' are checked before the first row)
+                    raise CorruptStateError(f"event {row.get('event_id')!r} is damaged: it holds a number JSON "
+                                            f"cannot hold ({exc})") from exc
+                path.write(line)  # type: ignore[union-attr]
                 n += 1
         except CorruptStateError as exc:  # a row damaged outside rlfb: say in which store
             raise CorruptStateError(f"cannot export {store.path}: {exc}") from exc
