@@ -28,6 +28,8 @@ import os
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlfb, not an installed one
+
 
 def fmt(entry: dict) -> str:
     return "–" if entry is None or entry.get("mean") is None else f"{entry['mean']:.3f}"
@@ -43,21 +45,12 @@ BASELINES = ("bm25", "dense", "splade", "equal", "rrf", "tuned_fixed", "oracle_f
 
 
 def policy_key(result: dict) -> str:
-    """``thompson``, or ``thompson_nomem`` for a run without feedback memory: the name's suffix; a run given
-    ``--policy-option`` or ``--learner-option`` values has them after it (``thompson cf_min_questions=10``,
-    ``thompson learner.relevance_feedback_weight=0.1``), as its table row does, and a fusion other than
-    min-max after those (``gradient fusion="zscore"``): the tuned and oracle weights search the learner's fusion;
-    and a run of ``float_sensitivity.py`` its perturbation."""
-    config = result["config"]
-    key = config["policy"] + ("" if config.get("memory", True) else "_nomem")
-    # the learner's settings named apart: thompson's epsilon is a policy option and a learner setting both
-    options = {**(config.get("policy_options") or {}),
-               **{f"learner.{k}": v for k, v in (config.get("learner_overrides") or {}).items()}}
-    if config.get("fusion", "minmax") != "minmax":
-        options["fusion"] = config["fusion"]
-    if config.get("perturbation"):  # a run of benchmarks/float_sensitivity.py: not the code's own figure
-        options["perturbation"] = config["perturbation"]
-    return key + "".join(f" {name}={json.dumps(value)}" for name, value in sorted(options.items()))
+    """``thompson``, or ``thompson_nomem`` for a run without feedback memory, with the options, fusion and
+    perturbation it ran with after it: the name ``rlfb simulate``'s own table gives the run
+    (:func:`rlfb.simulation.results.run_label`)."""
+    from rlfb.simulation.results import run_label
+
+    return run_label(result["config"])
 
 
 def find_results(root: Path) -> dict[str, dict[str, dict]]:

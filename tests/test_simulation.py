@@ -987,6 +987,25 @@ def test_the_table_prints_the_seen_lift_by_times_asked(capsys) -> None:
     assert "by times asked" not in capsys.readouterr().out
 
 
+def test_a_lift_by_times_asked_over_fewer_seeds_says_how_many_and_a_run_of_other_settings_is_named(capsys) -> None:
+    """Bugs: a group of the seen lift that some seeds had no question in was a mean over the others (one seed
+    of two) printed as the others were; and the table named a run of any settings ``learned (thompson)``, the
+    default system's name, where ``results_table.py`` named it ``thompson_nomem``."""
+    from rlfb.commands.simulate import print_table
+
+    config = SimulationConfig(policy="thompson", interactions=80, seeds=(0, 1), checkpoints=2, retrievers=("bm25",),
+                              memory=False)
+    result = simulate(generate_demo_corpus(n_devices=30, seed=2), config, show_progress=False)
+    group = result["seen_by_asks"]["1"]
+    group["learned_minus_rrf"]["n"] = 1  # as where only one seed asked a question once
+    print_table(result)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("seen, learned minus RRF"))
+    assert f"1: {group['learned_minus_rrf']['mean']:+.3f} ({group['queries']:.1f}, 1 of 2 seeds)" in line
+    assert "2 seeds)" not in line.split("1 of 2 seeds")[1]  # the groups every seed has say nothing more
+    assert "learned (thompson_nomem)" in out
+
+
 # Guards from the mutation audits (README, "Development"): each test fails on a bug that an audit planted
 # (or found) and no other test caught, named in its docstring or comment.
 

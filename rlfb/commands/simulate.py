@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -102,8 +102,16 @@ def print_table(result: dict) -> None:
     by_asks = result.get("seen_by_asks") or {}  # absent from outputs of before 2026-12-05's later session
     groups = [(g, v) for g, v in by_asks.items() if v["learned_minus_rrf"]["mean"] is not None]
     if groups:
+        seeds = len(result.get("runs") or ()) or None
+
+        def lift(g: str, v: Mapping[str, Any]) -> str:
+            # a group that some seeds have no question in is a mean over the others: it said so nowhere
+            d, n = v["learned_minus_rrf"], v["learned_minus_rrf"].get("n")
+            fewer = f", {n} of {seeds} seeds" if seeds and n is not None and n < seeds else ""
+            return f"{g}: {d['mean']:+.3f} ({v['queries']:.1f}{fewer})"
+
         print("seen, learned minus RRF on the same questions, by times asked (questions a seed): "
-              + ", ".join(f"{g}: {v['learned_minus_rrf']['mean']:+.3f} ({v['queries']:.1f})" for g, v in groups))
+              + ", ".join(lift(g, v) for g, v in groups))
 
 
 def plot_path(path: str) -> str:

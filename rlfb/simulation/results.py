@@ -3,6 +3,7 @@ and drawn as learning curves against the baselines' lines."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 from rlfb.simulation.config import SimulationConfig, metric_keys
 from rlfb.simulation.provenance import environment
 
-__all__ = ["summarize", "iter_table", "paired_differences", "plot_curves"]
+__all__ = ["summarize", "iter_table", "paired_differences", "plot_curves", "run_label"]
 
 
 def _interval(values: Sequence[float], *, clip: bool = True) -> dict[str, Any]:
@@ -110,10 +111,34 @@ def summarize(runs: Sequence[Mapping[str, Any]], config: SimulationConfig, extra
     }
 
 
+def run_label(config: Mapping[str, Any]) -> str:
+    """The name of a run's learned system, from its JSON's ``config``: the policy, ``_nomem`` after it for a run
+    without feedback memory, then the ``--policy-option`` and ``--learner-option`` values it was given, a fusion
+    other than min-max (the tuned and oracle weights search the learner's fusion) and the perturbation of a
+    ``benchmarks/float_sensitivity.py`` run: a row of a run of other settings does not read as the default's.
+
+    >>> run_label({"policy": "thompson"})
+    'thompson'
+    >>> run_label({"policy": "thompson", "memory": False, "fusion": "zscore",
+    ...            "learner_overrides": {"relevance_feedback_weight": 0.1}})
+    'thompson_nomem fusion="zscore" learner.relevance_feedback_weight=0.1'
+    """
+    key = config["policy"] + ("" if config.get("memory", True) else "_nomem")
+    # the learner's settings named apart: thompson's epsilon is a policy option and a learner setting both
+    options = {**(config.get("policy_options") or {}),
+               **{f"learner.{k}": v for k, v in (config.get("learner_overrides") or {}).items()}}
+    if config.get("fusion", "minmax") != "minmax":
+        options["fusion"] = config["fusion"]
+    if config.get("perturbation"):  # a run of benchmarks/float_sensitivity.py: not the code's own figure
+        options["perturbation"] = config["perturbation"]
+    return key + "".join(f" {name}={json.dumps(value)}" for name, value in sorted(options.items()))
+
+
 def iter_table(result: Mapping[str, Any]) -> Iterator[tuple[str, float | None, float | None, float | None]]:
-    """Rows of (name, held-out, seen, online) means: the learned policy first, then the baselines."""
+    """Rows of (name, held-out, seen, online) means: the learned system first, named by :func:`run_label`
+    (``learned (thompson_nomem)``; the policy alone named a run of any settings), then the baselines."""
     keys = metric_keys(result["config"]["k"])
-    rows = [("learned (" + result["config"]["policy"] + ")", result["final"]), *result["baselines"].items()]
+    rows = [(f"learned ({run_label(result['config'])})", result["final"]), *result["baselines"].items()]
     for name, figures in rows:
         yield (name, *(figures[k]["mean"] if k in figures else None for k in keys))
 
