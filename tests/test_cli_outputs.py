@@ -336,3 +336,14 @@ def test_a_command_run_with_stdout_closed_prints_nowhere_without_a_traceback(tmp
                               capture_output=False, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_json_written_to_a_file_ends_in_a_newline_as_on_stdout(tmp_path: Path, capsys) -> None:
+    """`weights export`'s file (and simulate's, evaluate's and demo's JSON) ended without one, unlike the same
+    JSON printed to stdout: `cat` ran the shell's prompt onto its last line, and `wc -l` counted one less."""
+    db = make_store(tmp_path / "fb.db")
+    out = tmp_path / "w.json"
+    assert main(["weights", "export", str(db), str(out)]) == 0
+    assert main(["weights", "export", str(db), "-"]) == 0
+    assert out.read_text(encoding="utf-8") == capsys.readouterr().out
+    assert out.read_text(encoding="utf-8").endswith("}\n")

@@ -141,7 +141,8 @@ def output_target(file: str | None) -> str | None:
 
 def write_output(file: str | Path, text: str, *, stdout: TextIO | None = None) -> None:
     """Write ``text`` to output ``file`` whole or not at all, making its folder first (and removing the
-    folders made if the write fails); :data:`STDOUT` (``-``) writes it to ``stdout`` (default ``sys.stdout``)."""
+    folders made if the write fails), ending in a newline; :data:`STDOUT` (``-``) writes it to ``stdout`` (default
+    ``sys.stdout``)."""
     from rlfb.files import write_text_atomically
 
     if str(file) == STDOUT:
@@ -150,7 +151,7 @@ def write_output(file: str | Path, text: str, *, stdout: TextIO | None = None) -
         out.flush()
         return
     with parent_made(file) as path:
-        write_text_atomically(path, text)
+        write_text_atomically(path, text + "\n")  # a text file ends in a newline, as the stdout form does
 
 
 @contextmanager

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     result["dataset_path"] = result["config"]["dataset_path"] = "demo"  # as `simulate --dataset demo` records it
     print_table(result)
     out.mkdir(parents=True, exist_ok=True)  # checked before the run, made now that there is something to write
-    write_text_atomically(results, json.dumps(result, indent=2))  # a failed write leaves an earlier file whole
+    write_text_atomically(results, json.dumps(result, indent=2) + "\n")  # a failed write leaves an earlier file whole
     plot_curves(result, str(curves))
     print(f"\nwrote {results} and {curves}")
     return 0
