@@ -121,16 +121,25 @@ def _awaiting_task(future: Any, depth: int) -> Any:
     callbacks = [callback for callback, _context in list(getattr(future, "_callbacks", None) or ())]
     for callback in callbacks:  # an await's own wake-up first: another callback's futures are a guess
         owner = getattr(callback, "__self__", None)
-        if isinstance(owner, asyncio.Task):
+        if _is_task(owner):
             return owner
     for callback in callbacks if depth > 0 else ():
         held = [c.cell_contents for c in getattr(callback, "__closure__", None) or () if _filled(c)]
         for value in [*held, *getattr(callback, "args", ())]:
-            if isinstance(value, asyncio.Future) and value is not future:
+            if asyncio.isfuture(value) and value is not future:
                 found = _awaiting_task(value, depth - 1)
                 if found is not None:
                     return found
     return None
+
+
+def _is_task(value: Any) -> bool:
+    """Whether ``value`` is an asyncio task: the C one, or asyncio's pure-Python one, which is no subclass of it
+    (a loop run by ``backports.asyncio.runner``, as pytest-asyncio does on Python 3.10, makes those: an
+    ``isinstance`` of ``asyncio.Task`` passed them by, and the warning named the thread pool's module)."""
+    import asyncio
+
+    return asyncio.isfuture(value) and callable(getattr(value, "get_coro", None))
 
 
 def _filled(cell: Any) -> bool:

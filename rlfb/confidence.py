@@ -118,10 +118,12 @@ class ChunkConfidence:
         )
         self._index: dict[str, int] = {}
         self._ids: list[str] = []
-        self._conf = np.zeros(0)
-        self._alpha = np.zeros(0)
-        self._beta = np.zeros(0)
-        self._time = np.zeros(0)
+        # declared as any float array: numpy's stubs of some versions (2.2, the last for Python 3.10) type
+        # np.zeros(0) as one-dimensional, and a loaded state's arrays as of any shape
+        self._conf: np.ndarray = np.zeros(0)
+        self._alpha: np.ndarray = np.zeros(0)
+        self._beta: np.ndarray = np.zeros(0)
+        self._time: np.ndarray = np.zeros(0)
         self._now = 0.0
 
     def __len__(self) -> int:

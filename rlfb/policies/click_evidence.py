@@ -105,10 +105,11 @@ class ClickEvidence:
         self.max_queries = max_queries
         self.n = 0.0
         self.clock = 0.0
-        self._s = np.zeros(n_arms)
+        # any float arrays, not the one-dimensional type numpy 2.2's stubs (Python 3.10's) give np.zeros(n)
+        self._s: np.ndarray = np.zeros(n_arms)
         self._rows: dict[str, int] = {}  # query -> row, least recently used first
-        self._q = np.zeros((0, n_arms + 1))  # per query: summed utilities, then the summed weight
-        self._gone = np.zeros(n_arms)  # variance terms of the queries forgotten to stay in bounds
+        self._q: np.ndarray = np.zeros((0, n_arms + 1))  # per query: summed utilities, then the summed weight
+        self._gone: np.ndarray = np.zeros(n_arms)  # variance terms of the queries forgotten to stay in bounds
         self._posterior: tuple[np.ndarray, np.ndarray] | None = None  # until the next update
 
     @property

