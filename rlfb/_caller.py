@@ -86,6 +86,10 @@ def _app_frame(start: FrameType, inside: tuple[str, ...]) -> FrameType | None:
     """The first frame outside ``inside`` from ``start`` down, past the tasks the call runs in; ``None`` where
     there is none (an app's own task that calls rlfb from its outermost coroutine) or asyncio's innards changed."""
     frame, _ = _first_outside(start, inside)
+    # an asyncio coroutine that awaits the call in the caller's own task (wait_for since Python 3.12): the app's
+    # coroutine lies right below it; the loop's own frames (not coroutines) lead to the task path below
+    while frame is not None and (_top(frame) in inside or (_top(frame) == "asyncio" and _is_coroutine(frame))):
+        frame = frame.f_back
     if frame is not None and _top(frame) not in _THREADS:
         return frame
     import asyncio  # only here: the core imports no asyncio for its synchronous calls
@@ -102,6 +106,13 @@ def _app_frame(start: FrameType, inside: tuple[str, ...]) -> FrameType | None:
     except Exception:  # asyncio's private fields read best-effort: a warning's line is no reason to fail a call
         return None
     return None
+
+
+def _is_coroutine(frame: FrameType) -> bool:
+    """Whether ``frame`` runs an ``async def`` function (an await in progress, not the event loop's machinery)."""
+    import inspect
+
+    return bool(frame.f_code.co_flags & inspect.CO_COROUTINE)
 
 
 def _awaiting_frames(coro: Any) -> list[FrameType]:

@@ -132,10 +132,23 @@ async def test_a_warning_of_a_retrieval_run_by_asyncio_gather_names_the_gather()
 
 
 async def test_a_warning_of_a_retrieval_under_asyncio_wait_for_names_the_wait_for() -> None:
-    # Python 3.11's wait_for runs the call as a task of its own and waits on a future of its own
+    # Python 3.11's wait_for runs the call as a task of its own and waits on a future of its own; 3.12's awaits
+    # it in the caller's task (the next test)
     retriever = rlfb_retriever(FeedbackStore())
     with pytest.warns(UserWarning, match="ignoring run metadata session_id") as caught:
         await asyncio.wait_for(retriever.ainvoke("ocean tides", config={"metadata": {"session_id": ""}}), 60)
+    assert named_files(caught, "ignoring run metadata") == [__file__]
+
+
+async def test_a_warning_of_a_retrieval_an_asyncio_coroutine_awaits_in_the_callers_task_names_the_app() -> None:
+    """Bug: Python 3.12's ``wait_for`` awaits the call in the caller's own task, so the first frame below rlfb and
+    LangChain was asyncio's coroutine, taken for the event loop's: the warning named the thread pool's module.
+    ``relay`` stands for it on every Python: a coroutine of a module named ``asyncio...``, awaiting the call."""
+    namespace: dict[str, Any] = {"__name__": "asyncio.relay"}
+    exec("async def relay(call):\n    return await call\n", namespace)  # noqa: S102 - a module of asyncio's name
+    retriever = rlfb_retriever(FeedbackStore())
+    with pytest.warns(UserWarning, match="ignoring run metadata session_id") as caught:
+        await namespace["relay"](retriever.ainvoke("ocean tides", config={"metadata": {"session_id": ""}}))
     assert named_files(caught, "ignoring run metadata") == [__file__]
 
 
