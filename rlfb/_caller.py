@@ -85,9 +85,10 @@ def app_line_for_threads() -> Iterator[None]:
 def _app_frame(start: FrameType, inside: tuple[str, ...]) -> FrameType | None:
     """The first frame outside ``inside`` from ``start`` down, past the tasks the call runs in; ``None`` where
     there is none (an app's own task that calls rlfb from its outermost coroutine) or asyncio's innards changed."""
-    frame, _ = _first_outside(start, inside)
-    # an asyncio coroutine that awaits the call in the caller's own task (wait_for since Python 3.12): the app's
-    # coroutine lies right below it; the loop's own frames (not coroutines) lead to the task path below
+    # past rlfb and the frameworks, and past an asyncio coroutine that awaits the call in the caller's own task
+    # (wait_for since Python 3.12), whose caller's coroutine lies right below it; the loop's own frames (not
+    # coroutines) lead to the task path below
+    frame: FrameType | None = start
     while frame is not None and (_top(frame) in inside or (_top(frame) == "asyncio" and _is_coroutine(frame))):
         frame = frame.f_back
     if frame is not None and _top(frame) not in _THREADS:

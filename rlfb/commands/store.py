@@ -90,9 +90,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     days = args.window_days
     # checked here to name the days given; 1e308 days is an infinite number of seconds
-    if days is not None and not (math.isfinite(days) and days > 0 and math.isfinite(days * 86400.0)):
-        return _fail(f"--window-days must be a positive number of days, got {days:g}" if not days > 0 or
-                     not math.isfinite(days) else f"--window-days {days:g} is too large: its seconds overflow")
+    if days is not None and not (math.isfinite(days) and days > 0):
+        return _fail(f"--window-days must be a positive number of days, got {days:g}")
+    if days is not None and not math.isfinite(days * 86400.0):
+        return _fail(f"--window-days {days:g} is too large: its seconds overflow")
     try:
         with _open(args.file) as store:
             window = None if args.window_days is None else args.window_days * 86400.0

@@ -217,8 +217,8 @@ class Transactions:
         self.closed = False
         # the file opened, as absolute path (SQLite resolved a relative one at open: a later chdir must not
         # move it) and (st_dev, st_ino); None: nothing to check (in memory, or a file that could not be looked at)
-        self._file = None if file is None else os.path.abspath(file)
-        self._identity = None if self._file is None else _file_identity(self._file)
+        self.file = None if file is None else os.path.abspath(file)
+        self._identity = None if self.file is None else _file_identity(self.file)
         self.depth = 0  # of exclusive() blocks on this connection
         self._undo: list[list[Callable[[], None]]] = []  # per open exclusive() block: on_rollback callbacks
 
@@ -243,10 +243,10 @@ class Transactions:
         the unlinked inode, lost at exit with no error; a path that cannot be looked at now (its folder made
         unreadable) passes, since the file may well be there and SQLite's own errors name what is wrong.
         """
-        if self._file is None or self._identity is None:
+        if self.file is None or self._identity is None:
             return
         try:
-            st = os.stat(self._file)
+            st = os.stat(self.file)
         except (FileNotFoundError, NotADirectoryError):
             what = "deleted"
         except OSError:

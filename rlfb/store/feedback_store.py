@@ -126,9 +126,6 @@ class FeedbackStore:
         self._clock = clock
         self.path = _check_path(path)
         self._memory = self.path in _MEMORY
-        # the file as opened, fixed now: a relative path read again after a chdir names another file (an export
-        # guard that compared it let an export overwrite this store, and same_store took two files for one)
-        self._opened = None if self._memory else os.path.abspath(self.path)
         self._lock = threading.RLock()
         conn = connection.connect(self.path, self.busy_timeout)
         self._conn = conn
@@ -136,7 +133,7 @@ class FeedbackStore:
         # collected: Python 3.13 warns of an unclosed one (a ResourceWarning, an error under -W error)
         finalizer = weakref.finalize(self, conn.close)
         self._tx = connection.Transactions(
-            conn, self._lock, self.path, self.busy_timeout, finalizer, file=self._opened
+            conn, self._lock, self.path, self.busy_timeout, finalizer, file=None if self._memory else self.path
         )
         self.db = Database(conn, execute_plugins=False)
         try:
@@ -190,6 +187,13 @@ class FeedbackStore:
     def _now(self) -> float:
         # checked each time it is read: a bad clock would otherwise fail deep inside, as a bare ValueError
         return finite_float(self._clock(), "clock() value")
+
+    @property
+    def _opened(self) -> str | None:
+        """The file as opened, absolute (``None`` in memory): a relative path read again after a chdir names another
+        file (an export guard that compared it let an export overwrite this store, and same_store took two files
+        for one). The one the connection's checks keep (``Transactions``)."""
+        return self._tx.file
 
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         """A write transaction (a savepoint inside :meth:`exclusive`): all of it or none."""
