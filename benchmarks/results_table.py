@@ -124,6 +124,21 @@ def fmt4(entry: dict) -> str:
     return "–" if entry is None or entry.get("mean") is None else f"{entry['mean']:.4f}"
 
 
+def seed_counts(runs: list[dict], key: str) -> str:
+    """The seeds' counts of ``key`` (``stream_queries``, ``heldout_queries``): one number where every seed has it,
+    else the lowest and highest (each seed halves the questions its own way where a split is missing).
+
+    >>> seed_counts([{"stream_queries": 12}, {"stream_queries": 12}], "stream_queries")
+    '12'
+    >>> seed_counts([{"heldout_queries": 12}, {"heldout_queries": 14}, {}], "heldout_queries")
+    '12–14'
+    """
+    counts = sorted({run[key] for run in runs if key in run})
+    if not counts:
+        return "–"
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+
+
 def variants_table(tables: dict[str, dict[str, dict]]) -> None:
     """The "Other shapes of collection" table: each collection's thompson run against its baselines."""
     print("| variant | stream / held-out questions | held-out: learned | RRF | equal | tuned fixed | seen (RRF) "
@@ -135,9 +150,9 @@ def variants_table(tables: dict[str, dict[str, dict]]) -> None:
             continue
         split = r["config"].get("split", "test")
         label = ds + (f" (`--split {split}`)" if split != "test" else "")
-        run = (r.get("runs") or [{}])[0]
+        runs = r.get("runs") or [{}]
         f, b = r["final"], r["baselines"]
-        print(f"| {label} | {run.get('stream_queries', '–')} / {run.get('heldout_queries', '–')} "
+        print(f"| {label} | {seed_counts(runs, 'stream_queries')} / {seed_counts(runs, 'heldout_queries')} "
               f"| {fmt4(f['heldout_ndcg@10'])} | {fmt4(b['rrf']['heldout_ndcg@10'])} "
               f"| {fmt4(b['equal']['heldout_ndcg@10'])} | {fmt4(b['tuned_fixed']['heldout_ndcg@10'])} "
               f"| {fmt(f['seen_ndcg@10'])} ({fmt(b['rrf']['seen_ndcg@10'])}) "

@@ -17,6 +17,7 @@ __all__ = [
     "DuplicateIdError",
     "UnknownChunkError",
     "UnknownEventError",
+    "UnknownFeedbackError",
     "UnknownSignalError",
     "InvalidWeightsError",
     "CorruptStateError",
@@ -68,6 +69,13 @@ class UnknownEventError(RlfbError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown event"
+
+
+class UnknownFeedbackError(RlfbError, KeyError):
+    """A feedback row id names no stored row (never given, or pruned)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown feedback row"
 
 
 class UnknownSignalError(ValidationError):

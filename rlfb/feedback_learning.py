@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlfb._caller import warn_at_app
-from rlfb.errors import CorruptStateError, RlfbError, StoreClosedError, UnknownEventError
+from rlfb.errors import CorruptStateError, RlfbError, StoreClosedError, UnknownEventError, UnknownFeedbackError
 from rlfb.memory import HASHED_KEY, question_key
 from rlfb.policies.base import Context, Decision, Episode
 from rlfb.runs import (
@@ -302,7 +302,8 @@ def learn_record(ens: FeedbackEnsemble, record: Any, event: Mapping[str, Any] | 
                 # a double click, a retry without an idempotency key: stored as given, learned once. Learned
                 # again and again, one repeated request would lift a chunk past anything a user said
                 if marked:
-                    ens._require_store().mark_learned(record.feedback_id, False)
+                    with contextlib.suppress(UnknownFeedbackError):  # pruned meanwhile: nothing left to mark
+                        ens._require_store().mark_learned(record.feedback_id, False)
                 return
             episode = ens.episode(record.event_id, record, event=event)
         except RlfbError:
@@ -341,6 +342,8 @@ def _hold(ens: FeedbackEnsemble, store: Any, feedback_id: int) -> None:
     whose ``mark_learned`` takes no ``held`` gets it marked learned, as before held rows were kept."""
     try:
         store.mark_learned(feedback_id, held=True)
+    except UnknownFeedbackError:  # pruned by another process since it was read: nothing to hold, nor to write
+        del ens._held[feedback_id]
     except TypeError:
         store.mark_learned(feedback_id)
         del ens._held[feedback_id]  # settled: not one another ensemble may have taken (take_newer)

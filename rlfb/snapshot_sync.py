@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlfb._at_exit import run_at_exit
 from rlfb._caller import warn_at_app
-from rlfb.errors import CorruptStateError, ModelNotFoundError
+from rlfb.errors import CorruptStateError, ModelNotFoundError, UnknownFeedbackError
 from rlfb.memory import naming_model, without_embeddings
 from rlfb.snapshot_kind import SnapshotKind
 
@@ -55,7 +55,10 @@ def persist_state(ens: FeedbackEnsemble, now: float, *, force: bool = False) -> 
     # the feedback rows this snapshot writes the learning of: learned now, in its transaction (the caller's
     # store.exclusive() block), where until then they were held
     for feedback_id in ens._held:
-        ens._store.mark_learned(feedback_id)
+        try:
+            ens._store.mark_learned(feedback_id)
+        except UnknownFeedbackError:
+            pass  # pruned since it was learned (another process's prune): nothing is left to mark
     ens._held.clear()
     ens._last_persist = now
     ens._dirty = False

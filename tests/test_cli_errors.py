@@ -335,3 +335,12 @@ def test_a_bad_number_names_the_option_typed(tmp_path: Path, capsys, argv: list[
     places = {"DATA": str(write_beir(tmp_path / "data")), "DIR": str(tmp_path)}
     assert main([places.get(a, a) for a in argv]) == 2
     assert one_error_line(capsys) == f"rlfb: error: {expected}"
+
+
+def test_evaluate_notes_a_k_past_the_corpus(tmp_path: Path, capsys) -> None:
+    # --k 1000000 ranked the whole corpus and printed P@1000000 as 0.0000, unremarked
+    data = write_beir(tmp_path / "data")
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25", "--k", "1000000"]) == 0
+    assert "note: --k 1000000 is more than the 3 documents of data's corpus" in capsys.readouterr().err
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25", "--k", "3"]) == 0  # the whole corpus
+    assert "--k" not in capsys.readouterr().err

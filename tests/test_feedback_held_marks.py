@@ -101,6 +101,24 @@ def test_held_rows_are_marked_learned_by_the_snapshot_that_writes_them(tmp_path:
     ens.close()
 
 
+def test_a_held_row_pruned_before_its_snapshot_does_not_stop_the_snapshot(tmp_path: Path) -> None:
+    path = tmp_path / "fb.db"
+    ens = bm25_ensemble(path, persist_interval=3600.0)
+    r = ens.retrieve("what causes the tides", k=3)
+    ens.feedback(r.event_id, "click", chunk_id=r.hits[0].chunk_id)  # written at once
+    ens.feedback(r.event_id, "click", chunk_id=r.hits[1].chunk_id)  # held
+    # another process prunes the retrieval, its feedback with it (as `prune` does, by the foreign keys' cascade)
+    with sqlite3.connect(path) as raw:
+        raw.execute("PRAGMA foreign_keys = ON")
+        raw.execute("DELETE FROM events WHERE id = ?", (r.event_id,))
+    raw.close()
+    with FeedbackStore(path) as other:
+        assert other.counts()["feedback"] == 0
+    ens.flush()  # the snapshot holds the learning; the row it would mark is gone
+    assert newest_n_learned(path) == 2 and ens.store.counts()["held"] == 0
+    ens.close()
+
+
 def test_the_default_persist_interval_marks_learned_at_once_and_holds_nothing(tmp_path: Path) -> None:
     path = tmp_path / "fb.db"
     ens = bm25_ensemble(path)

@@ -102,8 +102,10 @@ def test_feedback_stored_before_a_busy_error_is_learned_at_the_makers_next_feedb
     r1 = maker.retrieve("what causes the tides", k=3)
     r2 = maker.retrieve("why do volcanoes erupt", k=3)
     blocker.armed = 1
-    with pytest.raises(StoreBusyError):
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(StoreBusyError) as err:
+        warnings.simplefilter("always")
         other.feedback(r1.event_id, "thumbs_up", chunk_id=r1.hits[0].chunk_id)  # no key, and never retried
+    assert "stored but not learned" in noted(err.value, caught)
     assert maker.learner.n_learned == 0
     other.feedback(r2.event_id, "thumbs_down")
     assert maker.learner.n_learned == 2
@@ -149,8 +151,10 @@ def test_run_feedback_on_two_retrievals_keeps_both_rows_when_the_learning_meets_
     maker.retrieve("what causes the tides", k=3, parent_id="chain-run")
     maker.retrieve("why do volcanoes erupt", k=3, parent_id="chain-run")
     blocker.armed = 1
-    with pytest.raises(StoreBusyError):
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(StoreBusyError) as err:
+        warnings.simplefilter("always")
         record_run_feedback(other.store, "chain-run", signal="thumbs_up", idempotency_key="k1")
+    assert "stored but not learned" in noted(err.value, caught)
     # the second retrieval's learning got the lock, and learned the first's row, kept, before its own
     assert maker.learner.n_learned == 2
     records = record_run_feedback(other.store, "chain-run", signal="thumbs_up", idempotency_key="k1")

@@ -274,7 +274,7 @@ def test_the_schema_step_counts_rows_stored_before_it_as_settled_and_is_safe_to_
 
 
 def test_marks_are_checked_at_the_boundary(tmp_path: Path) -> None:
-    from rlfb.errors import ValidationError
+    from rlfb.errors import UnknownFeedbackError, ValidationError
 
     with FeedbackStore(tmp_path / "fb.db") as store:
         for bad in (0, -1, 1.0, True, "1"):
@@ -287,6 +287,8 @@ def test_marks_are_checked_at_the_boundary(tmp_path: Path) -> None:
         with pytest.raises(ValidationError):
             store.unlearned_feedback(policy="")
         assert store.feedback_learned(12345) is None  # no such row
+        with pytest.raises(UnknownFeedbackError, match="no feedback row 12345"):
+            store.mark_learned(12345)  # said, not done quietly: nothing names the row
 
 
 def test_feedback_on_another_engines_retrieval_is_owed_to_no_learner(tmp_path: Path) -> None:

@@ -14,9 +14,8 @@ EXPECTED_ALL = {
         "IdempotencyConflictError", "InvalidWeightsError", "ModelNotFoundError", "NoStoreError",
         "NonFiniteValueError", "NotCopyableError", "RatingOutOfRangeError", "ReadOnlyFolderError",
         "ReadOnlyStoreError", "RetrievalResult", "RlfbError", "SaveNotFoundError", "SearchMember", "StoreBusyError",
-        "StoreClosedError",
-        "StoreFileGoneError", "StoreFullError", "UnknownChunkError", "UnknownEventError", "UnknownOptionError",
-        "UnknownSignalError", "ValidationError", "__version__",
+        "StoreClosedError", "StoreFileGoneError", "StoreFullError", "UnknownChunkError", "UnknownEventError",
+        "UnknownFeedbackError", "UnknownOptionError", "UnknownSignalError", "ValidationError", "__version__",
     ],
     "rlfb.policies": [
         "BatchParams", "BatchPolicy", "Context", "Decision", "Episode", "EpsilonGreedyPolicy", "FixedParams",

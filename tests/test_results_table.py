@@ -99,6 +99,17 @@ def test_the_variants_table_has_the_readmes_columns(tmp_path: Path, output: dict
     ]
 
 
+def test_the_variants_table_gives_every_seeds_question_counts(tmp_path: Path, output: dict) -> None:
+    # it gave seed 0's counts alone, where a collection without a split is halved by each seed its own way
+    runs = [{**output["runs"][0], "seed": s, "stream_queries": n, "heldout_queries": 30 - n}
+            for s, n in enumerate((14, 16, 15))]
+    write(tmp_path / "cisi_thompson.json", {**output, "runs": runs}, policy="thompson")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--variants", str(tmp_path)], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "| cisi | 14–16 / 14–16 |" in done.stdout
+
+
 def test_the_variants_are_tabled_in_the_order_they_are_built(tmp_path: Path, output: dict) -> None:
     # they came out by name, where the README (and beir_variants.py) lists them in the order they are built
     import importlib.util

@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
                               "relevant to any document")
     for note in data.left_out_notes(args.split):
         print(note, file=sys.stderr)
+    if k > len(data.corpus):  # said, not refused (trec_eval scores it so too): a --k typo reads as a result
+        print(f"note: --k {k} is more than the {len(data.corpus)} documents of {data.name}'s corpus: each run ranks "
+              f"all of them, and P@{k} counts the ranks past them as not relevant", file=sys.stderr)
     ens = FeedbackEnsemble.from_chunks(
         data.corpus, retrievers=names, fusion=args.fusion, weights=weights, show_progress=show_progress(False),
         candidate_k=args.candidate_k,

@@ -21,6 +21,7 @@ from rlfb.errors import (
     RlfbError,
     UnknownChunkError,
     UnknownEventError,
+    UnknownFeedbackError,
     ValidationError,
 )
 from rlfb.reward import check_not_before
@@ -548,7 +549,9 @@ def learned_mark(store: FeedbackStore, feedback_id: int) -> bool | None:
 
 def mark_learned(store: FeedbackStore, feedback_id: int, learned: bool, held: bool = False) -> None:
     """Mark the feedback row as taken by a learner (``learned``; ``held``: not written in a snapshot yet) or as
-    holding nothing to learn."""
+    holding nothing to learn; :class:`UnknownFeedbackError` (nothing written) if no row has the id."""
     with store._write() as conn:
-        conn.execute("UPDATE feedback SET learned = ? WHERE id = ?",
-                     (HELD if held else 1 if learned else 0, feedback_id))
+        changed = conn.execute("UPDATE feedback SET learned = ? WHERE id = ?",
+                               (HELD if held else 1 if learned else 0, feedback_id)).rowcount
+        if not changed:
+            raise UnknownFeedbackError(f"no feedback row {feedback_id} (never stored, or pruned)")

@@ -578,7 +578,8 @@ class FeedbackStore:
         """Mark the feedback row ``feedback_id`` as taken by a learner, or (``learned=False``) as holding nothing
         to learn; ``held``: taken by a learner that has not yet written it in a snapshot (a process killed
         before it does leaves the row to the next ensemble to start). An ensemble marks what it learns in the
-        transaction that writes the learning, and holds it meanwhile."""
+        transaction that writes the learning, and holds it meanwhile. An id that names no row (never stored, or
+        pruned) is :class:`~rlfb.errors.UnknownFeedbackError`."""
         if validate_flag(held, "held") and not learned:
             raise ValidationError("held=True marks a row a learner took: learned must be True")
         feedback_log.mark_learned(self, _check_int(feedback_id, "feedback_id", minimum=1), bool(learned), held)
