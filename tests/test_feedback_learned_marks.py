@@ -414,3 +414,52 @@ def test_a_look_whose_writes_are_undone_looks_again(tmp_path: Path) -> None:
     assert ens.learner.n_learned == 1 and ens.store.feedback_learned(owed.feedback_id) is True
     ens.close()
     assert newest_n_learned(path) == 1
+
+
+def test_a_limit_lists_the_oldest_rows_not_learned(tmp_path: Path) -> None:
+    # "oldest first, the first `limit`": listed newest first, a caller working through a backlog by `limit`
+    # would take the newest rows and leave the oldest
+    with FeedbackStore(tmp_path / "fb.db") as store:
+        ids = []
+        for text in ("tides", "aurora", "volcano"):
+            event = store.log_event(text, {"policy": "thompson", "weights": {"bm25": 1.0}}, [{"chunk_id": "doc1"}])
+            ids.append(store.record_feedback(event, "thumbs_up").feedback_id)
+        assert [r.feedback_id for r in store.unlearned_feedback(limit=1)] == ids[:1]
+        assert [r.feedback_id for r in store.unlearned_feedback(policy="thompson", limit=2)] == ids[:2]
+
+
+def test_feedback_on_a_decision_logged_without_a_policy_is_learned_by_the_ensemble_that_owns_it(
+        tmp_path: Path) -> None:
+    # a decision logged by the app's own logger (or an older rlfb) names no policy; the ensemble of its retrievers
+    # owns it, so the feedback on it is owed to that ensemble, not to none
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as store:
+        event = store.log_event("volcano lava", {"weights": {"bm25": 1.0}}, [{"chunk_id": IDS[2]}])
+        fid = store.record_feedback(event, "thumbs_up").feedback_id
+    ens = bm25_ensemble(path)
+    ens.retrieve("volcano lava", k=2)
+    assert ens.learner.n_learned == 1
+    ens.close()
+    with FeedbackStore(path) as store:
+        assert store.feedback_learned(fid) is True and store.counts()["unlearned"] == 0
+
+
+def test_a_retry_through_a_store_without_learned_marks_is_learned_once(tmp_path: Path) -> None:
+    # a store of the user's own that keeps no learned marks: the retry's `duplicate` is all there is to go on
+
+    class NoMarks:  # passes everything on but the marks
+        def __init__(self, store: FeedbackStore) -> None:
+            self._store = store
+
+        def __getattr__(self, name: str) -> Any:
+            if name in ("mark_learned", "feedback_learned", "unlearned_feedback", "_owed_feedback"):
+                raise AttributeError(name)
+            return getattr(self._store, name)
+
+    ens = FeedbackEnsemble.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), policy="thompson",
+                                      store=NoMarks(FeedbackStore(tmp_path / "fb.db")))
+    r = ens.retrieve("volcano lava", k=2)
+    ens.feedback(r.event_id, "thumbs_up", idempotency_key="k1")
+    again = ens.feedback(r.event_id, "thumbs_up", idempotency_key="k1")
+    assert again.duplicate and ens.learner.n_learned == 1
+    ens.close()

@@ -12,6 +12,7 @@ import sys
 import threading
 import uuid
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from _clock import NOW, Clock
@@ -660,6 +661,32 @@ def test_a_save_keeps_the_newest_snapshots_of_its_kind_only(clock):
         keep_all.save_policy_state(_state(["bm25"]), {"bm25": 1.0}, policy="thompson")
     assert keep_all.counts()["policy_snapshots"] == 8
     assert FeedbackStore(":memory:").snapshots_kept == 5
+
+
+def test_a_save_and_its_trim_of_older_snapshots_are_one_transaction(tmp_path: Path) -> None:
+    # the trim run apart from the save let another process's writer in between: the save raised a bare
+    # "database is locked" after its snapshot had committed, and the older snapshot it should drop stayed
+    path = tmp_path / "fb.db"
+    store = FeedbackStore(path, busy_timeout=0.5, snapshots_kept=2)
+    for n in range(2):
+        store.save_policy_state({"n": n}, {"bm25": 1.0}, policy="fixed")
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    refused = []
+
+    def another_writer_at_the_trim(sql: str) -> None:
+        if sql.startswith("DELETE FROM policy_snapshots"):
+            try:
+                other.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                refused.append(sql)
+
+    store._conn.set_trace_callback(another_writer_at_the_trim)
+    assert store.save_policy_state({"n": 2}, {"bm25": 1.0}, policy="fixed") == 3
+    store._conn.set_trace_callback(None)
+    assert refused and not other.in_transaction
+    assert [h["version"] for h in store.policy_history()] == [2, 3]
+    other.close()
+    store.close()
 
 
 @pytest.mark.parametrize("kept", [0, -1, 2.5, True, "5"])
