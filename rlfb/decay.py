@@ -30,6 +30,11 @@ def clock_decay(last: float, t: float, half_life_days: float | None) -> tuple[fl
     (0.5, 1.0, 172800.0)
     >>> clock_decay(2 * 86_400.0, 86_400.0, 1.0)
     (1.0, 0.5, 172800.0)
+
+    A clock not started yet (``last`` 0: what was summed carried no time) keeps its sum whole:
+
+    >>> clock_decay(0.0, 1.7e9, 45.0)
+    (1.0, 1.0, 1700000000.0)
     """
     if t <= 0:
         return 1.0, 1.0, last
@@ -39,7 +44,14 @@ def clock_decay(last: float, t: float, half_life_days: float | None) -> tuple[fl
 
 
 def episode_time(episode: Any) -> float:
-    """The time an episode describes: its decision time, else its feedback time (0 if neither)."""
+    """The time an episode describes: its decision time, else its feedback time (0 if neither).
+
+    >>> from types import SimpleNamespace as Ep
+    >>> episode_time(Ep(timestamp=7.0, feedback_time=9.0)), episode_time(Ep(timestamp=0.0, feedback_time=9.0))
+    (7.0, 9.0)
+    >>> episode_time(Ep(timestamp=float("nan")))
+    0.0
+    """
     t = float(getattr(episode, "timestamp", 0.0) or 0.0)
     if t <= 0:
         t = float(getattr(episode, "feedback_time", 0.0) or 0.0)
