@@ -1120,3 +1120,26 @@ def test_chunk_exploration_under_rrf_moves_chunks_a_few_places_not_across_the_li
     plain = dataclasses.replace(ctx, rrf_c=None)
     assert float(np.mean([Learner(("bm25",), policy="fixed", seed=s).rank(plain, 10).order
                           for s in range(100)])) > 7.0
+
+
+# -- found by a mutation review (2026-12-07): each fails with the bug its comment names ----------------------------
+def test_the_guardrails_multipliers_reach_the_policy_in_their_own_slots() -> None:
+    # swapped, learned weights that surely do worse made the policy learn faster and explore less, not the reverse
+    learner = Learner(("a", "b"), policy="batch", config={"guardrail_min_episodes": 5}, seed=0)
+    learner.set_weights({"a": 0.9, "b": 0.1})  # the default, 0.5/0.5, ranks what users click first
+    X = np.array([[1.0, 0.0], [0.6, 0.7]])
+    for i in range(40):
+        learner.learn(Episode(f"e{i}", "q", ("a", "b"), Decision({"a": 0.9, "b": 0.1}), ("x", "y"), X,
+                              np.array([0.0, 1.0]), 1.0))
+    lr_m, ex_m = learner.guardrail.multipliers
+    assert lr_m < 1.0 < ex_m  # the guardrail acted
+    assert (learner.policy._lr_scale, learner.policy._explore_scale) == (lr_m, ex_m)
+
+
+def test_a_reseeded_learners_parts_draw_streams_of_their_own() -> None:
+    # reseeded from (seed, salt) alone, the policy, exploration, discovery and replay drew the same numbers
+    learner = Learner(("a", "b"), policy="thompson", config={"exploration": "epsilon"}, seed=0).reseed(7)
+    draws = [float(g.random()) for g in learner._generators()]
+    assert len(draws) == 4 and len(set(draws)) == 4
+    again = Learner(("a", "b"), policy="thompson", config={"exploration": "epsilon"}, seed=0).reseed(7)
+    assert [float(g.random()) for g in again._generators()] == draws  # and reproducibly

@@ -1413,3 +1413,43 @@ def test_from_params_refuses_another_policys_params_and_a_fixed_policy() -> None
     saved = EpsilonGreedyPolicy(["a", "b"], exploration="thompson", step=0.5)
     rebuilt = Learner.from_state_dict(Learner(["a", "b"], policy=saved).state_dict())
     assert rebuilt.policy.hyper == saved.hyper and rebuilt.policy.name == "epsilon"
+
+
+# -- found by a mutation review (2026-12-07): each fails with the bug its comment names ----------------------------
+def _click_on_second(decision: Decision, *, t: float = 0.0, n: int = 2) -> Episode:
+    X = np.array([[1.0, 0.0], [0.6, 0.7], [0.5, 0.5]])[:n]
+    return Episode("e", "q", ("a", "b"), decision, ("x", "y", "z")[:n], X, np.eye(n)[1], 1.0, timestamp=t)
+
+
+def test_thompsons_click_evidence_takes_a_late_click_as_aged() -> None:
+    # a click on a decision two half-lives older than the clock was added at full weight, where the arm counts,
+    # the memory and the chunk confidences age it
+    from rlfb.decay import DAY
+
+    p = ThompsonPolicy(["a", "b"], step=0.5, seed=0, half_life_days=45.0)
+    d = p.decide(None, explore=False)
+    p.learn(_click_on_second(d, t=1000 * DAY), 1.0)
+    p.learn(_click_on_second(d, t=910 * DAY), 1.0)
+    assert p.state_dict()["state"]["clicks"]["*"]["n"] == pytest.approx(1.0 + 0.25 * p.hyper.forget, abs=0.01)
+
+
+def test_a_gradient_step_is_in_proportion_to_its_episodes_weight() -> None:
+    # a replayed episode, learned at a fraction of its weight, moved the weights as far as a fresh one
+    def step(weight: float) -> float:
+        p = GradientPolicy(["a", "b"], seed=0)
+        for _ in range(10):
+            p.learn(_click_on_second(Decision(p.weights()), n=3), 1.0)
+        before = p.weights()["a"]
+        p.learn(_click_on_second(Decision(p.weights()), n=3), 1.0, weight=weight)
+        return p.weights()["a"] - before
+
+    full, tenth = step(1.0), step(0.1)
+    assert full * tenth > 0 and abs(tenth) < 0.25 * abs(full)  # the evidence it adds is a tenth, as its step
+
+
+def test_a_fixed_policy_counts_what_it_learns() -> None:
+    # its weights do not move, but `n_updates` (and the snapshot's count) stayed 0
+    p = FixedPolicy(["a", "b"])
+    p.learn(_click_on_second(Decision({"a": 0.5, "b": 0.5})), 1.0)
+    p.learn(_click_on_second(Decision({"a": 0.5, "b": 0.5})), 1.0, weight=0.5)
+    assert p.n_updates == 1.5 and p.state_dict()["n_updates"] == 1.5
