@@ -47,17 +47,18 @@ def retrieval_started(handler: FeedbackCallbackHandler, query: str, run_id: UUID
             "name": name or metadata.get("ls_retriever_name") or "retriever",
         })
         links = ancestor_links(handler, parent)
-        nested = parent in handler._retrievals or any(p in handler._retrievals for _, p in links)
     if handler._refused and parent is not None:
         refused_below(handler, [(str(run_id), parent), *links])  # under a run id given again
     if adopted and parent is not None:
         # under a run LangChain did not report as its parent (a fallback's attempt): the retrieval's own event
         # names the reported parent, so it is linked to the run it is under
         links = [(str(run_id), parent), *links]
-    if links and not nested:
+    if links:
         # Linked before the retrieval runs, so that a FeedbackEnsembleRetriever's own follow-up check
         # (which knows only its parent run) sees the runs above it: an agent's second call of its
-        # retriever tool is then known as the same run as its first.
+        # retriever tool is then known as the same run as its first. Nested in another retrieval too: an rlfb
+        # retriever inside a wrapper called twice in one run took the wrapper's second call for a restatement
+        # of its first (the wrapper's own link to the run above it is written here, by its first member)
         try:
             handler.store.link_runs(links)
         except StoreBusyError:

@@ -204,3 +204,23 @@ def test_a_click_on_a_document_no_rlfb_decision_returned_says_it_taught_nothing(
         handler.record_feedback(run, signal="click", chunk_id=ranked[0])
         handler.record_feedback(run, score=1.0)  # the whole run: learned too
     assert retriever.ensemble.learner.n_learned == 2
+
+
+@pytest.mark.parametrize("behind_a_chain", [False, True], ids=["direct", "behind-a-chain"])
+def test_a_wrapper_called_twice_in_one_run_is_not_a_reformulation(tmp_path, behind_a_chain: bool) -> None:
+    # the rlfb retriever inside the wrapper's second call saw only the wrapper's run above it (linked when the
+    # wrapper ended), so it took the call for a restatement of the first one's result (a mutation review, 2026-12-07)
+    from langchain_core.runnables import RunnableLambda
+
+    retriever = _retriever(str(tmp_path / "fb.db"))
+    handler = FeedbackCallbackHandler.from_ensemble(retriever)
+    inner: Any = (RunnableLambda(lambda q: q) | retriever) if behind_a_chain else retriever
+    cc = ContextualCompressionRetriever(base_compressor=KeepOnly(positions=(0,)), base_retriever=inner)
+    agent: Any = RunnableLambda(lambda q: [cc.invoke(q), cc.invoke("what really is the sun, the star")])
+    run = uuid.uuid4()
+    agent.invoke("what is the sun", config={"callbacks": [handler], "metadata": {"session_id": "s1"}, "run_id": run})
+    events = handler.retrievals(run)
+    assert len(events) == 4 and not any(handler.store.feedback(e["id"]) for e in events)
+    # the user restating the question in a run of its own is a follow-up, as before
+    cc.invoke("what really is the sun, a star", config={"callbacks": [handler], "metadata": {"session_id": "s1"}})
+    assert [f["signal"] for f in handler.store.feedback(events[-1]["id"])] == ["reformulation"]

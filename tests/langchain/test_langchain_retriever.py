@@ -733,3 +733,25 @@ def test_the_retrievers_feedback_takes_a_number_second_as_the_score_as_the_handl
         retriever.feedback(eid, "correctness", score=1.0)
     retriever.feedback(eid, score=1.0, key="correctness", idempotency_key="k")
     assert [row["key"] for row in retriever.ensemble.store.feedback(eid)] == [None, None, None, "correctness"]
+
+
+def test_feedback_after_a_restart_is_learned_by_the_retriever_given_it(tmp_path: Any) -> None:
+    # the retriever's feedback named no ensemble: learned only where the one that made the retrieval still lived
+    # in the process, and after a restart stored and not learned (a mutation review, 2026-12-07)
+    import gc
+
+    path = str(tmp_path / "fb.db")
+
+    def started() -> FeedbackEnsembleRetriever:
+        return FeedbackEnsembleRetriever.from_texts(TEXTS, ids=IDS, retrievers=("bm25",), store=path, k=2,
+                                                    explore=False)
+
+    before = started()
+    event_id = before.invoke("what causes the aurora")[0].metadata["event_id"]
+    before.ensemble.close()
+    del before
+    gc.collect()
+    after = started()  # the restart
+    (record,) = after.feedback(event_id, 1.0)
+    assert not record.duplicate and after.ensemble.learner.n_learned == 1
+    after.ensemble.close()

@@ -296,3 +296,17 @@ def test_an_inserted_node_is_returned_as_inserted(nodes: list[TextNode]) -> None
     assert hit.node.ref_doc_id == "doc-7"
     assert "secret" in hit.node.excluded_llm_metadata_keys
     assert hit.node.metadata["secret"] == "x"
+
+
+def test_a_node_id_given_twice_returns_the_first_node_as_the_index_keeps_it() -> None:
+    # kept by its last copy, whose text the index did not keep, the hit came back as a bare node rebuilt from
+    # the chunk: its source link lost, its metadata in the text the LLM reads (a mutation review, 2026-12-07)
+    first = TextNode(id_="x", text="the aurora is caused by the solar wind", metadata={"file": "a.txt"},
+                     relationships={NodeRelationship.SOURCE: RelatedNodeInfo(node_id="doc-a")})
+    again = TextNode(id_="x", text="a later copy of x with other text")
+    other = TextNode(id_="y", text="tides follow the moon")
+    retriever = FeedbackEnsembleRetriever.from_defaults(nodes=[first, again, other], retrievers=("bm25",),
+                                                        similarity_top_k=1)
+    (hit,) = retriever.retrieve("what causes the aurora")
+    assert hit.node.node_id == "x" and hit.node.ref_doc_id == "doc-a"
+    assert hit.node.get_content() == first.get_content() and hit.node.metadata["file"] == "a.txt"
