@@ -1046,3 +1046,21 @@ def test_each_seed_samples_its_own_max_heldout_questions_from_a_held_out_split()
     config = SimulationConfig(max_heldout=5)
     samples = {tuple(_split(prep, config, seed=seed)[1]) for seed in range(3)}
     assert len(samples) == 3
+
+
+# -- found by a mutation review of the simulator (2026-12-07): each fails with the bug its comment names -------------
+def test_the_lift_by_times_asked_is_over_rrf_and_each_retriever_scores_its_own_column(small_run) -> None:
+    # `learned_minus_rrf` taken from equal weights, or every "retriever alone" row scored from the first
+    # retriever's column, changed printed figures and no test saw it
+    _, result, _ = small_run
+    groups = result["seen_by_asks"]
+    measured = [g for g in groups.values() if g["learned"]["mean"] is not None and g["rrf"]["mean"] is not None]
+    assert measured
+    for group in measured:
+        lift = group["learned"]["mean"] - group["rrf"]["mean"]  # paired by seed: the mean of the differences
+        assert group["learned_minus_rrf"]["mean"] == pytest.approx(lift, abs=1e-12)
+        if group["equal"]["mean"] != pytest.approx(group["rrf"]["mean"], abs=1e-9):
+            assert group["learned_minus_rrf"]["mean"] != pytest.approx(group["learned"]["mean"]
+                                                                      - group["equal"]["mean"], abs=1e-9)
+    b = result["baselines"]
+    assert b["bm25"]["heldout_ndcg@10"]["mean"] != pytest.approx(b["dense"]["heldout_ndcg@10"]["mean"], abs=1e-9)
