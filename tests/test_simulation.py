@@ -1064,3 +1064,13 @@ def test_the_lift_by_times_asked_is_over_rrf_and_each_retriever_scores_its_own_c
                                                                       - group["equal"]["mean"], abs=1e-9)
     b = result["baselines"]
     assert b["bm25"]["heldout_ndcg@10"]["mean"] != pytest.approx(b["dense"]["heldout_ndcg@10"]["mean"], abs=1e-9)
+
+
+def test_a_checkpoint_changes_nothing_the_run_does_after_it(small_run) -> None:
+    # ranked with exploration on (a mutation review, 2026-12-07), a checkpoint drew from the learner's random
+    # streams: the run after it, and so every final figure, depended on how many checkpoints were asked for
+    from dataclasses import replace
+
+    config, _, prep = small_run
+    once, often = (run_seed(prep, replace(config, checkpoints=n), 0) for n in (1, 6))
+    assert once["final"] == often["final"] and once["weights"] == often["weights"]
