@@ -47,12 +47,18 @@ def retrieval_started(handler: FeedbackCallbackHandler, query: str, run_id: UUID
             "name": name or metadata.get("ls_retriever_name") or "retriever",
         })
         links = ancestor_links(handler, parent)
+        # the outermost open retrieval (this one, if none is above it) keeps the links written at its start and
+        # its members': the next member (an EnsembleRetriever's second and third) does not write them again
+        above = [r for r in (parent, *(p for _, p in links)) if r is not None and r in handler._retrievals]
+        outer = above[-1] if above else str(run_id)
+        written: set[tuple[str, str]] = handler._retrievals.get(outer, {}).setdefault("linked", set())
     if handler._refused and parent is not None:
         refused_below(handler, [(str(run_id), parent), *links])  # under a run id given again
     if adopted and parent is not None:
         # under a run LangChain did not report as its parent (a fallback's attempt): the retrieval's own event
         # names the reported parent, so it is linked to the run it is under
         links = [(str(run_id), parent), *links]
+    links = [link for link in links if link not in written]
     if links:
         # Linked before the retrieval runs, so that a FeedbackEnsembleRetriever's own follow-up check
         # (which knows only its parent run) sees the runs above it: an agent's second call of its
@@ -61,6 +67,8 @@ def retrieval_started(handler: FeedbackCallbackHandler, query: str, run_id: UUID
         # of its first (the wrapper's own link to the run above it is written here, by its first member)
         try:
             handler.store.link_runs(links)
+            with handler._lock:
+                written.update(links)
         except StoreBusyError:
             # the store stayed locked: the retrieval's own log waits for it too (and raises, for an rlfb
             # retriever on this store), so the links are written when the retrieval ends, not printed by

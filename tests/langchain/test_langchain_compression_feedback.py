@@ -224,3 +224,27 @@ def test_a_wrapper_called_twice_in_one_run_is_not_a_reformulation(tmp_path, behi
     # the user restating the question in a run of its own is a follow-up, as before
     cc.invoke("what really is the sun, a star", config={"callbacks": [handler], "metadata": {"session_id": "s1"}})
     assert [f["signal"] for f in handler.store.feedback(events[-1]["id"])] == ["reformulation"]
+
+
+def test_the_members_of_an_ensemble_retriever_write_the_runs_above_them_once(tmp_path) -> None:
+    # linked at each member's start since a nested retrieval's links are written there: one write transaction a
+    # member for the same rows, where the outermost retrieval keeps what its members wrote
+    from langchain_classic.retrievers import EnsembleRetriever
+    from langchain_core.runnables import RunnableLambda
+
+    store = FeedbackStore(":memory:")
+    writes: list[list[tuple[str, str]]] = []
+    link_runs = store.link_runs
+
+    def counted(links: Any) -> int:
+        writes.append(list(links))
+        return link_runs(links)
+
+    store.link_runs = counted  # type: ignore[method-assign]
+    handler = FeedbackCallbackHandler(store)
+    members: list[Any] = [BM25Retriever.from_texts(TEXTS, k=2) for _ in range(3)]
+    chain = RunnableLambda(lambda q: q) | EnsembleRetriever(retrievers=members, weights=[1 / 3] * 3)
+    agent: Any = RunnableLambda(lambda q: chain.invoke(q))
+    agent.invoke("what is the sun", config={"callbacks": [handler]})
+    rows = [link for batch in writes for link in batch]
+    assert len(rows) == len(set(rows)) and len(writes) <= 2
