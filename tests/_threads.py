@@ -28,8 +28,21 @@ def errors_in_threads(target: Callable[[], object], n: int) -> list[BaseExceptio
     return errors
 
 
+def _on_event_loop() -> bool:
+    """Whether this thread is running an event loop (a worker thread of ``asyncio.to_thread`` is not)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class Gate:
-    """Wraps ``fn``: each call says it has started, then waits in its thread until the test opens the gate."""
+    """Wraps ``fn``: each call says it has started, then waits in its thread until the test opens the gate.
+
+    A call on a thread that runs an event loop fails at a closed gate instead: it would block the loop that
+    the test opens the gate from.
+    """
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
@@ -38,6 +51,11 @@ class Gate:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.entered.set()
+        if not self.opened.is_set() and _on_event_loop():
+            # an async path that called its sync one: waiting here would block the loop that must open the gate,
+            # and the test would hang instead of failing (a mutation review, 2026-12-07)
+            raise AssertionError(f"{getattr(self.fn, '__name__', self.fn)} was called on the event loop's own "
+                                 "thread, not in a worker thread: the async path blocks the event loop")
         self.opened.wait()
         return self.fn(*args, **kwargs)
 
@@ -51,6 +69,9 @@ async def cancel_inside(call: Coroutine[Any, Any, Any], gate: Gate) -> None:
     loop.set_default_executor(workers)  # where asyncio.to_thread runs the work
     task = asyncio.create_task(call)
     while not gate.entered.is_set():
+        if task.done():  # it never reached the gate: its error, or say so, rather than wait forever
+            task.result()
+            raise AssertionError("the call finished without reaching the gate")
         await asyncio.sleep(0.01)
     task.cancel()
     try:

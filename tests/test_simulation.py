@@ -1074,3 +1074,78 @@ def test_a_checkpoint_changes_nothing_the_run_does_after_it(small_run) -> None:
     config, _, prep = small_run
     once, often = (run_seed(prep, replace(config, checkpoints=n), 0) for n in (1, 6))
     assert once["final"] == often["final"] and once["weights"] == often["weights"]
+
+
+def _with_train_split(n_train: int) -> Any:
+    """The demo collection with a stream split of its own: ``n_train`` train questions, the rest held out."""
+    from dataclasses import replace
+
+    data = generate_demo_corpus(n_devices=20, seed=2)
+    ids = sorted(data.qrels["test"])
+    return replace(data, qrels={"test": {q: data.qrels["test"][q] for q in ids[n_train:]},
+                                "train": {q: data.qrels["test"][q] for q in ids[:n_train]}})
+
+
+def test_each_seed_asks_its_own_question_sequence_from_a_fixed_stream() -> None:
+    # the question stream seeded with a constant (a mutation review, 2026-12-07): with a stream split every
+    # seed asked the very same questions in the same order, and the spread over seeds left that out
+    data = _with_train_split(12)
+    config = SimulationConfig(policy="fixed", interactions=30, seeds=(0, 1, 2), checkpoints=1, retrievers=("bm25",),
+                              reformulation_rate=0.0)
+    runs = simulate(data, config, show_progress=False)["runs"]
+    assert len({tuple(r["question_ids"]["stream"]) for r in runs}) == 1  # one stream for every seed ...
+    assert len({tuple(r["question_ids"]["asked"].items()) for r in runs}) == 3  # ... asked its own way
+
+
+def test_each_seed_meets_a_simulated_user_of_its_own() -> None:
+    # the user seeded with a constant (a mutation review, 2026-12-07): where the rankings do not depend on the
+    # seed, every seed clicked and thumbed alike. One stream question and fixed weights with no exploration
+    # show the same rankings to every seed, so only the user's own draws can tell the seeds apart.
+    data = _with_train_split(1)
+    config = SimulationConfig(policy="fixed", interactions=40, seeds=(0, 1, 2), checkpoints=1, retrievers=("bm25",),
+                              explicit_rate=0.5, memory=False,
+                              learner={"confidence_weight": 0.0, "exploration": "none"})
+    runs = simulate(data, config, show_progress=False)["runs"]
+    assert all(r["question_ids"]["asked"] == runs[0]["question_ids"]["asked"] for r in runs)  # the same questions
+    assert len({json.dumps(r["store"], sort_keys=True) for r in runs}) == 3, [r["store"] for r in runs]
+
+
+def test_a_question_judged_in_both_splits_is_never_streamed_when_max_heldout_leaves_it_out() -> None:
+    # the stream took every judged train question but those whose text a held-out one has (a mutation review,
+    # 2026-12-07): a question judged in both splits that the max_heldout sample left out was streamed, so a
+    # question of the held-out split was asked
+    from types import SimpleNamespace
+
+    from rlfb.simulation.runner import _split
+
+    held = [f"t{i:02d}" for i in range(20)]
+    texts = {q: f"question {q}?" for q in [*held, "s1"]}
+    prep: Any = SimpleNamespace(stream_qrels={"s1": {"d": 1}, "t00": {"d": 1}}, qrels={q: {"d": 1} for q in held},
+                                contexts=dict.fromkeys(texts), dataset=SimpleNamespace(queries=texts))
+    splits = [_split(prep, SimulationConfig(max_heldout=3), seed=seed)[:2] for seed in range(10)]
+    assert any("t00" not in heldout for _, heldout in splits)  # the sample left it out of some seeds' held-out set
+    assert all(stream == ["s1"] for stream, _ in splits)
+
+
+def test_the_per_query_oracle_searches_every_fusion_the_grid_does() -> None:
+    # the per-query oracle searched min-max fusion alone (a mutation review, 2026-12-07). Here RRF ranks both
+    # relevant chunks first, and no min-max weighting does: each retriever ranks one relevant chunk first and
+    # the other last, behind an irrelevant chunk that the other retriever scores 0.5.
+    from types import SimpleNamespace
+
+    from rlfb.fusion import rank_matrix
+    from rlfb.simulation.baselines import Judge as _Judge
+    from rlfb.simulation.baselines import fixed_baselines as _baselines
+
+    ids = ("rel1", "rel2", "x", "y")
+    raw = np.array([[1.0, 0.0], [0.0, 1.0], [0.99, 0.5], [0.5, 0.99]])
+    ctx: Any = SimpleNamespace(candidate_ids=ids, raw=raw, ranks=rank_matrix(raw), retrievers=("r1", "r2"))
+    prep: Any = SimpleNamespace(contexts={"s": ctx, "h": ctx})
+    judges = {q: _Judge(ctx, {"rel1": 1, "rel2": 1}, 10) for q in ("s", "h")}
+    out = _baselines(prep, SimulationConfig(), ["s"], ["h"], judges, ["s"], {"s": 1})
+    assert out["rrf"]["heldout_ndcg@10"] == pytest.approx(1.0)
+    assert out["equal"]["heldout_ndcg@10"] < 0.9  # min-max at equal weights ranks x and y first
+    for key in ("heldout_ndcg@10", "seen_ndcg@10", "online_ndcg@10"):
+        assert out["per_query_oracle"][key] == pytest.approx(1.0)
+        for name in ("rrf", "equal", "r1", "r2", "tuned_fixed", "oracle_fixed"):
+            assert out["per_query_oracle"][key] >= out[name][key] - 1e-12

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
 import warnings
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from rlfb.store import FeedbackRecord, FeedbackStore
 from rlfb.types import Chunk
 
 from _lc_corpus import IDS, TEXTS
+from _threads import Gate
 
 
 def test_all_is_explicit() -> None:
@@ -533,13 +533,8 @@ def test_a_misspelt_option_is_an_error_not_ignored(make_ensemble: Any) -> None:
 async def test_a_cancelled_ainvoke_logs_nothing_and_closes_the_handlers_run(make_ensemble: Any) -> None:
     # asyncio.wait_for timing out cancels ainvoke, which BaseRetriever.ainvoke does not report to the callbacks
     # (CancelledError is not an Exception); the worker thread goes on after the coroutine is gone
-    started, release = threading.Event(), threading.Event()
-
-    def slow(query: str, k: int) -> list[tuple[Chunk, None]]:
-        started.set()
-        release.wait()
-        return [(Chunk("doc2", TEXTS[2]), None)]
-
+    # the member waits in its pool thread until released; called on the event loop's thread it fails instead
+    slow = Gate(lambda query, k: [(Chunk("doc2", TEXTS[2]), None)])
     base = make_ensemble()
     ens = FeedbackEnsemble(base.retrievers, base.chunks, members=[SearchMember("kb", slow)], store=base.store)
     retriever = FeedbackEnsembleRetriever.from_ensemble(ens, k=2)
@@ -549,12 +544,14 @@ async def test_a_cancelled_ainvoke_logs_nothing_and_closes_the_handlers_run(make
     loop.set_default_executor(workers)  # LangChain's run_in_executor runs the retrieval here
     task = asyncio.create_task(retriever.ainvoke("tides", config={"callbacks": [handler],
                                                                    "metadata": {"session_id": "s"}}))
-    while not started.is_set():  # the member is searching, in a pool thread
+    while not slow.entered.is_set():  # the member is searching, in a pool thread
+        if task.done():  # it failed before (the member refused the event loop's thread): say why
+            task.result()
         await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    release.set()
+    slow.opened.set()
     workers.shutdown(wait=True)  # the retrieval's thread has finished
     assert base.store.counts()["events"] == 0  # nobody saw a ranking: none is logged
     assert handler._retrievals == {} and handler._parents == {}
