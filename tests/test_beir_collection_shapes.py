@@ -259,3 +259,29 @@ def test_a_split_left_unread_is_named_so_and_the_digest_is_of_the_splits_a_run_r
     with pytest.raises(ValidationError, match=r"qrels/train\.tsv was not loaded"):
         prepare(part, config)
     assert prepare(full, config).digest == prepare(load_beir(root, splits=["test", "train"]), config).digest
+
+
+# -- found by a mutation review of the collections' loading (2026-12-07): each fails with the bug it names ------
+def test_the_digest_changes_with_any_query_text_or_document(tmp_path: Path) -> None:
+    # the queries left out of the digest: a run's recorded dataset_sha256 did not change when a question did
+    digests = {
+        load_beir(write_beir(tmp_path / name, **files)).digest()
+        for name, files in {
+            "as is": {},
+            "a question reworded": {"queries": ['{"_id": "1", "text": "aurora borealis"}', QUERIES[1]]},
+            "a document reworded": {"corpus": [CORPUS[0], '{"_id": "0", "text": "ocean tides"}', CORPUS[2]]},
+            "a grade changed": {"qrels": [QRELS[0], "1\t184\t2", QRELS[2]]},
+        }.items()
+    }
+    assert len(digests) == 4
+
+
+def test_a_title_is_stripped_before_it_joins_the_text(tmp_path: Path) -> None:
+    # a title's trailing space left a double space in the chunk's text, and its metadata kept the space: the
+    # digest changed, and two copies of a document that differ in a title's spacing were refused as two documents
+    corpus = ['{"_id": "184", "title": "aurora ", "text": "charged particles"}', *CORPUS[1:],
+              '{"_id": "184", "title": " aurora", "text": "charged particles"}']
+    data = load_beir(write_beir(tmp_path / "spaced", corpus=corpus))
+    chunk = next(c for c in data.corpus if c.id == "184")
+    assert chunk.text == "aurora charged particles" and chunk.metadata["title"] == "aurora"
+    assert data.digest() == load_beir(write_beir(tmp_path / "plain")).digest()

@@ -515,3 +515,13 @@ def test_a_bounded_cache_keeps_the_batch_it_just_wrote_over_one_written_in_the_s
         assert {f"{batch}0", f"{batch}1"} <= set(_used_at(tmp_path)), batch
         assert sum(m["bytes"] for m in cache_stats(tmp_path)["models"]) <= limit
     assert len(bounded.get_many(["h0", "h1"])) == 2
+
+
+def test_a_bounded_caches_write_that_fills_its_room_exactly_is_kept(tmp_path: Path) -> None:
+    # a mutation review (2026-12-07): "beyond the room" read as "at it or beyond" dropped such a batch unwritten
+    size = _entry("m", "h", 229)
+    assert size % 9 == 0  # so that 90 % of the bound below is a whole number of bytes, the entry's size
+    cache = EmbeddingCache(tmp_path, "m", max_mb=size // 9 * 10 / 2**20)  # a power-of-two divisor: exact
+    cache.put_many({"h": np.zeros(229, dtype=np.float32)})
+    assert len(cache) == 1
+    cache.close()

@@ -190,15 +190,18 @@ DAMAGE: dict[str, tuple[str, Mutation, str]] = {
 LOADERS: dict[str, Callable[..., Retriever]] = {"dense": DenseRetriever.load, "splade": SpladeRetriever.load}
 
 
+@pytest.mark.parametrize("checks", ["checksums", "content alone"])
 @pytest.mark.parametrize("case", DAMAGE)
 @pytest.mark.parametrize("via", ["class", "load_retriever"])
 def test_damaged_index_raises_corrupt_state_naming_the_file(
-    saved: Path, cache_dir: Path, tmp_path: Path, case: str, via: str
+    saved: Path, cache_dir: Path, tmp_path: Path, case: str, via: str, checks: str
 ) -> None:
+    # "content alone": without checksums.json (a save from before the checksums, or edited on purpose), which
+    # names any changed file first and so kept the checks of the content itself out of this test
     kind, mutate, named = DAMAGE[case]
     folder = tmp_path / kind
     shutil.copytree(saved / kind, folder)
-    mutate(folder)
+    mutate(folder if checks == "checksums" else unchecked(folder))
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     load = LOADERS[kind] if via == "class" else load_retriever
     with pytest.raises(CorruptStateError, match=re.escape(named)) as info:
@@ -270,6 +273,10 @@ ROW_DAMAGE: dict[str, tuple[str, tuple, frozenset[str]]] = {
     "sparse values cut to 5 bytes": ("UPDATE encodings SET vals = substr(vals, 1, 5) WHERE indices IS NOT NULL", (),
                                      frozenset({"sparse"})),
     "sparse ids cut to 6 bytes": ("UPDATE encodings SET indices = substr(indices, 1, 6)", (), frozenset({"sparse"})),
+    # whole floats, and of unit norm, but one fewer than the row's dimension (a mutation review, 2026-12-07: read
+    # as it was, it failed the index with "embeddings of different sizes", as if two models shared the cache)
+    "dense row one value short": ("UPDATE encodings SET vals = ? WHERE indices IS NULL",
+                                  (np.array([0.6, 0.8], np.float32).tobytes(),), frozenset({"dense"})),
     # SQLite's loose types: a blob read back as text (TypeError), a dimension as text (int('x'))
     "blob stored as text": ("UPDATE encodings SET vals = 'abcd'", (), BOTH),
     "dim stored as text": ("UPDATE encodings SET dim = 'x'", (), BOTH),
@@ -307,6 +314,40 @@ def test_damaged_cache_row_is_a_miss_and_is_rewritten(tmp_path: Path, case: str)
     cached_encode(texts, encode, disk=cache)
     assert sorted(encoded) == texts
     assert set(cache.get_many(keys.values())) == set(keys.values())
+    cache.close()
+
+
+def test_a_cache_rows_last_use_that_is_no_number_is_read_marked_again_and_pruned_first(tmp_path: Path) -> None:
+    """A last-use mark stored as text (SQLite keeps one in an INTEGER column) failed every lookup of its row with
+    a TypeError, and the cache's stats with a bare ValueError; and text sorts after every number, so pruning took
+    the row for the newest and removed the sound ones around it. It reads as never used now."""
+    from rlfb.retrievers.cache_admin import cache_stats, prune_cache
+
+    def damage() -> None:
+        assert _damage_rows(tmp_path, "UPDATE encodings SET used_at = 'x' WHERE text_hash = 'a'") == 1
+
+    def kinds() -> dict[str, str]:
+        conn = sqlite3.connect(tmp_path / "embeddings.sqlite")
+        try:
+            return dict(conn.execute("SELECT text_hash, typeof(used_at) FROM encodings").fetchall())
+        finally:
+            conn.close()
+
+    cache = EmbeddingCache(tmp_path, "toy")
+    cache.put_many({"a": np.full(4, 0.5), "b": np.full(4, 0.5)})
+    damage()
+    (model,) = cache_stats(tmp_path)["models"]
+    assert model["entries"] == 2 and model["oldest_use"] == 0 < model["latest_use"]  # never used, as 0 means
+    assert set(cache.get_many(["a", "b"])) == {"a", "b"}  # the encoding itself is sound: a hit
+    assert kinds() == {"a": "integer", "b": "integer"}  # and its mark is written again
+    damage()
+    assert prune_cache(tmp_path, unused_days=1, vacuum=False)["removed"] == 1  # unused for a day: the damaged one
+    assert set(cache.get_many(["a", "b"])) == {"b"}
+    cache.put_many({"a": np.full(4, 0.5)})
+    damage()
+    one = cache_stats(tmp_path)["models"][0]["bytes"] // 2
+    assert prune_cache(tmp_path, max_mb=one / 2**20, vacuum=False)["removed"] == 1  # least recently used first
+    assert set(cache.get_many(["a", "b"])) == {"b"}
     cache.close()
 
 

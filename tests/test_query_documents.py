@@ -117,3 +117,15 @@ def test_the_cli_says_so_and_the_json_counts_them(tmp_path: Path, capsys: pytest
                  "4", "--seeds", "1", "--quiet", "--json", str(sim)]) == 0
     config = json.loads(sim.read_text())["config"]
     assert config["own_documents_left_out"] == {"test": 3} and config["unknown_judgments"] == {"test": 0}
+
+
+def test_a_query_that_is_its_documents_title_and_text_is_known_as_that_document(tmp_path: Path) -> None:
+    # a mutation review (2026-12-07): compared with the document's text alone, a question that repeats its
+    # title and text together was not known as its own document, which then ranked for it
+    (tmp_path / "qrels").mkdir()
+    docs = [{"_id": "1", "title": "Coffee is good", "text": "for you"}, {"_id": "2", "title": "", "text": "tea"}]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "1", "text": "coffee is good  for you"}) + "\n",
+                                            encoding="utf-8")
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\t2\t1\n", encoding="utf-8")
+    assert load_beir(tmp_path).query_documents == {"1"}

@@ -98,3 +98,49 @@ def test_an_empty_cache_dir_is_refused_not_the_working_directory(tmp_path, monke
     cached_encode(["a"], lambda b: [np.ones(2, dtype=np.float32) for _ in b],
                   disk=EmbeddingCache(tmp_path / "c", "m"))  # a named folder still works
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+# -- found by a mutation review of the retrievers and the cache (2026-12-07): each fails with the bug it names ------
+def test_texts_that_differ_only_in_spacing_or_case_are_cached_apart() -> None:
+    # a hash of the stripped text gave "solar wind" and "solar wind " one cached embedding, which a model that
+    # reads the spacing (most tokenizers drop it; not all) encodes apart
+    assert len({text_hash(t) for t in ("solar wind", "solar wind ", " solar wind", "Solar wind")}) == 4
+
+
+def test_a_models_query_and_document_encodings_are_cached_apart(tmp_path) -> None:
+    # a query looked up among the cached documents was served the document's encoding: invisible with a model
+    # that encodes both sides alike (the bundled ones), wrong with one that prompts queries (e5, bge)
+    from rlfb.retrievers.cache import cache_stats
+    from rlfb.retrievers.dense import DenseRetriever
+    from rlfb.types import make_chunks
+
+    class Prompted:  # documents along one axis, queries along the other
+        def encode_document(self, texts: list[str], **_: object) -> np.ndarray:
+            return np.array([[1.0, 0.0]] * len(texts), dtype=np.float32)
+
+        def encode_query(self, texts: list[str], **_: object) -> np.ndarray:
+            return np.array([[0.0, 1.0]] * len(texts), dtype=np.float32)
+
+    chunks = make_chunks(["solar wind"], ids=["a"])
+    for _ in range(2):  # encoded, then read back from the cache
+        retriever = DenseRetriever(Prompted(), cache_dir=tmp_path, model_key="prompted").index(chunks)
+        assert retriever.score_all("solar wind").tolist() == [0.0]
+    keys = {m["model_key"] for m in cache_stats(tmp_path)["models"]}
+    assert keys == {"dense:prompted|document", "dense:prompted|query"}
+
+
+def test_a_model_that_ignores_normalize_embeddings_still_gives_cosines(tmp_path) -> None:
+    # a model wrapper whose encode takes no notice of normalize_embeddings=True gave "cosines" of 25.0, and the
+    # save of its index could not be loaded again ("not unit vectors")
+    from rlfb.retrievers.dense import DenseRetriever
+    from rlfb.types import make_chunks
+
+    class Raw:
+        def encode(self, texts: list[str], **_: object) -> np.ndarray:
+            return np.array([[3.0, 4.0] if t == "a" else [0.0, 2.0] for t in texts], dtype=np.float32)
+
+    retriever = DenseRetriever(Raw(), cache_dir=False).index(make_chunks(["a", "b"], ids=["a", "b"]))
+    np.testing.assert_allclose(np.linalg.norm(retriever.embeddings, axis=1), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(retriever.score_all("a"), [1.0, 0.8], rtol=1e-6)
+    retriever.save(tmp_path / "ix")
+    np.testing.assert_allclose(DenseRetriever.load(tmp_path / "ix", model=Raw()).score_all("a"), [1.0, 0.8], rtol=1e-6)

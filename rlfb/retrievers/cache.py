@@ -12,7 +12,8 @@ new text unless bounded: ``max_mb`` (default ``$RLFB_CACHE_MAX_MB``, unset: no b
 writing process drop the least recently used encodings once the file's entries pass it, and
 :func:`prune_cache` does the same on request.
 
-The cache holds nothing that cannot be encoded again: a damaged row is a miss, and a damaged
+The cache holds nothing that cannot be encoded again: a damaged row is a miss (a row whose last-use
+mark alone is damaged is read, marked again, and counts as never used until then), and a damaged
 file warns once and is then passed by (lookups miss, writes are dropped), so indexing and
 search go on. A cache that cannot be written is passed by alike: a folder that cannot be made, or a file that
 cannot be opened, warns once and is not used; a file that cannot be written (read-only, in a
@@ -324,7 +325,8 @@ class EmbeddingCache:
                         if enc is None:
                             continue  # damaged row: treat as a miss (the text is encoded again and the row rewritten)
                         out[h] = enc
-                        if used_at < now - _TOUCH_EVERY:
+                        # a last-use mark that is no number (damaged) is marked again, as a stale one is
+                        if not isinstance(used_at, (int, float)) or used_at < now - _TOUCH_EVERY:
                             stale.append(h)
                 if stale:
                     self._touch(conn, stale, now)

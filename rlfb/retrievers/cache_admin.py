@@ -19,6 +19,7 @@ from rlfb.errors import CorruptStateError, ValidationError
 from rlfb.retrievers.cache_file import (
     _ENTRY_BYTES,
     _SQLITE_MIN,
+    _USED_AT,
     _bytes_of,
     _cache_file,
     _CacheUnavailable,
@@ -58,7 +59,7 @@ def cache_stats(directory: str | Path | None = None) -> dict[str, Any]:
         return out
     with _report_connection(path, read_only=True) as conn:
         rows = conn.execute(
-            f"SELECT model_key, COUNT(*), SUM({_ENTRY_BYTES}), MIN(used_at), MAX(used_at) "
+            f"SELECT model_key, COUNT(*), SUM({_ENTRY_BYTES}), MIN({_USED_AT}), MAX({_USED_AT}) "
             "FROM encodings GROUP BY model_key ORDER BY model_key"
         ).fetchall()
     out["models"] = [
@@ -121,7 +122,7 @@ def prune_cache(
                 # clamped: a cutoff before SQLite's smallest integer removes nothing, as its day count means
                 cutoff = time.time() - unused_days * 86400
                 cutoff = _SQLITE_MIN if cutoff <= _SQLITE_MIN else int(cutoff)
-                removed += conn.execute("DELETE FROM encodings WHERE used_at < ?", (cutoff,)).rowcount
+                removed += conn.execute(f"DELETE FROM encodings WHERE {_USED_AT} < ?", (cutoff,)).rowcount
             if max_mb is not None:
                 removed += _drop_least_recent(conn, _bytes_of(max_mb))
             conn.execute("COMMIT")
