@@ -525,3 +525,19 @@ def test_a_bounded_caches_write_that_fills_its_room_exactly_is_kept(tmp_path: Pa
     cache.put_many({"h": np.zeros(229, dtype=np.float32)})
     assert len(cache) == 1
     cache.close()
+
+
+def test_prune_with_no_vacuum_leaves_the_freed_pages_in_the_file(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # a mutation review (2026-12-07): --no-vacuum ignored ran the rewrite of the whole file the user had opted out of
+    cache = EmbeddingCache(tmp_path, "m")
+    cache.put_many({f"h{i}": np.zeros(256) for i in range(300)})
+    cache.close()
+    sizes = []
+    for extra in (["--no-vacuum"], []):
+        assert main(["cache", "prune", "--dir", str(tmp_path), "--max-mb", "0", "--json", *extra]) == 0
+        report = json.loads(capsys.readouterr().out)
+        sizes.append((report["file_bytes_before"], report["file_bytes_after"]))
+    (kept_before, kept_after), (_, vacuumed) = sizes
+    assert kept_after >= kept_before > 4 * 256 * 300  # the encodings removed, their pages still in the file
+    assert vacuumed < kept_before / 4  # given back by the prune that vacuums (a tenth of the file is free)

@@ -347,3 +347,25 @@ def test_json_written_to_a_file_ends_in_a_newline_as_on_stdout(tmp_path: Path, c
     assert main(["weights", "export", str(db), "-"]) == 0
     assert out.read_text(encoding="utf-8") == capsys.readouterr().out
     assert out.read_text(encoding="utf-8").endswith("}\n")
+
+
+def test_an_export_written_over_a_file_is_whole_or_not_at_all_and_keeps_its_mode(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a mutation review (2026-12-07): the commands' JSON written in place, not beside and renamed over, left a
+    # half-written file where the write failed; and a file renamed over without its mode made a private export
+    # (chmod 600) readable by everyone
+    db = make_store(tmp_path / "fb.db")
+    out = tmp_path / "w.json"
+    out.write_text("earlier")
+    out.chmod(0o600)
+    with monkeypatch.context() as m:
+        def fail(src: object, dst: object) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        m.setattr(os, "replace", fail)  # the last step of a whole write: the rename over the old file
+        assert main(["weights", "export", str(db), str(out)]) == 2
+    assert "w.json" in one_error_line(capsys)
+    assert out.read_text() == "earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["fb.db", "w.json"]
+    assert main(["weights", "export", str(db), str(out)]) == 0
+    assert json.loads(out.read_text())["weights"] and out.stat().st_mode & 0o777 == 0o600

@@ -651,3 +651,48 @@ def test_a_save_inside_exclusive_and_another_threads_save_both_finish(tmp_path) 
     assert not any(t.is_alive() for t in threads) and errors == []
     assert FeedbackEnsemble.load(tmp_path / "inside").learner.n_learned == 4
     assert FeedbackEnsemble.load(tmp_path / "outside").learner.n_learned == 4
+
+
+def test_a_save_loaded_onto_a_new_store_keeps_its_learning_after_a_restart(tmp_path) -> None:
+    # a mutation review (2026-12-07): the load wrote nothing of the save's learning to a new store (the
+    # `_dirty = True; flush()` after load_state_dict dropped): an ensemble opened on that store after a restart
+    # started from nothing, n_learned 0 instead of the save's
+    ens = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=str(tmp_path / "a.db"), policy="thompson")
+    _teach(ens, 2, time.time() - 1000)
+    ens.save(tmp_path / "idx")
+    saved = ens.learner
+    assert saved.n_learned == 8
+    loaded = FeedbackEnsemble.load(tmp_path / "idx", store=str(tmp_path / "b.db"))
+    assert loaded.store.state_version() >= 1  # the save's state is the store's at once
+    loaded.close()
+    again = FeedbackEnsemble.from_texts(TEXTS, retrievers=("bm25",), store=str(tmp_path / "b.db"), policy="thompson")
+    assert again.learner.n_learned == saved.n_learned
+    assert again.weights == pytest.approx(saved.weights())
+    assert _learned_only(again.learner.state_dict()) == _learned_only(saved.state_dict())
+    again.close()
+    ens.close()
+
+
+def test_loading_a_save_keeps_weights_set_on_its_store_since_the_save(tmp_path) -> None:
+    # a mutation review (2026-12-07): the store kept only when it had learned from MORE feedback than the save
+    # (> for >=): weights set after the save, which learn from nothing, were rolled back to the save's by a load
+    texts = TEXTS[:6]
+    db = str(tmp_path / "fb.db")
+    ens = FeedbackEnsemble.from_texts(texts, retrievers=("bm25", "dense"), store=db, policy="thompson")
+    for q in QUERIES:
+        r = ens.retrieve(q, k=3)
+        ens.feedback(r.event_id, "click", chunk_id=r.chunk_ids[1])
+    ens.save(tmp_path / "idx")
+    saved_weights = ens.weights
+    chosen = {"bm25": 0.9, "dense": 0.1}
+    assert saved_weights != pytest.approx(chosen)
+    ens.set_weights(chosen)
+    assert ens.weights == pytest.approx(chosen) and ens.learner.n_learned == len(QUERIES)
+    ens.close()
+    with FeedbackStore(db) as store:
+        version = store.state_version()
+    loaded = FeedbackEnsemble.load(tmp_path / "idx", store=db)
+    assert loaded.learner.n_learned == len(QUERIES)
+    assert loaded.weights == pytest.approx(chosen)  # the store's, not the save's
+    assert loaded.store.state_version() == version  # and no snapshot of the save's state written over them
+    loaded.close()

@@ -10,6 +10,7 @@ saved state with the old default over 20 or more retrievers rebuilds with the ne
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeAlias, cast
 
 import numpy as np
@@ -252,3 +253,27 @@ def test_a_default_many_retriever_thompson_has_arms_apart() -> None:
     policy = cast(ThompsonPolicy, make_policy("thompson", tuple(f"r{i}" for i in range(20)), step=0.5))
     assert policy.n_arms == 1 + 210
     assert isinstance(policy.decide(None, explore=False), Decision)
+
+
+# ---------------------------------------------------------------------------- 4. arm counts just past their bound
+
+
+@pytest.mark.parametrize("scope", ["*", "A"])
+def test_a_thompson_arm_count_just_past_what_its_updates_could_add_is_refused(scope: str) -> None:
+    # a mutation review (2026-12-07): the bound's slack widened to twice the bound (most * 2) went unseen, as
+    # the other tests inflate a count to 1e300; a count 1% past it is damage, one exactly at it loads
+    policy, state = _saved("thompson")
+    most = state["n_updates"] * (2 if scope == "*" else 1)  # the global scope takes each update twice
+    counts = np.asarray(state["state"]["stats"][scope][0], dtype=float)
+    assert 0 < counts.sum() <= most
+
+    def with_counts(total: float) -> dict[str, Any]:
+        inflated = json.loads(json.dumps(state))
+        inflated["state"]["stats"][scope][0] = (counts * (total / counts.sum())).tolist()
+        return inflated
+
+    _refused("thompson", with_counts(most * 1.01),
+             rf"arm statistics for '{re.escape(scope)}': their count is .*, more than the {most:g} its updates")
+    at_bound = make_policy("thompson", RETRIEVERS, seed=0).load_state_dict(with_counts(most))
+    assert np.asarray(at_bound.state_dict()["state"]["stats"][scope][0]).sum() == pytest.approx(most)
+    _loads_as_saved("thompson", policy, state)

@@ -1149,3 +1149,17 @@ def test_the_per_query_oracle_searches_every_fusion_the_grid_does() -> None:
         assert out["per_query_oracle"][key] == pytest.approx(1.0)
         for name in ("rrf", "equal", "r1", "r2", "tuned_fixed", "oracle_fixed"):
             assert out["per_query_oracle"][key] >= out[name][key] - 1e-12
+
+
+def test_each_simulate_option_reaches_the_runs_config(tmp_path) -> None:
+    # a mutation review (2026-12-07): --no-memory wired to memory=True ran with the memory on, and the JSON said so
+    # while the command line had asked for it off; no test gave the option
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--dataset", "demo", "--retrievers", "bm25", "--policy", "gradient", "--no-memory",
+                 "--user", "informational", "--explicit-rate", "0.3", "--noise", "0.05", "--fusion", "rrf",
+                 "--answer-k", "5", "--max-heldout", "6", "--interactions", "20", "--seeds", "2", "--checkpoints", "1",
+                 "--json", str(out), "--quiet"]) == 0
+    cfg = json.loads(out.read_text())["config"]
+    assert (cfg["memory"], cfg["policy"], cfg["user"], cfg["explicit_rate"], cfg["noise"], cfg["fusion"],
+            cfg["answer_k"], cfg["max_heldout"], cfg["interactions"], cfg["seeds"], cfg["checkpoints"],
+            cfg["retrievers"]) == (False, "gradient", "informational", 0.3, 0.05, "rrf", 5, 6, 20, [0, 1], 1, ["bm25"])

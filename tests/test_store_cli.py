@@ -108,3 +108,20 @@ def test_drop_snapshot(db_file, capsys):
         assert "a whole number" in capsys.readouterr().err
     assert 2 == main(["store", "drop-snapshot", str(db_file), "0"])
     assert "version" in capsys.readouterr().err
+
+
+def test_the_window_counts_days(tmp_path, capsys):
+    # a mutation review (2026-12-07): the window counted in hours went unseen, the other tests' events being dated
+    # 2023, outside any window. These are half an hour old, within a tenth of a day (2.4 h) and not a hundredth.
+    import time
+
+    path = tmp_path / "fb.db"
+    with FeedbackStore(path) as store:
+        for i in range(3):
+            store.log_event(f"query {i}", {"weights": {"bm25": 1.0}, "arm": "a", "propensity": 1.0, "explored": False},
+                            [{"chunk_id": "c", "rank": 1, "score": 0.5}], timestamp=time.time() - 1800)
+    counts = []
+    for days in ("0.1", "0.01"):
+        assert 0 == main(["store", "stats", str(path), "--json", "--window-days", days])
+        counts.append(json.loads(capsys.readouterr().out)["window"]["events"])
+    assert counts == [3, 0]
