@@ -317,14 +317,17 @@ def test_damaged_cache_row_is_a_miss_and_is_rewritten(tmp_path: Path, case: str)
     cache.close()
 
 
-def test_a_cache_rows_last_use_that_is_no_number_is_read_marked_again_and_pruned_first(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mark", ["'x'", "9e999"], ids=["text", "infinite"])
+def test_a_cache_rows_last_use_that_is_no_number_is_read_marked_again_and_pruned_first(tmp_path: Path,
+                                                                                        mark: str) -> None:
     """A last-use mark stored as text (SQLite keeps one in an INTEGER column) failed every lookup of its row with
     a TypeError, and the cache's stats with a bare ValueError; and text sorts after every number, so pruning took
-    the row for the newest and removed the sound ones around it. It reads as never used now."""
+    the row for the newest and removed the sound ones around it. An infinite one, never pruned, failed the stats
+    with an OverflowError. Either reads as never used now."""
     from rlfb.retrievers.cache_admin import cache_stats, prune_cache
 
     def damage() -> None:
-        assert _damage_rows(tmp_path, "UPDATE encodings SET used_at = 'x' WHERE text_hash = 'a'") == 1
+        assert _damage_rows(tmp_path, f"UPDATE encodings SET used_at = {mark} WHERE text_hash = 'a'") == 1
 
     def kinds() -> dict[str, str]:
         conn = sqlite3.connect(tmp_path / "embeddings.sqlite")

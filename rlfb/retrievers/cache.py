@@ -325,8 +325,8 @@ class EmbeddingCache:
                         if enc is None:
                             continue  # damaged row: treat as a miss (the text is encoded again and the row rewritten)
                         out[h] = enc
-                        # a last-use mark that is no number (damaged) is marked again, as a stale one is
-                        if not isinstance(used_at, (int, float)) or used_at < now - _TOUCH_EVERY:
+                        # a last-use mark that is no whole number (damaged) is marked again, as a stale one is
+                        if not isinstance(used_at, int) or used_at < now - _TOUCH_EVERY:
                             stale.append(h)
                 if stale:
                     self._touch(conn, stale, now)

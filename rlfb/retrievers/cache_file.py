@@ -37,10 +37,11 @@ CREATE TABLE IF NOT EXISTS encodings (
     PRIMARY KEY (model_key, text_hash)
 ) WITHOUT ROWID
 """
-# an entry's last use as pruning and the stats read it: a mark that is no number (a row damaged by hand or by
-# another program; SQLite keeps a text in an INTEGER column) reads as never used, as an older rlfb's 0 does.
+# an entry's last use as pruning and the stats read it: a mark that is no whole number (rlfb writes whole seconds;
+# text, or an infinite float, written by hand or by another program: SQLite keeps either in an INTEGER column)
+# reads as never used, as an older rlfb's 0 does.
 # Read as it is, text sorts after every number: such a row was never pruned, and the stats failed on it.
-_USED_AT = "(CASE WHEN typeof(used_at) IN ('integer', 'real') THEN used_at ELSE 0 END)"
+_USED_AT = "(CASE WHEN typeof(used_at) = 'integer' THEN used_at ELSE 0 END)"
 # bytes an entry takes, as pruning counts them: its blobs and its key
 _ENTRY_BYTES = "length(vals) + coalesce(length(indices), 0) + length(text_hash) + length(model_key)"
 _WAL_KEEP_BYTES = 8 * 1024 * 1024
