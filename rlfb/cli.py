@@ -62,7 +62,14 @@ class _VersionAction(argparse.Action):
 
 
 def describe_error(exc: BaseException) -> str:
-    """One line for ``exc``: an OS error as its reason and file, anything else as its message."""
+    """One line for ``exc``: an OS error as its reason and file (both files of a rename), anything else as its
+    message.
+
+    >>> describe_error(OSError(18, "Invalid cross-device link", ".rlfb-1.tmp", None, "out.json"))
+    'Invalid cross-device link: .rlfb-1.tmp -> out.json'
+    >>> describe_error(ValueError("two\\n  lines"))
+    'two lines'
+    """
     if isinstance(exc, OSError) and exc.strerror:
         names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
         return f"{exc.strerror}: {' -> '.join(names)}" if names else exc.strerror

@@ -115,6 +115,16 @@ def test_messages_name_the_option_and_the_bound(tmp_path: Path, capsys) -> None:
     data = write_beir(tmp_path / "beir")
     assert main(["simulate", "--dataset", str(data), *TINY, "--learner-option", "replay_every=0"]) == 2
     assert "replay_every must be at least 1, got 0" in one_error_line(capsys)  # "must be in [1, None]"
+    # a mutation review (2026-12-07): each of these was still refused, by a later check whose message named no
+    # option (--window-days 0: "window must be positive", after the store was opened), or named the wrong thing
+    assert main(["store", "stats", str(db), "--window-days", "0"]) == 2
+    assert "--window-days must be a positive number of days, got 0" in one_error_line(capsys)
+    with pytest.raises(SystemExit) as exited:  # argparse's own refusal
+        main(["weights", "show", str(db), "--version", "0"])
+    assert exited.value.code == 2
+    assert "a snapshot version is a whole number, 1 or more, got '0'" in capsys.readouterr().err
+    assert main(["evaluate", "--dataset", str(data), "--retrievers", "bm25", "--weights", "1,5"]) == 2
+    assert "--weights has 2 values for 1 retrievers ['bm25']" in one_error_line(capsys)
 
 
 def test_a_store_that_cannot_be_written_is_inspected_from_a_copy(tmp_path: Path, capsys,

@@ -1216,3 +1216,18 @@ def test_no_note_of_starting_afresh_where_an_ensemble_does_not(tmp_path: Path) -
     assert loaded.learner.n_learned == 1
     for e in (running, writer, loaded, tuned):
         e.close()
+
+
+def test_nothing_is_taken_again_when_no_other_writer_wrote(tmp_path: Path) -> None:
+    # a mutation review (2026-12-07): "newer" read as "as new or newer" reloaded this ensemble's own newest snapshot
+    # and learned its unwritten episodes again on top of it at every look at the store, though nobody else wrote
+    ens = _ensemble(str(tmp_path / "fb.db"), persist_interval=math.inf)
+    for _ in range(3):
+        _click(ens)
+    ens.flush()  # written: the store's newest is this ensemble's own
+    for _ in range(3):
+        _click(ens)  # learned, not written
+    before = ens.learner.state_dict()
+    assert snapshot_sync.take_newer(ens) == 0
+    assert ens.learner.state_dict() == before
+    ens.close()

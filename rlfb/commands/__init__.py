@@ -379,6 +379,11 @@ def check_int(option: str, value: int | None, low: int, high: int | None = None)
 
     The CLI checks counts itself: a negative one would otherwise reach Python slices and ranges
     (``--max-heldout -1`` evaluated all but one query) and a huge one builds huge tuples.
+
+    >>> check_int("--seeds", 1000, 1, 1000)  # both bounds are allowed
+    >>> check_int("--seeds", 1001, 1, 1000)
+    Traceback (most recent call last):
+    rlfb.errors.ValidationError: --seeds must be between 1 and 1000, got 1001
     """
     from rlfb.errors import ValidationError
 

@@ -54,7 +54,14 @@ def sparse_rows(tensor: Any) -> list[SparseVector]:
     """Split a 2-D torch sparse (COO) tensor into one :class:`SparseVector` per row.
 
     The tensor is coalesced first: ``SparseEncoder`` returns uncoalesced tensors,
-    whose indices may be unsorted or repeated.
+    whose indices may be unsorted or repeated. Zeros are dropped; any other weight is kept, a negative one
+    (a sparse encoder other than SPLADE's) too.
+
+    >>> import torch
+    >>> t = torch.sparse_coo_tensor([[0, 0, 0, 1], [3, 1, 3, 2]], [0.5, -0.25, 0.5, 0.0], (2, 5),
+    ...                             check_invariants=True)
+    >>> [(r.indices.tolist(), r.values.tolist()) for r in sparse_rows(t)]
+    [([1, 3], [-0.25, 1.0]), ([], [])]
     """
     coo = tensor.coalesce().cpu()
     n_rows, dim = int(coo.shape[0]), int(coo.shape[1])
