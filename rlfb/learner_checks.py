@@ -162,6 +162,12 @@ def _candidate_embeddings(context: Context, n: int) -> np.ndarray | None:
 
 
 def _valid_ranking(ranking: Sequence[int], n: int) -> bool:
+    """Whether a policy's sampled ``ranking`` orders some of ``n`` candidates, each at most once (else the greedy
+    order is served: a repeated place showed one chunk twice).
+
+    >>> _valid_ranking((2, 0, 1), 3), _valid_ranking((0, 0, 1), 3), _valid_ranking((0, 3), 3)
+    (True, False, False)
+    """
     seen = set()
     for i in ranking:
         if not 0 <= int(i) < n or int(i) in seen:

@@ -1143,3 +1143,17 @@ def test_a_reseeded_learners_parts_draw_streams_of_their_own() -> None:
     assert len(draws) == 4 and len(set(draws)) == 4
     again = Learner(("a", "b"), policy="thompson", config={"exploration": "epsilon"}, seed=0).reseed(7)
     assert [float(g.random()) for g in again._generators()] == draws  # and reproducibly
+
+
+def test_candidate_embeddings_with_a_row_too_many_are_refused() -> None:
+    # a mutation review (2026-12-07): "fewer rows than candidates" for "not one row each" took an extra row, and the
+    # rows no longer lined up with the candidates they were read for
+    from types import SimpleNamespace
+
+    from rlfb.learner_checks import _candidate_embeddings
+
+    for rows in (1, 3):
+        ctx: Any = SimpleNamespace(candidate_embeddings=np.eye(rows, 3))
+        with pytest.raises(ValidationError, match="one row for each of the 2 candidates"):
+            _candidate_embeddings(ctx, 2)
+    assert _candidate_embeddings(SimpleNamespace(candidate_embeddings=np.eye(2, 3)), 2).shape == (2, 3)  # type: ignore[arg-type, union-attr]

@@ -1453,3 +1453,11 @@ def test_a_fixed_policy_counts_what_it_learns() -> None:
     p.learn(_click_on_second(Decision({"a": 0.5, "b": 0.5})), 1.0)
     p.learn(_click_on_second(Decision({"a": 0.5, "b": 0.5})), 1.0, weight=0.5)
     assert p.n_updates == 1.5 and p.state_dict()["n_updates"] == 1.5
+
+
+def test_digits_alone_make_a_code_query() -> None:
+    # a mutation review (2026-12-07): read from identifiers alone, "code" (digits or identifiers) lost the questions
+    # with a number and no identifier, whose contextual statistics then went to the keyword bucket
+    f = query_features("apollo 11 landing")
+    assert f["has_code"] == 0.0 and f["has_digits"] == 1.0
+    assert query_type(f) == "short|code"

@@ -129,3 +129,13 @@ def test_a_query_that_is_its_documents_title_and_text_is_known_as_that_document(
                                             encoding="utf-8")
     (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\t2\t1\n", encoding="utf-8")
     assert load_beir(tmp_path).query_documents == {"1"}
+
+
+def test_a_left_out_document_does_not_shorten_a_retrievers_run() -> None:
+    # a mutation review (2026-12-07): a retriever's run cut at its depth before a question's own document was taken
+    # out of it came one document short, which lowered its recall (BEIR's ignore_identical_ids)
+    from _four_texts import bm25_ensemble
+
+    out = evaluate_ensemble(bm25_ensemble(), {"q": "the sun and the moon"}, {"q": {"aurora": 1, "volcanoes": 1}},
+                            depth=2, measures=(("recall", 2),), left_out={"q": ["tides"]})
+    assert out["bm25"]["recall@2"] == 1.0

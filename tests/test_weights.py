@@ -472,3 +472,20 @@ def test_the_policy_read_from_retrievals_passes_other_engines_and_busier_apps_by
     out.write_text(json.dumps({"bm25": 1.0}))
     assert main(["weights", "import", db, str(out)]) == 0
     assert "start a 'thompson' policy's state" in capsys.readouterr().err
+
+
+def test_weights_edited_in_an_export_with_its_state_are_the_ones_imported(tmp_path) -> None:
+    # a mutation review (2026-12-07): the weights and the state's were compared with a tolerance of 1e-3 instead of
+    # float noise: weights edited by less than that were dropped for the state's, and the store served 0.5 / 0.5
+    from rlfb.weight_config import export_weights, import_weights
+
+    (tmp_path / "w0.json").write_text('{"bm25": 0.5, "dense": 0.5}')
+    with FeedbackStore(tmp_path / "a.db") as store:
+        import_weights(store, tmp_path / "w0.json")
+        export_weights(store, tmp_path / "w.json")  # with its learner state
+    data = json.loads((tmp_path / "w.json").read_text())
+    data["weights"] = {"bm25": 0.5004, "dense": 0.4996}
+    (tmp_path / "w.json").write_text(json.dumps(data))
+    with FeedbackStore(tmp_path / "b.db") as store:
+        out = import_weights(store, tmp_path / "w.json")
+    assert out["weights"] == pytest.approx({"bm25": 0.5004, "dense": 0.4996}, abs=1e-12)
