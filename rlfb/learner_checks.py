@@ -129,6 +129,8 @@ def _check_logged_fields(episode: Episode, n_shown: int) -> None:
     for key, value in weights.items():
         _number(f"episode decision weight {key!r}", value)
     _number("episode decision propensity", decision.propensity)
+    if not 0.0 < float(decision.propensity) <= 1.0:  # a probability of the action taken, as the store logs it
+        raise ValidationError(f"episode decision propensity must lie in (0, 1], got {decision.propensity!r}")
     if decision.sampling_temperature is not None:
         _number("episode decision sampling_temperature", decision.sampling_temperature)
 

@@ -1157,3 +1157,16 @@ def test_candidate_embeddings_with_a_row_too_many_are_refused() -> None:
         with pytest.raises(ValidationError, match="one row for each of the 2 candidates"):
             _candidate_embeddings(ctx, 2)
     assert _candidate_embeddings(SimpleNamespace(candidate_embeddings=np.eye(2, 3)), 2).shape == (2, 3)  # type: ignore[arg-type, union-attr]
+
+
+@pytest.mark.parametrize("propensity", [-1.0, 1.5])
+def test_an_episode_whose_propensity_is_no_probability_is_refused_before_it_is_learned(propensity: float) -> None:
+    # a mutation review (2026-12-07) noted it: checked finite only, a hand-made episode's propensity of -1 was
+    # learned, where the store refuses to log one outside (0, 1]
+    learner = _audit_trained("thompson", 3)
+    e = _audit_episode(learner, 7)
+    bad = dataclasses.replace(e, decision=dataclasses.replace(e.decision, propensity=propensity))
+    before = json.dumps(learner.state_dict())
+    with pytest.raises(ValidationError, match=r"propensity must lie in \(0, 1\]"):
+        learner.learn(bad)
+    assert json.dumps(learner.state_dict()) == before
