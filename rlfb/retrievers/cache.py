@@ -47,6 +47,7 @@ from rlfb.retrievers.cache_admin import cache_stats, prune_cache
 from rlfb.retrievers.cache_file import (
     _BUSY_MS,
     _FILE_NAME,
+    _USED_AT,
     _begin_waiting,
     _bytes_of,
     _cache_folder,
@@ -315,8 +316,9 @@ class EmbeddingCache:
                 for start in range(0, len(wanted), _BATCH):
                     part = wanted[start : start + _BATCH]
                     marks = ",".join("?" * len(part))
+                    # a damaged last-use mark reads as never used (_USED_AT): marked again below, as a stale one is
                     rows = conn.execute(
-                        f"SELECT text_hash, dim, indices, vals, used_at FROM encodings "
+                        f"SELECT text_hash, dim, indices, vals, {_USED_AT} FROM encodings "
                         f"WHERE model_key = ? AND text_hash IN ({marks})",
                         [self.model_key, *part],
                     ).fetchall()
@@ -325,8 +327,7 @@ class EmbeddingCache:
                         if enc is None:
                             continue  # damaged row: treat as a miss (the text is encoded again and the row rewritten)
                         out[h] = enc
-                        # a last-use mark that is no whole number (damaged) is marked again, as a stale one is
-                        if not isinstance(used_at, int) or used_at < now - _TOUCH_EVERY:
+                        if used_at < now - _TOUCH_EVERY:
                             stale.append(h)
                 if stale:
                     self._touch(conn, stale, now)
