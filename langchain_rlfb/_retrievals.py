@@ -49,8 +49,7 @@ def retrieval_started(handler: FeedbackCallbackHandler, query: str, run_id: UUID
         links = ancestor_links(handler, parent)
         # the outermost open retrieval (this one, if none is above it) keeps the links written at its start and
         # its members': the next member (an EnsembleRetriever's second and third) does not write them again
-        above = [r for r in (parent, *(p for _, p in links)) if r is not None and r in handler._retrievals]
-        outer = above[-1] if above else str(run_id)
+        outer = _outermost_open(handler, parent, links) or str(run_id)
         written: set[tuple[str, str]] = handler._retrievals.get(outer, {}).setdefault("linked", set())
     if handler._refused and parent is not None:
         refused_below(handler, [(str(run_id), parent), *links])  # under a run id given again
@@ -87,8 +86,7 @@ def retrieval_ended(handler: FeedbackCallbackHandler, documents: Sequence[Docume
         info = handler._retrievals.pop(rid, None)
         parent = handler._parents.pop(rid, run_str(parent_run_id))
         links = ancestor_links(handler, parent)
-        # the outermost open retriever run above this one, also through a chain (with_retry, rewrite | retriever)
-        outer = next((r for r in reversed([parent, *(p for _, p in links)]) if r in handler._retrievals), None)
+        outer = _outermost_open(handler, parent, links)
     if info is None:
         return
     at = store_now(handler.store)  # the retrieval's time, before any wait for a locked store
@@ -153,6 +151,14 @@ class _Later:
             write(*args, **kwargs)
         except StoreBusyError:
             self.writes.append((write, args, stamped))
+
+
+def _outermost_open(handler: FeedbackCallbackHandler, parent: str | None,
+                    links: Sequence[tuple[str, str]]) -> str | None:
+    """The outermost open retriever run above a run whose parent is ``parent`` and whose links up are ``links``
+    (:func:`ancestor_links`), also through a chain (``with_retry``, ``rewrite | retriever``); ``None``: none is
+    open above it. Called under the handler's lock."""
+    return next((r for r in reversed([parent, *(p for _, p in links)]) if r in handler._retrievals), None)
 
 
 def _what_to_log(handler: FeedbackCallbackHandler, info: dict[str, Any], documents: Sequence[Document], rid: str,
